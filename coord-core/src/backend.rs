@@ -1,0 +1,188 @@
+//! The backend traits: the small, store-specific operations each backend
+//! implements. Everything else (guards, waiting, watchdog, validation,
+//! ordering) is built on them once, in this crate.
+//!
+//! Arguments reaching these methods are already validated (names, TTLs
+//! rounded up to the backend's granularity, quotas, costs, party counts), so
+//! a backend only talks to its store. Names must reach the store as data
+//! (keys, bind parameters), never spliced into script or SQL text.
+//!
+//! Every method must be bounded in time: a network backend wraps each call
+//! in a timeout and reports [`Error::Unavailable`](crate::Error::Unavailable)
+//! when it fires.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::types::{Arrival, Capabilities, Decision, FencingToken, LeaderInfo, OwnerToken, Quota};
+use crate::wake::Waiter;
+
+/// The outcome of one attempt to take a claim (lock, lease, leadership).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// Taken (or already held by the same owner token: attempts are
+    /// idempotent per owner). Carries the grant's fencing token.
+    Granted(FencingToken),
+    /// Held by somebody else. `expires_in` is the holder's remaining TTL as
+    /// the store sees it, when the store can tell; waiters retry no later
+    /// than that, so an expiring claim is taken over without a notification.
+    Held {
+        /// The current holder's remaining time, if known.
+        expires_in: Option<Duration>,
+    },
+}
+
+/// An exclusive, lease-bounded lock: the store-specific half.
+///
+/// Use it through [`Locks`](crate::Locks), which adds waiting, guards,
+/// watchdog, ordering and validation.
+#[async_trait]
+pub trait Lock: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One attempt to take `name` for `owner` for `ttl`, atomically issuing a
+    /// fresh fencing token on success. If `owner` already holds `name`, the
+    /// attempt succeeds again with the same token (so a retry after a lost
+    /// reply is safe); it may refresh the TTL.
+    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
+
+    /// Delete the lock iff `owner` holds it (compare-and-delete, atomic on
+    /// the server), waking one waiter. `Ok(false)`: not held by `owner`,
+    /// nothing changed.
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+
+    /// Set the remaining TTL to `ttl` iff `owner` still holds the lock
+    /// (compare-and-expire). Never resurrects an expired lock, never changes
+    /// the fencing token. `Ok(false)`: not held, nothing changed.
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+
+    /// Delete the lock whoever holds it (an operator's tool, and how tests
+    /// take ownership away behind a guard's back). Wakes one waiter.
+    /// Returns whether a live lock was removed.
+    async fn force_release(&self, name: &str) -> Result<bool>;
+
+    /// Register for wake-ups on `name` before attempting. The default never
+    /// wakes: waiting then relies on polling alone.
+    async fn subscribe(&self, _name: &str) -> Result<Waiter> {
+        Ok(Waiter::never())
+    }
+}
+
+/// A named, time-bounded claim: membership, heartbeats ("is worker 7
+/// alive?"). The store-specific half of [`Leases`](crate::Leases).
+///
+/// A name has at most one live lease at a time.
+#[async_trait]
+pub trait Lease: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Grant `name` to `owner` for `ttl` unless another owner holds a live
+    /// lease on it. Idempotent per owner, like [`Lock::try_acquire`].
+    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
+
+    /// Reset the remaining time to `ttl` iff `owner` still holds a live lease
+    /// on `name`. Renewing an expired lease fails and resurrects nothing.
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+
+    /// End the lease at once for every observer, iff `owner` holds it.
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+
+    /// The remaining time of the live lease on `name`, whoever holds it, as
+    /// the store sees it; `None` when there is none.
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>>;
+}
+
+/// A source of fencing tokens per resource, independent of any lock.
+#[async_trait]
+pub trait FencingSource: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// The next token for `resource`: strictly greater than every token
+    /// handed out before for it, across all clients.
+    async fn next(&self, resource: &str) -> Result<FencingToken>;
+}
+
+/// Leader election: the store-specific half of
+/// [`Elections`](crate::Elections). Leadership is a claim whose term is a
+/// fencing token.
+#[async_trait]
+pub trait Election: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// One attempt to become leader of `name` as `candidate`; on success the
+    /// term is a fresh fencing token. Idempotent per owner.
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt>;
+
+    /// Extend the leadership iff `owner` still leads. Never changes the term.
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+
+    /// Step down at once iff `owner` leads, waking the other candidates and
+    /// observers.
+    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+
+    /// The live leader and its term, if any.
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>>;
+
+    /// Register for wake-ups on any change of leadership of `name`. The
+    /// default never wakes: waiting then relies on polling alone.
+    async fn subscribe(&self, _name: &str) -> Result<Waiter> {
+        Ok(Waiter::never())
+    }
+}
+
+/// A reusable barrier: the store-specific half of
+/// [`Barriers`](crate::Barriers).
+#[async_trait]
+pub trait Barrier: Send + Sync + 'static {
+    /// What this backend promises.
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Record `participant` in the current generation of `name` (once:
+    /// arriving again returns the same generation). When this is the
+    /// `parties`-th distinct arrival, the generation completes and the next
+    /// arrivals form the next one. A `parties` different from the one the
+    /// current generation was started with is
+    /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes
+    /// nothing.
+    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival>;
+
+    /// Whether `generation` of `name` has completed.
+    async fn is_complete(&self, name: &str, generation: u64) -> Result<bool>;
+
+    /// Withdraw `participant` from `generation` if it has not completed.
+    /// Returns `true` if withdrawn, `false` if the generation had already
+    /// completed (the participant passed).
+    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool>;
+
+    /// Register for wake-ups when a generation of `name` completes.
+    async fn subscribe(&self, _name: &str) -> Result<Waiter> {
+        Ok(Waiter::never())
+    }
+}
+
+/// A rate limiter: the store-specific half of
+/// [`RateLimiter`](crate::RateLimiter).
+#[async_trait]
+pub trait Limiter: Send + Sync + 'static {
+    /// What this backend promises (`server_clock` tells whose clock the
+    /// windows are measured on).
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Check and, if admitted, record a request of `cost` against `key`
+    /// under `quota`: one atomic step on the store. `1 <= cost <= limit` is
+    /// guaranteed by the caller. State for different algorithms of the same
+    /// key must not collide.
+    async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision>;
+}

@@ -1,0 +1,168 @@
+//! The handle users hold: one object that gives every primitive, whatever
+//! the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock};
+use crate::error::{Error, Result};
+use crate::types::Capabilities;
+
+/// Settings shared by every primitive of one [`Coord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settings {
+    /// The polling fallback: a waiter re-checks at least this often (with
+    /// jitter, between half and all of it) even when no notification comes.
+    pub poll_interval: Duration,
+}
+
+impl Settings {
+    /// Defaults for a backend: 1 s polling where the store sends
+    /// notifications, 50 ms where it does not.
+    pub fn for_capabilities(caps: &Capabilities) -> Self {
+        Settings {
+            poll_interval: if caps.notifications {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(50)
+            },
+        }
+    }
+}
+
+/// A connection to one store, giving every primitive it supports.
+///
+/// Cheap to clone; clones share the connection. Build it with a backend's
+/// `connect` function or, in the facade, `coord::connect(url)`.
+#[derive(Clone)]
+pub struct Coord {
+    pub(crate) caps: Arc<Capabilities>,
+    pub(crate) settings: Settings,
+    pub(crate) lock: Option<Arc<dyn Lock>>,
+    pub(crate) lease: Option<Arc<dyn Lease>>,
+    pub(crate) fencing: Option<Arc<dyn FencingSource>>,
+    pub(crate) election: Option<Arc<dyn Election>>,
+    pub(crate) barrier: Option<Arc<dyn Barrier>>,
+    pub(crate) limiter: Option<Arc<dyn Limiter>>,
+}
+
+impl std::fmt::Debug for Coord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coord")
+            .field("backend", &self.caps.backend)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coord {
+    /// Start building a handle for a backend with these capabilities.
+    pub fn builder(caps: Capabilities) -> CoordBuilder {
+        CoordBuilder {
+            coord: Coord {
+                settings: Settings::for_capabilities(&caps),
+                caps: Arc::new(caps),
+                lock: None,
+                lease: None,
+                fencing: None,
+                election: None,
+                barrier: None,
+                limiter: None,
+            },
+        }
+    }
+
+    /// A handle from one backend object that implements every primitive.
+    pub fn from_backend<B>(backend: Arc<B>) -> Coord
+    where
+        B: Lock + Lease + FencingSource + Election + Barrier + Limiter,
+    {
+        let caps = Lock::capabilities(&*backend).clone();
+        Coord::builder(caps)
+            .lock(backend.clone())
+            .lease(backend.clone())
+            .fencing(backend.clone())
+            .election(backend.clone())
+            .barrier(backend.clone())
+            .limiter(backend)
+            .build()
+    }
+
+    /// What the backend promises.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The shared settings.
+    pub fn settings(&self) -> Settings {
+        self.settings
+    }
+
+    /// The same handle with another polling fallback interval (see
+    /// [`Settings::poll_interval`]). Zero is raised to 1 ms.
+    pub fn with_poll_interval(mut self, poll: Duration) -> Coord {
+        self.settings.poll_interval = poll.max(Duration::from_millis(1));
+        self
+    }
+
+    pub(crate) fn unsupported(&self, primitive: &'static str) -> Error {
+        Error::Unsupported {
+            backend: self.caps.backend,
+            primitive,
+        }
+    }
+
+    /// The raw lock backend (no waiting, guards or validation): for backend
+    /// authors and tests. Users want [`Coord::locks`].
+    pub fn raw_lock(&self) -> Result<Arc<dyn Lock>> {
+        self.lock.clone().ok_or_else(|| self.unsupported("locks"))
+    }
+}
+
+/// Builds a [`Coord`] from the primitives a backend implements.
+#[must_use]
+pub struct CoordBuilder {
+    coord: Coord,
+}
+
+impl CoordBuilder {
+    /// Provide locks.
+    pub fn lock(mut self, b: Arc<dyn Lock>) -> Self {
+        self.coord.lock = Some(b);
+        self
+    }
+    /// Provide leases.
+    pub fn lease(mut self, b: Arc<dyn Lease>) -> Self {
+        self.coord.lease = Some(b);
+        self
+    }
+    /// Provide fencing sources.
+    pub fn fencing(mut self, b: Arc<dyn FencingSource>) -> Self {
+        self.coord.fencing = Some(b);
+        self
+    }
+    /// Provide elections.
+    pub fn election(mut self, b: Arc<dyn Election>) -> Self {
+        self.coord.election = Some(b);
+        self
+    }
+    /// Provide barriers.
+    pub fn barrier(mut self, b: Arc<dyn Barrier>) -> Self {
+        self.coord.barrier = Some(b);
+        self
+    }
+    /// Provide rate limiters.
+    pub fn limiter(mut self, b: Arc<dyn Limiter>) -> Self {
+        self.coord.limiter = Some(b);
+        self
+    }
+    /// Override the settings.
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.coord.settings = settings;
+        self
+    }
+    /// Finish.
+    pub fn build(self) -> Coord {
+        self.coord
+    }
+}

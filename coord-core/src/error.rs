@@ -1,0 +1,147 @@
+//! The one error type of coord.
+
+use std::time::Duration;
+
+/// Shorthand for `Result<T, coord_core::Error>`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in coord, by kind, so callers can tell
+/// their own mistakes (`InvalidArgument`), contention (`Timeout`), lost
+/// ownership (`NotHeld`, `Lost`) and store trouble (`Unavailable`, `Store`)
+/// apart.
+///
+/// Messages say what went wrong and what to do; they never contain
+/// passwords or owner tokens.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An argument broke a rule. Checked before any I/O: nothing was sent
+    /// and nothing changed. Fix the call; retrying it will not help.
+    #[error("invalid argument `{field}`: {reason}")]
+    InvalidArgument {
+        /// The name of the offending field or parameter.
+        field: &'static str,
+        /// The rule it broke, in plain words.
+        reason: String,
+    },
+
+    /// The operation did not complete within the time it was given.
+    /// For `acquire` this means the lock stayed busy; nothing is held.
+    #[error("{operation} on `{name}` timed out after {waited:?}; nothing is held. Wait longer, or retry later")]
+    Timeout {
+        /// What was attempted (`"lock acquire"`, `"barrier wait"`, ...).
+        operation: &'static str,
+        /// The name it was attempted on.
+        name: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// The claim (lock, lease, leadership) is no longer held by this owner:
+    /// it expired, was released, or was taken over. Nothing was changed.
+    #[error("`{name}` is not held by this owner (expired, released or taken over); nothing was changed. Acquire it again before relying on it")]
+    NotHeld {
+        /// The name of the claim.
+        name: String,
+    },
+
+    /// Ownership was lost while the critical section ran (the watchdog could
+    /// not renew before the validity deadline, or the claim was removed).
+    /// The critical section was stopped; its effects may be partial, which
+    /// is what fencing tokens protect against.
+    #[error("ownership of `{name}` was lost while the critical section ran; it was stopped. Use the fencing token to reject its late writes")]
+    Lost {
+        /// The name of the claim.
+        name: String,
+    },
+
+    /// The store could not be reached (connection refused or reset, request
+    /// timed out). The operation may or may not have taken effect; coord
+    /// cleans up what it can. Usually worth retrying.
+    #[error("{backend} store unavailable during {operation}: {message}. Check that the server is up and reachable; the call can be retried")]
+    Unavailable {
+        /// Backend name (`"redis"`, `"postgres"`, ...).
+        backend: &'static str,
+        /// What was attempted.
+        operation: &'static str,
+        /// What the client library said, without credentials.
+        message: String,
+    },
+
+    /// The store answered with an error (bad configuration, permissions,
+    /// authentication, an unexpected reply).
+    #[error("{backend} store error during {operation}: {message}")]
+    Store {
+        /// Backend name.
+        backend: &'static str,
+        /// What was attempted.
+        operation: &'static str,
+        /// What the store said, without credentials.
+        message: String,
+    },
+
+    /// The connection URL or configuration is wrong (unknown scheme, a
+    /// backend whose cargo feature is off, malformed options).
+    #[error("configuration error: {0}")]
+    Config(String),
+
+    /// The backend does not implement this primitive.
+    #[error("the {backend} backend does not support {primitive}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// The primitive asked for.
+        primitive: &'static str,
+    },
+}
+
+impl Error {
+    /// True when the same call may succeed if retried later: timeouts and an
+    /// unreachable store. Invalid input, lost ownership, configuration and
+    /// unsupported operations are not retryable.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::Unavailable { .. })
+    }
+
+    /// Build an [`Error::InvalidArgument`].
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            field,
+            reason: reason.into(),
+        }
+    }
+
+    /// True for [`Error::NotHeld`] and [`Error::Lost`].
+    pub fn is_ownership_lost(&self) -> bool {
+        matches!(self, Error::NotHeld { .. } | Error::Lost { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_kinds() {
+        assert!(
+            Error::Unavailable {
+                backend: "x",
+                operation: "y",
+                message: "z".into()
+            }
+            .is_retryable()
+        );
+        assert!(!Error::invalid("name", "empty").is_retryable());
+        assert!(!Error::NotHeld { name: "a".into() }.is_retryable());
+        assert!(Error::NotHeld { name: "a".into() }.is_ownership_lost());
+    }
+
+    #[test]
+    fn messages_name_field_and_rule() {
+        let e = Error::invalid("ttl", "must be greater than zero");
+        assert_eq!(
+            e.to_string(),
+            "invalid argument `ttl`: must be greater than zero"
+        );
+    }
+}

@@ -1,0 +1,253 @@
+//! Plain data types shared by every backend.
+
+use std::fmt;
+use std::time::Duration;
+
+use rand::RngCore;
+
+/// A fencing token: a number that strictly increases over the grants of one
+/// lock name, the terms of one election and the values of one
+/// [`FencingSource`](crate::FencingSource) resource.
+///
+/// Hand it to every resource you write to while holding the claim, and let
+/// the resource reject writes whose token is lower than the highest it has
+/// seen (see [`FencedRegister`](crate::FencedRegister)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// The raw number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A 128-bit random secret that identifies one grant of a claim.
+///
+/// Release, extend and renew compare it on the server, so only the holder
+/// can act on its claim. Drawn from `rand`'s thread-local CSPRNG, which is
+/// seeded from the operating system's RNG. Its `Debug` output is redacted so
+/// it never reaches logs; use [`OwnerToken::to_hex`] to store it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken([u8; 16]);
+
+impl OwnerToken {
+    /// A fresh, unguessable token.
+    pub fn random() -> Self {
+        let mut bytes = [0u8; 16];
+        rand::rng().fill_bytes(&mut bytes);
+        OwnerToken(bytes)
+    }
+
+    /// Rebuild a token from its bytes.
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        OwnerToken(bytes)
+    }
+
+    /// The 16 raw bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The token as 32 lowercase hex digits (the seed's `bin2hex(random_bytes(16))`).
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(32);
+        for b in self.0 {
+            s.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
+            s.push(char::from_digit((b & 0xf) as u32, 16).unwrap_or('0'));
+        }
+        s
+    }
+
+    /// Parse 32 hex digits back into a token.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, chunk) in hex.as_bytes().chunks(2).enumerate() {
+            let hi = (chunk[0] as char).to_digit(16)?;
+            let lo = (chunk[1] as char).to_digit(16)?;
+            out[i] = (hi * 16 + lo) as u8;
+        }
+        Some(OwnerToken(out))
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OwnerToken(<redacted>)")
+    }
+}
+
+/// How far a backend's fencing tokens can be trusted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FencingDurability {
+    /// Tokens rise only while the process lives (the in-memory backend).
+    Process,
+    /// Tokens are stored durably and keep rising across server restarts
+    /// (PostgreSQL rows, etcd revisions).
+    Durable,
+    /// Tokens are stored in memory on the server; if the server loses its data
+    /// the counter is re-seeded from the server clock in microseconds, so
+    /// tokens keep rising as long as the server clock does not go backwards
+    /// (Redis without persistence).
+    ClockSeeded,
+}
+
+/// What a backend promises, so the conformance suite and users can tell
+/// backends apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Backend name, as in URLs and errors (`"memory"`, `"redis"`, ...).
+    pub backend: &'static str,
+    /// The smallest TTL the backend accepts.
+    pub min_ttl: Duration,
+    /// TTLs are rounded UP to a multiple of this.
+    pub ttl_granularity: Duration,
+    /// Waiters are granted in arrival order across all clients.
+    pub fair: bool,
+    /// How durable fencing tokens are.
+    pub fencing: FencingDurability,
+    /// Expiry and limiter windows are measured on the server's clock (true)
+    /// or on each client's clock (false).
+    pub server_clock: bool,
+    /// Waiters are woken by notifications from the store (false: polling only).
+    pub notifications: bool,
+}
+
+impl Capabilities {
+    /// Capabilities of a backend named `backend` with 1 ms TTL resolution and
+    /// no other promises; adjust the fields from there.
+    pub fn new(backend: &'static str) -> Self {
+        Capabilities {
+            backend,
+            min_ttl: Duration::from_millis(1),
+            ttl_granularity: Duration::from_millis(1),
+            fair: false,
+            fencing: FencingDurability::Process,
+            server_clock: false,
+            notifications: false,
+        }
+    }
+}
+
+/// A rate limiting algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Exact: every admitted request is logged with its time (each with its
+    /// own unique member) and counted over the trailing window. Memory grows
+    /// with the limit.
+    SlidingLog,
+    /// Approximate, O(1) memory: the current fixed window's count plus the
+    /// previous window's count weighted by how much of it still overlaps the
+    /// trailing window.
+    SlidingWindow,
+    /// O(1): a counter per aligned window; allows up to 2x limit across a
+    /// window boundary.
+    FixedWindow,
+    /// Generic cell rate algorithm (a token bucket): `limit` requests per
+    /// `window` at a steady rate, with bursts of up to `limit`.
+    Gcra,
+}
+
+impl Algorithm {
+    /// Every algorithm, for tests and tours.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ];
+}
+
+/// How many requests (by cost) are admitted per window, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Quota {
+    /// Requests (total cost) admitted per window; at least 1.
+    pub limit: u64,
+    /// The window; greater than zero.
+    pub window: Duration,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+}
+
+impl Quota {
+    /// `limit` per `window` with `algorithm`. Checked when used.
+    pub fn new(limit: u64, window: Duration, algorithm: Algorithm) -> Self {
+        Quota {
+            limit,
+            window,
+            algorithm,
+        }
+    }
+
+    /// `limit` per `window`, exact sliding log (the seed's algorithm).
+    pub fn per(limit: u64, window: Duration) -> Self {
+        Quota::new(limit, window, Algorithm::SlidingLog)
+    }
+
+    /// The same quota with another algorithm.
+    pub fn with_algorithm(mut self, algorithm: Algorithm) -> Self {
+        self.algorithm = algorithm;
+        self
+    }
+}
+
+/// The answer of a rate limiter check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the request was admitted (and recorded).
+    pub allowed: bool,
+    /// How much cost could still be admitted now.
+    pub remaining: u64,
+    /// When denied: how long until the same request could be admitted
+    /// (always > 0). Zero when allowed.
+    pub retry_after: Duration,
+    /// How long until the full quota is available again.
+    pub reset_after: Duration,
+}
+
+/// The current leader of an election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// The candidate's identity, as it campaigned.
+    pub candidate: String,
+    /// The term: a fencing token that strictly increases over the terms of
+    /// one election.
+    pub term: FencingToken,
+}
+
+/// Where an arrival at a barrier stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arrival {
+    /// The generation this participant joined.
+    pub generation: u64,
+    /// Whether that generation is already complete (this was the last arrival,
+    /// or the participant had already arrived in a generation that completed).
+    pub complete: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_token_hex_roundtrip_and_redacted_debug() {
+        let t = OwnerToken::random();
+        let hex = t.to_hex();
+        assert_eq!(hex.len(), 32);
+        assert_eq!(OwnerToken::from_hex(&hex), Some(t));
+        assert_eq!(OwnerToken::from_hex("zz"), None);
+        assert!(!format!("{t:?}").contains(&hex));
+        assert_ne!(OwnerToken::random(), t);
+    }
+}

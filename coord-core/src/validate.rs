@@ -1,0 +1,159 @@
+//! Input validation, done once here before any I/O (DESIGN §3).
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::types::{Capabilities, Quota};
+
+/// Longest accepted name, in bytes.
+pub const MAX_NAME_BYTES: usize = 512;
+/// Longest accepted TTL.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// Check a name (lock, lease, election, barrier, limiter key, fencing
+/// resource, candidate, participant): UTF-8, 1..=512 bytes, no control
+/// characters. Everything else (spaces, quotes, braces, `*`, unicode, SQL)
+/// is an ordinary name.
+pub fn name(field: &'static str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {} bytes long; at most {MAX_NAME_BYTES} bytes are allowed",
+                value.len()
+            ),
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        return Err(Error::invalid(
+            field,
+            format!("contains the control character {c:?}; control characters are not allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// Check a TTL against the backend's capabilities and return it rounded UP
+/// to the backend's granularity and minimum (never down).
+pub fn ttl(field: &'static str, ttl: Duration, caps: &Capabilities) -> Result<Duration> {
+    if ttl.is_zero() {
+        return Err(Error::invalid(field, "must be greater than zero"));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(
+            field,
+            format!("is {ttl:?}; at most one year ({MAX_TTL:?}) is allowed"),
+        ));
+    }
+    let mut t = ttl.max(caps.min_ttl);
+    let g = caps.ttl_granularity.as_nanos();
+    if g > 1 {
+        let n = t.as_nanos();
+        let rounded = n.div_ceil(g) * g;
+        t = Duration::from_nanos(rounded.min(u64::MAX as u128) as u64);
+    }
+    Ok(t)
+}
+
+/// Check a quota: limit >= 1, window > 0 (and at most a year).
+pub fn quota(q: &Quota) -> Result<()> {
+    if q.limit == 0 {
+        return Err(Error::invalid("limit", "must be at least 1"));
+    }
+    if q.window.is_zero() {
+        return Err(Error::invalid("window", "must be greater than zero"));
+    }
+    if q.window > MAX_TTL {
+        return Err(Error::invalid("window", "at most one year is allowed"));
+    }
+    if q.window < Duration::from_millis(1) {
+        return Err(Error::invalid("window", "must be at least 1 ms"));
+    }
+    Ok(())
+}
+
+/// Check a cost against a quota: cost >= 1, and cost <= limit (a cost above
+/// the limit could never be admitted, so it is refused outright rather than
+/// retried forever).
+pub fn cost(q: &Quota, cost: u64) -> Result<()> {
+    if cost == 0 {
+        return Err(Error::invalid("cost", "must be at least 1"));
+    }
+    if cost > q.limit {
+        return Err(Error::invalid(
+            "cost",
+            format!(
+                "{cost} exceeds the quota's limit of {}; such a request can never be admitted",
+                q.limit
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Check a barrier's party count.
+pub fn parties(parties: u32) -> Result<()> {
+    if parties == 0 {
+        return Err(Error::invalid("parties", "must be at least 1"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Algorithm;
+
+    #[test]
+    fn names() {
+        assert!(name("name", "").is_err());
+        assert!(name("name", &"a".repeat(512)).is_ok());
+        assert!(name("name", &"a".repeat(513)).is_err());
+        assert!(name("name", "a\nb").is_err());
+        assert!(name("name", "a\u{7f}").is_err());
+        for ok in ["with space", "'; DROP TABLE x; --", "{tag}", "*", "ünï🦀"] {
+            assert!(name("name", ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn ttls_round_up_never_down() {
+        let mut caps = Capabilities::new("t");
+        caps.min_ttl = Duration::from_secs(1);
+        caps.ttl_granularity = Duration::from_secs(1);
+        assert!(ttl("ttl", Duration::ZERO, &caps).is_err());
+        assert!(ttl("ttl", MAX_TTL + Duration::from_secs(1), &caps).is_err());
+        assert_eq!(
+            ttl("ttl", Duration::from_millis(10), &caps).unwrap(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            ttl("ttl", Duration::from_millis(1500), &caps).unwrap(),
+            Duration::from_secs(2)
+        );
+        assert_eq!(ttl("ttl", MAX_TTL, &caps).unwrap(), MAX_TTL);
+    }
+
+    #[test]
+    fn quotas_and_costs() {
+        let q = Quota::new(10, Duration::from_secs(1), Algorithm::Gcra);
+        assert!(quota(&q).is_ok());
+        assert!(quota(&Quota { limit: 0, ..q }).is_err());
+        assert!(
+            quota(&Quota {
+                window: Duration::ZERO,
+                ..q
+            })
+            .is_err()
+        );
+        assert!(cost(&q, 0).is_err());
+        assert!(cost(&q, 10).is_ok());
+        let e = cost(&q, 11).unwrap_err();
+        assert!(e.to_string().contains("never be admitted"));
+        assert!(parties(0).is_err());
+        assert!(parties(1).is_ok());
+    }
+}

@@ -1,0 +1,194 @@
+//! Wake-ups: how a store's notification (pub/sub message, `NOTIFY`, watch
+//! event, in-process signal) reaches the local tasks waiting on a name.
+//!
+//! A backend owns one [`Wakeups`] registry per client. Waiters call
+//! [`Wakeups::subscribe`] before their attempt; the backend's listener calls
+//! [`Wakeups::notify_one`] (locks: one waiter per release) or
+//! [`Wakeups::notify_all`] (barriers, elections) when the store says a name
+//! changed. The core wait loop does the rest.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::sync::Notify;
+pub use tokio::sync::futures::Notified;
+
+/// A per-client registry of local waiters, keyed by name.
+///
+/// Cheap to clone (an `Arc`). Entries exist only while somebody waits.
+#[derive(Clone, Default)]
+pub struct Wakeups {
+    inner: Arc<Mutex<HashMap<Box<str>, Weak<Notify>>>>,
+}
+
+impl std::fmt::Debug for Wakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.inner.lock().map(|m| m.len()).unwrap_or(0);
+        f.debug_struct("Wakeups").field("names", &n).finish()
+    }
+}
+
+impl Wakeups {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register interest in `key`. Keep the [`Waiter`] across attempts and
+    /// create its [`Waiter::notified`] future before each attempt, so a
+    /// notification that arrives during the attempt is not missed.
+    pub fn subscribe(&self, key: &str) -> Waiter {
+        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = map.get(key).and_then(Weak::upgrade) {
+            return Waiter {
+                notify: existing,
+                registry: Some((Arc::downgrade(&self.inner), key.into())),
+            };
+        }
+        let notify = Arc::new(Notify::new());
+        map.insert(key.into(), Arc::downgrade(&notify));
+        Waiter {
+            notify,
+            registry: Some((Arc::downgrade(&self.inner), key.into())),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<Arc<Notify>> {
+        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).and_then(Weak::upgrade)
+    }
+
+    /// Wake one local waiter of `key` (or the next one to wait, if none is
+    /// waiting right now). Returns whether anybody is registered.
+    pub fn notify_one(&self, key: &str) -> bool {
+        match self.get(key) {
+            Some(n) => {
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wake every local waiter of `key`.
+    pub fn notify_all(&self, key: &str) -> bool {
+        match self.get(key) {
+            Some(n) => {
+                n.notify_waiters();
+                n.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Wake one waiter of every key: after a reconnect, when notifications
+    /// may have been missed.
+    pub fn notify_every(&self) {
+        let all: Vec<Arc<Notify>> = {
+            let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            map.values().filter_map(Weak::upgrade).collect()
+        };
+        for n in all {
+            n.notify_waiters();
+            n.notify_one();
+        }
+    }
+
+    /// Whether anybody waits on `key` in this client.
+    pub fn has_waiters(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The keys somebody waits on right now.
+    pub fn keys(&self) -> Vec<String> {
+        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter()
+            .filter(|(_, w)| w.strong_count() > 0)
+            .map(|(k, _)| k.to_string())
+            .collect()
+    }
+}
+
+/// One registration in a [`Wakeups`] registry (or a waiter that is never
+/// woken, for backends without notifications).
+pub struct Waiter {
+    notify: Arc<Notify>,
+    registry: Option<(Weak<Mutex<HashMap<Box<str>, Weak<Notify>>>>, Box<str>)>,
+}
+
+impl std::fmt::Debug for Waiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiter").finish_non_exhaustive()
+    }
+}
+
+impl Waiter {
+    /// A waiter no notification ever reaches: waiting falls back to polling.
+    pub fn never() -> Self {
+        Waiter {
+            notify: Arc::new(Notify::new()),
+            registry: None,
+        }
+    }
+
+    /// A future that completes at the next notification. Create (and
+    /// `enable`) it before the attempt it guards.
+    pub fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if let Some((registry, key)) = self.registry.take() {
+            if let Some(registry) = registry.upgrade() {
+                let mut map = registry.lock().unwrap_or_else(|p| p.into_inner());
+                // Last local waiter of this key: forget the entry. The map's
+                // Weak does not count, so strong_count 1 is us.
+                if Arc::strong_count(&self.notify) == 1 {
+                    if let Some(w) = map.get(&key) {
+                        if w.as_ptr() == Arc::as_ptr(&self.notify) {
+                            map.remove(&key);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn notify_one_wakes_one_and_entries_are_cleaned_up() {
+        let w = Wakeups::new();
+        let a = w.subscribe("k");
+        let b = w.subscribe("k");
+        assert!(w.has_waiters("k"));
+        let fa = a.notified();
+        let fb = b.notified();
+        tokio::pin!(fa);
+        tokio::pin!(fb);
+        fa.as_mut().enable();
+        fb.as_mut().enable();
+        assert!(w.notify_one("k"));
+        let woke_a = tokio::time::timeout(Duration::from_millis(50), &mut fa)
+            .await
+            .is_ok();
+        let woke_b = tokio::time::timeout(Duration::from_millis(50), &mut fb)
+            .await
+            .is_ok();
+        assert!(woke_a ^ woke_b, "exactly one waiter wakes");
+        drop(fa);
+        drop(fb);
+        drop(a);
+        drop(b);
+        assert!(!w.has_waiters("k"));
+        assert!(!w.notify_one("k"));
+        assert!(w.keys().is_empty());
+    }
+}
