@@ -27,7 +27,9 @@ pub enum Error {
 
     /// The operation did not complete within the time it was given.
     /// For `acquire` this means the lock stayed busy; nothing is held.
-    #[error("{operation} on `{name}` timed out after {waited:?}; nothing is held. Wait longer, or retry later")]
+    #[error(
+        "{operation} on `{name}` timed out after {waited:?}; nothing is held. Wait longer, or retry later"
+    )]
     Timeout {
         /// What was attempted (`"lock acquire"`, `"barrier wait"`, ...).
         operation: &'static str,
@@ -39,7 +41,9 @@ pub enum Error {
 
     /// The claim (lock, lease, leadership) is no longer held by this owner:
     /// it expired, was released, or was taken over. Nothing was changed.
-    #[error("`{name}` is not held by this owner (expired, released or taken over); nothing was changed. Acquire it again before relying on it")]
+    #[error(
+        "`{name}` is not held by this owner (expired, released or taken over); nothing was changed. Acquire it again before relying on it"
+    )]
     NotHeld {
         /// The name of the claim.
         name: String,
@@ -49,7 +53,9 @@ pub enum Error {
     /// not renew before the validity deadline, or the claim was removed).
     /// The critical section was stopped; its effects may be partial, which
     /// is what fencing tokens protect against.
-    #[error("ownership of `{name}` was lost while the critical section ran; it was stopped. Use the fencing token to reject its late writes")]
+    #[error(
+        "ownership of `{name}` was lost while the critical section ran; it was stopped. Use the fencing token to reject its late writes"
+    )]
     Lost {
         /// The name of the claim.
         name: String,
@@ -58,7 +64,9 @@ pub enum Error {
     /// The store could not be reached (connection refused or reset, request
     /// timed out). The operation may or may not have taken effect; coord
     /// cleans up what it can. Usually worth retrying.
-    #[error("{backend} store unavailable during {operation}: {message}. Check that the server is up and reachable; the call can be retried")]
+    #[error(
+        "{backend} store unavailable during {operation}: {message}. Check that the server is up and reachable; the call can be retried"
+    )]
     Unavailable {
         /// Backend name (`"redis"`, `"postgres"`, ...).
         backend: &'static str,

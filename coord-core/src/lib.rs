@@ -1,20 +1,48 @@
 //! # coord-core
 //!
-//! The traits, types, errors and all backend-independent logic of coord.
+//! The traits, types, errors and all backend-independent logic of
+//! [coord](https://docs.rs/coord): distributed locks, leases, fencing tokens,
+//! leader election, barriers and rate limiters with one API over every store.
+//!
+//! - Backends implement the small store-specific traits ([`Lock`], [`Lease`],
+//!   [`FencingSource`], [`Election`], [`Barrier`], [`Limiter`]) and hand a
+//!   [`Coord`] to users.
+//! - Users call the handles built here once for every backend: [`Locks`]
+//!   (with guards, waiting woken by the store, watchdog, lost-ownership
+//!   signal, [`Locks::with_lock`], [`Locks::acquire_all`]), [`Leases`],
+//!   [`Fencing`], [`Elections`], [`Barriers`] and [`RateLimiter`].
+//! - Every input is checked here before any I/O ([`validate`]); a bad one is
+//!   an [`Error::InvalidArgument`] and changes nothing.
 #![deny(missing_docs)]
 
 mod backend;
+mod barrier;
+mod claim;
 mod coord;
+mod election;
 mod error;
+mod fencing;
+mod lease;
+mod limiter;
+mod lock;
 mod types;
 pub mod util;
 pub mod validate;
+mod wait;
 pub mod wake;
 
 pub use async_trait::async_trait;
 pub use backend::{Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock};
+pub use barrier::Barriers;
+pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};
 pub use coord::{Coord, CoordBuilder, Settings};
+pub use election::{Elections, Leadership};
 pub use error::{Error, Result};
+pub use fencing::{FencedRegister, Fencing};
+pub use lease::Leases;
+pub use limiter::RateLimiter;
+pub use lock::{LockOptions, Locks, MultiGuard};
+pub use tokio_util::sync::CancellationToken;
 pub use types::{
     Algorithm, Arrival, Capabilities, Decision, FencingDurability, FencingToken, LeaderInfo,
     OwnerToken, Quota,

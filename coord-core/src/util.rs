@@ -150,13 +150,14 @@ mod tests {
 
     #[tokio::test]
     async fn bounded_times_out_as_unavailable() {
-        let r: Result<()> = bounded(
-            "t",
-            "op",
-            Duration::from_millis(10),
-            std::future::pending(),
-        )
-        .await;
-        assert!(matches!(r, Err(Error::Unavailable { operation: "op", .. })));
+        let r: Result<()> =
+            bounded("t", "op", Duration::from_millis(10), std::future::pending()).await;
+        assert!(matches!(
+            r,
+            Err(Error::Unavailable {
+                operation: "op",
+                ..
+            })
+        ));
     }
 }

@@ -18,8 +18,10 @@ pub use tokio::sync::futures::Notified;
 /// Cheap to clone (an `Arc`). Entries exist only while somebody waits.
 #[derive(Clone, Default)]
 pub struct Wakeups {
-    inner: Arc<Mutex<HashMap<Box<str>, Weak<Notify>>>>,
+    inner: Arc<Registry>,
 }
+
+type Registry = Mutex<HashMap<Box<str>, Weak<Notify>>>;
 
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -114,7 +116,7 @@ impl Wakeups {
 /// woken, for backends without notifications).
 pub struct Waiter {
     notify: Arc<Notify>,
-    registry: Option<(Weak<Mutex<HashMap<Box<str>, Weak<Notify>>>>, Box<str>)>,
+    registry: Option<(Weak<Registry>, Box<str>)>,
 }
 
 impl std::fmt::Debug for Waiter {
@@ -169,22 +171,22 @@ mod tests {
         let a = w.subscribe("k");
         let b = w.subscribe("k");
         assert!(w.has_waiters("k"));
-        let fa = a.notified();
-        let fb = b.notified();
-        tokio::pin!(fa);
-        tokio::pin!(fb);
-        fa.as_mut().enable();
-        fb.as_mut().enable();
-        assert!(w.notify_one("k"));
-        let woke_a = tokio::time::timeout(Duration::from_millis(50), &mut fa)
-            .await
-            .is_ok();
-        let woke_b = tokio::time::timeout(Duration::from_millis(50), &mut fb)
-            .await
-            .is_ok();
-        assert!(woke_a ^ woke_b, "exactly one waiter wakes");
-        drop(fa);
-        drop(fb);
+        {
+            let fa = a.notified();
+            let fb = b.notified();
+            tokio::pin!(fa);
+            tokio::pin!(fb);
+            fa.as_mut().enable();
+            fb.as_mut().enable();
+            assert!(w.notify_one("k"));
+            let woke_a = tokio::time::timeout(Duration::from_millis(50), &mut fa)
+                .await
+                .is_ok();
+            let woke_b = tokio::time::timeout(Duration::from_millis(50), &mut fb)
+                .await
+                .is_ok();
+            assert!(woke_a ^ woke_b, "exactly one waiter wakes");
+        }
         drop(a);
         drop(b);
         assert!(!w.has_waiters("k"));

@@ -1,0 +1,535 @@
+//! Guards for held claims (locks, leases, leadership): validity deadline,
+//! extend, release, release-on-drop, the watchdog and the lost-ownership
+//! signal. Written once for every backend.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::backend::{Election, Lease, Lock};
+use crate::error::{Error, Result};
+use crate::types::{Capabilities, FencingToken, OwnerToken};
+use crate::validate;
+
+/// The store operations a guard needs, for each kind of claim.
+#[derive(Clone)]
+pub(crate) enum ClaimBackend {
+    Lock(Arc<dyn Lock>),
+    Lease(Arc<dyn Lease>),
+    Election(Arc<dyn Election>),
+}
+
+impl ClaimBackend {
+    pub(crate) fn kind(&self) -> &'static str {
+        match self {
+            ClaimBackend::Lock(_) => "lock",
+            ClaimBackend::Lease(_) => "lease",
+            ClaimBackend::Election(_) => "leadership",
+        }
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        match self {
+            ClaimBackend::Lock(b) => b.capabilities(),
+            ClaimBackend::Lease(b) => b.capabilities(),
+            ClaimBackend::Election(b) => b.capabilities(),
+        }
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        match self {
+            ClaimBackend::Lock(b) => b.extend(name, owner, ttl).await,
+            ClaimBackend::Lease(b) => b.renew(name, owner, ttl).await,
+            ClaimBackend::Election(b) => b.renew(name, owner, ttl).await,
+        }
+    }
+
+    pub(crate) async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        match self {
+            ClaimBackend::Lock(b) => b.release(name, owner).await,
+            ClaimBackend::Lease(b) => b.revoke(name, owner).await,
+            ClaimBackend::Election(b) => b.resign(name, owner).await,
+        }
+    }
+}
+
+/// The safety margin taken off every validity deadline, for clock drift
+/// between this process and the store: 1 % of the TTL plus 2 ms (as in
+/// Redlock).
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+struct State {
+    ttl: Duration,
+    deadline: Instant,
+}
+
+struct Inner {
+    backend: ClaimBackend,
+    name: Box<str>,
+    owner: OwnerToken,
+    token: FencingToken,
+    state: Mutex<State>,
+    released: AtomicBool,
+    /// Fires when ownership is lost (never on a voluntary release).
+    lost: CancellationToken,
+    /// Woken on release, to end helper tasks.
+    ended: Notify,
+    /// Serialises renewals with release, so no renewal outlives release.
+    op: tokio::sync::Mutex<()>,
+    timer_started: AtomicBool,
+}
+
+impl Inner {
+    fn deadline(&self) -> Instant {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .deadline
+    }
+
+    fn ttl(&self) -> Duration {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).ttl
+    }
+
+    fn renewed(&self, sent_at: Instant, ttl: Duration) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.ttl = ttl;
+        s.deadline = deadline_after(sent_at, ttl);
+    }
+
+    fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    fn mark_lost(&self, why: &'static str) {
+        if !self.lost.is_cancelled() {
+            tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
+            self.lost.cancel();
+        }
+    }
+
+    /// Completes when ownership is lost: the lost token fired, or the
+    /// validity deadline passed without a renewal.
+    async fn lost(self: Arc<Self>) {
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep_until(deadline) => {
+                    if Instant::now() >= self.deadline() {
+                        self.mark_lost("validity deadline passed without renewal");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(drift(ttl))
+}
+
+/// A held claim: a lock, a lease, or (inside [`Leadership`](crate::Leadership))
+/// a leadership.
+///
+/// - [`fencing_token`](Guard::fencing_token) is the grant's fencing token;
+///   pass it to every resource you write to.
+/// - [`remaining`](Guard::remaining) is the local validity: measured on the
+///   monotonic clock from BEFORE the grant request was sent, minus a drift
+///   margin, so it never exceeds what the store would say.
+/// - [`keep_alive`](Guard::keep_alive) starts the watchdog, which renews at
+///   a third of the TTL and fires [`lost`](Guard::lost) if it cannot renew
+///   before the validity deadline, i.e. before the store expires the claim.
+/// - [`release`](Guard::release) stops the watchdog first (waiting for a
+///   renewal in flight), then releases on the store, owner-checked.
+///
+/// # Dropping
+/// Dropping a guard without calling `release` stops its watchdog and, if a
+/// tokio runtime is available, starts a best-effort release in the
+/// background; otherwise the claim is freed by its TTL. Call `release` to
+/// know that it happened.
+#[must_use = "dropping a guard releases it in the background; keep it while you rely on the claim"]
+pub struct Guard {
+    inner: Arc<Inner>,
+    watchdog: Option<(CancellationToken, JoinHandle<()>)>,
+}
+
+/// A lock that is held. See [`Guard`].
+pub type LockGuard = Guard;
+/// A lease that is held. See [`Guard`].
+pub type LeaseGuard = Guard;
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("kind", &self.inner.backend.kind())
+            .field("name", &self.inner.name)
+            .field("fencing_token", &self.inner.token)
+            .field("remaining", &self.remaining())
+            .field("watchdog", &self.watchdog.is_some())
+            .finish()
+    }
+}
+
+impl Guard {
+    pub(crate) fn new(
+        backend: ClaimBackend,
+        name: &str,
+        owner: OwnerToken,
+        token: FencingToken,
+        ttl: Duration,
+        sent_at: Instant,
+    ) -> Guard {
+        Guard {
+            inner: Arc::new(Inner {
+                backend,
+                name: name.into(),
+                owner,
+                token,
+                state: Mutex::new(State {
+                    ttl,
+                    deadline: deadline_after(sent_at, ttl),
+                }),
+                released: AtomicBool::new(false),
+                lost: CancellationToken::new(),
+                ended: Notify::new(),
+                op: tokio::sync::Mutex::new(()),
+                timer_started: AtomicBool::new(false),
+            }),
+            watchdog: None,
+        }
+    }
+
+    /// The claim's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The fencing token of this grant (the term, for a leadership).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.inner.token
+    }
+
+    /// The TTL the claim was last granted or renewed with.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+
+    /// Time left before the local validity deadline; zero once it passed.
+    /// Never more than the store would say (it is measured from before the
+    /// request was sent, minus a drift margin).
+    pub fn remaining(&self) -> Duration {
+        self.inner
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the claim is still valid locally: not released, not lost,
+    /// deadline not passed.
+    pub fn is_valid(&self) -> bool {
+        !self.inner.is_released() && !self.inner.lost.is_cancelled() && !self.remaining().is_zero()
+    }
+
+    /// Whether the watchdog is running.
+    pub fn has_watchdog(&self) -> bool {
+        self.watchdog.is_some()
+    }
+
+    /// Extend the claim so it expires `ttl` from now, iff this owner still
+    /// holds it (compare-and-expire on the store). Never resurrects an
+    /// expired claim and never changes the fencing token.
+    ///
+    /// Errors: [`Error::NotHeld`] if the claim was lost (the lost signal
+    /// fires too); [`Error::InvalidArgument`] for a bad TTL (nothing sent).
+    /// Cost: one store round trip. Cancel-safe: if cancelled, the claim may
+    /// or may not have been extended; the deadline is only moved on success.
+    pub async fn extend(&self, ttl: Duration) -> Result<()> {
+        let ttl = validate::ttl("ttl", ttl, self.inner.backend.capabilities())?;
+        let inner = &self.inner;
+        let span =
+            tracing::debug_span!("coord.extend", kind = inner.backend.kind(), name = %inner.name);
+        async {
+            let _op = inner.op.lock().await;
+            if inner.is_released() {
+                return Err(Error::NotHeld {
+                    name: inner.name.to_string(),
+                });
+            }
+            let sent_at = Instant::now();
+            if inner.backend.renew(&inner.name, &inner.owner, ttl).await? {
+                inner.renewed(sent_at, ttl);
+                Ok(())
+            } else {
+                inner.mark_lost("extend found the claim gone");
+                Err(Error::NotHeld {
+                    name: inner.name.to_string(),
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Same as [`extend`](Guard::extend), in lease words.
+    pub async fn renew(&self, ttl: Duration) -> Result<()> {
+        self.extend(ttl).await
+    }
+
+    /// Start the watchdog: it renews the claim with its TTL every third of
+    /// the TTL until release. If renewals fail until the validity deadline,
+    /// or the store says the claim is gone, [`lost`](Guard::lost) fires
+    /// (before the store-side expiry) and the watchdog stops. Calling it
+    /// again does nothing. Must be called within a tokio runtime.
+    pub fn keep_alive(&mut self) {
+        if self.watchdog.is_some() || self.inner.is_released() {
+            return;
+        }
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(watchdog(self.inner.clone(), stop.clone()));
+        self.watchdog = Some((stop, handle));
+    }
+
+    /// Builder form of [`keep_alive`](Guard::keep_alive).
+    pub fn with_watchdog(mut self) -> Guard {
+        self.keep_alive();
+        self
+    }
+
+    /// A future that completes when ownership is lost: the watchdog could
+    /// not renew in time, a renewal or extend found the claim gone, or the
+    /// validity deadline passed without renewal. It does not complete on a
+    /// voluntary release. Cancel-safe; owns what it needs (`'static`).
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.clone().lost()
+    }
+
+    /// A cancellation token that is cancelled when ownership is lost (same
+    /// conditions as [`lost`](Guard::lost)): hand it to work that should stop
+    /// when the claim is gone.
+    pub fn lost_token(&self) -> CancellationToken {
+        spawn_deadline_timer(&self.inner);
+        self.inner.lost.clone()
+    }
+
+    /// A cheap, clonable view of this claim for the code running under it.
+    pub fn ownership(&self) -> Ownership {
+        Ownership {
+            inner: self.inner.clone(),
+        }
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some((stop, _handle)) = self.watchdog.take() {
+            stop.cancel();
+        }
+    }
+
+    /// Release the claim iff this owner still holds it (compare-and-delete
+    /// on the store), after stopping the watchdog and waiting for any
+    /// renewal in flight. Wakes a waiter.
+    ///
+    /// Errors: [`Error::NotHeld`] if it had already expired or been taken
+    /// over (nothing was changed on the store); store errors as they come
+    /// (the claim then ends at its TTL). Cost: one round trip.
+    pub async fn release(mut self) -> Result<()> {
+        self.stop_watchdog();
+        let inner = self.inner.clone();
+        let span =
+            tracing::debug_span!("coord.release", kind = inner.backend.kind(), name = %inner.name);
+        async move {
+            let _op = inner.op.lock().await;
+            if inner.released.swap(true, Ordering::AcqRel) {
+                return Err(Error::NotHeld {
+                    name: inner.name.to_string(),
+                });
+            }
+            inner.ended.notify_waiters();
+            if inner.backend.release(&inner.name, &inner.owner).await? {
+                Ok(())
+            } else {
+                Err(Error::NotHeld {
+                    name: inner.name.to_string(),
+                })
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Same as [`release`](Guard::release), in lease words.
+    pub async fn revoke(self) -> Result<()> {
+        self.release().await
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if self.inner.is_released() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(name = %self.inner.name, "guard dropped outside a runtime; the TTL will free it");
+            return;
+        };
+        let inner = self.inner.clone();
+        rt.spawn(async move {
+            let _op = inner.op.lock().await;
+            if inner.released.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            inner.ended.notify_waiters();
+            if let Err(e) = inner.backend.release(&inner.name, &inner.owner).await {
+                tracing::debug!(name = %inner.name, error = %e, "release on drop failed; the TTL will free it");
+            }
+        });
+    }
+}
+
+/// Fire the lost token at the validity deadline even without a watchdog.
+fn spawn_deadline_timer(inner: &Arc<Inner>) {
+    if inner.timer_started.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let inner2 = inner.clone();
+    rt.spawn(async move {
+        let ended = inner2.ended.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if inner2.is_released() {
+            return;
+        }
+        tokio::select! {
+            _ = &mut ended => {}
+            _ = inner2.clone().lost() => {}
+        }
+    });
+}
+
+async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
+    let span =
+        tracing::debug_span!("coord.watchdog", kind = inner.backend.kind(), name = %inner.name);
+    async move {
+        loop {
+            let period = (inner.ttl() / 3).max(Duration::from_millis(1));
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = inner.lost.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            // Renew, retrying until the validity deadline.
+            loop {
+                let op = tokio::select! {
+                    g = inner.op.lock() => g,
+                    _ = stop.cancelled() => return,
+                };
+                if stop.is_cancelled() || inner.is_released() {
+                    return;
+                }
+                let deadline = inner.deadline();
+                let sent_at = Instant::now();
+                if sent_at >= deadline {
+                    inner.mark_lost("watchdog could not renew before the validity deadline");
+                    return;
+                }
+                let ttl = inner.ttl();
+                let r = tokio::time::timeout_at(
+                    deadline,
+                    inner.backend.renew(&inner.name, &inner.owner, ttl),
+                )
+                .await;
+                drop(op);
+                match r {
+                    Ok(Ok(true)) => {
+                        inner.renewed(sent_at, ttl);
+                        tracing::trace!("renewed");
+                        break;
+                    }
+                    Ok(Ok(false)) => {
+                        inner.mark_lost("the store no longer holds the claim for this owner");
+                        return;
+                    }
+                    Ok(Err(e)) if !e.is_retryable() => {
+                        tracing::warn!(error = %e, "renewal failed");
+                        inner.mark_lost("renewal failed with a non-retryable error");
+                        return;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "renewal failed; retrying until the validity deadline");
+                    }
+                    Err(_) => {
+                        inner.mark_lost("renewal did not complete before the validity deadline");
+                        return;
+                    }
+                }
+                let retry = (ttl / 20).max(Duration::from_millis(5));
+                let until = (Instant::now() + retry).min(deadline);
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// A cheap, clonable view of a held claim, for the code running under it
+/// (what [`Locks::with_lock`](crate::Locks::with_lock) hands its closure).
+#[derive(Clone)]
+pub struct Ownership {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Ownership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ownership")
+            .field("name", &self.inner.name)
+            .field("fencing_token", &self.inner.token)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ownership {
+    /// The claim's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// The grant's fencing token.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.inner.token
+    }
+    /// Time left before the local validity deadline.
+    pub fn remaining(&self) -> Duration {
+        self.inner
+            .deadline()
+            .saturating_duration_since(Instant::now())
+    }
+    /// Whether the claim is still valid locally.
+    pub fn is_valid(&self) -> bool {
+        !self.inner.is_released() && !self.inner.lost.is_cancelled() && !self.remaining().is_zero()
+    }
+    /// Completes when ownership is lost; see [`Guard::lost`].
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.clone().lost()
+    }
+    /// Cancelled when ownership is lost; see [`Guard::lost_token`].
+    pub fn lost_token(&self) -> CancellationToken {
+        spawn_deadline_timer(&self.inner);
+        self.inner.lost.clone()
+    }
+}

@@ -1,0 +1,256 @@
+//! Leader election: leadership is a lease whose term is a fencing token.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tracing::Instrument;
+
+use crate::backend::Election;
+use crate::claim::{ClaimBackend, Guard};
+use crate::coord::{Coord, Settings};
+use crate::error::{Error, Result};
+use crate::lock::acquire_claim;
+use crate::types::{FencingToken, LeaderInfo};
+use crate::wake::Waiter;
+use crate::{validate, wait};
+
+/// Elections on one store.
+///
+/// The winner is the candidate that won the race to the store (never a
+/// random pick made after the fact); its term is a fencing token that
+/// strictly increases over the terms of one election. At most one live
+/// leader per term. When a leader resigns the next candidate is woken at
+/// once; when it dies, its leadership expires after its TTL and the next
+/// candidate takes over.
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// let elections = coord.elections()?;
+/// let mut leadership = elections
+///     .campaign("scheduler", "node-a", Duration::from_secs(10), Duration::from_secs(30))
+///     .await?;
+/// leadership.keep_alive();
+/// let current = elections.leader("scheduler").await?.expect("a leader");
+/// assert_eq!(current.candidate, "node-a");
+/// assert_eq!(current.term, leadership.term());
+/// leadership.resign().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Elections {
+    backend: Arc<dyn Election>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Elections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elections")
+            .field("backend", &self.backend.capabilities().backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coord {
+    /// The elections of this store. Errors: [`Error::Unsupported`].
+    pub fn elections(&self) -> Result<Elections> {
+        Ok(Elections {
+            backend: self
+                .election
+                .clone()
+                .ok_or_else(|| self.unsupported("elections"))?,
+            settings: self.settings,
+        })
+    }
+}
+
+impl Elections {
+    /// One attempt to become leader of `name` as `candidate`. `Ok(None)` if
+    /// somebody else leads. Cost: one round trip.
+    pub async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        ttl: Duration,
+    ) -> Result<Option<Leadership>> {
+        match self.campaign(name, candidate, ttl, Duration::ZERO).await {
+            Ok(l) => Ok(Some(l)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Campaign until elected or `wait` passes ([`Error::Timeout`]).
+    /// Candidates are woken when the leader resigns, and retry at the
+    /// leader's expiry. The leadership is not renewed unless you call
+    /// [`Guard::keep_alive`] on it (through `Deref`).
+    /// Cancel-safe: a dropped campaign holds nothing (a grant that raced the
+    /// cancellation expires at its TTL).
+    pub async fn campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Leadership> {
+        validate::name("name", name)?;
+        validate::name("candidate", candidate)?;
+        let ttl = validate::ttl("ttl", ttl, self.backend.capabilities())?;
+        let span = tracing::debug_span!(
+            "coord.election.campaign",
+            backend = self.backend.capabilities().backend,
+            name,
+            candidate
+        );
+        let (guard, _) = acquire_claim(
+            ClaimBackend::Election(self.backend.clone()),
+            "election campaign",
+            name,
+            ttl,
+            wait,
+            self.settings.poll_interval,
+            self.backend.capabilities().fair,
+            |owner, _| {
+                let b = self.backend.clone();
+                async move { b.try_campaign(name, candidate, &owner, ttl).await }
+            },
+            || self.backend.subscribe(name),
+        )
+        .instrument(span)
+        .await?;
+        Ok(Leadership {
+            guard,
+            candidate: candidate.to_string(),
+        })
+    }
+
+    /// The live leader of `name` and its term, if any. Cost: one round trip.
+    pub async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
+        validate::name("name", name)?;
+        self.backend.leader(name).await
+    }
+
+    /// A stream of leadership changes of `name`: first the current state,
+    /// then every change it sees, in order; terms never go back (`None`
+    /// means the office is vacant). Driven by the store's notifications,
+    /// with the polling fallback. Changes that happen faster than one round
+    /// trip may be seen only as their end state. Retryable store errors are
+    /// retried quietly; others are yielded and the stream goes on.
+    pub fn observe(
+        &self,
+        name: &str,
+    ) -> Result<impl Stream<Item = Result<Option<LeaderInfo>>> + Send + 'static> {
+        validate::name("name", name)?;
+        let state = ObserveState {
+            backend: self.backend.clone(),
+            name: name.to_string(),
+            poll: self.settings.poll_interval,
+            waiter: None,
+            last: None,
+            max_term: None,
+        };
+        Ok(futures::stream::unfold(state, |mut s| async move {
+            let item = s.next().await;
+            Some((item, s))
+        }))
+    }
+}
+
+struct ObserveState {
+    backend: Arc<dyn Election>,
+    name: String,
+    poll: Duration,
+    waiter: Option<Waiter>,
+    last: Option<Option<LeaderInfo>>,
+    max_term: Option<FencingToken>,
+}
+
+impl ObserveState {
+    async fn next(&mut self) -> Result<Option<LeaderInfo>> {
+        if self.waiter.is_none() {
+            self.waiter = Some(match self.backend.subscribe(&self.name).await {
+                Ok(w) => w,
+                Err(e) if e.is_retryable() => Waiter::never(),
+                Err(e) => return Err(e),
+            });
+        }
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let waiter = self.waiter.as_ref().expect("subscribed above");
+            let notified = waiter.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let mut sleep = wait::jittered(self.poll);
+            match self.backend.leader(&self.name).await {
+                Ok(now) => {
+                    backoff = Duration::from_millis(10);
+                    let goes_back = match (&now, self.max_term) {
+                        (Some(info), Some(max)) => info.term < max,
+                        _ => false,
+                    };
+                    let changed = self.last.as_ref() != Some(&now);
+                    if changed && !goes_back {
+                        if let Some(info) = &now {
+                            self.max_term = Some(info.term);
+                        }
+                        self.last = Some(now.clone());
+                        return Ok(now);
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::debug!(error = %e, "observe: leader read failed, retrying");
+                    sleep = backoff;
+                    backoff = (backoff * 2).min(self.poll);
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+}
+
+/// Leadership of an election: a [`Guard`] (through `Deref`) whose fencing
+/// token is the term, plus the candidate's identity.
+#[derive(Debug)]
+#[must_use = "dropping a leadership resigns it in the background"]
+pub struct Leadership {
+    guard: Guard,
+    candidate: String,
+}
+
+impl Leadership {
+    /// The term: a fencing token, strictly increasing over the terms of
+    /// this election.
+    pub fn term(&self) -> FencingToken {
+        self.guard.fencing_token()
+    }
+
+    /// The candidate identity this leadership was won with.
+    pub fn candidate(&self) -> &str {
+        &self.candidate
+    }
+
+    /// Step down at once, waking the other candidates and observers.
+    /// Errors: [`Error::NotHeld`] if the leadership had already expired.
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+}
+
+impl Deref for Leadership {
+    type Target = Guard;
+    fn deref(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl DerefMut for Leadership {
+    fn deref_mut(&mut self) -> &mut Guard {
+        &mut self.guard
+    }
+}

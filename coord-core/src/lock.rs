@@ -1,0 +1,387 @@
+//! Locks: exclusive, lease-bounded, fenced.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::{Attempt, Lock};
+use crate::claim::{ClaimBackend, Guard, Ownership};
+use crate::coord::{Coord, Settings};
+use crate::error::{Error, Result};
+use crate::types::{Capabilities, FencingToken, OwnerToken};
+use crate::{validate, wait};
+
+/// How to take a lock: its TTL, how long to wait, and whether the watchdog
+/// keeps it alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockOptions {
+    /// Time-to-live of the grant (and of each renewal).
+    pub ttl: Duration,
+    /// How long `acquire` waits for the lock; zero means one attempt.
+    pub wait: Duration,
+    /// Start the watchdog on the guard.
+    pub watchdog: bool,
+}
+
+impl LockOptions {
+    /// A TTL, no waiting, no watchdog.
+    pub fn new(ttl: Duration) -> Self {
+        LockOptions {
+            ttl,
+            wait: Duration::ZERO,
+            watchdog: false,
+        }
+    }
+
+    /// Wait up to `wait` for the lock.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Keep the lock alive with the watchdog until release.
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+}
+
+/// Locks on one store: exclusive, lease-bounded, owner-checked, fenced.
+///
+/// Cheap to clone. Get one with [`Coord::locks`].
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// let locks = coord.locks()?;
+/// let guard = locks.acquire("order:42", Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// println!("holding {} with fencing token {}", guard.name(), guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Locks {
+    backend: Arc<dyn Lock>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Locks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Locks")
+            .field("backend", &self.backend.capabilities().backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coord {
+    /// The locks of this store.
+    ///
+    /// Errors: [`Error::Unsupported`] if the backend has no locks.
+    pub fn locks(&self) -> Result<Locks> {
+        Ok(Locks {
+            backend: self.lock.clone().ok_or_else(|| self.unsupported("locks"))?,
+            settings: self.settings,
+        })
+    }
+}
+
+impl Locks {
+    /// Locks over a raw backend, with these settings.
+    pub fn new(backend: Arc<dyn Lock>, settings: Settings) -> Self {
+        Locks { backend, settings }
+    }
+
+    /// What the backend promises.
+    pub fn capabilities(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// One attempt to take `name` for `ttl`. `Ok(None)` if somebody else
+    /// holds it.
+    ///
+    /// Errors: [`Error::InvalidArgument`] (nothing sent) for a bad name or
+    /// TTL; store errors. Cost: one round trip. Cancel-safe in the sense that
+    /// a cancelled attempt that did take the lock leaves it to its TTL.
+    pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Option<Guard>> {
+        match self.acquire_with(name, LockOptions::new(ttl)).await {
+            Ok(g) => Ok(Some(g)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Take `name` for `ttl`, waiting up to `wait` for it to be free.
+    /// Waiters are woken by the store when the lock is released (and retry
+    /// at the holder's expiry and at a jittered poll interval at the
+    /// latest).
+    ///
+    /// Errors: [`Error::Timeout`] if it stayed busy (nothing is held);
+    /// [`Error::InvalidArgument`] (nothing sent); store errors.
+    /// Cost uncontended: one round trip. Cancel-safe: if the future is
+    /// dropped mid-wait nothing is held (a grant that raced the cancellation
+    /// expires at its TTL).
+    pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Guard> {
+        self.acquire_with(name, LockOptions::new(ttl).wait(wait))
+            .await
+    }
+
+    /// Take `name` as `opts` say. See [`acquire`](Locks::acquire).
+    pub async fn acquire_with(&self, name: &str, opts: LockOptions) -> Result<Guard> {
+        validate::name("name", name)?;
+        let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
+        let span = tracing::debug_span!(
+            "coord.lock.acquire",
+            backend = self.backend.capabilities().backend,
+            name
+        );
+        let (guard, _) = acquire_claim(
+            ClaimBackend::Lock(self.backend.clone()),
+            "lock acquire",
+            name,
+            ttl,
+            opts.wait,
+            self.settings.poll_interval,
+            self.backend.capabilities().fair,
+            |owner, sent| {
+                let b = self.backend.clone();
+                async move {
+                    let _ = sent;
+                    b.try_acquire(name, &owner, ttl).await
+                }
+            },
+            || self.backend.subscribe(name),
+        )
+        .instrument(span)
+        .await?;
+        let mut guard = guard;
+        if opts.watchdog {
+            guard.keep_alive();
+        }
+        Ok(guard)
+    }
+
+    /// Run `work` while holding `name`, with the watchdog on, and release
+    /// afterwards. If ownership is lost while `work` runs, `work` is stopped
+    /// (its future dropped) and [`Error::Lost`] is returned.
+    ///
+    /// `work` receives an [`Ownership`] with the fencing token to pass to
+    /// the resources it writes.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::LockOptions;
+    /// let locks = coord.locks()?;
+    /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(5));
+    /// let total = locks.with_lock("report", opts, |held| async move {
+    ///     // ... write with held.fencing_token() ...
+    ///     held.fencing_token().get()
+    /// }).await?;
+    /// # let _ = total; Ok(()) }
+    /// ```
+    pub async fn with_lock<F, Fut, T>(&self, name: &str, opts: LockOptions, work: F) -> Result<T>
+    where
+        F: FnOnce(Ownership) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = self.acquire_with(name, opts.watchdog(true)).await?;
+        let lost = guard.lost();
+        let fut = work(guard.ownership());
+        tokio::select! {
+            biased;
+            _ = lost => {
+                let _ = guard.release().await;
+                Err(Error::Lost { name: name.to_string() })
+            }
+            out = fut => {
+                match guard.release().await {
+                    Ok(()) => Ok(out),
+                    Err(Error::NotHeld { .. }) => Err(Error::Lost { name: name.to_string() }),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Take every lock in `names`, all or nothing, in a deadlock-free order:
+    /// the names are deduplicated and sorted, then taken one by one, so two
+    /// callers with the same names in any order never deadlock (the seed's
+    /// lock-ordering rule, made a function). If one cannot be taken within
+    /// `opts.wait` (shared by all), those already taken are released and the
+    /// error is returned.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::LockOptions;
+    /// let locks = coord.locks()?;
+    /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(5));
+    /// let both = locks.acquire_all(["account:B", "account:A"], opts).await?;
+    /// assert_eq!(both.names(), vec!["account:A", "account:B"]);
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_all<I, S>(&self, names: I, opts: LockOptions) -> Result<MultiGuard>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut sorted: Vec<String> = names.into_iter().map(|s| s.as_ref().to_owned()).collect();
+        for n in &sorted {
+            validate::name("names", n)?;
+        }
+        validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
+        sorted.sort();
+        sorted.dedup();
+        let deadline = Instant::now() + opts.wait;
+        let mut guards = Vec::with_capacity(sorted.len());
+        for n in &sorted {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.acquire_with(n, opts.wait(left)).await {
+                Ok(g) => guards.push(g),
+                Err(e) => {
+                    for g in guards.into_iter().rev() {
+                        let _ = g.release().await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(MultiGuard { guards })
+    }
+
+    /// Remove `name` whoever holds it: an operator's tool. The holder's
+    /// next renewal or release reports [`Error::NotHeld`] and its lost
+    /// signal fires. Returns whether a live lock was removed.
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        validate::name("name", name)?;
+        self.backend.force_release(name).await
+    }
+}
+
+/// Shared by locks, leases and elections: attempt (waiting if asked),
+/// build the guard, and clean up after an ambiguous failure.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn acquire_claim<A, AF, S, SF>(
+    backend: ClaimBackend,
+    operation: &'static str,
+    name: &str,
+    ttl: Duration,
+    wait: Duration,
+    poll: Duration,
+    queued: bool,
+    mut attempt: A,
+    subscribe: S,
+) -> Result<(Guard, OwnerToken)>
+where
+    A: FnMut(OwnerToken, Instant) -> AF,
+    AF: Future<Output = Result<Attempt>>,
+    S: FnOnce() -> SF,
+    SF: Future<Output = Result<crate::wake::Waiter>>,
+{
+    let owner = OwnerToken::random();
+    let start = Instant::now();
+    let deadline = start + wait;
+    // The validity deadline counts from before the request that won was
+    // sent: remember the send time of each attempt.
+    let sent = std::sync::Mutex::new(start);
+    let outcome = wait::until(
+        || {
+            let now = Instant::now();
+            *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
+            attempt(owner, now)
+        },
+        subscribe,
+        deadline,
+        poll,
+    )
+    .await;
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            cleanup(&backend, name, owner);
+            return Err(e);
+        }
+    };
+    match outcome.granted {
+        Some(token) => {
+            let sent_at = *sent.lock().unwrap_or_else(|p| p.into_inner());
+            Ok((Guard::new(backend, name, owner, token, ttl, sent_at), owner))
+        }
+        None => {
+            if outcome.ambiguous || queued {
+                cleanup(&backend, name, owner);
+            }
+            match outcome.last_error {
+                Some(e) => Err(e),
+                None => Err(Error::Timeout {
+                    operation,
+                    name: name.to_string(),
+                    waited: start.elapsed(),
+                }),
+            }
+        }
+    }
+}
+
+/// After a failed or abandoned attempt whose effect is unknown (a lost
+/// reply), or on a store that queues waiters, remove whatever this owner may
+/// have left behind, in the background.
+fn cleanup(backend: &ClaimBackend, name: &str, owner: OwnerToken) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        let backend = backend.clone();
+        let name = name.to_string();
+        rt.spawn(async move {
+            if let Err(e) = backend.release(&name, &owner).await {
+                tracing::debug!(name, error = %e, "cleanup after failed acquire did not complete; the TTL will free it");
+            }
+        });
+    }
+}
+
+/// Several locks taken by [`Locks::acquire_all`], in sorted order.
+#[derive(Debug)]
+#[must_use = "dropping a guard releases it in the background; keep it while you rely on the locks"]
+pub struct MultiGuard {
+    guards: Vec<Guard>,
+}
+
+impl MultiGuard {
+    /// The held locks' names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        self.guards.iter().map(|g| g.name()).collect()
+    }
+
+    /// The guards, in the order they were taken.
+    pub fn guards(&self) -> &[Guard] {
+        &self.guards
+    }
+
+    /// The fencing token of the lock called `name`.
+    pub fn fencing_token(&self, name: &str) -> Option<FencingToken> {
+        self.guards
+            .iter()
+            .find(|g| g.name() == name)
+            .map(|g| g.fencing_token())
+    }
+
+    /// Start the watchdog on every lock.
+    pub fn keep_alive(&mut self) {
+        self.guards.iter_mut().for_each(Guard::keep_alive);
+    }
+
+    /// Release every lock, in reverse order. Returns the first error, after
+    /// trying them all.
+    pub async fn release(self) -> Result<()> {
+        let mut first = None;
+        for g in self.guards.into_iter().rev() {
+            if let Err(e) = g.release().await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
