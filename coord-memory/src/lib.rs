@@ -1,1 +1,743 @@
-//! placeholder
+//! # coord-memory
+//!
+//! The in-process backend of [coord](https://docs.rs/coord): every
+//! primitive on plain data behind short, sharded mutexes, with waiters woken
+//! by in-process notifications. It is the embedded default (`memory://`,
+//! nothing to install) and the reference model the networked backends are
+//! compared against.
+//!
+//! - One process, one clock: expiry and limiter windows use tokio's
+//!   monotonic clock, so tests can pause and advance time
+//!   (`#[tokio::test(start_paused = true)]`).
+//! - Fencing tokens come from one counter shared by every lock, lease,
+//!   election and fencing resource of a store: strictly increasing per name,
+//!   but only for the life of the process ([`FencingDurability::Process`]).
+//! - No lock is held across an `.await`; the uncontended acquire + release
+//!   touches one shard mutex twice and wakes nobody.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> coord_core::Result<()> {
+//! use std::time::Duration;
+//! let coord = coord_memory::connect("memory://")?;
+//! let locks = coord.locks()?;
+//! let guard = locks.acquire("order:42", Duration::from_secs(30), Duration::ZERO).await?;
+//! assert!(locks.try_acquire("order:42", Duration::from_secs(30)).await?.is_none());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use coord_core::wake::{Waiter, Wakeups};
+use coord_core::{
+    Algorithm, Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingDurability,
+    FencingToken, LeaderInfo, OwnerToken, Quota, Result, async_trait,
+};
+use tokio::time::Instant;
+
+const SHARDS: usize = 32;
+const SWEEP_EVERY: u32 = 1024;
+
+/// Open the in-memory store named by `url`: `memory://` is the process-wide
+/// default store; `memory://NAME` a separate named one. Every call with the
+/// same URL in one process shares the same store, so two "clients" of the
+/// same URL see each other's locks, as two processes on one server would.
+///
+/// Errors: [`Error::Config`] for another scheme or a URL with a path,
+/// query or credentials.
+pub fn connect(url: &str) -> Result<Coord> {
+    let rest = url.strip_prefix("memory://").ok_or_else(|| {
+        Error::Config(format!(
+            "`{url}` is not a memory:// URL; use memory:// or memory://NAME"
+        ))
+    })?;
+    if rest.contains(['/', '?', '@', '#']) {
+        return Err(Error::Config(format!(
+            "`{url}`: a memory:// URL takes only an optional store name, e.g. memory://tests"
+        )));
+    }
+    Ok(Coord::from_backend(store(rest)))
+}
+
+/// The process-wide store with this name (created on first use).
+pub fn store(name: &str) -> Arc<MemoryBackend> {
+    static STORES: OnceLock<Mutex<HashMap<String, Arc<MemoryBackend>>>> = OnceLock::new();
+    let mut stores = STORES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    stores
+        .entry(name.to_string())
+        .or_insert_with(|| Arc::new(MemoryBackend::new()))
+        .clone()
+}
+
+/// A shard-per-hash map from names to entries, with an occasional sweep of
+/// dead entries so memory stays bounded by what is live.
+struct Sharded<T> {
+    hasher: RandomState,
+    shards: Box<[Mutex<Shard<T>>]>,
+}
+
+struct Shard<T> {
+    map: HashMap<Box<str>, T>,
+    inserts: u32,
+}
+
+impl<T> Sharded<T> {
+    fn new() -> Self {
+        Sharded {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        inserts: 0,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    fn shard(&self, name: &str) -> MutexGuard<'_, Shard<T>> {
+        let i = (self.hasher.hash_one(name) as usize) % SHARDS;
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl<T> Shard<T> {
+    /// The entry for `name`, inserting `make()` if absent; every
+    /// `SWEEP_EVERY` inserts, entries for which `dead` holds are dropped.
+    fn entry(&mut self, name: &str, make: impl FnOnce() -> T, dead: impl Fn(&T) -> bool) -> &mut T {
+        if !self.map.contains_key(name) {
+            self.inserts += 1;
+            if self.inserts >= SWEEP_EVERY {
+                self.inserts = 0;
+                self.map.retain(|_, v| !dead(v));
+            }
+            self.map.insert(name.into(), make());
+        }
+        self.map.get_mut(name).expect("inserted above")
+    }
+}
+
+/// A claim (lock or lease): owner, fencing token, expiry.
+struct Claim {
+    owner: OwnerToken,
+    token: u64,
+    expires: Instant,
+}
+
+impl Claim {
+    fn live(&self, now: Instant) -> bool {
+        self.expires > now
+    }
+}
+
+struct Leader {
+    owner: OwnerToken,
+    candidate: String,
+    term: u64,
+    expires: Instant,
+}
+
+#[derive(Default)]
+struct BarrierState {
+    parties: u32,
+    generation: u64,
+    arrived: Vec<Box<str>>,
+}
+
+enum LimitState {
+    /// Sliding log: (time, cost) of each admitted request, oldest first.
+    Log(VecDeque<(Instant, u64)>),
+    /// Fixed window: window index and count.
+    Fixed { index: u64, count: u64 },
+    /// Sliding window counter: current index, its count, previous count.
+    Sliding { index: u64, curr: u64, prev: u64 },
+    /// GCRA: theoretical arrival time, in nanoseconds x limit since the
+    /// epoch (scaled so the arithmetic is exact).
+    Gcra { tat: u128 },
+}
+
+/// The in-memory backend. Implements every coord-core trait.
+pub struct MemoryBackend {
+    caps: Capabilities,
+    epoch: Instant,
+    counter: AtomicU64,
+    locks: Sharded<Claim>,
+    leases: Sharded<Claim>,
+    elections: Sharded<Option<Leader>>,
+    barriers: Sharded<BarrierState>,
+    limits: Sharded<LimitState>,
+    lock_wakeups: Wakeups,
+    election_wakeups: Wakeups,
+    barrier_wakeups: Wakeups,
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("fencing_counter", &self.counter.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A fresh, empty store (not shared with [`connect`]'s stores).
+    pub fn new() -> Self {
+        let mut caps = Capabilities::new("memory");
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_millis(1);
+        caps.fair = false;
+        caps.fencing = FencingDurability::Process;
+        caps.server_clock = true;
+        caps.notifications = true;
+        MemoryBackend {
+            caps,
+            epoch: Instant::now(),
+            counter: AtomicU64::new(0),
+            locks: Sharded::new(),
+            leases: Sharded::new(),
+            elections: Sharded::new(),
+            barriers: Sharded::new(),
+            limits: Sharded::new(),
+            lock_wakeups: Wakeups::new(),
+            election_wakeups: Wakeups::new(),
+            barrier_wakeups: Wakeups::new(),
+        }
+    }
+
+    /// A [`Coord`] handle over a fresh, private store.
+    pub fn coord() -> Coord {
+        Coord::from_backend(Arc::new(MemoryBackend::new()))
+    }
+
+    fn next_token(&self) -> u64 {
+        self.counter.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn claim_attempt(
+        &self,
+        map: &Sharded<Claim>,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Attempt {
+        let now = Instant::now();
+        let mut shard = map.shard(name);
+        let fresh = || Claim {
+            owner: *owner,
+            token: 0,
+            expires: now,
+        };
+        let c = shard.entry(name, fresh, |c| !c.live(now));
+        if c.live(now) && c.owner != *owner {
+            return Attempt::Held {
+                expires_in: Some(c.expires - now),
+            };
+        }
+        if !(c.live(now) && c.owner == *owner) {
+            c.owner = *owner;
+            c.token = self.next_token();
+        }
+        c.expires = now + ttl;
+        Attempt::Granted(FencingToken(c.token))
+    }
+
+    fn claim_extend(map: &Sharded<Claim>, name: &str, owner: &OwnerToken, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut shard = map.shard(name);
+        match shard.map.get_mut(name) {
+            Some(c) if c.live(now) && c.owner == *owner => {
+                c.expires = now + ttl;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn claim_release(map: &Sharded<Claim>, name: &str, owner: Option<&OwnerToken>) -> bool {
+        let now = Instant::now();
+        let mut shard = map.shard(name);
+        let ours = match shard.map.get(name) {
+            Some(c) => c.live(now) && owner.is_none_or(|o| c.owner == *o),
+            None => false,
+        };
+        if ours {
+            shard.map.remove(name);
+        }
+        ours
+    }
+}
+
+#[async_trait]
+impl coord_core::Lock for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        Ok(self.claim_attempt(&self.locks, name, owner, ttl))
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let released = Self::claim_release(&self.locks, name, Some(owner));
+        if released {
+            self.lock_wakeups.notify_one(name);
+        }
+        Ok(released)
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Ok(Self::claim_extend(&self.locks, name, owner, ttl))
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let released = Self::claim_release(&self.locks, name, None);
+        if released {
+            self.lock_wakeups.notify_one(name);
+        }
+        Ok(released)
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.lock_wakeups.subscribe(name))
+    }
+}
+
+#[async_trait]
+impl coord_core::Lease for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        Ok(self.claim_attempt(&self.leases, name, owner, ttl))
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Ok(Self::claim_extend(&self.leases, name, owner, ttl))
+    }
+
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        Ok(Self::claim_release(&self.leases, name, Some(owner)))
+    }
+
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+        let now = Instant::now();
+        let shard = self.leases.shard(name);
+        Ok(shard
+            .map
+            .get(name)
+            .filter(|c| c.live(now))
+            .map(|c| c.expires - now))
+    }
+}
+
+#[async_trait]
+impl coord_core::FencingSource for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn next(&self, resource: &str) -> Result<FencingToken> {
+        // One strictly increasing counter serves every resource (as etcd's
+        // revision does), so each resource's tokens strictly increase too.
+        let _ = resource;
+        Ok(FencingToken(self.next_token()))
+    }
+}
+
+#[async_trait]
+impl coord_core::Election for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let now = Instant::now();
+        let granted = {
+            let mut shard = self.elections.shard(name);
+            let slot = shard.entry(
+                name,
+                || None,
+                |l| l.as_ref().is_none_or(|l| l.expires <= now),
+            );
+            match slot {
+                Some(l) if l.expires > now && l.owner != *owner => {
+                    return Ok(Attempt::Held {
+                        expires_in: Some(l.expires - now),
+                    });
+                }
+                Some(l) if l.expires > now => {
+                    l.expires = now + ttl;
+                    return Ok(Attempt::Granted(FencingToken(l.term)));
+                }
+                _ => {
+                    let term = self.next_token();
+                    *slot = Some(Leader {
+                        owner: *owner,
+                        candidate: candidate.to_string(),
+                        term,
+                        expires: now + ttl,
+                    });
+                    term
+                }
+            }
+        };
+        self.election_wakeups.notify_all(name);
+        Ok(Attempt::Granted(FencingToken(granted)))
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut shard = self.elections.shard(name);
+        match shard.map.get_mut(name) {
+            Some(Some(l)) if l.expires > now && l.owner == *owner => {
+                l.expires = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let now = Instant::now();
+        let resigned = {
+            let mut shard = self.elections.shard(name);
+            match shard.map.get_mut(name) {
+                Some(slot @ Some(_)) => {
+                    let ours = slot
+                        .as_ref()
+                        .is_some_and(|l| l.expires > now && l.owner == *owner);
+                    if ours {
+                        *slot = None;
+                    }
+                    ours
+                }
+                _ => false,
+            }
+        };
+        if resigned {
+            self.election_wakeups.notify_all(name);
+        }
+        Ok(resigned)
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
+        let now = Instant::now();
+        let shard = self.elections.shard(name);
+        Ok(match shard.map.get(name) {
+            Some(Some(l)) if l.expires > now => Some(LeaderInfo {
+                candidate: l.candidate.clone(),
+                term: FencingToken(l.term),
+            }),
+            _ => None,
+        })
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.election_wakeups.subscribe(name))
+    }
+}
+
+#[async_trait]
+impl coord_core::Barrier for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
+        let arrival = {
+            let mut shard = self.barriers.shard(name);
+            let b = shard.entry(name, BarrierState::default, |_| false);
+            if b.arrived.is_empty() {
+                b.parties = parties;
+            } else if b.parties != parties {
+                return Err(Error::invalid(
+                    "parties",
+                    format!(
+                        "barrier `{name}` is in use with {} parties; this call said {parties}",
+                        b.parties
+                    ),
+                ));
+            }
+            if b.arrived.iter().any(|p| &**p == participant) {
+                return Ok(Arrival {
+                    generation: b.generation,
+                    complete: false,
+                });
+            }
+            b.arrived.push(participant.into());
+            if b.arrived.len() as u64 >= u64::from(b.parties) {
+                let g = b.generation;
+                b.generation += 1;
+                b.arrived.clear();
+                Arrival {
+                    generation: g,
+                    complete: true,
+                }
+            } else {
+                Arrival {
+                    generation: b.generation,
+                    complete: false,
+                }
+            }
+        };
+        if arrival.complete {
+            self.barrier_wakeups.notify_all(name);
+        }
+        Ok(arrival)
+    }
+
+    async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
+        let shard = self.barriers.shard(name);
+        Ok(shard
+            .map
+            .get(name)
+            .is_some_and(|b| b.generation > generation))
+    }
+
+    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+        let mut shard = self.barriers.shard(name);
+        let Some(b) = shard.map.get_mut(name) else {
+            return Ok(true);
+        };
+        if b.generation > generation {
+            return Ok(false);
+        }
+        b.arrived.retain(|p| &**p != participant);
+        Ok(true)
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.barrier_wakeups.subscribe(name))
+    }
+}
+
+fn algorithm_tag(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::SlidingLog => "log:",
+        Algorithm::SlidingWindow => "sw:",
+        Algorithm::FixedWindow => "fw:",
+        Algorithm::Gcra => "gcra:",
+        _ => "other:",
+    }
+}
+
+#[async_trait]
+impl coord_core::Limiter for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision> {
+        let now = Instant::now();
+        let since = now.duration_since(self.epoch).as_nanos();
+        let window = quota.window;
+        let w = window.as_nanos();
+        let limit = quota.limit;
+        let mut full = String::with_capacity(key.len() + 5);
+        full.push_str(algorithm_tag(quota.algorithm));
+        full.push_str(key);
+        let mut shard = self.limits.shard(&full);
+        let dead = |s: &LimitState| match s {
+            LimitState::Log(log) => log.back().is_none_or(|(t, _)| *t + window <= now),
+            LimitState::Fixed { index, .. } => (*index as u128) < since / w,
+            LimitState::Sliding { index, .. } => (*index as u128) + 1 < since / w,
+            LimitState::Gcra { tat } => *tat <= since * u128::from(limit),
+        };
+        let make = || match quota.algorithm {
+            Algorithm::SlidingLog => LimitState::Log(VecDeque::new()),
+            Algorithm::FixedWindow => LimitState::Fixed { index: 0, count: 0 },
+            Algorithm::SlidingWindow => LimitState::Sliding {
+                index: 0,
+                curr: 0,
+                prev: 0,
+            },
+            _ => LimitState::Gcra { tat: 0 },
+        };
+        let state = shard.entry(&full, make, dead);
+        Ok(match state {
+            LimitState::Log(log) => sliding_log(log, now, window, limit, cost),
+            LimitState::Fixed { index, count } => {
+                let cur = (since / w) as u64;
+                if *index != cur {
+                    *index = cur;
+                    *count = 0;
+                }
+                let to_end = nanos(w - since % w);
+                let allowed = *count + cost <= limit;
+                if allowed {
+                    *count += cost;
+                }
+                Decision {
+                    allowed,
+                    remaining: limit - *count,
+                    retry_after: if allowed { Duration::ZERO } else { to_end },
+                    reset_after: if *count == 0 { Duration::ZERO } else { to_end },
+                }
+            }
+            LimitState::Sliding { index, curr, prev } => {
+                let cur = (since / w) as u64;
+                if *index != cur {
+                    *prev = if cur == *index + 1 { *curr } else { 0 };
+                    *curr = 0;
+                    *index = cur;
+                }
+                sliding_window(curr, *prev, since % w, w, limit, cost)
+            }
+            LimitState::Gcra { tat } => gcra(tat, since, w, limit, cost),
+        })
+    }
+}
+
+fn nanos(n: u128) -> Duration {
+    Duration::from_nanos(n.min(u64::MAX as u128) as u64)
+}
+
+/// Exact sliding log of (time, cost) entries.
+fn sliding_log(
+    log: &mut VecDeque<(Instant, u64)>,
+    now: Instant,
+    window: Duration,
+    limit: u64,
+    cost: u64,
+) -> Decision {
+    while log.front().is_some_and(|(t, _)| *t + window <= now) {
+        log.pop_front();
+    }
+    let used: u64 = log.iter().map(|(_, c)| c).sum();
+    if used + cost <= limit {
+        log.push_back((now, cost));
+        return Decision {
+            allowed: true,
+            remaining: limit - used - cost,
+            retry_after: Duration::ZERO,
+            reset_after: window,
+        };
+    }
+    // Denied: wait until enough of the oldest entries fall out.
+    let mut freed = 0;
+    let mut retry_after = window;
+    for (t, c) in log.iter() {
+        freed += c;
+        if used - freed + cost <= limit {
+            retry_after = (*t + window).saturating_duration_since(now);
+            break;
+        }
+    }
+    let reset_after = log.back().map_or(Duration::ZERO, |(t, _)| {
+        (*t + window).saturating_duration_since(now)
+    });
+    Decision {
+        allowed: false,
+        remaining: limit - used,
+        retry_after: retry_after.max(Duration::from_millis(1)),
+        reset_after,
+    }
+}
+
+/// Sliding window counter: current count plus the previous window's count
+/// weighted by its remaining overlap with the trailing window.
+fn sliding_window(
+    curr: &mut u64,
+    prev: u64,
+    into: u128,
+    w: u128,
+    limit: u64,
+    cost: u64,
+) -> Decision {
+    // estimate = prev * (w - into) / w + curr, kept exact in units of 1/w.
+    let weighted = u128::from(prev) * (w - into);
+    let est_w = weighted + u128::from(*curr) * w; // estimate x w
+    let allowed = est_w + u128::from(cost) * w <= u128::from(limit) * w;
+    if allowed {
+        *curr += cost;
+    }
+    let est_w = weighted + u128::from(*curr) * w;
+    let remaining = (u128::from(limit) * w).saturating_sub(est_w) / w;
+    let to_end = w - into;
+    let retry_after = if allowed {
+        Duration::ZERO
+    } else if *curr + cost <= limit {
+        // Within this window, once the previous window's weight drops
+        // enough: prev * (w - x) / w <= limit - curr - cost.
+        let room = u128::from(limit - *curr - cost) * w;
+        let x = w - room / u128::from(prev.max(1));
+        nanos(x.saturating_sub(into).max(1))
+    } else {
+        // In the next window this window's count becomes the weighted one.
+        let room = u128::from(limit - cost) * w;
+        let x = w - room / u128::from((*curr).max(1));
+        nanos(to_end + x)
+    };
+    let reset_after = if *curr > 0 {
+        nanos(to_end + w)
+    } else if prev > 0 {
+        nanos(to_end)
+    } else {
+        Duration::ZERO
+    };
+    Decision {
+        allowed,
+        remaining: remaining as u64,
+        retry_after: retry_after.max(if allowed {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(1)
+        }),
+        reset_after,
+    }
+}
+
+/// GCRA in units of nanoseconds x limit, so the emission interval
+/// (window / limit) is exact.
+fn gcra(tat: &mut u128, since: u128, w: u128, limit: u64, cost: u64) -> Decision {
+    let l = u128::from(limit);
+    let now = since * l;
+    let window = w * l;
+    let increment = u128::from(cost) * w;
+    let base = (*tat).max(now);
+    let new_tat = base + increment;
+    let allowed = new_tat - now <= window;
+    if allowed {
+        *tat = new_tat;
+    }
+    let backlog = (*tat).max(now) - now;
+    let remaining = (window - backlog.min(window)) / w;
+    let retry_after = if allowed {
+        Duration::ZERO
+    } else {
+        nanos((new_tat - now - window).div_ceil(l)).max(Duration::from_millis(1))
+    };
+    Decision {
+        allowed,
+        remaining: remaining as u64,
+        retry_after,
+        reset_after: nanos(backlog.div_ceil(l)),
+    }
+}
+
+#[cfg(test)]
+mod tests;
