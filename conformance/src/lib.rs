@@ -1,1 +1,182 @@
-//! placeholder
+//! # conformance
+//!
+//! The suite every coord backend must pass: DESIGN.md turned into code, one
+//! public async fn per case in [`cases`], and the test kit ([`testkit`]) that
+//! starts real servers for the networked backends.
+//!
+//! A backend runs the whole suite with a few lines in `tests/conformance.rs`:
+//!
+//! ```ignore
+//! async fn make_coord() -> coord_core::Coord {
+//!     // a FRESH client against the test server, every call
+//!     my_backend::connect(&server_url()).await.unwrap()
+//! }
+//! conformance::suite!(make_coord);
+//! ```
+//!
+//! Each case builds its clients from the factory (one call = one client, as
+//! one process would have), uses names unique to the case and the run, so
+//! cases run in parallel against one server, and asserts behaviour with
+//! generous time bounds. Cases that prove wake-ups by notification set the
+//! polling fallback to 10 s themselves.
+#![deny(missing_docs)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::Coord;
+use futures::future::BoxFuture;
+
+pub mod cases;
+pub mod testkit;
+
+/// Builds a fresh client per call.
+#[derive(Clone)]
+pub struct Factory(Arc<dyn Fn() -> BoxFuture<'static, Coord> + Send + Sync>);
+
+impl Factory {
+    /// A factory from an async closure or fn.
+    pub fn new<F, Fut>(f: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Coord> + Send + 'static,
+    {
+        Factory(Arc::new(move || Box::pin(f())))
+    }
+
+    /// A fresh client.
+    pub async fn client(&self) -> Coord {
+        (self.0)().await
+    }
+
+    /// `n` fresh clients.
+    pub async fn clients(&self, n: usize) -> Vec<Coord> {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.client().await);
+        }
+        v
+    }
+}
+
+/// A name unique to this case and this run, so cases can share a server
+/// and reruns never see each other's leftovers.
+pub fn unique(case: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{case}-{}-{:x}-{}",
+        std::process::id(),
+        nanos,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `want`, raised to the backend's minimum TTL and rounded up to its
+/// granularity: what a case uses as a "short" TTL.
+pub fn ttl(coord: &Coord, want: Duration) -> Duration {
+    let caps = coord.capabilities();
+    coord_core::validate::ttl("ttl", want, caps).unwrap_or(want)
+}
+
+/// Every case of the suite, by name; [`suite!`] generates one test for each.
+pub const CASES: &[&str] = &[
+    "capabilities_are_consistent",
+    "lock_held_excludes_others",
+    "lock_different_names_are_independent",
+    "lock_release_lets_the_next_client_in",
+    "lock_stale_guard_cannot_release_or_extend",
+    "lock_extend_keeps_token_and_never_resurrects",
+    "lock_frees_after_ttl_and_not_before",
+    "lock_waiter_is_woken_by_notification",
+    "lock_acquire_timeout_leaves_nothing_held",
+    "lock_dropped_guard_is_released_before_ttl",
+    "lock_watchdog_keeps_lock_and_stops_at_release",
+    "lock_lost_signal_fires_and_with_lock_stops",
+    "lock_acquire_all_reversed_orders_never_deadlock",
+    "lock_mutual_exclusion_under_load",
+    "fencing_next_is_unique_and_increasing_under_concurrency",
+    "fencing_resources_are_independent",
+    "lease_renew_after_expiry_fails",
+    "lease_revoke_frees_at_once",
+    "lease_remaining_never_exceeds_ttl",
+    "election_one_winner_among_eight",
+    "election_resign_elects_another_with_higher_term",
+    "election_dead_leader_is_replaced_within_ttl",
+    "election_observe_sees_every_change_in_order",
+    "barrier_nobody_passes_before_the_last_arrives",
+    "barrier_duplicate_arrival_counts_once",
+    "barrier_is_reusable_across_generations",
+    "barrier_timed_out_participant_is_withdrawn",
+    "barrier_different_party_count_is_an_error",
+    "limiter_admits_exactly_limit_of_concurrent_requests",
+    "limiter_burst_of_1000_admits_exactly_limit",
+    "limiter_cost_over_limit_is_refused",
+    "input_bad_names_are_rejected_and_write_nothing",
+    "input_bad_ttls_and_quotas_are_rejected",
+    "input_odd_names_are_ordinary_and_separate",
+    "input_kinds_of_one_name_do_not_collide",
+];
+
+/// Generate one `#[tokio::test]` per conformance case, each calling the
+/// case with a [`Factory`] built from `$make`, an `async fn() -> Coord`
+/// that returns a fresh client per call.
+#[macro_export]
+macro_rules! suite {
+    ($make:path) => {
+        $crate::suite!(@cases $make;
+            capabilities_are_consistent,
+            lock_held_excludes_others,
+            lock_different_names_are_independent,
+            lock_release_lets_the_next_client_in,
+            lock_stale_guard_cannot_release_or_extend,
+            lock_extend_keeps_token_and_never_resurrects,
+            lock_frees_after_ttl_and_not_before,
+            lock_waiter_is_woken_by_notification,
+            lock_acquire_timeout_leaves_nothing_held,
+            lock_dropped_guard_is_released_before_ttl,
+            lock_watchdog_keeps_lock_and_stops_at_release,
+            lock_lost_signal_fires_and_with_lock_stops,
+            lock_acquire_all_reversed_orders_never_deadlock,
+            lock_mutual_exclusion_under_load,
+            fencing_next_is_unique_and_increasing_under_concurrency,
+            fencing_resources_are_independent,
+            lease_renew_after_expiry_fails,
+            lease_revoke_frees_at_once,
+            lease_remaining_never_exceeds_ttl,
+            election_one_winner_among_eight,
+            election_resign_elects_another_with_higher_term,
+            election_dead_leader_is_replaced_within_ttl,
+            election_observe_sees_every_change_in_order,
+            barrier_nobody_passes_before_the_last_arrives,
+            barrier_duplicate_arrival_counts_once,
+            barrier_is_reusable_across_generations,
+            barrier_timed_out_participant_is_withdrawn,
+            barrier_different_party_count_is_an_error,
+            limiter_admits_exactly_limit_of_concurrent_requests,
+            limiter_burst_of_1000_admits_exactly_limit,
+            limiter_cost_over_limit_is_refused,
+            input_bad_names_are_rejected_and_write_nothing,
+            input_bad_ttls_and_quotas_are_rejected,
+            input_odd_names_are_ordinary_and_separate,
+            input_kinds_of_one_name_do_not_collide,
+        );
+    };
+    (@cases $make:path; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let factory = $crate::Factory::new(|| $make());
+                $crate::cases::$case(&factory).await;
+            }
+        )*
+    };
+}
+
+/// Generous bound for "promptly" on a shared, noisy machine.
+pub const PROMPT: Duration = Duration::from_secs(1);

@@ -1,0 +1,189 @@
+//! Barrier cases.
+
+use std::time::Duration;
+
+use coord_core::Error;
+use tokio::time::{sleep, timeout};
+
+use crate::{Factory, unique};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+async fn spawn_waiters(
+    f: &Factory,
+    name: &str,
+    parties: u32,
+    who: &[&str],
+) -> Vec<tokio::task::JoinHandle<coord_core::Result<u64>>> {
+    let mut tasks = Vec::new();
+    for p in who {
+        let c = f.client().await;
+        let (n, p) = (name.to_string(), p.to_string());
+        tasks.push(tokio::spawn(async move {
+            c.barriers().unwrap().wait(&n, parties, &p, WAIT).await
+        }));
+    }
+    tasks
+}
+
+/// Nobody passes before the last of N arrives; all pass after.
+pub async fn barrier_nobody_passes_before_the_last_arrives(f: &Factory) {
+    let name = unique("barrier");
+    let tasks = spawn_waiters(f, &name, 4, &["w1", "w2", "w3"]).await;
+    sleep(Duration::from_millis(800)).await;
+    for t in &tasks {
+        assert!(
+            !t.is_finished(),
+            "a participant passed before the last arrived"
+        );
+    }
+    let last = f
+        .client()
+        .await
+        .barriers()
+        .unwrap()
+        .wait(&name, 4, "w4", WAIT)
+        .await
+        .unwrap();
+    for t in tasks {
+        let g = timeout(Duration::from_secs(5), t)
+            .await
+            .expect("participant not released")
+            .unwrap()
+            .unwrap();
+        assert_eq!(g, last, "all pass in the same generation");
+    }
+}
+
+/// Arriving twice counts once.
+pub async fn barrier_duplicate_arrival_counts_once(f: &Factory) {
+    let name = unique("barrier-dup");
+    let tasks = spawn_waiters(f, &name, 2, &["same", "same"]).await;
+    sleep(Duration::from_millis(800)).await;
+    for t in &tasks {
+        assert!(
+            !t.is_finished(),
+            "a duplicate arrival completed a 2-party barrier"
+        );
+    }
+    f.client()
+        .await
+        .barriers()
+        .unwrap()
+        .wait(&name, 2, "other", WAIT)
+        .await
+        .unwrap();
+    for t in tasks {
+        timeout(Duration::from_secs(5), t)
+            .await
+            .expect("not released")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// The barrier is reusable: each round is a new generation.
+pub async fn barrier_is_reusable_across_generations(f: &Factory) {
+    let name = unique("barrier-gen");
+    let mut last = None;
+    for _round in 0..3 {
+        let tasks = spawn_waiters(f, &name, 3, &["a", "b", "c"]).await;
+        let mut gens = Vec::new();
+        for t in tasks {
+            gens.push(
+                timeout(Duration::from_secs(10), t)
+                    .await
+                    .expect("round stuck")
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert!(
+            gens.iter().all(|g| *g == gens[0]),
+            "one round, one generation: {gens:?}"
+        );
+        if let Some(prev) = last {
+            assert!(
+                gens[0] > prev,
+                "generation must advance: {} after {prev}",
+                gens[0]
+            );
+        }
+        last = Some(gens[0]);
+    }
+}
+
+/// A participant that times out is withdrawn: it does not count.
+pub async fn barrier_timed_out_participant_is_withdrawn(f: &Factory) {
+    let name = unique("barrier-timeout");
+    let c = f.client().await;
+    let e = c
+        .barriers()
+        .unwrap()
+        .wait(&name, 2, "quitter", Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Timeout { .. }),
+        "expected Timeout, got {e:?}"
+    );
+    let e = c
+        .barriers()
+        .unwrap()
+        .wait(&name, 2, "second", Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Timeout { .. }),
+        "the timed-out participant still counted: {e:?}"
+    );
+    let tasks = spawn_waiters(f, &name, 2, &["x"]).await;
+    c.barriers()
+        .unwrap()
+        .wait(&name, 2, "y", WAIT)
+        .await
+        .unwrap();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
+/// A different party count for the same name is an error and changes
+/// nothing.
+pub async fn barrier_different_party_count_is_an_error(f: &Factory) {
+    let name = unique("barrier-parties");
+    let tasks = spawn_waiters(f, &name, 3, &["p1"]).await;
+    sleep(Duration::from_millis(500)).await;
+    let c = f.client().await;
+    let e = c
+        .barriers()
+        .unwrap()
+        .wait(&name, 2, "p2", WAIT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                field: "parties",
+                ..
+            }
+        ),
+        "expected InvalidArgument(parties), got {e:?}"
+    );
+    // Nothing changed: the 3-party barrier still needs two more.
+    let more = spawn_waiters(f, &name, 3, &["p2"]).await;
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        !tasks[0].is_finished() && !more[0].is_finished(),
+        "the rejected arrival counted"
+    );
+    c.barriers()
+        .unwrap()
+        .wait(&name, 3, "p3", WAIT)
+        .await
+        .unwrap();
+    for t in tasks.into_iter().chain(more) {
+        t.await.unwrap().unwrap();
+    }
+}

@@ -1,0 +1,185 @@
+//! Election cases.
+
+use std::time::Duration;
+
+use coord_core::LeaderInfo;
+use futures::StreamExt;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::{Factory, PROMPT, ttl, unique};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// Of 8 candidates campaigning at once exactly one wins, and `leader()`
+/// names it with its term.
+pub async fn election_one_winner_among_eight(f: &Factory) {
+    let name = unique("elect");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let c = f.client().await;
+        let (n, b) = (name.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            b.wait().await;
+            let l = c
+                .elections()
+                .unwrap()
+                .try_campaign(&n, &format!("node-{i}"), LONG)
+                .await
+                .unwrap();
+            (i, l)
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        let (i, l) = t.await.unwrap();
+        if let Some(l) = l {
+            winners.push((i, l));
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "expected exactly one winner, got {}",
+        winners.len()
+    );
+    let (i, l) = winners.pop().unwrap();
+    assert_eq!(l.candidate(), format!("node-{i}"));
+    let seen = f
+        .client()
+        .await
+        .elections()
+        .unwrap()
+        .leader(&name)
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        Some(LeaderInfo {
+            candidate: format!("node-{i}"),
+            term: l.term()
+        }),
+        "leader() must name the winner"
+    );
+    l.resign().await.unwrap();
+}
+
+/// Resigning elects a waiting candidate promptly, with a higher term.
+pub async fn election_resign_elects_another_with_higher_term(f: &Factory) {
+    let a = f.client().await;
+    let b = f.client().await;
+    let poll = if b.capabilities().notifications {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(200)
+    };
+    let b = b.with_poll_interval(poll);
+    let name = unique("resign");
+    let la = a
+        .elections()
+        .unwrap()
+        .campaign(&name, "a", LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let n2 = name.clone();
+    let tb = tokio::spawn(async move {
+        let l = b
+            .elections()
+            .unwrap()
+            .campaign(&n2, "b", LONG, Duration::from_secs(20))
+            .await;
+        (Instant::now(), l)
+    });
+    sleep(Duration::from_millis(1500)).await;
+    let term_a = la.term();
+    let resigned_at = Instant::now();
+    la.resign().await.unwrap();
+    let (at, lb) = tb.await.unwrap();
+    let lb = lb.expect("b must be elected after a resigns");
+    assert!(
+        at - resigned_at <= PROMPT,
+        "b elected {:?} after resign: not woken by the store",
+        at - resigned_at
+    );
+    assert!(lb.term() > term_a, "term must rise");
+    let seen = a.elections().unwrap().leader(&name).await.unwrap().unwrap();
+    assert_eq!(seen.candidate, "b");
+    lb.resign().await.unwrap();
+}
+
+/// A leader that stops renewing is replaced within TTL + 1 s.
+pub async fn election_dead_leader_is_replaced_within_ttl(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("dead-leader");
+    let t = ttl(&a, Duration::from_secs(1));
+    let start = Instant::now();
+    let la = a
+        .elections()
+        .unwrap()
+        .campaign(&name, "a", t, Duration::ZERO)
+        .await
+        .unwrap();
+    let lb = b
+        .elections()
+        .unwrap()
+        .campaign(&name, "b", LONG, t + Duration::from_secs(5))
+        .await
+        .expect("dead leader never replaced");
+    let took = start.elapsed();
+    assert!(took <= t + PROMPT, "replaced after {took:?}, TTL {t:?}");
+    assert!(lb.term() > la.term());
+    drop(la);
+    lb.resign().await.unwrap();
+}
+
+/// `observe` sees every change, in order, terms never going back.
+pub async fn election_observe_sees_every_change_in_order(f: &Factory) {
+    let watcher = f.client().await;
+    let name = unique("observe");
+    let mut stream = Box::pin(watcher.elections().unwrap().observe(&name).unwrap());
+    let first = timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("observe yields the current state")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, None, "nobody leads yet");
+    let mut last_term = None;
+    for who in ["a", "b", "c"] {
+        let c = f.client().await;
+        let l = c
+            .elections()
+            .unwrap()
+            .campaign(&name, who, LONG, Duration::from_secs(10))
+            .await
+            .unwrap();
+        // Wait until the observer reports this leader; anything before it
+        // must be a vacancy (never an older term).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let item = timeout(deadline - Instant::now(), stream.next())
+                .await
+                .unwrap_or_else(|_| panic!("observer never saw leader {who}"))
+                .unwrap()
+                .unwrap();
+            match item {
+                None => continue,
+                Some(info) => {
+                    if let Some(prev) = last_term {
+                        assert!(
+                            info.term > prev,
+                            "term went back: {} after {prev}",
+                            info.term
+                        );
+                    }
+                    last_term = Some(info.term);
+                    if info.candidate == who {
+                        assert_eq!(info.term, l.term());
+                        break;
+                    }
+                    panic!("observer saw {info:?} while {who} leads");
+                }
+            }
+        }
+        l.resign().await.unwrap();
+    }
+}

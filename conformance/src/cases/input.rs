@@ -1,0 +1,312 @@
+//! Bad and unusual input.
+
+use std::time::Duration;
+
+use coord_core::{Algorithm, Coord, Error, Quota};
+
+use crate::{Factory, unique};
+
+const T: Duration = Duration::from_secs(30);
+
+fn is_invalid<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) {
+    match r {
+        Err(Error::InvalidArgument { .. }) => {}
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    }
+}
+
+async fn every_primitive_rejects(c: &Coord, name: &str, what: &str) {
+    is_invalid(
+        c.locks().unwrap().try_acquire(name, T).await,
+        &format!("lock {what}"),
+    );
+    is_invalid(
+        c.locks()
+            .unwrap()
+            .acquire(name, T, Duration::from_secs(1))
+            .await,
+        &format!("lock acquire {what}"),
+    );
+    is_invalid(
+        c.locks()
+            .unwrap()
+            .acquire_all([name], coord_core::LockOptions::new(T))
+            .await,
+        &format!("acquire_all {what}"),
+    );
+    is_invalid(
+        c.leases().unwrap().grant(name, T).await,
+        &format!("lease {what}"),
+    );
+    is_invalid(
+        c.leases().unwrap().remaining(name).await,
+        &format!("lease remaining {what}"),
+    );
+    is_invalid(
+        c.fencing().unwrap().next(name).await,
+        &format!("fencing {what}"),
+    );
+    is_invalid(
+        c.elections().unwrap().try_campaign(name, "x", T).await,
+        &format!("election {what}"),
+    );
+    is_invalid(
+        c.elections().unwrap().try_campaign("fine", name, T).await,
+        &format!("candidate {what}"),
+    );
+    is_invalid(
+        c.elections().unwrap().leader(name).await,
+        &format!("leader {what}"),
+    );
+    assert!(
+        c.elections().unwrap().observe(name).is_err(),
+        "observe {what}"
+    );
+    is_invalid(
+        c.barriers().unwrap().wait(name, 1, "p", T).await,
+        &format!("barrier {what}"),
+    );
+    is_invalid(
+        c.barriers().unwrap().wait("fine", 1, name, T).await,
+        &format!("participant {what}"),
+    );
+    is_invalid(
+        c.limiter().unwrap().check(name, Quota::per(1, T)).await,
+        &format!("limiter {what}"),
+    );
+}
+
+/// Empty, 513-byte and control-character names are rejected by every
+/// primitive with InvalidArgument, and nothing is written.
+pub async fn input_bad_names_are_rejected_and_write_nothing(f: &Factory) {
+    let c = f.client().await;
+    let base = unique("bad");
+    let long = format!("{base}{}", "x".repeat(513 - base.len()));
+    assert_eq!(long.len(), 513);
+    every_primitive_rejects(&c, "", "empty name").await;
+    every_primitive_rejects(&c, &long, "513-byte name").await;
+    every_primitive_rejects(&c, &format!("{base}\nnewline"), "newline").await;
+    every_primitive_rejects(&c, &format!("{base}\0nul"), "NUL").await;
+    // Nothing written: a backend that truncated or stripped the bad names
+    // would now hold these.
+    let prefix = &long[..512];
+    for n in [
+        prefix.to_string(),
+        base.clone(),
+        format!("{base}newline"),
+        format!("{base}nul"),
+    ] {
+        let g = c.locks().unwrap().try_acquire(&n, T).await.unwrap();
+        assert!(
+            g.is_some(),
+            "`{n}` is held: a rejected call wrote something"
+        );
+        g.unwrap().release().await.unwrap();
+        assert!(c.leases().unwrap().remaining(&n).await.unwrap().is_none());
+        assert!(c.elections().unwrap().leader(&n).await.unwrap().is_none());
+    }
+    // A 512-byte name is fine.
+    let g = c
+        .locks()
+        .unwrap()
+        .try_acquire(prefix, T)
+        .await
+        .unwrap()
+        .expect("512 bytes is allowed");
+    g.release().await.unwrap();
+}
+
+/// TTL 0 and over a year, limit 0, window 0, cost 0 and parties 0 are
+/// rejected with InvalidArgument naming the field, and change nothing.
+pub async fn input_bad_ttls_and_quotas_are_rejected(f: &Factory) {
+    let c = f.client().await;
+    let name = unique("bad-ttl");
+    let year = Duration::from_secs(366 * 24 * 3600);
+    for (ttl, what) in [(Duration::ZERO, "ttl 0"), (year, "ttl over a year")] {
+        let field = |r: coord_core::Result<()>| match r {
+            Err(Error::InvalidArgument { field: "ttl", .. }) => {}
+            other => panic!("{what}: expected InvalidArgument(ttl), got {other:?}"),
+        };
+        field(c.locks().unwrap().try_acquire(&name, ttl).await.map(|_| ()));
+        field(
+            c.locks()
+                .unwrap()
+                .acquire(&name, ttl, Duration::from_secs(1))
+                .await
+                .map(|_| ()),
+        );
+        field(c.leases().unwrap().grant(&name, ttl).await.map(|_| ()));
+        field(
+            c.elections()
+                .unwrap()
+                .try_campaign(&name, "x", ttl)
+                .await
+                .map(|_| ()),
+        );
+    }
+    let g = c
+        .locks()
+        .unwrap()
+        .try_acquire(&name, T)
+        .await
+        .unwrap()
+        .expect("nothing was written");
+    // Extending with a bad TTL is rejected too and keeps the lock.
+    assert!(matches!(
+        g.extend(Duration::ZERO).await,
+        Err(Error::InvalidArgument { field: "ttl", .. })
+    ));
+    assert!(matches!(
+        g.extend(year).await,
+        Err(Error::InvalidArgument { field: "ttl", .. })
+    ));
+    g.release()
+        .await
+        .expect("still held after rejected extends");
+
+    let lim = c.limiter().unwrap();
+    for alg in Algorithm::ALL {
+        let r = lim.check(&name, Quota::new(0, T, alg)).await;
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { field: "limit", .. })),
+            "{alg:?} limit 0: {r:?}"
+        );
+        let r = lim.check(&name, Quota::new(5, Duration::ZERO, alg)).await;
+        assert!(
+            matches!(
+                r,
+                Err(Error::InvalidArgument {
+                    field: "window",
+                    ..
+                })
+            ),
+            "{alg:?} window 0: {r:?}"
+        );
+        let r = lim.check_cost(&name, Quota::new(5, T, alg), 0).await;
+        assert!(
+            matches!(r, Err(Error::InvalidArgument { field: "cost", .. })),
+            "{alg:?} cost 0: {r:?}"
+        );
+        let d = lim.check(&name, Quota::new(5, T, alg)).await.unwrap();
+        assert_eq!(d.remaining, 4, "{alg:?}: a rejected check was recorded");
+    }
+    let r = c.barriers().unwrap().wait(&name, 0, "p", T).await;
+    assert!(
+        matches!(
+            r,
+            Err(Error::InvalidArgument {
+                field: "parties",
+                ..
+            })
+        ),
+        "parties 0: {r:?}"
+    );
+    // A one-party barrier passes at once.
+    c.barriers().unwrap().wait(&name, 1, "p", T).await.unwrap();
+}
+
+/// Names with spaces, quotes, braces, `*`, unicode and SQL are ordinary,
+/// separate names.
+pub async fn input_odd_names_are_ordinary_and_separate(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let base = unique("odd");
+    let odd = [
+        "with space",
+        "quote's \"double\"",
+        "{braces}",
+        "{",
+        "}",
+        "*",
+        "a*",
+        "?[]",
+        "ünïcødé 🦀 名前",
+        "'; DROP TABLE x; --",
+        "%_\\",
+        "$1",
+        "/slash/",
+    ];
+    let names: Vec<String> = odd.iter().map(|o| format!("{base}{o}")).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        let g = a.locks().unwrap().try_acquire(n, T).await.unwrap();
+        guards.push(g.unwrap_or_else(|| panic!("`{n}` collided with another odd name")));
+    }
+    for n in &names {
+        assert!(
+            b.locks()
+                .unwrap()
+                .try_acquire(n, T)
+                .await
+                .unwrap()
+                .is_none(),
+            "`{n}` not excluded"
+        );
+    }
+    let bare = b
+        .locks()
+        .unwrap()
+        .try_acquire(&base, T)
+        .await
+        .unwrap()
+        .expect("the base name is separate");
+    bare.release().await.unwrap();
+    for g in guards {
+        g.release().await.unwrap();
+    }
+    for n in &names {
+        let d = b
+            .limiter()
+            .unwrap()
+            .check(n, Quota::per(1, T))
+            .await
+            .unwrap();
+        assert!(d.allowed, "`{n}` limiter collided");
+        let t = b.fencing().unwrap().next(n).await.unwrap();
+        assert!(t.get() > 0);
+    }
+}
+
+/// A lock, a lease, an election, a barrier, a limiter and a fencing
+/// resource of the same name do not collide.
+pub async fn input_kinds_of_one_name_do_not_collide(f: &Factory) {
+    let c = f.client().await;
+    let name = unique("same-name");
+    let g = c
+        .locks()
+        .unwrap()
+        .try_acquire(&name, T)
+        .await
+        .unwrap()
+        .expect("lock");
+    let l = c
+        .leases()
+        .unwrap()
+        .grant(&name, T)
+        .await
+        .unwrap()
+        .expect("a lock must not block a lease");
+    let e = c
+        .elections()
+        .unwrap()
+        .try_campaign(&name, "me", T)
+        .await
+        .unwrap()
+        .expect("a lock must not block an election");
+    let d = c
+        .limiter()
+        .unwrap()
+        .check(&name, Quota::per(1, T))
+        .await
+        .unwrap();
+    assert!(d.allowed, "a lock must not affect a limiter");
+    c.fencing().unwrap().next(&name).await.unwrap();
+    c.barriers().unwrap().wait(&name, 1, "me", T).await.unwrap();
+    e.resign().await.unwrap();
+    assert!(
+        c.leases().unwrap().is_alive(&name).await.unwrap(),
+        "resigning revoked the lease"
+    );
+    l.revoke().await.unwrap();
+    g.extend(T).await.expect("the lock survived the others");
+    g.release().await.unwrap();
+}

@@ -1,0 +1,113 @@
+//! Lease cases.
+
+use std::time::Duration;
+
+use coord_core::Error;
+use tokio::time::sleep;
+
+use crate::{Factory, ttl, unique};
+
+/// Renewing an expired lease fails and resurrects nothing.
+pub async fn lease_renew_after_expiry_fails(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-expiry");
+    let t = ttl(&a, Duration::from_secs(1));
+    let l = a
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("free lease");
+    l.renew(t).await.expect("renew while live");
+    sleep(t + Duration::from_millis(700)).await;
+    assert!(
+        !b.leases().unwrap().is_alive(&name).await.unwrap(),
+        "lease outlived its TTL"
+    );
+    let e = l.renew(Duration::from_secs(30)).await.unwrap_err();
+    assert!(
+        matches!(e, Error::NotHeld { .. }),
+        "renew after expiry: {e:?}"
+    );
+    assert!(
+        !b.leases().unwrap().is_alive(&name).await.unwrap(),
+        "renew resurrected the lease"
+    );
+    let other = b
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("expired lease must be grantable");
+    assert!(other.fencing_token() > l.fencing_token());
+    other.revoke().await.unwrap();
+}
+
+/// Revoking ends a lease at once for every observer.
+pub async fn lease_revoke_frees_at_once(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-revoke");
+    let mut l = a
+        .leases()
+        .unwrap()
+        .grant(&name, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    l.keep_alive();
+    assert!(b.leases().unwrap().is_alive(&name).await.unwrap());
+    assert!(
+        b.leases()
+            .unwrap()
+            .grant(&name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "two live leases on one name"
+    );
+    l.revoke().await.unwrap();
+    assert!(
+        !b.leases().unwrap().is_alive(&name).await.unwrap(),
+        "revoked lease still alive"
+    );
+    let l2 = b
+        .leases()
+        .unwrap()
+        .grant(&name, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("revoked lease must be free");
+    l2.revoke().await.unwrap();
+}
+
+/// `remaining` never exceeds the TTL, locally or on the store.
+pub async fn lease_remaining_never_exceeds_ttl(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-remaining");
+    let t = ttl(&a, Duration::from_secs(5));
+    let l = a.leases().unwrap().grant(&name, t).await.unwrap().unwrap();
+    assert!(
+        l.remaining() <= t && l.remaining() > Duration::ZERO,
+        "local remaining {:?} for TTL {t:?}",
+        l.remaining()
+    );
+    let r = b
+        .leases()
+        .unwrap()
+        .remaining(&name)
+        .await
+        .unwrap()
+        .expect("live lease");
+    assert!(r <= t, "store remaining {r:?} for TTL {t:?}");
+    assert!(
+        l.remaining() <= r + Duration::from_millis(5),
+        "local validity {:?} exceeds the store's {r:?}",
+        l.remaining()
+    );
+    l.renew(t).await.unwrap();
+    assert!(l.remaining() <= t);
+    l.revoke().await.unwrap();
+    assert_eq!(b.leases().unwrap().remaining(&name).await.unwrap(), None);
+}

@@ -1,0 +1,166 @@
+//! Rate limiter cases, each for every algorithm.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use coord_core::{Algorithm, Coord, Error, Quota};
+use tokio::time::sleep;
+
+use crate::{Factory, unique};
+
+/// Sleep, if needed, so that a burst starting now fits inside one aligned
+/// window (fixed windows reset on boundaries): probe a scratch key and use
+/// its `reset_after`.
+async fn early_in_window(c: &Coord, quota: Quota) {
+    let probe = unique("probe");
+    let d = c.limiter().unwrap().check(&probe, quota).await.unwrap();
+    if quota.algorithm == Algorithm::FixedWindow && d.reset_after < quota.window / 2 {
+        sleep(d.reset_after + Duration::from_millis(50)).await;
+    }
+}
+
+/// Of 3 x limit concurrent requests exactly `limit` are admitted in one
+/// window; `remaining` counts down; a denial has `retry_after` > 0; after
+/// it, requests are admitted again.
+pub async fn limiter_admits_exactly_limit_of_concurrent_requests(f: &Factory) {
+    let clients = f.clients(4).await;
+    for alg in Algorithm::ALL {
+        const LIMIT: u64 = 10;
+        let quota = Quota::new(LIMIT, Duration::from_secs(4), alg);
+        let key = unique(&format!("limit-{alg:?}"));
+        early_in_window(&clients[0], quota).await;
+        let admitted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..(3 * LIMIT) as usize {
+            let c = clients[i % clients.len()].clone();
+            let (k, a) = (key.clone(), admitted.clone());
+            tasks.push(tokio::spawn(async move {
+                let d = c.limiter().unwrap().check(&k, quota).await.unwrap();
+                if d.allowed {
+                    a.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    assert!(
+                        d.retry_after > Duration::ZERO,
+                        "{alg:?}: denial without retry_after"
+                    );
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            admitted.load(Ordering::SeqCst),
+            LIMIT,
+            "{alg:?}: admitted count"
+        );
+
+        // remaining counts down on a fresh key.
+        let key2 = unique(&format!("countdown-{alg:?}"));
+        early_in_window(&clients[0], quota).await;
+        let lim = clients[1].limiter().unwrap();
+        for expect in (0..LIMIT).rev() {
+            let d = lim.check(&key2, quota).await.unwrap();
+            assert!(d.allowed, "{alg:?}: request within the limit denied");
+            assert_eq!(d.remaining, expect, "{alg:?}: remaining");
+            // A sliding window counter forgets a window's count only after
+            // the next window has passed too.
+            let bound = if alg == Algorithm::SlidingWindow {
+                quota.window * 2
+            } else {
+                quota.window
+            };
+            assert!(
+                d.reset_after <= bound + Duration::from_millis(5),
+                "{alg:?}: reset_after {:?}",
+                d.reset_after
+            );
+        }
+        let d = lim.check(&key2, quota).await.unwrap();
+        assert!(!d.allowed, "{alg:?}: request over the limit admitted");
+        assert!(
+            d.retry_after > Duration::ZERO && d.retry_after <= quota.window * 2,
+            "{alg:?}: retry_after {:?}",
+            d.retry_after
+        );
+        // Honour retry_after: admitted again.
+        sleep(d.retry_after + Duration::from_millis(100)).await;
+        let d2 = lim.check(&key2, quota).await.unwrap();
+        assert!(
+            d2.allowed,
+            "{alg:?}: still denied after retry_after ({:?}): {d2:?}",
+            d.retry_after
+        );
+    }
+}
+
+/// A burst of 1,000 concurrent requests (the same millisecond, as near as
+/// the store allows) admits exactly `limit`: no two requests collapse into
+/// one record.
+pub async fn limiter_burst_of_1000_admits_exactly_limit(f: &Factory) {
+    let clients = f.clients(8).await;
+    for alg in Algorithm::ALL {
+        const LIMIT: u64 = 100;
+        let quota = Quota::new(LIMIT, Duration::from_secs(20), alg);
+        let key = unique(&format!("burst-{alg:?}"));
+        early_in_window(&clients[0], quota).await;
+        let start = Arc::new(tokio::sync::Barrier::new(clients.len()));
+        let mut tasks = Vec::new();
+        for c in &clients {
+            let (c, k, s) = (c.clone(), key.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                let lim = c.limiter().unwrap();
+                s.wait().await;
+                let checks = (0..1000 / 8).map(|_| lim.check(&k, quota));
+                futures::future::join_all(checks)
+                    .await
+                    .into_iter()
+                    .filter(|d| d.as_ref().expect("limiter check").allowed)
+                    .count() as u64
+            }));
+        }
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap();
+        }
+        assert_eq!(
+            admitted, LIMIT,
+            "{alg:?}: a burst of 1000 admitted {admitted}, limit {LIMIT}"
+        );
+    }
+}
+
+/// A cost above the limit is refused with a clear, non-retryable reason.
+pub async fn limiter_cost_over_limit_is_refused(f: &Factory) {
+    let c = f.client().await;
+    for alg in Algorithm::ALL {
+        let quota = Quota::new(5, Duration::from_secs(10), alg);
+        let key = unique("cost");
+        let e = c
+            .limiter()
+            .unwrap()
+            .check_cost(&key, quota, 6)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { field: "cost", .. }),
+            "{alg:?}: {e:?}"
+        );
+        assert!(!e.is_retryable());
+        assert!(
+            e.to_string().contains("never be admitted"),
+            "{alg:?}: unclear reason: {e}"
+        );
+        let d = c
+            .limiter()
+            .unwrap()
+            .check_cost(&key, quota, 5)
+            .await
+            .unwrap();
+        assert!(
+            d.allowed && d.remaining == 0,
+            "{alg:?}: the refused request was recorded: {d:?}"
+        );
+    }
+}

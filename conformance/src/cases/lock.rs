@@ -1,0 +1,534 @@
+//! Lock cases.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use coord_core::{Error, FencedRegister, FencingToken, LockOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::{Factory, PROMPT, ttl, unique};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// A held lock excludes every other client.
+pub async fn lock_held_excludes_others(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("excl");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::ZERO)
+        .await
+        .expect("free lock");
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "second client got a held lock"
+    );
+    assert!(
+        a.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "a second grant in the same client"
+    );
+    let e = b
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Timeout { .. }),
+        "expected Timeout, got {e:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// Different names do not exclude each other (lock splitting).
+pub async fn lock_different_names_are_independent(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let base = unique("split");
+    let mut guards = Vec::new();
+    for i in 0..8 {
+        let c = if i % 2 == 0 { &a } else { &b };
+        let g = c
+            .locks()
+            .unwrap()
+            .try_acquire(&format!("{base}-product-{i}"), LONG)
+            .await
+            .unwrap();
+        guards
+            .push(g.unwrap_or_else(|| panic!("product {i} was blocked by another product's lock")));
+    }
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+/// Releasing lets the next client in at once, with a higher token.
+pub async fn lock_release_lets_the_next_client_in(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("next");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let t1 = g.fencing_token();
+    g.release().await.unwrap();
+    let g2 = b
+        .locks()
+        .unwrap()
+        .try_acquire(&name, LONG)
+        .await
+        .unwrap()
+        .expect("released lock must be free");
+    assert!(
+        g2.fencing_token() > t1,
+        "fencing token must rise: {} then {}",
+        t1,
+        g2.fencing_token()
+    );
+    g2.release().await.unwrap();
+}
+
+/// A stale guard's release and extend report NotHeld and leave the new
+/// holder's lock untouched.
+pub async fn lock_stale_guard_cannot_release_or_extend(f: &Factory) {
+    let (a, b, c) = (f.client().await, f.client().await, f.client().await);
+    let name = unique("stale");
+    let short = ttl(&a, Duration::from_secs(1));
+    let stale = a
+        .locks()
+        .unwrap()
+        .acquire(&name, short, Duration::ZERO)
+        .await
+        .unwrap();
+    let newer = b
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, short * 3 + Duration::from_secs(5))
+        .await
+        .expect("lock must free after its TTL");
+    assert!(newer.fencing_token() > stale.fencing_token());
+    let e = stale.extend(LONG).await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "stale extend: {e:?}");
+    let e = stale.release().await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "stale release: {e:?}");
+    assert!(
+        c.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "the stale guard freed the new holder's lock"
+    );
+    newer.extend(LONG).await.expect("new holder still holds it");
+    newer.release().await.unwrap();
+}
+
+/// Extend keeps the lock past its first TTL, never resurrects an expired
+/// lock and never changes the fencing token.
+pub async fn lock_extend_keeps_token_and_never_resurrects(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("extend");
+    let short = ttl(&a, Duration::from_secs(1));
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, short, Duration::ZERO)
+        .await
+        .unwrap();
+    let token = g.fencing_token();
+    g.extend(short * 4).await.unwrap();
+    sleep(short * 2).await;
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "extended lock expired at its first TTL"
+    );
+    assert_eq!(g.fencing_token(), token);
+    // Let it expire, then extend must fail and not bring it back.
+    sleep(short * 3 + Duration::from_millis(500)).await;
+    let e = g.extend(LONG).await.unwrap_err();
+    assert!(
+        matches!(e, Error::NotHeld { .. }),
+        "extend of an expired lock: {e:?}"
+    );
+    let g2 = b
+        .locks()
+        .unwrap()
+        .try_acquire(&name, LONG)
+        .await
+        .unwrap()
+        .expect("extend resurrected an expired lock");
+    assert!(g2.fencing_token() > token);
+    g2.release().await.unwrap();
+}
+
+/// An unrenewed lock frees after its TTL, and not before.
+pub async fn lock_frees_after_ttl_and_not_before(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("ttl");
+    let t = ttl(&a, Duration::from_secs(2));
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, t, Duration::ZERO)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    assert!(g.remaining() <= t);
+    sleep(t / 2).await;
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "lock freed before half its TTL"
+    );
+    let g2 = b
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, t * 2 + Duration::from_secs(3))
+        .await
+        .expect("lock never freed");
+    let waited = start.elapsed();
+    assert!(
+        waited + Duration::from_millis(50) >= t,
+        "freed after {waited:?}, TTL {t:?}"
+    );
+    assert!(
+        waited <= t + Duration::from_secs(2),
+        "freed only after {waited:?}, TTL {t:?}"
+    );
+    drop(g);
+    g2.release().await.unwrap();
+}
+
+/// A waiting acquire gets the lock within 1 s of release although the
+/// polling fallback is 10 s: the wake-up came from the store.
+pub async fn lock_waiter_is_woken_by_notification(f: &Factory) {
+    let a = f.client().await;
+    let b = f.client().await;
+    let notifications = b.capabilities().notifications;
+    let poll = if notifications {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(200)
+    };
+    let b = b.with_poll_interval(poll);
+    let name = unique("wake");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let n2 = name.clone();
+    let waiter = tokio::spawn(async move {
+        let g = b
+            .locks()
+            .unwrap()
+            .acquire(&n2, LONG, Duration::from_secs(20))
+            .await;
+        (Instant::now(), g)
+    });
+    // Let the waiter attempt, subscribe and settle into its long sleep.
+    sleep(Duration::from_millis(1500)).await;
+    let released_at = Instant::now();
+    g.release().await.unwrap();
+    let (got_at, g2) = waiter.await.unwrap();
+    let g2 = g2.expect("waiter must get the lock");
+    let lag = got_at - released_at;
+    assert!(
+        lag <= PROMPT,
+        "waiter took {lag:?} after release (poll {poll:?}): not woken by a notification"
+    );
+    g2.release().await.unwrap();
+}
+
+/// An acquire whose wait is never satisfied returns Timeout and leaves
+/// nothing held.
+pub async fn lock_acquire_timeout_leaves_nothing_held(f: &Factory) {
+    let (a, b, c) = (f.client().await, f.client().await, f.client().await);
+    let name = unique("timeout");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let e = b
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::Timeout { .. }),
+        "expected Timeout, got {e:?}"
+    );
+    assert!(e.is_retryable());
+    assert!(
+        start.elapsed() >= Duration::from_millis(450),
+        "gave up early: {:?}",
+        start.elapsed()
+    );
+    g.release().await.unwrap();
+    // Give a queued backend's cleanup a moment, then the lock must be free.
+    let g3 = c
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::from_secs(2))
+        .await
+        .expect("the timed-out waiter left the lock held");
+    g3.release().await.unwrap();
+}
+
+/// A dropped guard is released (in the background) long before its TTL.
+pub async fn lock_dropped_guard_is_released_before_ttl(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("drop");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap();
+    drop(g);
+    let g2 = b
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::from_secs(5))
+        .await
+        .expect("a dropped guard must be released before its 60 s TTL");
+    g2.release().await.unwrap();
+}
+
+/// The watchdog keeps a lock for three times its TTL and stops at release.
+pub async fn lock_watchdog_keeps_lock_and_stops_at_release(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("watchdog");
+    let t = ttl(&a, Duration::from_secs(1));
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire_with(&name, LockOptions::new(t).watchdog(true))
+        .await
+        .unwrap();
+    let token = g.fencing_token();
+    sleep(t * 3 + t / 2).await;
+    assert!(g.is_valid(), "watchdog let the guard lapse");
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire(&name, LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "watchdog did not keep the lock"
+    );
+    assert_eq!(g.fencing_token(), token);
+    g.release().await.unwrap();
+    let g2 = b
+        .locks()
+        .unwrap()
+        .try_acquire(&name, t)
+        .await
+        .unwrap()
+        .expect("released lock must be free");
+    // The released guard's watchdog must not touch the new holder's lock:
+    // it lapses at its own TTL.
+    let start = Instant::now();
+    let c = f.client().await;
+    let g3 = c
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, t * 3 + Duration::from_secs(3))
+        .await
+        .expect("lock kept alive after release");
+    assert!(start.elapsed() <= t + Duration::from_secs(2));
+    drop(g2);
+    g3.release().await.unwrap();
+}
+
+/// Ownership removed behind a guard's back fires the lost signal, and
+/// `with_lock` stops the closure.
+pub async fn lock_lost_signal_fires_and_with_lock_stops(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let t = ttl(&a, Duration::from_secs(1));
+    // A guard with a watchdog.
+    let name = unique("lost");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire_with(&name, LockOptions::new(t).watchdog(true))
+        .await
+        .unwrap();
+    let token = g.lost_token();
+    assert!(
+        b.locks().unwrap().force_release(&name).await.unwrap(),
+        "force_release found nothing to remove"
+    );
+    timeout(t + Duration::from_secs(3), g.lost())
+        .await
+        .expect("lost signal did not fire");
+    assert!(token.is_cancelled(), "lost token not cancelled");
+    assert!(!g.is_valid());
+    drop(g);
+
+    // with_lock stops the critical section.
+    let name = unique("with-lock");
+    let stopped = Arc::new(AtomicBool::new(true));
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (s2, st2) = (stopped.clone(), started.clone());
+    let locks = a.locks().unwrap();
+    let n2 = name.clone();
+    let run = tokio::spawn(async move {
+        locks
+            .with_lock(&n2, LockOptions::new(t), |held| async move {
+                assert!(held.fencing_token() > FencingToken(0));
+                st2.notify_one();
+                sleep(Duration::from_secs(60)).await;
+                s2.store(false, Ordering::SeqCst); // reached only if not stopped
+            })
+            .await
+    });
+    timeout(Duration::from_secs(5), started.notified())
+        .await
+        .expect("with_lock never ran the closure");
+    assert!(b.locks().unwrap().force_release(&name).await.unwrap());
+    let r = timeout(t + Duration::from_secs(5), run)
+        .await
+        .expect("with_lock did not stop the closure")
+        .unwrap();
+    assert!(
+        matches!(r, Err(Error::Lost { .. })),
+        "with_lock returned {r:?}"
+    );
+    assert!(stopped.load(Ordering::SeqCst));
+
+    // And a with_lock that finishes returns the closure's value.
+    let v = a
+        .locks()
+        .unwrap()
+        .with_lock(&unique("with-lock-ok"), LockOptions::new(t), |_| async {
+            42
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, 42);
+}
+
+/// `acquire_all` from two clients with reversed name lists never deadlocks.
+pub async fn lock_acquire_all_reversed_orders_never_deadlock(f: &Factory) {
+    let base = unique("transfer");
+    let names: Vec<String> = (0..3).map(|i| format!("{base}-account-{i}")).collect();
+    let mut tasks = Vec::new();
+    for reversed in [false, true] {
+        let c = f.client().await;
+        let mut ns = names.clone();
+        if reversed {
+            ns.reverse();
+        }
+        ns.push(ns[0].clone()); // duplicates are fine
+        tasks.push(tokio::spawn(async move {
+            let locks = c.locks().unwrap();
+            for _ in 0..10 {
+                let all = locks
+                    .acquire_all(&ns, LockOptions::new(LONG).wait(Duration::from_secs(20)))
+                    .await
+                    .expect("acquire_all deadlocked or failed");
+                assert_eq!(all.guards().len(), 3);
+                tokio::task::yield_now().await;
+                all.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(60), t)
+            .await
+            .expect("deadlock")
+            .unwrap();
+    }
+}
+
+/// 16 clients x 100 acquisitions of one name, each doing a
+/// read-modify-write on a shared value and a write to a fenced register:
+/// the value is exact, tokens strictly increase in grant order, the
+/// register never accepts a stale token.
+pub async fn lock_mutual_exclusion_under_load(f: &Factory) {
+    const CLIENTS: usize = 16;
+    const ROUNDS: u64 = 100;
+    let name = unique("load");
+    let value = Arc::new(AtomicU64::new(0));
+    let register = Arc::new(FencedRegister::new(0u64));
+    let order = Arc::new(std::sync::Mutex::new(Vec::<FencingToken>::new()));
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let c = f.client().await;
+        let (name, value, register, order, inside) = (
+            name.clone(),
+            value.clone(),
+            register.clone(),
+            order.clone(),
+            inside.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let locks = c.locks().unwrap();
+            for _ in 0..ROUNDS {
+                let g = locks
+                    .acquire(&name, LONG, Duration::from_secs(120))
+                    .await
+                    .expect("acquire under load");
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                let v = value.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                value.store(v + 1, Ordering::SeqCst);
+                assert!(
+                    register.write(g.fencing_token(), v + 1),
+                    "the register rejected the current holder"
+                );
+                order.lock().unwrap().push(g.fencing_token());
+                inside.store(false, Ordering::SeqCst);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        value.load(Ordering::SeqCst),
+        CLIENTS as u64 * ROUNDS,
+        "lost updates"
+    );
+    let order = order.lock().unwrap();
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in grant order"
+    );
+    assert!(
+        !register.write(order[0], 0),
+        "the register accepted a stale token"
+    );
+}
