@@ -4,7 +4,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -79,8 +79,13 @@ struct Inner {
     token: FencingToken,
     state: Mutex<State>,
     released: AtomicBool,
-    /// Fires when ownership is lost (never on a voluntary release).
-    lost: CancellationToken,
+    /// Set when ownership is lost (never on a voluntary release); waiters
+    /// of `lost_notify` are woken and the token, if anybody asked for one,
+    /// is cancelled. The token is made on demand to keep the uncontended
+    /// path free of allocations it does not need.
+    lost_flag: AtomicBool,
+    lost_notify: Notify,
+    lost_token: OnceLock<CancellationToken>,
     /// Woken on release, to end helper tasks.
     ended: Notify,
     /// Serialises renewals with release, so no renewal outlives release.
@@ -110,20 +115,41 @@ impl Inner {
         self.released.load(Ordering::Acquire)
     }
 
+    fn is_lost(&self) -> bool {
+        self.lost_flag.load(Ordering::Acquire)
+    }
+
     fn mark_lost(&self, why: &'static str) {
-        if !self.lost.is_cancelled() {
+        if !self.lost_flag.swap(true, Ordering::AcqRel) {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
-            self.lost.cancel();
+            self.lost_notify.notify_waiters();
+            if let Some(t) = self.lost_token.get() {
+                t.cancel();
+            }
         }
+    }
+
+    fn token(&self) -> CancellationToken {
+        let t = self.lost_token.get_or_init(CancellationToken::new).clone();
+        if self.is_lost() {
+            t.cancel();
+        }
+        t
     }
 
     /// Completes when ownership is lost: the lost token fired, or the
     /// validity deadline passed without a renewal.
     async fn lost(self: Arc<Self>) {
         loop {
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
             let deadline = self.deadline();
             tokio::select! {
-                _ = self.lost.cancelled() => return,
+                _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     if Instant::now() >= self.deadline() {
                         self.mark_lost("validity deadline passed without renewal");
@@ -201,7 +227,9 @@ impl Guard {
                     deadline: deadline_after(sent_at, ttl),
                 }),
                 released: AtomicBool::new(false),
-                lost: CancellationToken::new(),
+                lost_flag: AtomicBool::new(false),
+                lost_notify: Notify::new(),
+                lost_token: OnceLock::new(),
                 ended: Notify::new(),
                 op: tokio::sync::Mutex::new(()),
                 timer_started: AtomicBool::new(false),
@@ -237,7 +265,7 @@ impl Guard {
     /// Whether the claim is still valid locally: not released, not lost,
     /// deadline not passed.
     pub fn is_valid(&self) -> bool {
-        !self.inner.is_released() && !self.inner.lost.is_cancelled() && !self.remaining().is_zero()
+        !self.inner.is_released() && !self.inner.is_lost() && !self.remaining().is_zero()
     }
 
     /// Whether the watchdog is running.
@@ -318,7 +346,7 @@ impl Guard {
     /// when the claim is gone.
     pub fn lost_token(&self) -> CancellationToken {
         spawn_deadline_timer(&self.inner);
-        self.inner.lost.clone()
+        self.inner.token()
     }
 
     /// A cheap, clonable view of this claim for the code running under it.
@@ -427,8 +455,10 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
             let period = (inner.ttl() / 3).max(Duration::from_millis(1));
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = inner.lost.cancelled() => return,
                 _ = tokio::time::sleep(period) => {}
+            }
+            if inner.is_lost() {
+                return;
             }
             // Renew, retrying until the validity deadline.
             loop {
@@ -521,7 +551,7 @@ impl Ownership {
     }
     /// Whether the claim is still valid locally.
     pub fn is_valid(&self) -> bool {
-        !self.inner.is_released() && !self.inner.lost.is_cancelled() && !self.remaining().is_zero()
+        !self.inner.is_released() && !self.inner.is_lost() && !self.remaining().is_zero()
     }
     /// Completes when ownership is lost; see [`Guard::lost`].
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
@@ -530,6 +560,6 @@ impl Ownership {
     /// Cancelled when ownership is lost; see [`Guard::lost_token`].
     pub fn lost_token(&self) -> CancellationToken {
         spawn_deadline_timer(&self.inner);
-        self.inner.lost.clone()
+        self.inner.token()
     }
 }

@@ -8,6 +8,7 @@
 //! changed. The core wait loop does the rest.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
@@ -21,12 +22,24 @@ pub struct Wakeups {
     inner: Arc<Registry>,
 }
 
-type Registry = Mutex<HashMap<Box<str>, Weak<Notify>>>;
+/// The waiters by key, and how many `Waiter`s are alive (so notifying a
+/// name nobody waits on, the common case, takes no lock).
+#[derive(Default)]
+struct Registry {
+    map: Mutex<HashMap<Box<str>, Weak<Notify>>>,
+    live: AtomicUsize,
+}
+
+impl Registry {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Box<str>, Weak<Notify>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 impl std::fmt::Debug for Wakeups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.inner.lock().map(|m| m.len()).unwrap_or(0);
-        f.debug_struct("Wakeups").field("names", &n).finish()
+        let n = self.inner.live.load(Ordering::Relaxed);
+        f.debug_struct("Wakeups").field("waiters", &n).finish()
     }
 }
 
@@ -40,7 +53,8 @@ impl Wakeups {
     /// create its [`Waiter::notified`] future before each attempt, so a
     /// notification that arrives during the attempt is not missed.
     pub fn subscribe(&self, key: &str) -> Waiter {
-        let mut map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.inner.map();
+        self.inner.live.fetch_add(1, Ordering::AcqRel);
         if let Some(existing) = map.get(key).and_then(Weak::upgrade) {
             return Waiter {
                 notify: existing,
@@ -56,8 +70,19 @@ impl Wakeups {
     }
 
     fn get(&self, key: &str) -> Option<Arc<Notify>> {
-        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(key).and_then(Weak::upgrade)
+        if self.inner.live.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut map = self.inner.map();
+        match map.get(key).map(Weak::upgrade) {
+            Some(Some(n)) => Some(n),
+            Some(None) => {
+                // The last waiter is going away right now; forget the entry.
+                map.remove(key);
+                None
+            }
+            None => None,
+        }
     }
 
     /// Wake one local waiter of `key` (or the next one to wait, if none is
@@ -87,10 +112,12 @@ impl Wakeups {
     /// Wake one waiter of every key: after a reconnect, when notifications
     /// may have been missed.
     pub fn notify_every(&self) {
-        let all: Vec<Arc<Notify>> = {
-            let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-            map.values().filter_map(Weak::upgrade).collect()
-        };
+        let all: Vec<Arc<Notify>> = self
+            .inner
+            .map()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
         for n in all {
             n.notify_waiters();
             n.notify_one();
@@ -104,8 +131,9 @@ impl Wakeups {
 
     /// The keys somebody waits on right now.
     pub fn keys(&self) -> Vec<String> {
-        let map = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        map.iter()
+        self.inner
+            .map()
+            .iter()
             .filter(|(_, w)| w.strong_count() > 0)
             .map(|(k, _)| k.to_string())
             .collect()
@@ -145,7 +173,8 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         if let Some((registry, key)) = self.registry.take() {
             if let Some(registry) = registry.upgrade() {
-                let mut map = registry.lock().unwrap_or_else(|p| p.into_inner());
+                registry.live.fetch_sub(1, Ordering::AcqRel);
+                let mut map = registry.map();
                 // Last local waiter of this key: forget the entry. The map's
                 // Weak does not count, so strong_count 1 is us.
                 if Arc::strong_count(&self.notify) == 1 {

@@ -82,7 +82,7 @@ pub fn store(name: &str) -> Arc<MemoryBackend> {
 /// A shard-per-hash map from names to entries, with an occasional sweep of
 /// dead entries so memory stays bounded by what is live.
 struct Sharded<T> {
-    hasher: RandomState,
+    seed: u64,
     shards: Box<[Mutex<Shard<T>>]>,
 }
 
@@ -94,7 +94,7 @@ struct Shard<T> {
 impl<T> Sharded<T> {
     fn new() -> Self {
         Sharded {
-            hasher: RandomState::new(),
+            seed: RandomState::new().hash_one(0u8) | 1,
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
@@ -107,7 +107,13 @@ impl<T> Sharded<T> {
     }
 
     fn shard(&self, name: &str) -> MutexGuard<'_, Shard<T>> {
-        let i = (self.hasher.hash_one(name) as usize) % SHARDS;
+        // Shard choice needs spread, not flood resistance (each shard's map
+        // keeps std's keyed SipHash): FNV-1a over the bytes, seeded per store.
+        let mut h = self.seed;
+        for b in name.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let i = (h as usize) % SHARDS;
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -116,15 +122,15 @@ impl<T> Shard<T> {
     /// The entry for `name`, inserting `make()` if absent; every
     /// `SWEEP_EVERY` inserts, entries for which `dead` holds are dropped.
     fn entry(&mut self, name: &str, make: impl FnOnce() -> T, dead: impl Fn(&T) -> bool) -> &mut T {
-        if !self.map.contains_key(name) {
-            self.inserts += 1;
-            if self.inserts >= SWEEP_EVERY {
-                self.inserts = 0;
-                self.map.retain(|_, v| !dead(v));
-            }
-            self.map.insert(name.into(), make());
+        if self.map.contains_key(name) {
+            return self.map.get_mut(name).expect("present");
         }
-        self.map.get_mut(name).expect("inserted above")
+        self.inserts += 1;
+        if self.inserts >= SWEEP_EVERY {
+            self.inserts = 0;
+            self.map.retain(|_, v| !dead(v));
+        }
+        self.map.entry(name.into()).or_insert_with(make)
     }
 }
 
@@ -273,14 +279,18 @@ impl MemoryBackend {
     fn claim_release(map: &Sharded<Claim>, name: &str, owner: Option<&OwnerToken>) -> bool {
         let now = Instant::now();
         let mut shard = map.shard(name);
-        let ours = match shard.map.get(name) {
-            Some(c) => c.live(now) && owner.is_none_or(|o| c.owner == *o),
+        // Remove first (one lookup on the common path), put back if it was
+        // not ours to remove.
+        match shard.map.remove_entry(name) {
+            Some((k, c)) => {
+                let ours = c.live(now) && owner.is_none_or(|o| c.owner == *o);
+                if !ours && c.live(now) {
+                    shard.map.insert(k, c);
+                }
+                ours
+            }
             None => false,
-        };
-        if ours {
-            shard.map.remove(name);
         }
-        ours
     }
 }
 
