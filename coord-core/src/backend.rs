@@ -10,6 +10,18 @@
 //! Every method must be bounded in time: a network backend wraps each call
 //! in a timeout and reports [`Error::Unavailable`](crate::Error::Unavailable)
 //! when it fires.
+//!
+//! **Cost.** Each method is expected to be one atomic step on the store:
+//! one round trip (one script, one statement, one transaction), so an
+//! uncontended acquire + release is two. `subscribe` may cost a round trip
+//! the first time a name is waited on.
+//!
+//! **Cancel safety.** Every method may be cancelled (its future dropped) at
+//! any await point. The store then holds either the old or the new state,
+//! never a torn one; a claim granted by a cancelled attempt is freed by its
+//! TTL, and the core cleans up after attempts whose outcome it did not see
+//! (it calls `release` with the same owner token, which is why attempts are
+//! idempotent per owner).
 
 use std::time::Duration;
 

@@ -368,7 +368,10 @@ impl Guard {
     ///
     /// Errors: [`Error::NotHeld`] if it had already expired or been taken
     /// over (nothing was changed on the store); store errors as they come
-    /// (the claim then ends at its TTL). Cost: one round trip.
+    /// (the claim then ends at its TTL). Cost: one round trip. Not
+    /// cancel-safe in the strict sense: if the future is dropped before the
+    /// store answers, the guard counts as released and the claim may stay
+    /// held until its TTL.
     pub async fn release(mut self) -> Result<()> {
         self.stop_watchdog();
         let inner = self.inner.clone();
