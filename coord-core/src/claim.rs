@@ -122,10 +122,11 @@ impl Inner {
     fn mark_lost(&self, why: &'static str) {
         if !self.lost_flag.swap(true, Ordering::AcqRel) {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
-            self.lost_notify.notify_waiters();
+            // Token first: whoever wakes from `lost()` must see it cancelled.
             if let Some(t) = self.lost_token.get() {
                 t.cancel();
             }
+            self.lost_notify.notify_waiters();
         }
     }
 
