@@ -35,9 +35,18 @@
 
 pub use coord_core::*;
 
+#[cfg(feature = "etcd")]
+#[doc(inline)]
+pub use coord_etcd as etcd;
 #[cfg(feature = "memory")]
 #[doc(inline)]
 pub use coord_memory as memory;
+#[cfg(feature = "postgres")]
+#[doc(inline)]
+pub use coord_postgres as postgres;
+#[cfg(feature = "redis")]
+#[doc(inline)]
+pub use coord_redis as redis;
 
 /// Connect to the store named by `url` and get one handle for every
 /// primitive. See the table in the crate docs for the schemes.
@@ -59,6 +68,24 @@ pub async fn connect(url: &str) -> Result<Coord> {
             return coord_memory::connect(url);
             #[cfg(not(feature = "memory"))]
             return Err(feature_off("memory", url));
+        }
+        "redis" | "rediss" => {
+            #[cfg(feature = "redis")]
+            return coord_redis::connect(url).await;
+            #[cfg(not(feature = "redis"))]
+            return Err(feature_off("redis", url));
+        }
+        "etcd" | "etcds" => {
+            #[cfg(feature = "etcd")]
+            return coord_etcd::connect(url).await;
+            #[cfg(not(feature = "etcd"))]
+            return Err(feature_off("etcd", url));
+        }
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            return coord_postgres::connect(url).await;
+            #[cfg(not(feature = "postgres"))]
+            return Err(feature_off("postgres", url));
         }
         other => Err(Error::Config(format!(
             "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, etcd://, etcds:// or postgres://",
@@ -108,6 +135,14 @@ mod tests {
             assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    #[tokio::test]
+    async fn a_scheme_whose_feature_is_off_names_the_feature() {
+        let e = connect("redis://:hunter2@127.0.0.1:1").await.unwrap_err();
+        assert!(e.to_string().contains("features = [\"redis\"]"), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
     #[test]
