@@ -1,0 +1,628 @@
+//! A real `redis-server` for tests (Debian package `redis-server`).
+//!
+//! - [`server()`] is the one shared server of a test binary: started on a
+//!   free loopback port with no persistence the first time it is asked
+//!   for, and killed when the test binary exits.
+//! - [`RedisServer::start`] / [`RedisServer::start_with_password`] start a
+//!   private server (for tests that stop, restart or flush it).
+//! - [`RedisServer::command`] sends a raw command (what the seed's PHP
+//!   class would send) on a short-lived connection of its own.
+//! - [`CountingProxy`] forwards a TCP port to a server and counts the
+//!   commands clients send through it (round-trip tests count, never time).
+//!
+//! Lifetime: each server runs under `sh -c`, whose stdin is a pipe held by
+//! the test process. When the test process exits (normally, by panic or by
+//! a signal) the pipe closes, the shell's `read` returns and it kills the
+//! server. The kit keeps no client connection in statics: every test runs
+//! in its own tokio runtime, so clients belong to tests.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::port::free_port;
+
+/// The shell wrapper: start the server in the background, wait until our
+/// stdin closes (the test process ended, or [`RedisServer::stop`]), then
+/// kill it, wait for it, and remove its directory if asked to (`$2`: the
+/// shared server, which lives in a static and is never dropped).
+const WRAPPER: &str = r#"redis-server "$0" </dev/null >"$1" 2>&1 & pid=$!; read -r _; kill $pid 2>/dev/null; wait $pid; [ -n "$2" ] && rm -rf "$2"; exit 0"#;
+
+/// Where `redis-server` is: `$REDIS_SERVER`, else the first on `PATH`,
+/// else `/usr/bin/redis-server`. Panics naming the Debian package if none.
+pub fn redis_server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(p);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("redis-server"))
+            .find(|p| p.is_file())
+    });
+    match on_path {
+        Some(p) => p,
+        None if Path::new("/usr/bin/redis-server").is_file() => "/usr/bin/redis-server".into(),
+        None => panic!(
+            "redis-server not found (looked at $REDIS_SERVER, $PATH and /usr/bin/redis-server). \
+             Install the Debian package `redis-server`: `apt-get install -y redis-server`"
+        ),
+    }
+}
+
+/// One `redis-server` process on a loopback port, with no persistence.
+/// Stopped when dropped (and, in any case, when the test binary exits).
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    password: Option<String>,
+    tls: bool,
+    shared: bool,
+    dir: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+/// The shared server of this test binary, started on first use.
+pub fn server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(|| RedisServer::start_inner(None, false, true))
+}
+
+/// The shared server's URL (`redis://127.0.0.1:<port>`).
+pub fn url() -> String {
+    server().url()
+}
+
+impl RedisServer {
+    /// Start a private server on a free port.
+    pub fn start() -> RedisServer {
+        Self::start_inner(None, false, false)
+    }
+
+    /// Start a private server that requires `password` (`requirepass`).
+    pub fn start_with_password(password: &str) -> RedisServer {
+        Self::start_inner(Some(password.to_string()), false, false)
+    }
+
+    /// Start a private server that speaks TLS only, with a fresh
+    /// certificate for `127.0.0.1` signed by a throw-away CA (made with the `openssl`
+    /// command, Debian package `openssl`); clients must trust
+    /// [`tls_ca_certificate_pem`](Self::tls_ca_certificate_pem). Raw
+    /// [`command`](Self::command)s are not available on it.
+    pub fn start_tls() -> RedisServer {
+        Self::start_inner(None, true, false)
+    }
+
+    fn start_inner(password: Option<String>, tls: bool, shared: bool) -> RedisServer {
+        let binary = redis_server_binary();
+        let mut last_err = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            static SEQ: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "coord-redis-{}-{port}-{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("create a temp dir for redis-server");
+            let server = RedisServer {
+                port,
+                password: password.clone(),
+                tls,
+                shared,
+                dir,
+                child: Mutex::new(None),
+            };
+            match server.spawn(&binary) {
+                Ok(()) => return server,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("could not start redis-server: {last_err}");
+    }
+
+    fn spawn(&self, binary: &Path) -> Result<(), String> {
+        let conf = self.dir.join("redis.conf");
+        let mut text = format!(
+            "bind 127.0.0.1\nsave \"\"\nappendonly no\ndaemonize no\n\
+             dir {}\nprotected-mode no\n",
+            self.dir.display()
+        );
+        if self.tls {
+            self.make_certificate()?;
+            text.push_str(&format!(
+                "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\n\
+                 tls-auth-clients no\n",
+                self.port,
+                self.dir.join("cert.pem").display(),
+                self.dir.join("key.pem").display()
+            ));
+        } else {
+            text.push_str(&format!("port {}\n", self.port));
+        }
+        if let Some(pw) = &self.password {
+            text.push_str(&format!("requirepass \"{pw}\"\n"));
+        }
+        std::fs::write(&conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
+        let log = self.dir.join("redis.log");
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(WRAPPER.replace("redis-server", &shell_quote(binary)))
+            .arg(&conf)
+            .arg(&log)
+            .arg(if self.shared {
+                self.dir.as_os_str()
+            } else {
+                "".as_ref()
+            })
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn sh -c redis-server: {e}"))?;
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(reply) = self.try_command(&["PING"]) {
+                if reply == Resp::Simple("PONG".into()) {
+                    return Ok(());
+                }
+            }
+            let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+            if self.tls && log_text.contains("Ready to accept connections") {
+                return Ok(());
+            }
+            if log_text.contains("Address already in use") || log_text.contains("FATAL") {
+                self.stop();
+                return Err(format!(
+                    "redis-server failed on port {}:\n{log_text}",
+                    self.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+        self.stop();
+        Err(format!(
+            "redis-server on port {} did not answer PING within 10 s; its log:\n{log_text}",
+            self.port
+        ))
+    }
+
+    fn make_certificate(&self) -> Result<(), String> {
+        let d = &self.dir;
+        if d.join("cert.pem").is_file() && d.join("key.pem").is_file() {
+            return Ok(());
+        }
+        std::fs::write(
+            d.join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+        )
+        .map_err(|e| format!("write ext.cnf: {e}"))?;
+        // A throw-away CA, and a server certificate for 127.0.0.1 signed by it.
+        let steps: [&[&str]; 3] = [
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=coord test CA",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-subj",
+                "/CN=127.0.0.1",
+                "-keyout",
+                "key.pem",
+                "-out",
+                "server.csr",
+            ],
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                "ext.cnf",
+                "-out",
+                "cert.pem",
+            ],
+        ];
+        for args in steps {
+            let status = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "could not run `openssl` to make a test certificate ({e}). \
+                         Install the Debian package `openssl`: `apt-get install -y openssl`"
+                    )
+                });
+            if !status.success() {
+                return Err(format!("openssl {} failed: {status}", args[0]));
+            }
+        }
+        Ok(())
+    }
+
+    /// The certificate (PEM) of the throw-away CA that signed a
+    /// [`start_tls`](Self::start_tls) server's certificate: what clients
+    /// must trust.
+    pub fn tls_ca_certificate_pem(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("ca.pem")).expect("a TLS server's CA certificate")
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`, with `:<password>@` when it has one.
+    /// (`rediss://` for a TLS server.)
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        match &self.password {
+            Some(pw) => format!("{scheme}://:{pw}@127.0.0.1:{}", self.port),
+            None => format!("{scheme}://127.0.0.1:{}", self.port),
+        }
+    }
+
+    /// The URL without credentials.
+    pub fn url_without_password(&self) -> String {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Stop the server (its data is gone: no persistence). Returns once the
+    /// process has exited. Idempotent.
+    pub fn stop(&self) {
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mut child) = child {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+
+    /// Start it again on the same port after [`stop`](Self::stop), empty.
+    pub fn start_again(&self) {
+        self.stop();
+        let binary = redis_server_binary();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn(&binary) {
+                Ok(()) => return,
+                Err(e) if Instant::now() > deadline => {
+                    panic!("could not restart redis-server: {e}")
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Stop and start again on the same port: a restart that loses all data.
+    pub fn restart(&self) {
+        self.start_again();
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&self) -> bool {
+        let mut guard = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        match guard.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Send one raw command on a fresh connection (authenticating first if
+    /// the server has a password) and return the reply. Panics if the
+    /// server cannot be reached.
+    pub fn command(&self, args: &[&str]) -> Resp {
+        self.try_command(args)
+            .unwrap_or_else(|e| panic!("redis command {:?} failed: {e}", args.first()))
+    }
+
+    /// Like [`command`](Self::command), but returns I/O errors.
+    pub fn try_command(&self, args: &[&str]) -> std::io::Result<Resp> {
+        if self.tls {
+            return Err(std::io::Error::other(
+                "the kit sends raw commands over plain TCP only; this server speaks TLS",
+            ));
+        }
+        let stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream;
+        if let Some(pw) = &self.password {
+            writer.write_all(&encode(&["AUTH", pw]))?;
+            let _ = read_reply(&mut reader)?;
+        }
+        writer.write_all(&encode(args))?;
+        read_reply(&mut reader)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn shell_quote(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+}
+
+/// A reply in the Redis protocol (RESP2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    /// `+OK`
+    Simple(String),
+    /// `-ERR ...`
+    Error(String),
+    /// `:1`
+    Int(i64),
+    /// `$3 abc`, or `$-1` (nil).
+    Bulk(Option<Vec<u8>>),
+    /// `*2 ...`, or `*-1` (nil).
+    Array(Option<Vec<Resp>>),
+}
+
+impl Resp {
+    /// The reply as text, for simple and bulk strings.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Resp::Simple(s) => Some(s),
+            Resp::Bulk(Some(b)) => std::str::from_utf8(b).ok(),
+            _ => None,
+        }
+    }
+
+    /// The reply as an integer (integers, and strings holding one).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Resp::Int(i) => Some(*i),
+            other => other.as_str()?.trim().parse().ok(),
+        }
+    }
+
+    /// Whether this is nil (`$-1` or `*-1`).
+    pub fn is_nil(&self) -> bool {
+        matches!(self, Resp::Bulk(None) | Resp::Array(None))
+    }
+}
+
+/// Encode a command as a RESP array of bulk strings.
+pub fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad RESP reply");
+    let (tag, rest) = line.split_at(1.min(line.len()));
+    Ok(match tag {
+        "+" => Resp::Simple(rest.to_string()),
+        "-" => Resp::Error(rest.to_string()),
+        ":" => Resp::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let mut buf = vec![0u8; n as usize + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(n as usize);
+                Resp::Bulk(Some(buf))
+            }
+        }
+        "*" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Resp::Array(None)
+            } else {
+                let mut items = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    items.push(read_reply(r)?);
+                }
+                Resp::Array(Some(items))
+            }
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// A TCP proxy on a free loopback port that forwards to a Redis server and
+/// counts the commands (top-level RESP arrays, or inline commands) clients
+/// send through it, over all connections. Lives until the test binary exits.
+#[derive(Debug, Clone)]
+pub struct CountingProxy {
+    port: u16,
+    commands: Arc<AtomicU64>,
+    names: Arc<Mutex<Vec<String>>>,
+}
+
+impl CountingProxy {
+    /// Start forwarding a free port to `127.0.0.1:<target_port>`.
+    pub fn start(target_port: u16) -> CountingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the counting proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let commands = Arc::new(AtomicU64::new(0));
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let (c, n) = (commands.clone(), names.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                let (c, n) = (c.clone(), n.clone());
+                std::thread::spawn(move || forward_counting(client, server, c, n));
+                std::thread::spawn(move || forward(server2, client2));
+            }
+        });
+        CountingProxy {
+            port,
+            commands,
+            names,
+        }
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Commands sent through the proxy so far.
+    pub fn commands(&self) -> u64 {
+        self.commands.load(Ordering::SeqCst)
+    }
+
+    /// The names (first word, upper case) of the commands sent so far.
+    pub fn command_names(&self) -> Vec<String> {
+        self.names.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+fn forward(mut from: TcpStream, mut to: TcpStream) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+fn forward_counting(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    count: Arc<AtomicU64>,
+    names: Arc<Mutex<Vec<String>>>,
+) {
+    let mut buf = [0u8; 16 * 1024];
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                pending.extend_from_slice(&buf[..n]);
+                while let Some((used, name)) = parse_command(&pending) {
+                    pending.drain(..used);
+                    names.lock().unwrap_or_else(|p| p.into_inner()).push(name);
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+/// One complete command at the start of `buf`: (bytes used, command name).
+fn parse_command(buf: &[u8]) -> Option<(usize, String)> {
+    fn line(buf: &[u8], at: usize) -> Option<(&[u8], usize)> {
+        let rel = buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        Some((&buf[at..at + rel], at + rel + 2))
+    }
+    if buf.is_empty() {
+        return None;
+    }
+    if buf[0] != b'*' {
+        // Inline command: one line.
+        let (l, next) = line(buf, 0)?;
+        let name = String::from_utf8_lossy(l)
+            .split_whitespace()
+            .next()
+            .unwrap_or("")
+            .to_uppercase();
+        return Some((next, name));
+    }
+    let (head, mut at) = line(buf, 0)?;
+    let n: usize = std::str::from_utf8(&head[1..]).ok()?.parse().ok()?;
+    let mut name = String::new();
+    for i in 0..n {
+        let (h, next) = line(buf, at)?;
+        if h.first() != Some(&b'$') {
+            return None;
+        }
+        let len: usize = std::str::from_utf8(&h[1..]).ok()?.parse().ok()?;
+        let end = next + len + 2;
+        if buf.len() < end {
+            return None;
+        }
+        if i == 0 {
+            name = String::from_utf8_lossy(&buf[next..next + len]).to_uppercase();
+        }
+        at = end;
+    }
+    Some((at, name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_resp_commands() {
+        let one = encode(&["SET", "k", "v"]);
+        assert_eq!(parse_command(&one), Some((one.len(), "SET".to_string())));
+        assert_eq!(parse_command(&one[..one.len() - 1]), None);
+        assert_eq!(parse_command(b"PING\r\n"), Some((6, "PING".to_string())));
+    }
+}

@@ -1,0 +1,111 @@
+//! # coord-redis
+//!
+//! The Redis backend of [coord](coord_core): every primitive (locks,
+//! leases, fencing tokens, elections, barriers, rate limiters) on one Redis
+//! server, with the seed PHP `RedisLock`'s scheme corrected:
+//!
+//! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
+//!   and issues the fencing token from a counter beside the lock in the same
+//!   step (so an uncontended acquire + release costs exactly 2 round trips);
+//!   a retry by the same owner gets the same token back. When held by
+//!   another, the script returns the holder's `PTTL`, so waiters know when
+//!   it expires. Release is compare-and-delete plus a `PUBLISH` wake-up in
+//!   one script; extend is compare-and-`PEXPIRE` (the seed's watchdog
+//!   renewed with a bare `EXPIRE`, which can renew somebody else's lock).
+//! - **Fencing**: the counter is seeded from the server clock (`TIME`, in
+//!   microseconds) whenever it is missing, so tokens keep rising after the
+//!   server lost its data ([`FencingDurability::ClockSeeded`](coord_core::FencingDurability::ClockSeeded)).
+//! - **Limiter**: sliding log (ZSET, a unique member per request), sliding
+//!   window counter, fixed window and GCRA, each one script reading the
+//!   server clock with `TIME`: one round trip per check.
+//! - **Election, lease, barrier**: the same pieces (keys with `PX`, owner
+//!   checks in scripts, `PUBLISH` on change).
+//!
+//! Scripts are loaded once at connect time and called by `EVALSHA`; after a
+//! `SCRIPT FLUSH` or a restart, the `NOSCRIPT` reply makes the client load
+//! the script again and retry. Keys are `prefix + kind + ":{name}"`
+//! ([`Layout::Coord`], hash-tagged for Redis Cluster) or the seed's own keys
+//! ([`Layout::Seed`]), so a PHP service still on the seed and a Rust service
+//! on coord lock each other out. Every call is bounded by a timeout
+//! ([`RedisOptions::timeout`]); the command connection reconnects by
+//! itself; a dedicated subscriber connection delivers wake-ups and
+//! re-subscribes after a reconnect (see "Wake-ups" below). `redis://` and
+//! `rediss://` URLs (TLS with rustls: the system's root certificates, or a
+//! private CA with [`RedisOptions::tls_root_certificate`], and mutual TLS
+//! with [`RedisOptions::tls_client_certificate`]), with a password or an
+//! ACL user; the password never appears in `Debug`, `Display`, errors or
+//! logs.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! # async fn demo() -> coord_core::Result<()> {
+//! use std::time::Duration;
+//! use coord_core::OwnerToken;
+//!
+//! // Every primitive, on one Redis:
+//! let coord = coord_redis::connect("redis://127.0.0.1:6379").await?;
+//! let lock = coord.raw_lock()?;
+//! let me = OwnerToken::random();
+//! let attempt = lock.try_acquire("orders", &me, Duration::from_secs(30)).await?;
+//! println!("{attempt:?}");
+//! lock.release("orders", &me).await?;
+//!
+//! // Sharing locks with services still running the seed's PHP RedisLock:
+//! let shared = coord_redis::RedisOptions::new("redis://127.0.0.1:6379")
+//!     .layout(coord_redis::Layout::Seed)
+//!     .timeout(Duration::from_secs(2))
+//!     .connect()
+//!     .await?;
+//! # let _ = shared;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Wake-ups
+//!
+//! Each client subscribes ONE channel, `<prefix>wake`, on a dedicated
+//! connection before `connect` returns; releases, resignations, elections
+//! and completed barrier generations publish `<kind>:<name>` on it. So
+//! `subscribe(name)` costs no round trip and cannot miss a wake-up that
+//! comes after it. A lock release wakes one local waiter per client; an
+//! election or barrier change wakes all of them. The seed's PHP class does
+//! not publish: waiters in [`Layout::Seed`] learn of a PHP release by
+//! polling, and of an expiry by the `PTTL` the acquire script returns.
+//! After the subscriber connection drops, it reconnects with backoff and
+//! wakes every local waiter once ([`Wakeups::notify_every`](coord_core::wake::Wakeups::notify_every)),
+//! since wake-ups may have been missed meanwhile. The subscriber task ends
+//! when the backend is dropped.
+//!
+//! ## Costs
+//!
+//! An uncontended acquire + release is exactly 2 requests (`EVALSHA`
+//! twice); a limiter check, a fencing token, a campaign, a barrier arrival
+//! are 1 each. The tests count them through a counting proxy.
+#![deny(missing_docs)]
+
+mod backend;
+mod keys;
+mod listener;
+mod options;
+mod scripts;
+
+pub use backend::{RedisBackend, capabilities};
+pub use keys::Layout;
+pub use options::RedisOptions;
+
+/// Connect to Redis at `url` (`redis://[user][:password@]host[:port][/db]`
+/// or `rediss://...` for TLS) with the default options (prefix `coord:`,
+/// [`Layout::Coord`], 3 s call timeout) and return a
+/// [`Coord`](coord_core::Coord) handle with every primitive.
+///
+/// ```no_run
+/// # async fn demo() -> coord_core::Result<()> {
+/// let coord = coord_redis::connect("redis://127.0.0.1:6379").await?;
+/// assert_eq!(coord.capabilities().backend, "redis");
+/// # Ok(())
+/// # }
+/// ```
+pub async fn connect(url: &str) -> coord_core::Result<coord_core::Coord> {
+    RedisOptions::new(url).connect().await
+}

@@ -1,0 +1,128 @@
+//! The subscriber: one dedicated pub/sub connection per client, subscribed
+//! to the prefix's single wake-up channel, dispatching each message to the
+//! local waiters through [`Wakeups`].
+//!
+//! One channel per prefix, with `<kind>:<name>` as the payload, rather than
+//! one channel per name: `subscribe(name)` then costs no round trip and
+//! cannot race with the attempt it guards (the channel is subscribed before
+//! `connect` returns), and the subscriber connection never changes its
+//! subscriptions, so a reconnect only has to subscribe one channel again.
+//! The price is that every client of a prefix receives every wake-up of
+//! that prefix (small messages, only on release, resignation, election and
+//! barrier completion) and drops those nobody waits for locally.
+
+use std::time::Duration;
+
+use coord_core::Result;
+use coord_core::util::{Secret, bounded};
+use coord_core::wake::Wakeups;
+use futures::StreamExt;
+use redis::aio::PubSub;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{BACKEND, map_err};
+
+/// Open a pub/sub connection and subscribe `channel`.
+pub(crate) async fn subscribe(
+    client: &redis::Client,
+    channel: &str,
+    limit: Duration,
+    password: Option<&Secret>,
+) -> Result<PubSub> {
+    bounded(BACKEND, "subscribe", limit, async {
+        let mut ps = client
+            .get_async_pubsub()
+            .await
+            .map_err(|e| map_err("subscribe", &e, password))?;
+        ps.subscribe(channel)
+            .await
+            .map_err(|e| map_err("subscribe", &e, password))?;
+        Ok(ps)
+    })
+    .await
+}
+
+fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
+    let Ok(payload) = std::str::from_utf8(payload) else {
+        return;
+    };
+    match payload.split_once(':') {
+        Some(("lock", _)) => {
+            wakeups.notify_one(payload);
+        }
+        Some(("election" | "barrier" | "lease", _)) => {
+            wakeups.notify_all(payload);
+        }
+        _ => {}
+    }
+}
+
+/// Serve the subscription until `cancel` fires (the backend was dropped),
+/// reconnecting with backoff when the connection ends; after each
+/// reconnect every local waiter is woken once, since wake-ups may have been
+/// missed meanwhile.
+pub(crate) async fn run(
+    client: redis::Client,
+    channel: String,
+    wakeups: Wakeups,
+    cancel: CancellationToken,
+    pubsub: PubSub,
+    limit: Duration,
+    password: Option<Secret>,
+) {
+    let mut pubsub = pubsub;
+    loop {
+        {
+            let mut messages = pubsub.on_message();
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    msg = messages.next() => match msg {
+                        Some(msg) => dispatch(&wakeups, msg.get_payload_bytes()),
+                        None => break,
+                    },
+                }
+            }
+        }
+        tracing::warn!(
+            backend = BACKEND,
+            "wake-up subscription lost; reconnecting (waiters poll meanwhile)"
+        );
+        let mut backoff = Duration::from_millis(50);
+        pubsub = loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            match subscribe(&client, &channel, limit, password.as_ref()).await {
+                Ok(ps) => break ps,
+                Err(e) => {
+                    tracing::debug!(backend = BACKEND, error = %e, "resubscribe failed");
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        };
+        tracing::info!(backend = BACKEND, "wake-up subscription restored");
+        wakeups.notify_every();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn dispatch_routes_by_kind() {
+        let w = Wakeups::new();
+        let lock = w.subscribe("lock:a:b");
+        let f = lock.notified();
+        tokio::pin!(f);
+        f.as_mut().enable();
+        dispatch(&w, b"lock:a:b");
+        tokio::time::timeout(Duration::from_millis(100), f)
+            .await
+            .expect("woken");
+        dispatch(&w, b"nonsense");
+        dispatch(&w, &[0xff]);
+    }
+}

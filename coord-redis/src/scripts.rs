@@ -1,0 +1,342 @@
+//! The Lua scripts. Each is one atomic server step, loaded once at connect
+//! time (`SCRIPT LOAD`) and called by `EVALSHA`; after a `SCRIPT FLUSH` or a
+//! server restart the `NOSCRIPT` reply makes `redis::Script` load it again
+//! and retry.
+//!
+//! Names, owner tokens and candidates reach the scripts only as `KEYS` and
+//! `ARGV`, never spliced into the script text. Numbers that must stay exact
+//! (fencing tokens, clock seeds) travel as strings: a Lua number turned into
+//! a string by Redis may lose digits on some versions.
+
+use redis::Script;
+
+/// Issue the next fencing token from the counter in `KEYS[ci]`: if the
+/// counter is missing (first use, or the server lost its data), seed it
+/// from the server clock in microseconds first, so tokens keep rising after
+/// data loss. Returns the token as a string.
+const ISSUE: &str = r#"
+local function issue(counter)
+  if redis.call('EXISTS', counter) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', counter, t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2])
+  end
+  redis.call('INCR', counter)
+  return redis.call('GET', counter)
+end
+"#;
+
+/// Acquire a claim (lock or lease).
+/// KEYS: claim (value = owner token), grant (value = this grant's fencing
+/// token, same TTL), counter. ARGV: owner, ttl ms.
+/// Returns `{1, token}` when granted (or already held by this owner: the
+/// same token, TTL refreshed), `{0, pttl}` when held by another.
+const ACQUIRE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local tok = issue(KEYS[3])
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[2])
+  return {1, tok}
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local tok = redis.call('GET', KEYS[2])
+  if not tok then tok = issue(KEYS[3]) end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('SET', KEYS[2], tok, 'PX', ARGV[2])
+  return {1, tok}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// Compare-and-delete, then publish a wake-up.
+/// KEYS: claim, grant. ARGV: owner, channel ('' = none), payload.
+const RELEASE: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+  return 1
+end
+return 0
+"#;
+
+/// Compare-and-PEXPIRE. Never resurrects (a missing key does not match).
+/// KEYS: claim, grant. ARGV: owner, ttl ms.
+const EXTEND: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Delete whoever holds it, then publish a wake-up.
+/// KEYS: claim, grant. ARGV: channel, payload. Returns 1 if a claim existed.
+const FORCE_RELEASE: &str = r#"
+local n = redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return n
+"#;
+
+/// The next token of a fencing source. KEYS: counter.
+const FENCE_NEXT: &str = r#"
+return issue(KEYS[1])
+"#;
+
+/// Campaign. KEYS: election hash (owner, candidate, term), term counter.
+/// ARGV: owner, ttl ms, candidate, channel, payload.
+const CAMPAIGN: &str = r#"
+local cur = redis.call('HGET', KEYS[1], 'owner')
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, redis.call('HGET', KEYS[1], 'term')}
+end
+if cur then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local term = issue(KEYS[2])
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'candidate', ARGV[3], 'term', term)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return {1, term}
+"#;
+
+/// Renew leadership. KEYS: election hash. ARGV: owner, ttl ms.
+const ELECTION_RENEW: &str = r#"
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"#;
+
+/// Resign. KEYS: election hash. ARGV: owner, channel, payload.
+const RESIGN: &str = r#"
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return 1
+end
+return 0
+"#;
+
+/// Arrive at a barrier. KEYS: state hash (gen, parties), members of the
+/// open generation (set). ARGV: parties, participant, channel, payload.
+/// Arriving again in the open generation counts once; after the generation
+/// completed, the same participant's next arrival joins the next one
+/// (reusable barrier, as the reference backend does).
+/// Returns `{generation, complete}`, or `{-1, parties}` when the open
+/// generation was started with another party count.
+const ARRIVE: &str = r#"
+local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+local n = redis.call('SCARD', KEYS[2])
+if n > 0 then
+  local p = redis.call('HGET', KEYS[1], 'parties')
+  if p and p ~= ARGV[1] then
+    return {-1, tonumber(p)}
+  end
+end
+if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
+  return {gen, 0}
+end
+redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', tostring(gen))
+redis.call('SADD', KEYS[2], ARGV[2])
+if n + 1 >= tonumber(ARGV[1]) then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[1], 'gen', tostring(gen + 1))
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  return {gen, 1}
+end
+return {gen, 0}
+"#;
+
+/// Withdraw from a barrier generation. KEYS: state hash, open members.
+/// ARGV: generation, participant. Returns 0 if that generation completed.
+const WITHDRAW: &str = r#"
+local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+local gen = tonumber(ARGV[1])
+if gen < cur then return 0 end
+if gen == cur then redis.call('SREM', KEYS[2], ARGV[2]) end
+return 1
+"#;
+
+/// The server clock in microseconds, for the limiters.
+const NOW: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local limit = tonumber(ARGV[1])
+local win = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+"#;
+
+/// Sliding log: one ZSET member per admitted unit of cost, each unique
+/// (`<request id>:<i>`), scored with the server time. KEYS: zset.
+/// ARGV: limit, window µs, cost, request id, score unit (1 = µs scores,
+/// 1000000 = seconds, as the seed's PHP writes them).
+/// All limiter scripts return `{allowed, remaining, retry_after µs,
+/// reset_after µs}`.
+const SLIDING_LOG: &str = r#"
+local unit = tonumber(ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', (now - win) / unit)
+local count = redis.call('ZCARD', KEYS[1])
+if count + cost <= limit then
+  for i = 1, cost do
+    redis.call('ZADD', KEYS[1], now / unit, ARGV[4] .. ':' .. i)
+  end
+  redis.call('PEXPIRE', KEYS[1], math.ceil(win / 1000))
+  return {1, limit - count - cost, 0, win}
+end
+local need = count + cost - limit
+local e = redis.call('ZRANGE', KEYS[1], need - 1, need - 1, 'WITHSCORES')
+local retry = win
+if e[2] then retry = math.ceil(tonumber(e[2]) * unit + win - now) end
+if retry < 1 then retry = 1 end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local reset = 0
+if last[2] then reset = math.ceil(tonumber(last[2]) * unit + win - now) end
+if reset < 0 then reset = 0 end
+local remaining = limit - count
+if remaining < 0 then remaining = 0 end
+return {0, remaining, retry, reset}
+"#;
+
+/// Sliding-window counter: the count of the current aligned window plus
+/// the previous window's count weighted by its overlap with the trailing
+/// window. KEYS: hash (w = window index, c = current count, p = previous).
+/// ARGV: limit, window µs, cost.
+const SLIDING_WINDOW: &str = r#"
+local idx = math.floor(now / win)
+local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
+local w = tonumber(st[1] or '-1')
+local c = tonumber(st[2] or '0')
+local p = tonumber(st[3] or '0')
+if w ~= idx then
+  if w == idx - 1 then p = c else p = 0 end
+  c = 0
+end
+local elapsed = now - idx * win
+local est = p * (win - elapsed) / win + c
+if est + cost <= limit then
+  c = c + cost
+  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', tostring(c), 'p', tostring(p))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(2 * win / 1000))
+  local remaining = math.floor(limit - est - cost)
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, math.ceil((idx + 2) * win - now)}
+end
+local retry
+if c + cost <= limit then
+  retry = (win - (limit - c - cost) * win / p) - elapsed
+else
+  local e2 = win - (limit - cost) * win / c
+  if e2 < 0 then e2 = 0 end
+  retry = (idx + 1) * win - now + e2
+end
+retry = math.ceil(retry)
+if retry < 1 then retry = 1 end
+local reset = 0
+if c > 0 then
+  reset = math.ceil((idx + 2) * win - now)
+elseif p > 0 then
+  reset = math.ceil((idx + 1) * win - now)
+end
+local remaining = math.floor(limit - est)
+if remaining < 0 then remaining = 0 end
+return {0, remaining, retry, reset}
+"#;
+
+/// Fixed window: a counter per aligned window. KEYS: hash (w, c).
+/// ARGV: limit, window µs, cost.
+const FIXED_WINDOW: &str = r#"
+local idx = math.floor(now / win)
+local st = redis.call('HMGET', KEYS[1], 'w', 'c')
+local c = 0
+if tonumber(st[1] or '-1') == idx then c = tonumber(st[2] or '0') end
+local left = math.ceil((idx + 1) * win - now)
+if left < 1 then left = 1 end
+if c + cost <= limit then
+  c = c + cost
+  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', tostring(c))
+  redis.call('PEXPIRE', KEYS[1], math.ceil(left / 1000))
+  return {1, limit - c, 0, left}
+end
+local reset = 0
+if c > 0 then reset = left end
+local remaining = limit - c
+if remaining < 0 then remaining = 0 end
+return {0, remaining, left, reset}
+"#;
+
+/// GCRA: the theoretical arrival time (TAT, µs) in one key. Emission
+/// interval T = window / limit; a request of cost n is admitted iff
+/// `max(TAT, now) + n*T - now <= window` (bursts of up to `limit`).
+/// KEYS: tat. ARGV: limit, window µs, cost.
+const GCRA: &str = r#"
+local t_em = win / limit
+local tol = t_em / 2
+if tol > 1 then tol = 1 end
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local new_tat = tat + cost * t_em
+local diff = new_tat - now
+if diff <= win + tol then
+  redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.max(1, math.ceil(diff / 1000)))
+  local remaining = math.floor((win + tol - diff) / t_em)
+  if remaining < 0 then remaining = 0 end
+  return {1, remaining, 0, math.ceil(diff)}
+end
+local retry = math.ceil(diff - win)
+if retry < 1 then retry = 1 end
+local remaining = math.floor((win + tol - (tat - now)) / t_em)
+if remaining < 0 then remaining = 0 end
+return {0, remaining, retry, math.ceil(tat - now)}
+"#;
+
+/// Every script of the backend, compiled once per client.
+pub(crate) struct Scripts {
+    pub acquire: Script,
+    pub release: Script,
+    pub extend: Script,
+    pub force_release: Script,
+    pub fence_next: Script,
+    pub campaign: Script,
+    pub election_renew: Script,
+    pub resign: Script,
+    pub arrive: Script,
+    pub withdraw: Script,
+    pub sliding_log: Script,
+    pub sliding_window: Script,
+    pub fixed_window: Script,
+    pub gcra: Script,
+    /// The source of each, for `SCRIPT LOAD` at connect time.
+    pub sources: Vec<String>,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        let mut sources = Vec::new();
+        let mut mk = |parts: &[&str]| {
+            let src = parts.concat();
+            let script = Script::new(&src);
+            sources.push(src);
+            script
+        };
+        Scripts {
+            acquire: mk(&[ISSUE, ACQUIRE]),
+            release: mk(&[RELEASE]),
+            extend: mk(&[EXTEND]),
+            force_release: mk(&[FORCE_RELEASE]),
+            fence_next: mk(&[ISSUE, FENCE_NEXT]),
+            campaign: mk(&[ISSUE, CAMPAIGN]),
+            election_renew: mk(&[ELECTION_RENEW]),
+            resign: mk(&[RESIGN]),
+            arrive: mk(&[ARRIVE]),
+            withdraw: mk(&[WITHDRAW]),
+            sliding_log: mk(&[NOW, SLIDING_LOG]),
+            sliding_window: mk(&[NOW, SLIDING_WINDOW]),
+            fixed_window: mk(&[NOW, FIXED_WINDOW]),
+            gcra: mk(&[NOW, GCRA]),
+            sources,
+        }
+    }
+}
