@@ -23,6 +23,7 @@ mod election;
 mod error;
 mod fencing;
 mod lease;
+pub mod limit;
 mod limiter;
 mod lock;
 mod types;

@@ -28,13 +28,14 @@
 //! ```
 #![deny(missing_docs)]
 
+use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Algorithm, Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingDurability,
@@ -161,18 +162,6 @@ struct BarrierState {
     arrived: Vec<Box<str>>,
 }
 
-enum LimitState {
-    /// Sliding log: (time, cost) of each admitted request, oldest first.
-    Log(VecDeque<(Instant, u64)>),
-    /// Fixed window: window index and count.
-    Fixed { index: u64, count: u64 },
-    /// Sliding window counter: current index, its count, previous count.
-    Sliding { index: u64, curr: u64, prev: u64 },
-    /// GCRA: theoretical arrival time, in nanoseconds x limit since the
-    /// epoch (scaled so the arithmetic is exact).
-    Gcra { tat: u128 },
-}
-
 /// The in-memory backend. Implements every coord-core trait.
 pub struct MemoryBackend {
     caps: Capabilities,
@@ -182,7 +171,7 @@ pub struct MemoryBackend {
     leases: Sharded<Claim>,
     elections: Sharded<Option<Leader>>,
     barriers: Sharded<BarrierState>,
-    limits: Sharded<LimitState>,
+    limits: Sharded<(LimitState, Quota)>,
     lock_wakeups: Wakeups,
     election_wakeups: Wakeups,
     barrier_wakeups: Wakeups,
@@ -562,190 +551,20 @@ impl coord_core::Limiter for MemoryBackend {
     }
 
     async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision> {
-        let now = Instant::now();
-        let since = now.duration_since(self.epoch).as_nanos();
-        let window = quota.window;
-        let w = window.as_nanos();
-        let limit = quota.limit;
+        let now = Instant::now().duration_since(self.epoch).as_nanos();
         let mut full = String::with_capacity(key.len() + 5);
         full.push_str(algorithm_tag(quota.algorithm));
         full.push_str(key);
         let mut shard = self.limits.shard(&full);
-        let dead = |s: &LimitState| match s {
-            LimitState::Log(log) => log.back().is_none_or(|(t, _)| *t + window <= now),
-            LimitState::Fixed { index, .. } => (*index as u128) < since / w,
-            LimitState::Sliding { index, .. } => (*index as u128) + 1 < since / w,
-            LimitState::Gcra { tat } => *tat <= since * u128::from(limit),
-        };
-        let make = || match quota.algorithm {
-            Algorithm::SlidingLog => LimitState::Log(VecDeque::new()),
-            Algorithm::FixedWindow => LimitState::Fixed { index: 0, count: 0 },
-            Algorithm::SlidingWindow => LimitState::Sliding {
-                index: 0,
-                curr: 0,
-                prev: 0,
-            },
-            _ => LimitState::Gcra { tat: 0 },
-        };
-        let state = shard.entry(&full, make, dead);
-        Ok(match state {
-            LimitState::Log(log) => sliding_log(log, now, window, limit, cost),
-            LimitState::Fixed { index, count } => {
-                let cur = (since / w) as u64;
-                if *index != cur {
-                    *index = cur;
-                    *count = 0;
-                }
-                let to_end = nanos(w - since % w);
-                let allowed = *count + cost <= limit;
-                if allowed {
-                    *count += cost;
-                }
-                Decision {
-                    allowed,
-                    remaining: limit - *count,
-                    retry_after: if allowed { Duration::ZERO } else { to_end },
-                    reset_after: if *count == 0 { Duration::ZERO } else { to_end },
-                }
-            }
-            LimitState::Sliding { index, curr, prev } => {
-                let cur = (since / w) as u64;
-                if *index != cur {
-                    *prev = if cur == *index + 1 { *curr } else { 0 };
-                    *curr = 0;
-                    *index = cur;
-                }
-                sliding_window(curr, *prev, since % w, w, limit, cost)
-            }
-            LimitState::Gcra { tat } => gcra(tat, since, w, limit, cost),
-        })
-    }
-}
-
-fn nanos(n: u128) -> Duration {
-    Duration::from_nanos(n.min(u64::MAX as u128) as u64)
-}
-
-/// Exact sliding log of (time, cost) entries.
-fn sliding_log(
-    log: &mut VecDeque<(Instant, u64)>,
-    now: Instant,
-    window: Duration,
-    limit: u64,
-    cost: u64,
-) -> Decision {
-    while log.front().is_some_and(|(t, _)| *t + window <= now) {
-        log.pop_front();
-    }
-    let used: u64 = log.iter().map(|(_, c)| c).sum();
-    if used + cost <= limit {
-        log.push_back((now, cost));
-        return Decision {
-            allowed: true,
-            remaining: limit - used - cost,
-            retry_after: Duration::ZERO,
-            reset_after: window,
-        };
-    }
-    // Denied: wait until enough of the oldest entries fall out.
-    let mut freed = 0;
-    let mut retry_after = window;
-    for (t, c) in log.iter() {
-        freed += c;
-        if used - freed + cost <= limit {
-            retry_after = (*t + window).saturating_duration_since(now);
-            break;
-        }
-    }
-    let reset_after = log.back().map_or(Duration::ZERO, |(t, _)| {
-        (*t + window).saturating_duration_since(now)
-    });
-    Decision {
-        allowed: false,
-        remaining: limit - used,
-        retry_after: retry_after.max(Duration::from_millis(1)),
-        reset_after,
-    }
-}
-
-/// Sliding window counter: current count plus the previous window's count
-/// weighted by its remaining overlap with the trailing window.
-fn sliding_window(
-    curr: &mut u64,
-    prev: u64,
-    into: u128,
-    w: u128,
-    limit: u64,
-    cost: u64,
-) -> Decision {
-    // estimate = prev * (w - into) / w + curr, kept exact in units of 1/w.
-    let weighted = u128::from(prev) * (w - into);
-    let est_w = weighted + u128::from(*curr) * w; // estimate x w
-    let allowed = est_w + u128::from(cost) * w <= u128::from(limit) * w;
-    if allowed {
-        *curr += cost;
-    }
-    let est_w = weighted + u128::from(*curr) * w;
-    let remaining = (u128::from(limit) * w).saturating_sub(est_w) / w;
-    let to_end = w - into;
-    let retry_after = if allowed {
-        Duration::ZERO
-    } else if *curr + cost <= limit {
-        // Within this window, once the previous window's weight drops
-        // enough: prev * (w - x) / w <= limit - curr - cost.
-        let room = u128::from(limit - *curr - cost) * w;
-        let x = w - room / u128::from(prev.max(1));
-        nanos(x.saturating_sub(into).max(1))
-    } else {
-        // In the next window this window's count becomes the weighted one.
-        let room = u128::from(limit - cost) * w;
-        let x = w - room / u128::from((*curr).max(1));
-        nanos(to_end + x)
-    };
-    let reset_after = if *curr > 0 {
-        nanos(to_end + w)
-    } else if prev > 0 {
-        nanos(to_end)
-    } else {
-        Duration::ZERO
-    };
-    Decision {
-        allowed,
-        remaining: remaining as u64,
-        retry_after: retry_after.max(if allowed {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(1)
-        }),
-        reset_after,
-    }
-}
-
-/// GCRA in units of nanoseconds x limit, so the emission interval
-/// (window / limit) is exact.
-fn gcra(tat: &mut u128, since: u128, w: u128, limit: u64, cost: u64) -> Decision {
-    let l = u128::from(limit);
-    let now = since * l;
-    let window = w * l;
-    let increment = u128::from(cost) * w;
-    let base = (*tat).max(now);
-    let new_tat = base + increment;
-    let allowed = new_tat - now <= window;
-    if allowed {
-        *tat = new_tat;
-    }
-    let backlog = (*tat).max(now) - now;
-    let remaining = (window - backlog.min(window)) / w;
-    let retry_after = if allowed {
-        Duration::ZERO
-    } else {
-        nanos((new_tat - now - window).div_ceil(l)).max(Duration::from_millis(1))
-    };
-    Decision {
-        allowed,
-        remaining: remaining as u64,
-        retry_after,
-        reset_after: nanos(backlog.div_ceil(l)),
+        // Each state keeps the quota it was last used with, so the sweep
+        // judges it by its own window.
+        let (state, last_quota) = shard.entry(
+            &full,
+            || (LimitState::new(quota.algorithm), *quota),
+            |(s, q)| s.is_idle(now, q),
+        );
+        *last_quota = *quota;
+        Ok(state.check(now, quota, cost))
     }
 }
 
