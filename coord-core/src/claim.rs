@@ -146,6 +146,11 @@ impl Inner {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.is_lost() {
+                // Whoever sees the flag makes sure the token agrees before
+                // returning (mark_lost may still be between the two).
+                if let Some(t) = self.lost_token.get() {
+                    t.cancel();
+                }
                 return;
             }
             let deadline = self.deadline();

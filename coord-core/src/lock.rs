@@ -121,8 +121,9 @@ impl Locks {
     /// Errors: [`Error::Timeout`] if it stayed busy (nothing is held);
     /// [`Error::InvalidArgument`] (nothing sent); store errors.
     /// Cost uncontended: one round trip. Cancel-safe: if the future is
-    /// dropped mid-wait nothing is held (a grant that raced the cancellation
-    /// expires at its TTL).
+    /// dropped mid-wait, whatever this attempt may have been granted (or a
+    /// queueing store's place in line) is released in the background with
+    /// the attempt's owner token.
     pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Guard> {
         self.acquire_with(name, LockOptions::new(ttl).wait(wait))
             .await
@@ -288,6 +289,15 @@ where
     // The validity deadline counts from before the request that won was
     // sent: remember the send time of each attempt.
     let sent = std::sync::Mutex::new(start);
+    // If this future is dropped mid-wait, an attempt may have been granted
+    // (or a queueing store may hold our place in line): release whatever
+    // this owner left, in the background.
+    let mut on_cancel = CancelCleanup {
+        backend: &backend,
+        name,
+        owner,
+        armed: true,
+    };
     let outcome = wait::until(
         || {
             let now = Instant::now();
@@ -299,6 +309,8 @@ where
         poll,
     )
     .await;
+    on_cancel.armed = false;
+    drop(on_cancel);
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -312,7 +324,7 @@ where
             Ok((Guard::new(backend, name, owner, token, ttl, sent_at), owner))
         }
         None => {
-            if outcome.ambiguous || queued {
+            if outcome.ambiguous || (queued && outcome.subscribed) {
                 cleanup(&backend, name, owner);
             }
             match outcome.last_error {
@@ -323,6 +335,23 @@ where
                     waited: start.elapsed(),
                 }),
             }
+        }
+    }
+}
+
+/// Releases what an owner may have left when its acquire is dropped
+/// mid-wait.
+struct CancelCleanup<'a> {
+    backend: &'a ClaimBackend,
+    name: &'a str,
+    owner: OwnerToken,
+    armed: bool,
+}
+
+impl Drop for CancelCleanup<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            cleanup(self.backend, self.name, self.owner);
         }
     }
 }

@@ -23,6 +23,9 @@ pub(crate) struct WaitOutcome {
     pub ambiguous: bool,
     /// The last retryable error seen, if the last attempt failed.
     pub last_error: Option<Error>,
+    /// Whether the loop went past its first attempt and subscribed (a
+    /// queueing store may then hold a waiter's entry for this owner).
+    pub subscribed: bool,
 }
 
 /// A jittered sleep between half and all of `poll`.
@@ -65,6 +68,7 @@ where
                 granted: Some(t),
                 ambiguous,
                 last_error: None,
+                subscribed: false,
             });
         }
         Ok(Attempt::Held { expires_in }) => hint(expires_in, poll),
@@ -76,6 +80,7 @@ where
                     granted: None,
                     ambiguous,
                     last_error: Some(e),
+                    subscribed: false,
                 });
             }
             backoff
@@ -87,6 +92,7 @@ where
             granted: None,
             ambiguous,
             last_error: None,
+            subscribed: false,
         });
     }
 
@@ -125,6 +131,7 @@ where
                     granted: Some(t),
                     ambiguous,
                     last_error: None,
+                    subscribed: true,
                 });
             }
             Ok(Attempt::Held { expires_in }) => {
@@ -145,6 +152,7 @@ where
                 granted: None,
                 ambiguous,
                 last_error,
+                subscribed: true,
             });
         }
     }
