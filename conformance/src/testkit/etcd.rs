@@ -1,0 +1,572 @@
+//! Real etcd servers for tests: a single node shared by every test of a
+//! test binary ([`shared`]), private single nodes ([`EtcdServer::start`])
+//! and 3-node clusters on loopback ports ([`EtcdCluster::start`]) whose
+//! members can be stopped (SIGKILL) and restarted.
+//!
+//! Every etcd process runs under a small `sh` wrapper that holds a pipe from
+//! the test process on its standard input: when the test binary exits (or
+//! is killed), the pipe closes, the wrapper kills etcd and removes the data
+//! directory. Nothing outlives the test binary.
+//!
+//! The binary is `/usr/bin/etcd` (Debian package `etcd-server`), or the one
+//! named by `COORD_ETCD_BIN`, or the first `etcd` on `PATH`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::port::free_port;
+
+/// Runs `"$@"` (etcd) in the background until standard input closes, then
+/// kills it and removes `$COORD_ETCD_RMDIR` if set.
+const WRAPPER: &str = r#"
+"$@" >>"$COORD_ETCD_LOG" 2>&1 &
+pid=$!
+cat >/dev/null
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+if [ -n "$COORD_ETCD_RMDIR" ]; then rm -rf "$COORD_ETCD_RMDIR"; fi
+"#;
+
+/// The etcd binary to run. Panics, naming the Debian package, if none.
+pub fn etcd_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("COORD_ETCD_BIN") {
+        return PathBuf::from(p);
+    }
+    let default = PathBuf::from("/usr/bin/etcd");
+    if default.is_file() {
+        return default;
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let c = dir.join("etcd");
+            if c.is_file() {
+                return c;
+            }
+        }
+    }
+    panic!(
+        "etcd is not installed: no /usr/bin/etcd and no `etcd` on PATH. \
+         Install the Debian package `etcd-server` (apt-get install -y etcd-server), \
+         or point COORD_ETCD_BIN at an etcd binary"
+    );
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "coord-etcd-{}-{}-{}",
+        std::process::id(),
+        tag,
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&d).expect("create a temporary directory for etcd");
+    d
+}
+
+/// A wrapped child: closing `stdin` stops it.
+struct Wrapped {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Wrapped {
+    fn spawn(args: &[String], log: &Path, rmdir: Option<&Path>) -> Wrapped {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(WRAPPER)
+            .arg("coord-etcd-wrapper")
+            .args(args)
+            .env("COORD_ETCD_LOG", log)
+            .env(
+                "COORD_ETCD_RMDIR",
+                rmdir.map(|p| p.as_os_str().to_owned()).unwrap_or_default(),
+            )
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn sh to run etcd");
+        let stdin = child.stdin.take();
+        Wrapped { child, stdin }
+    }
+
+    /// Close the pipe (the wrapper kills etcd) and wait for the wrapper.
+    fn stop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Wrapped {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One plain GET on `127.0.0.1:port`; the body, or `None`.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(
+        &format!("127.0.0.1:{port}").parse().ok()?,
+        Duration::from_secs(1),
+    )
+    .ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.").then(|| body.to_string())
+}
+
+fn healthy(port: u16) -> bool {
+    http_get(port, "/health").is_some_and(|b| b.contains("\"health\":\"true\""))
+}
+
+/// Sum of every sample of the Prometheus metric `name` whose labels contain
+/// all of `labels` (e.g. `grpc_method="LeaseGrant"`), from `/metrics` on
+/// `port`.
+pub fn metric(port: u16, name: &str, labels: &[&str]) -> f64 {
+    let body = http_get(port, "/metrics").unwrap_or_default();
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|lab| l.contains(lab)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn tail(log: &Path) -> String {
+    let s = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    /// Plain-HTTP `/health` and `/metrics` (also when clients use TLS).
+    metrics_port: u16,
+    data: PathBuf,
+    log: PathBuf,
+    tls: Option<TlsFiles>,
+}
+
+/// A test certificate authority and a server certificate for
+/// `127.0.0.1`/`localhost` signed by it (PEM files).
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// The CA certificate: what clients trust.
+    pub ca: PathBuf,
+    /// The server's certificate.
+    pub cert: PathBuf,
+    /// The server's private key.
+    pub key: PathBuf,
+}
+
+/// Make a CA and a server certificate in `dir` with the `openssl` command
+/// (Debian package `openssl`).
+pub fn make_tls_files(dir: &Path) -> TlsFiles {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `openssl` ({e}); install the Debian package `openssl`")
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("write ext.cnf");
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=coord-test-ca",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    TlsFiles {
+        ca: dir.join("ca.pem"),
+        cert: dir.join("server.pem"),
+        key: dir.join("server.key"),
+    }
+}
+
+impl Member {
+    fn args(&self, initial_cluster: &str, token: &str, fast: bool) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut a = vec![
+            etcd_binary().to_string_lossy().into_owned(),
+            format!("--name={}", self.name),
+            format!("--data-dir={}", self.data.display()),
+            format!(
+                "--listen-client-urls={scheme}://127.0.0.1:{}",
+                self.client_port
+            ),
+            format!(
+                "--advertise-client-urls={scheme}://127.0.0.1:{}",
+                self.client_port
+            ),
+            format!(
+                "--listen-metrics-urls=http://127.0.0.1:{}",
+                self.metrics_port
+            ),
+            format!("--listen-peer-urls=http://127.0.0.1:{}", self.peer_port),
+            format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                self.peer_port
+            ),
+            format!("--initial-cluster={initial_cluster}"),
+            format!("--initial-cluster-token={token}"),
+            "--initial-cluster-state=new".into(),
+            "--logger=zap".into(),
+            "--log-outputs=stderr".into(),
+            "--log-level=warn".into(),
+        ];
+        if let Some(t) = &self.tls {
+            a.push(format!("--cert-file={}", t.cert.display()));
+            a.push(format!("--key-file={}", t.key.display()));
+        }
+        if fast {
+            // A lone member never needs an election after start; shorter
+            // ticks bring the server's minimum lease TTL down to 1 s.
+            a.push("--heartbeat-interval=50".into());
+            a.push("--election-timeout=500".into());
+        }
+        a
+    }
+}
+
+/// A single-node etcd on free loopback ports, data in a temporary folder.
+pub struct EtcdServer {
+    member: Member,
+    proc: Mutex<Option<Wrapped>>,
+}
+
+impl std::fmt::Debug for EtcdServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdServer")
+            .field("client_port", &self.member.client_port)
+            .finish()
+    }
+}
+
+/// The single-node etcd shared by every test of this test binary, started
+/// on first use. Tests must use names of their own (or a prefix of their
+/// own) since they share it.
+pub fn shared() -> &'static EtcdServer {
+    static SHARED: OnceLock<EtcdServer> = OnceLock::new();
+    SHARED.get_or_init(EtcdServer::start)
+}
+
+impl EtcdServer {
+    /// Start a private single-node etcd (stopped when dropped or when the
+    /// test binary exits). Panics with etcd's last log lines if it does not
+    /// become healthy.
+    pub fn start() -> EtcdServer {
+        Self::start_with(false)
+    }
+
+    /// Start a private single-node etcd that serves clients over TLS only,
+    /// with a test CA made by [`make_tls_files`]; see
+    /// [`EtcdServer::tls_files`].
+    pub fn start_tls() -> EtcdServer {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> EtcdServer {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = temp_dir("single");
+            let member = Member {
+                name: "n0".into(),
+                client_port: free_port(),
+                peer_port: free_port(),
+                metrics_port: free_port(),
+                data: dir.join("data"),
+                log: dir.join("etcd.log"),
+                tls: tls.then(|| make_tls_files(&dir)),
+            };
+            let cluster = format!("n0=http://127.0.0.1:{}", member.peer_port);
+            let token = format!("coord-{}-{}", std::process::id(), member.client_port);
+            let args = member.args(&cluster, &token, true);
+            let w = Wrapped::spawn(&args, &member.log, Some(&dir));
+            let server = EtcdServer {
+                member,
+                proc: Mutex::new(Some(w)),
+            };
+            if server.wait_healthy(Duration::from_secs(20)) {
+                return server;
+            }
+            last = tail(&server.member.log);
+            drop(server);
+        }
+        panic!("etcd did not become healthy on loopback ports; its last log lines:\n{last}");
+    }
+
+    fn wait_healthy(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if healthy(self.member.metrics_port) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// `etcd://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoint())
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.member.client_port)
+    }
+
+    /// The client port (gRPC; `/metrics` and `/health` are on a separate
+    /// plain-HTTP port, see [`EtcdServer::metric`]).
+    pub fn client_port(&self) -> u16 {
+        self.member.client_port
+    }
+
+    /// See [`metric`].
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        metric(self.member.metrics_port, name, labels)
+    }
+
+    /// The certificate files, for a server started with
+    /// [`EtcdServer::start_tls`].
+    pub fn tls_files(&self) -> Option<&TlsFiles> {
+        self.member.tls.as_ref()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        if let Some(mut w) = self.proc.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            w.stop();
+        }
+    }
+}
+
+/// A cluster of etcd members on loopback ports, sharing one temporary
+/// folder. Members can be stopped and restarted; everything is stopped and
+/// removed when the cluster is dropped or the test binary exits.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    procs: Vec<Mutex<Option<Wrapped>>>,
+    initial: String,
+    token: String,
+    _dir: Mutex<Wrapped>,
+}
+
+impl std::fmt::Debug for EtcdCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdCluster")
+            .field("endpoints", &self.endpoints())
+            .finish()
+    }
+}
+
+impl EtcdCluster {
+    /// Start `n` members (3 for the usual tests) and wait until every one is
+    /// healthy. Uses etcd's default heartbeat (100 ms) and election timeout
+    /// (1 s), so the server's minimum lease TTL is 2 s.
+    pub fn start(n: usize) -> EtcdCluster {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = temp_dir("cluster");
+            // The folder's own guard: removes it when the test binary exits.
+            let guard = Wrapped::spawn(&["true".to_string()], &dir.join("guard.log"), Some(&dir));
+            let members: Vec<Member> = (0..n)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    client_port: free_port(),
+                    peer_port: free_port(),
+                    metrics_port: free_port(),
+                    data: dir.join(format!("m{i}")),
+                    log: dir.join(format!("m{i}.log")),
+                    tls: None,
+                })
+                .collect();
+            let initial = members
+                .iter()
+                .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+                .collect::<Vec<_>>()
+                .join(",");
+            let token = format!("coord-{}-{}", std::process::id(), members[0].client_port);
+            let cluster = EtcdCluster {
+                procs: members.iter().map(|_| Mutex::new(None)).collect(),
+                members,
+                initial,
+                token,
+                _dir: Mutex::new(guard),
+            };
+            for i in 0..n {
+                cluster.start_member(i);
+            }
+            if cluster.wait_healthy(Duration::from_secs(30)) {
+                return cluster;
+            }
+            last = cluster
+                .members
+                .iter()
+                .map(|m| format!("--- {}:\n{}", m.name, tail(&m.log)))
+                .collect::<Vec<_>>()
+                .join("\n");
+            drop(cluster);
+        }
+        panic!("the etcd cluster did not become healthy; last log lines:\n{last}");
+    }
+
+    /// Wait until every running member reports healthy.
+    pub fn wait_healthy(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let all = (0..self.members.len())
+                .filter(|i| self.is_running(*i))
+                .all(|i| healthy(self.members[i].metrics_port));
+            if all {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    /// How many members.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether the cluster has no members.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// `127.0.0.1:PORT` of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints().join(","))
+    }
+
+    /// The client port of member `i`.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
+    }
+
+    /// Whether member `i` was started and not stopped.
+    pub fn is_running(&self, i: usize) -> bool {
+        self.procs[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    /// Kill member `i` (SIGKILL, as a crash); its data stays.
+    pub fn stop(&self, i: usize) {
+        if let Some(mut w) = self.procs[i]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            w.stop();
+        }
+    }
+
+    /// (Re)start member `i` on its ports with its data.
+    pub fn start_member(&self, i: usize) {
+        let mut slot = self.procs[i].lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        let m = &self.members[i];
+        let args = m.args(&self.initial, &self.token, false);
+        *slot = Some(Wrapped::spawn(&args, &m.log, None));
+    }
+
+    /// The member that is leader now, according to each running member's
+    /// `etcd_server_is_leader` metric.
+    pub fn leader(&self) -> Option<usize> {
+        (0..self.members.len())
+            .filter(|i| self.is_running(*i))
+            .find(|i| metric(self.members[*i].metrics_port, "etcd_server_is_leader", &[]) >= 1.0)
+    }
+
+    /// See [`metric`], summed over the running members.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        (0..self.members.len())
+            .filter(|i| self.is_running(*i))
+            .map(|i| metric(self.members[i].metrics_port, name, labels))
+            .sum()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! Barriers and rate limiters: one key each, updated by compare-and-swap
+//! transactions on the key's mod revision.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::limit::LimitState;
+use coord_core::util::bounded;
+use coord_core::{Algorithm, Arrival, Decision, Error, Result};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+
+use tokio::sync::oneshot;
+
+use crate::backend::{Shared, kvs, lock, secs};
+use crate::keys::BACKEND;
+
+/// The state of one barrier, stored as text: the party count, the
+/// generation, then one participant per line (names have no control
+/// characters, so a newline never occurs in one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BarrierState {
+    pub(crate) parties: u32,
+    pub(crate) generation: u64,
+    pub(crate) arrived: Vec<String>,
+}
+
+impl BarrierState {
+    fn encode(&self) -> Vec<u8> {
+        let mut s = format!("{}\n{}", self.parties, self.generation);
+        for p in &self.arrived {
+            s.push('\n');
+            s.push_str(p);
+        }
+        s.into_bytes()
+    }
+
+    fn decode(b: &[u8]) -> Option<BarrierState> {
+        let s = std::str::from_utf8(b).ok()?;
+        let mut lines = s.split('\n');
+        let parties = lines.next()?.parse().ok()?;
+        let generation = lines.next()?.parse().ok()?;
+        Some(BarrierState {
+            parties,
+            generation,
+            arrived: lines.map(str::to_string).collect(),
+        })
+    }
+}
+
+/// The generation stored in a barrier key's value.
+pub(crate) fn generation_of(b: &[u8]) -> Option<u64> {
+    BarrierState::decode(b).map(|s| s.generation)
+}
+
+fn corrupt(operation: &'static str, what: &str) -> Error {
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message: format!(
+            "the stored {what} state is not in coord's format; was the key written by something else?"
+        ),
+    }
+}
+
+impl Shared {
+    /// Read-modify-write `key` until the compare-and-swap on its mod
+    /// revision wins. `f` gets the current value and returns the new value
+    /// to write (`None`: write nothing) and the result.
+    pub(crate) async fn cas<R>(
+        self: &Arc<Self>,
+        op: &'static str,
+        key: Vec<u8>,
+        lease: Option<i64>,
+        mut f: impl FnMut(Option<&[u8]>) -> Result<(Option<Vec<u8>>, R)> + Send,
+    ) -> Result<R>
+    where
+        R: Send,
+    {
+        let limit = self.timeout;
+        bounded(BACKEND, op, limit, async {
+            let mut current = self.get(op, key.clone(), None).await?.into_iter().next();
+            let mut attempt = 0u32;
+            loop {
+                let (new, r) = f(current.as_ref().map(|kv| kv.value()))?;
+                let Some(new) = new else { return Ok(r) };
+                let cmp = match &current {
+                    Some(kv) => {
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())
+                    }
+                    None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                };
+                let put = lease.map(|l| PutOptions::new().with_lease(l));
+                let txn = Txn::new()
+                    .when([cmp])
+                    .and_then([TxnOp::put(key.clone(), new, put)])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                let resp = self.txn(op, txn).await?;
+                if resp.succeeded() {
+                    return Ok(r);
+                }
+                current = kvs(&resp, 0).into_iter().next();
+                attempt += 1;
+                if attempt > 3 {
+                    // Heavy contention: back off a little, with jitter.
+                    let jitter = u64::from(attempt.min(20)) * (1 + nanos_now() as u64 % 3);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn barrier_arrive(
+        self: &Arc<Self>,
+        name: &str,
+        parties: u32,
+        participant: &str,
+    ) -> Result<Arrival> {
+        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let op = "barrier arrive";
+        self.cas(op, key, None, |cur| {
+            let mut b = match cur {
+                Some(v) => BarrierState::decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
+                None => BarrierState::default(),
+            };
+            if b.arrived.is_empty() {
+                b.parties = parties;
+            } else if b.parties != parties {
+                return Err(Error::invalid(
+                    "parties",
+                    format!(
+                        "barrier `{name}` is in use with {} parties; this call said {parties}",
+                        b.parties
+                    ),
+                ));
+            }
+            if b.arrived.iter().any(|p| p == participant) {
+                return Ok((
+                    None,
+                    Arrival {
+                        generation: b.generation,
+                        complete: false,
+                    },
+                ));
+            }
+            b.arrived.push(participant.to_string());
+            let arrival = if b.arrived.len() as u64 >= u64::from(b.parties) {
+                let g = b.generation;
+                b.generation += 1;
+                b.arrived.clear();
+                Arrival {
+                    generation: g,
+                    complete: true,
+                }
+            } else {
+                Arrival {
+                    generation: b.generation,
+                    complete: false,
+                }
+            };
+            Ok((Some(b.encode()), arrival))
+        })
+        .await
+    }
+
+    pub(crate) async fn barrier_is_complete(&self, name: &str, generation: u64) -> Result<bool> {
+        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let op = "barrier is_complete";
+        let kv = self.get(op, key, None).await?.into_iter().next();
+        match kv {
+            None => Ok(false),
+            Some(kv) => {
+                let b = BarrierState::decode(kv.value()).ok_or_else(|| corrupt(op, "barrier"))?;
+                Ok(b.generation > generation)
+            }
+        }
+    }
+
+    pub(crate) async fn barrier_withdraw(
+        self: &Arc<Self>,
+        name: &str,
+        generation: u64,
+        participant: &str,
+    ) -> Result<bool> {
+        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let op = "barrier withdraw";
+        self.cas(op, key, None, |cur| {
+            let Some(v) = cur else {
+                return Ok((None, true));
+            };
+            let mut b = BarrierState::decode(v).ok_or_else(|| corrupt(op, "barrier"))?;
+            if b.generation > generation {
+                return Ok((None, false));
+            }
+            let before = b.arrived.len();
+            b.arrived.retain(|p| p != participant);
+            if b.arrived.len() == before {
+                return Ok((None, true));
+            }
+            Ok((Some(b.encode()), true))
+        })
+        .await
+    }
+
+    /// Check a limiter. Concurrent checks of one key in this client are
+    /// combined: one task applies all pending requests, in order, to the
+    /// state read from etcd and writes the result with one compare-and-swap
+    /// (recomputing every decision if another client won the race). Across
+    /// clients the compare-and-swap keeps admissions within the quota.
+    pub(crate) async fn limiter_check(
+        self: &Arc<Self>,
+        key: &str,
+        quota: &coord_core::Quota,
+        cost: u64,
+    ) -> Result<Decision> {
+        let op = "limiter check";
+        let (tag, span) = match quota.algorithm {
+            Algorithm::SlidingLog => ("log", 1),
+            Algorithm::SlidingWindow => ("sw", 2),
+            Algorithm::FixedWindow => ("fw", 1),
+            _ => ("gcra", 1),
+        };
+        let k = self.keys.limiter(tag, key);
+        // The state must outlive its window even if this client dies: attach
+        // it to a session lease whose TTL comfortably exceeds it.
+        let needed = secs(quota.window * span);
+        let ttl = needed + needed / 2 + 1;
+        let session = self.session(ttl, op).await?;
+        let (tx, rx) = oneshot::channel();
+        let lead = {
+            let mut q = lock(&self.limiter_queue);
+            match q.get_mut(&k) {
+                Some(v) => {
+                    v.push((*quota, cost, tx));
+                    false
+                }
+                None => {
+                    q.insert(k.clone(), vec![(*quota, cost, tx)]);
+                    true
+                }
+            }
+        };
+        if lead {
+            let shared = self.clone();
+            tokio::spawn(async move { shared.limiter_batches(k, session.id).await });
+        }
+        match tokio::time::timeout(self.timeout * 2, rx).await {
+            Ok(Ok(r)) => r,
+            _ => Err(Error::Unavailable {
+                backend: BACKEND,
+                operation: op,
+                message: format!("no answer within {:?}", self.timeout * 2),
+            }),
+        }
+    }
+
+    async fn limiter_batches(self: Arc<Self>, k: Vec<u8>, lease: i64) {
+        let op = "limiter check";
+        loop {
+            let batch = {
+                let mut q = lock(&self.limiter_queue);
+                match q.get_mut(&k) {
+                    Some(v) if !v.is_empty() => std::mem::take(v),
+                    _ => {
+                        q.remove(&k);
+                        return;
+                    }
+                }
+            };
+            let items: Vec<(coord_core::Quota, u64)> =
+                batch.iter().map(|(q, c, _)| (*q, *c)).collect();
+            let result = self
+                .cas(op, k.clone(), Some(lease), |cur| {
+                    let since = nanos_now();
+                    let mut state: Option<Vec<u8>> = cur.map(<[u8]>::to_vec);
+                    let mut changed = false;
+                    let mut decisions = Vec::with_capacity(items.len());
+                    for (quota, cost) in &items {
+                        let text = match &state {
+                            Some(v) => {
+                                Some(std::str::from_utf8(v).map_err(|_| corrupt(op, "limiter"))?)
+                            }
+                            None => None,
+                        };
+                        let (new, d) = limiter_step(quota, text, since, *cost)
+                            .ok_or_else(|| corrupt(op, "limiter"))?;
+                        if let Some(n) = new {
+                            state = Some(n);
+                            changed = true;
+                        }
+                        decisions.push(d);
+                    }
+                    Ok((if changed { state } else { None }, decisions))
+                })
+                .await;
+            match result {
+                Ok(decisions) => {
+                    for ((_, _, tx), d) in batch.into_iter().zip(decisions) {
+                        let _ = tx.send(Ok(d));
+                    }
+                }
+                Err(e) => {
+                    for (_, _, tx) in batch {
+                        let _ = tx.send(Err(clone_error(&e)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn clone_error(e: &Error) -> Error {
+    match e {
+        Error::Unavailable {
+            backend,
+            operation,
+            message,
+        } => Error::Unavailable {
+            backend,
+            operation,
+            message: message.clone(),
+        },
+        Error::Store {
+            backend,
+            operation,
+            message,
+        } => Error::Store {
+            backend,
+            operation,
+            message: message.clone(),
+        },
+        other => Error::Store {
+            backend: BACKEND,
+            operation: "limiter check",
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Nanoseconds since the Unix epoch on this client's clock.
+pub(crate) fn nanos_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// One limiter decision on the stored state `cur` at client time `since`
+/// (ns since the epoch), by coord-core's shared algorithms. Returns the new
+/// state to store when the request is admitted, or `None` for corrupt
+/// state.
+pub(crate) fn limiter_step(
+    quota: &coord_core::Quota,
+    cur: Option<&str>,
+    since: u128,
+    cost: u64,
+) -> Option<(Option<Vec<u8>>, Decision)> {
+    let mut state = match cur {
+        Some(text) => LimitState::decode(quota.algorithm, text)?,
+        None => LimitState::new(quota.algorithm),
+    };
+    let d = state.check(since, quota, cost);
+    Some((d.allowed.then(|| state.encode().into_bytes()), d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn barrier_state_roundtrip() {
+        let b = BarrierState {
+            parties: 3,
+            generation: 7,
+            arrived: vec!["a b".into(), "ünï".into()],
+        };
+        assert_eq!(BarrierState::decode(&b.encode()), Some(b.clone()));
+        let empty = BarrierState {
+            arrived: vec![],
+            ..b
+        };
+        assert_eq!(BarrierState::decode(&empty.encode()), Some(empty));
+        assert_eq!(generation_of(b"2\n5"), Some(5));
+    }
+
+    #[test]
+    fn limiter_steps_never_exceed_the_limit() {
+        for alg in Algorithm::ALL {
+            let quota = coord_core::Quota::new(5, Duration::from_secs(1), alg);
+            let mut state: Option<Vec<u8>> = None;
+            let t0 = 1_700_000_000_000_000_000u128;
+            let mut admitted = 0;
+            for i in 0..20u128 {
+                let cur = state.as_deref().map(|b| std::str::from_utf8(b).unwrap());
+                let (new, d) = limiter_step(&quota, cur, t0 + i * 1_000, 1).unwrap();
+                if d.allowed {
+                    admitted += 1;
+                    state = new;
+                } else {
+                    assert!(d.retry_after > Duration::ZERO);
+                    assert!(new.is_none());
+                }
+            }
+            assert_eq!(admitted, 5, "{alg:?}");
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Key layout and error mapping.
+
+use coord_core::Error;
+use coord_core::util::{Kind, redact_url_passwords};
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Where every key of one client lives.
+///
+/// - claims (locks, elections): `<prefix><kind>/<escaped name>/<owner hex>`,
+///   one key per holder or waiter, ordered by create revision;
+/// - leases, barriers, fencing: `<prefix><kind>/<escaped name>`;
+/// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`.
+///
+/// Names are escaped (`%` -> `%25`, `/` -> `%2F`) so that the queue of
+/// `a` never contains the keys of `a/b`.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+pub(crate) fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '/' => out.push_str("%2F"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The smallest key greater than every key that starts with `prefix`.
+pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Keys {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// `<prefix><kind>/<name>/`: the queue of a claim.
+    pub(crate) fn queue(&self, kind: Kind, name: &str) -> Vec<u8> {
+        format!("{}{}/{}/", self.prefix, kind.as_str(), escape(name)).into_bytes()
+    }
+
+    /// `<prefix><kind>/<name>`.
+    pub(crate) fn single(&self, kind: Kind, name: &str) -> Vec<u8> {
+        format!("{}{}/{}", self.prefix, kind.as_str(), escape(name)).into_bytes()
+    }
+
+    /// `<prefix>limiter/<tag>/<key>`.
+    pub(crate) fn limiter(&self, tag: &str, key: &str) -> Vec<u8> {
+        format!(
+            "{}{}/{}/{}",
+            self.prefix,
+            Kind::Limiter.as_str(),
+            tag,
+            escape(key)
+        )
+        .into_bytes()
+    }
+}
+
+/// Map an etcd client error to coord's error kinds: transport trouble and
+/// timeouts are [`Error::Unavailable`] (retryable), everything else the
+/// server said is [`Error::Store`]. Messages are passed through
+/// [`redact_url_passwords`].
+pub(crate) fn map_err(operation: &'static str, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    let message = redact_url_passwords(&e.to_string());
+    let unavailable = match &e {
+        E::GRpcStatus(s) => {
+            use tonic_code::*;
+            let code = s.code() as i32;
+            matches!(
+                code,
+                UNAVAILABLE | DEADLINE_EXCEEDED | CANCELLED | ABORTED | RESOURCE_EXHAUSTED
+            ) || (code == UNKNOWN
+                && (message.contains("transport")
+                    || message.contains("connection")
+                    || message.contains("leader")
+                    || message.contains("timed out")))
+        }
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
+        E::LeaseKeepAliveError(m) => !m.contains("not found"),
+        _ => false,
+    };
+    if unavailable {
+        Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message,
+        }
+    } else {
+        Error::Store {
+            backend: BACKEND,
+            operation,
+            message,
+        }
+    }
+}
+
+/// Whether the request surely never reached a member that could act on
+/// it: the connection was refused, or the member has no leader. Retrying
+/// such a call elsewhere is always safe.
+pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
+    let s = e.to_string();
+    s.contains("tcp connect error")
+        || s.contains("Connection refused")
+        || s.contains("error trying to connect")
+        || s.contains("no leader")
+}
+
+/// Whether the error says the lease a request used no longer exists.
+pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    let s = e.to_string();
+    s.contains("lease not found")
+}
+
+/// gRPC status codes as numbers (so we need not depend on tonic).
+mod tonic_code {
+    pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
+    pub const RESOURCE_EXHAUSTED: i32 = 8;
+    pub const ABORTED: i32 = 10;
+    pub const UNAVAILABLE: i32 = 14;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_keeps_queues_apart() {
+        let k = Keys::new("coord:");
+        assert_eq!(k.queue(Kind::Lock, "a"), b"coord:lock/a/".to_vec());
+        assert_eq!(k.queue(Kind::Lock, "a/b"), b"coord:lock/a%2Fb/".to_vec());
+        assert_eq!(k.single(Kind::Lease, "x%"), b"coord:lease/x%25".to_vec());
+        assert_eq!(
+            k.limiter("gcra", "u/1"),
+            b"coord:limiter/gcra/u%2F1".to_vec()
+        );
+        assert_eq!(prefix_end(b"ab/"), b"ab0".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+    }
+}

@@ -1,0 +1,171 @@
+//! On a 3-node etcd cluster on loopback ports: mutual exclusion under load
+//! while the leader member is killed and restarted in the middle.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use conformance::testkit::etcd::EtcdCluster;
+use coord_core::{FencingToken, OwnerToken};
+use tokio::time::{sleep, timeout};
+
+/// The resource the lock protects: accepts a write iff its token is at
+/// least the highest seen (check and update atomic).
+#[derive(Default)]
+struct Register {
+    state: std::sync::Mutex<(u64, u64)>, // (highest token, value)
+}
+
+impl Register {
+    fn write(&self, token: FencingToken, value: u64) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if token.get() < s.0 {
+            return false;
+        }
+        *s = (token.get(), value);
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mutual_exclusion_under_load_survives_leader_failover() {
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    const CLIENTS: usize = 6;
+    const ROUNDS: u64 = 40;
+    const TOTAL: u64 = CLIENTS as u64 * ROUNDS;
+    let url = cluster.url();
+    let name = "failover-counter";
+    let value = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let register = Arc::new(Register::default());
+    let order = Arc::new(std::sync::Mutex::new(Vec::<FencingToken>::new()));
+    let inside = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let coord = coord_etcd::connect(&url)
+            .await
+            .expect("connect to the cluster");
+        let (value, done, register, order, inside, errors) = (
+            value.clone(),
+            done.clone(),
+            register.clone(),
+            order.clone(),
+            inside.clone(),
+            errors.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let locks = coord.locks().unwrap();
+            let mut rounds = 0;
+            while rounds < ROUNDS {
+                let g = match locks
+                    .acquire(name, Duration::from_secs(5), Duration::from_secs(60))
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(e) if e.is_retryable() => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    Err(e) => panic!("acquire failed: {e}"),
+                };
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                assert!(g.is_valid(), "granted an already expired lock");
+                let v = value.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                value.store(v + 1, Ordering::SeqCst);
+                assert!(
+                    register.write(g.fencing_token(), v + 1),
+                    "the register rejected the current holder's token"
+                );
+                order.lock().unwrap().push(g.fencing_token());
+                inside.store(false, Ordering::SeqCst);
+                if let Err(e) = g.release().await {
+                    // The key is removed by the client's reaper or expires.
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    eprintln!("release failed (retried in the background): {e}");
+                }
+                rounds += 1;
+                done.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+
+    // Kill the leader a third of the way in, restart it a little later.
+    let killer = {
+        let (cluster, done) = (cluster.clone(), done.clone());
+        tokio::spawn(async move {
+            while done.load(Ordering::SeqCst) < TOTAL / 3 {
+                sleep(Duration::from_millis(20)).await;
+            }
+            let leader = tokio::task::spawn_blocking({
+                let c = cluster.clone();
+                move || c.leader()
+            })
+            .await
+            .unwrap()
+            .expect("the cluster has a leader");
+            let at = done.load(Ordering::SeqCst);
+            let c = cluster.clone();
+            tokio::task::spawn_blocking(move || c.stop(leader))
+                .await
+                .unwrap();
+            sleep(Duration::from_secs(3)).await;
+            let during = done.load(Ordering::SeqCst) - at;
+            let c = cluster.clone();
+            tokio::task::spawn_blocking(move || {
+                c.start_member(leader);
+                assert!(
+                    c.wait_healthy(Duration::from_secs(30)),
+                    "the member did not come back"
+                );
+            })
+            .await
+            .unwrap();
+            (leader, at, during)
+        })
+    };
+    let all = async {
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    timeout(Duration::from_secs(300), all)
+        .await
+        .expect("the work did not finish");
+    let (leader, at, during) = killer.await.unwrap();
+    eprintln!(
+        "killed leader m{leader} after {at} grants; {during} grants while it was down; \
+         {} retried errors",
+        errors.load(Ordering::Relaxed)
+    );
+    assert_eq!(value.load(Ordering::SeqCst), TOTAL, "lost updates");
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order.len() as u64, TOTAL);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens not strictly increasing in grant order"
+    );
+    assert!(
+        !register.write(order[0], 0),
+        "the register accepted a stale token"
+    );
+
+    // And the restarted member serves a fresh client.
+    let coord = coord_etcd::connect(&format!("etcd://127.0.0.1:{}", cluster.client_port(leader)))
+        .await
+        .unwrap();
+    let owner = OwnerToken::random();
+    let lock = coord.raw_lock().unwrap();
+    let ttl = coord.capabilities().min_ttl;
+    let t = lock
+        .try_acquire("after-restart", &owner, ttl)
+        .await
+        .unwrap();
+    assert!(matches!(t, coord_core::Attempt::Granted(tok) if tok > *order.last().unwrap()));
+    assert!(lock.release("after-restart", &owner).await.unwrap());
+}

@@ -1,0 +1,238 @@
+//! Tests that need an etcd of their own: counting the server's gRPC calls,
+//! authentication, what happens when the client is dropped or the server
+//! goes away.
+
+use std::time::Duration;
+
+use conformance::testkit::etcd::EtcdServer;
+use coord_core::{Error, Lock, OwnerToken};
+use coord_etcd::{EtcdBackend, EtcdOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+fn lease_grants(server: &EtcdServer) -> f64 {
+    server.metric(
+        "grpc_server_handled_total",
+        &["grpc_method=\"LeaseGrant\"", "grpc_code=\"OK\""],
+    )
+}
+
+/// An uncontended acquire + release on a warm session grants no lease:
+/// the session lease is granted once and shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_session_acquire_release_makes_no_lease_grant() {
+    let server = EtcdServer::start();
+    let coord = coord_etcd::connect(&server.url()).await.unwrap();
+    let locks = coord.locks().unwrap();
+    let ttl = Duration::from_secs(5);
+    // Warm up: the session for this TTL.
+    locks
+        .acquire("warm", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let grants_before = lease_grants(&server);
+    let txns_before = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]);
+    assert!(
+        grants_before >= 1.0,
+        "the metric is missing: {grants_before}"
+    );
+    const CYCLES: u32 = 50;
+    let start = Instant::now();
+    for i in 0..CYCLES {
+        let g = locks
+            .acquire(&format!("warm-{}", i % 3), ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    let per_cycle = start.elapsed() / CYCLES;
+    let grants_after = lease_grants(&server);
+    let txns = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]) - txns_before;
+    eprintln!(
+        "{CYCLES} acquire+release cycles: {per_cycle:?} each, {txns} Txn calls, {} LeaseGrant calls",
+        grants_after - grants_before
+    );
+    assert_eq!(
+        grants_after, grants_before,
+        "an uncontended acquire + release on a warm session granted a lease"
+    );
+    assert_eq!(
+        txns,
+        f64::from(CYCLES) * 2.0,
+        "one txn to acquire, one to release"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_with_right_and_wrong_password() {
+    let server = EtcdServer::start();
+    let pw = "s3cret-Pa55";
+    let mut admin = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let _ = admin.role_add("root").await;
+    admin.user_add("root", pw, None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    // Right password: everything works.
+    let url = format!("etcd://root:{pw}@{}", server.endpoint());
+    let coord = coord_etcd::connect(&url)
+        .await
+        .expect("login with the right password");
+    assert!(!format!("{coord:?}").contains(pw));
+    let g = coord
+        .locks()
+        .unwrap()
+        .acquire("auth-lock", Duration::from_secs(5), Duration::ZERO)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let opts = EtcdOptions::parse(&url).unwrap();
+    assert!(!format!("{opts:?}").contains(pw));
+
+    // Wrong password: refused, and the password appears nowhere.
+    let wrong = "wr0ng-Pa55";
+    let e = coord_etcd::connect(&format!("etcd://root:{wrong}@{}", server.endpoint()))
+        .await
+        .expect_err("login with a wrong password must fail");
+    let shown = format!("{e} {e:?}");
+    assert!(matches!(e, Error::Store { .. }), "{shown}");
+    assert!(shown.contains("auth"), "{shown}");
+    assert!(!shown.contains(wrong) && !shown.contains(pw), "{shown}");
+
+    // No credentials at all: nothing can be written.
+    if let Ok(anon) = coord_etcd::connect(&server.url()).await {
+        let r = anon
+            .locks()
+            .unwrap()
+            .acquire("auth-lock", Duration::from_secs(5), Duration::ZERO)
+            .await;
+        assert!(r.is_err(), "an anonymous client took a lock: {r:?}");
+    }
+}
+
+/// Dropping the client ends its background tasks: its watch streams close
+/// and its session lease is no longer kept alive, so the server expires it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_client_ends_its_tasks() {
+    let server = EtcdServer::start();
+    let backend = EtcdBackend::connect(EtcdOptions::parse(&server.url()).unwrap())
+        .await
+        .unwrap();
+    let coord = backend.coord();
+    let ttl = backend.capabilities().min_ttl;
+    // Some activity with watches: a queued waiter and an election observer.
+    let other = coord_etcd::connect(&server.url()).await.unwrap();
+    let held = other
+        .locks()
+        .unwrap()
+        .acquire("drop-lock", ttl * 5, Duration::ZERO)
+        .await
+        .unwrap();
+    let waiting = coord
+        .locks()
+        .unwrap()
+        .acquire("drop-lock", ttl, Duration::from_millis(300))
+        .await;
+    assert!(matches!(waiting, Err(Error::Timeout { .. })), "{waiting:?}");
+    let w = coord_core::Election::subscribe(&*backend, "drop-election")
+        .await
+        .unwrap();
+    let leases = backend.session_leases();
+    assert!(!leases.is_empty());
+    assert!(server.metric("etcd_debugging_mvcc_watch_stream_total", &[]) >= 1.0);
+    drop(w);
+    drop(coord);
+    drop(backend);
+    held.release().await.unwrap();
+    drop(other);
+
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let until = Instant::now() + ttl + Duration::from_secs(5);
+    for id in leases {
+        loop {
+            let left = raw.lease_time_to_live(id, None).await.unwrap().ttl();
+            if left < 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "session lease {id} still alive ({left} s): its keepalive task outlived the client"
+            );
+            sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let streams = server.metric("etcd_debugging_mvcc_watch_stream_total", &[]);
+    assert_eq!(
+        streams, 0.0,
+        "watch streams left open after the client was dropped"
+    );
+}
+
+/// Keepalives failing until the validity deadline fire the guard's lost
+/// signal, before the server would expire the lock, and `extend` fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_signal_fires_when_etcd_goes_away() {
+    let server = EtcdServer::start();
+    let url = format!("{}?timeout_ms=500", server.url());
+    let backend = EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+        .await
+        .unwrap();
+    let coord = backend.coord();
+    let ttl = backend.capabilities().min_ttl * 2;
+    let g = coord
+        .locks()
+        .unwrap()
+        .acquire_with("gone", coord_core::LockOptions::new(ttl).watchdog(true))
+        .await
+        .unwrap();
+    let owner_check = OwnerToken::random();
+    let start = Instant::now();
+    drop(server);
+    timeout(ttl + Duration::from_secs(2), g.lost())
+        .await
+        .expect("the lost signal did not fire");
+    assert!(
+        start.elapsed() <= ttl,
+        "fired after the TTL: {:?}",
+        start.elapsed()
+    );
+    assert!(!g.is_valid());
+    let r = backend.extend("gone", &owner_check, ttl).await;
+    assert!(!matches!(r, Ok(true)));
+}
+
+/// A session lease revoked behind the client's back (as an expiry would):
+/// `extend` answers false, so the watchdog reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_session_makes_extend_fail() {
+    let server = EtcdServer::start();
+    let backend = EtcdBackend::connect(EtcdOptions::parse(&server.url()).unwrap())
+        .await
+        .unwrap();
+    let ttl = backend.capabilities().min_ttl * 3;
+    let o = OwnerToken::random();
+    assert!(matches!(
+        backend.try_acquire("revoked", &o, ttl).await.unwrap(),
+        coord_core::Attempt::Granted(_)
+    ));
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    for id in backend.session_leases() {
+        raw.lease_revoke(id).await.unwrap();
+    }
+    assert!(!backend.extend("revoked", &o, ttl).await.unwrap());
+    assert!(!backend.release("revoked", &o).await.unwrap());
+    // A new session is made on demand.
+    assert!(matches!(
+        backend.try_acquire("revoked", &o, ttl).await.unwrap(),
+        coord_core::Attempt::Granted(_)
+    ));
+    assert!(backend.release("revoked", &o).await.unwrap());
+}
