@@ -1,0 +1,693 @@
+//! A real PostgreSQL 15 cluster (Debian package `postgresql-15`) and a
+//! real PgBouncer (Debian package `pgbouncer`) for tests.
+//!
+//! - [`cluster()`] is the one throwaway cluster of a test binary: `initdb`
+//!   into a fresh temp folder the first time it is asked for, started on a
+//!   free loopback port (unix socket in the same folder), and stopped and
+//!   deleted when the test binary exits. Superuser `postgres` connects over
+//!   TCP without a password; every other role must use SCRAM.
+//! - [`PgCluster::stop`], [`PgCluster::start`], [`PgCluster::restart`] and
+//!   [`PgCluster::crash`] act on it in place (same port, same data).
+//! - [`PgCluster::create_tls`] makes a private cluster that requires TLS,
+//!   with a throwaway CA ([`PgCluster::ca_cert`]).
+//! - [`PgCluster::create_role`] makes a role with a SCRAM password;
+//!   [`PgCluster::create_database`] a fresh database.
+//! - [`pgbouncer()`] is a PgBouncer in transaction pooling mode in front of
+//!   the cluster, started once per test binary.
+//!
+//! The server binaries refuse to run as root: when the tests run as root
+//! they are run as the `postgres` user (`runuser -u postgres --`), with the
+//! folder owned by it.
+//!
+//! Lifetime: each server is driven by an `sh` wrapper whose stdin is a pipe
+//! held (in a static) by the test process. The wrapper reads commands
+//! (`start <port>`, `stop <mode>`) from it; when the test process exits —
+//! normally, by panic or by a signal — the pipe closes, and the wrapper
+//! stops the server and removes the folder. The kit keeps no client
+//! connection in statics: every test runs in its own tokio runtime, so
+//! clients belong to tests.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::port::free_port;
+
+/// The folder of the PostgreSQL binaries: `$PG_BIN`, else
+/// `/usr/lib/postgresql/15/bin`. Panics naming the Debian package if
+/// `initdb` is not there.
+pub fn pg_bin() -> PathBuf {
+    let dir = std::env::var_os("PG_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin"));
+    if !dir.join("initdb").is_file() || !dir.join("pg_ctl").is_file() {
+        panic!(
+            "PostgreSQL server binaries not found in {} (looked for initdb and pg_ctl; set $PG_BIN \
+             to override). Install the Debian package `postgresql-15`: \
+             `apt-get install -y postgresql-15`",
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// Where `pgbouncer` is: `$PGBOUNCER`, else `/usr/sbin/pgbouncer`. Panics
+/// naming the Debian package if missing.
+pub fn pgbouncer_binary() -> PathBuf {
+    let p = std::env::var_os("PGBOUNCER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/sbin/pgbouncer"));
+    if !p.is_file() {
+        panic!(
+            "pgbouncer not found at {} (set $PGBOUNCER to override). Install the Debian package \
+             `pgbouncer`: `apt-get install -y pgbouncer`",
+            p.display()
+        );
+    }
+    p
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// The command prefix that runs a server binary as a non-root user.
+fn as_postgres() -> Vec<String> {
+    if is_root() {
+        vec![
+            "runuser".into(),
+            "-u".into(),
+            "postgres".into(),
+            "--".into(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
+
+fn run_as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
+    let prefix = as_postgres();
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()))
+}
+
+/// A folder under the temp dir, owned by `postgres` when we are root.
+fn temp_folder(tag: &str) -> PathBuf {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "coord-{tag}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create a temp dir for the test server");
+    if is_root() {
+        let st = Command::new("chown")
+            .arg("postgres:postgres")
+            .arg(&dir)
+            .status()
+            .expect("run chown");
+        assert!(st.success(), "chown postgres {} failed", dir.display());
+    }
+    dir
+}
+
+/// The control wrapper of the cluster. Commands on stdin, one answer line
+/// (`ok` / `fail`) each on stdout; on EOF: stop the server, remove the
+/// folder.
+const CLUSTER_WRAPPER: &str = r#"
+D="$1"; BIN="$2"; shift 2
+trap '' INT HUP
+while read -r cmd arg; do
+  case "$cmd" in
+    start)
+      if "$@" "$BIN/pg_ctl" -D "$D/data" -w -t 30 -l "$D/server.log" \
+           -o "-p $arg -k $D -c listen_addresses=127.0.0.1" start >>"$D/ctl.log" 2>&1
+      then echo ok; else echo fail; fi ;;
+    stop)
+      "$@" "$BIN/pg_ctl" -D "$D/data" -w -t 30 -m "$arg" stop >>"$D/ctl.log" 2>&1
+      echo ok ;;
+    *) echo fail ;;
+  esac
+done
+"$@" "$BIN/pg_ctl" -D "$D/data" -w -t 30 -m fast stop >/dev/null 2>&1
+rm -rf "$D"
+"#;
+
+struct Control {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Control {
+    fn send(&mut self, line: &str) -> bool {
+        if writeln!(self.stdin, "{line}").is_err() || self.stdin.flush().is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        match self.stdout.read_line(&mut answer) {
+            Ok(n) if n > 0 => answer.trim() == "ok",
+            _ => false,
+        }
+    }
+}
+
+/// A throwaway PostgreSQL cluster on a loopback port. See the module docs.
+pub struct PgCluster {
+    dir: PathBuf,
+    port: Mutex<u16>,
+    control: Mutex<Control>,
+}
+
+impl std::fmt::Debug for PgCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgCluster")
+            .field("dir", &self.dir)
+            .field("port", &self.port())
+            .finish()
+    }
+}
+
+/// The shared cluster of this test binary, created and started on first
+/// use.
+pub fn cluster() -> &'static PgCluster {
+    static CLUSTER: OnceLock<PgCluster> = OnceLock::new();
+    CLUSTER.get_or_init(PgCluster::create)
+}
+
+/// The shared cluster's URL as superuser `postgres`, database `postgres`.
+pub fn url() -> String {
+    cluster().url()
+}
+
+impl PgCluster {
+    /// `initdb` a new cluster in a temp folder and start it on a free port.
+    pub fn create() -> PgCluster {
+        Self::create_with(false)
+    }
+
+    /// Like [`create`](Self::create), with TLS: a fresh test CA signs a
+    /// server certificate for `localhost` / `127.0.0.1`, and TCP
+    /// connections MUST use TLS (`hostssl`; plain `host` is rejected).
+    /// [`ca_cert`](Self::ca_cert) is the CA to trust. Needs `openssl`
+    /// (Debian package `openssl`).
+    pub fn create_tls() -> PgCluster {
+        Self::create_with(true)
+    }
+
+    fn create_with(tls: bool) -> PgCluster {
+        let bin = pg_bin();
+        let dir = temp_folder("pg");
+        let data = dir.join("data");
+        let data_s = data.to_string_lossy().to_string();
+        let out = run_as_postgres(
+            &bin.join("initdb"),
+            &[
+                "-D",
+                &data_s,
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-A",
+                "trust",
+                "--no-sync",
+            ],
+        );
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(&dir);
+            panic!(
+                "initdb failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // Superuser over TCP without password (the suite); every other role
+        // with SCRAM (the authentication tests).
+        let mut hba = "local all all trust\n\
+                       host all postgres 127.0.0.1/32 trust\n\
+                       host all all 127.0.0.1/32 scram-sha-256\n"
+            .to_string();
+        let mut conf = "max_connections = 400\n\
+                        password_encryption = 'scram-sha-256'\n\
+                        shared_buffers = 64MB\n\
+                        log_min_messages = warning\n"
+            .to_string();
+        if tls {
+            let certs = make_test_certificates(&dir.join("tls"));
+            hba = "local all all trust\n\
+                   hostssl all postgres 127.0.0.1/32 trust\n\
+                   hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                   host all all 127.0.0.1/32 reject\n"
+                .to_string();
+            conf.push_str(&format!(
+                "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                certs.join("server.crt").display(),
+                certs.join("server.key").display()
+            ));
+        }
+        let write = |name: &str, text: &str, append: bool| {
+            let path = data.join(name);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+            f.write_all(text.as_bytes())
+                .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        };
+        write("pg_hba.conf", &hba, false);
+        write("postgresql.conf", &conf, true);
+
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(CLUSTER_WRAPPER)
+            .arg("coord-pg-wrapper")
+            .arg(&dir)
+            .arg(&bin)
+            .args(as_postgres())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn the sh wrapper of PostgreSQL");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let cluster = PgCluster {
+            dir,
+            port: Mutex::new(0),
+            control: Mutex::new(Control {
+                _child: child,
+                stdin,
+                stdout,
+            }),
+        };
+        for _ in 0..5 {
+            let port = free_port();
+            *cluster.port.lock().unwrap_or_else(|p| p.into_inner()) = port;
+            if cluster.control().send(&format!("start {port}")) {
+                return cluster;
+            }
+        }
+        panic!("PostgreSQL did not start; its log:\n{}", cluster.log());
+    }
+
+    fn control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The PEM file of the CA that signed the server certificate of a
+    /// [`create_tls`](Self::create_tls) cluster.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("tls").join("ca.crt")
+    }
+
+    /// The PEM file of another CA, which did NOT sign the server
+    /// certificate (for verification-failure tests).
+    pub fn other_ca_cert(&self) -> PathBuf {
+        self.dir.join("tls").join("other-ca.crt")
+    }
+
+    /// The folder holding the data directory, the unix socket and the logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+            + &std::fs::read_to_string(self.dir.join("ctl.log")).unwrap_or_default()
+    }
+
+    /// The TCP port (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        *self.port.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres?sslmode=disable`.
+    pub fn url(&self) -> String {
+        self.url_for("postgres")
+    }
+
+    /// The superuser URL of database `db`.
+    pub fn url_for(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+            self.port()
+        )
+    }
+
+    /// The URL of `user` with `password` on database `db`.
+    pub fn url_as(&self, user: &str, password: &str, db: &str) -> String {
+        format!(
+            "postgres://{user}:{password}@127.0.0.1:{}/{db}?sslmode=disable",
+            self.port()
+        )
+    }
+
+    /// Run SQL as the superuser through `psql` over the unix socket;
+    /// returns its unaligned, tuples-only output. Panics on error.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        let bin = pg_bin();
+        let dir = self.dir.to_string_lossy().to_string();
+        let port = self.port().to_string();
+        let out = run_as_postgres(
+            &bin.join("psql"),
+            &[
+                "-X",
+                "-q",
+                "-At",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                &dir,
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-d",
+                db,
+                "-c",
+                sql,
+            ],
+        );
+        if !out.status.success() {
+            panic!(
+                "psql failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    /// Create a fresh, empty database; returns its superuser URL.
+    pub fn create_database(&self, name: &str) -> String {
+        self.psql("postgres", &format!("CREATE DATABASE \"{name}\""));
+        self.url_for(name)
+    }
+
+    /// Create a login role with a SCRAM-SHA-256 password, allowed to
+    /// create schemas in database `db`; returns its URL.
+    pub fn create_role(&self, user: &str, password: &str, db: &str) -> String {
+        let pw = password.replace('\'', "''");
+        self.psql(
+            "postgres",
+            &format!(
+                "SET password_encryption = 'scram-sha-256'; \
+                 CREATE ROLE \"{user}\" LOGIN PASSWORD '{pw}'; \
+                 GRANT CREATE, CONNECT ON DATABASE \"{db}\" TO \"{user}\""
+            ),
+        );
+        self.url_as(user, password, db)
+    }
+
+    /// Stop the server (`pg_ctl stop -m fast`: clients are disconnected,
+    /// data is kept). Returns once it has stopped.
+    pub fn stop(&self) {
+        self.control().send("stop fast");
+    }
+
+    /// Stop the server like a crash (`pg_ctl stop -m immediate`: no
+    /// checkpoint; the next start replays the WAL).
+    pub fn crash(&self) {
+        self.control().send("stop immediate");
+    }
+
+    /// Start it again on the same port, with the same data. Retries for up
+    /// to 30 s (the port may linger). Panics with the log if it cannot.
+    pub fn start(&self) {
+        let port = self.port();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.control().send(&format!("start {port}")) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!(
+            "PostgreSQL did not start again on port {port}; its log:\n{}",
+            self.log()
+        );
+    }
+
+    /// [`stop`](Self::stop) then [`start`](Self::start).
+    pub fn restart(&self) {
+        self.stop();
+        self.start();
+    }
+}
+
+/// Make a test CA, another CA, and a server certificate for `localhost` /
+/// `127.0.0.1` signed by the first, in `dir` (owned by `postgres` when we
+/// are root, key mode 0600, as the server requires).
+fn make_test_certificates(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("create the tls folder");
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run openssl ({e}). Install the Debian package `openssl`: \
+                     `apt-get install -y openssl`"
+                )
+            });
+        assert!(
+            out.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for ca in ["ca", "other-ca"] {
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{ca}.key"),
+            "-out",
+            &format!("{ca}.crt"),
+            "-days",
+            "3",
+            "-subj",
+            &format!("/CN=coord test {ca}"),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ]);
+    }
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n\
+         basicConstraints=critical,CA:FALSE\n\
+         keyUsage=critical,digitalSignature\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .expect("write server.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "3",
+        "-extfile",
+        "server.ext",
+    ]);
+    if is_root() {
+        let _ = Command::new("chown")
+            .arg("-R")
+            .arg("postgres:postgres")
+            .arg(dir)
+            .status();
+    }
+    let _ = Command::new("chmod")
+        .arg("600")
+        .arg(dir.join("server.key"))
+        .status();
+    dir.to_path_buf()
+}
+
+/// The control wrapper of PgBouncer: run it until stdin closes, then kill
+/// it (by its pid file) and remove the folder.
+const BOUNCER_WRAPPER: &str = r#"
+D="$1"; BIN="$2"; shift 2
+trap '' INT HUP
+"$@" "$BIN" "$D/pgbouncer.ini" >"$D/pgbouncer.out" 2>&1 </dev/null &
+pid=$!
+cat >/dev/null
+if [ -f "$D/pgbouncer.pid" ]; then kill "$(cat "$D/pgbouncer.pid")" 2>/dev/null; fi
+kill $pid 2>/dev/null
+wait $pid
+rm -rf "$D"
+"#;
+
+/// A PgBouncer in transaction pooling mode in front of [`cluster()`].
+pub struct PgBouncer {
+    dir: PathBuf,
+    port: u16,
+    _child: Mutex<Child>,
+}
+
+impl std::fmt::Debug for PgBouncer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBouncer")
+            .field("dir", &self.dir)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+/// The shared PgBouncer of this test binary (transaction pooling, in front
+/// of [`cluster()`]), started on first use.
+pub fn pgbouncer() -> &'static PgBouncer {
+    static BOUNCER: OnceLock<PgBouncer> = OnceLock::new();
+    BOUNCER.get_or_init(|| PgBouncer::start(cluster()))
+}
+
+impl PgBouncer {
+    /// Start a PgBouncer in transaction pooling mode in front of `pg`.
+    pub fn start(pg: &PgCluster) -> PgBouncer {
+        let bin = pgbouncer_binary();
+        let mut last = String::new();
+        for _ in 0..5 {
+            let dir = temp_folder("pgbouncer");
+            let port = free_port();
+            let ini = format!(
+                "[databases]\n\
+                 * = host=127.0.0.1 port={pg_port}\n\
+                 [pgbouncer]\n\
+                 listen_addr = 127.0.0.1\n\
+                 listen_port = {port}\n\
+                 unix_socket_dir =\n\
+                 auth_type = trust\n\
+                 auth_file = {d}/userlist.txt\n\
+                 pool_mode = transaction\n\
+                 max_client_conn = 1000\n\
+                 default_pool_size = 40\n\
+                 server_reset_query =\n\
+                 ignore_startup_parameters = extra_float_digits,options\n\
+                 pidfile = {d}/pgbouncer.pid\n\
+                 logfile = {d}/pgbouncer.log\n",
+                pg_port = pg.port(),
+                d = dir.display()
+            );
+            std::fs::write(dir.join("pgbouncer.ini"), ini).expect("write pgbouncer.ini");
+            std::fs::write(dir.join("userlist.txt"), "\"postgres\" \"\"\n")
+                .expect("write userlist.txt");
+            if is_root() {
+                let _ = Command::new("chown")
+                    .arg("-R")
+                    .arg("postgres:postgres")
+                    .arg(&dir)
+                    .status();
+            }
+            let child = Command::new("sh")
+                .arg("-c")
+                .arg(BOUNCER_WRAPPER)
+                .arg("coord-pgbouncer-wrapper")
+                .arg(&dir)
+                .arg(&bin)
+                .args(as_postgres())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn the sh wrapper of pgbouncer");
+            let bouncer = PgBouncer {
+                dir,
+                port,
+                _child: Mutex::new(child),
+            };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return bouncer;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            last = bouncer.log();
+            // Dropping the Child does not close its stdin; do it to stop it.
+            let mut child = bouncer
+                ._child
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner());
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+        panic!("pgbouncer did not start; its log:\n{last}");
+    }
+
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+            + &std::fs::read_to_string(self.dir.join("pgbouncer.out")).unwrap_or_default()
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/<db>?sslmode=disable` through
+    /// PgBouncer.
+    pub fn url_for(&self, db: &str) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+            self.port
+        )
+    }
+
+    /// The URL of database `postgres` through PgBouncer.
+    pub fn url(&self) -> String {
+        self.url_for("postgres")
+    }
+}

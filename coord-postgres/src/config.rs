@@ -1,0 +1,490 @@
+//! Connection settings: URL parsing, TLS, identifiers.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::util::{Secret, redact_url_passwords};
+use coord_core::{Error, Result};
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// The schema used when none is configured.
+pub const DEFAULT_SCHEMA: &str = "coord";
+
+/// Longest accepted schema name, so that `<schema>_wake` (the NOTIFY
+/// channel) stays within PostgreSQL's 63-byte identifier limit.
+pub const MAX_SCHEMA_LEN: usize = 48;
+
+/// Check an SQL identifier taken from configuration (schema, table,
+/// column): ASCII letters, digits and `_`, not starting with a digit,
+/// 1..=63 bytes. It is then always written double-quoted.
+pub(crate) fn identifier(field: &'static str, value: &str, max: usize) -> Result<()> {
+    let ok_first = value
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let ok_rest = value.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok_first || !ok_rest || value.len() > max {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "must be 1..={max} ASCII letters, digits or underscores, not starting with a digit"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How the server certificate is checked (libpq's `sslmode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// `sslmode=disable`: plain TCP.
+    Disable,
+    /// `sslmode=prefer` (the libpq default): TLS if the server offers it,
+    /// certificate not checked unless `sslrootcert` is given.
+    Prefer,
+    /// `sslmode=require`: TLS or fail; certificate not checked unless
+    /// `sslrootcert` is given (then as `verify-ca`), as in libpq.
+    Require,
+    /// `sslmode=verify-ca`: TLS, certificate chain checked against
+    /// `sslrootcert` (default `~/.postgresql/root.crt`), host name not.
+    VerifyCa,
+    /// `sslmode=verify-full`: TLS, chain and host name checked.
+    VerifyFull,
+}
+
+/// A parsed connection URL: the tokio-postgres configuration plus what
+/// coord handles itself. Its `Debug` never shows the password.
+#[derive(Clone)]
+pub(crate) struct ParsedUrl {
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) tls: TlsMode,
+    pub(crate) root_cert: Option<PathBuf>,
+    pub(crate) schema: Option<String>,
+    pub(crate) listen: Option<bool>,
+    /// A printable form with the password removed.
+    pub(crate) display: String,
+}
+
+impl fmt::Debug for ParsedUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ParsedUrl")
+            .field("url", &self.display)
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parse a `postgres://` / `postgresql://` URL. Query parameters handled
+/// here and removed before tokio-postgres sees the rest: `sslmode` (all five
+/// libpq values), `sslrootcert`, `coord_schema`, `coord_listen`.
+pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
+    let raw = url.expose();
+    let display = redact_url_passwords(raw);
+    let mut parsed = url::Url::parse(raw)
+        .map_err(|e| Error::Config(format!("invalid PostgreSQL URL `{display}`: {e}")))?;
+    match parsed.scheme() {
+        "postgres" | "postgresql" => {}
+        other => {
+            return Err(Error::Config(format!(
+                "`{display}`: the scheme is `{other}`; the PostgreSQL backend takes postgres:// or postgresql:// URLs"
+            )));
+        }
+    }
+    let mut tls = TlsMode::Prefer;
+    let mut root_cert = None;
+    let mut schema = None;
+    let mut listen = None;
+    let mut rest: Vec<(String, String)> = Vec::new();
+    for (k, v) in parsed.query_pairs() {
+        match &*k {
+            "sslmode" => {
+                tls = match &*v {
+                    "disable" | "allow" => TlsMode::Disable,
+                    "prefer" => TlsMode::Prefer,
+                    "require" => TlsMode::Require,
+                    "verify-ca" => TlsMode::VerifyCa,
+                    "verify-full" => TlsMode::VerifyFull,
+                    other => {
+                        return Err(Error::Config(format!(
+                            "`{display}`: sslmode `{other}` is unknown; use disable, prefer, require, verify-ca or verify-full"
+                        )));
+                    }
+                }
+            }
+            "sslrootcert" => {
+                if v == "system" {
+                    return Err(Error::Config(
+                        "sslrootcert=system is not supported; give the path of a PEM file with the CA certificates".into(),
+                    ));
+                }
+                root_cert = Some(PathBuf::from(&*v));
+            }
+            "coord_schema" => {
+                identifier("coord_schema", &v, MAX_SCHEMA_LEN)?;
+                schema = Some(v.to_string());
+            }
+            "coord_listen" => {
+                listen = Some(match &*v {
+                    "true" | "on" | "1" => true,
+                    "false" | "off" | "0" => false,
+                    other => {
+                        return Err(Error::Config(format!(
+                            "`{display}`: coord_listen `{other}` must be true or false"
+                        )));
+                    }
+                })
+            }
+            _ => rest.push((k.into_owned(), v.into_owned())),
+        }
+    }
+    if rest.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(rest);
+    }
+    let mut pg = tokio_postgres::Config::from_str(parsed.as_str()).map_err(|e| {
+        Error::Config(format!(
+            "invalid PostgreSQL URL `{display}`: {}",
+            redact_url_passwords(&e.to_string())
+        ))
+    })?;
+    pg.ssl_mode(match tls {
+        TlsMode::Disable => tokio_postgres::config::SslMode::Disable,
+        TlsMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    if pg.get_application_name().is_none() {
+        pg.application_name("coord");
+    }
+    if pg.get_user().is_none() {
+        if let Ok(user) = std::env::var("USER") {
+            pg.user(user);
+        }
+    }
+    Ok(ParsedUrl {
+        pg,
+        tls,
+        root_cert,
+        schema,
+        listen,
+        display,
+    })
+}
+
+/// Build the TLS connector for a mode (never used with `Disable`).
+pub(crate) fn tls_connector(
+    mode: TlsMode,
+    root_cert: Option<&PathBuf>,
+) -> Result<MakeRustlsConnect> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Config(format!("TLS setup failed: {e}")))?;
+    let load_roots = |path: &PathBuf| -> Result<RootCertStore> {
+        let mut roots = RootCertStore::empty();
+        let certs = CertificateDer::pem_file_iter(path).map_err(|e| {
+            Error::Config(format!("cannot read sslrootcert `{}`: {e}", path.display()))
+        })?;
+        for cert in certs {
+            let cert = cert.map_err(|e| {
+                Error::Config(format!(
+                    "cannot parse sslrootcert `{}`: {e}",
+                    path.display()
+                ))
+            })?;
+            roots.add(cert).map_err(|e| {
+                Error::Config(format!("bad certificate in `{}`: {e}", path.display()))
+            })?;
+        }
+        if roots.is_empty() {
+            return Err(Error::Config(format!(
+                "sslrootcert `{}` holds no certificate",
+                path.display()
+            )));
+        }
+        Ok(roots)
+    };
+    let default_root =
+        || std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".postgresql/root.crt"));
+    let config = match (mode, root_cert) {
+        (TlsMode::Disable | TlsMode::Prefer | TlsMode::Require, None) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+            .with_no_client_auth(),
+        (TlsMode::VerifyFull, given) => {
+            let path = given
+                .cloned()
+                .or_else(default_root)
+                .ok_or_else(|| Error::Config("sslmode=verify-full needs sslrootcert".into()))?;
+            builder
+                .with_root_certificates(load_roots(&path)?)
+                .with_no_client_auth()
+        }
+        (_, given) => {
+            let path = given
+                .cloned()
+                .or_else(default_root)
+                .ok_or_else(|| Error::Config("sslmode=verify-ca needs sslrootcert".into()))?;
+            let inner =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(load_roots(&path)?), provider)
+                    .build()
+                    .map_err(|e| Error::Config(format!("TLS setup failed: {e}")))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(VerifyCa(inner)))
+                .with_no_client_auth()
+        }
+    };
+    Ok(MakeRustlsConnect::new(config))
+}
+
+/// libpq's `prefer`/`require` without a root certificate: encrypt, do not
+/// authenticate the server. Signatures are still checked.
+#[derive(Debug)]
+struct NoVerify(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for NoVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// libpq's `verify-ca`: the chain must lead to a trusted root; the host
+/// name is not compared.
+#[derive(Debug)]
+struct VerifyCa(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for VerifyCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
+    }
+}
+
+/// Options of a PostgreSQL connection; build with [`crate::builder`].
+///
+/// `Debug` shows the URL with its password replaced by `<redacted>`.
+#[derive(Clone)]
+#[must_use]
+pub struct PostgresBuilder {
+    pub(crate) url: Secret,
+    pub(crate) listen_url: Option<Secret>,
+    pub(crate) schema: Option<String>,
+    pub(crate) call_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) pool_size: usize,
+    pub(crate) listen: Option<bool>,
+}
+
+impl fmt::Debug for PostgresBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBuilder")
+            .field("url", &redact_url_passwords(self.url.expose()))
+            .field(
+                "listen_url",
+                &self
+                    .listen_url
+                    .as_ref()
+                    .map(|u| redact_url_passwords(u.expose())),
+            )
+            .field("schema", &self.schema)
+            .field("call_timeout", &self.call_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pool_size", &self.pool_size)
+            .field("listen", &self.listen)
+            .finish()
+    }
+}
+
+impl PostgresBuilder {
+    pub(crate) fn new(url: &str) -> Self {
+        PostgresBuilder {
+            url: Secret::new(url),
+            listen_url: None,
+            schema: None,
+            call_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            pool_size: 8,
+            listen: None,
+        }
+    }
+
+    /// The schema holding coord's tables (default `coord`, or the URL's
+    /// `coord_schema` parameter). It plays the role of the key prefix of
+    /// other backends: two applications with different schemas never see
+    /// each other's locks. ASCII letters, digits and `_`, at most 48 bytes;
+    /// checked by `connect`.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The time limit of every call, including waiting for a pooled
+    /// connection (default 5 s). When it fires the call fails with
+    /// [`Error::Unavailable`].
+    pub fn call_timeout(mut self, limit: Duration) -> Self {
+        self.call_timeout = limit;
+        self
+    }
+
+    /// The time limit for opening one connection (default 5 s).
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
+
+    /// The most pooled connections for statements (default 8; the
+    /// listening connection is extra).
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size.max(1);
+        self
+    }
+
+    /// Whether to open the LISTEN connection that wakes waiters (default
+    /// true, or the URL's `coord_listen`). Without it, or when the
+    /// connection cannot receive notifications (PgBouncer in transaction
+    /// mode), `Capabilities::notifications` is false and waiters poll.
+    pub fn listen(mut self, on: bool) -> Self {
+        self.listen = Some(on);
+        self
+    }
+
+    /// A separate URL for the LISTEN connection: a direct connection to
+    /// the server when statements go through PgBouncer in transaction
+    /// pooling mode, where LISTEN cannot work.
+    pub fn listen_url(mut self, url: &str) -> Self {
+        self.listen_url = Some(Secret::new(url));
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_and_never_print_passwords() {
+        let p = parse_url(&Secret::new(
+            "postgres://alice:hunter2@127.0.0.1:5433/app?sslmode=verify-ca&sslrootcert=/x.pem&coord_schema=locks_1&coord_listen=false&connect_timeout=3",
+        ))
+        .unwrap();
+        assert_eq!(p.tls, TlsMode::VerifyCa);
+        assert_eq!(p.schema.as_deref(), Some("locks_1"));
+        assert_eq!(p.listen, Some(false));
+        assert_eq!(p.pg.get_user(), Some("alice"));
+        assert_eq!(p.pg.get_password(), Some(&b"hunter2"[..]));
+        assert_eq!(p.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        let shown = format!("{p:?} {:?}", p.pg);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        let b = PostgresBuilder::new("postgres://alice:hunter2@h/db");
+        assert!(!format!("{b:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn bad_urls_are_config_errors_without_password() {
+        for url in [
+            "redis://alice:hunter2@h/0",
+            "postgres://alice:hunter2@h/db?sslmode=bogus",
+            "postgres://alice:hunter2@h/db?nonsense=1",
+            "postgres://alice:hunter2@h/db?coord_schema=bad-name",
+        ] {
+            let e = parse_url(&Secret::new(url)).unwrap_err();
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn identifiers() {
+        assert!(identifier("s", "coord", 48).is_ok());
+        assert!(identifier("s", "_x9", 48).is_ok());
+        for bad in ["", "9x", "a-b", "a\"b", "a b", "é"] {
+            assert!(identifier("s", bad, 48).is_err(), "{bad}");
+        }
+        assert!(identifier("s", &"a".repeat(49), 48).is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! The LISTEN connection: one per client, dispatching NOTIFY payloads
+//! (`<kind>:<name>`) to the local waiters through [`Wakeups`].
+
+use std::time::Duration;
+
+use coord_core::wake::Wakeups;
+use coord_core::{Error, Result};
+use deadpool_postgres::Pool;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::Type;
+use tokio_postgres::{AsyncMessage, Notification};
+use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::map_pg;
+
+/// How long the startup probe waits for its own NOTIFY to come back.
+const PROBE_WAIT: Duration = Duration::from_secs(2);
+/// How often an idle listening connection is checked.
+const PING_EVERY: Duration = Duration::from_secs(15);
+
+pub(crate) struct Listener {
+    pub(crate) pg: tokio_postgres::Config,
+    pub(crate) tls: MakeRustlsConnect,
+    pub(crate) channel: String,
+    pub(crate) wakeups: Wakeups,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) connect_timeout: Duration,
+}
+
+/// Dispatch one payload. Locks wake one local waiter per release; elections
+/// and barriers wake every local waiter.
+pub(crate) fn dispatch(wakeups: &Wakeups, payload: &str) {
+    match payload.split_once(':') {
+        Some(("lock", _)) => {
+            wakeups.notify_one(payload);
+        }
+        Some(("election" | "barrier", _)) => {
+            wakeups.notify_all(payload);
+        }
+        _ => {}
+    }
+}
+
+/// One live LISTEN session.
+struct Session {
+    client: tokio_postgres::Client,
+    notes: mpsc::UnboundedReceiver<Notification>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Listener {
+    async fn open(&self) -> Result<Session> {
+        let connect = async {
+            let (client, mut conn) = self
+                .pg
+                .connect(self.tls.clone())
+                .await
+                .map_err(|e| map_pg("listen connect", e))?;
+            let (tx, notes) = mpsc::unbounded_channel();
+            let driver = tokio::spawn(async move {
+                let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+                while let Some(m) = messages.next().await {
+                    match m {
+                        Ok(AsyncMessage::Notification(n)) => {
+                            if tx.send(n).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::debug!(error = %e, "coord-postgres: listening connection ended");
+                            return;
+                        }
+                    }
+                }
+            });
+            client
+                .batch_execute(&format!("LISTEN \"{}\"", self.channel))
+                .await
+                .map_err(|e| map_pg("listen", e))?;
+            Ok::<_, Error>(Session {
+                client,
+                notes,
+                driver,
+            })
+        };
+        coord_core::util::bounded("postgres", "listen connect", self.connect_timeout, connect).await
+    }
+
+    /// Whether this session really receives notifications: send one
+    /// through the statement pool and wait for it here. Through PgBouncer
+    /// in transaction mode the LISTEN is left on a server connection that is
+    /// not pinned to us, and the probe never comes back (sending it on the
+    /// listening connection itself could land on that same server
+    /// connection and pass by luck).
+    async fn probe(&self, session: &mut Session, pool: &Pool) -> Result<bool> {
+        let payload = format!("probe:{:032x}", rand::random::<u128>());
+        coord_core::util::bounded("postgres", "listen probe", self.connect_timeout, async {
+            let client = pool.get().await.map_err(|e| Error::Unavailable {
+                backend: "postgres",
+                operation: "listen probe",
+                message: e.to_string(),
+            })?;
+            client
+                .query_typed(
+                    "SELECT 1 FROM (SELECT pg_notify($1::text, $2::text)) x",
+                    &[(&self.channel, Type::TEXT), (&payload, Type::TEXT)],
+                )
+                .await
+                .map_err(|e| map_pg("listen probe", e))
+        })
+        .await?;
+        let deadline = tokio::time::Instant::now() + PROBE_WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, session.notes.recv()).await {
+                Ok(Some(n)) if n.payload() == payload => return Ok(true),
+                Ok(Some(n)) => dispatch(&self.wakeups, n.payload()),
+                Ok(None) | Err(_) => return Ok(false),
+            }
+        }
+    }
+
+    /// Open the first session and prove it receives notifications.
+    pub(crate) async fn start(self, pool: Pool, ready: oneshot::Sender<Result<bool>>) {
+        let first = match self.open().await {
+            Ok(mut s) => match self.probe(&mut s, &pool).await {
+                Ok(true) => Ok(s),
+                Ok(false) => {
+                    let _ = ready.send(Ok(false));
+                    return;
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match first {
+            Ok(session) => {
+                let _ = ready.send(Ok(true));
+                self.run(session).await;
+            }
+            Err(e) => {
+                let _ = ready.send(Err(e));
+            }
+        }
+    }
+
+    /// Dispatch until cancelled; reconnect (with backoff) when the
+    /// connection drops, then wake every local waiter once, since
+    /// notifications may have been missed meanwhile.
+    async fn run(self, mut session: Session) {
+        loop {
+            let mut ping = tokio::time::interval(PING_EVERY);
+            ping.tick().await;
+            loop {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    n = session.notes.recv() => match n {
+                        Some(n) => dispatch(&self.wakeups, n.payload()),
+                        None => break,
+                    },
+                    _ = ping.tick() => {
+                        let alive = tokio::time::timeout(
+                            self.connect_timeout,
+                            session.client.simple_query(""),
+                        )
+                        .await;
+                        if !matches!(alive, Ok(Ok(_))) {
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(session);
+            tracing::debug!(channel = %self.channel, "coord-postgres: LISTEN connection lost, reconnecting");
+            let mut backoff = Duration::from_millis(50);
+            session = loop {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    s = self.open() => match s {
+                        Ok(s) => break s,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "coord-postgres: LISTEN reconnect failed");
+                        }
+                    },
+                }
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            };
+            self.wakeups.notify_every();
+        }
+    }
+}
