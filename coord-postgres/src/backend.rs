@@ -122,6 +122,9 @@ fn token(v: i64) -> FencingToken {
 ///
 /// Dropping the last handle stops the listening task and closes the pool.
 pub struct PostgresBackend {
+    /// Statements are prepared once per pooled connection (direct
+    /// connections only).
+    prepared: bool,
     pool: Pool,
     caps: Capabilities,
     schema: String,
@@ -137,6 +140,7 @@ impl std::fmt::Debug for PostgresBackend {
         f.debug_struct("PostgresBackend")
             .field("schema", &self.schema)
             .field("notifications", &self.caps.notifications)
+            .field("prepared_statements", &self.prepared)
             .field("call_timeout", &self.call_timeout)
             .finish_non_exhaustive()
     }
@@ -232,7 +236,13 @@ impl PostgresBackend {
         caps.fencing = FencingDurability::Durable;
         caps.server_clock = true;
         caps.notifications = notifications;
+        // Named statements only where nothing in between can route the next
+        // call to another server connection (see `prepared_statements`).
+        let prepared = b
+            .prepared
+            .unwrap_or(notifications && b.listen_url.is_none());
         Ok(Arc::new(PostgresBackend {
+            prepared,
             pool,
             caps,
             schema,
@@ -271,6 +281,12 @@ impl PostgresBackend {
         &self.caps
     }
 
+    /// Whether statements are prepared once per pooled connection (see
+    /// [`PostgresBuilder::prepared_statements`](crate::PostgresBuilder::prepared_statements)).
+    pub fn prepared_statements(&self) -> bool {
+        self.prepared
+    }
+
     async fn query(
         &self,
         operation: &'static str,
@@ -279,10 +295,23 @@ impl PostgresBackend {
     ) -> Result<Vec<Row>> {
         bounded(BACKEND, operation, self.call_timeout, async {
             let client = self.pool.get().await.map_err(|e| map_pool(operation, e))?;
-            client
-                .query_typed(sql, params)
-                .await
-                .map_err(|e| map_pg(operation, e))
+            if self.prepared {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                let stmt = client
+                    .prepare_typed_cached(sql, &types)
+                    .await
+                    .map_err(|e| map_pg(operation, e))?;
+                client
+                    .query(&stmt, &values)
+                    .await
+                    .map_err(|e| map_pg(operation, e))
+            } else {
+                client
+                    .query_typed(sql, params)
+                    .await
+                    .map_err(|e| map_pg(operation, e))
+            }
         })
         .await
     }

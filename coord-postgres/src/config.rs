@@ -359,6 +359,7 @@ pub struct PostgresBuilder {
     pub(crate) connect_timeout: Duration,
     pub(crate) pool_size: usize,
     pub(crate) listen: Option<bool>,
+    pub(crate) prepared: Option<bool>,
 }
 
 impl fmt::Debug for PostgresBuilder {
@@ -377,6 +378,7 @@ impl fmt::Debug for PostgresBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("pool_size", &self.pool_size)
             .field("listen", &self.listen)
+            .field("prepared_statements", &self.prepared)
             .finish()
     }
 }
@@ -391,6 +393,7 @@ impl PostgresBuilder {
             connect_timeout: Duration::from_secs(5),
             pool_size: 8,
             listen: None,
+            prepared: None,
         }
     }
 
@@ -439,6 +442,17 @@ impl PostgresBuilder {
     /// pooling mode, where LISTEN cannot work.
     pub fn listen_url(mut self, url: &str) -> Self {
         self.listen_url = Some(Secret::new(url));
+        self
+    }
+
+    /// Whether statements are prepared once per pooled connection (named
+    /// server-side statements) instead of parsed and planned on every call.
+    /// Faster, but named statements do not survive PgBouncer's transaction
+    /// pooling. Default: on when the connection is evidently direct (the
+    /// LISTEN self-check received its notification and no separate
+    /// `listen_url` was given), off otherwise.
+    pub fn prepared_statements(mut self, on: bool) -> Self {
+        self.prepared = Some(on);
         self
     }
 }

@@ -465,3 +465,54 @@ async fn gcra_burst_admits_limit_plus_refill_and_no_more() {
         "admitted {admitted} in {elapsed:?}: limit {LIMIT} + refill {refill}"
     );
 }
+
+/// Named prepared statements are used on a direct connection and never
+/// through PgBouncer's transaction pooling (where they would break), unless
+/// asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_statements_only_on_direct_connections() {
+    let direct = coord_postgres::builder(&cluster().url())
+        .connect_backend()
+        .await
+        .unwrap();
+    assert!(direct.prepared_statements());
+    let bounced = coord_postgres::builder(&pgbouncer().url())
+        .connect_backend()
+        .await
+        .unwrap();
+    assert!(!bounced.prepared_statements());
+    let split = coord_postgres::builder(&pgbouncer().url())
+        .listen_url(&cluster().url())
+        .connect_backend()
+        .await
+        .unwrap();
+    assert!(!split.prepared_statements());
+    let off = coord_postgres::builder(&cluster().url())
+        .prepared_statements(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    assert!(!off.prepared_statements());
+    // Both modes work, on the same rows.
+    for b in [&direct, &off, &split] {
+        let coord = b.coord();
+        let name = unique("prepared");
+        let g = coord
+            .locks()
+            .unwrap()
+            .try_acquire(&name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            coord
+                .locks()
+                .unwrap()
+                .try_acquire(&name, Duration::from_secs(30))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        g.release().await.unwrap();
+    }
+}
