@@ -92,6 +92,7 @@ mod scripts;
 
 pub use backend::{RedisBackend, capabilities};
 pub use keys::Layout;
+pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;
 
 /// Connect to Redis at `url` (`redis://[user][:password@]host[:port][/db]`

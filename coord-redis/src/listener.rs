@@ -57,10 +57,15 @@ fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
     }
 }
 
+/// How often the subscriber connection is checked with a PING: a
+/// connection that died without closing (a half-open TCP connection) would
+/// otherwise leave waiters on the polling fallback until the OS noticed.
+pub const HEALTH_CHECK: Duration = Duration::from_secs(10);
+
 /// Serve the subscription until `cancel` fires (the backend was dropped),
-/// reconnecting with backoff when the connection ends; after each
-/// reconnect every local waiter is woken once, since wake-ups may have been
-/// missed meanwhile.
+/// reconnecting with backoff when the connection ends or stops answering
+/// its periodic PING; after each reconnect every local waiter is woken
+/// once, since wake-ups may have been missed meanwhile.
 pub(crate) async fn run(
     client: redis::Client,
     channel: String,
@@ -73,7 +78,9 @@ pub(crate) async fn run(
     let mut pubsub = pubsub;
     loop {
         {
-            let mut messages = pubsub.on_message();
+            let (mut sink, mut messages) = pubsub.split();
+            let mut check = tokio::time::interval(HEALTH_CHECK);
+            check.tick().await;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -81,6 +88,13 @@ pub(crate) async fn run(
                         Some(msg) => dispatch(&wakeups, msg.get_payload_bytes()),
                         None => break,
                     },
+                    _ = check.tick() => {
+                        let ping = tokio::time::timeout(limit, sink.ping::<redis::Value>()).await;
+                        if !matches!(ping, Ok(Ok(_))) {
+                            tracing::warn!(backend = BACKEND, "wake-up connection did not answer PING");
+                            break;
+                        }
+                    }
                 }
             }
         }

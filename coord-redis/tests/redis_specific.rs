@@ -704,3 +704,51 @@ async fn an_outage_gives_bounded_unavailable_errors_then_recovers() {
     granted(t);
     assert!(b.release(&name, &me).await.unwrap());
 }
+
+/// A wake-up connection that dies without closing (half-open TCP: replies
+/// and messages silently dropped) is found by the listener's PING and
+/// replaced, so waiters are woken by notifications again instead of
+/// sleeping until their polling fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_wakeup_connection_is_detected_and_replaced() {
+    let proxy = CountingProxy::start(kit::server().port());
+    let holder = backend(&kit::url()).await.into_coord();
+    let waiter = RedisOptions::new(&proxy.url())
+        .timeout(2 * SEC)
+        .connect()
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(120));
+    let name = unique("half-open");
+    let held = holder
+        .locks()
+        .unwrap()
+        .try_acquire(&name, 120 * SEC)
+        .await
+        .unwrap()
+        .unwrap();
+    let n2 = name.clone();
+    let task = tokio::spawn(async move {
+        let g = waiter
+            .locks()
+            .unwrap()
+            .acquire(&n2, 30 * SEC, Duration::from_secs(90))
+            .await;
+        (Instant::now(), g)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.freeze_subscribers();
+    // One health check period plus its timeout: the listener has noticed
+    // and subscribed again on a fresh connection.
+    tokio::time::sleep(coord_redis::HEALTH_CHECK + 4 * SEC).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (got_at, g) = task.await.unwrap();
+    let g = g.expect("the waiter gets the lock");
+    let lag = got_at - released_at;
+    assert!(
+        lag < 2 * SEC,
+        "waiter woke {lag:?} after release: the dead subscriber was not replaced"
+    );
+    g.release().await.unwrap();
+}

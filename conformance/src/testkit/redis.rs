@@ -20,7 +20,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -476,6 +476,25 @@ pub struct CountingProxy {
     port: u16,
     commands: Arc<AtomicU64>,
     names: Arc<Mutex<Vec<String>>>,
+    freeze: Arc<AtomicU64>,
+}
+
+/// What the two directions of one proxied connection share.
+struct Conn {
+    /// The client sent SUBSCRIBE on it.
+    subscriber: AtomicBool,
+    /// The freeze epoch when it was opened.
+    opened_at: u64,
+    freeze: Arc<AtomicU64>,
+}
+
+impl Conn {
+    /// A frozen connection stays open but answers nothing: a half-open
+    /// TCP connection, as a dead peer or a dropped NAT entry leaves.
+    fn frozen(&self) -> bool {
+        self.subscriber.load(Ordering::SeqCst)
+            && self.freeze.load(Ordering::SeqCst) > self.opened_at
+    }
 }
 
 impl CountingProxy {
@@ -485,7 +504,8 @@ impl CountingProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let commands = Arc::new(AtomicU64::new(0));
         let names = Arc::new(Mutex::new(Vec::new()));
-        let (c, n) = (commands.clone(), names.clone());
+        let freeze = Arc::new(AtomicU64::new(0));
+        let (c, n, f) = (commands.clone(), names.clone(), freeze.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
@@ -498,15 +518,29 @@ impl CountingProxy {
                     continue;
                 };
                 let (c, n) = (c.clone(), n.clone());
-                std::thread::spawn(move || forward_counting(client, server, c, n));
-                std::thread::spawn(move || forward(server2, client2));
+                let conn = Arc::new(Conn {
+                    subscriber: AtomicBool::new(false),
+                    opened_at: f.load(Ordering::SeqCst),
+                    freeze: f.clone(),
+                });
+                let conn2 = conn.clone();
+                std::thread::spawn(move || forward_counting(client, server, c, n, conn));
+                std::thread::spawn(move || forward(server2, client2, conn2));
             }
         });
         CountingProxy {
             port,
             commands,
             names,
+            freeze,
         }
+    }
+
+    /// Make every pub/sub connection open now go silent without closing
+    /// (replies and messages are dropped): the half-open connection a
+    /// client must detect by itself. Connections opened later work.
+    pub fn freeze_subscribers(&self) {
+        self.freeze.fetch_add(1, Ordering::SeqCst);
     }
 
     /// The port clients connect to.
@@ -530,12 +564,15 @@ impl CountingProxy {
     }
 }
 
-fn forward(mut from: TcpStream, mut to: TcpStream) {
+fn forward(mut from: TcpStream, mut to: TcpStream, conn: Arc<Conn>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if conn.frozen() {
+                    continue;
+                }
                 if to.write_all(&buf[..n]).is_err() {
                     break;
                 }
@@ -551,6 +588,7 @@ fn forward_counting(
     mut to: TcpStream,
     count: Arc<AtomicU64>,
     names: Arc<Mutex<Vec<String>>>,
+    conn: Arc<Conn>,
 ) {
     let mut buf = [0u8; 16 * 1024];
     let mut pending: Vec<u8> = Vec::new();
@@ -561,6 +599,9 @@ fn forward_counting(
                 pending.extend_from_slice(&buf[..n]);
                 while let Some((used, name)) = parse_command(&pending) {
                     pending.drain(..used);
+                    if name == "SUBSCRIBE" || name == "PSUBSCRIBE" {
+                        conn.subscriber.store(true, Ordering::SeqCst);
+                    }
                     names.lock().unwrap_or_else(|p| p.into_inner()).push(name);
                     count.fetch_add(1, Ordering::SeqCst);
                 }
