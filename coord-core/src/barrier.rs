@@ -3,12 +3,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::Barrier;
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::types::Arrival;
 use crate::wake::Waiter;
 use crate::{validate, wait};
 
@@ -72,8 +74,11 @@ impl Barriers {
     /// Errors: [`Error::Timeout`] after `timeout` (the participant has been
     /// withdrawn); [`Error::InvalidArgument`] for bad input, or a `parties`
     /// different from the one the current generation was started with
-    /// (nothing changed). Cancel-safe: a dropped wait withdraws the
-    /// participant in the background.
+    /// (nothing changed). Cancel-safe: a dropped wait (even one dropped
+    /// while its arrival was being recorded) withdraws the participant in
+    /// the background. One participant should not wait twice at the same
+    /// time: the two waits share one arrival, and either one's timeout
+    /// withdraws it.
     pub async fn wait(
         &self,
         name: &str,
@@ -92,18 +97,40 @@ impl Barriers {
             parties
         );
         async {
-            let deadline = Instant::now() + timeout;
-            let arrival = self.backend.arrive(name, parties, participant).await?;
+            let deadline = wait::deadline_in(timeout);
+            // The arrival runs in its own task: if this wait is dropped while
+            // the store records it, the guard below still learns the
+            // generation and withdraws the participant.
+            let mut pending = Pending {
+                backend: self.backend.clone(),
+                name: name.to_string(),
+                participant: participant.to_string(),
+                stage: Stage::Done,
+            };
+            let arriving = tokio::spawn(arrive(
+                self.backend.clone(),
+                name.to_string(),
+                parties,
+                participant.to_string(),
+                deadline,
+                self.settings.poll_interval,
+            ));
+            pending.stage = Stage::Arriving(arriving);
+            let arrival = match &mut pending.stage {
+                Stage::Arriving(handle) => handle.await,
+                _ => unreachable!("set just above"),
+            };
+            pending.stage = Stage::Done;
+            let arrival = arrival.map_err(|e| Error::Store {
+                backend: self.backend.capabilities().backend,
+                operation: "barrier arrive",
+                message: format!("the arrival task failed: {e}"),
+            })??;
             if arrival.complete {
                 return Ok(arrival.generation);
             }
             let generation = arrival.generation;
-            let mut pending = Withdraw {
-                backend: Some(self.backend.clone()),
-                name,
-                participant,
-                generation,
-            };
+            pending.stage = Stage::Waiting(generation);
             let waiter = match self.backend.subscribe(name).await {
                 Ok(w) => w,
                 Err(e) if e.is_retryable() => Waiter::never(),
@@ -116,7 +143,7 @@ impl Barriers {
                 let mut sleep = wait::jittered(self.settings.poll_interval);
                 match self.backend.is_complete(name, generation).await {
                     Ok(true) => {
-                        pending.backend = None;
+                        pending.stage = Stage::Done;
                         return Ok(generation);
                     }
                     Ok(false) => {}
@@ -127,8 +154,11 @@ impl Barriers {
                     Err(e) => return Err(e),
                 }
                 if Instant::now() >= deadline {
-                    pending.backend = None;
-                    return if self.backend.withdraw(name, generation, participant).await? {
+                    // If this is cancelled or fails, the guard withdraws in
+                    // the background (withdrawing is idempotent).
+                    let withdrawn = self.backend.withdraw(name, generation, participant).await?;
+                    pending.stage = Stage::Done;
+                    return if withdrawn {
                         Err(Error::Timeout {
                             operation: "barrier wait",
                             name: name.to_string(),
@@ -151,30 +181,73 @@ impl Barriers {
     }
 }
 
-/// Withdraws a participant whose wait was dropped midway.
-struct Withdraw<'a> {
-    backend: Option<Arc<dyn Barrier>>,
-    name: &'a str,
-    participant: &'a str,
-    generation: u64,
+/// Record an arrival, retrying retryable errors until the deadline
+/// (arriving is idempotent per participant, so a retry after a lost reply
+/// counts once).
+async fn arrive(
+    backend: Arc<dyn Barrier>,
+    name: String,
+    parties: u32,
+    participant: String,
+    deadline: Instant,
+    poll: Duration,
+) -> Result<Arrival> {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        match backend.arrive(&name, parties, &participant).await {
+            Err(e) if e.is_retryable() && Instant::now() + backoff < deadline => {
+                tracing::debug!(error = %e, "barrier arrive failed, retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(poll).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
 }
 
-impl Drop for Withdraw<'_> {
+/// Where a barrier wait stands, for the guard that cleans up after a wait
+/// that was dropped (or failed) midway.
+enum Stage {
+    /// The arrival is being recorded.
+    Arriving(JoinHandle<Result<Arrival>>),
+    /// Arrived in this generation, not yet passed.
+    Waiting(u64),
+    /// Passed, withdrawn, or never arrived: nothing to undo.
+    Done,
+}
+
+/// Withdraws the participant of a wait that ended without passing or
+/// withdrawing (cancelled, or failed after arriving).
+struct Pending {
+    backend: Arc<dyn Barrier>,
+    name: String,
+    participant: String,
+    stage: Stage,
+}
+
+impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(backend) = self.backend.take() else {
+        let stage = std::mem::replace(&mut self.stage, Stage::Done);
+        if matches!(stage, Stage::Done) {
             return;
-        };
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (name, participant, generation) = (
-            self.name.to_string(),
-            self.participant.to_string(),
-            self.generation,
-        );
+        let backend = self.backend.clone();
+        let name = std::mem::take(&mut self.name);
+        let participant = std::mem::take(&mut self.participant);
         rt.spawn(async move {
+            let generation = match stage {
+                Stage::Waiting(g) => g,
+                Stage::Arriving(handle) => match handle.await {
+                    Ok(Ok(a)) if !a.complete => a.generation,
+                    _ => return,
+                },
+                Stage::Done => return,
+            };
             if let Err(e) = backend.withdraw(&name, generation, &participant).await {
-                tracing::debug!(name, error = %e, "withdraw after a cancelled barrier wait failed");
+                tracing::debug!(name, error = %e, "withdraw after an abandoned barrier wait failed");
             }
         });
     }

@@ -143,8 +143,11 @@ impl Inner {
     async fn lost(self: Arc<Self>) {
         loop {
             let notified = self.lost_notify.notified();
+            let ended = self.ended.notified();
             tokio::pin!(notified);
+            tokio::pin!(ended);
             notified.as_mut().enable();
+            ended.as_mut().enable();
             if self.is_lost() {
                 // Whoever sees the flag makes sure the token agrees before
                 // returning (mark_lost may still be between the two).
@@ -153,11 +156,16 @@ impl Inner {
                 }
                 return;
             }
+            if self.is_released() {
+                // A voluntary release is not a loss: never complete.
+                return std::future::pending().await;
+            }
             let deadline = self.deadline();
             tokio::select! {
                 _ = &mut notified => {}
+                _ = &mut ended => {}
                 _ = tokio::time::sleep_until(deadline) => {
-                    if Instant::now() >= self.deadline() {
+                    if !self.is_released() && Instant::now() >= self.deadline() {
                         self.mark_lost("validity deadline passed without renewal");
                         return;
                     }
@@ -362,7 +370,7 @@ impl Guard {
         }
     }
 
-    fn stop_watchdog(&mut self) {
+    pub(crate) fn stop_watchdog(&mut self) {
         if let Some((stop, _handle)) = self.watchdog.take() {
             stop.cancel();
         }
@@ -461,10 +469,16 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
         tracing::debug_span!("coord.watchdog", kind = inner.backend.kind(), name = %inner.name);
     async move {
         loop {
-            let period = (inner.ttl() / 3).max(Duration::from_millis(1));
+            // Renew when two thirds of the TTL are left: a third of the TTL
+            // after each renewal, and at once for a watchdog started late.
+            let ttl = inner.ttl();
+            let renew_at = inner
+                .deadline()
+                .checked_sub(ttl * 2 / 3)
+                .unwrap_or_else(Instant::now);
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep_until(renew_at.max(Instant::now() + Duration::from_millis(1))) => {}
             }
             if inner.is_lost() {
                 return;

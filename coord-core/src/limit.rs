@@ -12,72 +12,90 @@ use std::time::Duration;
 
 use crate::types::{Algorithm, Decision, Quota};
 
-/// The stored state of one limiter key under one algorithm.
+/// The stored state of one limiter key under one algorithm, with the
+/// quota it was computed under: a key checked with a different limit or
+/// window starts its accounting afresh (the old numbers mean nothing under
+/// the new quota; GCRA's in particular are scaled by the limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LimitState {
-    /// Sliding log: (time, cost) of each admitted request, oldest first;
-    /// every request its own entry.
+pub struct LimitState {
+    limit: u64,
+    window: u128,
+    algo: Algo,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Algo {
+    /// (time, cost) of each admitted request, oldest first; every request
+    /// its own entry.
     SlidingLog(VecDeque<(u128, u64)>),
-    /// Fixed window: the window index and its count.
-    FixedWindow {
-        /// Window index (time / window).
-        index: u128,
-        /// Cost admitted in it.
-        count: u64,
-    },
-    /// Sliding window counter: the current window's index and count, and
-    /// the previous window's count.
-    SlidingWindow {
-        /// Window index (time / window).
-        index: u128,
-        /// Cost admitted in the current window.
-        curr: u64,
-        /// Cost admitted in the previous window.
-        prev: u64,
-    },
-    /// GCRA: the theoretical arrival time, in nanoseconds x limit (scaled
-    /// so the emission interval window / limit is exact).
-    Gcra {
-        /// Theoretical arrival time x limit.
-        tat: u128,
-    },
+    /// The window index and its count.
+    FixedWindow { index: u128, count: u64 },
+    /// The current window's index and count, and the previous window's
+    /// count.
+    SlidingWindow { index: u128, curr: u64, prev: u64 },
+    /// The theoretical arrival time, in nanoseconds x limit (scaled so the
+    /// emission interval window / limit is exact).
+    Gcra { tat: u128 },
 }
 
 fn nanos(n: u128) -> Duration {
     Duration::from_nanos(n.min(u64::MAX as u128) as u64)
 }
 
-impl LimitState {
-    /// The empty state for `algorithm`.
-    pub fn new(algorithm: Algorithm) -> Self {
+impl Algo {
+    fn new(algorithm: Algorithm) -> Self {
         match algorithm {
-            Algorithm::SlidingLog => LimitState::SlidingLog(VecDeque::new()),
-            Algorithm::FixedWindow => LimitState::FixedWindow { index: 0, count: 0 },
-            Algorithm::SlidingWindow => LimitState::SlidingWindow {
+            Algorithm::SlidingLog => Algo::SlidingLog(VecDeque::new()),
+            Algorithm::FixedWindow => Algo::FixedWindow { index: 0, count: 0 },
+            Algorithm::SlidingWindow => Algo::SlidingWindow {
                 index: 0,
                 curr: 0,
                 prev: 0,
             },
-            Algorithm::Gcra => LimitState::Gcra { tat: 0 },
+            Algorithm::Gcra => Algo::Gcra { tat: 0 },
+        }
+    }
+
+    fn algorithm(&self) -> Algorithm {
+        match self {
+            Algo::SlidingLog(_) => Algorithm::SlidingLog,
+            Algo::FixedWindow { .. } => Algorithm::FixedWindow,
+            Algo::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            Algo::Gcra { .. } => Algorithm::Gcra,
+        }
+    }
+}
+
+impl LimitState {
+    /// The empty state for `quota`.
+    pub fn new(quota: &Quota) -> Self {
+        LimitState {
+            limit: quota.limit,
+            window: quota.window.as_nanos().max(1),
+            algo: Algo::new(quota.algorithm),
         }
     }
 
     /// Check a request of `cost` at time `now` (ns since the epoch) against
     /// `quota`, recording it in the state if admitted. The caller has
-    /// checked `1 <= cost <= limit` and a non-zero window.
+    /// checked `1 <= cost <= limit` and a non-zero window. A quota other
+    /// than the state's starts it afresh.
     pub fn check(&mut self, now: u128, quota: &Quota, cost: u64) -> Decision {
         let w = quota.window.as_nanos().max(1);
         let limit = quota.limit;
-        match self {
-            LimitState::SlidingLog(log) => sliding_log(log, now, w, limit, cost),
-            LimitState::FixedWindow { index, count } => {
+        if self.limit != limit || self.window != w || self.algo.algorithm() != quota.algorithm {
+            *self = LimitState::new(quota);
+        }
+        match &mut self.algo {
+            Algo::SlidingLog(log) => sliding_log(log, now, w, limit, cost),
+            Algo::FixedWindow { index, count } => {
                 let cur = now / w;
                 if *index != cur {
                     *index = cur;
                     *count = 0;
                 }
                 let to_end = nanos(w - now % w);
-                let allowed = *count + cost <= limit;
+                let allowed = cost <= limit.saturating_sub(*count);
                 if allowed {
                     *count += cost;
                 }
@@ -88,7 +106,7 @@ impl LimitState {
                     reset_after: if *count == 0 { Duration::ZERO } else { to_end },
                 }
             }
-            LimitState::SlidingWindow { index, curr, prev } => {
+            Algo::SlidingWindow { index, curr, prev } => {
                 let cur = now / w;
                 if *index != cur {
                     *prev = if cur == *index + 1 { *curr } else { 0 };
@@ -97,62 +115,67 @@ impl LimitState {
                 }
                 sliding_window(curr, *prev, now % w, w, limit, cost)
             }
-            LimitState::Gcra { tat } => gcra(tat, now, w, limit, cost),
+            Algo::Gcra { tat } => gcra(tat, now, w, limit, cost),
         }
     }
 
     /// Whether the state no longer affects any decision at `now` (it may
     /// be deleted).
-    pub fn is_idle(&self, now: u128, quota: &Quota) -> bool {
-        let w = quota.window.as_nanos().max(1);
-        match self {
-            LimitState::SlidingLog(log) => log.back().is_none_or(|(t, _)| t + w <= now),
-            LimitState::FixedWindow { index, .. } => *index < now / w,
-            LimitState::SlidingWindow { index, .. } => index + 1 < now / w,
-            LimitState::Gcra { tat } => *tat <= now.saturating_mul(u128::from(quota.limit)),
+    pub fn is_idle(&self, now: u128) -> bool {
+        let w = self.window;
+        match &self.algo {
+            Algo::SlidingLog(log) => log.back().is_none_or(|(t, _)| t + w <= now),
+            Algo::FixedWindow { index, .. } => *index < now / w,
+            Algo::SlidingWindow { index, .. } => index + 1 < now / w,
+            Algo::Gcra { tat } => *tat <= now.saturating_mul(u128::from(self.limit)),
         }
     }
 
     /// The state as text, for stores that keep it as a value:
-    /// `t:c,t:c,...` (sliding log), `index count` (fixed window),
-    /// `index curr prev` (sliding window), `tat` (GCRA).
+    /// `limit window_ns|` followed by `t:c,t:c,...` (sliding log),
+    /// `index count` (fixed window), `index curr prev` (sliding window) or
+    /// `tat` (GCRA).
     pub fn encode(&self) -> String {
-        match self {
-            LimitState::SlidingLog(log) => log
+        let body = match &self.algo {
+            Algo::SlidingLog(log) => log
                 .iter()
                 .map(|(t, c)| format!("{t}:{c}"))
                 .collect::<Vec<_>>()
                 .join(","),
-            LimitState::FixedWindow { index, count } => format!("{index} {count}"),
-            LimitState::SlidingWindow { index, curr, prev } => format!("{index} {curr} {prev}"),
-            LimitState::Gcra { tat } => tat.to_string(),
-        }
+            Algo::FixedWindow { index, count } => format!("{index} {count}"),
+            Algo::SlidingWindow { index, curr, prev } => format!("{index} {curr} {prev}"),
+            Algo::Gcra { tat } => tat.to_string(),
+        };
+        format!("{} {}|{body}", self.limit, self.window)
     }
 
     /// Parse [`encode`](LimitState::encode)'s text for `algorithm`; `None`
     /// if it is corrupt.
     pub fn decode(algorithm: Algorithm, text: &str) -> Option<Self> {
-        Some(match algorithm {
+        let (head, body) = text.split_once('|')?;
+        let (limit, window) = head.split_once(' ')?;
+        let (limit, window) = (limit.parse().ok()?, window.parse().ok()?);
+        let algo = match algorithm {
             Algorithm::SlidingLog => {
                 let mut log = VecDeque::new();
-                if !text.is_empty() {
-                    for item in text.split(',') {
+                if !body.is_empty() {
+                    for item in body.split(',') {
                         let (t, c) = item.split_once(':')?;
                         log.push_back((t.parse().ok()?, c.parse().ok()?));
                     }
                 }
-                LimitState::SlidingLog(log)
+                Algo::SlidingLog(log)
             }
             Algorithm::FixedWindow => {
-                let (a, b) = text.split_once(' ')?;
-                LimitState::FixedWindow {
+                let (a, b) = body.split_once(' ')?;
+                Algo::FixedWindow {
                     index: a.parse().ok()?,
                     count: b.parse().ok()?,
                 }
             }
             Algorithm::SlidingWindow => {
-                let mut it = text.split(' ');
-                let s = LimitState::SlidingWindow {
+                let mut it = body.split(' ');
+                let s = Algo::SlidingWindow {
                     index: it.next()?.parse().ok()?,
                     curr: it.next()?.parse().ok()?,
                     prev: it.next()?.parse().ok()?,
@@ -162,9 +185,14 @@ impl LimitState {
                 }
                 s
             }
-            Algorithm::Gcra => LimitState::Gcra {
-                tat: text.parse().ok()?,
+            Algorithm::Gcra => Algo::Gcra {
+                tat: body.parse().ok()?,
             },
+        };
+        Some(LimitState {
+            limit,
+            window,
+            algo,
         })
     }
 }
@@ -180,8 +208,10 @@ fn sliding_log(
     while log.front().is_some_and(|(t, _)| t + w <= now) {
         log.pop_front();
     }
-    let used: u64 = log.iter().map(|(_, c)| c).sum();
-    if used + cost <= limit {
+    // Every entry was admitted within the limit, so the sum fits; saturate
+    // anyway rather than trust it.
+    let used: u64 = log.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+    if cost <= limit.saturating_sub(used) {
         log.push_back((now, cost));
         return Decision {
             allowed: true,
@@ -195,7 +225,7 @@ fn sliding_log(
     let mut retry_after = nanos(w);
     for (t, c) in log.iter() {
         freed += c;
-        if used - freed + cost <= limit {
+        if cost <= limit.saturating_sub(used - freed) {
             retry_after = nanos((t + w).saturating_sub(now));
             break;
         }
@@ -233,7 +263,7 @@ fn sliding_window(
     let to_end = w - into;
     let retry_after = if allowed {
         Duration::ZERO
-    } else if *curr + cost <= limit {
+    } else if cost <= limit.saturating_sub(*curr) {
         // Within this window, once the previous window's weight drops
         // enough: prev * (w - x) / w <= limit - curr - cost.
         let room = u128::from(limit - *curr - cost) * w;
@@ -297,7 +327,7 @@ mod tests {
     fn every_algorithm_admits_limit_then_recovers_after_retry_after() {
         for alg in Algorithm::ALL {
             let q = Quota::new(5, Duration::from_secs(10), alg);
-            let mut st = LimitState::new(alg);
+            let mut st = LimitState::new(&q);
             let t0 = 1000 * S + 1;
             let admitted = (0..15).filter(|_| st.check(t0, &q, 1).allowed).count();
             assert_eq!(admitted, 5, "{alg:?}");
@@ -310,19 +340,51 @@ mod tests {
             assert!(st.check(later, &q, 1).allowed, "{alg:?} after retry_after");
             let round = LimitState::decode(alg, &st.encode()).unwrap();
             assert_eq!(round, st, "{alg:?} encode/decode");
-            assert!(st.is_idle(later + 30 * S, &q), "{alg:?}");
-            assert!(!st.is_idle(later, &q), "{alg:?}");
+            assert!(st.is_idle(later + 30 * S), "{alg:?}");
+            assert!(!st.is_idle(later), "{alg:?}");
+        }
+    }
+
+    #[test]
+    fn a_new_quota_starts_afresh() {
+        for alg in Algorithm::ALL {
+            let big = Quota::new(1000, Duration::from_secs(1), alg);
+            let small = Quota::new(10, Duration::from_secs(1), alg);
+            let mut st = LimitState::new(&big);
+            let t0 = 100 * S;
+            assert!(st.check(t0, &big, 1000).allowed, "{alg:?}");
+            // Long idle, then a smaller limit: admitted at once (GCRA's
+            // scaled state must not lock the key out).
+            let d = st.check(t0 + 10 * S, &small, 1);
+            assert!(d.allowed && d.remaining == 9, "{alg:?}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn huge_limits_and_costs_do_not_overflow() {
+        for alg in Algorithm::ALL {
+            let q = Quota::new(u64::MAX, Duration::from_secs(1), alg);
+            let mut st = LimitState::new(&q);
+            assert!(st.check(5 * S, &q, u64::MAX).allowed, "{alg:?}");
+            let d = st.check(5 * S, &q, u64::MAX);
+            assert!(!d.allowed && d.remaining == 0, "{alg:?}: {d:?}");
         }
     }
 
     #[test]
     fn corrupt_text_is_none() {
         assert!(LimitState::decode(Algorithm::FixedWindow, "x").is_none());
-        assert!(LimitState::decode(Algorithm::SlidingWindow, "1 2").is_none());
-        assert!(LimitState::decode(Algorithm::SlidingLog, "1:2,zz").is_none());
+        assert!(LimitState::decode(Algorithm::FixedWindow, "5 10|x").is_none());
+        assert!(LimitState::decode(Algorithm::SlidingWindow, "5 10|1 2").is_none());
+        assert!(LimitState::decode(Algorithm::SlidingLog, "5 10|1:2,zz").is_none());
+        let empty = LimitState::new(&Quota::new(
+            5,
+            Duration::from_nanos(10),
+            Algorithm::SlidingLog,
+        ));
         assert_eq!(
-            LimitState::decode(Algorithm::SlidingLog, ""),
-            Some(LimitState::SlidingLog(VecDeque::new()))
+            LimitState::decode(Algorithm::SlidingLog, "5 10|"),
+            Some(empty)
         );
     }
 }

@@ -95,7 +95,7 @@ impl RateLimiter {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision> {
-        let deadline = Instant::now() + max_wait;
+        let deadline = crate::wait::deadline_in(max_wait);
         loop {
             let d = self.check_cost(key, quota, cost).await?;
             if d.allowed {

@@ -210,9 +210,11 @@ impl Locks {
     /// Take every lock in `names`, all or nothing, in a deadlock-free order:
     /// the names are deduplicated and sorted, then taken one by one, so two
     /// callers with the same names in any order never deadlock (the seed's
-    /// lock-ordering rule, made a function). If one cannot be taken within
-    /// `opts.wait` (shared by all), those already taken are released and the
-    /// error is returned.
+    /// lock-ordering rule, made a function). Locks already taken are kept
+    /// alive by the watchdog while later ones are awaited (and afterwards
+    /// only if `opts.watchdog`), so none lapses before all are held. If one
+    /// cannot be taken within `opts.wait` (shared by all), those already
+    /// taken are released and the error is returned.
     ///
     /// ```
     /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
@@ -237,19 +239,27 @@ impl Locks {
         validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         sorted.sort();
         sorted.dedup();
-        let deadline = Instant::now() + opts.wait;
-        let mut guards = Vec::with_capacity(sorted.len());
+        let deadline = wait::deadline_in(opts.wait);
+        let mut guards: Vec<Guard> = Vec::with_capacity(sorted.len());
         for n in &sorted {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.acquire_with(n, opts.wait(left)).await {
+            // The locks already taken must not lapse while a later one is
+            // awaited: the watchdog keeps them alive until all are held.
+            match self.acquire_with(n, opts.wait(left).watchdog(true)).await {
                 Ok(g) => guards.push(g),
                 Err(e) => {
-                    for g in guards.into_iter().rev() {
-                        let _ = g.release().await;
-                    }
+                    release_all(guards).await;
                     return Err(e);
                 }
             }
+        }
+        if let Some(lost) = guards.iter().find(|g| !g.is_valid()) {
+            let name = lost.name().to_string();
+            release_all(guards).await;
+            return Err(Error::Lost { name });
+        }
+        if !opts.watchdog {
+            guards.iter_mut().for_each(Guard::stop_watchdog);
         }
         Ok(MultiGuard { guards })
     }
@@ -285,7 +295,7 @@ where
 {
     let owner = OwnerToken::random();
     let start = Instant::now();
-    let deadline = start + wait;
+    let deadline = wait::deadline_in(wait);
     // The validity deadline counts from before the request that won was
     // sent: remember the send time of each attempt.
     let sent = std::sync::Mutex::new(start);
@@ -336,6 +346,13 @@ where
                 }),
             }
         }
+    }
+}
+
+/// Release guards in reverse order, ignoring errors (they end at their TTL).
+async fn release_all(guards: Vec<Guard>) {
+    for g in guards.into_iter().rev() {
+        let _ = g.release().await;
     }
 }
 

@@ -28,6 +28,14 @@ pub(crate) struct WaitOutcome {
     pub subscribed: bool,
 }
 
+/// `now + wait`, saturating far in the future instead of overflowing
+/// (`Duration::MAX` means "wait for ever").
+pub(crate) fn deadline_in(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
+}
+
 /// A jittered sleep between half and all of `poll`.
 pub(crate) fn jittered(poll: Duration) -> Duration {
     let nanos = poll.as_nanos().min(u64::MAX as u128) as u64;
