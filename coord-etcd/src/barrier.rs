@@ -357,7 +357,7 @@ pub(crate) fn limiter_step(
 ) -> Option<(Option<Vec<u8>>, Decision)> {
     let mut state = match cur {
         Some(text) => LimitState::decode(quota.algorithm, text)?,
-        None => LimitState::new(quota.algorithm),
+        None => LimitState::new(quota),
     };
     let d = state.check(since, quota, cost);
     Some((d.allowed.then(|| state.encode().into_bytes()), d))

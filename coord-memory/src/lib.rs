@@ -171,7 +171,7 @@ pub struct MemoryBackend {
     leases: Sharded<Claim>,
     elections: Sharded<Option<Leader>>,
     barriers: Sharded<BarrierState>,
-    limits: Sharded<(LimitState, Quota)>,
+    limits: Sharded<LimitState>,
     lock_wakeups: Wakeups,
     election_wakeups: Wakeups,
     barrier_wakeups: Wakeups,
@@ -469,7 +469,16 @@ impl coord_core::Barrier for MemoryBackend {
     async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
         let arrival = {
             let mut shard = self.barriers.shard(name);
-            let b = shard.entry(name, BarrierState::default, |_| false);
+            // Generations come from the store's counter, so they keep
+            // rising even if an idle barrier was swept and made again.
+            let b = shard.entry(
+                name,
+                || BarrierState {
+                    generation: self.next_token(),
+                    ..BarrierState::default()
+                },
+                |b| b.arrived.is_empty(),
+            );
             if b.arrived.is_empty() {
                 b.parties = parties;
             } else if b.parties != parties {
@@ -490,7 +499,7 @@ impl coord_core::Barrier for MemoryBackend {
             b.arrived.push(participant.into());
             if b.arrived.len() as u64 >= u64::from(b.parties) {
                 let g = b.generation;
-                b.generation += 1;
+                b.generation = self.next_token();
                 b.arrived.clear();
                 Arrival {
                     generation: g,
@@ -511,16 +520,19 @@ impl coord_core::Barrier for MemoryBackend {
 
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
         let shard = self.barriers.shard(name);
+        // No entry: it was swept while idle, which a generation with a
+        // waiter only becomes by completing.
         Ok(shard
             .map
             .get(name)
-            .is_some_and(|b| b.generation > generation))
+            .is_none_or(|b| b.generation > generation))
     }
 
     async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
         let mut shard = self.barriers.shard(name);
         let Some(b) = shard.map.get_mut(name) else {
-            return Ok(true);
+            // Swept while idle: the generation completed.
+            return Ok(false);
         };
         if b.generation > generation {
             return Ok(false);
@@ -556,14 +568,9 @@ impl coord_core::Limiter for MemoryBackend {
         full.push_str(algorithm_tag(quota.algorithm));
         full.push_str(key);
         let mut shard = self.limits.shard(&full);
-        // Each state keeps the quota it was last used with, so the sweep
-        // judges it by its own window.
-        let (state, last_quota) = shard.entry(
-            &full,
-            || (LimitState::new(quota.algorithm), *quota),
-            |(s, q)| s.is_idle(now, q),
-        );
-        *last_quota = *quota;
+        // Each state keeps the quota it was computed under, so the sweep
+        // judges it by its own window and a changed quota starts afresh.
+        let state = shard.entry(&full, || LimitState::new(quota), |s| s.is_idle(now));
         Ok(state.check(now, quota, cost))
     }
 }

@@ -162,7 +162,7 @@ async fn barrier_generations_and_party_mismatch() {
     let t = tokio::spawn(async move { b1.wait("g", 2, "p1", 60 * S).await });
     let g2 = b.wait("g", 2, "p2", 60 * S).await.unwrap();
     assert_eq!(t.await.unwrap().unwrap(), g2);
-    assert_eq!(g2, g + 1);
+    assert!(g2 > g, "generations rise: {g} then {g2}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,201 @@
+//! Regression tests for bugs found in review of the store-independent
+//! logic (coord-core), run on the in-memory backend with paused time.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use coord_core::wake::Waiter;
+use coord_core::{
+    Algorithm, Arrival, Capabilities, Coord, Error, LockOptions, Quota, Result, async_trait,
+};
+use coord_memory::MemoryBackend;
+
+const S: Duration = Duration::from_secs(1);
+
+/// `acquire_all` never returns a lock that lapsed while a later one was
+/// awaited: the locks taken first are kept alive meanwhile.
+#[tokio::test(start_paused = true)]
+async fn acquire_all_keeps_earlier_locks_alive_while_waiting() {
+    let coord = MemoryBackend::coord();
+    let locks = coord.locks().unwrap();
+    let holder_b = locks.acquire("b", 3 * S, Duration::ZERO).await.unwrap();
+    let l2 = locks.clone();
+    let x = tokio::spawn(async move {
+        l2.acquire_all(["a", "b"], LockOptions::new(S).wait(10 * S))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        locks.try_acquire("a", 10 * S).await.unwrap().is_none(),
+        "`a` lapsed while acquire_all waited for `b`"
+    );
+    let multi = x.await.unwrap().expect("acquire_all gets both");
+    assert!(multi.guards().iter().all(|g| g.is_valid()));
+    // Without opts.watchdog the guards do not keep renewing afterwards.
+    assert!(multi.guards().iter().all(|g| !g.has_watchdog()));
+    drop(holder_b);
+    multi.release().await.unwrap();
+}
+
+/// A voluntary release is not a loss: `lost()` never completes after it.
+#[tokio::test(start_paused = true)]
+async fn lost_does_not_fire_after_a_voluntary_release() {
+    let coord = MemoryBackend::coord();
+    let locks = coord.locks().unwrap();
+    let g = locks.acquire("l", 10 * S, Duration::ZERO).await.unwrap();
+    let lost = g.lost();
+    let token = g.lost_token();
+    g.release().await.unwrap();
+    assert!(tokio::time::timeout(60 * S, lost).await.is_err());
+    assert!(!token.is_cancelled());
+}
+
+/// `Duration::MAX` means "wait for ever", never a panic.
+#[tokio::test]
+async fn max_waits_do_not_overflow() {
+    let coord = MemoryBackend::coord();
+    let g = coord
+        .locks()
+        .unwrap()
+        .acquire("m", 10 * S, Duration::MAX)
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let all = coord
+        .locks()
+        .unwrap()
+        .acquire_all(["m1", "m2"], LockOptions::new(10 * S).wait(Duration::MAX))
+        .await
+        .unwrap();
+    all.release().await.unwrap();
+    coord
+        .barriers()
+        .unwrap()
+        .wait("b", 1, "p", Duration::MAX)
+        .await
+        .unwrap();
+    coord
+        .limiter()
+        .unwrap()
+        .wait("k", Quota::per(1, S), 1, Duration::MAX)
+        .await
+        .unwrap();
+    let l = coord
+        .elections()
+        .unwrap()
+        .campaign("e", "me", 10 * S, Duration::MAX)
+        .await
+        .unwrap();
+    l.resign().await.unwrap();
+}
+
+/// A key whose GCRA limit shrinks is not locked out for hours.
+#[tokio::test(start_paused = true)]
+async fn a_changed_quota_does_not_lock_a_key_out() {
+    let coord = MemoryBackend::coord();
+    let lim = coord.limiter().unwrap();
+    tokio::time::advance(100 * S).await;
+    assert!(
+        lim.check("k", Quota::new(1000, S, Algorithm::Gcra))
+            .await
+            .unwrap()
+            .allowed
+    );
+    tokio::time::advance(10 * S).await;
+    let d = lim
+        .check("k", Quota::new(10, S, Algorithm::Gcra))
+        .await
+        .unwrap();
+    assert!(d.allowed, "denied after 10 s idle: {d:?}");
+}
+
+/// A watchdog started late, while the lock is still valid, keeps it.
+#[tokio::test(start_paused = true)]
+async fn a_watchdog_started_late_keeps_the_lock() {
+    let coord = MemoryBackend::coord();
+    let locks = coord.locks().unwrap();
+    let mut g = locks.acquire("w", 3 * S, Duration::ZERO).await.unwrap();
+    tokio::time::advance(Duration::from_millis(2500)).await;
+    assert!(g.is_valid());
+    g.keep_alive();
+    tokio::time::sleep(2 * S).await;
+    assert!(g.is_valid(), "the late watchdog let the lock lapse");
+    g.release().await.unwrap();
+}
+
+/// A barrier backend whose replies are slow, to cancel waits mid-call.
+struct Slow {
+    inner: Arc<MemoryBackend>,
+    slow_arrive: AtomicBool,
+    slow_withdraw: AtomicBool,
+}
+
+#[async_trait]
+impl coord_core::Barrier for Slow {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Barrier::capabilities(&*self.inner)
+    }
+    async fn arrive(&self, n: &str, p: u32, who: &str) -> Result<Arrival> {
+        let a = self.inner.arrive(n, p, who).await;
+        if self.slow_arrive.load(Ordering::SeqCst) {
+            tokio::time::sleep(S).await;
+        }
+        a
+    }
+    async fn is_complete(&self, n: &str, g: u64) -> Result<bool> {
+        self.inner.is_complete(n, g).await
+    }
+    async fn withdraw(&self, n: &str, g: u64, who: &str) -> Result<bool> {
+        if self.slow_withdraw.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.inner.withdraw(n, g, who).await
+    }
+    async fn subscribe(&self, n: &str) -> Result<Waiter> {
+        coord_core::Barrier::subscribe(&*self.inner, n).await
+    }
+}
+
+fn slow_coord(arrive: bool, withdraw: bool) -> (Coord, Arc<Slow>) {
+    let mem = Arc::new(MemoryBackend::new());
+    let slow = Arc::new(Slow {
+        slow_arrive: AtomicBool::new(arrive),
+        slow_withdraw: AtomicBool::new(withdraw),
+        inner: mem.clone(),
+    });
+    let coord = Coord::builder(coord_core::Barrier::capabilities(&*mem).clone())
+        .barrier(slow.clone())
+        .build();
+    (coord, slow)
+}
+
+/// A wait dropped while its arrival is being recorded leaves no ghost.
+#[tokio::test(start_paused = true)]
+async fn a_wait_cancelled_during_arrive_leaves_no_ghost() {
+    let (coord, slow) = slow_coord(true, false);
+    let b = coord.barriers().unwrap();
+    let _ = tokio::time::timeout(Duration::from_millis(100), b.wait("g", 2, "ghost", 10 * S)).await;
+    slow.slow_arrive.store(false, Ordering::SeqCst);
+    tokio::time::sleep(2 * S).await;
+    let r = b.wait("g", 2, "real", Duration::from_millis(500)).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "the cancelled participant still counted: {r:?}"
+    );
+}
+
+/// A wait dropped while its timeout-withdraw is in flight leaves no ghost.
+#[tokio::test(start_paused = true)]
+async fn a_wait_cancelled_during_withdraw_leaves_no_ghost() {
+    let (coord, slow) = slow_coord(false, true);
+    let b = coord.barriers().unwrap();
+    let _ = tokio::time::timeout(Duration::from_millis(1050), b.wait("g", 2, "quitter", S)).await;
+    slow.slow_withdraw.store(false, Ordering::SeqCst);
+    tokio::time::sleep(S).await;
+    let r = b.wait("g", 2, "second", Duration::from_millis(500)).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "the quitter still counted: {r:?}"
+    );
+}
