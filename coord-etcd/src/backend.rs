@@ -173,9 +173,13 @@ fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey {
 }
 
 /// How long a queued waiter whose predecessor is gone may take to attempt
-/// again before it is presumed gone (its task was cancelled) and its key is
-/// removed, so that it cannot block the queue. A live waiter is woken at
-/// once and attempts within milliseconds.
+/// again before it is presumed gone and its key is removed, so that it
+/// cannot block the queue: at least this, and at least two call timeouts
+/// plus this (see [`Shared::pending_grace`]). A live waiter is woken at
+/// once and attempts within milliseconds, but during a leader election its
+/// attempts can each take up to a call timeout; a cancelled waiter's key is
+/// normally removed at once by coord-core's cleanup, so this is only the
+/// safety net for a cleanup that could not reach the cluster.
 const PENDING_GRACE: Duration = Duration::from_secs(2);
 
 /// Not retryable on purpose: the wait loop returns it at once (and
@@ -338,6 +342,11 @@ impl EtcdBackend {
 }
 
 impl Shared {
+    /// See [`PENDING_GRACE`].
+    fn pending_grace(&self) -> Duration {
+        self.timeout * 2 + PENDING_GRACE
+    }
+
     /// Run one etcd call with the call timeout, mapping its error. A call
     /// that was never sent (the connection to a member was refused, or the
     /// member has no leader) is retried on another member within the same
@@ -892,7 +901,7 @@ impl Shared {
                     pending_since: None,
                     renotified: false,
                     last_attempt: now,
-                    grace: PENDING_GRACE,
+                    grace: self.pending_grace(),
                 };
                 // The head is another local waiter that may not have been
                 // the one woken: pass the wake-up on.

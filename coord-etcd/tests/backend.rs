@@ -381,11 +381,19 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
 }
 
 /// Two waiters of one name in one client, one of them abandoned after it
-/// queued: the live one still gets the lock soon after the holder releases
-/// (the abandoned key is dropped within a short grace), without spinning.
+/// queued without any cleanup (coord-core's cleanup on cancel normally
+/// removes it at once; this is the safety net when that cleanup cannot
+/// reach the cluster): the live one still gets the lock after the grace
+/// (two call timeouts + 2 s; 1 s call timeouts here), without spinning.
 #[tokio::test]
 async fn an_abandoned_local_waiter_does_not_block_the_live_one() {
-    let a = backend().await;
+    let a = EtcdBackend::connect(
+        EtcdOptions::parse(&etcd::shared().url())
+            .unwrap()
+            .with_call_timeout(Duration::from_secs(1)),
+    )
+    .await
+    .expect("connect to the test etcd");
     let holder = backend().await;
     let name = "abandoned-local";
     let t = ttl(&a) * 10;

@@ -6,26 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use conformance::testkit::etcd::EtcdCluster;
-use coord_core::{FencingToken, OwnerToken};
+use coord_core::{FencedRegister, FencingToken, OwnerToken};
 use tokio::time::{sleep, timeout};
-
-/// The resource the lock protects: accepts a write iff its token is at
-/// least the highest seen (check and update atomic).
-#[derive(Default)]
-struct Register {
-    state: std::sync::Mutex<(u64, u64)>, // (highest token, value)
-}
-
-impl Register {
-    fn write(&self, token: FencingToken, value: u64) -> bool {
-        let mut s = self.state.lock().unwrap();
-        if token.get() < s.0 {
-            return false;
-        }
-        *s = (token.get(), value);
-        true
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mutual_exclusion_under_load_survives_leader_failover() {
@@ -34,14 +16,16 @@ async fn mutual_exclusion_under_load_survives_leader_failover() {
             .await
             .unwrap(),
     );
-    const CLIENTS: usize = 6;
-    const ROUNDS: u64 = 40;
+    // The conformance suite's mutual-exclusion-under-load shape: 16
+    // clients x 100 acquisitions of one name.
+    const CLIENTS: usize = 16;
+    const ROUNDS: u64 = 100;
     const TOTAL: u64 = CLIENTS as u64 * ROUNDS;
     let url = cluster.url();
     let name = "failover-counter";
     let value = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
-    let register = Arc::new(Register::default());
+    let register = Arc::new(FencedRegister::new(0u64));
     let order = Arc::new(std::sync::Mutex::new(Vec::<FencingToken>::new()));
     let inside = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
