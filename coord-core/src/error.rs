@@ -12,7 +12,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Messages say what went wrong and what to do; they never contain
 /// passwords or owner tokens.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An argument broke a rule. Checked before any I/O: nothing was sent

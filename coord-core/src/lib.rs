@@ -17,6 +17,7 @@
 
 mod backend;
 mod barrier;
+pub mod barrier_state;
 mod claim;
 mod coord;
 mod election;

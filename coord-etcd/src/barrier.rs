@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use coord_core::barrier_state::BarrierState;
 use coord_core::limit::LimitState;
 use coord_core::util::bounded;
 use coord_core::{Algorithm, Arrival, Decision, Error, Result};
@@ -14,42 +15,13 @@ use tokio::sync::oneshot;
 use crate::backend::{Shared, kvs, lock, secs};
 use crate::keys::BACKEND;
 
-/// The state of one barrier, stored as text: the party count, the
-/// generation, then one participant per line (names have no control
-/// characters, so a newline never occurs in one).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct BarrierState {
-    pub(crate) parties: u32,
-    pub(crate) generation: u64,
-    pub(crate) arrived: Vec<String>,
-}
-
-impl BarrierState {
-    fn encode(&self) -> Vec<u8> {
-        let mut s = format!("{}\n{}", self.parties, self.generation);
-        for p in &self.arrived {
-            s.push('\n');
-            s.push_str(p);
-        }
-        s.into_bytes()
-    }
-
-    fn decode(b: &[u8]) -> Option<BarrierState> {
-        let s = std::str::from_utf8(b).ok()?;
-        let mut lines = s.split('\n');
-        let parties = lines.next()?.parse().ok()?;
-        let generation = lines.next()?.parse().ok()?;
-        Some(BarrierState {
-            parties,
-            generation,
-            arrived: lines.map(str::to_string).collect(),
-        })
-    }
-}
-
 /// The generation stored in a barrier key's value.
 pub(crate) fn generation_of(b: &[u8]) -> Option<u64> {
-    BarrierState::decode(b).map(|s| s.generation)
+    decode(b).map(|s| s.generation)
+}
+
+fn decode(b: &[u8]) -> Option<BarrierState> {
+    BarrierState::decode(std::str::from_utf8(b).ok()?)
 }
 
 fn corrupt(operation: &'static str, what: &str) -> Error {
@@ -120,45 +92,11 @@ impl Shared {
         let op = "barrier arrive";
         self.cas(op, key, None, |cur| {
             let mut b = match cur {
-                Some(v) => BarrierState::decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
+                Some(v) => decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
                 None => BarrierState::default(),
             };
-            if b.arrived.is_empty() {
-                b.parties = parties;
-            } else if b.parties != parties {
-                return Err(Error::invalid(
-                    "parties",
-                    format!(
-                        "barrier `{name}` is in use with {} parties; this call said {parties}",
-                        b.parties
-                    ),
-                ));
-            }
-            if b.arrived.iter().any(|p| p == participant) {
-                return Ok((
-                    None,
-                    Arrival {
-                        generation: b.generation,
-                        complete: false,
-                    },
-                ));
-            }
-            b.arrived.push(participant.to_string());
-            let arrival = if b.arrived.len() as u64 >= u64::from(b.parties) {
-                let g = b.generation;
-                b.generation += 1;
-                b.arrived.clear();
-                Arrival {
-                    generation: g,
-                    complete: true,
-                }
-            } else {
-                Arrival {
-                    generation: b.generation,
-                    complete: false,
-                }
-            };
-            Ok((Some(b.encode()), arrival))
+            let (arrival, changed) = b.arrive(name, parties, participant, |g| g + 1)?;
+            Ok((changed.then(|| b.encode().into_bytes()), arrival))
         })
         .await
     }
@@ -170,8 +108,8 @@ impl Shared {
         match kv {
             None => Ok(false),
             Some(kv) => {
-                let b = BarrierState::decode(kv.value()).ok_or_else(|| corrupt(op, "barrier"))?;
-                Ok(b.generation > generation)
+                let b = decode(kv.value()).ok_or_else(|| corrupt(op, "barrier"))?;
+                Ok(b.is_complete(generation))
             }
         }
     }
@@ -188,16 +126,9 @@ impl Shared {
             let Some(v) = cur else {
                 return Ok((None, true));
             };
-            let mut b = BarrierState::decode(v).ok_or_else(|| corrupt(op, "barrier"))?;
-            if b.generation > generation {
-                return Ok((None, false));
-            }
-            let before = b.arrived.len();
-            b.arrived.retain(|p| p != participant);
-            if b.arrived.len() == before {
-                return Ok((None, true));
-            }
-            Ok((Some(b.encode()), true))
+            let mut b = decode(v).ok_or_else(|| corrupt(op, "barrier"))?;
+            let (withdrawn, changed) = b.withdraw(generation, participant);
+            Ok((changed.then(|| b.encode().into_bytes()), withdrawn))
         })
         .await
     }
@@ -301,39 +232,11 @@ impl Shared {
                 }
                 Err(e) => {
                     for (_, _, tx) in batch {
-                        let _ = tx.send(Err(clone_error(&e)));
+                        let _ = tx.send(Err(e.clone()));
                     }
                 }
             }
         }
-    }
-}
-
-fn clone_error(e: &Error) -> Error {
-    match e {
-        Error::Unavailable {
-            backend,
-            operation,
-            message,
-        } => Error::Unavailable {
-            backend,
-            operation,
-            message: message.clone(),
-        },
-        Error::Store {
-            backend,
-            operation,
-            message,
-        } => Error::Store {
-            backend,
-            operation,
-            message: message.clone(),
-        },
-        other => Error::Store {
-            backend: BACKEND,
-            operation: "limiter check",
-            message: other.to_string(),
-        },
     }
 }
 

@@ -270,26 +270,7 @@ async fn keepalive_task(mut t: KeepaliveTask) {
 fn fail_all(pending: &mut VecDeque<(Instant, Option<Reply>)>, err: &Error) {
     for (_, r) in pending.drain(..) {
         if let Some(r) = r {
-            let _ = r.send(Err(clone_err(err)));
+            let _ = r.send(Err(err.clone()));
         }
-    }
-}
-
-fn clone_err(e: &Error) -> Error {
-    match e {
-        Error::Unavailable {
-            backend,
-            operation,
-            message,
-        } => Error::Unavailable {
-            backend,
-            operation,
-            message: message.clone(),
-        },
-        other => Error::Store {
-            backend: BACKEND,
-            operation: "session keepalive",
-            message: other.to_string(),
-        },
     }
 }

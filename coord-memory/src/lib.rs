@@ -35,6 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use coord_core::barrier_state::BarrierState;
 use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
@@ -153,13 +154,6 @@ struct Leader {
     candidate: String,
     term: u64,
     expires: Instant,
-}
-
-#[derive(Default)]
-struct BarrierState {
-    parties: u32,
-    generation: u64,
-    arrived: Vec<Box<str>>,
 }
 
 /// The in-memory backend. Implements every coord-core trait.
@@ -473,44 +467,11 @@ impl coord_core::Barrier for MemoryBackend {
             // rising even if an idle barrier was swept and made again.
             let b = shard.entry(
                 name,
-                || BarrierState {
-                    generation: self.next_token(),
-                    ..BarrierState::default()
-                },
-                |b| b.arrived.is_empty(),
+                || BarrierState::new(self.next_token()),
+                BarrierState::is_idle,
             );
-            if b.arrived.is_empty() {
-                b.parties = parties;
-            } else if b.parties != parties {
-                return Err(Error::invalid(
-                    "parties",
-                    format!(
-                        "barrier `{name}` is in use with {} parties; this call said {parties}",
-                        b.parties
-                    ),
-                ));
-            }
-            if b.arrived.iter().any(|p| &**p == participant) {
-                return Ok(Arrival {
-                    generation: b.generation,
-                    complete: false,
-                });
-            }
-            b.arrived.push(participant.into());
-            if b.arrived.len() as u64 >= u64::from(b.parties) {
-                let g = b.generation;
-                b.generation = self.next_token();
-                b.arrived.clear();
-                Arrival {
-                    generation: g,
-                    complete: true,
-                }
-            } else {
-                Arrival {
-                    generation: b.generation,
-                    complete: false,
-                }
-            }
+            b.arrive(name, parties, participant, |_| self.next_token())?
+                .0
         };
         if arrival.complete {
             self.barrier_wakeups.notify_all(name);
@@ -525,20 +486,16 @@ impl coord_core::Barrier for MemoryBackend {
         Ok(shard
             .map
             .get(name)
-            .is_none_or(|b| b.generation > generation))
+            .is_none_or(|b| b.is_complete(generation)))
     }
 
     async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
         let mut shard = self.barriers.shard(name);
-        let Some(b) = shard.map.get_mut(name) else {
-            // Swept while idle: the generation completed.
-            return Ok(false);
-        };
-        if b.generation > generation {
-            return Ok(false);
-        }
-        b.arrived.retain(|p| &**p != participant);
-        Ok(true)
+        // No entry: swept while idle, so the generation completed.
+        Ok(shard
+            .map
+            .get_mut(name)
+            .is_some_and(|b| b.withdraw(generation, participant).0))
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
