@@ -104,7 +104,7 @@ impl Elections {
             name,
             candidate
         );
-        let (guard, _) = acquire_claim(
+        let guard = acquire_claim(
             ClaimBackend::Election(self.backend.clone()),
             "election campaign",
             name,
@@ -112,7 +112,7 @@ impl Elections {
             wait,
             self.settings.poll_interval,
             self.backend.capabilities().fair,
-            |owner, _| {
+            |owner| {
                 let b = self.backend.clone();
                 async move { b.try_campaign(name, candidate, &owner, ttl).await }
             },

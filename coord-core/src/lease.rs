@@ -77,7 +77,7 @@ impl Leases {
             Duration::ZERO,
             self.settings.poll_interval,
             false,
-            |owner, _| {
+            |owner| {
                 let b = self.backend.clone();
                 async move { b.grant(name, &owner, ttl).await }
             },
@@ -86,7 +86,7 @@ impl Leases {
         .instrument(span)
         .await;
         match r {
-            Ok((g, _)) => Ok(Some(g)),
+            Ok(g) => Ok(Some(g)),
             Err(Error::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
         }

@@ -138,7 +138,7 @@ impl Locks {
             backend = self.backend.capabilities().backend,
             name
         );
-        let (guard, _) = acquire_claim(
+        let mut guard = acquire_claim(
             ClaimBackend::Lock(self.backend.clone()),
             "lock acquire",
             name,
@@ -146,18 +146,14 @@ impl Locks {
             opts.wait,
             self.settings.poll_interval,
             self.backend.capabilities().fair,
-            |owner, sent| {
+            |owner| {
                 let b = self.backend.clone();
-                async move {
-                    let _ = sent;
-                    b.try_acquire(name, &owner, ttl).await
-                }
+                async move { b.try_acquire(name, &owner, ttl).await }
             },
             || self.backend.subscribe(name),
         )
         .instrument(span)
         .await?;
-        let mut guard = guard;
         if opts.watchdog {
             guard.keep_alive();
         }
@@ -286,9 +282,9 @@ pub(crate) async fn acquire_claim<A, AF, S, SF>(
     queued: bool,
     mut attempt: A,
     subscribe: S,
-) -> Result<(Guard, OwnerToken)>
+) -> Result<Guard>
 where
-    A: FnMut(OwnerToken, Instant) -> AF,
+    A: FnMut(OwnerToken) -> AF,
     AF: Future<Output = Result<Attempt>>,
     S: FnOnce() -> SF,
     SF: Future<Output = Result<crate::wake::Waiter>>,
@@ -312,7 +308,7 @@ where
         || {
             let now = Instant::now();
             *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
-            attempt(owner, now)
+            attempt(owner)
         },
         subscribe,
         deadline,
@@ -331,7 +327,7 @@ where
     match outcome.granted {
         Some(token) => {
             let sent_at = *sent.lock().unwrap_or_else(|p| p.into_inner());
-            Ok((Guard::new(backend, name, owner, token, ttl, sent_at), owner))
+            Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
             if outcome.ambiguous || (queued && outcome.subscribed) {
