@@ -13,12 +13,31 @@ use std::time::Duration;
 use crate::types::{Algorithm, Decision, Quota};
 
 /// The stored state of one limiter key under one algorithm, with the
-/// quota it was computed under: a key checked with a different limit or
-/// window starts its accounting afresh (the old numbers mean nothing under
-/// the new quota; GCRA's in particular are scaled by the limit).
+/// limit and window it was last computed under.
+///
+/// **Quota changes carry the state over** (DESIGN §3): a key checked with
+/// another limit or window never gets a fresh allowance, so callers with
+/// different quotas on one key (a rolling configuration change) cannot
+/// reset each other. Each check admits a request only if, counted the way
+/// its algorithm counts, its own quota allows it:
+/// - sliding log: entries are kept for the largest window the key was
+///   checked with while it was busy; a check counts those within its own
+///   window against its own limit;
+/// - fixed window: a running window keeps counting (against the checking
+///   quota's limit) until it ends, whatever the checking quota's window;
+///   the next window is aligned for the quota that opens it;
+/// - sliding-window counter: a new window length continues from the old
+///   estimate (previous window weighted plus current), carried as the new
+///   current count;
+/// - GCRA: the backlog is carried over in requests owed, rescaled to the
+///   new emission interval (window / limit), rounded up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitState {
+    /// The limit of the last check (GCRA's TAT is scaled by it).
     limit: u64,
+    /// Sliding log: how long entries are kept (the largest window seen
+    /// while busy). Fixed and sliding window: the window length the index
+    /// counts in. GCRA: the window of the last check.
     window: u128,
     algo: Algo,
 }
@@ -79,25 +98,43 @@ impl LimitState {
     /// Check a request of `cost` at time `now` (ns since the epoch) against
     /// `quota`, recording it in the state if admitted. The caller has
     /// checked `1 <= cost <= limit` and a non-zero window. A quota other
-    /// than the state's starts it afresh.
+    /// than the state's carries the state over (see [`LimitState`]); a
+    /// different algorithm starts afresh (its state is another key).
     pub fn check(&mut self, now: u128, quota: &Quota, cost: u64) -> Decision {
         let w = quota.window.as_nanos().max(1);
         let limit = quota.limit;
-        if self.limit != limit || self.window != w || self.algo.algorithm() != quota.algorithm {
+        if self.algo.algorithm() != quota.algorithm {
             *self = LimitState::new(quota);
         }
         match &mut self.algo {
-            Algo::SlidingLog(log) => sliding_log(log, now, w, limit, cost),
+            Algo::SlidingLog(log) => {
+                // Keep entries for the largest window in use; a key whose
+                // log has emptied takes the checking quota's window.
+                while log.front().is_some_and(|(t, _)| t + self.window <= now) {
+                    log.pop_front();
+                }
+                if log.is_empty() {
+                    self.window = w;
+                } else {
+                    self.window = self.window.max(w);
+                }
+                self.limit = limit;
+                sliding_log(log, now, w, limit, cost)
+            }
             Algo::FixedWindow { index, count } => {
-                let cur = now / w;
-                if *index != cur {
-                    *index = cur;
+                // A running window keeps counting until it ends; the next
+                // one is aligned for the quota that opens it.
+                if *index != now / self.window {
+                    self.window = w;
+                    *index = now / w;
                     *count = 0;
                 }
-                let to_end = nanos(w - now % w);
+                self.limit = limit;
+                let ws = self.window;
+                let to_end = nanos(ws - now % ws);
                 let allowed = cost <= limit.saturating_sub(*count);
                 if allowed {
-                    *count += cost;
+                    *count = count.saturating_add(cost);
                 }
                 Decision {
                     allowed,
@@ -107,15 +144,39 @@ impl LimitState {
                 }
             }
             Algo::SlidingWindow { index, curr, prev } => {
-                let cur = now / w;
+                let ws = self.window;
+                let cur = now / ws;
                 if *index != cur {
                     *prev = if cur == *index + 1 { *curr } else { 0 };
                     *curr = 0;
                     *index = cur;
                 }
+                if ws != w {
+                    // Carry the old estimate (rounded up) into the new
+                    // window length as its current count.
+                    let into = now % ws;
+                    let est = (u128::from(*prev) * (ws - into)).div_ceil(ws) + u128::from(*curr);
+                    *index = now / w;
+                    *curr = est.min(u128::from(u64::MAX)) as u64;
+                    *prev = 0;
+                    self.window = w;
+                }
+                self.limit = limit;
                 sliding_window(curr, *prev, now % w, w, limit, cost)
             }
-            Algo::Gcra { tat } => gcra(tat, now, w, limit, cost),
+            Algo::Gcra { tat } => {
+                if self.limit != limit || self.window != w {
+                    // Carry the backlog over in requests owed: scaled units
+                    // are ns x limit, one request is `window` of them.
+                    let (l_old, w_old) = (u128::from(self.limit), self.window);
+                    let backlog = tat.saturating_sub(now * l_old);
+                    let rescaled = (backlog / w_old) * w + ((backlog % w_old) * w).div_ceil(w_old);
+                    *tat = now * u128::from(limit) + rescaled;
+                    self.limit = limit;
+                    self.window = w;
+                }
+                gcra(tat, now, w, limit, cost)
+            }
         }
     }
 
@@ -197,7 +258,11 @@ impl LimitState {
     }
 }
 
-/// Exact sliding log of (time, cost) entries.
+/// Exact sliding log of (time, cost) entries, one per admitted request
+/// (so time and memory grow with the number of requests, never with their
+/// cost). The caller has dropped the entries past the retention window;
+/// those older than `w` are kept (a larger quota may still count them) but
+/// not counted here.
 fn sliding_log(
     log: &mut VecDeque<(u128, u64)>,
     now: u128,
@@ -205,12 +270,12 @@ fn sliding_log(
     limit: u64,
     cost: u64,
 ) -> Decision {
-    while log.front().is_some_and(|(t, _)| t + w <= now) {
-        log.pop_front();
-    }
-    // Every entry was admitted within the limit, so the sum fits; saturate
+    let first = log.len() - log.iter().rev().take_while(|(t, _)| t + w > now).count();
+    // Every entry was admitted within a limit, so the sum fits; saturate
     // anyway rather than trust it.
-    let used: u64 = log.iter().fold(0u64, |a, (_, c)| a.saturating_add(*c));
+    let used: u64 = log
+        .range(first..)
+        .fold(0u64, |a, (_, c)| a.saturating_add(*c));
     if cost <= limit.saturating_sub(used) {
         log.push_back((now, cost));
         return Decision {
@@ -221,11 +286,11 @@ fn sliding_log(
         };
     }
     // Denied: wait until enough of the oldest entries fall out.
-    let mut freed = 0;
+    let mut freed = 0u64;
     let mut retry_after = nanos(w);
-    for (t, c) in log.iter() {
-        freed += c;
-        if cost <= limit.saturating_sub(used - freed) {
+    for (t, c) in log.range(first..) {
+        freed = freed.saturating_add(*c);
+        if cost <= limit.saturating_sub(used.saturating_sub(freed)) {
             retry_after = nanos((t + w).saturating_sub(now));
             break;
         }
@@ -346,7 +411,7 @@ mod tests {
     }
 
     #[test]
-    fn a_new_quota_starts_afresh() {
+    fn an_idle_key_takes_a_new_quota_at_once() {
         for alg in Algorithm::ALL {
             let big = Quota::new(1000, Duration::from_secs(1), alg);
             let small = Quota::new(10, Duration::from_secs(1), alg);
@@ -358,6 +423,84 @@ mod tests {
             let d = st.check(t0 + 10 * S, &small, 1);
             assert!(d.allowed && d.remaining == 9, "{alg:?}: {d:?}");
         }
+    }
+
+    #[test]
+    fn alternating_quotas_never_reset_each_other() {
+        for alg in Algorithm::ALL {
+            let a = Quota::new(10, Duration::from_secs(600), alg);
+            let b = Quota::new(11, Duration::from_secs(600), alg);
+            let mut st = LimitState::new(&a);
+            let t0 = 1000 * S + 7;
+            let admitted = (0..1000u128)
+                .filter(|i| {
+                    let q = if i % 2 == 0 { &a } else { &b };
+                    st.check(t0 + i * 1_000_000, q, 1).allowed
+                })
+                .count();
+            assert!(admitted <= 11, "{alg:?}: {admitted} admitted");
+            assert!(admitted >= 10, "{alg:?}: {admitted} admitted");
+        }
+    }
+
+    #[test]
+    fn a_lowered_limit_counts_what_was_admitted() {
+        for alg in Algorithm::ALL {
+            let big = Quota::new(20, Duration::from_secs(600), alg);
+            let small = Quota::new(10, Duration::from_secs(600), alg);
+            let mut st = LimitState::new(&big);
+            let t0 = 1000 * S + 7;
+            for i in 0..15 {
+                assert!(st.check(t0 + i, &big, 1).allowed, "{alg:?}");
+            }
+            let d = st.check(t0 + 20, &small, 1);
+            assert!(!d.allowed && d.remaining == 0, "{alg:?}: {d:?}");
+            // And the larger quota still sees its 15.
+            let admitted = (0..10)
+                .filter(|i| st.check(t0 + 30 + i, &big, 1).allowed)
+                .count();
+            assert_eq!(admitted, 5, "{alg:?}");
+        }
+    }
+
+    #[test]
+    fn a_changed_window_carries_the_count() {
+        for alg in Algorithm::ALL {
+            let long = Quota::new(10, Duration::from_secs(600), alg);
+            let short = Quota::new(10, Duration::from_secs(60), alg);
+            let mut st = LimitState::new(&long);
+            let t0 = 6000 * S + 7;
+            for i in 0..10 {
+                assert!(st.check(t0 + i, &long, 1).allowed, "{alg:?}");
+            }
+            // Alternating windows with the same limit: nothing more within
+            // the short window of the burst.
+            let extra = (0..100u128)
+                .filter(|i| {
+                    let q = if i % 2 == 0 { &short } else { &long };
+                    st.check(t0 + 100 + i, q, 1).allowed
+                })
+                .count();
+            assert_eq!(extra, 0, "{alg:?}");
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_keeps_entries_for_the_largest_window() {
+        let long = Quota::new(10, Duration::from_secs(600), Algorithm::SlidingLog);
+        let short = Quota::new(10, Duration::from_secs(60), Algorithm::SlidingLog);
+        let mut st = LimitState::new(&long);
+        let t0 = 6000 * S;
+        for i in 0..10 {
+            assert!(st.check(t0 + i, &long, 1).allowed);
+        }
+        // Past the short window: the short quota admits afresh...
+        let t1 = t0 + 61 * S;
+        assert!(st.check(t1, &short, 1).allowed);
+        // ...but the long quota still counts the first ten.
+        assert!(!st.check(t1 + 1, &long, 1).allowed);
+        let round = LimitState::decode(Algorithm::SlidingLog, &st.encode()).unwrap();
+        assert_eq!(round, st);
     }
 
     #[test]
