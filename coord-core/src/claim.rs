@@ -88,6 +88,9 @@ struct Inner {
     lost_token: OnceLock<CancellationToken>,
     /// Woken on release, to end helper tasks.
     ended: Notify,
+    /// Woken when an explicit extend moved the deadline or changed the TTL,
+    /// so the watchdog and the lost timer plan again.
+    replan: Notify,
     /// Serialises renewals with release, so no renewal outlives release.
     op: tokio::sync::Mutex<()>,
     timer_started: AtomicBool,
@@ -144,10 +147,13 @@ impl Inner {
         loop {
             let notified = self.lost_notify.notified();
             let ended = self.ended.notified();
+            let replanned = self.replan.notified();
             tokio::pin!(notified);
             tokio::pin!(ended);
+            tokio::pin!(replanned);
             notified.as_mut().enable();
             ended.as_mut().enable();
+            replanned.as_mut().enable();
             if self.is_lost() {
                 // Whoever sees the flag makes sure the token agrees before
                 // returning (mark_lost may still be between the two).
@@ -164,6 +170,7 @@ impl Inner {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = &mut ended => {}
+                _ = &mut replanned => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     if !self.is_released() && Instant::now() >= self.deadline() {
                         self.mark_lost("validity deadline passed without renewal");
@@ -245,6 +252,7 @@ impl Guard {
                 lost_notify: Notify::new(),
                 lost_token: OnceLock::new(),
                 ended: Notify::new(),
+                replan: Notify::new(),
                 op: tokio::sync::Mutex::new(()),
                 timer_started: AtomicBool::new(false),
             }),
@@ -289,7 +297,10 @@ impl Guard {
 
     /// Extend the claim so it expires `ttl` from now, iff this owner still
     /// holds it (compare-and-expire on the store). Never resurrects an
-    /// expired claim and never changes the fencing token.
+    /// expired claim and never changes the fencing token. `ttl` becomes the
+    /// claim's TTL: a running watchdog renews with it from now on (planning
+    /// its next renewal from the new deadline, so a shorter TTL is renewed
+    /// in time) and the lost signal follows the new deadline.
     ///
     /// Errors: [`Error::NotHeld`] if the claim was lost (the lost signal
     /// fires too); [`Error::InvalidArgument`] for a bad TTL (nothing sent).
@@ -310,6 +321,9 @@ impl Guard {
             let sent_at = Instant::now();
             if inner.backend.renew(&inner.name, &inner.owner, ttl).await? {
                 inner.renewed(sent_at, ttl);
+                // A shorter TTL must bring the watchdog's next renewal and
+                // the lost timer forward.
+                inner.replan.notify_waiters();
                 Ok(())
             } else {
                 inner.mark_lost("extend found the claim gone");
@@ -471,6 +485,10 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
         loop {
             // Renew when two thirds of the TTL are left: a third of the TTL
             // after each renewal, and at once for a watchdog started late.
+            // An explicit extend re-plans (its TTL may be shorter).
+            let replanned = inner.replan.notified();
+            tokio::pin!(replanned);
+            replanned.as_mut().enable();
             let ttl = inner.ttl();
             let renew_at = inner
                 .deadline()
@@ -478,6 +496,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                 .unwrap_or_else(Instant::now);
             tokio::select! {
                 _ = stop.cancelled() => return,
+                _ = &mut replanned => continue,
                 _ = tokio::time::sleep_until(renew_at.max(Instant::now() + Duration::from_millis(1))) => {}
             }
             if inner.is_lost() {

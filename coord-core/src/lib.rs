@@ -43,7 +43,7 @@ pub use error::{Error, Result};
 pub use fencing::{FencedRegister, Fencing};
 pub use lease::Leases;
 pub use limiter::RateLimiter;
-pub use lock::{LockOptions, Locks, MultiGuard};
+pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     Algorithm, Arrival, Capabilities, Decision, FencingDurability, FencingToken, LeaderInfo,

@@ -162,42 +162,67 @@ impl Locks {
 
     /// Run `work` while holding `name`, with the watchdog on, and release
     /// afterwards. If ownership is lost while `work` runs, `work` is stopped
-    /// (its future dropped) and [`Error::Lost`] is returned.
+    /// (its future dropped) and [`WithLockError::Lock`] carries
+    /// [`Error::Lost`].
     ///
     /// `work` receives an [`Ownership`] with the fencing token to pass to
     /// the resources it writes.
     ///
+    /// **The work's result is never thrown away.** Once `work` has
+    /// finished, a failed release (the store briefly unavailable, or the
+    /// lock found expired) is [`WithLockError::Release`], which carries the
+    /// output next to the error: the work ran to completion and must not be
+    /// redone. The lock then ends at its TTL at the latest. `?` converts
+    /// either variant into [`Error`] (dropping the output knowingly); match
+    /// on it where the output matters.
+    ///
     /// ```
     /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
     /// use std::time::Duration;
-    /// use coord_core::LockOptions;
+    /// use coord_core::{LockOptions, WithLockError};
     /// let locks = coord.locks()?;
     /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(5));
-    /// let total = locks.with_lock("report", opts, |held| async move {
+    /// let total = match locks.with_lock("report", opts, |held| async move {
     ///     // ... write with held.fencing_token() ...
     ///     held.fencing_token().get()
-    /// }).await?;
+    /// }).await {
+    ///     Ok(total) => total,
+    ///     // Done, but the release failed: keep the result, do not redo it.
+    ///     Err(WithLockError::Release { output, .. }) => output,
+    ///     Err(WithLockError::Lock(e)) => return Err(e),
+    /// };
     /// # let _ = total; Ok(()) }
     /// ```
-    pub async fn with_lock<F, Fut, T>(&self, name: &str, opts: LockOptions, work: F) -> Result<T>
+    pub async fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        opts: LockOptions,
+        work: F,
+    ) -> std::result::Result<T, WithLockError<T>>
     where
         F: FnOnce(Ownership) -> Fut,
         Fut: Future<Output = T>,
     {
-        let guard = self.acquire_with(name, opts.watchdog(true)).await?;
+        let guard = self
+            .acquire_with(name, opts.watchdog(true))
+            .await
+            .map_err(WithLockError::Lock)?;
         let lost = guard.lost();
         let fut = work(guard.ownership());
         tokio::select! {
             biased;
             _ = lost => {
                 let _ = guard.release().await;
-                Err(Error::Lost { name: name.to_string() })
+                Err(WithLockError::Lock(Error::Lost { name: name.to_string() }))
             }
-            out = fut => {
+            output = fut => {
                 match guard.release().await {
-                    Ok(()) => Ok(out),
-                    Err(Error::NotHeld { .. }) => Err(Error::Lost { name: name.to_string() }),
-                    Err(e) => Err(e),
+                    Ok(()) => Ok(output),
+                    Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
+                        output,
+                        error: Error::Lost { name: name.to_string() },
+                    }),
+                    Err(error) => Err(WithLockError::Release { output, error }),
                 }
             }
         }
@@ -425,5 +450,69 @@ impl MultiGuard {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// Why [`Locks::with_lock`] did not simply return the work's output.
+#[derive(Debug)]
+pub enum WithLockError<T> {
+    /// The lock was not acquired, or it was lost while the work ran (the
+    /// work was stopped before it finished: [`Error::Lost`]). There is no
+    /// output.
+    Lock(Error),
+    /// The work finished, then releasing the lock failed: `error` says why
+    /// ([`Error::Lost`] if the store no longer held it for us, so part of
+    /// the work may have run unprotected). The lock ends at its TTL at the
+    /// latest. `output` is the work's result: do not redo the work.
+    Release {
+        /// What the work returned.
+        output: T,
+        /// Why the release failed.
+        error: Error,
+    },
+}
+
+impl<T> WithLockError<T> {
+    /// The error, dropping any output.
+    pub fn error(&self) -> &Error {
+        match self {
+            WithLockError::Lock(e) | WithLockError::Release { error: e, .. } => e,
+        }
+    }
+
+    /// The work's output, if it finished.
+    pub fn into_output(self) -> Option<T> {
+        match self {
+            WithLockError::Lock(_) => None,
+            WithLockError::Release { output, .. } => Some(output),
+        }
+    }
+}
+
+impl<T> std::fmt::Display for WithLockError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WithLockError::Lock(e) => e.fmt(f),
+            WithLockError::Release { error, .. } => write!(
+                f,
+                "the work under the lock finished, but releasing the lock failed \
+                 (it ends at its TTL; do not redo the work): {error}"
+            ),
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::error::Error for WithLockError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.error())
+    }
+}
+
+impl<T> From<WithLockError<T>> for Error {
+    /// The error; a finished work's output is dropped.
+    fn from(e: WithLockError<T>) -> Error {
+        match e {
+            WithLockError::Lock(e) | WithLockError::Release { error: e, .. } => e,
+        }
     }
 }

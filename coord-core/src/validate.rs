@@ -36,8 +36,34 @@ pub fn name(field: &'static str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The smallest TTL whose guard is usable: after the drift margin
+/// ([`drift`](crate::drift): 1 % + 2 ms) is taken off, at least half of it
+/// is left as validity. Below it a guard would be invalid at birth, or
+/// nearly so.
+pub const MIN_USABLE_TTL: Duration = Duration::from_millis(5);
+
+/// The smallest TTL this backend accepts for a claim (lock, lease,
+/// leadership): [`MIN_USABLE_TTL`] and the backend's minimum, rounded up
+/// to its granularity.
+pub fn min_usable_ttl(caps: &Capabilities) -> Duration {
+    round_up(MIN_USABLE_TTL.max(caps.min_ttl), caps.ttl_granularity)
+}
+
+fn round_up(t: Duration, granularity: Duration) -> Duration {
+    let g = granularity.as_nanos();
+    if g <= 1 {
+        return t;
+    }
+    let rounded = t.as_nanos().div_ceil(g) * g;
+    Duration::from_nanos(rounded.min(u64::MAX as u128) as u64)
+}
+
 /// Check a TTL against the backend's capabilities and return it rounded UP
 /// to the backend's granularity and minimum (never down).
+///
+/// A TTL that would still leave a guard (almost) no validity after the
+/// drift margin, i.e. below [`min_usable_ttl`] once rounded, is
+/// [`Error::InvalidArgument`] naming the smallest usable TTL.
 pub fn ttl(field: &'static str, ttl: Duration, caps: &Capabilities) -> Result<Duration> {
     if ttl.is_zero() {
         return Err(Error::invalid(field, "must be greater than zero"));
@@ -48,12 +74,17 @@ pub fn ttl(field: &'static str, ttl: Duration, caps: &Capabilities) -> Result<Du
             format!("is {ttl:?}; at most one year ({MAX_TTL:?}) is allowed"),
         ));
     }
-    let mut t = ttl.max(caps.min_ttl);
-    let g = caps.ttl_granularity.as_nanos();
-    if g > 1 {
-        let n = t.as_nanos();
-        let rounded = n.div_ceil(g) * g;
-        t = Duration::from_nanos(rounded.min(u64::MAX as u128) as u64);
+    let t = round_up(ttl.max(caps.min_ttl), caps.ttl_granularity);
+    let usable = min_usable_ttl(caps);
+    if t < usable {
+        return Err(Error::invalid(
+            field,
+            format!(
+                "is {ttl:?}; a guard needs at least {usable:?} on the {} backend \
+                 (the drift margin of 1 % + 2 ms would leave it invalid at birth)",
+                caps.backend
+            ),
+        ));
     }
     Ok(t)
 }

@@ -167,13 +167,22 @@ where
 }
 
 /// How long to sleep when the holder's TTL is known: until just after it
-/// runs out, but never longer than a jittered poll interval.
+/// runs out, plus a random spread so the waiters of every process do not
+/// all retry in the same millisecond, but never longer than a jittered poll
+/// interval.
 fn hint(expires_in: Option<Duration>, poll: Duration) -> Duration {
     let p = jittered(poll);
     match expires_in {
-        Some(e) => p.min(e + Duration::from_millis(1)),
+        Some(e) => p.min(e + Duration::from_millis(1) + expiry_spread(e)),
         None => p,
     }
+}
+
+/// A random delay in `0..=clamp(e / 10, 2 ms, 50 ms)` added to a holder's
+/// expiry hint `e`.
+fn expiry_spread(e: Duration) -> Duration {
+    let max = (e / 10).clamp(Duration::from_millis(2), Duration::from_millis(50));
+    Duration::from_nanos(rand::rng().random_range(0..=max.as_nanos() as u64))
 }
 
 #[cfg(test)]
@@ -189,6 +198,23 @@ mod tests {
             let j = jittered(Duration::from_millis(100));
             assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
         }
+    }
+
+    #[test]
+    fn expiry_hints_are_spread_and_never_early() {
+        let e = Duration::from_millis(500);
+        let hints: Vec<Duration> = (0..200)
+            .map(|_| hint(Some(e), Duration::from_secs(10)))
+            .collect();
+        let (lo, hi) = (hints.iter().min().unwrap(), hints.iter().max().unwrap());
+        assert!(*lo >= e + Duration::from_millis(1), "{lo:?}");
+        assert!(*hi <= e + Duration::from_millis(51), "{hi:?}");
+        assert!(
+            *hi - *lo >= Duration::from_millis(10),
+            "not spread: {lo:?}..{hi:?}"
+        );
+        // A short poll interval still bounds the sleep.
+        assert!(hint(Some(e), Duration::from_millis(100)) <= Duration::from_millis(100));
     }
 
     #[tokio::test(start_paused = true)]

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use coord_core::{Error, FencedRegister, FencingToken, LockOptions};
+use coord_core::{Error, FencedRegister, FencingToken, LockOptions, WithLockError};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::{Factory, PROMPT, ttl, unique};
@@ -421,7 +421,7 @@ pub async fn lock_lost_signal_fires_and_with_lock_stops(f: &Factory) {
         .expect("with_lock did not stop the closure")
         .unwrap();
     assert!(
-        matches!(r, Err(Error::Lost { .. })),
+        matches!(r, Err(WithLockError::Lock(Error::Lost { .. }))),
         "with_lock returned {r:?}"
     );
     assert!(stopped.load(Ordering::SeqCst));

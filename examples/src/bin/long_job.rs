@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use coord::{Error, LockOptions};
+use coord::{Error, LockOptions, WithLockError};
 use coord_examples::{connect, fresh};
 
 #[tokio::main]
@@ -45,7 +45,9 @@ async fn main() -> coord::Result<()> {
         .await;
     killer.await.expect("task")?;
     match r {
-        Err(e @ Error::Lost { .. }) => println!("job: stopped as soon as the lock was lost: {e}"),
+        Err(WithLockError::Lock(e @ Error::Lost { .. })) => {
+            println!("job: stopped as soon as the lock was lost: {e}")
+        }
         other => panic!("expected Lost, got {other:?}"),
     }
     Ok(())
