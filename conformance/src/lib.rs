@@ -121,6 +121,17 @@ pub const CASES: &[&str] = &[
     "input_bad_ttls_and_quotas_are_rejected",
     "input_odd_names_are_ordinary_and_separate",
     "input_kinds_of_one_name_do_not_collide",
+    "lock_sub_second_ttl_is_honoured",
+    "lock_waiter_takes_over_at_a_crashed_holders_expiry",
+    "lock_extend_moves_the_local_deadline",
+    "lock_shortened_extend_replans_watchdog_and_lost_signal",
+    "claims_released_after_expiry_are_not_held",
+    "election_expired_leader_is_gone_and_cannot_renew",
+    "barrier_completion_wakes_waiters_promptly",
+    "barrier_retried_completing_arrival_joins_no_later_generation",
+    "limiter_quota_change_grants_no_fresh_allowance",
+    "limiter_sliding_algorithms_do_not_reset_at_window_boundaries",
+    "input_ttl_below_the_drift_margin_is_rejected",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -165,6 +176,17 @@ macro_rules! suite {
             input_bad_ttls_and_quotas_are_rejected,
             input_odd_names_are_ordinary_and_separate,
             input_kinds_of_one_name_do_not_collide,
+            lock_sub_second_ttl_is_honoured,
+            lock_waiter_takes_over_at_a_crashed_holders_expiry,
+            lock_extend_moves_the_local_deadline,
+            lock_shortened_extend_replans_watchdog_and_lost_signal,
+            claims_released_after_expiry_are_not_held,
+            election_expired_leader_is_gone_and_cannot_renew,
+            barrier_completion_wakes_waiters_promptly,
+            barrier_retried_completing_arrival_joins_no_later_generation,
+            limiter_quota_change_grants_no_fresh_allowance,
+            limiter_sliding_algorithms_do_not_reset_at_window_boundaries,
+            input_ttl_below_the_drift_margin_is_rejected,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

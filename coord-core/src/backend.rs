@@ -168,7 +168,22 @@ pub trait Barrier: Send + Sync + 'static {
     /// current generation was started with is
     /// [`Error::InvalidArgument`](crate::Error::InvalidArgument) and changes
     /// nothing.
-    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival>;
+    ///
+    /// `arrival` identifies one wait: the core draws it once per
+    /// [`Barriers::wait`](crate::Barriers::wait) and sends the same one on
+    /// every retry. An arrival whose id was recorded in the generation that
+    /// completed last (its reply was lost, and this is the retry) returns
+    /// `Arrival { generation: that one, complete: true }` and changes
+    /// nothing: a retried completing arrival never joins the next
+    /// generation. Backends keep the ids of at least the last completed
+    /// generation.
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<Arrival>;
 
     /// Whether `generation` of `name` has completed.
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool>;

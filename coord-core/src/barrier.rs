@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::backend::Barrier;
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::types::Arrival;
+use crate::types::{Arrival, OwnerToken};
 use crate::wake::Waiter;
 use crate::{validate, wait};
 
@@ -112,6 +112,7 @@ impl Barriers {
                 name.to_string(),
                 parties,
                 participant.to_string(),
+                OwnerToken::random(),
                 deadline,
                 self.settings.poll_interval,
             ));
@@ -182,19 +183,21 @@ impl Barriers {
 }
 
 /// Record an arrival, retrying retryable errors until the deadline
-/// (arriving is idempotent per participant, so a retry after a lost reply
-/// counts once).
+/// (arriving is idempotent per participant and per arrival id, so a retry
+/// after a lost reply counts once, even if that arrival completed its
+/// generation).
 async fn arrive(
     backend: Arc<dyn Barrier>,
     name: String,
     parties: u32,
     participant: String,
+    arrival: OwnerToken,
     deadline: Instant,
     poll: Duration,
 ) -> Result<Arrival> {
     let mut backoff = Duration::from_millis(20);
     loop {
-        match backend.arrive(&name, parties, &participant).await {
+        match backend.arrive(&name, parties, &participant, &arrival).await {
             Err(e) if e.is_retryable() && Instant::now() + backoff < deadline => {
                 tracing::debug!(error = %e, "barrier arrive failed, retrying");
                 tokio::time::sleep(backoff).await;

@@ -117,6 +117,14 @@ impl Coord {
     pub fn raw_lock(&self) -> Result<Arc<dyn Lock>> {
         self.lock.clone().ok_or_else(|| self.unsupported("locks"))
     }
+
+    /// The raw barrier backend (no waiting, retries or validation): for
+    /// backend authors and tests. Users want [`Coord::barriers`].
+    pub fn raw_barrier(&self) -> Result<Arc<dyn Barrier>> {
+        self.barrier
+            .clone()
+            .ok_or_else(|| self.unsupported("barriers"))
+    }
 }
 
 /// Builds a [`Coord`] from the primitives a backend implements.

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use coord_core::barrier_state::BarrierState;
 use coord_core::limit::LimitState;
 use coord_core::util::bounded;
-use coord_core::{Algorithm, Arrival, Decision, Error, Result};
+use coord_core::{Algorithm, Arrival, Decision, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use tokio::sync::oneshot;
@@ -87,6 +87,7 @@ impl Shared {
         name: &str,
         parties: u32,
         participant: &str,
+        arrival: &OwnerToken,
     ) -> Result<Arrival> {
         let key = self.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier arrive";
@@ -95,7 +96,7 @@ impl Shared {
                 Some(v) => decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
                 None => BarrierState::default(),
             };
-            let (arrival, changed) = b.arrive(name, parties, participant, |g| g + 1)?;
+            let (arrival, changed) = b.arrive(name, parties, participant, arrival, |g| g + 1)?;
             Ok((changed.then(|| b.encode().into_bytes()), arrival))
         })
         .await
@@ -275,7 +276,11 @@ mod tests {
         let b = BarrierState {
             parties: 3,
             generation: 7,
-            arrived: vec!["a b".into(), "ünï".into()],
+            arrived: vec![
+                ("a b".into(), OwnerToken::random().to_hex()),
+                ("ünï".into(), OwnerToken::random().to_hex()),
+            ],
+            last: Some((6, vec![OwnerToken::random().to_hex()])),
         };
         assert_eq!(BarrierState::decode(&b.encode()), Some(b.clone()));
         let empty = BarrierState {
@@ -283,7 +288,7 @@ mod tests {
             ..b
         };
         assert_eq!(BarrierState::decode(&empty.encode()), Some(empty));
-        assert_eq!(generation_of(b"2\n5"), Some(5));
+        assert_eq!(generation_of(b"2\n5\n-"), Some(5));
     }
 
     #[test]

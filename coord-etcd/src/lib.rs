@@ -241,8 +241,16 @@ impl coord_core::Barrier for EtcdBackend {
         &self.shared.caps
     }
 
-    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
-        self.shared.barrier_arrive(name, parties, participant).await
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<Arrival> {
+        self.shared
+            .barrier_arrive(name, parties, participant, arrival)
+            .await
     }
 
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {

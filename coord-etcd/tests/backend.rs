@@ -259,16 +259,30 @@ async fn barrier_generations_idempotence_and_party_mismatch() {
     let b = backend().await;
     let name = "barrier";
     let w = Barrier::subscribe(&*b, name).await.unwrap();
-    let r1 = a.arrive(name, 2, "p1").await.unwrap();
+    let r1 = a
+        .arrive(name, 2, "p1", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert!(!r1.complete);
-    assert_eq!(a.arrive(name, 2, "p1").await.unwrap(), r1);
-    let e = b.arrive(name, 3, "p2").await.unwrap_err();
+    assert_eq!(
+        a.arrive(name, 2, "p1", &coord_core::OwnerToken::random())
+            .await
+            .unwrap(),
+        r1
+    );
+    let e = b
+        .arrive(name, 3, "p2", &coord_core::OwnerToken::random())
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert!(!a.is_complete(name, r1.generation).await.unwrap());
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    let r2 = b.arrive(name, 2, "p2").await.unwrap();
+    let r2 = b
+        .arrive(name, 2, "p2", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert!(r2.complete);
     assert_eq!(r2.generation, r1.generation);
     timeout(Duration::from_secs(3), notified)
@@ -276,7 +290,10 @@ async fn barrier_generations_idempotence_and_party_mismatch() {
         .expect("completion wakes waiters");
     assert!(a.is_complete(name, r1.generation).await.unwrap());
     // Next generation; withdraw before it completes.
-    let r3 = a.arrive(name, 2, "p1").await.unwrap();
+    let r3 = a
+        .arrive(name, 2, "p1", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert_eq!(r3.generation, r1.generation + 1);
     assert!(a.withdraw(name, r3.generation, "p1").await.unwrap());
     assert!(!a.withdraw(name, r1.generation, "p1").await.unwrap());

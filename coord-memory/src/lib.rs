@@ -460,7 +460,13 @@ impl coord_core::Barrier for MemoryBackend {
         &self.caps
     }
 
-    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<Arrival> {
         let arrival = {
             let mut shard = self.barriers.shard(name);
             // Generations come from the store's counter, so they keep
@@ -470,7 +476,7 @@ impl coord_core::Barrier for MemoryBackend {
                 || BarrierState::new(self.next_token()),
                 BarrierState::is_idle,
             );
-            b.arrive(name, parties, participant, |_| self.next_token())?
+            b.arrive(name, parties, participant, arrival, |_| self.next_token())?
                 .0
         };
         if arrival.complete {

@@ -660,7 +660,13 @@ impl Barrier for PostgresBackend {
         &self.caps
     }
 
-    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        _arrival: &OwnerToken,
+    ) -> Result<Arrival> {
         const OP: &str = "barrier arrive";
         let n = name.to_string();
         let p = participant.to_string();

@@ -645,7 +645,13 @@ impl coord_core::Barrier for RedisBackend {
         &self.caps
     }
 
-    async fn arrive(&self, name: &str, parties: u32, participant: &str) -> Result<Arrival> {
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        _arrival: &OwnerToken,
+    ) -> Result<Arrival> {
         let keys = self.keys.barrier(name);
         let parties_s = parties.to_string();
         let (channel, payload) = self.wake_args(Kind::Barrier, name);

@@ -611,10 +611,21 @@ async fn lease_election_barrier_basics() {
     assert_eq!(b.leader(&el).await.unwrap().unwrap().candidate, "bob");
 
     let bar = unique("barrier");
-    let a1 = b.arrive(&bar, 2, "p1").await.unwrap();
+    let a1 = b
+        .arrive(&bar, 2, "p1", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert!(!a1.complete);
-    assert_eq!(b.arrive(&bar, 2, "p1").await.unwrap(), a1);
-    let err = b.arrive(&bar, 3, "p2").await.unwrap_err();
+    assert_eq!(
+        b.arrive(&bar, 2, "p1", &coord_core::OwnerToken::random())
+            .await
+            .unwrap(),
+        a1
+    );
+    let err = b
+        .arrive(&bar, 3, "p2", &coord_core::OwnerToken::random())
+        .await
+        .unwrap_err();
     assert!(matches!(
         err,
         Error::InvalidArgument {
@@ -623,15 +634,26 @@ async fn lease_election_barrier_basics() {
         }
     ));
     assert!(!b.is_complete(&bar, a1.generation).await.unwrap());
-    let a2 = b.arrive(&bar, 2, "p2").await.unwrap();
+    let a2 = b
+        .arrive(&bar, 2, "p2", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert!(a2.complete && a2.generation == a1.generation);
     assert!(b.is_complete(&bar, a1.generation).await.unwrap());
     assert!(!b.withdraw(&bar, a1.generation, "p1").await.unwrap());
-    let a3 = b.arrive(&bar, 2, "p1").await.unwrap();
+    let a3 = b
+        .arrive(&bar, 2, "p1", &coord_core::OwnerToken::random())
+        .await
+        .unwrap();
     assert_eq!(a3.generation, a1.generation + 1);
     assert!(b.withdraw(&bar, a3.generation, "p1").await.unwrap());
     // After the withdrawal the generation is empty: another party count is fine.
-    assert!(!b.arrive(&bar, 3, "p1").await.unwrap().complete);
+    assert!(
+        !b.arrive(&bar, 3, "p1", &coord_core::OwnerToken::random())
+            .await
+            .unwrap()
+            .complete
+    );
 }
 
 #[tokio::test]

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use coord_core::Error;
+use coord_core::{Error, OwnerToken};
 use tokio::time::{sleep, timeout};
 
-use crate::{Factory, unique};
+use crate::{Factory, PROMPT, unique};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -185,5 +185,88 @@ pub async fn barrier_different_party_count_is_an_error(f: &Factory) {
         .unwrap();
     for t in tasks.into_iter().chain(more) {
         t.await.unwrap().unwrap();
+    }
+}
+
+/// Completing a generation wakes its waiters through the store's
+/// notification: with polling at 10 s, every waiter passes within
+/// [`PROMPT`] of the last arrival.
+pub async fn barrier_completion_wakes_waiters_promptly(f: &Factory) {
+    let name = unique("barrier-wake");
+    let mut tasks = Vec::new();
+    for p in ["w1", "w2"] {
+        let c = f.client().await.with_poll_interval(Duration::from_secs(10));
+        let n = name.clone();
+        tasks.push(tokio::spawn(async move {
+            c.barriers().unwrap().wait(&n, 3, p, WAIT).await
+        }));
+    }
+    // Let both arrive and settle into waiting on the notification.
+    sleep(Duration::from_millis(1500)).await;
+    let last = f.client().await;
+    let start = tokio::time::Instant::now();
+    let g = last
+        .barriers()
+        .unwrap()
+        .wait(&name, 3, "w3", WAIT)
+        .await
+        .unwrap();
+    for t in tasks {
+        let got = timeout(PROMPT * 2, t)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "a waiter was not woken within {:?} of completion (polling is 10 s)",
+                    PROMPT * 2
+                )
+            })
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, g);
+    }
+    assert!(start.elapsed() <= PROMPT * 2);
+}
+
+/// An arrival that completed a generation, retried with the same arrival
+/// id because its reply was lost, is told that generation completed; it
+/// never joins the next generation as a phantom member.
+pub async fn barrier_retried_completing_arrival_joins_no_later_generation(f: &Factory) {
+    let name = unique("barrier-retry");
+    let raw = f.client().await.raw_barrier().unwrap();
+    let (a1, a2) = (OwnerToken::random(), OwnerToken::random());
+    let first = raw.arrive(&name, 2, "p1", &a1).await.unwrap();
+    assert!(!first.complete);
+    let done = raw.arrive(&name, 2, "p2", &a2).await.unwrap();
+    assert!(done.complete && done.generation == first.generation);
+    // p2's reply was lost: the core retries with the same arrival id.
+    let retry = raw.arrive(&name, 2, "p2", &a2).await.unwrap();
+    assert_eq!(
+        retry, done,
+        "a retried completing arrival was not recognised"
+    );
+    // The next generation starts empty: one arrival does not complete it.
+    let next = raw
+        .arrive(&name, 2, "p3", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(
+        !next.complete,
+        "the retry joined the next generation as a phantom member"
+    );
+    assert!(next.generation > done.generation);
+    assert!(raw.withdraw(&name, next.generation, "p3").await.unwrap());
+    // And through the handle: the same participant's next wait is a new
+    // arrival in the new generation.
+    let c = f.client().await;
+    let tasks = spawn_waiters(f, &name, 2, &["p2"]).await;
+    let g = c
+        .barriers()
+        .unwrap()
+        .wait(&name, 2, "p4", WAIT)
+        .await
+        .unwrap();
+    assert!(g > done.generation);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), g);
     }
 }

@@ -171,3 +171,102 @@ pub async fn limiter_cost_over_limit_is_refused(f: &Factory) {
         );
     }
 }
+
+/// A quota change carries a key's state over: callers with different
+/// quotas on one key (a rolling configuration change) never reset each
+/// other, and a lowered limit counts what was already admitted.
+pub async fn limiter_quota_change_grants_no_fresh_allowance(f: &Factory) {
+    let c = f.client().await;
+    let lim = c.limiter().unwrap();
+    for algorithm in Algorithm::ALL {
+        let a = Quota::new(10, BURST_WINDOW, algorithm);
+        let b = Quota::new(11, BURST_WINDOW, algorithm);
+        early_in_window(&c, a).await;
+        let key = unique("quota-change");
+        let mut admitted = 0;
+        for i in 0..200 {
+            let q = if i % 2 == 0 { a } else { b };
+            if lim.check(&key, q).await.unwrap().allowed {
+                admitted += 1;
+            }
+        }
+        assert!(
+            (10..=11).contains(&admitted),
+            "{algorithm:?}: alternating 10 and 11 per window admitted {admitted}"
+        );
+
+        let key = unique("quota-lowered");
+        let big = Quota::new(20, BURST_WINDOW, algorithm);
+        let small = Quota::new(10, BURST_WINDOW, algorithm);
+        for _ in 0..15 {
+            assert!(lim.check(&key, big).await.unwrap().allowed, "{algorithm:?}");
+        }
+        let d = lim.check(&key, small).await.unwrap();
+        assert!(
+            !d.allowed,
+            "{algorithm:?}: 15 admitted under 20, then 10 per window admitted more: {d:?}"
+        );
+        let more = {
+            let mut n = 0;
+            for _ in 0..10 {
+                if lim.check(&key, big).await.unwrap().allowed {
+                    n += 1;
+                }
+            }
+            n
+        };
+        assert_eq!(more, 5, "{algorithm:?}: the larger quota lost count");
+    }
+}
+
+/// The sliding algorithms do not reset at window boundaries, as a fixed
+/// window does: after a burst of `limit`, the sliding log admits nothing
+/// until the burst ages out, and the sliding-window counter re-admits
+/// gradually (about one request per window / limit), never a new burst.
+pub async fn limiter_sliding_algorithms_do_not_reset_at_window_boundaries(f: &Factory) {
+    let c = f.client().await;
+    let lim = c.limiter().unwrap();
+    let w = Duration::from_secs(2);
+    for algorithm in [Algorithm::SlidingLog, Algorithm::SlidingWindow] {
+        let q = Quota::new(10, w, algorithm);
+        let key = unique("boundary");
+        let t0 = tokio::time::Instant::now();
+        for _ in 0..10 {
+            assert!(lim.check(&key, q).await.unwrap().allowed, "{algorithm:?}");
+        }
+        let burst_end = t0.elapsed();
+        let mut admitted = Vec::new();
+        // Past at least one window boundary of the store.
+        while t0.elapsed() < w + Duration::from_millis(600) {
+            let before = t0.elapsed();
+            if lim.check(&key, q).await.unwrap().allowed {
+                admitted.push(before);
+            }
+            sleep(Duration::from_millis(20)).await;
+        }
+        match algorithm {
+            Algorithm::SlidingLog => {
+                let early: Vec<_> = admitted
+                    .iter()
+                    .filter(|t| **t + Duration::from_millis(100) < w)
+                    .collect();
+                assert!(
+                    early.is_empty(),
+                    "sliding log admitted {early:?} within the window of a full burst (burst took {burst_end:?})"
+                );
+            }
+            _ => {
+                for (i, t) in admitted.iter().enumerate() {
+                    let within = admitted[i..]
+                        .iter()
+                        .filter(|u| **u < *t + Duration::from_millis(150))
+                        .count();
+                    assert!(
+                        within <= 2,
+                        "sliding window admitted {within} within 150 ms after {t:?}: {admitted:?} (a fixed window's reset)"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 mod barrier;
 mod election;
+mod expiry;
 mod fencing;
 mod input;
 mod lease;
@@ -11,6 +12,7 @@ mod lock;
 
 pub use barrier::*;
 pub use election::*;
+pub use expiry::*;
 pub use fencing::*;
 pub use input::*;
 pub use lease::*;
