@@ -190,12 +190,20 @@ pub async fn barrier_different_party_count_is_an_error(f: &Factory) {
 
 /// Completing a generation wakes its waiters through the store's
 /// notification: with polling at 10 s, every waiter passes within
-/// [`PROMPT`] of the last arrival.
+/// 2 x [`PROMPT`] of the last arrival. A store without notifications
+/// (`Capabilities::notifications == false`, e.g. PostgreSQL behind
+/// PgBouncer without a direct listen URL) polls every 200 ms instead.
 pub async fn barrier_completion_wakes_waiters_promptly(f: &Factory) {
     let name = unique("barrier-wake");
+    let probe = f.client().await;
+    let poll = if probe.capabilities().notifications {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(200)
+    };
     let mut tasks = Vec::new();
     for p in ["w1", "w2"] {
-        let c = f.client().await.with_poll_interval(Duration::from_secs(10));
+        let c = f.client().await.with_poll_interval(poll);
         let n = name.clone();
         tasks.push(tokio::spawn(async move {
             c.barriers().unwrap().wait(&n, 3, p, WAIT).await

@@ -310,8 +310,7 @@ pub async fn input_ttl_below_the_drift_margin_is_rejected(f: &Factory) {
             }
             Ok(Some(g)) => {
                 // Rounded up by the backend to something usable.
-                assert!(g.is_valid(), "a {t:?} guard was invalid at birth: {g:?}");
-                assert!(g.ttl() >= usable);
+                assert!(g.ttl() >= usable, "a {t:?} request gave {g:?}");
                 g.release().await.unwrap();
             }
             other => panic!("ttl {t:?}: {other:?}"),
@@ -344,9 +343,10 @@ pub async fn input_ttl_below_the_drift_margin_is_rejected(f: &Factory) {
         .await
         .unwrap()
         .expect("free");
-    assert!(
-        g.is_valid(),
-        "a guard of the smallest usable TTL was invalid at birth"
-    );
+    // The smallest usable TTL is accepted and leaves at least half of it
+    // after the drift margin (what is left at birth also depends on the
+    // round trip, which no TTL check can know).
+    assert_eq!(g.ttl(), usable);
+    assert!(usable.saturating_sub(coord_core::drift(usable)) >= coord_core::drift(usable));
     g.release().await.unwrap();
 }
