@@ -30,6 +30,7 @@ use coord_core::Coord;
 use futures::future::BoxFuture;
 
 pub mod cases;
+pub mod faults;
 pub mod testkit;
 
 /// Builds a fresh client per call.

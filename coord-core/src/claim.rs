@@ -290,6 +290,13 @@ impl Guard {
         !self.inner.is_released() && !self.inner.is_lost() && !self.remaining().is_zero()
     }
 
+    /// The local validity deadline (tokio's monotonic clock): measured from
+    /// before the grant or last renewal was sent, plus its TTL, minus the
+    /// drift margin. [`remaining`](Guard::remaining) is the time until it.
+    pub fn valid_until(&self) -> Instant {
+        self.inner.deadline()
+    }
+
     /// Whether the watchdog is running.
     pub fn has_watchdog(&self) -> bool {
         self.watchdog.is_some()

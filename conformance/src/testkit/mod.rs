@@ -4,4 +4,5 @@
 pub mod etcd;
 pub mod port;
 pub mod postgres;
+pub mod proxy;
 pub mod redis;

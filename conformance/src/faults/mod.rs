@@ -1,0 +1,251 @@
+//! Fault-injection workloads with recorded histories, written once for
+//! every store (DESIGN §7). A backend's `tests/faults.rs` starts its real
+//! servers, builds clients (each behind its own
+//! [`FaultProxy`](crate::testkit::proxy::FaultProxy) where the scenario cuts
+//! clients off), runs a workload here while it injects real faults, and
+//! asserts the report has no violation.
+//!
+//! Each run prints one line for `scripts/faults`' matrix:
+//! `FAULTS scenario=<s> backend=<b> ops=<n> faults=<n> violations=<n> stall_ms=<n>`.
+
+pub mod history;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use coord_core::{Coord, LockOptions};
+use tokio::time::{Instant, sleep};
+
+pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
+
+/// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
+/// `scripts/faults --minutes N`), else `short` (the CI schedule).
+pub fn schedule(short: Duration) -> Duration {
+    std::env::var("COORD_FAULT_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(short)
+        .max(short)
+}
+
+/// The shape of a lock workload.
+#[derive(Debug, Clone, Copy)]
+pub struct LockWorkload {
+    /// The lock's TTL.
+    pub ttl: Duration,
+    /// How long each acquire may wait.
+    pub wait: Duration,
+    /// Keep guards alive with the watchdog.
+    pub watchdog: bool,
+    /// Time spent inside the critical section between read and write.
+    pub work: Duration,
+    /// How long the workload runs.
+    pub duration: Duration,
+}
+
+/// What a lock workload recorded, and the checker's verdict.
+#[derive(Debug)]
+pub struct LockReport {
+    /// Every grant.
+    pub grants: Vec<Grant>,
+    /// Every access to the fenced resource.
+    pub accesses: Vec<Access>,
+    /// The checker's findings (must be empty).
+    pub violations: Vec<Violation>,
+    /// Accepted writes.
+    pub ops: usize,
+    /// Acquire or release calls that failed (expected under faults).
+    pub errors: usize,
+    /// Writes refused by the resource (stale holders, fenced off).
+    pub fenced_off: usize,
+    /// The longest time without an accepted write after `healed` (or over
+    /// the whole run when there was no fault).
+    pub longest_stall: Duration,
+}
+
+impl LockReport {
+    /// Print the matrix line and panic on any violation, or if the
+    /// workload made no progress after the fault healed within `bound`.
+    pub fn assert_ok(&self, scenario: &str, backend: &str, faults: usize, bound: Duration) {
+        println!(
+            "FAULTS scenario={scenario} backend={backend} ops={} faults={faults} violations={} stall_ms={} errors={} fenced_off={}",
+            self.ops,
+            self.violations.len(),
+            self.longest_stall.as_millis(),
+            self.errors,
+            self.fenced_off
+        );
+        assert!(
+            self.violations.is_empty(),
+            "{scenario} on {backend}: {} violations, first: {}",
+            self.violations.len(),
+            self.violations[0]
+        );
+        assert!(
+            self.ops > 0,
+            "{scenario} on {backend}: no write was accepted"
+        );
+        assert!(
+            self.longest_stall <= bound,
+            "{scenario} on {backend}: no progress for {:?} after the fault healed (bound {bound:?})",
+            self.longest_stall
+        );
+    }
+}
+
+/// The times at which faults were injected and healed.
+#[derive(Debug, Default, Clone)]
+pub struct FaultLog {
+    /// How many faults were injected.
+    pub injected: usize,
+    /// When the last fault healed (progress is measured from here).
+    pub healed: Option<Instant>,
+}
+
+/// Run a lock workload: each client loops acquire -> fenced read ->
+/// `work` -> fenced write (value + 1) -> release on one lock name, while
+/// `faults` runs; then check the history.
+pub async fn run_lock_workload<F>(
+    clients: Vec<Coord>,
+    name: &str,
+    w: LockWorkload,
+    faults: F,
+) -> (LockReport, FaultLog)
+where
+    F: Future<Output = FaultLog>,
+{
+    let resource = Arc::new(FencedResource::new());
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, c) in clients.into_iter().enumerate() {
+        let (resource, stop, name) = (resource.clone(), stop.clone(), name.to_string());
+        tasks.push(tokio::spawn(async move {
+            client_loop(i, c, &name, w, &resource, &stop).await
+        }));
+    }
+    let fault_log = faults.await;
+    let end = start + w.duration;
+    sleep(end.saturating_duration_since(Instant::now())).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut grants = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        // A client stuck past its own wait is a liveness failure itself.
+        match tokio::time::timeout(w.wait + w.ttl * 2 + Duration::from_secs(30), t).await {
+            Ok(Ok((g, e))) => {
+                grants.extend(g);
+                errors += e;
+            }
+            Ok(Err(e)) => panic!("a workload client panicked: {e}"),
+            Err(_) => panic!("a workload client did not stop within its wait + 2 TTL + 30 s"),
+        }
+    }
+    let accesses = resource.log();
+    let violations = check_lock_history(&grants, &accesses);
+    let ops = accesses
+        .iter()
+        .filter(|a| matches!(a, Access::Write { accepted: true, .. }))
+        .count();
+    let fenced_off = accesses
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Access::Write {
+                    accepted: false,
+                    ..
+                } | Access::Read { value: None, .. }
+            )
+        })
+        .count();
+    // Progress: the longest gap between grants after the heal.
+    let from = fault_log.healed.unwrap_or(start);
+    let mut times: Vec<Instant> = grants
+        .iter()
+        .map(|g| g.granted)
+        .filter(|t| *t >= from)
+        .collect();
+    times.sort();
+    let mut longest = Duration::ZERO;
+    let mut prev = from;
+    for t in times
+        .iter()
+        .chain(std::iter::once(&Instant::now().min(end)))
+    {
+        longest = longest.max(t.saturating_duration_since(prev));
+        prev = *t;
+    }
+    (
+        LockReport {
+            grants,
+            accesses,
+            violations,
+            ops,
+            errors,
+            fenced_off,
+            longest_stall: longest,
+        },
+        fault_log,
+    )
+}
+
+async fn client_loop(
+    client: usize,
+    coord: Coord,
+    name: &str,
+    w: LockWorkload,
+    resource: &FencedResource,
+    stop: &AtomicBool,
+) -> (Vec<Grant>, usize) {
+    let locks = coord.locks().expect("locks");
+    let mut grants = Vec::new();
+    let mut errors = 0;
+    while !stop.load(Ordering::SeqCst) {
+        let asked = Instant::now();
+        let opts = LockOptions::new(w.ttl).wait(w.wait).watchdog(w.watchdog);
+        let guard = match locks.acquire_with(name, opts).await {
+            Ok(g) => g,
+            Err(e) => {
+                if !e.is_retryable() && !matches!(e, coord_core::Error::Timeout { .. }) {
+                    panic!("client {client}: acquire failed with a non-retryable error: {e}");
+                }
+                errors += 1;
+                sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let granted = Instant::now();
+        let token = guard.fencing_token().get();
+        if guard.is_valid() {
+            if let Some(v) = resource.read(client, token) {
+                sleep(w.work).await;
+                if guard.is_valid() {
+                    resource.write(client, token, v, v + 1);
+                }
+            }
+        }
+        // Still valid: it is relied on until now (the release goes next).
+        // Not valid: it was relied on until its local deadline at most.
+        let now = Instant::now();
+        let valid_until = if guard.is_valid() {
+            now
+        } else {
+            guard.valid_until().min(now)
+        };
+        grants.push(Grant {
+            client,
+            token,
+            asked,
+            granted,
+            valid_until,
+        });
+        if guard.release().await.is_err() {
+            errors += 1;
+        }
+    }
+    (grants, errors)
+}

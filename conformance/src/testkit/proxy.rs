@@ -1,0 +1,251 @@
+//! A TCP fault proxy between one client and a store: forwards a free
+//! loopback port to the store's port and, on command, adds latency, drops
+//! traffic one way or both (blackhole), freezes the connections that are
+//! open (half-open: they stay up but nothing passes, while new connections
+//! work), closes every open connection, and heals.
+//!
+//! Give each client its own proxy to cut one client off while the others
+//! keep working. Real sockets and real bytes; only the forwarding is
+//! interfered with.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+/// What the proxy does to traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Forward everything.
+    #[default]
+    Pass,
+    /// Drop client -> store bytes (requests vanish; replies to earlier
+    /// requests still arrive).
+    DropRequests,
+    /// Drop store -> client bytes (requests are applied; replies vanish).
+    DropReplies,
+    /// Drop both ways, on open and new connections.
+    Blackhole,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    mode: Mutex<Mode>,
+    latency_ms: AtomicU64,
+    /// Connections accepted before this generation are frozen.
+    frozen_before: AtomicU64,
+    next_conn: AtomicU64,
+    conns: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
+    stop: AtomicBool,
+}
+
+/// A fault proxy on a free loopback port. Stops when dropped.
+#[derive(Debug)]
+pub struct FaultProxy {
+    port: u16,
+    state: Arc<State>,
+}
+
+impl FaultProxy {
+    /// Start forwarding a free loopback port to `127.0.0.1:target_port`.
+    pub fn start(target_port: u16) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fault proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let st = st.clone();
+                thread::spawn(move || serve(st, client, target_port));
+            }
+        });
+        FaultProxy { port, state }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Set the mode for open and new connections.
+    pub fn set(&self, mode: Mode) {
+        *self.state.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// Drop traffic both ways.
+    pub fn blackhole(&self) {
+        self.set(Mode::Blackhole);
+    }
+
+    /// Add `latency` before each forwarded chunk, each way.
+    pub fn latency(&self, latency: Duration) {
+        self.state
+            .latency_ms
+            .store(latency.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// Freeze every connection open now (nothing passes on them until
+    /// [`heal`](FaultProxy::heal)); connections opened later work.
+    pub fn freeze_open(&self) {
+        let next = self.state.next_conn.load(Ordering::SeqCst);
+        self.state.frozen_before.store(next, Ordering::SeqCst);
+    }
+
+    /// Close every open connection (both directions); new ones work.
+    pub fn reset(&self) {
+        let conns =
+            std::mem::take(&mut *self.state.conns.lock().unwrap_or_else(|p| p.into_inner()));
+        for (_, c, s) in conns {
+            let _ = c.shutdown(Shutdown::Both);
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Forward everything again, with no latency, on every connection.
+    pub fn heal(&self) {
+        self.set(Mode::Pass);
+        self.latency(Duration::ZERO);
+        self.state.frozen_before.store(0, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.state.stop.store(true, Ordering::SeqCst);
+        self.reset();
+        // Wake the accept loop so it sees `stop`.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn serve(st: Arc<State>, client: TcpStream, target_port: u16) {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)) else {
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let id = st.next_conn.fetch_add(1, Ordering::SeqCst) + 1;
+    if let (Ok(c), Ok(s)) = (client.try_clone(), server.try_clone()) {
+        st.conns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, c, s));
+    }
+    let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+        (Ok(c), Ok(s)) => (c, s),
+        _ => return,
+    };
+    let up = st.clone();
+    thread::spawn(move || pump(up, id, client, server, true));
+    pump(st, id, s2, c2, false);
+}
+
+fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstream: bool) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let latency = st.latency_ms.load(Ordering::SeqCst);
+        if latency > 0 {
+            thread::sleep(Duration::from_millis(latency));
+        }
+        let mode = *st.mode.lock().unwrap_or_else(|p| p.into_inner());
+        let frozen = id <= st.frozen_before.load(Ordering::SeqCst);
+        let drop_it = frozen
+            || match mode {
+                Mode::Pass => false,
+                Mode::Blackhole => true,
+                Mode::DropRequests => upstream,
+                Mode::DropReplies => !upstream,
+            };
+        if drop_it {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+    st.conns
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(c, _, _)| *c != id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+
+    /// An echo server on a free port.
+    fn echo() -> u16 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                thread::spawn(move || {
+                    let mut w = s.try_clone().unwrap();
+                    for line in std::io::BufReader::new(s).lines().map_while(Result::ok) {
+                        if writeln!(w, "{line}").is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn roundtrip(
+        s: &mut TcpStream,
+        r: &mut std::io::BufReader<TcpStream>,
+        msg: &str,
+    ) -> Option<String> {
+        writeln!(s, "{msg}").ok()?;
+        let mut line = String::new();
+        r.read_line(&mut line).ok()?;
+        (!line.is_empty()).then(|| line.trim_end().to_string())
+    }
+
+    fn connect(p: &FaultProxy) -> (TcpStream, std::io::BufReader<TcpStream>) {
+        let s = TcpStream::connect(("127.0.0.1", p.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let r = std::io::BufReader::new(s.try_clone().unwrap());
+        (s, r)
+    }
+
+    #[test]
+    fn blackhole_freeze_reset_and_heal() {
+        let p = FaultProxy::start(echo());
+        let (mut s, mut r) = connect(&p);
+        assert_eq!(roundtrip(&mut s, &mut r, "a").as_deref(), Some("a"));
+        p.blackhole();
+        assert_eq!(roundtrip(&mut s, &mut r, "b"), None, "blackholed");
+        p.heal();
+        assert_eq!(roundtrip(&mut s, &mut r, "c").as_deref(), Some("c"));
+        // Freeze the open connection: it stays silent, a new one works.
+        p.freeze_open();
+        assert_eq!(roundtrip(&mut s, &mut r, "d"), None, "frozen");
+        let (mut s2, mut r2) = connect(&p);
+        assert_eq!(roundtrip(&mut s2, &mut r2, "e").as_deref(), Some("e"));
+        p.heal();
+        // Reset closes open connections.
+        p.reset();
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(roundtrip(&mut s2, &mut r2, "f"), None, "reset");
+        let (mut s3, mut r3) = connect(&p);
+        assert_eq!(roundtrip(&mut s3, &mut r3, "g").as_deref(), Some("g"));
+        // Dropped replies: the request arrives, the reply does not.
+        p.set(Mode::DropReplies);
+        assert_eq!(roundtrip(&mut s3, &mut r3, "h"), None);
+    }
+}
