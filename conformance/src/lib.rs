@@ -133,6 +133,7 @@ pub const CASES: &[&str] = &[
     "limiter_quota_change_grants_no_fresh_allowance",
     "limiter_sliding_algorithms_do_not_reset_at_window_boundaries",
     "input_ttl_below_the_drift_margin_is_rejected",
+    "lock_attempts_are_idempotent_per_owner",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -188,6 +189,7 @@ macro_rules! suite {
             limiter_quota_change_grants_no_fresh_allowance,
             limiter_sliding_algorithms_do_not_reset_at_window_boundaries,
             input_ttl_below_the_drift_margin_is_rejected,
+            lock_attempts_are_idempotent_per_owner,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -118,6 +118,13 @@ impl<T> Sharded<T> {
         let i = (h as usize) % SHARDS;
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).map.len())
+            .sum()
+    }
 }
 
 impl<T> Shard<T> {
@@ -208,6 +215,17 @@ impl MemoryBackend {
             election_wakeups: Wakeups::new(),
             barrier_wakeups: Wakeups::new(),
         }
+    }
+
+    /// How many entries (claims, leaderships, barriers, limiter states) the
+    /// store keeps. Idle entries are swept as new names come in, so this
+    /// stays bounded by what is live plus one sweep interval per shard.
+    pub fn stored_entries(&self) -> usize {
+        self.locks.len()
+            + self.leases.len()
+            + self.elections.len()
+            + self.barriers.len()
+            + self.limits.len()
     }
 
     /// A [`Coord`] handle over a fresh, private store.

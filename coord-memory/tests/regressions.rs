@@ -320,3 +320,55 @@ async fn a_retried_completing_arrival_passes_and_leaves_no_phantom() {
         "the retried arrival joined the next generation: {next:?}"
     );
 }
+
+/// The state of idle names is swept as new names come in (a user locking
+/// per entity must not grow the store forever), and a live claim survives
+/// every sweep.
+#[tokio::test]
+async fn idle_names_are_swept_and_live_ones_survive() {
+    let backend = Arc::new(MemoryBackend::new());
+    let coord = Coord::from_backend(backend.clone());
+    let locks = coord.locks().unwrap();
+    let leases = coord.leases().unwrap();
+    let limiter = coord.limiter().unwrap();
+    let keep = locks
+        .acquire("keep", 3600 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let lease = leases.grant("keep-lease", 3600 * S).await.unwrap().unwrap();
+    let quota = Quota::new(5, Duration::from_millis(1), Algorithm::FixedWindow);
+    for i in 0..100_000 {
+        let name = format!("order:{i}");
+        let g = locks
+            .try_acquire(&name, Duration::from_millis(5))
+            .await
+            .unwrap()
+            .unwrap();
+        g.release().await.unwrap();
+        if i % 10 == 0 {
+            limiter.check(&name, quota).await.unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    for i in 0..20_000 {
+        let name = format!("later:{i}");
+        let g = locks
+            .try_acquire(&name, Duration::from_millis(5))
+            .await
+            .unwrap()
+            .unwrap();
+        g.release().await.unwrap();
+    }
+    let n = backend.stored_entries();
+    assert!(n < 40_000, "{n} entries kept for 120,000 idle names");
+    eprintln!("{n} entries kept for 120,000 idle names");
+    // The live claims outlived every sweep.
+    keep.extend(3600 * S)
+        .await
+        .expect("the held lock was swept");
+    lease
+        .renew(3600 * S)
+        .await
+        .expect("the live lease was swept");
+    assert!(locks.try_acquire("keep", S).await.unwrap().is_none());
+}

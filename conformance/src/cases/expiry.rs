@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use coord_core::{Error, LockOptions};
+use coord_core::{Attempt, Error, LockOptions, OwnerToken};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::{Factory, PROMPT, ttl, unique};
@@ -349,4 +349,54 @@ pub async fn input_ttl_below_the_drift_margin_is_rejected(f: &Factory) {
     assert_eq!(g.ttl(), usable);
     assert!(usable.saturating_sub(coord_core::drift(usable)) >= coord_core::drift(usable));
     g.release().await.unwrap();
+}
+
+/// The raw lock attempt is idempotent per owner (the core retries an
+/// attempt whose reply was lost with the same owner token): the same owner
+/// gets the same fencing token again, another owner is refused, and only
+/// the owner can extend or release.
+pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
+    let c = f.client().await;
+    let raw = c.raw_lock().unwrap();
+    let name = unique("idempotent");
+    let t = ttl(&c, Duration::from_secs(10));
+    let (me, other) = (OwnerToken::random(), OwnerToken::random());
+    let first = raw.try_acquire(&name, &me, t).await.unwrap();
+    let Attempt::Granted(token) = first else {
+        panic!("a free lock was refused: {first:?}");
+    };
+    let again = raw.try_acquire(&name, &me, t).await.unwrap();
+    assert_eq!(
+        again,
+        Attempt::Granted(token),
+        "a retried attempt by the same owner got another token"
+    );
+    let theirs = raw.try_acquire(&name, &other, t).await.unwrap();
+    assert!(
+        matches!(theirs, Attempt::Held { .. }),
+        "another owner got a held lock: {theirs:?}"
+    );
+    if let Attempt::Held {
+        expires_in: Some(e),
+    } = theirs
+    {
+        assert!(
+            e <= t,
+            "the holder's remaining time {e:?} exceeds its TTL {t:?}"
+        );
+    }
+    assert!(!raw.extend(&name, &other, t).await.unwrap());
+    assert!(!raw.release(&name, &other).await.unwrap());
+    assert!(raw.extend(&name, &me, t).await.unwrap());
+    assert!(raw.release(&name, &me).await.unwrap());
+    assert!(
+        !raw.release(&name, &me).await.unwrap(),
+        "a second release reported success"
+    );
+    // Free again: a new grant has a higher token.
+    match raw.try_acquire(&name, &other, t).await.unwrap() {
+        Attempt::Granted(t2) => assert!(t2 > token),
+        a => panic!("released lock still held: {a:?}"),
+    }
+    assert!(raw.release(&name, &other).await.unwrap());
 }
