@@ -10,18 +10,32 @@
 
 use redis::Script;
 
-/// Issue the next fencing token from the counter in `KEYS[ci]`: if the
-/// counter is missing (first use, or the server lost its data), seed it
-/// from the server clock in microseconds first, so tokens keep rising after
-/// data loss. Returns the token as a string.
+/// Issue the next fencing token from the counter in a key: max(stored + 1,
+/// server time in µs). The counter may come back OLDER than tokens already
+/// issued (a restart from an older RDB snapshot, a lost `everysec` AOF
+/// tail, a failover to a lagging replica, the seed PHP's `INCR` on a
+/// missing key); the clock term keeps tokens above every token issued
+/// before, as long as the server clock does not go back and fewer than one
+/// token per µs is issued per counter. Exact: `INCR` does the `+ 1` on a
+/// 64-bit integer and the comparison is on decimal strings (neither has
+/// leading zeros, so the longer is larger, and equal lengths compare as
+/// text); no value passes through a Lua number. Returns the token as a
+/// string.
 const ISSUE: &str = r#"
 local function issue(counter)
-  if redis.call('EXISTS', counter) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', counter, t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2])
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2]
+  local nxt = now
+  if redis.call('EXISTS', counter) == 1 then
+    redis.call('INCR', counter)
+    local inc = redis.call('GET', counter)
+    if string.len(inc) > string.len(now)
+      or (string.len(inc) == string.len(now) and inc > now) then
+      return inc
+    end
   end
-  redis.call('INCR', counter)
-  return redis.call('GET', counter)
+  redis.call('SET', counter, nxt)
+  return nxt
 end
 "#;
 

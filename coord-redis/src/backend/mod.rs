@@ -59,8 +59,19 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
-/// What this backend promises: 1 ms TTLs on the server's clock, fencing
-/// tokens seeded from the server clock after data loss, pub/sub wake-ups.
+/// What this backend promises: 1 ms TTLs on the server's clock, pub/sub
+/// wake-ups, and fencing tokens that are
+/// [`FencingDurability::ClockSeeded`]: every token (lock and lease grants,
+/// election terms, [`FencingSource::next`](coord_core::FencingSource::next))
+/// is issued in one script as max(stored counter + 1, server time in µs),
+/// compared exactly. So tokens keep rising across a restart without
+/// persistence, a restore of an older snapshot, a lost AOF tail and a
+/// failover to a replica that missed writes, under two assumptions: the
+/// clock of the server that issues (each server after a failover) never
+/// goes back below the time of the newest token issued before, and fewer
+/// than one token per µs is issued for one name on average (else the
+/// counter runs ahead of the clock, and a lost counter can repeat the tokens
+/// issued ahead).
 pub fn capabilities() -> Capabilities {
     let mut caps = Capabilities::new(BACKEND);
     caps.min_ttl = Duration::from_millis(1);
