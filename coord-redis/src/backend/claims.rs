@@ -78,23 +78,23 @@ impl coord_core::Lock for RedisBackend {
     }
 
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.claim_acquire("lock acquire", &self.keys.lock(name), owner, ttl)
+        self.claim_acquire("lock acquire", &self.keys.lock(name)?, owner, ttl)
             .await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let wake = self.wake_args(Kind::Lock, name);
-        self.claim_release("lock release", &self.keys.lock(name), owner, Some(wake))
+        self.claim_release("lock release", &self.keys.lock(name)?, owner, Some(wake))
             .await
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("lock extend", &self.keys.lock(name), owner, ttl)
+        self.claim_extend("lock extend", &self.keys.lock(name)?, owner, ttl)
             .await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
-        let keys = self.keys.lock(name);
+        let keys = self.keys.lock(name)?;
         let (channel, payload) = self.wake_args(Kind::Lock, name);
         let v = self
             .eval(

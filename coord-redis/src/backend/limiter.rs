@@ -20,7 +20,7 @@ impl coord_core::Limiter for RedisBackend {
         let cost_s = cost.to_string();
         let v = match quota.algorithm {
             Algorithm::SlidingLog => {
-                let k = self.keys.limiter(key, "log");
+                let k = self.keys.limiter(key, "log")?;
                 let id = OwnerToken::random().to_hex();
                 let unit = if self.keys.layout == Layout::Seed {
                     "1000000"
@@ -53,7 +53,7 @@ impl coord_core::Limiter for RedisBackend {
                         });
                     }
                 };
-                let k = self.keys.limiter(key, suffix);
+                let k = self.keys.limiter(key, suffix)?;
                 self.eval(
                     "limiter check",
                     script,

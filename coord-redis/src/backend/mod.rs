@@ -104,6 +104,17 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
             ),
         };
     }
+    if code == "WRONGTYPE" || message.contains("WRONGTYPE") {
+        return Error::invalid(
+            "name",
+            format!(
+                "{operation}: the key holds another kind's data ({message}). In \
+                 Layout::Seed a lock and a sliding-log limiter of the same name share the \
+                 key `<name>`, and the second is refused while the first exists; use \
+                 different names for locks and limiters"
+            ),
+        );
+    }
     if message.contains("certificate") {
         return Error::Store {
             backend: BACKEND,
