@@ -347,6 +347,31 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("redis command {:?} failed: {e}", args.first()))
     }
 
+    /// Send `commands` (RESP-encoded, back to back) on one fresh connection
+    /// as a single pipeline, and read `replies` replies. The server runs
+    /// them back to back, with no client round trip in between (a burst
+    /// faster than any client library makes). Writes from a second thread,
+    /// so a long pipeline cannot deadlock on full socket buffers.
+    pub fn pipeline(&self, commands: Vec<u8>, replies: usize) -> std::io::Result<Vec<Resp>> {
+        let stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(60)))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream;
+        if let Some(pw) = &self.password {
+            writer.write_all(&encode(&["AUTH", pw]))?;
+            let _ = read_reply(&mut reader)?;
+        }
+        let sender = std::thread::spawn(move || writer.write_all(&commands));
+        let mut out = Vec::with_capacity(replies);
+        for _ in 0..replies {
+            out.push(read_reply(&mut reader)?);
+        }
+        sender
+            .join()
+            .map_err(|_| std::io::Error::other("pipeline writer panicked"))??;
+        Ok(out)
+    }
+
     /// Like [`command`](Self::command), but returns I/O errors.
     pub fn try_command(&self, args: &[&str]) -> std::io::Result<Resp> {
         if self.tls {
@@ -476,6 +501,7 @@ pub struct CountingProxy {
     port: u16,
     commands: Arc<AtomicU64>,
     names: Arc<Mutex<Vec<String>>>,
+    last: Arc<Mutex<Vec<u8>>>,
     freeze: Arc<AtomicU64>,
 }
 
@@ -504,8 +530,14 @@ impl CountingProxy {
         let port = listener.local_addr().expect("proxy address").port();
         let commands = Arc::new(AtomicU64::new(0));
         let names = Arc::new(Mutex::new(Vec::new()));
+        let last = Arc::new(Mutex::new(Vec::new()));
         let freeze = Arc::new(AtomicU64::new(0));
-        let (c, n, f) = (commands.clone(), names.clone(), freeze.clone());
+        let (c, n, f, l) = (
+            commands.clone(),
+            names.clone(),
+            freeze.clone(),
+            last.clone(),
+        );
         std::thread::spawn(move || {
             for client in listener.incoming() {
                 let Ok(client) = client else { continue };
@@ -517,14 +549,14 @@ impl CountingProxy {
                 let (Ok(client2), Ok(server2)) = (client.try_clone(), server.try_clone()) else {
                     continue;
                 };
-                let (c, n) = (c.clone(), n.clone());
+                let (c, n, l) = (c.clone(), n.clone(), l.clone());
                 let conn = Arc::new(Conn {
                     subscriber: AtomicBool::new(false),
                     opened_at: f.load(Ordering::SeqCst),
                     freeze: f.clone(),
                 });
                 let conn2 = conn.clone();
-                std::thread::spawn(move || forward_counting(client, server, c, n, conn));
+                std::thread::spawn(move || forward_counting(client, server, c, n, l, conn));
                 std::thread::spawn(move || forward(server2, client2, conn2));
             }
         });
@@ -532,6 +564,7 @@ impl CountingProxy {
             port,
             commands,
             names,
+            last,
             freeze,
         }
     }
@@ -556,6 +589,12 @@ impl CountingProxy {
     /// Commands sent through the proxy so far.
     pub fn commands(&self) -> u64 {
         self.commands.load(Ordering::SeqCst)
+    }
+
+    /// The last command sent through the proxy, as the RESP bytes the
+    /// client sent (to replay it, e.g. with [`RedisServer::pipeline`]).
+    pub fn last_command(&self) -> Vec<u8> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The names (first word, upper case) of the commands sent so far.
@@ -588,6 +627,7 @@ fn forward_counting(
     mut to: TcpStream,
     count: Arc<AtomicU64>,
     names: Arc<Mutex<Vec<String>>>,
+    last: Arc<Mutex<Vec<u8>>>,
     conn: Arc<Conn>,
 ) {
     let mut buf = [0u8; 16 * 1024];
@@ -598,6 +638,7 @@ fn forward_counting(
             Ok(n) => {
                 pending.extend_from_slice(&buf[..n]);
                 while let Some((used, name)) = parse_command(&pending) {
+                    *last.lock().unwrap_or_else(|p| p.into_inner()) = pending[..used].to_vec();
                     pending.drain(..used);
                     if name == "SUBSCRIBE" || name == "PSUBSCRIBE" {
                         conn.subscriber.store(true, Ordering::SeqCst);
