@@ -36,7 +36,10 @@ pub enum Layout {
     ///   `INCR fencing_token_<resource>`), shared with the fencing source of
     ///   the same resource;
     /// - the sliding-log limiter is the ZSET `<key>`, scored in seconds as
-    ///   PHP's `microtime(true)` writes them.
+    ///   PHP's `microtime(true)` writes them, one member per request. Each
+    ///   PHP member counts 1 for coord; a coord request of cost k is ONE
+    ///   member (`<id>*<k>`, its cost kept in coord's own keys beside it),
+    ///   so the seed's PHP, which counts members, counts it as 1.
     ///
     /// What the seed has no key for (the grant's fencing token kept beside a
     /// lock, leases, elections, barriers, the other limiter algorithms, the
