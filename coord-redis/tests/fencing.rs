@@ -142,3 +142,33 @@ async fn tokens_rise_on_a_promoted_replica_that_missed_writes() {
          {wrong:?}"
     );
 }
+
+#[tokio::test]
+async fn fencing_tokens_keep_rising_after_flushall() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let name = unique("flushall");
+    let me = OwnerToken::random();
+    let lock_before = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let fence_before = b.next(&name).await.unwrap().get();
+    let q = unique("term");
+    let term_before = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
+
+    assert_eq!(server.command(&["FLUSHALL"]), Resp::Simple("OK".into()));
+
+    let lock_after = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let fence_after = b.next(&name).await.unwrap().get();
+    let term_after = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
+    assert!(lock_after > lock_before, "{lock_after} > {lock_before}");
+    assert!(fence_after > fence_before, "{fence_after} > {fence_before}");
+    assert!(term_after > term_before, "{term_after} > {term_before}");
+    // The seed is the server clock in microseconds.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64;
+    assert!(
+        fence_after.abs_diff(now_us) < 60_000_000,
+        "{fence_after} ~ {now_us}"
+    );
+}

@@ -4,9 +4,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SEC, backend, unique};
+use common::{SEC, backend, seed_backend, unique};
 use conformance::testkit::redis::{self as kit, CountingProxy, Resp};
 use coord_core::{Algorithm, Limiter, Quota};
 use coord_redis::{RedisBackend, RedisOptions};
@@ -285,4 +286,122 @@ async fn sliding_log_retains_entries_for_the_largest_window() {
     let d = b.check(&key, &long, 1).await.unwrap();
     assert!(!d.allowed, "{d:?}");
     assert_eq!(d.remaining, 0);
+}
+
+#[tokio::test]
+async fn a_limiter_check_costs_exactly_one_round_trip() {
+    let proxy = CountingProxy::start(kit::server().port());
+    let b = backend(&proxy.url()).await;
+    for algorithm in Algorithm::ALL {
+        let key = unique("limiter-rt");
+        let q = Quota::new(3, 10 * SEC, algorithm);
+        for i in 0..5 {
+            let before = proxy.commands();
+            let d = b.check(&key, &q, 1).await.unwrap();
+            assert_eq!(d.allowed, i < 3, "{algorithm:?} #{i}: {d:?}");
+            assert_eq!(proxy.commands() - before, 1, "{algorithm:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn limiters_admit_exactly_the_limit_and_say_when_to_retry() {
+    let b = backend(&kit::url()).await;
+    for layout_seed in [false, true] {
+        let b = if layout_seed {
+            seed_backend(&kit::url()).await
+        } else {
+            backend(&kit::url()).await
+        };
+        for algorithm in Algorithm::ALL {
+            let key = unique("limit");
+            let q = Quota::new(5, 60 * SEC, algorithm);
+            let mut admitted = 0;
+            for _ in 0..8 {
+                let d = b.check(&key, &q, 1).await.unwrap();
+                if d.allowed {
+                    admitted += 1;
+                    assert_eq!(d.retry_after, Duration::ZERO);
+                    assert_eq!(d.remaining, 5 - admitted, "{algorithm:?} {d:?}");
+                } else {
+                    assert!(d.retry_after > Duration::ZERO, "{algorithm:?} {d:?}");
+                    // (A sliding-window counter may need part of the next window too.)
+                    assert!(d.retry_after <= 120 * SEC, "{algorithm:?} {d:?}");
+                    assert_eq!(d.remaining, 0, "{algorithm:?} {d:?}");
+                    assert!(d.reset_after > Duration::ZERO, "{algorithm:?} {d:?}");
+                }
+            }
+            assert_eq!(admitted, 5, "{algorithm:?}");
+            // Cost counts.
+            let key = unique("cost");
+            assert!(b.check(&key, &q, 5).await.unwrap().allowed);
+            assert!(!b.check(&key, &q, 1).await.unwrap().allowed);
+        }
+    }
+    drop(b);
+}
+
+#[tokio::test]
+async fn limiter_windows_pass_and_free_again() {
+    let b = backend(&kit::url()).await;
+    for algorithm in Algorithm::ALL {
+        let key = unique("window");
+        let q = Quota::new(2, Duration::from_millis(200), algorithm);
+        // Check until denied (a fixed window may roll over meanwhile).
+        let mut d = b.check(&key, &q, 1).await.unwrap();
+        let mut n = 0;
+        while d.allowed {
+            n += 1;
+            assert!(n <= 6, "{algorithm:?} never denies");
+            d = b.check(&key, &q, 1).await.unwrap();
+        }
+        tokio::time::sleep(d.retry_after + Duration::from_millis(5)).await;
+        let d2 = b.check(&key, &q, 1).await.unwrap();
+        assert!(
+            d2.allowed,
+            "{algorithm:?}: after retry_after {d:?} -> {d2:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn seed_sliding_log_counts_the_php_entries_and_uses_unique_members() {
+    let server = kit::server();
+    let b = seed_backend(&server.url()).await;
+    let key = unique("api");
+    // What the seed's checkRateLimit leaves behind: score = member = now in
+    // seconds (microtime(true)).
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let php = format!("{now:.4}");
+    server.command(&["ZADD", &key, &php, &php]);
+    let q = Quota::per(3, 10 * SEC);
+    let mut admitted = 0;
+    // Concurrent checks: each gets its own member.
+    let b = Arc::new(b);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (b, key) = (b.clone(), key.clone());
+        tasks.push(tokio::spawn(
+            async move { b.check(&key, &q, 1).await.unwrap() },
+        ));
+    }
+    for t in tasks {
+        if t.await.unwrap().allowed {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 2, "the PHP entry counts against the limit");
+    assert_eq!(server.command(&["ZCARD", &key]).as_int(), Some(3));
+    // Scores are seconds, like PHP's.
+    if let Resp::Array(Some(items)) = server.command(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]) {
+        for pair in items.chunks(2) {
+            let score: f64 = pair[1].as_str().unwrap().parse().unwrap();
+            assert!((score - now).abs() < 60.0, "{score} vs {now}");
+        }
+    } else {
+        panic!("ZRANGE reply");
+    }
 }
