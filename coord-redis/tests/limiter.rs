@@ -405,3 +405,34 @@ async fn seed_sliding_log_counts_the_php_entries_and_uses_unique_members() {
         panic!("ZRANGE reply");
     }
 }
+
+/// The largest quotas the scripts count exactly work; larger ones are a
+/// typed refusal before any I/O.
+#[tokio::test]
+async fn extreme_quotas_are_exact_or_refused() {
+    let b = backend(&kit::url()).await;
+    let max = (1u64 << 49) - 1;
+    for alg in Algorithm::ALL {
+        let key = unique("extreme");
+        let q = Quota::new(max, 300 * 24 * 3600 * SEC, alg);
+        let d = b.check(&key, &q, 1).await.unwrap();
+        assert!(d.allowed, "{alg:?} {d:?}");
+        assert_eq!(d.remaining, max - 1, "{alg:?} {d:?}");
+        let d = b.check(&key, &q, max - 1).await.unwrap();
+        assert!(d.allowed, "{alg:?} {d:?}");
+        // (GCRA refills ~22 requests per µs at this rate.)
+        if alg != Algorithm::Gcra {
+            assert_eq!(d.remaining, 0, "{alg:?} {d:?}");
+            let d = b.check(&key, &q, 1).await.unwrap();
+            assert!(!d.allowed, "{alg:?} {d:?}");
+        }
+        let r = b.check(&key, &Quota::new(1 << 49, SEC, alg), 1).await;
+        assert!(
+            matches!(
+                r,
+                Err(coord_core::Error::InvalidArgument { field: "limit", .. })
+            ),
+            "{alg:?} {r:?}"
+        );
+    }
+}
