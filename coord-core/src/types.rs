@@ -95,10 +95,12 @@ pub enum FencingDurability {
     /// Tokens are stored durably and keep rising across server restarts
     /// (PostgreSQL rows, etcd revisions).
     Durable,
-    /// Tokens are stored in memory on the server; if the server loses its data
-    /// the counter is re-seeded from the server clock in microseconds, so
-    /// tokens keep rising as long as the server clock does not go backwards
-    /// (Redis without persistence).
+    /// Tokens are issued as max(stored + 1, server clock in µs), so they
+    /// keep rising across data loss of any kind (a restart without
+    /// persistence, a restore of an older snapshot, a lost second of an
+    /// `everysec` AOF, a failover to a replica that missed writes) as long
+    /// as the server clock does not go backwards and a name gets fewer than
+    /// one token per microsecond (Redis).
     ClockSeeded,
 }
 

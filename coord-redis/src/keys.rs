@@ -1,6 +1,20 @@
 //! Where each primitive's state lives: the key layout.
 
 use coord_core::util::Kind;
+use coord_core::{Error, Result};
+
+/// Every kind, for the seed layout's collision rule.
+const KINDS: [Kind; 6] = [
+    Kind::Lock,
+    Kind::Lease,
+    Kind::Fence,
+    Kind::Election,
+    Kind::Barrier,
+    Kind::Limiter,
+];
+
+/// The seed's fencing counter of a lock: `fencing_token_<name>`.
+const SEED_COUNTER: &str = "fencing_token_";
 
 /// How keys are named in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,12 +36,32 @@ pub enum Layout {
     ///   `INCR fencing_token_<resource>`), shared with the fencing source of
     ///   the same resource;
     /// - the sliding-log limiter is the ZSET `<key>`, scored in seconds as
-    ///   PHP's `microtime(true)` writes them.
+    ///   PHP's `microtime(true)` writes them, one member per request. Each
+    ///   PHP member counts 1 for coord; a coord request of cost k is ONE
+    ///   member (`<id>*<k>`, its cost kept in coord's own keys beside it),
+    ///   so the seed's PHP, which counts members, counts it as 1.
     ///
     /// What the seed has no key for (the grant's fencing token kept beside a
-    /// lock, leases, elections, barriers, the other limiter algorithms) uses
-    /// the [`Layout::Coord`] keys under the prefix. These keys have no common
-    /// hash tag: this layout is for a single Redis server, not a Cluster.
+    /// lock, leases, elections, barriers, the other limiter algorithms, the
+    /// sliding log's cost bookkeeping) uses the [`Layout::Coord`] keys under
+    /// the prefix. These keys have no common hash tag: this layout is for a
+    /// single Redis server, not a Cluster.
+    ///
+    /// Which keys are shared, and what is refused: only the seed's own kinds
+    /// share keys, as the seed does (lock `X` and fencing source `X` share
+    /// the counter `fencing_token_X`). Every name that would make two
+    /// different things share a key is refused with
+    /// [`Error::InvalidArgument`] (field `name`, or `key` for a limiter):
+    ///
+    /// - a lock name or sliding-log key starting with `fencing_token_` (it
+    ///   would be another lock's counter), refused before any I/O;
+    /// - a lock name or sliding-log key that spells a coord key under the
+    ///   prefix (`<prefix><kind>:{...`), refused before any I/O;
+    /// - a lock `X` and a sliding-log limiter `X` both use the key `X` (a
+    ///   string and a sorted set): whichever comes second is refused while
+    ///   the other's key exists (Redis' `WRONGTYPE`, turned into
+    ///   `InvalidArgument`), and neither's state is touched. Use distinct
+    ///   names for locks and limiters, as the seed's callers do.
     Seed,
 }
 
@@ -39,17 +73,62 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    /// `prefix + kind + ":{" + name + "}" + suffix`. The suffixes used never
-    /// end in `}`, so keys of different names can never coincide.
+    /// `prefix + kind + ":{" + tag(name) + "}" + suffix`, where `tag`
+    /// percent-encodes `%`, `{` and `}` (`%25`, `%7B`, `%7D`) and keeps every
+    /// other byte. So the hash tag never contains a brace: it is the whole
+    /// encoded name for every valid name (Redis Cluster hashes the text
+    /// between the first `{` and the next `}`), and every key of one
+    /// instance lands in one slot. (A prefix containing `{` moves the tag
+    /// into the prefix; the keys of one instance still share one slot.)
+    /// The encoding is injective and the suffixes never contain `}`, so
+    /// keys of different names never coincide.
     fn key(&self, kind: Kind, name: &str, suffix: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + 12 + name.len() + suffix.len());
         k.push_str(&self.prefix);
         k.push_str(kind.as_str());
         k.push_str(":{");
-        k.push_str(name);
+        for c in name.chars() {
+            match c {
+                '%' => k.push_str("%25"),
+                '{' => k.push_str("%7B"),
+                '}' => k.push_str("%7D"),
+                c => k.push(c),
+            }
+        }
         k.push('}');
         k.push_str(suffix);
         k
+    }
+
+    /// In [`Layout::Seed`], refuse a name used as a bare key (a lock, a
+    /// sliding-log limiter) that would be another thing's key.
+    fn seed_bare(&self, field: &'static str, name: &str) -> Result<()> {
+        if let Some(lock) = name.strip_prefix(SEED_COUNTER) {
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "`{name}` starts with `{SEED_COUNTER}`: in Layout::Seed that is the \
+                     fencing counter of the lock `{lock}`; choose a name without that prefix"
+                ),
+            ));
+        }
+        if let Some(rest) = name.strip_prefix(self.prefix.as_str()) {
+            if let Some(kind) = KINDS
+                .iter()
+                .find(|k| rest.starts_with(&format!("{}:{{", k.as_str())))
+            {
+                return Err(Error::invalid(
+                    field,
+                    format!(
+                        "`{name}` spells a key of a coord {} under the prefix `{}`; in \
+                         Layout::Seed such names would share that key. Choose another name",
+                        kind.as_str(),
+                        self.prefix
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The channel every wake-up of this prefix is published on.
@@ -62,20 +141,24 @@ impl Keys {
         format!("{}:{}", kind.as_str(), name)
     }
 
-    /// A lock: claim, grant, counter.
-    pub fn lock(&self, name: &str) -> [String; 3] {
-        match self.layout {
+    /// A lock: claim, grant, counter. In [`Layout::Seed`], names that would
+    /// collide are refused (see there).
+    pub fn lock(&self, name: &str) -> Result<[String; 3]> {
+        Ok(match self.layout {
             Layout::Coord => [
                 self.key(Kind::Lock, name, ""),
                 self.key(Kind::Lock, name, ":grant"),
                 self.key(Kind::Lock, name, ":fence"),
             ],
-            Layout::Seed => [
-                name.to_string(),
-                self.key(Kind::Lock, name, ":grant"),
-                format!("fencing_token_{name}"),
-            ],
-        }
+            Layout::Seed => {
+                self.seed_bare("name", name)?;
+                [
+                    name.to_string(),
+                    self.key(Kind::Lock, name, ":grant"),
+                    format!("{SEED_COUNTER}{name}"),
+                ]
+            }
+        })
     }
 
     /// A lease: claim, grant, counter.
@@ -91,7 +174,7 @@ impl Keys {
     pub fn fence(&self, resource: &str) -> String {
         match self.layout {
             Layout::Coord => self.key(Kind::Fence, resource, ""),
-            Layout::Seed => format!("fencing_token_{resource}"),
+            Layout::Seed => format!("{SEED_COUNTER}{resource}"),
         }
     }
 
@@ -103,20 +186,32 @@ impl Keys {
         ]
     }
 
-    /// A barrier: state hash, members of the open generation.
-    pub fn barrier(&self, name: &str) -> [String; 2] {
+    /// A barrier: state hash, members of the open generation, their
+    /// arrival ids (participant -> id), and the arrival ids of the
+    /// generation that completed last.
+    pub fn barrier(&self, name: &str) -> [String; 4] {
         [
             self.key(Kind::Barrier, name, ""),
             self.key(Kind::Barrier, name, ":open"),
+            self.key(Kind::Barrier, name, ":ids"),
+            self.key(Kind::Barrier, name, ":done"),
         ]
     }
 
-    /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`).
-    pub fn limiter(&self, key: &str, algorithm: &str) -> String {
+    /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`). In
+    /// [`Layout::Seed`], the sliding log is the bare key, and keys that would
+    /// collide are refused (see there).
+    pub fn limiter(&self, key: &str, algorithm: &str) -> Result<String> {
         if self.layout == Layout::Seed && algorithm == "log" {
-            return key.to_string();
+            self.seed_bare("key", key)?;
+            return Ok(key.to_string());
         }
-        let suffix = format!(":{algorithm}");
+        Ok(self.limiter_aux(key, algorithm))
+    }
+
+    /// A limiter's key under the prefix, whatever the layout.
+    pub fn limiter_aux(&self, key: &str, suffix: &str) -> String {
+        let suffix = format!(":{suffix}");
         self.key(Kind::Limiter, key, &suffix)
     }
 }
@@ -132,14 +227,17 @@ mod tests {
             layout: Layout::Coord,
         };
         assert_eq!(
-            k.lock("orders"),
+            k.lock("orders").unwrap(),
             [
                 "coord:lock:{orders}".to_string(),
                 "coord:lock:{orders}:grant".to_string(),
                 "coord:lock:{orders}:fence".to_string()
             ]
         );
-        assert_eq!(k.limiter("api", "log"), "coord:limiter:{api}:log");
+        assert_eq!(k.limiter("api", "log").unwrap(), "coord:limiter:{api}:log");
+        assert_eq!(k.lock("}{").unwrap()[0], "coord:lock:{%7D%7B}");
+        assert_eq!(k.fence("%7D"), "coord:fence:{%257D}");
+        assert_ne!(k.fence("%7D"), k.fence("}"));
         assert_eq!(k.fence("db"), "coord:fence:{db}");
         assert_eq!(k.channel(), "coord:wake");
     }
@@ -150,13 +248,16 @@ mod tests {
             prefix: "coord:".into(),
             layout: Layout::Seed,
         };
-        let [lock, _, counter] = k.lock("order_process_7");
+        let [lock, _, counter] = k.lock("order_process_7").unwrap();
         assert_eq!(lock, "order_process_7");
         assert_eq!(counter, "fencing_token_order_process_7");
         assert_eq!(k.fence("order_process_7"), counter);
-        assert_eq!(k.limiter("api:user1", "log"), "api:user1");
+        assert_eq!(k.limiter("api:user1", "log").unwrap(), "api:user1");
+        assert!(k.lock("fencing_token_x").is_err());
+        assert!(k.limiter("coord:lock:{x}", "log").is_err());
+        assert!(k.lock("coord:locks").is_ok());
         assert_eq!(
-            k.limiter("api:user1", "gcra"),
+            k.limiter("api:user1", "gcra").unwrap(),
             "coord:limiter:{api:user1}:gcra"
         );
     }

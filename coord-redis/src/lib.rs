@@ -12,12 +12,21 @@
 //!   it expires. Release is compare-and-delete plus a `PUBLISH` wake-up in
 //!   one script; extend is compare-and-`PEXPIRE` (the seed's watchdog
 //!   renewed with a bare `EXPIRE`, which can renew somebody else's lock).
-//! - **Fencing**: the counter is seeded from the server clock (`TIME`, in
-//!   microseconds) whenever it is missing, so tokens keep rising after the
-//!   server lost its data ([`FencingDurability::ClockSeeded`](coord_core::FencingDurability::ClockSeeded)).
-//! - **Limiter**: sliding log (ZSET, a unique member per request), sliding
-//!   window counter, fixed window and GCRA, each one script reading the
-//!   server clock with `TIME`: one round trip per check.
+//! - **Fencing**: each token is max(stored counter + 1, server clock in µs
+//!   from `TIME`), so tokens keep rising after the server lost its data or
+//!   came back with an older snapshot or a lagging replica, while the server
+//!   clock does not go back and fewer than one token per µs is issued per
+//!   name ([`FencingDurability::ClockSeeded`](coord_core::FencingDurability::ClockSeeded);
+//!   see [`capabilities`]).
+//! - **Limiter**: sliding log (ZSET, one unique member per request carrying
+//!   its cost, with a running cost total, so a check is O(log n) in the
+//!   requests of the window whatever the cost), sliding window counter,
+//!   fixed window and GCRA (its TAT kept exactly, as integer µs plus a
+//!   remainder in 1/limit µs), each one script reading the server clock
+//!   with `TIME`: one round trip per check. A changed quota carries the
+//!   key's state over and never grants a fresh allowance. Limits and
+//!   windows (µs) must be below 2^49, so all arithmetic stays exact;
+//!   larger ones are refused with `InvalidArgument`.
 //! - **Election, lease, barrier**: the same pieces (keys with `PX`, owner
 //!   checks in scripts, `PUBLISH` on change).
 //!

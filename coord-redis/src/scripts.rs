@@ -10,18 +10,32 @@
 
 use redis::Script;
 
-/// Issue the next fencing token from the counter in `KEYS[ci]`: if the
-/// counter is missing (first use, or the server lost its data), seed it
-/// from the server clock in microseconds first, so tokens keep rising after
-/// data loss. Returns the token as a string.
+/// Issue the next fencing token from the counter in a key: max(stored + 1,
+/// server time in µs). The counter may come back OLDER than tokens already
+/// issued (a restart from an older RDB snapshot, a lost `everysec` AOF
+/// tail, a failover to a lagging replica, the seed PHP's `INCR` on a
+/// missing key); the clock term keeps tokens above every token issued
+/// before, as long as the server clock does not go back and fewer than one
+/// token per µs is issued per counter. Exact: `INCR` does the `+ 1` on a
+/// 64-bit integer and the comparison is on decimal strings (neither has
+/// leading zeros, so the longer is larger, and equal lengths compare as
+/// text); no value passes through a Lua number. Returns the token as a
+/// string.
 const ISSUE: &str = r#"
 local function issue(counter)
-  if redis.call('EXISTS', counter) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', counter, t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2])
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - string.len(t[2])) .. t[2]
+  local nxt = now
+  if redis.call('EXISTS', counter) == 1 then
+    redis.call('INCR', counter)
+    local inc = redis.call('GET', counter)
+    if string.len(inc) > string.len(now)
+      or (string.len(inc) == string.len(now) and inc > now) then
+      return inc
+    end
   end
-  redis.call('INCR', counter)
-  return redis.call('GET', counter)
+  redis.call('SET', counter, nxt)
+  return nxt
 end
 "#;
 
@@ -120,14 +134,21 @@ end
 return 0
 "#;
 
-/// Arrive at a barrier. KEYS: state hash (gen, parties), members of the
-/// open generation (set). ARGV: parties, participant, channel, payload.
+/// Arrive at a barrier. KEYS: state hash (gen, parties, last), members of
+/// the open generation (set), their arrival ids (hash participant -> id),
+/// the arrival ids of the generation that completed last (set).
+/// ARGV: parties, participant, channel, payload, arrival id.
+/// An arrival id of the last completed generation (a retry whose reply was
+/// lost) returns that generation as complete and changes nothing.
 /// Arriving again in the open generation counts once; after the generation
-/// completed, the same participant's next arrival joins the next one
-/// (reusable barrier, as the reference backend does).
+/// completed, the same participant's next arrival (a new id) joins the next
+/// one (reusable barrier, as the reference backend does).
 /// Returns `{generation, complete}`, or `{-1, parties}` when the open
 /// generation was started with another party count.
 const ARRIVE: &str = r#"
+if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
+  return {tonumber(redis.call('HGET', KEYS[1], 'last')), 1}
+end
 local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
 local n = redis.call('SCARD', KEYS[2])
 if n > 0 then
@@ -141,156 +162,48 @@ if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
 end
 redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', tostring(gen))
 redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
 if n + 1 >= tonumber(ARGV[1]) then
-  redis.call('DEL', KEYS[2])
-  redis.call('HSET', KEYS[1], 'gen', tostring(gen + 1))
+  local ids = redis.call('HVALS', KEYS[3])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+  for _, id in ipairs(ids) do redis.call('SADD', KEYS[4], id) end
+  redis.call('HSET', KEYS[1], 'gen', tostring(gen + 1), 'last', tostring(gen))
   redis.call('PUBLISH', ARGV[3], ARGV[4])
   return {gen, 1}
 end
 return {gen, 0}
 "#;
 
-/// Withdraw from a barrier generation. KEYS: state hash, open members.
+/// Withdraw from a barrier generation. KEYS: as [`ARRIVE`].
 /// ARGV: generation, participant. Returns 0 if that generation completed.
 const WITHDRAW: &str = r#"
 local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
 local gen = tonumber(ARGV[1])
 if gen < cur then return 0 end
-if gen == cur then redis.call('SREM', KEYS[2], ARGV[2]) end
+if gen == cur then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  redis.call('HDEL', KEYS[3], ARGV[2])
+end
 return 1
 "#;
 
-/// The server clock in microseconds, for the limiters.
-const NOW: &str = r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local limit = tonumber(ARGV[1])
-local win = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-"#;
-
-/// Sliding log: one ZSET member per admitted unit of cost, each unique
-/// (`<request id>:<i>`), scored with the server time. KEYS: zset.
-/// ARGV: limit, window µs, cost, request id, score unit (1 = µs scores,
-/// 1000000 = seconds, as the seed's PHP writes them).
-/// All limiter scripts return `{allowed, remaining, retry_after µs,
+/// The limiters' shared prelude: the server clock (`TIME`), the quota
+/// (`ARGV[1..3]`: limit, window µs, cost) and exact integer helpers. All
+/// limiter scripts return `{allowed, remaining, retry_after µs,
 /// reset_after µs}`.
-const SLIDING_LOG: &str = r#"
-local unit = tonumber(ARGV[5])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', (now - win) / unit)
-local count = redis.call('ZCARD', KEYS[1])
-if count + cost <= limit then
-  for i = 1, cost do
-    redis.call('ZADD', KEYS[1], now / unit, ARGV[4] .. ':' .. i)
-  end
-  redis.call('PEXPIRE', KEYS[1], math.ceil(win / 1000))
-  return {1, limit - count - cost, 0, win}
-end
-local need = count + cost - limit
-local e = redis.call('ZRANGE', KEYS[1], need - 1, need - 1, 'WITHSCORES')
-local retry = win
-if e[2] then retry = math.ceil(tonumber(e[2]) * unit + win - now) end
-if retry < 1 then retry = 1 end
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-local reset = 0
-if last[2] then reset = math.ceil(tonumber(last[2]) * unit + win - now) end
-if reset < 0 then reset = 0 end
-local remaining = limit - count
-if remaining < 0 then remaining = 0 end
-return {0, remaining, retry, reset}
-"#;
+const LIMITER_PRELUDE: &str = include_str!("lua/limiter_prelude.lua");
 
-/// Sliding-window counter: the count of the current aligned window plus
-/// the previous window's count weighted by its overlap with the trailing
-/// window. KEYS: hash (w = window index, c = current count, p = previous).
-/// ARGV: limit, window µs, cost.
-const SLIDING_WINDOW: &str = r#"
-local idx = math.floor(now / win)
-local st = redis.call('HMGET', KEYS[1], 'w', 'c', 'p')
-local w = tonumber(st[1] or '-1')
-local c = tonumber(st[2] or '0')
-local p = tonumber(st[3] or '0')
-if w ~= idx then
-  if w == idx - 1 then p = c else p = 0 end
-  c = 0
-end
-local elapsed = now - idx * win
-local est = p * (win - elapsed) / win + c
-if est + cost <= limit then
-  c = c + cost
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', tostring(c), 'p', tostring(p))
-  redis.call('PEXPIRE', KEYS[1], math.ceil(2 * win / 1000))
-  local remaining = math.floor(limit - est - cost)
-  if remaining < 0 then remaining = 0 end
-  return {1, remaining, 0, math.ceil((idx + 2) * win - now)}
-end
-local retry
-if c + cost <= limit then
-  retry = (win - (limit - c - cost) * win / p) - elapsed
-else
-  local e2 = win - (limit - cost) * win / c
-  if e2 < 0 then e2 = 0 end
-  retry = (idx + 1) * win - now + e2
-end
-retry = math.ceil(retry)
-if retry < 1 then retry = 1 end
-local reset = 0
-if c > 0 then
-  reset = math.ceil((idx + 2) * win - now)
-elseif p > 0 then
-  reset = math.ceil((idx + 1) * win - now)
-end
-local remaining = math.floor(limit - est)
-if remaining < 0 then remaining = 0 end
-return {0, remaining, retry, reset}
-"#;
+/// Sliding log, one member per request carrying its cost (see the file).
+const SLIDING_LOG: &str = include_str!("lua/sliding_log.lua");
 
-/// Fixed window: a counter per aligned window. KEYS: hash (w, c).
-/// ARGV: limit, window µs, cost.
-const FIXED_WINDOW: &str = r#"
-local idx = math.floor(now / win)
-local st = redis.call('HMGET', KEYS[1], 'w', 'c')
-local c = 0
-if tonumber(st[1] or '-1') == idx then c = tonumber(st[2] or '0') end
-local left = math.ceil((idx + 1) * win - now)
-if left < 1 then left = 1 end
-if c + cost <= limit then
-  c = c + cost
-  redis.call('HSET', KEYS[1], 'w', string.format('%d', idx), 'c', tostring(c))
-  redis.call('PEXPIRE', KEYS[1], math.ceil(left / 1000))
-  return {1, limit - c, 0, left}
-end
-local reset = 0
-if c > 0 then reset = left end
-local remaining = limit - c
-if remaining < 0 then remaining = 0 end
-return {0, remaining, left, reset}
-"#;
+/// Sliding-window counter (see the file).
+const SLIDING_WINDOW: &str = include_str!("lua/sliding_window.lua");
 
-/// GCRA: the theoretical arrival time (TAT, µs) in one key. Emission
-/// interval T = window / limit; a request of cost n is admitted iff
-/// `max(TAT, now) + n*T - now <= window` (bursts of up to `limit`).
-/// KEYS: tat. ARGV: limit, window µs, cost.
-const GCRA: &str = r#"
-local t_em = win / limit
-local tol = t_em / 2
-if tol > 1 then tol = 1 end
-local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tat < now then tat = now end
-local new_tat = tat + cost * t_em
-local diff = new_tat - now
-if diff <= win + tol then
-  redis.call('SET', KEYS[1], string.format('%.3f', new_tat), 'PX', math.max(1, math.ceil(diff / 1000)))
-  local remaining = math.floor((win + tol - diff) / t_em)
-  if remaining < 0 then remaining = 0 end
-  return {1, remaining, 0, math.ceil(diff)}
-end
-local retry = math.ceil(diff - win)
-if retry < 1 then retry = 1 end
-local remaining = math.floor((win + tol - (tat - now)) / t_em)
-if remaining < 0 then remaining = 0 end
-return {0, remaining, retry, math.ceil(tat - now)}
-"#;
+/// Fixed window (see the file).
+const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
+
+/// GCRA with an exact TAT (see the file).
+const GCRA: &str = include_str!("lua/gcra.lua");
 
 /// Every script of the backend, compiled once per client.
 pub(crate) struct Scripts {
@@ -332,10 +245,10 @@ impl Scripts {
             resign: mk(&[RESIGN]),
             arrive: mk(&[ARRIVE]),
             withdraw: mk(&[WITHDRAW]),
-            sliding_log: mk(&[NOW, SLIDING_LOG]),
-            sliding_window: mk(&[NOW, SLIDING_WINDOW]),
-            fixed_window: mk(&[NOW, FIXED_WINDOW]),
-            gcra: mk(&[NOW, GCRA]),
+            sliding_log: mk(&[LIMITER_PRELUDE, SLIDING_LOG]),
+            sliding_window: mk(&[LIMITER_PRELUDE, SLIDING_WINDOW]),
+            fixed_window: mk(&[LIMITER_PRELUDE, FIXED_WINDOW]),
+            gcra: mk(&[LIMITER_PRELUDE, GCRA]),
             sources,
         }
     }

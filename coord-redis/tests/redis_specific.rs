@@ -1,42 +1,20 @@
 //! Redis-specific tests: interoperation with the seed's PHP `RedisLock`,
-//! script reloading, authentication, fencing after data loss, round-trip
-//! counts, and that no password ever shows.
+//! script reloading, authentication, restarts and outages, round-trip
+//! counts, and that no password ever shows. (Fencing after data loss is in
+//! `fencing.rs`, limiters in `limiter.rs`, key layout in `keys.rs`.)
 
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{SEC, backend, eventually, granted, seed_backend, unique};
 use conformance::testkit::redis::{self as kit, CountingProxy, RedisServer, Resp};
 use coord_core::util::Secret;
 use coord_core::{
     Algorithm, Attempt, Barrier, Election, Error, FencingSource, Lease, Limiter, Lock, OwnerToken,
     Quota,
 };
-use coord_redis::{Layout, RedisBackend, RedisOptions};
-
-fn unique(case: &str) -> String {
-    conformance::unique(case)
-}
-
-async fn backend(url: &str) -> RedisBackend {
-    RedisBackend::connect(RedisOptions::new(url))
-        .await
-        .expect("connect to the test redis-server")
-}
-
-async fn seed_backend(url: &str) -> RedisBackend {
-    RedisBackend::connect(RedisOptions::new(url).layout(Layout::Seed))
-        .await
-        .expect("connect to the test redis-server")
-}
-
-fn granted(a: Attempt) -> u64 {
-    match a {
-        Attempt::Granted(t) => t.get(),
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
-const SEC: Duration = Duration::from_secs(1);
+use coord_redis::{RedisBackend, RedisOptions};
 
 #[tokio::test]
 async fn seed_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
@@ -153,26 +131,6 @@ async fn scripts_survive_script_flush() {
     assert!(b.next(&name).await.unwrap().get() > 0);
 }
 
-/// Retry `f` until it succeeds (the first call after a restart may fail
-/// while the connection is re-established).
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = coord_core::Result<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match f().await {
-            Ok(v) => return v,
-            Err(e) if Instant::now() < deadline => {
-                assert!(e.is_retryable(), "{what}: not retryable: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{what}: still failing after 15 s: {e}"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     let server = RedisServer::start();
@@ -227,36 +185,6 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await
         .expect("a release after the restart wakes the waiter");
-}
-
-#[tokio::test]
-async fn fencing_tokens_keep_rising_after_flushall() {
-    let server = RedisServer::start();
-    let b = backend(&server.url()).await;
-    let name = unique("flushall");
-    let me = OwnerToken::random();
-    let lock_before = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    let fence_before = b.next(&name).await.unwrap().get();
-    let q = unique("term");
-    let term_before = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
-
-    assert_eq!(server.command(&["FLUSHALL"]), Resp::Simple("OK".into()));
-
-    let lock_after = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    let fence_after = b.next(&name).await.unwrap().get();
-    let term_after = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
-    assert!(lock_after > lock_before, "{lock_after} > {lock_before}");
-    assert!(fence_after > fence_before, "{fence_after} > {fence_before}");
-    assert!(term_after > term_before, "{term_after} > {term_before}");
-    // The seed is the server clock in microseconds.
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as u64;
-    assert!(
-        fence_after.abs_diff(now_us) < 60_000_000,
-        "{fence_after} ~ {now_us}"
-    );
 }
 
 #[tokio::test]
@@ -405,124 +333,6 @@ async fn uncontended_acquire_and_release_cost_exactly_two_round_trips() {
         let names = proxy.command_names()[names_before..].to_vec();
         assert_eq!(sent, 2, "acquire + release sent {names:?}");
         assert_eq!(names, ["EVALSHA", "EVALSHA"]);
-    }
-}
-
-#[tokio::test]
-async fn a_limiter_check_costs_exactly_one_round_trip() {
-    let proxy = CountingProxy::start(kit::server().port());
-    let b = backend(&proxy.url()).await;
-    for algorithm in Algorithm::ALL {
-        let key = unique("limiter-rt");
-        let q = Quota::new(3, 10 * SEC, algorithm);
-        for i in 0..5 {
-            let before = proxy.commands();
-            let d = b.check(&key, &q, 1).await.unwrap();
-            assert_eq!(d.allowed, i < 3, "{algorithm:?} #{i}: {d:?}");
-            assert_eq!(proxy.commands() - before, 1, "{algorithm:?}");
-        }
-    }
-}
-
-#[tokio::test]
-async fn limiters_admit_exactly_the_limit_and_say_when_to_retry() {
-    let b = backend(&kit::url()).await;
-    for layout_seed in [false, true] {
-        let b = if layout_seed {
-            seed_backend(&kit::url()).await
-        } else {
-            backend(&kit::url()).await
-        };
-        for algorithm in Algorithm::ALL {
-            let key = unique("limit");
-            let q = Quota::new(5, 60 * SEC, algorithm);
-            let mut admitted = 0;
-            for _ in 0..8 {
-                let d = b.check(&key, &q, 1).await.unwrap();
-                if d.allowed {
-                    admitted += 1;
-                    assert_eq!(d.retry_after, Duration::ZERO);
-                    assert_eq!(d.remaining, 5 - admitted, "{algorithm:?} {d:?}");
-                } else {
-                    assert!(d.retry_after > Duration::ZERO, "{algorithm:?} {d:?}");
-                    // (A sliding-window counter may need part of the next window too.)
-                    assert!(d.retry_after <= 120 * SEC, "{algorithm:?} {d:?}");
-                    assert_eq!(d.remaining, 0, "{algorithm:?} {d:?}");
-                    assert!(d.reset_after > Duration::ZERO, "{algorithm:?} {d:?}");
-                }
-            }
-            assert_eq!(admitted, 5, "{algorithm:?}");
-            // Cost counts.
-            let key = unique("cost");
-            assert!(b.check(&key, &q, 5).await.unwrap().allowed);
-            assert!(!b.check(&key, &q, 1).await.unwrap().allowed);
-        }
-    }
-    drop(b);
-}
-
-#[tokio::test]
-async fn limiter_windows_pass_and_free_again() {
-    let b = backend(&kit::url()).await;
-    for algorithm in Algorithm::ALL {
-        let key = unique("window");
-        let q = Quota::new(2, Duration::from_millis(200), algorithm);
-        // Check until denied (a fixed window may roll over meanwhile).
-        let mut d = b.check(&key, &q, 1).await.unwrap();
-        let mut n = 0;
-        while d.allowed {
-            n += 1;
-            assert!(n <= 6, "{algorithm:?} never denies");
-            d = b.check(&key, &q, 1).await.unwrap();
-        }
-        tokio::time::sleep(d.retry_after + Duration::from_millis(5)).await;
-        let d2 = b.check(&key, &q, 1).await.unwrap();
-        assert!(
-            d2.allowed,
-            "{algorithm:?}: after retry_after {d:?} -> {d2:?}"
-        );
-    }
-}
-
-#[tokio::test]
-async fn seed_sliding_log_counts_the_php_entries_and_uses_unique_members() {
-    let server = kit::server();
-    let b = seed_backend(&server.url()).await;
-    let key = unique("api");
-    // What the seed's checkRateLimit leaves behind: score = member = now in
-    // seconds (microtime(true)).
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
-    let php = format!("{now:.4}");
-    server.command(&["ZADD", &key, &php, &php]);
-    let q = Quota::per(3, 10 * SEC);
-    let mut admitted = 0;
-    // Concurrent checks: each gets its own member.
-    let b = Arc::new(b);
-    let mut tasks = Vec::new();
-    for _ in 0..6 {
-        let (b, key) = (b.clone(), key.clone());
-        tasks.push(tokio::spawn(
-            async move { b.check(&key, &q, 1).await.unwrap() },
-        ));
-    }
-    for t in tasks {
-        if t.await.unwrap().allowed {
-            admitted += 1;
-        }
-    }
-    assert_eq!(admitted, 2, "the PHP entry counts against the limit");
-    assert_eq!(server.command(&["ZCARD", &key]).as_int(), Some(3));
-    // Scores are seconds, like PHP's.
-    if let Resp::Array(Some(items)) = server.command(&["ZRANGE", &key, "0", "-1", "WITHSCORES"]) {
-        for pair in items.chunks(2) {
-            let score: f64 = pair[1].as_str().unwrap().parse().unwrap();
-            assert!((score - now).abs() < 60.0, "{score} vs {now}");
-        }
-    } else {
-        panic!("ZRANGE reply");
     }
 }
 

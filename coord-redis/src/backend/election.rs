@@ -1,0 +1,102 @@
+//! Elections: leadership as a claim whose term is a fencing token.
+
+use std::time::Duration;
+
+use coord_core::util::Kind;
+use coord_core::wake::Waiter;
+use coord_core::{
+    Attempt, Capabilities, FencingToken, LeaderInfo, OwnerToken, Result, async_trait,
+};
+use redis::Value;
+
+use super::{RedisBackend, attempt, flag, int, ms, unexpected};
+use crate::keys::Keys;
+
+#[async_trait]
+impl coord_core::Election for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let keys = self.keys.election(name);
+        let owner = owner.to_hex();
+        let ttl = ms(ttl).to_string();
+        let (channel, payload) = self.wake_args(Kind::Election, name);
+        let v = self
+            .eval(
+                "election campaign",
+                &self.scripts.campaign,
+                &[&keys[0], &keys[1]],
+                &[
+                    owner.as_bytes(),
+                    ttl.as_bytes(),
+                    candidate.as_bytes(),
+                    channel.as_bytes(),
+                    payload.as_bytes(),
+                ],
+            )
+            .await?;
+        attempt("election campaign", &v)
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let keys = self.keys.election(name);
+        let owner = owner.to_hex();
+        let ttl = ms(ttl).to_string();
+        let v = self
+            .eval(
+                "election renew",
+                &self.scripts.election_renew,
+                &[&keys[0]],
+                &[owner.as_bytes(), ttl.as_bytes()],
+            )
+            .await?;
+        flag("election renew", &v)
+    }
+
+    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let keys = self.keys.election(name);
+        let owner = owner.to_hex();
+        let (channel, payload) = self.wake_args(Kind::Election, name);
+        let v = self
+            .eval(
+                "election resign",
+                &self.scripts.resign,
+                &[&keys[0]],
+                &[owner.as_bytes(), channel.as_bytes(), payload.as_bytes()],
+            )
+            .await?;
+        flag("election resign", &v)
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
+        let keys = self.keys.election(name);
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(&keys[0]).arg("candidate").arg("term");
+        let v = self.cmd("election leader", cmd).await?;
+        let Value::Array(items) = &v else {
+            return Err(unexpected("election leader", &v));
+        };
+        match (items.first(), items.get(1)) {
+            (Some(Value::BulkString(c)), Some(term)) => {
+                let term = int(term).ok_or_else(|| unexpected("election leader", &v))?;
+                Ok(Some(LeaderInfo {
+                    candidate: String::from_utf8_lossy(c).into_owned(),
+                    term: FencingToken(term as u64),
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.wakeups.subscribe(&Keys::wake(Kind::Election, name)))
+    }
+}

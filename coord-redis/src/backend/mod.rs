@@ -1,0 +1,424 @@
+//! The backend: one multiplexed, self-reconnecting connection for commands,
+//! one dedicated pub/sub connection for wake-ups, and the scripts.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::util::{Kind, Secret, bounded, redact_url_passwords};
+use coord_core::wake::Wakeups;
+use coord_core::{Attempt, Capabilities, Error, FencingDurability, FencingToken, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::keys::{Keys, Layout};
+use crate::listener;
+use crate::options::RedisOptions;
+use crate::scripts::Scripts;
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// The Redis backend: implements every coord primitive
+/// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
+/// [`FencingSource`](coord_core::FencingSource),
+/// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
+/// [`Limiter`](coord_core::Limiter)).
+///
+/// Holds one multiplexed command connection that reconnects by itself
+/// (`redis::aio::ConnectionManager`) and one dedicated subscriber
+/// connection, served by a background task that ends when the backend is
+/// dropped. `Debug` shows the endpoint, never the password.
+///
+/// Most users want [`connect`](crate::connect) or
+/// [`RedisOptions::connect`], which wrap it in a
+/// [`Coord`](coord_core::Coord).
+pub struct RedisBackend {
+    conn: ConnectionManager,
+    keys: Keys,
+    channel: String,
+    timeout: Duration,
+    caps: Capabilities,
+    wakeups: Wakeups,
+    scripts: Scripts,
+    password: Option<Secret>,
+    endpoint: String,
+    _listener: DropGuard,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.endpoint)
+            .field("prefix", &self.keys.prefix)
+            .field("layout", &self.keys.layout)
+            .field("timeout", &self.timeout)
+            .field("password", &self.password)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What this backend promises: 1 ms TTLs on the server's clock, pub/sub
+/// wake-ups, and fencing tokens that are
+/// [`FencingDurability::ClockSeeded`]: every token (lock and lease grants,
+/// election terms, [`FencingSource::next`](coord_core::FencingSource::next))
+/// is issued in one script as max(stored counter + 1, server time in µs),
+/// compared exactly. So tokens keep rising across a restart without
+/// persistence, a restore of an older snapshot, a lost AOF tail and a
+/// failover to a replica that missed writes, under two assumptions: the
+/// clock of the server that issues (each server after a failover) never
+/// goes back below the time of the newest token issued before, and fewer
+/// than one token per µs is issued for one name on average (else the
+/// counter runs ahead of the clock, and a lost counter can repeat the tokens
+/// issued ahead).
+pub fn capabilities() -> Capabilities {
+    let mut caps = Capabilities::new(BACKEND);
+    caps.min_ttl = Duration::from_millis(1);
+    caps.ttl_granularity = Duration::from_millis(1);
+    caps.fair = false;
+    caps.fencing = FencingDurability::ClockSeeded;
+    caps.server_clock = true;
+    caps.notifications = true;
+    caps
+}
+
+/// Turn a client-library error into a coord error, without credentials.
+pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secret>) -> Error {
+    let mut message = redact_url_passwords(&e.to_string());
+    if let Some(pw) = pw {
+        if !pw.expose().is_empty() {
+            message = message.replace(pw.expose(), "<redacted>");
+        }
+    }
+    let code = e.code().unwrap_or("");
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
+    {
+        return Error::Store {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "authentication failed ({message}); check the user name and password \
+                 (URL `redis://user:password@host`, or RedisOptions::password)"
+            ),
+        };
+    }
+    if code == "WRONGTYPE" || message.contains("WRONGTYPE") {
+        return Error::invalid(
+            "name",
+            format!(
+                "{operation}: the key holds another kind's data ({message}). In \
+                 Layout::Seed a lock and a sliding-log limiter of the same name share the \
+                 key `<name>`, and the second is refused while the first exists; use \
+                 different names for locks and limiters"
+            ),
+        );
+    }
+    if message.contains("certificate") {
+        return Error::Store {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "TLS handshake failed ({message}); check that the server's certificate is \
+                 valid for this host and trusted (system roots, or \
+                 RedisOptions::tls_root_certificate)"
+            ),
+        };
+    }
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.kind() == redis::ErrorKind::Io
+        || matches!(
+            code,
+            "LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY"
+        )
+    {
+        return Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message,
+        };
+    }
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message,
+    }
+}
+
+pub(crate) fn unexpected(operation: &'static str, v: &Value) -> Error {
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message: format!("unexpected reply from Redis: {v:?}"),
+    }
+}
+
+pub(crate) fn int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
+        Value::SimpleString(s) => s.trim().parse().ok(),
+        Value::Double(d) => Some(*d as i64),
+        Value::Okay => Some(1),
+        Value::Nil => None,
+        _ => None,
+    }
+}
+
+pub(crate) fn array(operation: &'static str, v: &Value, n: usize) -> Result<Vec<i64>> {
+    match v {
+        Value::Array(items) if items.len() >= n => items[..n]
+            .iter()
+            .map(|i| int(i).ok_or_else(|| unexpected(operation, v)))
+            .collect(),
+        _ => Err(unexpected(operation, v)),
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> u64 {
+    // Validated TTLs are whole milliseconds >= 1 ms; round up anything else.
+    let m = d.as_nanos().div_ceil(1_000_000);
+    m.clamp(1, u64::MAX as u128) as u64
+}
+
+pub(crate) fn us(d: Duration) -> u64 {
+    d.as_nanos().div_ceil(1_000).clamp(1, u64::MAX as u128) as u64
+}
+
+pub(crate) fn attempt(operation: &'static str, v: &Value) -> Result<Attempt> {
+    let a = array(operation, v, 2)?;
+    if a[0] == 1 {
+        if a[1] <= 0 {
+            return Err(unexpected(operation, v));
+        }
+        Ok(Attempt::Granted(FencingToken(a[1] as u64)))
+    } else {
+        Ok(Attempt::Held {
+            expires_in: (a[1] >= 0).then(|| Duration::from_millis(a[1] as u64)),
+        })
+    }
+}
+
+pub(crate) fn flag(operation: &'static str, v: &Value) -> Result<bool> {
+    int(v)
+        .map(|i| i != 0)
+        .ok_or_else(|| unexpected(operation, v))
+}
+
+fn endpoint(info: &redis::ConnectionInfo) -> String {
+    let settings = info.redis_settings();
+    let user = settings
+        .username()
+        .map(|u| format!("{u}@"))
+        .unwrap_or_default();
+    let addr = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => format!("redis://{user}{host}:{port}"),
+        ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{user}{host}:{port}"),
+        other => format!("{other:?}"),
+    };
+    format!("{addr}/{}", settings.db())
+}
+
+impl RedisBackend {
+    /// Connect: parse the URL, open the command connection, load every
+    /// script once (`SCRIPT LOAD`), and subscribe the wake-up channel on a
+    /// dedicated connection before returning.
+    ///
+    /// Errors: [`Error::Config`] for a malformed URL,
+    /// [`Error::Unavailable`] when the server cannot be reached in time,
+    /// [`Error::Store`] saying "authentication failed" for a wrong user or
+    /// password. No error contains the password.
+    pub async fn connect(opts: RedisOptions) -> Result<RedisBackend> {
+        let mut info = opts.url.expose().into_connection_info().map_err(|e| {
+            let mut msg = redact_url_passwords(&e.to_string());
+            if let Some(pw) = &opts.password {
+                if !pw.expose().is_empty() {
+                    msg = msg.replace(pw.expose(), "<redacted>");
+                }
+            }
+            Error::Config(format!(
+                "invalid Redis URL `{}`: {msg}",
+                redact_url_passwords(opts.url.expose())
+            ))
+        })?;
+        let mut settings = info.redis_settings().clone();
+        if let Some(user) = &opts.username {
+            settings = settings.set_username(user);
+        }
+        if let Some(pw) = &opts.password {
+            settings = settings.set_password(pw.expose());
+        }
+        info = info.set_redis_settings(settings);
+        let password = info.redis_settings().password().map(Secret::new);
+        let endpoint = endpoint(&info);
+        let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        if tls {
+            // rustls needs a process-wide crypto provider; install ring's
+            // unless the application already chose one.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let custom_tls = opts.tls_root.is_some() || opts.tls_client.is_some();
+        let client = if custom_tls {
+            if !tls {
+                return Err(Error::Config(
+                    "TLS certificates were given for a plain `redis://` URL; \
+                     use `rediss://` to connect with TLS"
+                        .into(),
+                ));
+            }
+            let certs = redis::TlsCertificates {
+                client_tls: opts
+                    .tls_client
+                    .as_ref()
+                    .map(|(cert, key)| redis::ClientTlsConfig {
+                        client_cert: cert.clone(),
+                        client_key: key.expose().as_bytes().to_vec(),
+                    }),
+                root_cert: opts.tls_root.clone(),
+            };
+            redis::Client::build_with_tls(info, certs)
+        } else {
+            redis::Client::open(info)
+        }
+        .map_err(|e| match map_err("connect", &e, password.as_ref()) {
+            Error::Store { message, .. } => Error::Config(message),
+            other => other,
+        })?;
+
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let pw = password.clone();
+        let mut conn = bounded(BACKEND, "connect", opts.connect_timeout, async {
+            client
+                .get_connection_manager_with_config(config)
+                .await
+                .map_err(|e| map_err("connect", &e, pw.as_ref()))
+        })
+        .await?;
+
+        // Register every script once, in one round trip.
+        let scripts = Scripts::new();
+        let mut pipe = redis::pipe();
+        for src in &scripts.sources {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(src);
+        }
+        let pw = password.clone();
+        bounded(BACKEND, "connect", opts.connect_timeout, async {
+            pipe.query_async::<Vec<String>>(&mut conn)
+                .await
+                .map_err(|e| map_err("script load", &e, pw.as_ref()))
+        })
+        .await?;
+
+        let keys = Keys {
+            prefix: opts.prefix.clone(),
+            layout: opts.layout,
+        };
+        let channel = keys.channel();
+        let wakeups = Wakeups::new();
+        let cancel = CancellationToken::new();
+        let pubsub =
+            listener::subscribe(&client, &channel, opts.connect_timeout, password.as_ref()).await?;
+        tokio::spawn(listener::run(
+            client,
+            channel.clone(),
+            wakeups.clone(),
+            cancel.clone(),
+            pubsub,
+            opts.connect_timeout,
+            password.clone(),
+        ));
+
+        Ok(RedisBackend {
+            conn,
+            keys,
+            channel,
+            timeout: opts.timeout,
+            caps: capabilities(),
+            wakeups,
+            scripts,
+            password,
+            endpoint,
+            _listener: cancel.drop_guard(),
+        })
+    }
+
+    /// Wrap this backend in a [`Coord`](coord_core::Coord) handle.
+    pub fn into_coord(self) -> coord_core::Coord {
+        coord_core::Coord::from_backend(Arc::new(self))
+    }
+
+    /// The key layout in use.
+    pub fn layout(&self) -> Layout {
+        self.keys.layout
+    }
+
+    /// The key prefix in use.
+    pub fn prefix(&self) -> &str {
+        &self.keys.prefix
+    }
+
+    /// The local wake-up registry fed by the subscriber connection.
+    pub fn wakeups(&self) -> &Wakeups {
+        &self.wakeups
+    }
+
+    /// Run one script, bounded by the call timeout.
+    pub(crate) async fn eval(
+        &self,
+        operation: &'static str,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(*k);
+        }
+        for a in args {
+            inv.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        self.bounded(operation, async move {
+            inv.invoke_async::<Value>(&mut conn).await
+        })
+        .await
+    }
+
+    /// Run one plain command, bounded by the call timeout.
+    pub(crate) async fn cmd(&self, operation: &'static str, cmd: redis::Cmd) -> Result<Value> {
+        let mut conn = self.conn.clone();
+        self.bounded(operation, async move {
+            cmd.query_async::<Value>(&mut conn).await
+        })
+        .await
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T> {
+        let pw = self.password.as_ref();
+        bounded(BACKEND, operation, self.timeout, async move {
+            fut.await.map_err(|e| map_err(operation, &e, pw))
+        })
+        .await
+    }
+
+    pub(crate) fn wake_args(&self, kind: Kind, name: &str) -> (String, String) {
+        (self.channel.clone(), Keys::wake(kind, name))
+    }
+}
+
+mod barrier;
+mod claims;
+mod election;
+mod limiter;

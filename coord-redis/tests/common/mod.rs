@@ -1,0 +1,57 @@
+//! Helpers shared by the Redis test files.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use coord_core::Attempt;
+use coord_redis::{Layout, RedisBackend, RedisOptions};
+
+/// One second.
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// A name no other test uses.
+pub fn unique(case: &str) -> String {
+    conformance::unique(case)
+}
+
+/// A backend with the default options.
+pub async fn backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisOptions::new(url))
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// A backend using the seed's key layout.
+pub async fn seed_backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisOptions::new(url).layout(Layout::Seed))
+        .await
+        .expect("connect to the test redis-server")
+}
+
+/// The token of a grant; panics on anything else.
+pub fn granted(a: Attempt) -> u64 {
+    match a {
+        Attempt::Granted(t) => t.get(),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// Retry `f` until it succeeds (the first call after a restart may fail
+/// while the connection is re-established).
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = coord_core::Result<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) if Instant::now() < deadline => {
+                assert!(e.is_retryable(), "{what}: not retryable: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{what}: still failing after 15 s: {e}"),
+        }
+    }
+}
