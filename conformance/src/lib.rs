@@ -134,6 +134,7 @@ pub const CASES: &[&str] = &[
     "limiter_sliding_algorithms_do_not_reset_at_window_boundaries",
     "input_ttl_below_the_drift_margin_is_rejected",
     "lock_attempts_are_idempotent_per_owner",
+    "election_attempts_are_idempotent_and_renewals_keep_the_term",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -190,6 +191,7 @@ macro_rules! suite {
             limiter_sliding_algorithms_do_not_reset_at_window_boundaries,
             input_ttl_below_the_drift_margin_is_rejected,
             lock_attempts_are_idempotent_per_owner,
+            election_attempts_are_idempotent_and_renewals_keep_the_term,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

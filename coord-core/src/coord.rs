@@ -118,6 +118,14 @@ impl Coord {
         self.lock.clone().ok_or_else(|| self.unsupported("locks"))
     }
 
+    /// The raw election backend (no waiting, guards or validation): for
+    /// backend authors and tests. Users want [`Coord::elections`].
+    pub fn raw_election(&self) -> Result<Arc<dyn Election>> {
+        self.election
+            .clone()
+            .ok_or_else(|| self.unsupported("elections"))
+    }
+
     /// The raw barrier backend (no waiting, retries or validation): for
     /// backend authors and tests. Users want [`Coord::barriers`].
     pub fn raw_barrier(&self) -> Result<Arc<dyn Barrier>> {

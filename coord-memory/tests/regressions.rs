@@ -336,6 +336,20 @@ async fn idle_names_are_swept_and_live_ones_survive() {
         .await
         .unwrap();
     let lease = leases.grant("keep-lease", 3600 * S).await.unwrap().unwrap();
+    let elections = coord.elections().unwrap();
+    let leader = elections
+        .try_campaign("keep-election", "me", 3600 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    for i in 0..20_000 {
+        let l = elections
+            .try_campaign(&format!("shard:{i}"), "me", Duration::from_millis(5))
+            .await
+            .unwrap()
+            .unwrap();
+        drop(l);
+    }
     let quota = Quota::new(5, Duration::from_millis(1), Algorithm::FixedWindow);
     for i in 0..100_000 {
         let name = format!("order:{i}");
@@ -370,5 +384,23 @@ async fn idle_names_are_swept_and_live_ones_survive() {
         .renew(3600 * S)
         .await
         .expect("the live lease was swept");
+    leader
+        .renew(3600 * S)
+        .await
+        .expect("the live leadership was swept");
+    for i in 0..20_000 {
+        let l = elections
+            .try_campaign(&format!("again:{i}"), "me", Duration::from_millis(5))
+            .await
+            .unwrap()
+            .unwrap();
+        drop(l);
+    }
+    let info = elections.leader("keep-election").await.unwrap();
+    assert_eq!(
+        info.map(|i| i.term),
+        Some(leader.term()),
+        "the live leader was swept"
+    );
     assert!(locks.try_acquire("keep", S).await.unwrap().is_none());
 }

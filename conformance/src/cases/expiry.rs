@@ -400,3 +400,43 @@ pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
     }
     assert!(raw.release(&name, &other).await.unwrap());
 }
+
+/// Campaign attempts are idempotent per owner (same term again), another
+/// candidate is refused while the leader lives, and a leader that renews
+/// stays leader past its first TTL with the same term.
+pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Factory) {
+    let c = f.client().await;
+    let raw = c.raw_election().unwrap();
+    let name = unique("elect-idem");
+    let t = ttl(&c, Duration::from_secs(1));
+    let (me, other) = (OwnerToken::random(), OwnerToken::random());
+    let Attempt::Granted(term) = raw.try_campaign(&name, "me", &me, t).await.unwrap() else {
+        panic!("the sole candidate was refused");
+    };
+    let again = raw.try_campaign(&name, "me", &me, t).await.unwrap();
+    assert_eq!(
+        again,
+        Attempt::Granted(term),
+        "a retried campaign got another term"
+    );
+    let theirs = raw.try_campaign(&name, "other", &other, t).await.unwrap();
+    assert!(matches!(theirs, Attempt::Held { .. }), "{theirs:?}");
+    assert!(!raw.renew(&name, &other, t).await.unwrap());
+    // Renew well before the TTL ends, twice: still leader after 2 x TTL.
+    for _ in 0..4 {
+        sleep(t / 2).await;
+        assert!(
+            raw.renew(&name, &me, t).await.unwrap(),
+            "a live leader could not renew"
+        );
+    }
+    let info = c.elections().unwrap().leader(&name).await.unwrap();
+    let info = info.expect("a renewed leader is gone");
+    assert_eq!(
+        (info.candidate.as_str(), info.term.get()),
+        ("me", term.get())
+    );
+    assert!(!raw.resign(&name, &other).await.unwrap());
+    assert!(raw.resign(&name, &me).await.unwrap());
+    assert_eq!(c.elections().unwrap().leader(&name).await.unwrap(), None);
+}
