@@ -135,6 +135,7 @@ pub const CASES: &[&str] = &[
     "input_ttl_below_the_drift_margin_is_rejected",
     "lock_attempts_are_idempotent_per_owner",
     "election_attempts_are_idempotent_and_renewals_keep_the_term",
+    "limiter_algorithms_of_one_key_are_independent",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -192,6 +193,7 @@ macro_rules! suite {
             input_ttl_below_the_drift_margin_is_rejected,
             lock_attempts_are_idempotent_per_owner,
             election_attempts_are_idempotent_and_renewals_keep_the_term,
+            limiter_algorithms_of_one_key_are_independent,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -404,3 +404,34 @@ async fn idle_names_are_swept_and_live_ones_survive() {
     );
     assert!(locks.try_acquire("keep", S).await.unwrap().is_none());
 }
+
+/// A leadership ends exactly at its TTL (paused time makes "exactly"
+/// observable): at that instant another candidate wins, the old leader can
+/// neither renew nor resign, and `leader()` reports the new one.
+#[tokio::test(start_paused = true)]
+async fn a_leadership_ends_exactly_at_its_ttl() {
+    let backend = Arc::new(MemoryBackend::new());
+    let raw: Arc<dyn coord_core::Election> = backend.clone();
+    let (old, new) = (OwnerToken::random(), OwnerToken::random());
+    let first = raw.try_campaign("e", "old", &old, S).await.unwrap();
+    tokio::time::advance(S).await;
+    assert_eq!(
+        raw.leader("e").await.unwrap(),
+        None,
+        "reported at its expiry"
+    );
+    assert!(
+        !raw.renew("e", &old, S).await.unwrap(),
+        "renewed at its expiry"
+    );
+    assert!(
+        !raw.resign("e", &old).await.unwrap(),
+        "resigned at its expiry"
+    );
+    // The old owner's retry at its expiry is a new term, not a renewal.
+    let again = raw.try_campaign("e", "old", &old, S).await.unwrap();
+    assert_ne!(again, first, "an expired leadership was resumed");
+    tokio::time::advance(S).await;
+    let won = raw.try_campaign("e", "new", &new, S).await.unwrap();
+    assert!(matches!(won, coord_core::Attempt::Granted(_)), "{won:?}");
+}

@@ -270,3 +270,32 @@ pub async fn limiter_sliding_algorithms_do_not_reset_at_window_boundaries(f: &Fa
         }
     }
 }
+
+/// The four algorithms keep separate state for one key: alternating them
+/// on a key never resets one with another's state.
+pub async fn limiter_algorithms_of_one_key_are_independent(f: &Factory) {
+    let c = f.client().await;
+    let lim = c.limiter().unwrap();
+    let key = unique("algo-separate");
+    let quotas: Vec<Quota> = Algorithm::ALL
+        .iter()
+        .map(|a| Quota::new(2, BURST_WINDOW, *a))
+        .collect();
+    for q in &quotas {
+        early_in_window(&c, *q).await;
+    }
+    let mut admitted = vec![0; quotas.len()];
+    for _round in 0..5 {
+        for (i, q) in quotas.iter().enumerate() {
+            if lim.check(&key, *q).await.unwrap().allowed {
+                admitted[i] += 1;
+            }
+        }
+    }
+    assert_eq!(
+        admitted,
+        vec![2; quotas.len()],
+        "per algorithm {:?}: each must admit exactly its limit",
+        Algorithm::ALL
+    );
+}
