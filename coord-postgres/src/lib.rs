@@ -75,11 +75,16 @@
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
 //!
-//! Rate limiting: every algorithm decides on the database clock. A check
-//! first decides on an unlocked read; a denial found there is final
-//! (admissions only ever add to the state) and writes nothing. An
-//! admission is decided again and recorded under the row lock (GCRA: one
-//! conditional `UPDATE`). Limiter commits are asynchronous
+//! Rate limiting: every algorithm decides on the database clock, read
+//! AFTER the key's row lock is taken, so a check that waited for the lock
+//! across a window boundary decides on the time it got it (windows never
+//! move backwards). A check first decides on an unlocked read; a denial
+//! found there is final (admissions only ever add to the state) and writes
+//! nothing. An admission is decided again and recorded under the row lock.
+//! The state keeps the quota it was written under, so a quota change
+//! carries it over and never grants a fresh allowance (see
+//! `src/sql/limiter.sql` for each algorithm's rule; GCRA is exact numeric
+//! arithmetic). Limiter commits are asynchronous
 //! (`synchronous_commit = off`, local to that transaction), so a hot key is
 //! not held to one check per WAL flush; a server crash may forget the last
 //! fraction of a second of admissions.
