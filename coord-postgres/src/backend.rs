@@ -726,9 +726,7 @@ impl Barrier for PostgresBackend {
             )
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
-        let withdrawn: bool = row.try_get(0).map_err(|e| map_pg(OP, e))?;
-        let passed: bool = row.try_get(1).map_err(|e| map_pg(OP, e))?;
-        Ok(withdrawn || !passed)
+        row.try_get(0).map_err(|e| map_pg(OP, e))
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {

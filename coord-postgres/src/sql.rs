@@ -118,14 +118,7 @@ impl Sql {
                 "SELECT b.generation > $2::int8 FROM {s}.barriers b WHERE b.name = $1::text"
             ),
             // $1 name, $2 generation, $3 participant.
-            barrier_withdraw: format!(
-                "WITH u AS ( \
-                   UPDATE {s}.barriers b SET members = array_remove(b.members, $3::text) \
-                    WHERE b.name = $1::text AND b.generation = $2::int8 RETURNING 1 \
-                 ) \
-                 SELECT EXISTS (SELECT 1 FROM u), \
-                        EXISTS (SELECT 1 FROM {s}.barriers b WHERE b.name = $1::text AND b.generation > $2::int8)"
-            ),
+            barrier_withdraw: format!("SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text)"),
             // $1 algorithm, $2 key, $3 limit, $4 window µs, $5 cost.
             limiter_check: format!(
                 "SELECT allowed, remaining, retry_after, reset_after FROM {s}.limiter_check($1::text, $2::text, $3::int8, $4::int8, $5::int8)"

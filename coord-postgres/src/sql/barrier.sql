@@ -32,3 +32,29 @@ BEGIN
     END IF;
 END
 $fn$;
+
+-- Withdraw a participant from a generation unless it has completed,
+-- decided on the row locked FOR UPDATE (the newest version, after any
+-- completing arrival that held the lock has committed). True: withdrawn
+-- (or not there); false: the generation completed, the participant passed.
+CREATE OR REPLACE FUNCTION @s@.barrier_withdraw(
+    p_name text, p_generation bigint, p_participant text)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    b @s@.barriers%ROWTYPE;
+BEGIN
+    SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN true;
+    END IF;
+    IF b.generation > p_generation THEN
+        RETURN false;
+    END IF;
+    IF b.generation = p_generation AND p_participant = ANY (b.members) THEN
+        UPDATE @s@.barriers x SET members = array_remove(b.members, p_participant)
+         WHERE x.name = p_name;
+    END IF;
+    RETURN true;
+END
+$fn$;
