@@ -57,10 +57,13 @@
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `meta (version)` | layout version |
 //!
-//! A lock attempt is ONE statement: an `INSERT ... ON CONFLICT DO UPDATE
-//! ... WHERE` the row is free, expired or already ours, which draws the
-//! fencing token in the same statement and, when the row is held by
-//! another, also returns the holder's remaining time on the database clock.
+//! A lock attempt is ONE statement: a plain read of the row, then, only
+//! when that row looked free, expired or already ours, an `INSERT ... ON
+//! CONFLICT DO UPDATE ... WHERE` the row still is, which draws the fencing
+//! token in the same statement. When the row is held by another, the
+//! attempt returns the holder's remaining time on the database clock and
+//! takes no row lock, no transaction id and writes nothing, so polling
+//! waiters never queue behind (or in front of) the holder's extend.
 //! Release is one compare-and-release `UPDATE` that sends `pg_notify` in the
 //! same statement. An uncontended acquire + release is two statements.
 //! Commits of grants stay durable (`synchronous_commit` is never lowered

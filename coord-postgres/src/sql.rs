@@ -34,20 +34,29 @@ impl Sql {
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
             // $6 channel, $7 notify on a fresh grant.
             //
-            // One statement: take the row if it is free, expired or ours;
-            // a fresh grant gets a new fencing token from the sequence in
-            // the same statement, drawn AFTER the row is locked (in DO
-            // UPDATE), so tokens rise in grant order; a repeat by the same
-            // live owner keeps its token. When the row is held by another,
-            // the holder's remaining time on the database clock (as of the
-            // statement's snapshot) comes back too. `old` is that snapshot,
-            // which data-modifying CTEs do not change.
+            // One statement. First a plain read of the row (`old`, the
+            // statement's snapshot): when it is live and held by another,
+            // the upsert gets no input row, so a refused attempt takes no
+            // row lock, no transaction id and writes nothing (it never
+            // queues behind, or in front of, the holder's extend). Only a
+            // row that looked free, expired or ours is upserted: taken if
+            // it still is (re-checked on the newest version under the row
+            // lock); a fresh grant gets a new fencing token from the
+            // sequence drawn AFTER the row is locked (in DO UPDATE), so
+            // tokens rise in grant order; a repeat by the same live owner
+            // keeps its token. When the row is held by another, the
+            // holder's remaining time on the database clock (as of the
+            // snapshot) comes back too.
             claim_acquire: format!(
                 "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+                 old AS MATERIALIZED (SELECT c.fencing, c.owner, c.expires_at FROM {s}.claims c \
+                          WHERE c.kind = $1::text AND c.name = $2::text), \
                  up AS ( \
                    INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
                    SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
                           n.t + $5::int8 * interval '1 microsecond' FROM n \
+                    WHERE NOT EXISTS (SELECT 1 FROM old o WHERE o.owner IS NOT NULL \
+                                        AND o.owner <> $3::bytea AND o.expires_at > n.t) \
                    ON CONFLICT (kind, name) DO UPDATE \
                      SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate, \
                          fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > (SELECT t FROM n) \
@@ -56,8 +65,6 @@ impl Sql {
                      WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= (SELECT t FROM n) \
                    RETURNING c.fencing \
                  ), \
-                 old AS (SELECT c.fencing, c.owner, c.expires_at FROM {s}.claims c \
-                          WHERE c.kind = $1::text AND c.name = $2::text), \
                  woke AS (SELECT pg_notify($6::text, $1::text || ':' || $2::text) FROM up \
                            WHERE $7::bool AND up.fencing IS DISTINCT FROM (SELECT fencing FROM old)) \
                  SELECT (SELECT fencing FROM up) AS granted, \

@@ -1,0 +1,135 @@
+//! Lock attempts on the real server: a refused attempt costs the holder
+//! nothing (no row lock, no transaction id, no WAL flush), so many polling
+//! waiters on a small pool never starve the holder's extends. The cases
+//! run one after the other (they count transaction ids server-wide).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use conformance::testkit::postgres::cluster;
+use coord_core::{Attempt, Lock, OwnerToken};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The server's next transaction id (the query takes one itself).
+fn next_xid() -> u64 {
+    cluster()
+        .psql("postgres", "SELECT pg_current_xact_id()::text")
+        .trim()
+        .parse()
+        .expect("a transaction id")
+}
+
+/// 200 refused attempts on a held lock assign no transaction id (a row
+/// lock or any write would need one, and its commit a WAL flush).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
+    let _serial = SERIAL.lock().await;
+    let b = coord_postgres::builder(&cluster().url())
+        .listen(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    let name = unique("refused");
+    let holder = OwnerToken::random();
+    let got = b
+        .try_acquire(&name, &holder, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    let before = next_xid();
+    for i in 0..200 {
+        let other = OwnerToken::random();
+        let got = b
+            .try_acquire(&name, &other, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert!(matches!(got, Attempt::Held { .. }), "attempt {i}: {got:?}");
+    }
+    let used = next_xid() - before;
+    assert!(
+        used <= 5,
+        "200 refused attempts used {used} transaction ids (each one took the row lock)"
+    );
+    assert!(b.release(&name, &holder).await.unwrap());
+}
+
+/// 32 waiters poll every 2 ms for a lock through ONE client with a pool
+/// of 2 connections and a 250 ms call timeout, while the holder (same
+/// client) extends every 150 ms for 5 s: every extend succeeds in time and
+/// the guard is never lost. The database flushes WAL like a slower disk
+/// (`commit_delay` = 10 ms: each commit that must flush waits 10 ms first),
+/// which is what a refused attempt that writes would pay while holding the
+/// row lock and a pooled connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
+    let _serial = SERIAL.lock().await;
+    let db = unique("slowflush");
+    let url = cluster().create_database(&db);
+    cluster().psql(
+        "postgres",
+        &format!("ALTER DATABASE \"{db}\" SET commit_delay = 10000; ALTER DATABASE \"{db}\" SET commit_siblings = 0"),
+    );
+    let coord = coord_postgres::builder(&url)
+        .pool_size(2)
+        .call_timeout(Duration::from_millis(250))
+        .connect()
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_millis(2));
+    let locks = coord.locks().unwrap();
+    let name = unique("starve");
+    let ttl = Duration::from_secs(2);
+    let guard = locks.try_acquire(&name, ttl).await.unwrap().expect("free");
+    let xid_before = next_xid();
+    let run = Duration::from_secs(5);
+    let stop = Instant::now() + run;
+    let attempts = Arc::new(AtomicU64::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..32 {
+        let (locks, name, attempts) = (locks.clone(), name.clone(), attempts.clone());
+        waiters.push(tokio::spawn(async move {
+            while Instant::now() < stop {
+                attempts.fetch_add(1, Ordering::Relaxed);
+                match locks.acquire(&name, ttl, Duration::from_millis(300)).await {
+                    Ok(g) => panic!("a waiter got the held lock: {}", g.fencing_token()),
+                    Err(e)
+                        if e.is_retryable() || matches!(e, coord_core::Error::Timeout { .. }) => {}
+                    Err(e) => panic!("waiter: {e}"),
+                }
+            }
+        }));
+    }
+    let mut worst = Duration::ZERO;
+    let mut extends = 0;
+    while Instant::now() < stop {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let t = Instant::now();
+        guard
+            .extend(ttl)
+            .await
+            .unwrap_or_else(|e| panic!("extend {extends} failed after {:?}: {e}", t.elapsed()));
+        worst = worst.max(t.elapsed());
+        extends += 1;
+        assert!(guard.is_valid(), "the guard was lost");
+    }
+    for w in waiters {
+        w.await.unwrap();
+    }
+    eprintln!(
+        "{extends} extends, slowest {worst:?}, {} waiter acquire calls, {} transaction ids",
+        attempts.load(Ordering::Relaxed),
+        next_xid() - xid_before
+    );
+    guard.release().await.unwrap();
+}
