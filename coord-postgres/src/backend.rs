@@ -3,6 +3,7 @@
 //! per concern.
 
 mod barrier;
+mod call;
 mod claims;
 mod election;
 pub(crate) mod errors;
@@ -15,8 +16,7 @@ use coord_core::util::bounded;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{Capabilities, Coord, Error, FencingDurability, FencingToken, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::Row;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::{
@@ -41,8 +41,10 @@ fn token(v: i64) -> FencingToken {
     FencingToken(v.max(0) as u64)
 }
 
-/// The PostgreSQL backend: implements [`Lock`], [`Lease`],
-/// [`FencingSource`], [`Election`], [`Barrier`] and [`Limiter`] on tables
+/// The PostgreSQL backend: implements [`Lock`](coord_core::Lock),
+/// [`Lease`](coord_core::Lease), [`FencingSource`](coord_core::FencingSource),
+/// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier) and
+/// [`Limiter`](coord_core::Limiter) on tables
 /// of one schema. Build it with [`crate::builder`]`(url).connect_backend()`
 /// or get a [`Coord`] directly with [`crate::connect`].
 ///
@@ -57,6 +59,11 @@ pub struct PostgresBackend {
     channel: String,
     sql: Sql,
     call_timeout: Duration,
+    connect_timeout: Duration,
+    /// `BEGIN` and the settings of every statement's transaction.
+    begin: String,
+    /// For cancel requests.
+    tls: MakeRustlsConnect,
     wakeups: Wakeups,
     _listener: Option<DropGuard>,
 }
@@ -112,6 +119,8 @@ impl PostgresBackend {
 
         let wakeups = Wakeups::new();
         let mut notifications = false;
+        // Whether the LISTEN connection proved it receives notifications.
+        let mut probed = false;
         let mut guard = None;
         if listen {
             let (listen_pg, listen_tls) = match &b.listen_url {
@@ -140,6 +149,18 @@ impl PostgresBackend {
             match rx.await {
                 Ok(Ok(true)) => {
                     notifications = true;
+                    probed = true;
+                    guard = Some(cancel.drop_guard());
+                }
+                // The listener keeps trying in the background (it wakes
+                // every waiter once it is in); until then waiters poll.
+                Ok(Err(e)) if e.is_retryable() => {
+                    tracing::warn!(
+                        error = %e,
+                        "coord-postgres: cannot LISTEN yet; retrying in the background, \
+                         waiters poll until then"
+                    );
+                    notifications = true;
                     guard = Some(cancel.drop_guard());
                 }
                 Ok(Ok(false)) => tracing::warn!(
@@ -164,9 +185,7 @@ impl PostgresBackend {
         caps.notifications = notifications;
         // Named statements only where nothing in between can route the next
         // call to another server connection (see `prepared_statements`).
-        let prepared = b
-            .prepared
-            .unwrap_or(notifications && b.listen_url.is_none());
+        let prepared = b.prepared.unwrap_or(probed && b.listen_url.is_none());
         Ok(Arc::new(PostgresBackend {
             prepared,
             pool,
@@ -175,6 +194,9 @@ impl PostgresBackend {
             channel,
             sql,
             call_timeout: b.call_timeout,
+            connect_timeout: b.connect_timeout,
+            begin: call::begin_text(b.call_timeout),
+            tls,
             wakeups,
             _listener: guard,
         }))
@@ -211,35 +233,6 @@ impl PostgresBackend {
     /// [`PostgresBuilder::prepared_statements`](crate::PostgresBuilder::prepared_statements)).
     pub fn prepared_statements(&self) -> bool {
         self.prepared
-    }
-
-    async fn query(
-        &self,
-        operation: &'static str,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<Vec<Row>> {
-        bounded(BACKEND, operation, self.call_timeout, async {
-            let client = self.pool.get().await.map_err(|e| map_pool(operation, e))?;
-            if self.prepared {
-                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                let stmt = client
-                    .prepare_typed_cached(sql, &types)
-                    .await
-                    .map_err(|e| map_pg(operation, e))?;
-                client
-                    .query(&stmt, &values)
-                    .await
-                    .map_err(|e| map_pg(operation, e))
-            } else {
-                client
-                    .query_typed(sql, params)
-                    .await
-                    .map_err(|e| map_pg(operation, e))
-            }
-        })
-        .await
     }
 
     fn key(kind: &str, name: &str) -> String {

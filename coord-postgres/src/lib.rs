@@ -66,8 +66,15 @@
 //! waiters never queue behind (or in front of) the holder's extend.
 //! Release is one compare-and-release `UPDATE` that sends `pg_notify` in the
 //! same statement. An uncontended acquire + release is two statements.
-//! Commits of grants stay durable (`synchronous_commit` is never lowered
-//! for locks, leases, elections, barriers or fencing tokens).
+//!
+//! Every statement runs in its own transaction, pipelined with it in the
+//! same round trip: `BEGIN; SET LOCAL statement_timeout = <call timeout>`
+//! and `synchronous_commit` raised to `on` when the server's or the role's
+//! default is `off` or `local`, then the statement, then `COMMIT`. So
+//! grants (locks, leases, terms, barrier arrivals, fencing tokens) are
+//! durable whatever the defaults, and the server gives up when the client
+//! does. When the client's call timeout passes first, the connection is
+//! discarded and a cancel request stops its statement on the server.
 //!
 //! | trait | statements (one round trip each) |
 //! |---|---|
@@ -104,9 +111,11 @@
 //! local waiters through [`Wakeups`](coord_core::wake::Wakeups) (one waiter
 //! per lock release, every waiter for elections and barriers). At start the
 //! connection sends itself a probe notification; if it does not come back
-//! (PgBouncer in transaction mode) or LISTEN fails,
-//! [`Capabilities::notifications`](coord_core::Capabilities) is false and
-//! waiters poll. Give [`PostgresBuilder::listen_url`] a direct URL to keep
+//! (PgBouncer in transaction mode) or LISTEN fails for good (a refused
+//! password, say), [`Capabilities::notifications`](coord_core::Capabilities)
+//! is false and waiters poll. When it cannot connect at start (a
+//! retryable error), it keeps trying in the background like after a lost
+//! connection, and waiters poll until it is in. Give [`PostgresBuilder::listen_url`] a direct URL to keep
 //! wake-ups behind PgBouncer, or turn listening off
 //! ([`PostgresBuilder::listen`], `coord_listen=false`) to skip the probe,
 //! which waits up to 2 s for a notification that never comes. The connection reconnects with backoff and

@@ -133,3 +133,91 @@ async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
     );
     guard.release().await.unwrap();
 }
+
+/// Statements of coord still running on the server (other than this one).
+fn running_coord_statements() -> u64 {
+    cluster()
+        .psql(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%claims%' AND pid <> pg_backend_pid()",
+        )
+        .trim()
+        .parse()
+        .expect("a count")
+}
+
+/// Another session holds a lock's row (`SELECT ... FOR UPDATE` in an open
+/// transaction): an attempt on it blocks, returns Unavailable within the
+/// 500 ms call timeout, and its statement does not stay behind on the
+/// server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
+    let _serial = SERIAL.lock().await;
+    let b = coord_postgres::builder(&cluster().url())
+        .call_timeout(Duration::from_millis(500))
+        .listen(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    let name = unique("blocked");
+    let owner = OwnerToken::random();
+    let got = b
+        .try_acquire(&name, &owner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(b.release(&name, &owner).await.unwrap());
+
+    let other = coord_postgres::builder(&cluster().url())
+        .listen(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    let blocker = other.pool().get().await.unwrap();
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .execute(
+            "SELECT 1 FROM coord.claims WHERE kind = 'lock' AND name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .unwrap();
+
+    for round in 0..3 {
+        let t = Instant::now();
+        let e = b
+            .try_acquire(&name, &OwnerToken::random(), Duration::from_secs(60))
+            .await
+            .expect_err("the row is locked by another session");
+        let took = t.elapsed();
+        assert!(
+            matches!(e, coord_core::Error::Unavailable { .. }),
+            "round {round}: {e:?}"
+        );
+        assert!(
+            took < Duration::from_millis(900),
+            "round {round}: took {took:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(1);
+        loop {
+            let left = running_coord_statements();
+            if left == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: {left} statement(s) of coord still running on the server \
+                 1 s after the client gave up"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    blocker.batch_execute("COMMIT").await.unwrap();
+    // The client still works.
+    let got = b
+        .try_acquire(&name, &owner, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+}

@@ -14,7 +14,19 @@ pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error
         let code = db.code().code();
         let message = redact_url_passwords(&format!("{} (SQLSTATE {code})", db.message()));
         // 08: connection exceptions; 57P: shutdown / cannot connect now;
-        // 53300: too many connections; 40001/40P01: serialization/deadlock.
+        // 53300: too many connections; 40001/40P01: serialization/deadlock;
+        // 57014: cancelled, here by the statement timeout (= the call
+        // timeout) or by our own cancel request after a client timeout.
+        if code == "57014" {
+            return Error::Unavailable {
+                backend: BACKEND,
+                operation,
+                message: format!(
+                    "{message}: the statement ran past the call timeout and the server stopped it; \
+                     the call can be retried"
+                ),
+            };
+        }
         if code.starts_with("08")
             || code.starts_with("57P")
             || code == "53300"
