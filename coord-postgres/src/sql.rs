@@ -44,9 +44,12 @@ impl Sql {
             // lock); a fresh grant gets a new fencing token from the
             // sequence drawn AFTER the row is locked (in DO UPDATE), so
             // tokens rise in grant order; a repeat by the same live owner
-            // keeps its token. When the row is held by another, the
-            // holder's remaining time on the database clock (as of the
-            // snapshot) comes back too.
+            // keeps its token. The DO UPDATE clauses read the clock again
+            // (clock_timestamp() is evaluated on the locked row), so an
+            // attempt that waited for the row lock decides on the time it
+            // got it. When the row is held by another, the holder's
+            // remaining time on the database clock (as of the snapshot)
+            // comes back too.
             claim_acquire: format!(
                 "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
                  old AS MATERIALIZED (SELECT c.fencing, c.owner, c.expires_at FROM {s}.claims c \
@@ -59,10 +62,10 @@ impl Sql {
                                         AND o.owner <> $3::bytea AND o.expires_at > n.t) \
                    ON CONFLICT (kind, name) DO UPDATE \
                      SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate, \
-                         fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > (SELECT t FROM n) \
+                         fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp() \
                                         THEN c.fencing ELSE nextval('{s}.fencing') END, \
-                         expires_at = EXCLUDED.expires_at \
-                     WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= (SELECT t FROM n) \
+                         expires_at = clock_timestamp() + $5::int8 * interval '1 microsecond' \
+                     WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= clock_timestamp() \
                    RETURNING c.fencing \
                  ), \
                  woke AS (SELECT pg_notify($6::text, $1::text || ':' || $2::text) FROM up \
@@ -75,9 +78,12 @@ impl Sql {
             // $1 kind, $2 name, $3 owner, $4 channel, $5 notify.
             // Compare-and-release; the row (and so nothing of the token
             // history) is kept. The NOTIFY is sent at commit of this same
-            // statement.
+            // statement. As for extend, the clock is read once the row is
+            // locked: a release that waited past the expiry reports NotHeld.
             claim_release: format!(
-                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
+                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
                  r AS ( \
                    UPDATE {s}.claims c SET owner = NULL, candidate = NULL, expires_at = n.t FROM n \
                     WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
@@ -86,15 +92,23 @@ impl Sql {
                  SELECT 1 FROM r LEFT JOIN LATERAL (SELECT pg_notify($4::text, $1::text || ':' || $2::text) WHERE $5::bool) w ON true"
             ),
             // $1 kind, $2 name, $3 owner, $4 ttl µs. Compare-and-expire.
+            // The row is locked first (`l`), and the clock read only then
+            // (`n` reads it once per locked row), so an extend that waited
+            // for the row lock past the expiry resurrects nothing. Another
+            // owner's row is not locked at all.
             claim_extend: format!(
-                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
+                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
                  UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond' FROM n \
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
                  RETURNING 1"
             ),
             // $1 kind, $2 name, $3 channel, $4 notify.
             claim_force_release: format!(
-                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
+                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
                  r AS ( \
                    UPDATE {s}.claims c SET owner = NULL, candidate = NULL, expires_at = n.t FROM n \
                     WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t \

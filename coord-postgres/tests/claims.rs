@@ -221,3 +221,59 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
 }
+
+/// A renewal that waits for the row lock past the lease's expiry must not
+/// resurrect it: an observer saw the lease gone while the renewal waited,
+/// so the renewal reports NotHeld (false) and the lease stays gone. (It
+/// decides on the clock it reads once it holds the row, not on the one
+/// at the start of its statement.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_waited_past_expiry_resurrects_nothing() {
+    use coord_core::Lease;
+    let _serial = SERIAL.lock().await;
+    let b = coord_postgres::builder(&cluster().url())
+        .listen(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    let name = unique("late_renew");
+    let owner = OwnerToken::random();
+    let got = b
+        .grant(&name, &owner, Duration::from_millis(600))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+
+    let other = coord_postgres::builder(&cluster().url())
+        .listen(false)
+        .connect_backend()
+        .await
+        .unwrap();
+    let blocker = other.pool().get().await.unwrap();
+    blocker.batch_execute("BEGIN").await.unwrap();
+    blocker
+        .execute(
+            "SELECT 1 FROM coord.claims WHERE kind = 'lease' AND name = $1 FOR UPDATE",
+            &[&name],
+        )
+        .await
+        .unwrap();
+    let renew = {
+        let (b, name, owner) = (b.clone(), name.clone(), owner);
+        tokio::spawn(async move { b.renew(&name, &owner, Duration::from_secs(30)).await })
+    };
+    // The lease runs out while the renewal waits; an observer sees it gone.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while b.remaining(&name).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the lease never ran out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    blocker.batch_execute("COMMIT").await.unwrap();
+    let renewed = renew.await.unwrap().unwrap();
+    assert!(
+        !renewed,
+        "a renewal that took effect after the lease was observed expired resurrected it"
+    );
+    assert_eq!(b.remaining(&name).await.unwrap(), None);
+}
