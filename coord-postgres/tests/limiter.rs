@@ -152,10 +152,11 @@ fn install_audit() {
     ONCE.call_once(|| {
     cluster().psql(
         "postgres",
-        "CREATE TABLE IF NOT EXISTS public.limiter_audit (id bigserial PRIMARY KEY, key text, at bigint); \
+        "CREATE TABLE IF NOT EXISTS public.limiter_audit (id bigserial PRIMARY KEY, key text, at bigint, state text); \
          CREATE OR REPLACE FUNCTION public.limiter_audit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN INSERT INTO public.limiter_audit (key, at) \
-               VALUES (NEW.key, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint); \
+         BEGIN INSERT INTO public.limiter_audit (key, at, state) \
+               VALUES (NEW.key, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
+                       concat_ws(' ', NEW.window_start, NEW.q_window, NEW.cur, NEW.prev, pg_backend_pid(), txid_current())); \
                RETURN NEW; END $$; \
          CREATE OR REPLACE TRIGGER limiter_audit AFTER UPDATE ON coord.limiter_state \
          FOR EACH ROW EXECUTE FUNCTION public.limiter_audit();",
@@ -183,12 +184,19 @@ fn audit(key: &str) -> Vec<i64> {
 /// they must not exceed the limit. Brackets spanning a boundary are left
 /// out, so this never blames a limiter that decides on the clock it reads
 /// under the lock. Returns, per admission, its window if certain.
-fn assert_per_window(what: &str, writes: &[i64], limit: u64, window: Duration) -> Vec<Option<i64>> {
+fn assert_per_window(
+    what: &str,
+    key: &str,
+    writes: &[i64],
+    limit: u64,
+    window: Duration,
+) -> Vec<Option<i64>> {
     let w = window.as_micros() as i64;
     let mut per: std::collections::BTreeMap<i64, u64> = Default::default();
     let mut certain = Vec::new();
     for (i, &t) in writes.iter().enumerate() {
-        let from = if i == 0 { t } else { writes[i - 1] + 1 };
+        // The first admission's decision has no lower bound here.
+        let from = if i == 0 { i64::MIN } else { writes[i - 1] + 1 };
         let (a, b) = (from.div_euclid(w), t.div_euclid(w));
         if a == b {
             *per.entry(a).or_default() += 1;
@@ -205,7 +213,11 @@ fn assert_per_window(what: &str, writes: &[i64], limit: u64, window: Duration) -
     assert!(
         worst <= limit,
         "{what}: {worst} admissions certainly inside one {window:?} window, limit {limit}; \
-         per window: {per:?}"
+         per window: {per:?}; the writes (time, window start, window, count, prev, pid, xid):\n{}",
+        cluster().psql(
+            "postgres",
+            &format!("SELECT at, state FROM public.limiter_audit WHERE key = '{key}' ORDER BY id LIMIT 40"),
+        )
     );
     certain
 }
@@ -218,7 +230,7 @@ async fn fixed_window_never_exceeds_the_limit_across_boundaries() {
     let (key, got) = hammer(Algorithm::FixedWindow, limit, window).await;
     let writes = audit(&key);
     assert_eq!(writes.len(), got.len(), "every admission is written once");
-    assert_per_window("fixed window", &writes, limit, window);
+    assert_per_window("fixed window", &key, &writes, limit, window);
 }
 
 /// Sliding-window counter, limit 3 per 250 ms: at every admission, the
@@ -231,7 +243,7 @@ async fn sliding_window_never_exceeds_the_limit_across_boundaries() {
     let (key, got) = hammer(Algorithm::SlidingWindow, limit, window).await;
     let writes = audit(&key);
     assert_eq!(writes.len(), got.len(), "every admission is written once");
-    let certain = assert_per_window("sliding window", &writes, limit, window);
+    let certain = assert_per_window("sliding window", &key, &writes, limit, window);
     let w = window.as_micros() as i64;
     let mut count: std::collections::BTreeMap<i64, u64> = Default::default();
     for (i, c) in certain.iter().enumerate() {
