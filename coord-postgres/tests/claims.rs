@@ -65,10 +65,10 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
 }
 
 /// 32 waiters poll every 2 ms for a lock through ONE client with a pool
-/// of 2 connections and a 250 ms call timeout, while the holder (same
+/// of 2 connections and a 800 ms call timeout, while the holder (same
 /// client) extends every 150 ms for 5 s: every extend succeeds in time and
 /// the guard is never lost. The database flushes WAL like a slower disk
-/// (`commit_delay` = 10 ms: each commit that must flush waits 10 ms first),
+/// (`commit_delay` = 50 ms: each commit that must flush waits 50 ms first),
 /// which is what a refused attempt that writes would pay while holding the
 /// row lock and a pooled connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -78,11 +78,11 @@ async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
     let url = cluster().create_database(&db);
     cluster().psql(
         "postgres",
-        &format!("ALTER DATABASE \"{db}\" SET commit_delay = 10000; ALTER DATABASE \"{db}\" SET commit_siblings = 0"),
+        &format!("ALTER DATABASE \"{db}\" SET commit_delay = 50000; ALTER DATABASE \"{db}\" SET commit_siblings = 0"),
     );
     let coord = coord_postgres::builder(&url)
         .pool_size(2)
-        .call_timeout(Duration::from_millis(250))
+        .call_timeout(Duration::from_millis(800))
         .connect()
         .await
         .unwrap()

@@ -102,8 +102,7 @@ impl PostgresBackend {
                     backend: BACKEND,
                     operation,
                     message: format!(
-                        "no answer within {:?}; the statement was cancelled on the server. \
-                         Check that the server is up and not overloaded; the call can be retried",
+                        "no answer within {:?}; the statement was cancelled on the server",
                         self.call_timeout
                     ),
                 })

@@ -22,8 +22,7 @@ pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error
                 backend: BACKEND,
                 operation,
                 message: format!(
-                    "{message}: the statement ran past the call timeout and the server stopped it; \
-                     the call can be retried"
+                    "{message}: the statement ran past the call timeout and the server stopped it"
                 ),
             };
         }
