@@ -267,8 +267,11 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
             Err(e) if e.as_db_error().is_some() => {}
             Err(e) => return Err(map_pg(OP, e)),
         }
+        // The server gives up when we do (each statement of the batch,
+        // the advisory lock wait included, is bounded).
+        let ms = limit.as_millis().clamp(1, i32::MAX as u128);
         client
-            .batch_execute(&sql.ddl)
+            .batch_execute(&format!("SET LOCAL statement_timeout = {ms};\n{}", sql.ddl))
             .await
             .map_err(|e| map_pg(OP, e))
     })
