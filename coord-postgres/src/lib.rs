@@ -57,14 +57,24 @@
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `meta (version)` | layout version |
 //!
-//! A lock attempt is ONE statement: an `INSERT ... ON CONFLICT DO UPDATE
-//! ... WHERE` the row is free, expired or already ours, which draws the
-//! fencing token in the same statement and, when the row is held by
-//! another, also returns the holder's remaining time on the database clock.
+//! A lock attempt is ONE statement: a plain read of the row, then, only
+//! when that row looked free, expired or already ours, an `INSERT ... ON
+//! CONFLICT DO UPDATE ... WHERE` the row still is, which draws the fencing
+//! token in the same statement. When the row is held by another, the
+//! attempt returns the holder's remaining time on the database clock and
+//! takes no row lock, no transaction id and writes nothing, so polling
+//! waiters never queue behind (or in front of) the holder's extend.
 //! Release is one compare-and-release `UPDATE` that sends `pg_notify` in the
 //! same statement. An uncontended acquire + release is two statements.
-//! Commits of grants stay durable (`synchronous_commit` is never lowered
-//! for locks, leases, elections, barriers or fencing tokens).
+//!
+//! Every statement runs in its own transaction, pipelined with it in the
+//! same round trip: `BEGIN; SET LOCAL statement_timeout = <call timeout>`
+//! and `synchronous_commit` raised to `on` when the server's or the role's
+//! default is `off` or `local`, then the statement, then `COMMIT`. So
+//! grants (locks, leases, terms, barrier arrivals, fencing tokens) are
+//! durable whatever the defaults, and the server gives up when the client
+//! does. When the client's call timeout passes first, the connection is
+//! discarded and a cancel request stops its statement on the server.
 //!
 //! | trait | statements (one round trip each) |
 //! |---|---|
@@ -75,11 +85,16 @@
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
 //!
-//! Rate limiting: every algorithm decides on the database clock. A check
-//! first decides on an unlocked read; a denial found there is final
-//! (admissions only ever add to the state) and writes nothing. An
-//! admission is decided again and recorded under the row lock (GCRA: one
-//! conditional `UPDATE`). Limiter commits are asynchronous
+//! Rate limiting: every algorithm decides on the database clock, read
+//! AFTER the key's row lock is taken, so a check that waited for the lock
+//! across a window boundary decides on the time it got it (windows never
+//! move backwards). A check first decides on an unlocked read; a denial
+//! found there is final (admissions only ever add to the state) and writes
+//! nothing. An admission is decided again and recorded under the row lock.
+//! The state keeps the quota it was written under, so a quota change
+//! carries it over and never grants a fresh allowance (see
+//! `src/sql/limiter.sql` for each algorithm's rule; GCRA is exact numeric
+//! arithmetic). Limiter commits are asynchronous
 //! (`synchronous_commit = off`, local to that transaction), so a hot key is
 //! not held to one check per WAL flush; a server crash may forget the last
 //! fraction of a second of admissions.
@@ -96,9 +111,11 @@
 //! local waiters through [`Wakeups`](coord_core::wake::Wakeups) (one waiter
 //! per lock release, every waiter for elections and barriers). At start the
 //! connection sends itself a probe notification; if it does not come back
-//! (PgBouncer in transaction mode) or LISTEN fails,
-//! [`Capabilities::notifications`](coord_core::Capabilities) is false and
-//! waiters poll. Give [`PostgresBuilder::listen_url`] a direct URL to keep
+//! (PgBouncer in transaction mode) or LISTEN fails for good (a refused
+//! password, say), [`Capabilities::notifications`](coord_core::Capabilities)
+//! is false and waiters poll. When it cannot connect at start (a
+//! retryable error), it keeps trying in the background like after a lost
+//! connection, and waiters poll until it is in. Give [`PostgresBuilder::listen_url`] a direct URL to keep
 //! wake-ups behind PgBouncer, or turn listening off
 //! ([`PostgresBuilder::listen`], `coord_listen=false`) to skip the probe,
 //! which waits up to 2 s for a notification that never comes. The connection reconnects with backoff and

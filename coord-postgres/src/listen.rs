@@ -128,7 +128,9 @@ impl Listener {
         }
     }
 
-    /// Open the first session and prove it receives notifications.
+    /// Open the first session and prove it receives notifications. When
+    /// it cannot connect (a retryable error), say so and keep trying in
+    /// the background, as after a lost connection.
     pub(crate) async fn start(self, pool: Pool, ready: oneshot::Sender<Result<bool>>) {
         let first = match self.open().await {
             Ok(mut s) => match self.probe(&mut s, &pool).await {
@@ -144,10 +146,14 @@ impl Listener {
         match first {
             Ok(session) => {
                 let _ = ready.send(Ok(true));
-                self.run(session).await;
+                self.run(Some(session)).await;
             }
             Err(e) => {
+                let retry = e.is_retryable();
                 let _ = ready.send(Err(e));
+                if retry {
+                    self.run(None).await;
+                }
             }
         }
     }
@@ -155,33 +161,16 @@ impl Listener {
     /// Dispatch until cancelled; reconnect (with backoff) when the
     /// connection drops, then wake every local waiter once, since
     /// notifications may have been missed meanwhile.
-    async fn run(self, mut session: Session) {
+    async fn run(self, mut session: Option<Session>) {
         loop {
-            let mut ping = tokio::time::interval(PING_EVERY);
-            ping.tick().await;
-            loop {
-                tokio::select! {
-                    _ = self.cancel.cancelled() => return,
-                    n = session.notes.recv() => match n {
-                        Some(n) => dispatch(&self.wakeups, n.payload()),
-                        None => break,
-                    },
-                    _ = ping.tick() => {
-                        let alive = tokio::time::timeout(
-                            self.connect_timeout,
-                            session.client.simple_query(""),
-                        )
-                        .await;
-                        if !matches!(alive, Ok(Ok(_))) {
-                            break;
-                        }
-                    }
+            if let Some(mut s) = session.take() {
+                if !self.serve(&mut s).await {
+                    return;
                 }
             }
-            drop(session);
             tracing::debug!(channel = %self.channel, "coord-postgres: LISTEN connection lost, reconnecting");
             let mut backoff = Duration::from_millis(50);
-            session = loop {
+            session = Some(loop {
                 tokio::select! {
                     _ = self.cancel.cancelled() => return,
                     s = self.open() => match s {
@@ -196,8 +185,34 @@ impl Listener {
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(2));
-            };
+            });
             self.wakeups.notify_every();
+        }
+    }
+
+    /// Dispatch the notifications of one session until it is lost (false:
+    /// cancelled).
+    async fn serve(&self, session: &mut Session) -> bool {
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.tick().await;
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return false,
+                n = session.notes.recv() => match n {
+                    Some(n) => dispatch(&self.wakeups, n.payload()),
+                    None => return true,
+                },
+                _ = ping.tick() => {
+                    let alive = tokio::time::timeout(
+                        self.connect_timeout,
+                        session.client.simple_query(""),
+                    )
+                    .await;
+                    if !matches!(alive, Ok(Ok(_))) {
+                        return true;
+                    }
+                }
+            }
         }
     }
 }

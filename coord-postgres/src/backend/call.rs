@@ -1,0 +1,112 @@
+//! Running one statement: inside a transaction that sets the server-side
+//! `statement_timeout` to the call timeout and makes the commit durable,
+//! bounded on the client, and cancelled on the server when the client
+//! gives up.
+
+use std::time::{Duration, Instant};
+
+use coord_core::util::bounded;
+use coord_core::{Error, Result};
+use deadpool_postgres::Object;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::errors::{map_pg, map_pool};
+use super::{BACKEND, PostgresBackend};
+
+/// The text sent before every statement, in the same round trip.
+///
+/// - `statement_timeout`: the server gives up when the client does, even
+///   if the cancel request cannot reach it.
+/// - `synchronous_commit`: grants (locks, leases, terms, barrier arrivals,
+///   fencing tokens) are durable whatever the server's or the role's
+///   default; `off` and `local` are raised to `on`, stronger settings
+///   (`remote_write`, `remote_apply`) are kept. The limiter function lowers
+///   it again, for its own transaction only.
+pub(super) fn begin_text(call_timeout: Duration) -> String {
+    let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
+    format!(
+        "BEGIN; SET LOCAL statement_timeout = {ms}; \
+         SELECT set_config('synchronous_commit', \
+           CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
+                ELSE current_setting('synchronous_commit') END, true)"
+    )
+}
+
+impl PostgresBackend {
+    /// Run `sql` with `params` as one transaction (BEGIN with the settings
+    /// above, the statement, COMMIT: pipelined, one round trip), within the
+    /// call timeout. On a client timeout the connection is discarded and
+    /// its statement cancelled on the server (in the background, bounded by
+    /// the connect timeout), so nothing of the call keeps running there.
+    pub(super) async fn query(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>> {
+        let started = Instant::now();
+        let client = bounded(BACKEND, operation, self.call_timeout, async {
+            self.pool.get().await.map_err(|e| map_pool(operation, e))
+        })
+        .await?;
+        let cancel = client.cancel_token();
+        let left = self.call_timeout.saturating_sub(started.elapsed());
+        let run = async {
+            let statement = if self.prepared {
+                let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+                Some(client.prepare_typed_cached(sql, &types).await?)
+            } else {
+                None
+            };
+            let main = async {
+                match &statement {
+                    Some(s) => {
+                        let values: Vec<&(dyn ToSql + Sync)> =
+                            params.iter().map(|(v, _)| *v).collect();
+                        client.query(s, &values).await
+                    }
+                    None => client.query_typed(sql, params).await,
+                }
+            };
+            // Polled in this order, so sent back to back. After an error
+            // in the statement, COMMIT ends the failed transaction as a
+            // rollback.
+            let (begin, rows, commit) = futures::join!(
+                client.batch_execute(&self.begin),
+                main,
+                client.batch_execute("COMMIT")
+            );
+            begin?;
+            let rows = rows?;
+            commit?;
+            Ok::<_, tokio_postgres::Error>(rows)
+        };
+        match tokio::time::timeout(left, run).await {
+            Ok(r) => r.map_err(|e| map_pg(operation, e)),
+            Err(_) => {
+                // Its state is unknown: never hand this connection out again.
+                drop(Object::take(client));
+                let tls = self.tls.clone();
+                let limit = self.connect_timeout;
+                tokio::spawn(async move {
+                    match tokio::time::timeout(limit, cancel.cancel_query(tls)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "coord-postgres: cancel request failed")
+                        }
+                        Err(_) => tracing::debug!("coord-postgres: cancel request timed out"),
+                    }
+                });
+                Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation,
+                    message: format!(
+                        "no answer within {:?}; the statement was cancelled on the server",
+                        self.call_timeout
+                    ),
+                })
+            }
+        }
+    }
+}

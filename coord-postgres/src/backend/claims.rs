@@ -1,0 +1,227 @@
+//! Locks, leases and fencing tokens: the claim statements and their traits.
+
+use std::time::Duration;
+
+use coord_core::wake::Waiter;
+use coord_core::{
+    Attempt, Capabilities, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
+    async_trait,
+};
+use tokio_postgres::types::Type;
+
+use super::errors::{map_pg, unexpected};
+use super::{PostgresBackend, from_micros, micros_ceil, token};
+
+pub(super) const KIND_LOCK: &str = "lock";
+pub(super) const KIND_LEASE: &str = "lease";
+pub(super) const KIND_ELECTION: &str = "election";
+
+impl PostgresBackend {
+    /// One attempt on a claim. `notify`: send a NOTIFY when this starts a
+    /// new grant (elections: observers learn of the new term).
+    pub(super) async fn claim_acquire(
+        &self,
+        operation: &'static str,
+        (kind, notify): (&'static str, bool),
+        name: &str,
+        owner: &OwnerToken,
+        candidate: Option<&str>,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let owner: &[u8] = owner.as_bytes();
+        let ttl = micros_ceil(ttl);
+        let kind = kind.to_string();
+        let name = name.to_string();
+        let candidate = candidate.map(str::to_string);
+        let rows = self
+            .query(
+                operation,
+                &self.sql.claim_acquire,
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::BYTEA),
+                    (&candidate, Type::TEXT),
+                    (&ttl, Type::INT8),
+                    (&self.channel, Type::TEXT),
+                    (&notify, Type::BOOL),
+                ],
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| unexpected(operation))?;
+        let granted: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
+        if let Some(f) = granted {
+            return Ok(Attempt::Granted(token(f)));
+        }
+        let held: Option<i64> = row.try_get(1).map_err(|e| map_pg(operation, e))?;
+        // `held` is the holder's remaining time as of this statement's
+        // snapshot. When the row looked free (or expired) there, another
+        // client took it concurrently: retry at once, and the next attempt
+        // sees that holder and its exact remaining time.
+        Ok(Attempt::Held {
+            expires_in: Some(
+                held.map(from_micros)
+                    .unwrap_or(Duration::ZERO)
+                    .max(Duration::from_millis(1)),
+            ),
+        })
+    }
+
+    pub(super) async fn claim_release(
+        &self,
+        operation: &'static str,
+        kind: &'static str,
+        name: &str,
+        owner: &OwnerToken,
+        notify: bool,
+    ) -> Result<bool> {
+        let owner: &[u8] = owner.as_bytes();
+        let kind = kind.to_string();
+        let name = name.to_string();
+        let rows = self
+            .query(
+                operation,
+                &self.sql.claim_release,
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::BYTEA),
+                    (&self.channel, Type::TEXT),
+                    (&notify, Type::BOOL),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    pub(super) async fn claim_extend(
+        &self,
+        operation: &'static str,
+        kind: &'static str,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let owner: &[u8] = owner.as_bytes();
+        let ttl = micros_ceil(ttl);
+        let kind = kind.to_string();
+        let name = name.to_string();
+        let rows = self
+            .query(
+                operation,
+                &self.sql.claim_extend,
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::BYTEA),
+                    (&ttl, Type::INT8),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+}
+
+#[async_trait]
+impl Lock for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.claim_acquire("lock acquire", (KIND_LOCK, false), name, owner, None, ttl)
+            .await
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.claim_release("lock release", KIND_LOCK, name, owner, true)
+            .await
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lock extend", KIND_LOCK, name, owner, ttl)
+            .await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let kind = KIND_LOCK.to_string();
+        let name = name.to_string();
+        let notify = true;
+        let rows = self
+            .query(
+                "lock force release",
+                &self.sql.claim_force_release,
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&self.channel, Type::TEXT),
+                    (&notify, Type::BOOL),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.waiter(KIND_LOCK, name))
+    }
+}
+
+#[async_trait]
+impl Lease for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.claim_acquire("lease grant", (KIND_LEASE, false), name, owner, None, ttl)
+            .await
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lease renew", KIND_LEASE, name, owner, ttl)
+            .await
+    }
+
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.claim_release("lease revoke", KIND_LEASE, name, owner, false)
+            .await
+    }
+
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+        let kind = KIND_LEASE.to_string();
+        let name = name.to_string();
+        let rows = self
+            .query(
+                "lease remaining",
+                &self.sql.claim_remaining,
+                &[(&kind, Type::TEXT), (&name, Type::TEXT)],
+            )
+            .await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(r) => {
+                let us: i64 = r.try_get(0).map_err(|e| map_pg("lease remaining", e))?;
+                Ok(Some(from_micros(us)))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl FencingSource for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn next(&self, _resource: &str) -> Result<FencingToken> {
+        // One durable counter per schema serves every resource: strictly
+        // increasing per resource because it is strictly increasing overall.
+        let rows = self
+            .query("fencing next", &self.sql.fencing_next, &[])
+            .await?;
+        let row = rows.first().ok_or_else(|| unexpected("fencing next"))?;
+        let v: i64 = row.try_get(0).map_err(|e| map_pg("fencing next", e))?;
+        Ok(token(v))
+    }
+}

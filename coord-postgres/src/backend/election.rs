@@ -1,0 +1,69 @@
+//! Leader election on the claims table (`kind = 'election'`).
+
+use std::time::Duration;
+
+use coord_core::wake::Waiter;
+use coord_core::{Attempt, Capabilities, Election, LeaderInfo, OwnerToken, Result, async_trait};
+use tokio_postgres::types::Type;
+
+use super::claims::KIND_ELECTION;
+use super::errors::map_pg;
+use super::{PostgresBackend, token};
+
+#[async_trait]
+impl Election for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_campaign(
+        &self,
+        name: &str,
+        candidate: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        self.claim_acquire(
+            "election campaign",
+            (KIND_ELECTION, true),
+            name,
+            owner,
+            Some(candidate),
+            ttl,
+        )
+        .await
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.claim_extend("election renew", KIND_ELECTION, name, owner, ttl)
+            .await
+    }
+
+    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.claim_release("election resign", KIND_ELECTION, name, owner, true)
+            .await
+    }
+
+    async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
+        let name = name.to_string();
+        let rows = self
+            .query("election leader", &self.sql.leader, &[(&name, Type::TEXT)])
+            .await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(r) => {
+                let candidate: Option<String> =
+                    r.try_get(0).map_err(|e| map_pg("election leader", e))?;
+                let term: i64 = r.try_get(1).map_err(|e| map_pg("election leader", e))?;
+                Ok(Some(LeaderInfo {
+                    candidate: candidate.unwrap_or_default(),
+                    term: token(term),
+                }))
+            }
+        }
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Ok(self.waiter(KIND_ELECTION, name))
+    }
+}
