@@ -430,3 +430,38 @@ async fn a_leadership_ends_exactly_at_its_ttl() {
     let won = raw.try_campaign("e", "new", &new, S).await.unwrap();
     assert!(matches!(won, coord_core::Attempt::Granted(_)), "{won:?}");
 }
+
+/// `stored_entries` counts one entry per live name of every kind.
+#[tokio::test]
+async fn stored_entries_counts_every_kind() {
+    let backend = Arc::new(MemoryBackend::new());
+    let coord = Coord::from_backend(backend.clone());
+    assert_eq!(backend.stored_entries(), 0);
+    let _l = coord
+        .locks()
+        .unwrap()
+        .acquire("a", 60 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let _s = coord
+        .leases()
+        .unwrap()
+        .grant("b", 60 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let _e = coord
+        .elections()
+        .unwrap()
+        .try_campaign("c", "x", 60 * S)
+        .await
+        .unwrap();
+    let quota = Quota::new(5, 60 * S, Algorithm::Gcra);
+    coord.limiter().unwrap().check("d", quota).await.unwrap();
+    coord.limiter().unwrap().check("e", quota).await.unwrap();
+    let barriers = coord.barriers().unwrap();
+    let waiting = tokio::spawn(async move { barriers.wait("f", 2, "p", 60 * S).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(backend.stored_entries(), 6);
+    waiting.abort();
+}
