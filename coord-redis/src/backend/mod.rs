@@ -65,6 +65,8 @@ struct CommandConnection {
     /// (generation, connection): a call that timed out replaces the
     /// connection only if it is still the one the call used.
     current: std::sync::Mutex<(u64, ConnectionManager)>,
+    /// Asks the wake-up listener to PING its connection at once.
+    check_listener: Arc<tokio::sync::Notify>,
 }
 
 impl CommandConnection {
@@ -84,6 +86,10 @@ impl CommandConnection {
             Ok(fresh) => *cur = (generation + 1, fresh),
             Err(e) => tracing::debug!(error = %e, "could not replace the command connection"),
         }
+        // The wake-up connection may be dead the same way: check it now
+        // rather than at its next periodic PING (waiters would be left on
+        // the polling fallback, and lose every race to the woken ones).
+        self.check_listener.notify_one();
     }
 }
 
@@ -365,6 +371,7 @@ impl RedisBackend {
         let channel = keys.channel();
         let wakeups = Wakeups::new();
         let cancel = CancellationToken::new();
+        let check_listener = Arc::new(tokio::sync::Notify::new());
         let pubsub =
             listener::subscribe(&client, &channel, opts.connect_timeout, password.as_ref()).await?;
         tokio::spawn(listener::run(
@@ -375,6 +382,7 @@ impl RedisBackend {
             pubsub,
             opts.connect_timeout,
             password.clone(),
+            check_listener.clone(),
         ));
 
         Ok(RedisBackend {
@@ -382,6 +390,7 @@ impl RedisBackend {
                 client: command_client,
                 config,
                 current: std::sync::Mutex::new((0, conn)),
+                check_listener,
             },
             keys,
             channel,
