@@ -9,17 +9,12 @@
 //! bound after the fault heals; each prints a `FAULTS ...` line for
 //! `scripts/faults`.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::{
-    Access, FaultLog, FencedResource, LockReport, LockWorkload, check_lock_history,
-    run_lock_workload, schedule, signal,
-};
+use conformance::faults::{FaultLog, LockReport, LockWorkload, run_lock_workload, schedule};
 use conformance::testkit::proxy::{FaultProxy, Mode};
-use conformance::testkit::redis::RedisServer;
+use conformance::testkit::redis::{RedisServer, Resp};
 use coord_core::{Coord, LockOptions};
 use coord_redis::RedisOptions;
 use tokio::time::{Instant, sleep};
@@ -79,53 +74,182 @@ fn judge(report: &LockReport, log: &FaultLog, scenario: &str) {
     report.assert_every_client_recovered(scenario, BACKEND, TTL + SLACK);
 }
 
-/// One client (of 4, each behind its own proxy) is cut off for 2 TTLs
-/// while it may hold the lock: its lock expires, the others go on, and it
-/// is fenced off; after the heal it works again.
+/// When only one client is cut off, the others must keep going DURING the
+/// fault too: whatever the cut client held (or was granted without
+/// hearing it) must be free within its TTL, so no gap between grants is
+/// longer than TTL + `SLACK`.
+fn assert_others_kept_going(report: &LockReport, scenario: &str) {
+    let mut times: Vec<Instant> = report.grants.iter().map(|g| g.granted).collect();
+    times.sort();
+    let gap = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!("{scenario}: longest gap between grants {gap:?}");
+    assert!(
+        gap <= TTL + SLACK,
+        "{scenario}: no grant for {gap:?} during the fault (bound TTL + {SLACK:?}): the cut client's lock outlived its TTL"
+    );
+}
+
+/// The claim keys (not grants, not fencing counters) in the store.
+fn claims(server: &RedisServer) -> Vec<String> {
+    let keys = server.command(&["KEYS", "*"]);
+    let Resp::Array(Some(keys)) = keys else {
+        panic!("KEYS: {keys:?}")
+    };
+    keys.iter()
+        .filter_map(|k| k.as_str().map(str::to_string))
+        .filter(|k| !k.ends_with(":grant") && !k.ends_with(":fence"))
+        .collect()
+}
+
+/// The first grant of the workload at or after `t`.
+fn first_grant_after(report: &LockReport, t: Instant) -> Instant {
+    let first = report
+        .grants
+        .iter()
+        .map(|g| g.granted)
+        .filter(|g| *g >= t)
+        .min();
+    first.expect("a grant after the victim's fault")
+}
+
+/// A victim client (own proxy) holds the lock, watchdog on, when the
+/// workload starts; it is cut off for 2 TTLs: its guard must report the
+/// loss, and the 4 workload clients must get the lock within TTL + 500 ms
+/// of the cut, never before the victim's guard stopped being valid. Then
+/// workload client 0 (also behind a proxy) is cut off the same way, and
+/// must recover after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_cut_off_by_the_proxy() {
     let server = RedisServer::start();
-    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(server.port())).collect();
+    let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(server.port())).collect();
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
-    let (report, log) =
-        run_lock_workload(clients(&ports).await, "cut-off", workload(true), async {
-            let mut injected = 0;
-            for _ in 0..2 {
-                sleep(Duration::from_millis(1500)).await;
-                proxies[0].blackhole();
-                injected += 1;
-                sleep(TTL * 2).await;
-                proxies[0].heal();
-            }
-            healed(injected)
-        })
-        .await;
+    let victim = client(ports[4]).await;
+    let opts = LockOptions::new(TTL).watchdog(true);
+    let guard = victim
+        .locks()
+        .unwrap()
+        .acquire_with("cut-off", opts)
+        .await
+        .unwrap();
+    let cut = std::sync::Mutex::new(None);
+    let victim_valid = std::sync::Mutex::new(None);
+    let (report, log) = run_lock_workload(
+        clients(&ports[..4]).await,
+        "cut-off",
+        workload(true),
+        async {
+            sleep(Duration::from_millis(1000)).await;
+            proxies[4].blackhole();
+            *cut.lock().unwrap() = Some(Instant::now());
+            sleep(TTL * 2).await;
+            assert!(
+                !guard.is_valid(),
+                "the cut victim's guard is still valid after 2 TTLs"
+            );
+            tokio::time::timeout(Duration::from_millis(100), guard.lost())
+                .await
+                .expect("the cut victim's lost signal fired");
+            proxies[4].heal();
+            *victim_valid.lock().unwrap() = Some(guard.valid_until());
+            let released = guard.release().await;
+            assert!(
+                released.as_ref().is_err_and(|e| e.is_ownership_lost()),
+                "{released:?}"
+            );
+            sleep(Duration::from_millis(1000)).await;
+            proxies[0].blackhole();
+            sleep(TTL * 2).await;
+            proxies[0].heal();
+            healed(2)
+        },
+    )
+    .await;
     judge(&report, &log, "client-cut-off");
+    let cut = cut.into_inner().unwrap().unwrap();
+    let first = first_grant_after(&report, cut);
+    println!(
+        "client-cut-off: first grant {:?} after the holder was cut off",
+        first - cut
+    );
+    assert!(
+        first - cut <= TTL + Duration::from_millis(500),
+        "first grant {:?} after the holder was cut off",
+        first - cut
+    );
+    let earliest = report.grants.iter().map(|g| g.granted).min().unwrap();
+    let victim_valid = victim_valid.into_inner().unwrap().unwrap();
+    assert!(
+        earliest >= victim_valid && victim_valid <= cut + TTL,
+        "a workload client got the lock while the cut victim's guard was still valid"
+    );
+    assert!(
+        earliest >= cut,
+        "a workload client got the lock while the victim held it"
+    );
 }
 
-/// One client's replies are lost for 2 TTLs while its requests are
-/// applied: its acquires may be granted without it knowing (ambiguous
-/// attempts), which it must clean up or retry with the same owner; the
-/// others must not be locked out past the TTL.
+/// Replies lost, requests applied. A victim client (own proxy, replies
+/// dropped) asks for the free lock first: granted on the server, unheard.
+/// It retries with the same owner until its wait ends and then releases
+/// in the background; whatever of that gets through, the unheard grant
+/// must not outlive its TTL: the workload gets the lock within TTL + 500
+/// ms of it. Then workload client 0's replies are lost for 2 TTLs; it
+/// must recover after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropped_replies_for_one_client() {
     let server = RedisServer::start();
-    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(server.port())).collect();
+    let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(server.port())).collect();
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+    let victim = client(ports[4]).await;
+    proxies[4].set(Mode::DropReplies);
+    let attempt = tokio::spawn(async move {
+        let opts = LockOptions::new(TTL).wait(Duration::from_millis(1500));
+        let r = victim
+            .locks()
+            .unwrap()
+            .acquire_with("dropped-replies", opts)
+            .await;
+        (r.map(|_| ()), Instant::now())
+    });
+    while claims(&server).is_empty() {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let applied = Instant::now();
     let (report, log) = run_lock_workload(
-        clients(&ports).await,
+        clients(&ports[..4]).await,
         "dropped-replies",
         workload(false),
         async {
-            sleep(Duration::from_millis(1500)).await;
+            let (r, at) = attempt.await.unwrap();
+            assert!(r.is_err(), "the victim heard no reply, yet: {r:?}");
+            println!(
+                "dropped-replies: the victim gave up {:?} after its grant",
+                at - applied
+            );
+            proxies[4].heal();
+            sleep(Duration::from_millis(500)).await;
             proxies[0].set(Mode::DropReplies);
             sleep(TTL * 2).await;
             proxies[0].heal();
-            healed(1)
+            healed(2)
         },
     )
     .await;
     judge(&report, &log, "dropped-replies");
+    let first = report.grants.iter().map(|g| g.granted).min().unwrap();
+    println!(
+        "dropped-replies: first workload grant {:?} after the victim's unheard grant",
+        first - applied
+    );
+    assert!(
+        first - applied <= TTL + Duration::from_millis(500),
+        "the victim's unheard grant held the lock for {:?} (TTL {TTL:?})",
+        first - applied
+    );
 }
 
 /// One client's open connections go silent for good (half-open: a NAT
@@ -148,6 +272,7 @@ async fn half_open_connections_of_one_client() {
     })
     .await;
     judge(&report, &log, "half-open-connections");
+    assert_others_kept_going(&report, "half-open-connections");
     // Its wake-ups work again (well before the subscriber's 10 s health
     // check would notice): a release wakes it, not its 30 s poll.
     let holder = client(server.port()).await;
@@ -285,216 +410,5 @@ async fn data_loss_restart_from_an_older_snapshot() {
     judge(&report, &log, "data-loss-old-snapshot");
 }
 
-// ---- A client process frozen past its TTL (the seed's GC-pause story) ----
-
-const CHILD_ENV: &str = "COORD_FAULT_CHILD";
-const CHILD_TEST: &str = "child_process_role";
-
-/// A fenced resource outside the child process: one line per request,
-/// `READ <client> <token>` -> `OK <value>` | `NO`, and
-/// `WRITE <client> <token> <read> <new>` -> `OK` | `NO`.
-fn serve_resource(resource: Arc<FencedResource>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the resource server");
-    let port = listener.local_addr().expect("resource address").port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let r = resource.clone();
-            std::thread::spawn(move || {
-                let mut w = conn.try_clone().expect("clone a resource connection");
-                for line in BufReader::new(conn).lines().map_while(Result::ok) {
-                    let f: Vec<u64> = line
-                        .split_whitespace()
-                        .skip(1)
-                        .filter_map(|x| x.parse().ok())
-                        .collect();
-                    let reply = match (line.split_whitespace().next(), f.as_slice()) {
-                        (Some("READ"), [c, t]) => match r.read(*c as usize, *t) {
-                            Some(v) => format!("OK {v}"),
-                            None => "NO".into(),
-                        },
-                        (Some("WRITE"), [c, t, rd, nw]) => {
-                            if r.write(*c as usize, *t, *rd, *nw) {
-                                "OK".into()
-                            } else {
-                                "NO".into()
-                            }
-                        }
-                        _ => "ERR".into(),
-                    };
-                    if writeln!(w, "{reply}").is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-fn ask(conn: &mut BufReader<TcpStream>, line: &str) -> String {
-    writeln!(conn.get_mut(), "{line}").expect("send to the resource");
-    let mut reply = String::new();
-    conn.read_line(&mut reply).expect("resource reply");
-    reply.trim().to_string()
-}
-
-/// The child's side, run only when the parent re-executes this test binary
-/// with `COORD_FAULT_CHILD="<redis port> <resource port> <name>"`: acquire
-/// with the watchdog on, read the resource, check the guard is valid, say
-/// `CHILD READY <token>`, then (frozen by the parent meanwhile) wait for
-/// `GO` and write WITHOUT checking again (the pause fell between the check
-/// and the write). Reports what the resource said and what release said.
-#[test]
-fn child_process_role() {
-    let Ok(args) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let a: Vec<&str> = args.split_whitespace().collect();
-    let (redis_port, resource_port, name) = (a[0].parse().unwrap(), a[1], a[2].to_string());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let coord = client(redis_port).await;
-        let guard = coord
-            .locks()
-            .unwrap()
-            .acquire_with(
-                &name,
-                LockOptions::new(TTL)
-                    .wait(Duration::from_secs(5))
-                    .watchdog(true),
-            )
-            .await
-            .expect("child acquires");
-        let token = guard.fencing_token().get();
-        let mut res = BufReader::new(
-            TcpStream::connect(("127.0.0.1", resource_port.parse::<u16>().unwrap())).unwrap(),
-        );
-        let read = ask(&mut res, &format!("READ 1 {token}"));
-        let v: u64 = read
-            .strip_prefix("OK ")
-            .expect("child reads")
-            .parse()
-            .unwrap();
-        assert!(guard.is_valid());
-        println!("CHILD READY {token}");
-        std::io::stdout().flush().unwrap();
-        let go = tokio::task::spawn_blocking(|| {
-            let mut l = String::new();
-            std::io::stdin().read_line(&mut l).map(|_| l)
-        })
-        .await
-        .unwrap()
-        .unwrap();
-        assert_eq!(go.trim(), "GO");
-        let wrote = ask(&mut res, &format!("WRITE 1 {token} {v} {}", v + 1));
-        let released = guard.release().await;
-        println!("CHILD WROTE {wrote} RELEASE {released:?}");
-        std::io::stdout().flush().unwrap();
-    });
-}
-
-/// The child holds the lock and is frozen (`SIGSTOP`) past its TTL (a GC
-/// pause); meanwhile another client acquires and writes; resumed, the child
-/// writes under its old token: the resource must refuse it, and its
-/// release must report that it no longer held the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_process_paused_past_its_ttl() {
-    let server = RedisServer::start();
-    let resource = Arc::new(FencedResource::new());
-    let resource_port = serve_resource(resource.clone());
-    let name = conformance::unique("gc-pause");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-        .env(
-            CHILD_ENV,
-            format!("{} {resource_port} {name}", server.port()),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("re-execute the test binary as the child");
-    let pid = child.id();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // libtest may print `test <name> ... ` before it on the line.
-            if let Some((_, l)) = line.split_once("CHILD ") {
-                let _ = tx.send(l.to_string());
-            }
-        }
-    });
-    let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| {
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .expect("the child said nothing for 20 s")
-            .expect("the child exited early")
-    };
-    let ready = next(&mut rx).await;
-    signal(pid, "STOP");
-    let child_token: u64 = ready.strip_prefix("READY ").unwrap().parse().unwrap();
-    // Frozen past its TTL: its lock expires on the server.
-    sleep(TTL * 2).await;
-    let coord = client(server.port()).await;
-    let asked = Instant::now();
-    let guard = coord
-        .locks()
-        .unwrap()
-        .acquire(&name, TTL, Duration::from_secs(3))
-        .await
-        .expect("the lock is free once the frozen child's TTL ran out");
-    let granted = Instant::now();
-    let token = guard.fencing_token().get();
-    assert!(token > child_token, "token {token} after {child_token}");
-    let v = resource.read(0, token).expect("the new holder reads");
-    assert!(resource.write(0, token, v, v + 1));
-    let grants = [conformance::faults::Grant {
-        client: 0,
-        token,
-        asked,
-        granted,
-        valid_until: Instant::now(),
-    }];
-    guard.release().await.expect("release");
-    child.stdin.as_mut().unwrap().write_all(b"GO\n").unwrap();
-    signal(pid, "CONT");
-    let wrote = next(&mut rx).await;
-    let status = child.wait().expect("wait for the child");
-    assert!(status.success(), "the child failed: {status}");
-    assert!(
-        wrote.starts_with("WROTE NO ") && wrote.contains("NotHeld"),
-        "the frozen child's stale write must be refused and its release report NotHeld: {wrote}"
-    );
-    let accesses = resource.log();
-    let report = LockReport {
-        violations: check_lock_history(&grants, &accesses),
-        ops: accesses
-            .iter()
-            .filter(|a| matches!(a, Access::Write { accepted: true, .. }))
-            .count(),
-        fenced_off: accesses
-            .iter()
-            .filter(|a| {
-                matches!(
-                    a,
-                    Access::Write {
-                        accepted: false,
-                        ..
-                    }
-                )
-            })
-            .count(),
-        errors: 0,
-        longest_stall: granted - asked,
-        recovery: Duration::ZERO,
-        waived: 0,
-        grants: grants.to_vec(),
-        accesses,
-    };
-    assert_eq!(report.fenced_off, 1, "{:?}", report.accesses);
-    report.assert_ok("client-process-paused", BACKEND, 1, TTL + SLACK);
-}
+#[path = "faults/process.rs"]
+mod process;
