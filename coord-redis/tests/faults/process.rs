@@ -144,6 +144,7 @@ async fn client_process_paused_past_its_ttl() {
         .spawn()
         .expect("re-execute the test binary as the child");
     let pid = child.id();
+    let mut reaper = KillOnDrop(Some(pid));
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -190,6 +191,7 @@ async fn client_process_paused_past_its_ttl() {
     signal(pid, "CONT");
     let wrote = next(&mut rx).await;
     let status = child.wait().expect("wait for the child");
+    reaper.0 = None; // reaped: its pid may be reused
     assert!(status.success(), "the child failed: {status}");
     assert!(
         wrote.starts_with("WROTE NO ") && wrote.contains("NotHeld"),
@@ -223,4 +225,20 @@ async fn client_process_paused_past_its_ttl() {
     };
     assert_eq!(report.fenced_off, 1, "{:?}", report.accesses);
     report.assert_ok("client-process-paused", BACKEND, 1, TTL + SLACK);
+}
+
+/// Kills the child (even a stopped one) if the test ends before reaping
+/// it, so no frozen process outlives the test. Disarmed (`None`) once the
+/// child is reaped.
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
 }
