@@ -311,3 +311,34 @@ async fn client_loop(
     }
     (grants, errors, failures)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waive_removes_only_the_named_rule_and_counts_it() {
+        let v = |rule| Violation {
+            rule,
+            detail: String::new(),
+        };
+        let mut r = LockReport {
+            grants: vec![],
+            accesses: vec![],
+            violations: vec![
+                v("one valid holder at a time"),
+                v("tokens rise in grant order"),
+                v("one valid holder at a time"),
+            ],
+            ops: 1,
+            errors: 0,
+            fenced_off: 0,
+            longest_stall: Duration::ZERO,
+            recovery: Duration::ZERO,
+            waived: 0,
+        };
+        assert_eq!(r.waive("one valid holder at a time"), 2);
+        assert_eq!(r.waived, 2);
+        assert_eq!(r.violations, vec![v("tokens rise in grant order")]);
+    }
+}
