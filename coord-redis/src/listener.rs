@@ -64,8 +64,11 @@ pub const HEALTH_CHECK: Duration = Duration::from_secs(10);
 
 /// Serve the subscription until `cancel` fires (the backend was dropped),
 /// reconnecting with backoff when the connection ends or stops answering
-/// its periodic PING; after each reconnect every local waiter is woken
+/// its periodic PING, or a PING sent at once when `check_now` is notified
+/// (a command call timed out: the network path may be dead for this
+/// connection too); after each reconnect every local waiter is woken
 /// once, since wake-ups may have been missed meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     client: redis::Client,
     channel: String,
@@ -74,6 +77,7 @@ pub(crate) async fn run(
     pubsub: PubSub,
     limit: Duration,
     password: Option<Secret>,
+    check_now: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut pubsub = pubsub;
     loop {
@@ -85,16 +89,19 @@ pub(crate) async fn run(
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     msg = messages.next() => match msg {
-                        Some(msg) => dispatch(&wakeups, msg.get_payload_bytes()),
+                        Some(msg) => {
+                            dispatch(&wakeups, msg.get_payload_bytes());
+                            continue;
+                        }
                         None => break,
                     },
-                    _ = check.tick() => {
-                        let ping = tokio::time::timeout(limit, sink.ping::<redis::Value>()).await;
-                        if !matches!(ping, Ok(Ok(_))) {
-                            tracing::warn!(backend = BACKEND, "wake-up connection did not answer PING");
-                            break;
-                        }
-                    }
+                    _ = check.tick() => {}
+                    _ = check_now.notified() => {}
+                }
+                let ping = tokio::time::timeout(limit, sink.ping::<redis::Value>()).await;
+                if !matches!(ping, Ok(Ok(_))) {
+                    tracing::warn!(backend = BACKEND, "wake-up connection did not answer PING");
+                    break;
                 }
             }
         }

@@ -64,6 +64,17 @@ pub struct LockReport {
     /// The longest time without an accepted write after `healed` (or over
     /// the whole run when there was no fault).
     pub longest_stall: Duration,
+    /// How long after `healed` (or the start) clients kept failing: from
+    /// the heal to the last store failure of any client (an acquire or
+    /// release that failed other than by waiting out its `wait` or by lost
+    /// ownership); zero if none failed after the heal. A client stuck on a
+    /// dead connection fails until the end. (Time to a client's next GRANT
+    /// is no measure: the lock is not fair, and under this saturating
+    /// workload a client that just released often wins again.)
+    pub recovery: Duration,
+    /// Violations removed by [`waive`](LockReport::waive) (a rule the
+    /// scenario's fault is known to break; printed in the matrix line).
+    pub waived: usize,
 }
 
 impl LockReport {
@@ -71,12 +82,14 @@ impl LockReport {
     /// workload made no progress after the fault healed within `bound`.
     pub fn assert_ok(&self, scenario: &str, backend: &str, faults: usize, bound: Duration) {
         println!(
-            "FAULTS scenario={scenario} backend={backend} ops={} faults={faults} violations={} stall_ms={} errors={} fenced_off={}",
+            "FAULTS scenario={scenario} backend={backend} ops={} faults={faults} violations={} stall_ms={} errors={} fenced_off={} waived={} recovery_ms={}",
             self.ops,
             self.violations.len(),
             self.longest_stall.as_millis(),
             self.errors,
-            self.fenced_off
+            self.fenced_off,
+            self.waived,
+            self.recovery.as_millis()
         );
         assert!(
             self.violations.is_empty(),
@@ -94,6 +107,38 @@ impl LockReport {
             self.longest_stall
         );
     }
+
+    /// Remove the violations of `rule` that the scenario's fault is known
+    /// to cause (say why at the call site); returns how many. Every other
+    /// rule is still judged by [`assert_ok`](LockReport::assert_ok).
+    pub fn waive(&mut self, rule: &str) -> usize {
+        let before = self.violations.len();
+        self.violations.retain(|v| v.rule != rule);
+        let n = before - self.violations.len();
+        self.waived += n;
+        n
+    }
+
+    /// Panic unless every client stopped failing within `bound` of the
+    /// heal (DESIGN §7: after a fault heals EVERY client progresses).
+    pub fn assert_every_client_recovered(&self, scenario: &str, backend: &str, bound: Duration) {
+        assert!(
+            self.recovery <= bound,
+            "{scenario} on {backend}: a client still failed {:?} after the fault healed (bound {bound:?})",
+            self.recovery
+        );
+    }
+}
+
+/// Send `sig` (a name such as `STOP`, `CONT`, `KILL`) to process `pid`
+/// with the `kill` command. Panics if it cannot be sent.
+pub fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("could not run `kill -{sig} {pid}`: {e}"));
+    assert!(status.success(), "`kill -{sig} {pid}` failed: {status}");
 }
 
 /// The times at which faults were injected and healed.
@@ -133,12 +178,14 @@ where
     stop.store(true, Ordering::SeqCst);
     let mut grants = Vec::new();
     let mut errors = 0;
+    let mut failures = Vec::new();
     for t in tasks {
         // A client stuck past its own wait is a liveness failure itself.
         match tokio::time::timeout(w.wait + w.ttl * 2 + Duration::from_secs(30), t).await {
-            Ok(Ok((g, e))) => {
+            Ok(Ok((g, e, f))) => {
                 grants.extend(g);
                 errors += e;
+                failures.extend(f);
             }
             Ok(Err(e)) => panic!("a workload client panicked: {e}"),
             Err(_) => panic!("a workload client did not stop within its wait + 2 TTL + 30 s"),
@@ -179,6 +226,11 @@ where
         longest = longest.max(t.saturating_duration_since(prev));
         prev = *t;
     }
+    let recovery = failures
+        .iter()
+        .map(|t: &Instant| t.saturating_duration_since(from))
+        .max()
+        .unwrap_or_default();
     (
         LockReport {
             grants,
@@ -188,6 +240,8 @@ where
             errors,
             fenced_off,
             longest_stall: longest,
+            recovery,
+            waived: 0,
         },
         fault_log,
     )
@@ -200,10 +254,12 @@ async fn client_loop(
     w: LockWorkload,
     resource: &FencedResource,
     stop: &AtomicBool,
-) -> (Vec<Grant>, usize) {
+) -> (Vec<Grant>, usize, Vec<Instant>) {
     let locks = coord.locks().expect("locks");
     let mut grants = Vec::new();
     let mut errors = 0;
+    // When calls failed other than by waiting out `wait` or lost ownership.
+    let mut failures = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         let asked = Instant::now();
         let opts = LockOptions::new(w.ttl).wait(w.wait).watchdog(w.watchdog);
@@ -214,6 +270,9 @@ async fn client_loop(
                     panic!("client {client}: acquire failed with a non-retryable error: {e}");
                 }
                 errors += 1;
+                if !matches!(e, coord_core::Error::Timeout { .. }) {
+                    failures.push(Instant::now());
+                }
                 sleep(Duration::from_millis(20)).await;
                 continue;
             }
@@ -243,9 +302,43 @@ async fn client_loop(
             granted,
             valid_until,
         });
-        if guard.release().await.is_err() {
+        if let Err(e) = guard.release().await {
             errors += 1;
+            if !e.is_ownership_lost() {
+                failures.push(Instant::now());
+            }
         }
     }
-    (grants, errors)
+    (grants, errors, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waive_removes_only_the_named_rule_and_counts_it() {
+        let v = |rule| Violation {
+            rule,
+            detail: String::new(),
+        };
+        let mut r = LockReport {
+            grants: vec![],
+            accesses: vec![],
+            violations: vec![
+                v("one valid holder at a time"),
+                v("tokens rise in grant order"),
+                v("one valid holder at a time"),
+            ],
+            ops: 1,
+            errors: 0,
+            fenced_off: 0,
+            longest_stall: Duration::ZERO,
+            recovery: Duration::ZERO,
+            waived: 0,
+        };
+        assert_eq!(r.waive("one valid holder at a time"), 2);
+        assert_eq!(r.waived, 2);
+        assert_eq!(r.violations, vec![v("tokens rise in grant order")]);
+    }
 }

@@ -35,7 +35,7 @@ pub(crate) const BACKEND: &str = "redis";
 /// [`RedisOptions::connect`], which wrap it in a
 /// [`Coord`](coord_core::Coord).
 pub struct RedisBackend {
-    conn: ConnectionManager,
+    conn: CommandConnection,
     keys: Keys,
     channel: String,
     timeout: Duration,
@@ -45,6 +45,52 @@ pub struct RedisBackend {
     password: Option<Secret>,
     endpoint: String,
     _listener: DropGuard,
+}
+
+/// The command connection, replaced by a fresh one after a call times out.
+///
+/// Replies on a multiplexed connection are matched to requests in order.
+/// After a call gets no answer in time, that connection cannot be trusted:
+/// its reply may have been lost (a proxy or middlebox dropped it, so every
+/// later reply would be matched to the request before it), or the
+/// connection may be silently dead (half-open: a NAT or firewall dropped
+/// its state, and no error comes for many minutes). `redis-rs` reconnects
+/// only on errors that close the connection, not on timeouts, so a client
+/// would stay stuck on it for good; we start a new one instead (lazily: the
+/// next call connects), and the old one closes when its last in-flight call
+/// ends.
+struct CommandConnection {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    /// (generation, connection): a call that timed out replaces the
+    /// connection only if it is still the one the call used.
+    current: std::sync::Mutex<(u64, ConnectionManager)>,
+    /// Asks the wake-up listener to PING its connection at once.
+    check_listener: Arc<tokio::sync::Notify>,
+}
+
+impl CommandConnection {
+    fn get(&self) -> (u64, ConnectionManager) {
+        self.current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn replace(&self, generation: u64) {
+        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if cur.0 != generation {
+            return;
+        }
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
+            Ok(fresh) => *cur = (generation + 1, fresh),
+            Err(e) => tracing::debug!(error = %e, "could not replace the command connection"),
+        }
+        // The wake-up connection may be dead the same way: check it now
+        // rather than at its next periodic PING (waiters would be left on
+        // the polling fallback, and lose every race to the woken ones).
+        self.check_listener.notify_one();
+    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -289,6 +335,7 @@ impl RedisBackend {
             other => other,
         })?;
 
+        let command_client = client.clone();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.timeout))
@@ -297,7 +344,7 @@ impl RedisBackend {
         let pw = password.clone();
         let mut conn = bounded(BACKEND, "connect", opts.connect_timeout, async {
             client
-                .get_connection_manager_with_config(config)
+                .get_connection_manager_with_config(config.clone())
                 .await
                 .map_err(|e| map_err("connect", &e, pw.as_ref()))
         })
@@ -324,6 +371,7 @@ impl RedisBackend {
         let channel = keys.channel();
         let wakeups = Wakeups::new();
         let cancel = CancellationToken::new();
+        let check_listener = Arc::new(tokio::sync::Notify::new());
         let pubsub =
             listener::subscribe(&client, &channel, opts.connect_timeout, password.as_ref()).await?;
         tokio::spawn(listener::run(
@@ -334,10 +382,16 @@ impl RedisBackend {
             pubsub,
             opts.connect_timeout,
             password.clone(),
+            check_listener.clone(),
         ));
 
         Ok(RedisBackend {
-            conn,
+            conn: CommandConnection {
+                client: command_client,
+                config,
+                current: std::sync::Mutex::new((0, conn)),
+                check_listener,
+            },
             keys,
             channel,
             timeout: opts.timeout,
@@ -385,8 +439,8 @@ impl RedisBackend {
         for a in args {
             inv.arg(*a);
         }
-        let mut conn = self.conn.clone();
-        self.bounded(operation, async move {
+        let (generation, mut conn) = self.conn.get();
+        self.bounded(operation, generation, async move {
             inv.invoke_async::<Value>(&mut conn).await
         })
         .await
@@ -394,23 +448,42 @@ impl RedisBackend {
 
     /// Run one plain command, bounded by the call timeout.
     pub(crate) async fn cmd(&self, operation: &'static str, cmd: redis::Cmd) -> Result<Value> {
-        let mut conn = self.conn.clone();
-        self.bounded(operation, async move {
+        let (generation, mut conn) = self.conn.get();
+        self.bounded(operation, generation, async move {
             cmd.query_async::<Value>(&mut conn).await
         })
         .await
     }
 
+    /// Run a call on the connection of `generation` within the call
+    /// timeout; if it gets no answer in time, replace that connection (see
+    /// [`CommandConnection`]).
     async fn bounded<T>(
         &self,
         operation: &'static str,
+        generation: u64,
         fut: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T> {
-        let pw = self.password.as_ref();
-        bounded(BACKEND, operation, self.timeout, async move {
-            fut.await.map_err(|e| map_err(operation, &e, pw))
-        })
-        .await
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                if e.is_timeout() {
+                    self.conn.replace(generation);
+                }
+                Err(map_err(operation, &e, self.password.as_ref()))
+            }
+            Err(_) => {
+                self.conn.replace(generation);
+                Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation,
+                    message: format!(
+                        "no answer within {:?}; reconnecting (the request may or may not have been applied)",
+                        self.timeout
+                    ),
+                })
+            }
+        }
     }
 
     pub(crate) fn wake_args(&self, kind: Kind, name: &str) -> (String, String) {

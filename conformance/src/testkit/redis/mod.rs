@@ -64,14 +64,18 @@ pub struct RedisServer {
     password: Option<String>,
     tls: bool,
     shared: bool,
+    /// Append-only file with `appendfsync always` (survives kill -9).
+    aof: bool,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
+    /// The `redis-server` process id, read with `INFO server` at start.
+    pid: Mutex<Option<u32>>,
 }
 
 /// The shared server of this test binary, started on first use.
 pub fn server() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start_inner(None, false, true))
+    SERVER.get_or_init(|| RedisServer::start_inner(None, false, true, false))
 }
 
 /// The shared server's URL (`redis://127.0.0.1:<port>`).
@@ -82,12 +86,19 @@ pub fn url() -> String {
 impl RedisServer {
     /// Start a private server on a free port.
     pub fn start() -> RedisServer {
-        Self::start_inner(None, false, false)
+        Self::start_inner(None, false, false, false)
+    }
+
+    /// Start a private server that persists every write before replying
+    /// (`appendonly yes`, `appendfsync always`): its data survives
+    /// [`kill`](Self::kill) + [`start_again`](Self::start_again).
+    pub fn start_with_aof() -> RedisServer {
+        Self::start_inner(None, false, false, true)
     }
 
     /// Start a private server that requires `password` (`requirepass`).
     pub fn start_with_password(password: &str) -> RedisServer {
-        Self::start_inner(Some(password.to_string()), false, false)
+        Self::start_inner(Some(password.to_string()), false, false, false)
     }
 
     /// Start a private server that speaks TLS only, with a fresh
@@ -96,10 +107,10 @@ impl RedisServer {
     /// [`tls_ca_certificate_pem`](Self::tls_ca_certificate_pem). Raw
     /// [`command`](Self::command)s are not available on it.
     pub fn start_tls() -> RedisServer {
-        Self::start_inner(None, true, false)
+        Self::start_inner(None, true, false, false)
     }
 
-    fn start_inner(password: Option<String>, tls: bool, shared: bool) -> RedisServer {
+    fn start_inner(password: Option<String>, tls: bool, shared: bool, aof: bool) -> RedisServer {
         let binary = redis_server_binary();
         let mut last_err = String::new();
         for _ in 0..5 {
@@ -116,8 +127,10 @@ impl RedisServer {
                 password: password.clone(),
                 tls,
                 shared,
+                aof,
                 dir,
                 child: Mutex::new(None),
+                pid: Mutex::new(None),
             };
             match server.spawn(&binary) {
                 Ok(()) => return server,
@@ -149,6 +162,10 @@ impl RedisServer {
         if let Some(pw) = &self.password {
             text.push_str(&format!("requirepass \"{pw}\"\n"));
         }
+        if self.aof {
+            // Later lines override the `appendonly no` above.
+            text.push_str("appendonly yes\nappendfsync always\n");
+        }
         std::fs::write(&conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
         let log = self.dir.join("redis.log");
         let child = Command::new("sh")
@@ -171,6 +188,7 @@ impl RedisServer {
         while Instant::now() < deadline {
             if let Ok(reply) = self.try_command(&["PING"]) {
                 if reply == Resp::Simple("PONG".into()) {
+                    self.read_pid();
                     return Ok(());
                 }
             }
@@ -500,3 +518,4 @@ fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
 
 mod proxy;
 pub use proxy::CountingProxy;
+mod signals;
