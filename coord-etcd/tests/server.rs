@@ -9,59 +9,61 @@ use coord_core::{Error, Lock, OwnerToken};
 use coord_etcd::{EtcdBackend, EtcdOptions};
 use tokio::time::{Instant, sleep, timeout};
 
-fn lease_grants(server: &EtcdServer) -> f64 {
+fn handled(server: &EtcdServer, method: &str) -> f64 {
     server.metric(
         "grpc_server_handled_total",
-        &["grpc_method=\"LeaseGrant\"", "grpc_code=\"OK\""],
+        &[&format!("grpc_method=\"{method}\""), "grpc_code=\"OK\""],
     )
 }
 
-/// An uncontended acquire + release on a warm session grants no lease:
-/// the session lease is granted once and shared.
+/// An uncontended acquire + release is exactly one lease grant, one
+/// transaction and one lease revocation: each claim has a lease of its own
+/// and nothing else is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_session_acquire_release_makes_no_lease_grant() {
+async fn acquire_release_is_one_grant_one_txn_one_revoke() {
     let server = EtcdServer::start();
     let coord = coord_etcd::connect(&server.url()).await.unwrap();
     let locks = coord.locks().unwrap();
     let ttl = Duration::from_secs(5);
-    // Warm up: the session for this TTL.
     locks
-        .acquire("warm", ttl, Duration::ZERO)
+        .acquire("cycle", ttl, Duration::ZERO)
         .await
         .unwrap()
         .release()
         .await
         .unwrap();
-    let grants_before = lease_grants(&server);
-    let txns_before = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]);
-    assert!(
-        grants_before >= 1.0,
-        "the metric is missing: {grants_before}"
-    );
+    // Let the connect's background revocation finish.
+    sleep(Duration::from_millis(300)).await;
+    let methods = [
+        "LeaseGrant",
+        "Txn",
+        "LeaseRevoke",
+        "LeaseKeepAlive",
+        "Range",
+    ];
+    let before: Vec<f64> = methods.iter().map(|m| handled(&server, m)).collect();
+    assert!(before[0] >= 1.0, "the metric is missing");
     const CYCLES: u32 = 50;
     let start = Instant::now();
     for i in 0..CYCLES {
         let g = locks
-            .acquire(&format!("warm-{}", i % 3), ttl, Duration::ZERO)
+            .acquire(&format!("cycle-{}", i % 3), ttl, Duration::ZERO)
             .await
             .unwrap();
         g.release().await.unwrap();
     }
     let per_cycle = start.elapsed() / CYCLES;
-    let grants_after = lease_grants(&server);
-    let txns = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]) - txns_before;
-    eprintln!(
-        "{CYCLES} acquire+release cycles: {per_cycle:?} each, {txns} Txn calls, {} LeaseGrant calls",
-        grants_after - grants_before
-    );
+    let calls: Vec<f64> = methods
+        .iter()
+        .zip(&before)
+        .map(|(m, b)| handled(&server, m) - b)
+        .collect();
+    eprintln!("{CYCLES} acquire+release cycles: {per_cycle:?} each; calls {methods:?} = {calls:?}");
+    let n = f64::from(CYCLES);
     assert_eq!(
-        grants_after, grants_before,
-        "an uncontended acquire + release on a warm session granted a lease"
-    );
-    assert_eq!(
-        txns,
-        f64::from(CYCLES) * 2.0,
-        "one txn to acquire, one to release"
+        calls,
+        vec![n, n, n, 0.0, 0.0],
+        "calls per {CYCLES} cycles: {methods:?}"
     );
 }
 
@@ -141,7 +143,13 @@ async fn dropping_the_client_ends_its_tasks() {
     let w = coord_core::Election::subscribe(&*backend, "drop-election")
         .await
         .unwrap();
-    let leases = backend.session_leases();
+    // A lock held (raw, no guard) when the client goes.
+    let o = OwnerToken::random();
+    assert!(matches!(
+        backend.try_acquire("drop-held", &o, ttl).await.unwrap(),
+        coord_core::Attempt::Granted(_)
+    ));
+    let leases = backend.claim_leases();
     assert!(!leases.is_empty());
     assert!(server.metric("etcd_debugging_mvcc_watch_stream_total", &[]) >= 1.0);
     drop(w);
@@ -162,7 +170,7 @@ async fn dropping_the_client_ends_its_tasks() {
             }
             assert!(
                 Instant::now() < until,
-                "session lease {id} still alive ({left} s): its keepalive task outlived the client"
+                "lease {id} still alive ({left} s): a keepalive task outlived the client"
             );
             sleep(Duration::from_millis(200)).await;
         }
@@ -207,10 +215,10 @@ async fn lost_signal_fires_when_etcd_goes_away() {
     assert!(!matches!(r, Ok(true)));
 }
 
-/// A session lease revoked behind the client's back (as an expiry would):
+/// A claim's lease revoked behind the client's back (as an expiry would):
 /// `extend` answers false, so the watchdog reports the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_session_makes_extend_fail() {
+async fn revoked_lease_makes_extend_fail() {
     let server = EtcdServer::start();
     let backend = EtcdBackend::connect(EtcdOptions::parse(&server.url()).unwrap())
         .await
@@ -224,12 +232,12 @@ async fn revoked_session_makes_extend_fail() {
     let mut raw = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
-    for id in backend.session_leases() {
+    for id in backend.claim_leases() {
         raw.lease_revoke(id).await.unwrap();
     }
     assert!(!backend.extend("revoked", &o, ttl).await.unwrap());
     assert!(!backend.release("revoked", &o).await.unwrap());
-    // A new session is made on demand.
+    // A new lease is granted on demand.
     assert!(matches!(
         backend.try_acquire("revoked", &o, ttl).await.unwrap(),
         coord_core::Attempt::Granted(_)
