@@ -71,6 +71,7 @@
 mod backend;
 mod barrier;
 mod claims;
+mod holding;
 mod keys;
 mod limiter;
 mod named_lease;

@@ -151,3 +151,50 @@ async fn release_after_the_ttl_is_not_held() {
         );
     }
 }
+
+/// E3: a waiter's write applied after its cleanup (as a put forwarded by a
+/// follower, or retried across a leader change, can land after the
+/// delete) is replayed by hand: it must fail, or the key must expire within
+/// its TTL, never stay held while the client lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
+    let a = backend().await;
+    let b = backend().await;
+    let name = "late-write";
+    let t = b.capabilities().min_ttl * 2;
+    let (oh, ow) = (OwnerToken::random(), OwnerToken::random());
+    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    let w = Lock::subscribe(&*b, name).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            b.try_acquire(name, &ow, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+    }
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let key = format!("coord:lock/{name}/{}", ow.to_hex());
+    let queued = raw.get(key.clone(), None).await.unwrap();
+    let lease = queued.kvs().first().expect("the waiter is queued").lease();
+    // The cleanup (what coord-core does when the acquire is cancelled).
+    assert!(!b.release(name, &ow).await.unwrap());
+    drop(w);
+    // The late write: the waiter's put, applied now.
+    let late = raw
+        .put(
+            key.clone(),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await;
+    if late.is_ok() {
+        sleep(t + Duration::from_millis(1500)).await;
+        let left = raw.get(key, None).await.unwrap();
+        assert!(
+            left.kvs().is_empty(),
+            "a write applied after its cleanup is still there after the TTL"
+        );
+    }
+    assert!(a.release(name, &oh).await.unwrap());
+}
