@@ -145,7 +145,7 @@ async fn authentication_with_right_and_wrong_password() {
 }
 
 /// Dropping the client ends its background tasks: its watch streams close
-/// and its session lease is no longer kept alive, so the server expires it.
+/// and no lease of its claims is kept alive, so the server expires them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_client_ends_its_tasks() {
     let server = EtcdServer::start();
