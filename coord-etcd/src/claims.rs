@@ -58,6 +58,12 @@ pub(crate) struct ClaimSpec<'a> {
 /// attempt queues (a waiter attempts again at once after subscribing).
 const TRIED_MEMORY: Duration = Duration::from_secs(30);
 
+/// When the local bookkeeping is swept of long-expired claims.
+const PRUNE_AT: usize = 1024;
+/// How long an expired, never released claim is remembered (a late
+/// `release` of it answers `false` either way).
+const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
+
 pub(crate) fn first_sorted(key: &[u8], end: &[u8], order: SortOrder, limit: i64) -> TxnOp {
     TxnOp::get(
         key.to_vec(),
@@ -324,10 +330,20 @@ impl Shared {
     }
 
     fn set_held(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) {
-        if let Some(e) = lock(&self.entries).get_mut(ek) {
+        let mut entries = lock(&self.entries);
+        if let Some(e) = entries.get_mut(ek) {
             e.rev = rev;
             e.lease = lease;
             e.state = EntryState::Held { deadline };
+        }
+        if entries.len() >= PRUNE_AT {
+            // Claims whose TTL ran out long ago and that were never
+            // released (raw-trait users; guards always release): the
+            // server expired them, nothing is left to remember.
+            let now = Instant::now();
+            entries.retain(|_, e| {
+                !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
+            });
         }
     }
 
