@@ -198,3 +198,64 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     }
     assert!(a.release(name, &oh).await.unwrap());
 }
+
+/// E5: with several waiters of one name in one client, a release wakes the
+/// waiter whose predecessor left, and only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiter_whose_predecessor_left_is_woken_alone() {
+    let a = backend().await;
+    let b = backend().await;
+    let name = "targeted";
+    let t = b.capabilities().min_ttl * 10;
+    let oh = OwnerToken::random();
+    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let o = OwnerToken::random();
+        // As coord-core's wait loop: attempt, subscribe, attempt (queued).
+        assert!(matches!(
+            b.try_acquire(name, &o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        let w = Lock::subscribe(&*b, name).await.unwrap();
+        assert!(matches!(
+            b.try_acquire(name, &o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        waiters.push((o, w));
+    }
+    for i in 0..waiters.len() {
+        // Every later waiter waits, the last one longest (a wake-up shared
+        // by all would reach it first).
+        let mut pending: Vec<_> = waiters[i..]
+            .iter()
+            .rev()
+            .map(|(_, w)| {
+                let mut n = Box::pin(w.notified());
+                n.as_mut().enable();
+                n
+            })
+            .collect();
+        pending.reverse();
+        if i == 0 {
+            assert!(a.release(name, &oh).await.unwrap());
+        } else {
+            let (o, _) = &waiters[i - 1];
+            assert!(b.release(name, o).await.unwrap());
+        }
+        let (first, rest) = pending.split_at_mut(1);
+        timeout(Duration::from_secs(3), first[0].as_mut())
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} was not woken"));
+        for (k, n) in rest.iter_mut().enumerate() {
+            let woke = timeout(Duration::from_millis(200), n.as_mut())
+                .await
+                .is_ok();
+            assert!(!woke, "waiter {} was woken too", i + 1 + k);
+        }
+        let (o, _) = &waiters[i];
+        granted(b.try_acquire(name, o, t).await.unwrap());
+    }
+    let (o, _) = waiters.last().unwrap();
+    assert!(b.release(name, o).await.unwrap());
+}
