@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_core::util::Kind;
-use coord_core::{Attempt, FencingToken, OwnerToken, Result};
+use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, header_rev, kvs, lock, secs};
+use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::keys::BACKEND;
 use crate::keys::prefix_end;
 use crate::queue::{Queued, clear_last_refused};
 
@@ -219,6 +220,19 @@ impl Shared {
                     ]);
                     let resp = match self.txn(op, txn).await {
                         Ok(r) => r,
+                        Err(e) if is_lease_not_found(&e) => {
+                            // The lease just granted is gone (it cannot
+                            // have been used): nothing was written. Retry.
+                            self.drop_entry(&ek);
+                            return Err(Error::Unavailable {
+                                backend: BACKEND,
+                                operation: op,
+                                message: "the lease granted for this attempt expired before \
+                                          the write; nothing was written, the attempt can be \
+                                          retried"
+                                    .into(),
+                            });
+                        }
                         Err(e) => return Err(e),
                     };
                     let mine = kvs(&resp, 0)
