@@ -248,8 +248,7 @@ impl Shared {
                         let rev = header_rev(&resp);
                         let head = kvs(&resp, 1).into_iter().next();
                         if !queue_mode || head.as_ref().is_some_and(|h| h.key() == key) {
-                            self.set_held(&ek, rev, lease, start + ttl);
-                            return Ok(Attempt::Granted(FencingToken(rev as u64)));
+                            return Ok(self.set_held(&ek, rev, lease, start + ttl));
                         }
                         let pred = kvs(&resp, 2).into_iter().nth(1);
                         self.set_queued(&ek, rev, pred.map(|p| p.key().to_vec()), rev + 1);
@@ -326,8 +325,7 @@ impl Shared {
                         continue;
                     }
                     if head.as_ref().is_some_and(|h| h.key() == key) {
-                        self.set_held(&ek, rev, lease, start + ttl);
-                        return Ok(Attempt::Granted(FencingToken(rev as u64)));
+                        return Ok(self.set_held(&ek, rev, lease, start + ttl));
                     }
                     let pred = kvs(&resp, 1).into_iter().next();
                     self.set_queued(
@@ -343,13 +341,18 @@ impl Shared {
         Ok(Attempt::Held { expires_in: None })
     }
 
-    fn set_held(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) {
+    /// Record a grant. If the owner released meanwhile (its lease is
+    /// revoked), the grant is not reported.
+    fn set_held(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) -> Attempt {
         let mut entries = lock(&self.entries);
-        if let Some(e) = entries.get_mut(ek) {
-            e.rev = rev;
-            e.lease = lease;
-            e.state = EntryState::Held { deadline };
-        }
+        let attempt = match entries.get_mut(ek) {
+            Some(e) if e.lease == lease => {
+                e.rev = rev;
+                e.state = EntryState::Held { deadline };
+                Attempt::Granted(FencingToken(rev as u64))
+            }
+            _ => Attempt::Held { expires_in: None },
+        };
         if entries.len() >= PRUNE_AT {
             // Claims whose TTL ran out long ago and that were never
             // released (raw-trait users; guards always release): the
@@ -359,6 +362,7 @@ impl Shared {
                 !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
             });
         }
+        attempt
     }
 
     /// If `kv` is a claim this client holds, its remaining time.
