@@ -82,8 +82,9 @@ impl Shared {
     ) -> Result<bool> {
         let start = Instant::now();
         let ek = entry_key(kind, name, owner);
-        let (key, rev, lease, lease_ttl) = {
-            let entries = lock(&self.entries);
+        // Ok: the live claim; Err: the lease of a claim whose TTL ran out.
+        let found = {
+            let mut entries = lock(&self.entries);
             match entries.get(&ek) {
                 Some(
                     e @ Entry {
@@ -92,14 +93,27 @@ impl Shared {
                     },
                 ) => {
                     if *deadline <= start {
-                        drop(entries);
-                        self.drop_entry(&ek);
-                        return Ok(false);
+                        let lease = e.lease;
+                        entries.remove(&ek);
+                        Some(Err(lease))
+                    } else {
+                        Some(Ok((e.key.clone(), e.rev, e.lease, e.lease_ttl)))
                     }
-                    (e.key.clone(), e.rev, e.lease, e.lease_ttl)
                 }
-                _ => return Ok(false),
+                _ => None,
             }
+        };
+        let (key, rev, lease, lease_ttl) = match found {
+            Some(Ok(live)) => live,
+            Some(Err(lease)) => {
+                // Expired: end it on the server now too, so that nobody
+                // sees it after this answer.
+                if self.revoke(lease, op).await.is_err() {
+                    self.revoke_later(lease);
+                }
+                return Ok(false);
+            }
+            None => return Ok(false),
         };
         let check = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)]);
         let ttl_s = secs(ttl);
