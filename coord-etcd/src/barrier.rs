@@ -1,19 +1,17 @@
-//! Barriers and rate limiters: one key each, updated by compare-and-swap
-//! transactions on the key's mod revision.
+//! Barriers: one key per barrier, updated by compare-and-swap on the
+//! key's mod revision; and that compare-and-swap, shared with limiters.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use coord_core::barrier_state::BarrierState;
-use coord_core::limit::LimitState;
 use coord_core::util::bounded;
-use coord_core::{Algorithm, Arrival, Decision, Error, OwnerToken, Result};
+use coord_core::{Arrival, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use tokio::sync::oneshot;
-
-use crate::backend::{Shared, kvs, lock, secs};
+use crate::backend::{Shared, kvs};
 use crate::keys::BACKEND;
+use crate::limiter::nanos_now;
 
 /// The generation stored in a barrier key's value.
 pub(crate) fn generation_of(b: &[u8]) -> Option<u64> {
@@ -24,7 +22,7 @@ fn decode(b: &[u8]) -> Option<BarrierState> {
     BarrierState::decode(std::str::from_utf8(b).ok()?)
 }
 
-fn corrupt(operation: &'static str, what: &str) -> Error {
+pub(crate) fn corrupt(operation: &'static str, what: &str) -> Error {
     Error::Store {
         backend: BACKEND,
         operation,
@@ -133,138 +131,6 @@ impl Shared {
         })
         .await
     }
-
-    /// Check a limiter. Concurrent checks of one key in this client are
-    /// combined: one task applies all pending requests, in order, to the
-    /// state read from etcd and writes the result with one compare-and-swap
-    /// (recomputing every decision if another client won the race). Across
-    /// clients the compare-and-swap keeps admissions within the quota.
-    pub(crate) async fn limiter_check(
-        self: &Arc<Self>,
-        key: &str,
-        quota: &coord_core::Quota,
-        cost: u64,
-    ) -> Result<Decision> {
-        let op = "limiter check";
-        let (tag, span) = match quota.algorithm {
-            Algorithm::SlidingLog => ("log", 1),
-            Algorithm::SlidingWindow => ("sw", 2),
-            Algorithm::FixedWindow => ("fw", 1),
-            _ => ("gcra", 1),
-        };
-        let k = self.keys.limiter(tag, key);
-        // The state must outlive its window even if this client dies: attach
-        // it to a session lease whose TTL comfortably exceeds it.
-        let needed = secs(quota.window * span);
-        let ttl = needed + needed / 2 + 1;
-        let session = self.session(ttl, op).await?;
-        let (tx, rx) = oneshot::channel();
-        let lead = {
-            let mut q = lock(&self.limiter_queue);
-            match q.get_mut(&k) {
-                Some(v) => {
-                    v.push((*quota, cost, tx));
-                    false
-                }
-                None => {
-                    q.insert(k.clone(), vec![(*quota, cost, tx)]);
-                    true
-                }
-            }
-        };
-        if lead {
-            let shared = self.clone();
-            tokio::spawn(async move { shared.limiter_batches(k, session.id).await });
-        }
-        match tokio::time::timeout(self.timeout * 2, rx).await {
-            Ok(Ok(r)) => r,
-            _ => Err(Error::Unavailable {
-                backend: BACKEND,
-                operation: op,
-                message: format!("no answer within {:?}", self.timeout * 2),
-            }),
-        }
-    }
-
-    async fn limiter_batches(self: Arc<Self>, k: Vec<u8>, lease: i64) {
-        let op = "limiter check";
-        loop {
-            let batch = {
-                let mut q = lock(&self.limiter_queue);
-                match q.get_mut(&k) {
-                    Some(v) if !v.is_empty() => std::mem::take(v),
-                    _ => {
-                        q.remove(&k);
-                        return;
-                    }
-                }
-            };
-            let items: Vec<(coord_core::Quota, u64)> =
-                batch.iter().map(|(q, c, _)| (*q, *c)).collect();
-            let result = self
-                .cas(op, k.clone(), Some(lease), |cur| {
-                    let since = nanos_now();
-                    let mut state: Option<Vec<u8>> = cur.map(<[u8]>::to_vec);
-                    let mut changed = false;
-                    let mut decisions = Vec::with_capacity(items.len());
-                    for (quota, cost) in &items {
-                        let text = match &state {
-                            Some(v) => {
-                                Some(std::str::from_utf8(v).map_err(|_| corrupt(op, "limiter"))?)
-                            }
-                            None => None,
-                        };
-                        let (new, d) = limiter_step(quota, text, since, *cost)
-                            .ok_or_else(|| corrupt(op, "limiter"))?;
-                        if let Some(n) = new {
-                            state = Some(n);
-                            changed = true;
-                        }
-                        decisions.push(d);
-                    }
-                    Ok((if changed { state } else { None }, decisions))
-                })
-                .await;
-            match result {
-                Ok(decisions) => {
-                    for ((_, _, tx), d) in batch.into_iter().zip(decisions) {
-                        let _ = tx.send(Ok(d));
-                    }
-                }
-                Err(e) => {
-                    for (_, _, tx) in batch {
-                        let _ = tx.send(Err(e.clone()));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Nanoseconds since the Unix epoch on this client's clock.
-pub(crate) fn nanos_now() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
-}
-
-/// One limiter decision on the stored state `cur` at client time `since`
-/// (ns since the epoch), by coord-core's shared algorithms. Returns the new
-/// state to store when the request is admitted, or `None` for corrupt
-/// state.
-pub(crate) fn limiter_step(
-    quota: &coord_core::Quota,
-    cur: Option<&str>,
-    since: u128,
-    cost: u64,
-) -> Option<(Option<Vec<u8>>, Decision)> {
-    let mut state = match cur {
-        Some(text) => LimitState::decode(quota.algorithm, text)?,
-        None => LimitState::new(quota),
-    };
-    let d = state.check(since, quota, cost);
-    Some((d.allowed.then(|| state.encode().into_bytes()), d))
 }
 
 #[cfg(test)]
@@ -289,27 +155,5 @@ mod tests {
         };
         assert_eq!(BarrierState::decode(&empty.encode()), Some(empty));
         assert_eq!(generation_of(b"2\n5\n-"), Some(5));
-    }
-
-    #[test]
-    fn limiter_steps_never_exceed_the_limit() {
-        for alg in Algorithm::ALL {
-            let quota = coord_core::Quota::new(5, Duration::from_secs(1), alg);
-            let mut state: Option<Vec<u8>> = None;
-            let t0 = 1_700_000_000_000_000_000u128;
-            let mut admitted = 0;
-            for i in 0..20u128 {
-                let cur = state.as_deref().map(|b| std::str::from_utf8(b).unwrap());
-                let (new, d) = limiter_step(&quota, cur, t0 + i * 1_000, 1).unwrap();
-                if d.allowed {
-                    admitted += 1;
-                    state = new;
-                } else {
-                    assert!(d.retry_after > Duration::ZERO);
-                    assert!(new.is_none());
-                }
-            }
-            assert_eq!(admitted, 5, "{alg:?}");
-        }
     }
 }

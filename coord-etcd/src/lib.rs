@@ -17,31 +17,29 @@
 //!
 //! ## How it maps onto etcd
 //!
-//! - **Session leases.** Each client keeps one etcd lease per TTL (granted
-//!   once, kept alive by one task over one keepalive stream) and attaches
-//!   to it every lock and leadership key it writes, as etcd's own
-//!   `concurrency.Session` does: an uncontended acquire + release on a warm
-//!   session is two transactions and one keepalive, and no lease grant.
-//!   The TTL of a claim is enforced by the client that holds it: when it
-//!   runs out without an `extend`, the client deletes the key (exactly at
-//!   the TTL); if the client dies, the server expires the session lease
-//!   after at most the TTL. Every grant and extend refreshes the session
-//!   lease with a keepalive sent after the call began, so the server keeps
-//!   the key at least as long as the validity coord-core computes. If
-//!   keepalives fail until the lease's TTL is over, the session is
-//!   presumed lost: `extend` answers `false` and the guard's lost signal
-//!   fires.
+//! - **A lease per claim.** Every lock, leadership and named-lease key
+//!   is attached to an etcd lease of its own whose TTL is the claim's, so
+//!   the server enforces every TTL: a key nobody renews expires by itself,
+//!   whatever became of the client, and a write applied late (after its
+//!   cleanup) fails or dies with its lease. An uncontended acquire +
+//!   release is one lease grant, one transaction and one lease revocation.
+//!   `extend` refreshes the lease with a keepalive sent after the call
+//!   began (another TTL moves the key to a new lease, keeping its create
+//!   revision), so the server keeps the key at least as long as the
+//!   validity coord-core computes.
 //! - **Locks** are a FIFO queue, one key per waiter:
 //!   `<prefix>lock/<name>/<owner hex>`, ordered by create revision; the
 //!   first key holds the lock and its create revision is the fencing token.
-//!   A waiter (a task that subscribed before attempting, as coord-core's
-//!   wait loop does) keeps its key queued and watches only its
-//!   predecessor's deletion, so one release wakes exactly one waiter. A
-//!   one-shot `try_acquire` (nobody in this client subscribed to the name)
-//!   writes nothing unless the queue is empty, in one transaction. A queued
-//!   waiter whose session lease expired, or whose key vanished, gets an
-//!   error on its next attempt, never a grant; `release` deletes the
-//!   owner's key whether it holds or waits.
+//!   An owner's first attempt (and so every one-shot `try_acquire`) writes
+//!   only into an empty queue, in one transaction: a refused attempt leaves
+//!   nothing behind. Its next attempt (a waiter's: coord-core's wait loop
+//!   attempts, subscribes, attempts again) queues a key, which this client
+//!   keeps alive while the waiter waits; the waiter watches only its
+//!   predecessor's key and is the one woken when that key goes. A grant is
+//!   reported only after a keepalive of the key's own lease, sent after the
+//!   attempt began, succeeded. A waiter whose key vanished (its lease
+//!   expired) queues again at its next attempt and keeps waiting;
+//!   `release` revokes the owner's lease whether it holds or waits.
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -54,8 +52,9 @@
 //!   participants), updated by compare-and-swap on its mod revision;
 //!   waiters are woken by a watch when the generation changes.
 //! - **Rate limiters**: one key per key and algorithm, updated by
-//!   compare-and-swap on its mod revision, and attached to a session lease
-//!   that outlives the window. etcd has no clock to read, so windows are
+//!   compare-and-swap on its mod revision, and attached to a lease that
+//!   outlives the state's retention (never renewed: a new one is granted
+//!   when it runs low, or at once if the server lost it). etcd has no clock to read, so windows are
 //!   measured on each **client's clock** (`Capabilities::server_clock` is
 //!   false). Clock skew between clients shifts their windows: a client
 //!   whose clock runs ahead by `d` sees old requests fall out of the window
@@ -71,9 +70,14 @@
 
 mod backend;
 mod barrier;
+mod claims;
+mod holding;
 mod keys;
+mod limiter;
+mod named_lease;
 mod options;
-mod session;
+mod queue;
+mod watch;
 
 use std::time::Duration;
 
@@ -83,17 +87,14 @@ use coord_core::{
     Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingToken, LeaderInfo, OwnerToken,
     Quota, Result, async_trait,
 };
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-use tokio::time::Instant;
 
 pub use backend::EtcdBackend;
 pub use options::{DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, EtcdOptions};
 
-use backend::{
-    ClaimSpec, Deletion, Entry, EntryState, WatchKind, delete_prev, header_rev, kvs, lock, secs,
-    wake_key,
-};
+use backend::wake_key;
+use claims::ClaimSpec;
 use keys::prefix_end;
+use watch::WatchKind;
 
 /// Connect to the etcd cluster named by `url` and return a [`Coord`] with
 /// every primitive. See [`EtcdOptions::parse`] for the URL format:
@@ -145,7 +146,7 @@ impl coord_core::Lock for EtcdBackend {
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
         // Wake-ups come from the watch on each waiter's predecessor, set up
         // by the attempt that queues it.
-        Ok(self.shared.wakeups.subscribe(&wake_key(Kind::Lock, name)))
+        Ok(self.shared.subscribe_lock(Kind::Lock, name))
     }
 }
 
@@ -284,286 +285,6 @@ impl coord_core::Limiter for EtcdBackend {
 
     async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<Decision> {
         self.shared.limiter_check(key, quota, cost).await
-    }
-}
-
-impl EtcdBackend {
-    /// Refresh lease `id` once: `Ok(false)` if the server no longer has it.
-    async fn keepalive_once(&self, id: i64, op: &'static str) -> Result<bool> {
-        let shared = &self.shared;
-        match coord_core::util::bounded(keys::BACKEND, op, shared.timeout, async {
-            Ok(shared.client.lease_client().keep_alive(id).await)
-        })
-        .await?
-        {
-            Ok(_) => Ok(true),
-            Err(e) if keys::is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(keys::map_err(op, e)),
-        }
-    }
-
-    async fn grant_lease(&self, ttl: Duration, op: &'static str) -> Result<i64> {
-        let resp = self
-            .shared
-            .call(op, |mut c| async move {
-                c.lease_grant(secs(ttl) as i64, None).await
-            })
-            .await?;
-        Ok(resp.id())
-    }
-
-    fn revoke_later(&self, id: i64) {
-        self.shared.schedule(Deletion::Lease(id));
-    }
-}
-
-#[async_trait]
-impl coord_core::Lease for EtcdBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.shared.caps
-    }
-
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        let op = "lease grant";
-        let start = Instant::now();
-        let shared = &self.shared;
-        let ek = (Kind::Lease, Box::<str>::from(name), *owner.as_bytes());
-        let live = lock(&shared.entries).get(&ek).and_then(|e| match e.state {
-            EntryState::Held { deadline } if deadline > start => Some(e.rev),
-            _ => None,
-        });
-        if let Some(rev) = live {
-            if coord_core::Lease::renew(self, name, owner, ttl).await? {
-                return Ok(Attempt::Granted(FencingToken(rev as u64)));
-            }
-        }
-        lock(&shared.entries).remove(&ek);
-        let key = shared.keys.single(Kind::Lease, name);
-        let hex = owner.to_hex();
-        let existing = shared.get(op, key.clone(), None).await?.into_iter().next();
-        let kv = match existing {
-            Some(kv) => kv,
-            None => {
-                let id = self.grant_lease(ttl, op).await?;
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        hex.clone(),
-                        Some(PutOptions::new().with_lease(id)),
-                    )])
-                    .or_else([TxnOp::get(key.clone(), None)]);
-                let resp = match shared.txn(op, txn).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        self.revoke_later(id);
-                        return Err(e);
-                    }
-                };
-                if resp.succeeded() {
-                    let rev = header_rev(&resp);
-                    lock(&shared.entries).insert(
-                        ek,
-                        Entry {
-                            key,
-                            rev,
-                            lease: id,
-                            lease_ttl: secs(ttl),
-                            session: None,
-                            state: EntryState::Held {
-                                deadline: start + ttl,
-                            },
-                        },
-                    );
-                    return Ok(Attempt::Granted(FencingToken(rev as u64)));
-                }
-                self.revoke_later(id);
-                match kvs(&resp, 0).into_iter().next() {
-                    Some(kv) => kv,
-                    None => return Ok(Attempt::Held { expires_in: None }),
-                }
-            }
-        };
-        if kv.value() == hex.as_bytes() {
-            // Ours already (a retry after a lost reply): adopt and refresh.
-            if self.keepalive_once(kv.lease(), op).await? {
-                lock(&shared.entries).insert(
-                    ek,
-                    Entry {
-                        key,
-                        rev: kv.create_revision(),
-                        lease: kv.lease(),
-                        lease_ttl: secs(ttl),
-                        session: None,
-                        state: EntryState::Held {
-                            deadline: start + ttl,
-                        },
-                    },
-                );
-                return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
-            }
-            return Ok(Attempt::Held { expires_in: None });
-        }
-        let ttl_left = shared
-            .call(op, |mut c| {
-                let id = kv.lease();
-                async move { c.lease_time_to_live(id, None).await }
-            })
-            .await
-            .ok()
-            .and_then(|r| u64::try_from(r.ttl()).ok())
-            .map(Duration::from_secs);
-        Ok(Attempt::Held {
-            expires_in: ttl_left,
-        })
-    }
-
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let op = "lease renew";
-        let start = Instant::now();
-        let shared = &self.shared;
-        let ek = (Kind::Lease, Box::<str>::from(name), *owner.as_bytes());
-        let (key, rev, lease, lease_ttl) = {
-            let mut entries = lock(&shared.entries);
-            match entries.get(&ek) {
-                Some(e) => match e.state {
-                    EntryState::Held { deadline } if deadline > start => {
-                        (e.key.clone(), e.rev, e.lease, e.lease_ttl)
-                    }
-                    _ => {
-                        let lease = e.lease;
-                        entries.remove(&ek);
-                        drop(entries);
-                        self.revoke_later(lease);
-                        return Ok(false);
-                    }
-                },
-                None => return Ok(false),
-            }
-        };
-        let check = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)]);
-        let new_lease = if secs(ttl) == lease_ttl {
-            let (resp, alive) = tokio::join!(shared.txn(op, check), self.keepalive_once(lease, op));
-            if !resp?.succeeded() || !alive? {
-                lock(&shared.entries).remove(&ek);
-                return Ok(false);
-            }
-            lease
-        } else {
-            // Another TTL: move the key to a new lease, keeping its create
-            // revision (the fencing token), after checking the old lease
-            // still lives (so an expired lease is never resurrected).
-            let (alive, new) =
-                tokio::join!(self.keepalive_once(lease, op), self.grant_lease(ttl, op));
-            let new = new?;
-            if !alive.inspect_err(|_| self.revoke_later(new))? {
-                self.revoke_later(new);
-                lock(&shared.entries).remove(&ek);
-                return Ok(false);
-            }
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    Vec::new(),
-                    Some(PutOptions::new().with_lease(new).with_ignore_value()),
-                )]);
-            let resp = shared
-                .txn(op, txn)
-                .await
-                .inspect_err(|_| self.revoke_later(new))?;
-            if !resp.succeeded() {
-                self.revoke_later(new);
-                lock(&shared.entries).remove(&ek);
-                return Ok(false);
-            }
-            self.revoke_later(lease);
-            new
-        };
-        let mut entries = lock(&shared.entries);
-        if let Some(e) = entries.get_mut(&ek) {
-            e.lease = new_lease;
-            e.lease_ttl = secs(ttl);
-            e.state = EntryState::Held {
-                deadline: start + ttl,
-            };
-        }
-        Ok(true)
-    }
-
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let op = "lease revoke";
-        let now = Instant::now();
-        let shared = &self.shared;
-        let ek = (Kind::Lease, Box::<str>::from(name), *owner.as_bytes());
-        let entry = lock(&shared.entries).remove(&ek);
-        let expired = matches!(
-            entry,
-            Some(Entry { state: EntryState::Held { deadline }, .. }) if deadline <= now
-        );
-        let key = shared.keys.single(Kind::Lease, name);
-        let txn = Txn::new()
-            .when([Compare::value(
-                key.clone(),
-                CompareOp::Equal,
-                owner.to_hex(),
-            )])
-            .and_then([TxnOp::delete(key.clone(), Some(delete_prev()))]);
-        let resp = match shared.txn(op, txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                if let Some(en) = entry {
-                    self.revoke_later(en.lease);
-                }
-                return Err(e);
-            }
-        };
-        if resp.succeeded() {
-            if let Some(kv) = kvs(&resp, 0).into_iter().next() {
-                if kv.lease() != 0 {
-                    self.revoke_later(kv.lease());
-                }
-            }
-        }
-        Ok(resp.succeeded() && !expired)
-    }
-
-    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
-        let op = "lease remaining";
-        let shared = &self.shared;
-        let key = shared.keys.single(Kind::Lease, name);
-        let Some(kv) = shared.get(op, key, None).await?.into_iter().next() else {
-            return Ok(None);
-        };
-        // Held by this client: its own deadline is exact.
-        if let Some(owner) = std::str::from_utf8(kv.value())
-            .ok()
-            .and_then(OwnerToken::from_hex)
-        {
-            let ek = (Kind::Lease, Box::<str>::from(name), *owner.as_bytes());
-            if let Some(e) = lock(&shared.entries).get(&ek) {
-                if e.rev == kv.create_revision() {
-                    if let EntryState::Held { deadline } = e.state {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        return Ok((!left.is_zero()).then_some(left));
-                    }
-                }
-            }
-        }
-        // etcd answers in whole seconds: the lease "will expire in under
-        // TTL+1 seconds". Report that bound (never above the granted TTL),
-        // so no holder's local validity exceeds what the store says.
-        let resp = shared
-            .call(op, |mut c| {
-                let id = kv.lease();
-                async move { c.lease_time_to_live(id, None).await }
-            })
-            .await?;
-        if resp.ttl() < 0 {
-            return Ok(None);
-        }
-        let bound = (resp.ttl() + 1).min(resp.granted_ttl().max(1));
-        Ok(Some(Duration::from_secs(bound as u64)))
     }
 }
 

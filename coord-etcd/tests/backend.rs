@@ -84,9 +84,21 @@ async fn lock_expires_at_its_ttl_without_extend_and_is_not_resurrected() {
         b.try_acquire(name, &o2, t).await.unwrap(),
         Attempt::Held { .. }
     ));
-    // ... free right after it.
-    sleep((start + t + Duration::from_millis(200)).saturating_duration_since(Instant::now())).await;
-    granted(b.try_acquire(name, &o2, t).await.unwrap());
+    // ... free soon after it: the server expires the claim's own lease
+    // (etcd looks for expired leases every 500 ms).
+    sleep((start + t).saturating_duration_since(Instant::now())).await;
+    loop {
+        if let Attempt::Granted(_) = b.try_acquire(name, &o2, t).await.unwrap() {
+            break;
+        }
+        assert!(
+            start.elapsed() < t + Duration::from_millis(1500),
+            "still held {:?} after a grant with TTL {t:?}",
+            start.elapsed()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("free {:?} after a grant with TTL {t:?}", start.elapsed());
     assert!(!a.extend(name, &o1, t).await.unwrap());
     assert!(!a.release(name, &o1).await.unwrap());
     assert!(b.release(name, &o2).await.unwrap());
@@ -119,6 +131,11 @@ async fn fifo_queue_wakes_exactly_the_next_waiter() {
     for _ in 0..3 {
         let b = backend().await;
         let o = OwnerToken::random();
+        // As coord-core's wait loop: attempt, subscribe, attempt (queued).
+        assert!(matches!(
+            b.try_acquire(name, &o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
         let w = Lock::subscribe(&*b, name).await.unwrap();
         assert!(matches!(
             b.try_acquire(name, &o, t).await.unwrap(),
@@ -171,36 +188,50 @@ async fn one_shot_attempt_leaves_no_key() {
     assert!(c.release(name, &o3).await.unwrap());
 }
 
-/// A queued waiter whose session lease expires gets an error, never a grant.
+/// A queued waiter whose key vanished (its lease expired or was revoked)
+/// queues again at its next attempt and keeps waiting: never an error, and
+/// never a grant it does not hold.
 #[tokio::test]
-async fn queued_waiter_whose_session_expired_gets_an_error() {
+async fn queued_waiter_whose_key_vanished_queues_again() {
     let a = backend().await;
     let b = backend().await;
-    let name = "session-lost";
+    let name = "waiter-lost";
     let t = ttl(&a) * 3;
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
     granted(a.try_acquire(name, &o1, t).await.unwrap());
-    let w = Lock::subscribe(&*b, name).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            b.try_acquire(name, &o2, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+    }
+    // Revoke the waiter's lease behind its back (as an expiry would).
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let leases = b.claim_leases();
+    assert_eq!(leases.len(), 1);
+    raw.lease_revoke(leases[0]).await.unwrap();
+    // Still held by a: b queues again (a fresh key, a fresh lease).
     assert!(matches!(
         b.try_acquire(name, &o2, t).await.unwrap(),
         Attempt::Held { .. }
     ));
-    // Revoke every session lease of b behind its back (as an expiry would).
-    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap();
-    for id in b.session_leases() {
-        raw.lease_revoke(id).await.unwrap();
-    }
+    let again = b.claim_leases();
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0], leases[0]);
     assert!(a.release(name, &o1).await.unwrap());
-    let _ = timeout(Duration::from_secs(2), w.notified()).await;
-    for _ in 0..3 {
-        let r = b.try_acquire(name, &o2, t).await;
-        assert!(r.is_err(), "expected an error, got {r:?}");
+    let start = Instant::now();
+    loop {
+        if let Attempt::Granted(_) = b.try_acquire(name, &o2, t).await.unwrap() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "not granted after release"
+        );
+        sleep(Duration::from_millis(20)).await;
     }
-    // After release, the owner may queue again on a fresh session.
-    assert!(!b.release(name, &o2).await.unwrap());
-    granted(b.try_acquire(name, &o2, t).await.unwrap());
     assert!(b.release(name, &o2).await.unwrap());
 }
 
@@ -361,8 +392,7 @@ async fn named_leases_grant_renew_remaining_revoke_and_expire() {
 
 /// Attempts cancelled mid-flight (the future dropped at any point, as when
 /// a caller's `acquire` is cancelled: its subscription goes with it) never
-/// leave the lock held past its TTL, although the client's session lease is
-/// kept alive.
+/// leave the lock held past its TTL.
 #[tokio::test]
 async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
     let a = backend().await;
@@ -373,7 +403,8 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
         let o = OwnerToken::random();
         let a = a.clone();
         let attempt = async move {
-            // Subscribed, as coord-core's wait loop is: attempts queue.
+            // As coord-core's wait loop: the second attempt queues.
+            let _ = a.try_acquire(name, &o, t).await;
             let _w = Lock::subscribe(&*a, name).await.unwrap();
             let _ = a.try_acquire(name, &o, t).await;
             sleep(Duration::from_secs(3600)).await;
@@ -422,14 +453,12 @@ async fn an_abandoned_local_waiter_does_not_block_the_live_one() {
     granted(holder.try_acquire(name, &oh, t).await.unwrap());
     let w = Lock::subscribe(&*a, name).await.unwrap();
     // o1 queues first, then is abandoned (never attempts again).
-    assert!(matches!(
-        a.try_acquire(name, &o1, t).await.unwrap(),
-        Attempt::Held { .. }
-    ));
-    assert!(matches!(
-        a.try_acquire(name, &o2, t).await.unwrap(),
-        Attempt::Held { .. }
-    ));
+    for o in [&o1, &o1, &o2, &o2] {
+        assert!(matches!(
+            a.try_acquire(name, o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+    }
     let start = Instant::now();
     assert!(holder.release(name, &oh).await.unwrap());
     let mut attempts = 0;

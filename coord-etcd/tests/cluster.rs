@@ -69,7 +69,7 @@ async fn mutual_exclusion_under_load_survives_leader_failover() {
                 order.lock().unwrap().push(g.fencing_token());
                 inside.store(false, Ordering::SeqCst);
                 if let Err(e) = g.release().await {
-                    // The key is removed by the client's reaper or expires.
+                    // The lease is revoked in the background, or expires.
                     errors.fetch_add(1, Ordering::Relaxed);
                     eprintln!("release failed (retried in the background): {e}");
                 }

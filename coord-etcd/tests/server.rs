@@ -9,59 +9,100 @@ use coord_core::{Error, Lock, OwnerToken};
 use coord_etcd::{EtcdBackend, EtcdOptions};
 use tokio::time::{Instant, sleep, timeout};
 
-fn lease_grants(server: &EtcdServer) -> f64 {
+fn handled(server: &EtcdServer, method: &str) -> f64 {
     server.metric(
         "grpc_server_handled_total",
-        &["grpc_method=\"LeaseGrant\"", "grpc_code=\"OK\""],
+        &[&format!("grpc_method=\"{method}\""), "grpc_code=\"OK\""],
     )
 }
 
-/// An uncontended acquire + release on a warm session grants no lease:
-/// the session lease is granted once and shared.
+/// An uncontended acquire + release is exactly one lease grant, one
+/// transaction and one lease revocation: each claim has a lease of its own
+/// and nothing else is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn warm_session_acquire_release_makes_no_lease_grant() {
+async fn acquire_release_is_one_grant_one_txn_one_revoke() {
     let server = EtcdServer::start();
     let coord = coord_etcd::connect(&server.url()).await.unwrap();
     let locks = coord.locks().unwrap();
     let ttl = Duration::from_secs(5);
-    // Warm up: the session for this TTL.
     locks
-        .acquire("warm", ttl, Duration::ZERO)
+        .acquire("cycle", ttl, Duration::ZERO)
         .await
         .unwrap()
         .release()
         .await
         .unwrap();
-    let grants_before = lease_grants(&server);
-    let txns_before = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]);
-    assert!(
-        grants_before >= 1.0,
-        "the metric is missing: {grants_before}"
-    );
+    // Let the connect's background revocation finish.
+    sleep(Duration::from_millis(300)).await;
+    let methods = [
+        "LeaseGrant",
+        "Txn",
+        "LeaseRevoke",
+        "LeaseKeepAlive",
+        "Range",
+    ];
+    let before: Vec<f64> = methods.iter().map(|m| handled(&server, m)).collect();
+    assert!(before[0] >= 1.0, "the metric is missing");
     const CYCLES: u32 = 50;
-    let start = Instant::now();
     for i in 0..CYCLES {
         let g = locks
-            .acquire(&format!("warm-{}", i % 3), ttl, Duration::ZERO)
+            .acquire(&format!("cycle-{}", i % 3), ttl, Duration::ZERO)
             .await
             .unwrap();
         g.release().await.unwrap();
     }
-    let per_cycle = start.elapsed() / CYCLES;
-    let grants_after = lease_grants(&server);
-    let txns = server.metric("grpc_server_handled_total", &["grpc_method=\"Txn\""]) - txns_before;
+    let calls: Vec<f64> = methods
+        .iter()
+        .zip(&before)
+        .map(|(m, b)| handled(&server, m) - b)
+        .collect();
+    eprintln!("{CYCLES} acquire+release cycles: calls {methods:?} = {calls:?}");
+    let n = f64::from(CYCLES);
+    assert_eq!(
+        calls,
+        vec![n, n, n, 0.0, 0.0],
+        "calls per {CYCLES} cycles: {methods:?}"
+    );
+
+    // Timing (printed, never asserted): coord's cycle beside the raw
+    // lease-per-claim cycle (grant, put-if-absent on that lease, revoke),
+    // interleaved so both see the same load; medians.
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for i in 0..200 {
+        let start = Instant::now();
+        let g = locks
+            .acquire(&format!("cycle-{}", i % 3), ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        ours.push(start.elapsed());
+        let start = Instant::now();
+        let key = format!("raw-cycle-{}", i % 3);
+        let lease = raw.lease_grant(5, None).await.unwrap().id();
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::create_revision(
+                key.clone(),
+                etcd_client::CompareOp::Equal,
+                0,
+            )])
+            .and_then([etcd_client::TxnOp::put(
+                key,
+                "",
+                Some(etcd_client::PutOptions::new().with_lease(lease)),
+            )]);
+        assert!(raw.txn(txn).await.unwrap().succeeded());
+        raw.lease_revoke(lease).await.unwrap();
+        theirs.push(start.elapsed());
+    }
+    ours.sort();
+    theirs.sort();
+    let (a, b) = (ours[ours.len() / 2], theirs[theirs.len() / 2]);
     eprintln!(
-        "{CYCLES} acquire+release cycles: {per_cycle:?} each, {txns} Txn calls, {} LeaseGrant calls",
-        grants_after - grants_before
-    );
-    assert_eq!(
-        grants_after, grants_before,
-        "an uncontended acquire + release on a warm session granted a lease"
-    );
-    assert_eq!(
-        txns,
-        f64::from(CYCLES) * 2.0,
-        "one txn to acquire, one to release"
+        "median acquire+release {a:?}, raw grant+txn+revoke {b:?}: coord is {:.2}x the raw speed",
+        b.as_secs_f64() / a.as_secs_f64()
     );
 }
 
@@ -115,7 +156,7 @@ async fn authentication_with_right_and_wrong_password() {
 }
 
 /// Dropping the client ends its background tasks: its watch streams close
-/// and its session lease is no longer kept alive, so the server expires it.
+/// and no lease of its claims is kept alive, so the server expires them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_client_ends_its_tasks() {
     let server = EtcdServer::start();
@@ -141,7 +182,13 @@ async fn dropping_the_client_ends_its_tasks() {
     let w = coord_core::Election::subscribe(&*backend, "drop-election")
         .await
         .unwrap();
-    let leases = backend.session_leases();
+    // A lock held (raw, no guard) when the client goes.
+    let o = OwnerToken::random();
+    assert!(matches!(
+        backend.try_acquire("drop-held", &o, ttl).await.unwrap(),
+        coord_core::Attempt::Granted(_)
+    ));
+    let leases = backend.claim_leases();
     assert!(!leases.is_empty());
     assert!(server.metric("etcd_debugging_mvcc_watch_stream_total", &[]) >= 1.0);
     drop(w);
@@ -162,7 +209,7 @@ async fn dropping_the_client_ends_its_tasks() {
             }
             assert!(
                 Instant::now() < until,
-                "session lease {id} still alive ({left} s): its keepalive task outlived the client"
+                "lease {id} still alive ({left} s): a keepalive task outlived the client"
             );
             sleep(Duration::from_millis(200)).await;
         }
@@ -184,7 +231,10 @@ async fn lost_signal_fires_when_etcd_goes_away() {
         .await
         .unwrap();
     let coord = backend.coord();
-    let ttl = backend.capabilities().min_ttl * 2;
+    // Long enough that the watchdog's first renewal (at a third of it) is
+    // not raced by the freeze below even on a loaded machine: a renewal
+    // that got through would rightly move the deadline.
+    let ttl = backend.capabilities().min_ttl.max(Duration::from_secs(1)) * 6;
     let g = coord
         .locks()
         .unwrap()
@@ -193,7 +243,8 @@ async fn lost_signal_fires_when_etcd_goes_away() {
         .unwrap();
     let owner_check = OwnerToken::random();
     let start = Instant::now();
-    drop(server);
+    // SIGSTOP: the server stops answering at once.
+    server.pause();
     timeout(ttl + Duration::from_secs(2), g.lost())
         .await
         .expect("the lost signal did not fire");
@@ -207,10 +258,10 @@ async fn lost_signal_fires_when_etcd_goes_away() {
     assert!(!matches!(r, Ok(true)));
 }
 
-/// A session lease revoked behind the client's back (as an expiry would):
+/// A claim's lease revoked behind the client's back (as an expiry would):
 /// `extend` answers false, so the watchdog reports the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revoked_session_makes_extend_fail() {
+async fn revoked_lease_makes_extend_fail() {
     let server = EtcdServer::start();
     let backend = EtcdBackend::connect(EtcdOptions::parse(&server.url()).unwrap())
         .await
@@ -224,12 +275,12 @@ async fn revoked_session_makes_extend_fail() {
     let mut raw = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
-    for id in backend.session_leases() {
+    for id in backend.claim_leases() {
         raw.lease_revoke(id).await.unwrap();
     }
     assert!(!backend.extend("revoked", &o, ttl).await.unwrap());
     assert!(!backend.release("revoked", &o).await.unwrap());
-    // A new session is made on demand.
+    // A new lease is granted on demand.
     assert!(matches!(
         backend.try_acquire("revoked", &o, ttl).await.unwrap(),
         coord_core::Attempt::Granted(_)

@@ -26,6 +26,7 @@ use super::port::free_port;
 const WRAPPER: &str = r#"
 "$@" >>"$COORD_ETCD_LOG" 2>&1 &
 pid=$!
+echo "$pid" >"$COORD_ETCD_LOG.pid"
 cat >/dev/null
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
@@ -105,6 +106,21 @@ impl Drop for Wrapped {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Send `sig` (`-STOP`, `-CONT`) to the etcd whose log is `log` (the
+/// wrapper writes its pid next to the log).
+fn signal(log: &Path, sig: &str) {
+    let mut pidfile = log.as_os_str().to_owned();
+    pidfile.push(".pid");
+    let pid = std::fs::read_to_string(&pidfile).expect("the wrapper wrote etcd's pid");
+    let ok = Command::new("kill")
+        .arg(sig)
+        .arg(pid.trim())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(ok, "kill {sig} {} failed", pid.trim());
 }
 
 /// One plain GET on `127.0.0.1:port`; the body, or `None`.
@@ -386,6 +402,17 @@ impl EtcdServer {
     /// See [`metric`].
     pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
         metric(self.member.metrics_port, name, labels)
+    }
+
+    /// Freeze the server with SIGSTOP (as a partition or a long GC pause
+    /// would look to its clients) until [`EtcdServer::resume`].
+    pub fn pause(&self) {
+        signal(&self.member.log, "-STOP");
+    }
+
+    /// Undo [`EtcdServer::pause`] (SIGCONT).
+    pub fn resume(&self) {
+        signal(&self.member.log, "-CONT");
     }
 
     /// The certificate files, for a server started with

@@ -1,0 +1,379 @@
+//! Claims (locks and elections): one key per holder or waiter, each on an
+//! etcd lease of its own whose TTL is the claim's, so the server enforces
+//! every TTL and a key nobody renews expires by itself.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::util::Kind;
+use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use tokio::time::Instant;
+
+use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::keys::BACKEND;
+use crate::keys::prefix_end;
+use crate::queue::{Queued, clear_last_refused};
+
+/// Where a local claim stands.
+pub(crate) enum EntryState {
+    /// An attempt with this lease is in flight (or its reply was lost).
+    Pending,
+    /// Granted; the claim ends at `deadline` unless extended.
+    Held { deadline: Instant },
+    /// Queued behind another key (FIFO locks only).
+    Queued(Queued),
+}
+
+/// One claim of this client: its key, create revision (the fencing token),
+/// and the lease the key is attached to.
+pub(crate) struct Entry {
+    pub(crate) key: Vec<u8>,
+    pub(crate) rev: i64,
+    pub(crate) lease: i64,
+    /// The lease's TTL in seconds (a keepalive resets it to this).
+    pub(crate) lease_ttl: u64,
+    pub(crate) state: EntryState,
+}
+
+pub(crate) type EntryKey = (Kind, Box<str>, [u8; 16]);
+
+pub(crate) fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey {
+    (kind, name.into(), *owner.as_bytes())
+}
+
+/// What is claimed, and how: the kind, the value stored in the key
+/// (elections: the candidate), whether waiters queue (FIFO locks), and the
+/// operation's name for errors.
+#[derive(Clone, Copy)]
+pub(crate) struct ClaimSpec<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) value: &'a [u8],
+    pub(crate) fair: bool,
+    pub(crate) op: &'static str,
+}
+
+/// How long a refused attempt is remembered so that the same owner's next
+/// attempt queues (a waiter attempts again at once after subscribing).
+const TRIED_MEMORY: Duration = Duration::from_secs(30);
+
+/// When the local bookkeeping is swept of long-expired claims.
+const PRUNE_AT: usize = 1024;
+/// How long an expired, never released claim is remembered (a late
+/// `release` of it answers `false` either way).
+const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
+
+pub(crate) fn first_sorted(key: &[u8], end: &[u8], order: SortOrder, limit: i64) -> TxnOp {
+    TxnOp::get(
+        key.to_vec(),
+        Some(
+            GetOptions::new()
+                .with_range(end.to_vec())
+                .with_sort(SortTarget::Create, order)
+                .with_limit(limit),
+        ),
+    )
+}
+
+/// The key created just before `rev` in the queue.
+fn pred_of(queue: &[u8], end: &[u8], rev: i64) -> TxnOp {
+    TxnOp::get(
+        queue.to_vec(),
+        Some(
+            GetOptions::new()
+                .with_range(end.to_vec())
+                .with_max_create_revision(rev - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// What this client knows of an owner's claim before an attempt.
+enum Known {
+    /// Nothing written that we know of.
+    Fresh,
+    /// Our key exists with this create revision on this lease.
+    Key { rev: i64, lease: i64, ttl: u64 },
+}
+
+impl Shared {
+    fn remember_tried(&self, ek: EntryKey) {
+        let now = Instant::now();
+        let mut t = lock(&self.tried);
+        if t.len() >= 256 {
+            t.retain(|_, at| *at + TRIED_MEMORY > now);
+        }
+        t.insert(ek, now);
+    }
+
+    fn take_tried(&self, ek: &EntryKey) -> bool {
+        lock(&self.tried)
+            .remove(ek)
+            .is_some_and(|at| at + TRIED_MEMORY > Instant::now())
+    }
+
+    /// Forget a local claim and revoke its lease in the background.
+    pub(crate) fn drop_entry(self: &Arc<Self>, ek: &EntryKey) {
+        if let Some(e) = lock(&self.entries).remove(ek) {
+            self.revoke_later(e.lease);
+        }
+    }
+
+    /// One attempt at a claim. A fair claim (lock) queues a key only on the
+    /// owner's second attempt (a waiter's: coord-core's wait loop attempts,
+    /// subscribes, then attempts again); a first or one-shot attempt writes
+    /// only into an empty queue, so a refused one leaves nothing behind.
+    pub(crate) async fn try_claim(
+        self: &Arc<Self>,
+        spec: ClaimSpec<'_>,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let ClaimSpec {
+            kind,
+            value,
+            fair,
+            op,
+        } = spec;
+        let start = Instant::now();
+        let ek = entry_key(kind, name, owner);
+        let queue = self.keys.queue(kind, name);
+        let end = prefix_end(&queue);
+        let mut key = queue.clone();
+        key.extend_from_slice(owner.to_hex().as_bytes());
+        let ttl_s = secs(ttl);
+        clear_last_refused();
+
+        let expired = {
+            let mut entries = lock(&self.entries);
+            match entries.get(&ek) {
+                Some(Entry {
+                    state: EntryState::Held { deadline },
+                    ..
+                }) if *deadline <= start => entries.remove(&ek),
+                _ => None,
+            }
+        };
+        if let Some(e) = expired {
+            // Ended locally: make sure the server agrees before starting anew.
+            self.revoke(e.lease, op).await?;
+        }
+        let mut known = match lock(&self.entries).get(&ek) {
+            Some(Entry {
+                state: EntryState::Pending,
+                ..
+            })
+            | None => Known::Fresh,
+            Some(e) => Known::Key {
+                rev: e.rev,
+                lease: e.lease,
+                ttl: e.lease_ttl,
+            },
+        };
+        for _ in 0..3 {
+            match known {
+                Known::Fresh => {
+                    let queue_mode = fair && self.take_tried(&ek);
+                    let lease = self.grant_lease(ttl_s, op).await?;
+                    // Recorded before the write is sent: a release (or the
+                    // cleanup of a cancelled acquire) revokes the lease, so a
+                    // write applied late fails or dies with it.
+                    let old = lock(&self.entries).insert(
+                        ek.clone(),
+                        Entry {
+                            key: key.clone(),
+                            rev: 0,
+                            lease,
+                            lease_ttl: ttl_s,
+                            state: EntryState::Pending,
+                        },
+                    );
+                    // A lost reply's lease: kept until we know whether its
+                    // write landed.
+                    let old_lease = old.map(|o| o.lease);
+                    let put = TxnOp::put(
+                        key.clone(),
+                        value.to_vec(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    );
+                    let txn = if queue_mode {
+                        Txn::new()
+                            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                            .and_then([
+                                put,
+                                first_sorted(&queue, &end, SortOrder::Ascend, 1),
+                                first_sorted(&queue, &end, SortOrder::Descend, 2),
+                            ])
+                    } else {
+                        Txn::new()
+                            .when([Compare::version(queue.clone(), CompareOp::Equal, 0)
+                                .with_range(end.clone())])
+                            .and_then([put])
+                    }
+                    .or_else([
+                        TxnOp::get(key.clone(), None),
+                        first_sorted(&queue, &end, SortOrder::Ascend, 1),
+                    ]);
+                    let resp = match self.txn(op, txn).await {
+                        Ok(r) => r,
+                        Err(e) if is_lease_not_found(&e) => {
+                            // The lease just granted is gone (it cannot
+                            // have been used): nothing was written. Retry.
+                            self.drop_entry(&ek);
+                            return Err(Error::Unavailable {
+                                backend: BACKEND,
+                                operation: op,
+                                message: "the lease granted for this attempt expired before \
+                                          the write; nothing was written, the attempt can be \
+                                          retried"
+                                    .into(),
+                            });
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    let mine = kvs(&resp, 0)
+                        .into_iter()
+                        .next()
+                        .filter(|_| !resp.succeeded());
+                    if let Some(o) =
+                        old_lease.filter(|o| mine.as_ref().is_none_or(|m| m.lease() != *o))
+                    {
+                        self.revoke_later(o);
+                    }
+                    if resp.succeeded() {
+                        let rev = header_rev(&resp);
+                        let head = kvs(&resp, 1).into_iter().next();
+                        if !queue_mode || head.as_ref().is_some_and(|h| h.key() == key) {
+                            return Ok(self.set_held(&ek, rev, lease, start + ttl));
+                        }
+                        let pred = kvs(&resp, 2).into_iter().nth(1);
+                        self.set_queued(&ek, rev, pred.map(|p| p.key().to_vec()), rev + 1);
+                        return Ok(Attempt::Held { expires_in: None });
+                    }
+                    match mine {
+                        Some(mine) => {
+                            // Ours already (a lost reply's write landed):
+                            // adopt that key, drop the new lease.
+                            self.revoke_later(lease);
+                            let e = Entry {
+                                key: key.clone(),
+                                rev: mine.create_revision(),
+                                lease: mine.lease(),
+                                lease_ttl: ttl_s,
+                                state: EntryState::Pending,
+                            };
+                            lock(&self.entries).insert(ek.clone(), e);
+                            known = Known::Key {
+                                rev: mine.create_revision(),
+                                lease: mine.lease(),
+                                ttl: ttl_s,
+                            };
+                        }
+                        None => {
+                            self.drop_entry(&ek);
+                            if fair {
+                                self.remember_tried(ek.clone());
+                                self.set_last_refused(kind, name, owner);
+                            }
+                            let head = kvs(&resp, 1).into_iter().next();
+                            return Ok(Attempt::Held {
+                                expires_in: self.remaining_of_local(head.as_ref()),
+                            });
+                        }
+                    }
+                }
+                Known::Key {
+                    rev,
+                    lease,
+                    ttl: lease_ttl,
+                } => {
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+                        .and_then([
+                            first_sorted(&queue, &end, SortOrder::Ascend, 1),
+                            pred_of(&queue, &end, rev),
+                        ]);
+                    // The keepalive, sent after this attempt began, makes the
+                    // key live its TTL from then on if the lease still lives.
+                    let (resp, alive) =
+                        tokio::join!(self.txn(op, txn), self.keepalive_once(lease, op));
+                    let resp = resp?;
+                    let alive = alive?;
+                    let head = kvs(&resp, 0).into_iter().next();
+                    let on_lease = head
+                        .as_ref()
+                        .is_none_or(|h| h.key() != key || h.lease() == lease);
+                    if !resp.succeeded() || !alive || !on_lease || lease_ttl < ttl_s {
+                        // Our key is gone (its lease expired, or it was
+                        // removed): start again; a waiter queues again.
+                        let was_queued = matches!(
+                            lock(&self.entries).get(&ek),
+                            Some(Entry {
+                                state: EntryState::Queued(_),
+                                ..
+                            })
+                        );
+                        self.drop_entry(&ek);
+                        if was_queued {
+                            self.remember_tried(ek.clone());
+                        }
+                        known = Known::Fresh;
+                        continue;
+                    }
+                    if head.as_ref().is_some_and(|h| h.key() == key) {
+                        return Ok(self.set_held(&ek, rev, lease, start + ttl));
+                    }
+                    let pred = kvs(&resp, 1).into_iter().next();
+                    self.set_queued(
+                        &ek,
+                        rev,
+                        pred.map(|p| p.key().to_vec()),
+                        header_rev(&resp) + 1,
+                    );
+                    return Ok(Attempt::Held { expires_in: None });
+                }
+            }
+        }
+        Ok(Attempt::Held { expires_in: None })
+    }
+
+    /// Record a grant. If the owner released meanwhile (its lease is
+    /// revoked), the grant is not reported.
+    fn set_held(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) -> Attempt {
+        let mut entries = lock(&self.entries);
+        let attempt = match entries.get_mut(ek) {
+            Some(e) if e.lease == lease => {
+                e.rev = rev;
+                e.state = EntryState::Held { deadline };
+                Attempt::Granted(FencingToken(rev as u64))
+            }
+            _ => Attempt::Held { expires_in: None },
+        };
+        if entries.len() >= PRUNE_AT {
+            // Claims whose TTL ran out long ago and that were never
+            // released (raw-trait users; guards always release): the
+            // server expired them, nothing is left to remember.
+            let now = Instant::now();
+            entries.retain(|_, e| {
+                !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
+            });
+        }
+        attempt
+    }
+
+    /// If `kv` is a claim this client holds, its remaining time.
+    fn remaining_of_local(&self, kv: Option<&KeyValue>) -> Option<Duration> {
+        let kv = kv?;
+        let entries = lock(&self.entries);
+        entries.values().find_map(|e| match e.state {
+            EntryState::Held { deadline } if e.key == kv.key() && e.rev == kv.create_revision() => {
+                Some(deadline.saturating_duration_since(Instant::now()))
+            }
+            _ => None,
+        })
+    }
+}

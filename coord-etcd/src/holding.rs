@@ -1,0 +1,229 @@
+//! What a holder does with its claim (locks, elections, named leases):
+//! release, extend, and an operator's force release; and reading the head
+//! of a claim's queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::util::Kind;
+use coord_core::{OwnerToken, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
+use tokio::time::Instant;
+
+use crate::backend::{Shared, kvs, lock, secs};
+use crate::claims::{Entry, EntryState, entry_key, first_sorted};
+use crate::keys::prefix_end;
+
+impl Shared {
+    /// Release (or resign, or leave the queue, or revoke a named lease):
+    /// revoke the lease of the owner's key, whether it holds or waits.
+    /// `Ok(true)` iff it held a claim whose TTL had not run out.
+    pub(crate) async fn release_claim(
+        self: &Arc<Self>,
+        kind: Kind,
+        name: &str,
+        owner: &OwnerToken,
+        op: &'static str,
+    ) -> Result<bool> {
+        let now = Instant::now();
+        let ek = entry_key(kind, name, owner);
+        lock(&self.tried).remove(&ek);
+        let entry = lock(&self.entries).remove(&ek);
+        if let Some(e) = entry {
+            let valid = matches!(e.state, EntryState::Held { deadline } if deadline > now);
+            return match self.revoke(e.lease, op).await {
+                Ok(found) => Ok(found && valid),
+                Err(err) => {
+                    self.revoke_later(e.lease);
+                    Err(err)
+                }
+            };
+        }
+        // Not known here (another handle of this owner, or the cleanup of
+        // an attempt whose bookkeeping is gone): find the key.
+        let hex = owner.to_hex();
+        let (key, head) = if kind == Kind::Lease {
+            let key = self.keys.single(kind, name);
+            let kv = self.get(op, key, None).await?.into_iter().next();
+            let kv = kv.filter(|kv| kv.value() == hex.as_bytes());
+            (kv.clone(), kv)
+        } else {
+            let queue = self.keys.queue(kind, name);
+            let end = prefix_end(&queue);
+            let mut key = queue.clone();
+            key.extend_from_slice(hex.as_bytes());
+            let txn = Txn::new().and_then([
+                TxnOp::get(key, None),
+                first_sorted(&queue, &end, SortOrder::Ascend, 1),
+            ]);
+            let resp = self.txn(op, txn).await?;
+            (
+                kvs(&resp, 0).into_iter().next(),
+                kvs(&resp, 1).into_iter().next(),
+            )
+        };
+        let Some(kv) = key else { return Ok(false) };
+        let found = self.revoke(kv.lease(), op).await?;
+        Ok(found && head.is_some_and(|h| h.key() == kv.key()))
+    }
+
+    /// Extend (renew a leadership, renew a named lease): only the holder,
+    /// never resurrecting. The same TTL refreshes the key's lease; another
+    /// TTL moves the key (keeping its create revision) to a new lease.
+    pub(crate) async fn extend_claim(
+        self: &Arc<Self>,
+        kind: Kind,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        op: &'static str,
+    ) -> Result<bool> {
+        let start = Instant::now();
+        let ek = entry_key(kind, name, owner);
+        // Ok: the live claim; Err: the lease of a claim whose TTL ran out.
+        let found = {
+            let mut entries = lock(&self.entries);
+            match entries.get(&ek) {
+                Some(
+                    e @ Entry {
+                        state: EntryState::Held { deadline },
+                        ..
+                    },
+                ) => {
+                    if *deadline <= start {
+                        let lease = e.lease;
+                        entries.remove(&ek);
+                        Some(Err(lease))
+                    } else {
+                        Some(Ok((e.key.clone(), e.rev, e.lease, e.lease_ttl)))
+                    }
+                }
+                _ => None,
+            }
+        };
+        let (key, rev, lease, lease_ttl) = match found {
+            Some(Ok(live)) => live,
+            Some(Err(lease)) => {
+                // Expired: end it on the server now too, so that nobody
+                // sees it after this answer.
+                if self.revoke(lease, op).await.is_err() {
+                    self.revoke_later(lease);
+                }
+                return Ok(false);
+            }
+            None => return Ok(false),
+        };
+        let check = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)]);
+        let ttl_s = secs(ttl);
+        let new_lease = if ttl_s == lease_ttl {
+            let (resp, alive) = tokio::join!(self.txn(op, check), self.keepalive_once(lease, op));
+            if !resp?.succeeded() || !alive? {
+                self.drop_entry(&ek);
+                return Ok(false);
+            }
+            lease
+        } else {
+            // Check the old lease still lives (so an expired claim is never
+            // resurrected), then move the key.
+            let (alive, new) =
+                tokio::join!(self.keepalive_once(lease, op), self.grant_lease(ttl_s, op));
+            let new = new?;
+            if !alive.inspect_err(|_| self.revoke_later(new))? {
+                self.revoke_later(new);
+                self.drop_entry(&ek);
+                return Ok(false);
+            }
+            let txn = check.and_then([TxnOp::put(
+                key.clone(),
+                Vec::new(),
+                Some(PutOptions::new().with_lease(new).with_ignore_value()),
+            )]);
+            let resp = self
+                .txn(op, txn)
+                .await
+                .inspect_err(|_| self.revoke_later(new))?;
+            if !resp.succeeded() {
+                self.revoke_later(new);
+                self.drop_entry(&ek);
+                return Ok(false);
+            }
+            self.revoke_later(lease);
+            new
+        };
+        let mut entries = lock(&self.entries);
+        match entries.get_mut(&ek) {
+            Some(e) if e.rev == rev => {
+                e.lease = new_lease;
+                e.lease_ttl = ttl_s;
+                e.state = EntryState::Held {
+                    deadline: start + ttl,
+                };
+                Ok(true)
+            }
+            _ => {
+                drop(entries);
+                if new_lease != lease {
+                    self.revoke_later(new_lease);
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Remove the holder, whoever it is: revoke its key's lease.
+    pub(crate) async fn force_release_claim(
+        &self,
+        kind: Kind,
+        name: &str,
+        op: &'static str,
+    ) -> Result<bool> {
+        for _ in 0..5 {
+            let Some(first) = self.head(kind, name, op).await? else {
+                return Ok(false);
+            };
+            if first.lease() != 0 {
+                if self.revoke(first.lease(), op).await? {
+                    return Ok(true);
+                }
+                continue;
+            }
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    first.key().to_vec(),
+                    CompareOp::Equal,
+                    first.create_revision(),
+                )])
+                .and_then([TxnOp::delete(first.key().to_vec(), None)]);
+            if self.txn(op, txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The first key of a claim's queue (the holder / leader).
+    pub(crate) async fn head(
+        &self,
+        kind: Kind,
+        name: &str,
+        op: &'static str,
+    ) -> Result<Option<KeyValue>> {
+        let queue = self.keys.queue(kind, name);
+        let end = prefix_end(&queue);
+        let g = self
+            .get(
+                op,
+                queue,
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            )
+            .await?;
+        Ok(g.into_iter().next())
+    }
+}

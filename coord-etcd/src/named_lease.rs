@@ -1,0 +1,142 @@
+//! Named leases: `<prefix>lease/<name>`, valued with the owner's token,
+//! attached to an etcd lease of its own (`remaining` is what the server
+//! says; `revoke` ends it at once).
+
+use std::time::Duration;
+
+use coord_core::util::Kind;
+use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::EtcdBackend;
+use crate::backend::{header_rev, kvs, lock, secs};
+use crate::claims::{Entry, EntryState, entry_key};
+
+#[async_trait]
+impl coord_core::Lease for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared.caps
+    }
+
+    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        let op = "lease grant";
+        let start = Instant::now();
+        let shared = &self.shared;
+        let ek = entry_key(Kind::Lease, name, owner);
+        let live = lock(&shared.entries).get(&ek).and_then(|e| match e.state {
+            EntryState::Held { deadline } if deadline > start => Some(e.rev),
+            _ => None,
+        });
+        if let Some(rev) = live {
+            if coord_core::Lease::renew(self, name, owner, ttl).await? {
+                return Ok(Attempt::Granted(FencingToken(rev as u64)));
+            }
+        }
+        shared.drop_entry(&ek);
+        let key = shared.keys.single(Kind::Lease, name);
+        let hex = owner.to_hex();
+        let ttl_s = secs(ttl);
+        let id = shared.grant_lease(ttl_s, op).await?;
+        let entry = |rev: i64, lease: i64| Entry {
+            key: key.clone(),
+            rev,
+            lease,
+            lease_ttl: ttl_s,
+            state: EntryState::Held {
+                deadline: start + ttl,
+            },
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                hex.clone(),
+                Some(PutOptions::new().with_lease(id)),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = shared
+            .txn(op, txn)
+            .await
+            .inspect_err(|_| shared.revoke_later(id))?;
+        if resp.succeeded() {
+            let rev = header_rev(&resp);
+            lock(&shared.entries).insert(ek, entry(rev, id));
+            return Ok(Attempt::Granted(FencingToken(rev as u64)));
+        }
+        shared.revoke_later(id);
+        let Some(kv) = kvs(&resp, 0).into_iter().next() else {
+            return Ok(Attempt::Held { expires_in: None });
+        };
+        if kv.value() == hex.as_bytes() {
+            // Ours already (a retry after a lost reply): adopt and refresh.
+            if shared.keepalive_once(kv.lease(), op).await? {
+                lock(&shared.entries).insert(ek, entry(kv.create_revision(), kv.lease()));
+                return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
+            }
+            return Ok(Attempt::Held { expires_in: None });
+        }
+        let ttl_left = shared
+            .call(op, |mut c| {
+                let id = kv.lease();
+                async move { c.lease_time_to_live(id, None).await }
+            })
+            .await
+            .ok()
+            .and_then(|r| u64::try_from(r.ttl()).ok())
+            .map(Duration::from_secs);
+        Ok(Attempt::Held {
+            expires_in: ttl_left,
+        })
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.shared
+            .extend_claim(Kind::Lease, name, owner, ttl, "lease renew")
+            .await
+    }
+
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.shared
+            .release_claim(Kind::Lease, name, owner, "lease revoke")
+            .await
+    }
+
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+        let op = "lease remaining";
+        let shared = &self.shared;
+        let key = shared.keys.single(Kind::Lease, name);
+        let Some(kv) = shared.get(op, key, None).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        // Held by this client: its own deadline is exact.
+        if let Some(owner) = std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(OwnerToken::from_hex)
+        {
+            let ek = entry_key(Kind::Lease, name, &owner);
+            if let Some(e) = lock(&shared.entries).get(&ek) {
+                if e.rev == kv.create_revision() {
+                    if let EntryState::Held { deadline } = e.state {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        return Ok((!left.is_zero()).then_some(left));
+                    }
+                }
+            }
+        }
+        // etcd answers in whole seconds: the lease "will expire in under
+        // TTL+1 seconds". Report that bound (never above the granted TTL),
+        // so no holder's local validity exceeds what the store says.
+        let resp = shared
+            .call(op, |mut c| {
+                let id = kv.lease();
+                async move { c.lease_time_to_live(id, None).await }
+            })
+            .await?;
+        if resp.ttl() < 0 {
+            return Ok(None);
+        }
+        let bound = (resp.ttl() + 1).min(resp.granted_ttl().max(1));
+        Ok(Some(Duration::from_secs(bound as u64)))
+    }
+}

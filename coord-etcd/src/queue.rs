@@ -1,0 +1,254 @@
+//! Queued lock waiters of this client: each keeps its key's lease alive
+//! while it waits, watches only its predecessor's key, and is woken alone
+//! when that key goes.
+//!
+//! Which local task waits for which owner: coord-core subscribes (once per
+//! acquire, without the owner) right after the owner's first attempt was
+//! refused, in the same poll of the same task. The refused attempt leaves
+//! its owner in a thread-local slot that the subscription takes, so the
+//! waiter is registered under its owner and the wake-up reaches exactly it.
+//! A subscription that finds no owner (another call order) is registered
+//! under the name, and its owners' wake-ups go to every waiter of the name
+//! in this client.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::OwnerToken;
+use coord_core::util::Kind;
+use coord_core::wake::Waiter;
+use etcd_client::{EventType, WatchFilterType, WatchOptions};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::backend::{AbortOnDrop, Shared, lock, wake_key};
+use crate::claims::{Entry, EntryKey, EntryState};
+
+thread_local! {
+    /// (the client, by address; the owner whose attempt was refused).
+    static LAST_REFUSED: RefCell<Option<(usize, EntryKey)>> = const { RefCell::new(None) };
+}
+
+/// Forget it: called as every attempt starts.
+pub(crate) fn clear_last_refused() {
+    LAST_REFUSED.with(|c| c.borrow_mut().take());
+}
+
+fn owner_wake_key(ek: &EntryKey) -> String {
+    let mut k = wake_key(ek.0, &ek.1);
+    k.push('\u{0}');
+    for b in ek.2 {
+        k.push_str(&format!("{b:02x}"));
+    }
+    k
+}
+
+/// How long a queued waiter whose predecessor is gone, and whose task is
+/// not known to be alive, may take to attempt again before it is presumed
+/// gone and its key removed: at least this, plus two call timeouts (during
+/// a leader election one attempt can take a call timeout).
+const PENDING_GRACE: Duration = Duration::from_secs(2);
+
+/// A queued waiter's state.
+pub(crate) struct Queued {
+    /// The key just before ours.
+    pred: Option<Vec<u8>>,
+    /// When the predecessor's deletion was seen.
+    pred_gone_at: Option<Instant>,
+    last_attempt: Instant,
+    watch: Option<AbortOnDrop>,
+    _keepalive: AbortOnDrop,
+}
+
+impl Shared {
+    /// Remember the owner whose attempt was just refused (see the module
+    /// doc).
+    pub(crate) fn set_last_refused(&self, kind: Kind, name: &str, owner: &OwnerToken) {
+        let me = self as *const Shared as usize;
+        LAST_REFUSED.with(|c| *c.borrow_mut() = Some((me, (kind, name.into(), *owner.as_bytes()))));
+    }
+
+    /// Register a local waiter of lock `name` (see the module doc).
+    pub(crate) fn subscribe_lock(&self, kind: Kind, name: &str) -> Waiter {
+        let me = self as *const Shared as usize;
+        let bound = LAST_REFUSED
+            .with(|c| c.borrow_mut().take())
+            .filter(|(who, ek)| *who == me && ek.0 == kind && &*ek.1 == name)
+            .map(|(_, ek)| ek);
+        match bound {
+            Some(ek) => self.wakeups.subscribe(&owner_wake_key(&ek)),
+            None => self.wakeups.subscribe(&wake_key(kind, name)),
+        }
+    }
+
+    /// Record that `ek` waits behind `pred` (watched from revision
+    /// `watch_from`), keeping its lease alive meanwhile.
+    pub(crate) fn set_queued(
+        self: &Arc<Self>,
+        ek: &EntryKey,
+        rev: i64,
+        pred: Option<Vec<u8>>,
+        watch_from: i64,
+    ) {
+        let now = Instant::now();
+        let mut entries = lock(&self.entries);
+        let Some(e) = entries.get_mut(ek) else { return };
+        e.rev = rev;
+        let new_watch = |pred: &Option<Vec<u8>>| {
+            pred.as_ref()
+                .map(|p| self.spawn_pred_watch(ek.clone(), p.clone(), watch_from))
+        };
+        match &mut e.state {
+            EntryState::Queued(q) => {
+                q.last_attempt = now;
+                if q.pred != pred || q.watch.is_none() {
+                    q.watch = new_watch(&pred);
+                    q.pred = pred;
+                    q.pred_gone_at = None;
+                }
+            }
+            state => {
+                let keepalive = self.spawn_waiter_keepalive(ek.clone(), e.lease, e.lease_ttl);
+                *state = EntryState::Queued(Queued {
+                    watch: new_watch(&pred),
+                    pred,
+                    pred_gone_at: None,
+                    last_attempt: now,
+                    _keepalive: keepalive,
+                });
+            }
+        }
+    }
+
+    fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Vec<u8>, from: i64) -> AbortOnDrop {
+        let shared = self.clone();
+        AbortOnDrop(tokio::spawn(async move {
+            let mut shutdown = shared.shutdown.clone();
+            let mut backoff = Duration::from_millis(50);
+            loop {
+                let opts = WatchOptions::new()
+                    .with_start_revision(from)
+                    .with_filters([WatchFilterType::NoPut]);
+                let mut wc = shared.client.watch_client();
+                let opened = tokio::select! {
+                    _ = shutdown.changed() => return,
+                    r = tokio::time::timeout(shared.timeout, wc.watch(pred.clone(), Some(opts))) => r,
+                };
+                if let Ok(Ok(mut stream)) = opened {
+                    loop {
+                        let msg = tokio::select! {
+                            _ = shutdown.changed() => return,
+                            m = stream.message() => m,
+                        };
+                        match msg {
+                            Ok(Some(resp)) => {
+                                let gone = resp.canceled()
+                                    || resp
+                                        .events()
+                                        .iter()
+                                        .any(|e| e.event_type() == EventType::Delete);
+                                if gone {
+                                    shared.pred_gone(&ek);
+                                    return;
+                                }
+                                backoff = Duration::from_millis(50);
+                            }
+                            _ => break,
+                        }
+                    }
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }))
+    }
+
+    /// The predecessor of `ek` left: wake the waiter of `ek`.
+    fn pred_gone(&self, ek: &EntryKey) {
+        let watch = match lock(&self.entries).get_mut(ek) {
+            Some(Entry {
+                state: EntryState::Queued(q),
+                ..
+            }) => {
+                q.pred_gone_at = Some(Instant::now());
+                q.watch.take()
+            }
+            _ => None,
+        };
+        self.wake_owner(ek);
+        // This runs on the watch task itself, which returns right after.
+        drop(watch);
+    }
+
+    fn wake_owner(&self, ek: &EntryKey) {
+        if !self.wakeups.notify_one(&owner_wake_key(ek)) {
+            self.wakeups.notify_all(&wake_key(ek.0, &ek.1));
+        }
+    }
+
+    /// Keep a queued key's lease alive while its waiter lives; remove the
+    /// key when the waiter is gone without leaving the queue.
+    fn spawn_waiter_keepalive(self: &Arc<Self>, ek: EntryKey, lease: i64, ttl: u64) -> AbortOnDrop {
+        let shared = self.clone();
+        let period = (Duration::from_secs(ttl) / 3).max(Duration::from_millis(300));
+        let grace = self.timeout * 2 + PENDING_GRACE;
+        AbortOnDrop(tokio::spawn(async move {
+            let mut shutdown = shared.shutdown.clone();
+            let mut next_keepalive = Instant::now() + period;
+            loop {
+                let next_check = Instant::now() + Duration::from_millis(500);
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = sleep_until(next_keepalive.min(next_check)) => {}
+                }
+                if shared.abandoned(&ek, lease, grace) {
+                    tracing::debug!(name = %ek.1, "etcd lock waiter presumed gone; leaving the queue");
+                    shared.drop_entry(&ek);
+                    return;
+                }
+                if Instant::now() < next_keepalive {
+                    continue;
+                }
+                match shared.keepalive_once(lease, "lock wait keepalive").await {
+                    Ok(true) => next_keepalive = Instant::now() + period,
+                    Ok(false) => {
+                        // The key is gone with its lease: the waiter's next
+                        // attempt queues again.
+                        shared.wake_owner(&ek);
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "keepalive of a queued waiter failed; retrying");
+                        next_keepalive = Instant::now() + Duration::from_millis(200);
+                    }
+                }
+            }
+        }))
+    }
+
+    /// Whether the queued waiter `ek` (on `lease`) is gone: nobody in this
+    /// client waits for it, or its predecessor left `grace` ago and it did
+    /// not attempt since (while no task is known to wait for this owner).
+    fn abandoned(&self, ek: &EntryKey, lease: i64, grace: Duration) -> bool {
+        let bound = self.wakeups.has_waiters(&owner_wake_key(ek));
+        let any = bound || self.wakeups.has_waiters(&wake_key(ek.0, &ek.1));
+        let now = Instant::now();
+        match lock(&self.entries).get(ek) {
+            Some(Entry {
+                state: EntryState::Queued(q),
+                lease: l,
+                ..
+            }) if *l == lease => {
+                let orphan = !any && q.last_attempt + Duration::from_secs(2) <= now;
+                let stale = !bound
+                    && q.pred_gone_at
+                        .is_some_and(|p| p + grace <= now && q.last_attempt < p);
+                orphan || stale
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Shared watches, one per name and client, for elections and barriers:
+//! every local waiter of the name is woken on a change.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::Result;
+use coord_core::wake::Waiter;
+use etcd_client::{EventType, WatchOptions};
+use tokio::sync::watch;
+use tokio::time::sleep;
+
+use crate::backend::{AbortOnDrop, Shared, lock};
+
+pub(crate) struct WatchSlot {
+    ready: watch::Receiver<bool>,
+    _task: AbortOnDrop,
+}
+
+/// What a shared (per name) watch does with events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchKind {
+    /// Wake every local waiter on any change (elections).
+    AnyChange,
+    /// Wake every local waiter when the barrier's generation changes.
+    BarrierGeneration,
+}
+
+impl Shared {
+    // ---------------------------------------------------------------
+
+    /// Register a local waiter on `wake`, making sure a watch on `key`
+    /// (`end`: range end) is established before returning.
+    pub(crate) async fn subscribe_watch(
+        self: &Arc<Self>,
+        wake: String,
+        key: Vec<u8>,
+        end: Option<Vec<u8>>,
+        kind: WatchKind,
+    ) -> Result<Waiter> {
+        let (waiter, mut ready) = {
+            let mut w = lock(&self.watchers);
+            let waiter = self.wakeups.subscribe(&wake);
+            let slot = w.entry(wake.clone()).or_insert_with(|| {
+                let (tx, rx) = watch::channel(false);
+                let task = tokio::spawn(shared_watch_task(
+                    self.clone(),
+                    wake.clone(),
+                    key,
+                    end,
+                    kind,
+                    tx,
+                ));
+                WatchSlot {
+                    ready: rx,
+                    _task: AbortOnDrop(task),
+                }
+            });
+            (waiter, slot.ready.clone())
+        };
+        // Best effort: if the watch is slow to start, polling covers it.
+        let _ = tokio::time::timeout(self.timeout, ready.wait_for(|r| *r)).await;
+        Ok(waiter)
+    }
+
+    /// Stop a shared watch nobody waits on. Returns whether it was retired.
+    fn retire_watch(&self, wake: &str) -> Option<WatchSlot> {
+        let mut w = lock(&self.watchers);
+        if self.wakeups.has_waiters(wake) {
+            return None;
+        }
+        w.remove(wake)
+    }
+}
+
+async fn shared_watch_task(
+    shared: Arc<Shared>,
+    wake: String,
+    key: Vec<u8>,
+    end: Option<Vec<u8>>,
+    kind: WatchKind,
+    ready: watch::Sender<bool>,
+) {
+    let mut shutdown = shared.shutdown.clone();
+    let mut start_rev = 0i64;
+    let mut last_gen: Option<u64> = None;
+    let mut backoff = Duration::from_millis(50);
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let mut opts = WatchOptions::new();
+        if let Some(e) = &end {
+            opts = opts.with_range(e.clone());
+        }
+        if start_rev > 0 {
+            opts = opts.with_start_revision(start_rev);
+        }
+        let mut wc = shared.client.watch_client();
+        let opened = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = tokio::time::timeout(shared.timeout, wc.watch(key.clone(), Some(opts))) => r,
+        };
+        if let Ok(Ok(mut stream)) = opened {
+            loop {
+                let msg = tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = check.tick() => {
+                        if let Some(slot) = shared.retire_watch(&wake) {
+                            drop(slot);
+                            return;
+                        }
+                        continue;
+                    }
+                    m = stream.message() => m,
+                };
+                match msg {
+                    Ok(Some(resp)) => {
+                        if resp.created() {
+                            if let Some(h) = resp.header() {
+                                start_rev = h.revision() + 1;
+                            }
+                            ready.send_replace(true);
+                            backoff = Duration::from_millis(50);
+                        }
+                        if resp.canceled() {
+                            if resp.compact_revision() > 0 {
+                                start_rev = 0;
+                            }
+                            shared.wakeups.notify_all(&wake);
+                            break;
+                        }
+                        let mut wake_all = false;
+                        for ev in resp.events() {
+                            if let Some(kv) = ev.kv() {
+                                start_rev = start_rev.max(kv.mod_revision() + 1);
+                                match kind {
+                                    WatchKind::AnyChange => wake_all = true,
+                                    WatchKind::BarrierGeneration => {
+                                        let g = if ev.event_type() == EventType::Delete {
+                                            None
+                                        } else {
+                                            crate::barrier::generation_of(kv.value())
+                                        };
+                                        if g.is_none() || g != last_gen {
+                                            wake_all = true;
+                                        }
+                                        last_gen = g;
+                                    }
+                                }
+                            }
+                        }
+                        if wake_all {
+                            shared.wakeups.notify_all(&wake);
+                        }
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // The stream broke: wake everybody to re-check, then resume from
+        // the last revision seen.
+        shared.wakeups.notify_all(&wake);
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+        if let Some(slot) = shared.retire_watch(&wake) {
+            drop(slot);
+            return;
+        }
+    }
+}

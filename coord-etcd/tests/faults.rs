@@ -1,0 +1,133 @@
+//! Real faults on a private single-node etcd: the server frozen with
+//! SIGSTOP for longer than the TTLs (as a partition looks to its clients).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use conformance::testkit::etcd::EtcdServer;
+use coord_core::{Algorithm, Attempt, Limiter, Lock, OwnerToken, Quota};
+use coord_etcd::{EtcdBackend, EtcdOptions};
+use tokio::time::{Instant, sleep};
+
+async fn fast_backend(server: &EtcdServer) -> Arc<EtcdBackend> {
+    let url = format!("{}?timeout_ms=500", server.url());
+    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn pause(server: &Arc<EtcdServer>, d: Duration) {
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.pause())
+        .await
+        .unwrap();
+    sleep(d).await;
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.resume())
+        .await
+        .unwrap();
+}
+
+/// E2: whenever a same-owner retry is granted, the key it reports is on a
+/// live lease with (about) the TTL ahead of it, even right after a pause
+/// longer than the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_grant_is_on_a_live_lease() {
+    let server = Arc::new(EtcdServer::start());
+    let b = fast_backend(&server).await;
+    let ttl = b.capabilities().min_ttl.max(Duration::from_secs(1)) * 2;
+    let name = "retried";
+    let o = OwnerToken::random();
+    assert!(matches!(
+        b.try_acquire(name, &o, ttl).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(AtomicU64::new(0));
+    let retry = {
+        let (b, stop, grants) = (b.clone(), stop.clone(), grants.clone());
+        let endpoint = server.endpoint();
+        tokio::spawn(async move {
+            let mut raw = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            let key = format!("coord:lock/{name}/{}", o.to_hex());
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(Attempt::Granted(_)) = b.try_acquire(name, &o, ttl).await {
+                    grants.fetch_add(1, Ordering::SeqCst);
+                    let kv = raw.get(key.clone(), None).await.unwrap();
+                    let kv = kv.kvs().first().cloned();
+                    let kv = kv.expect("granted, but the key is gone");
+                    let left = raw.lease_time_to_live(kv.lease(), None).await.unwrap();
+                    assert!(
+                        left.ttl() as u64 + 1 >= ttl.as_secs(),
+                        "granted on lease {} with {} s left (TTL {ttl:?})",
+                        kv.lease(),
+                        left.ttl()
+                    );
+                }
+                sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    pause(&server, ttl + Duration::from_secs(2)).await;
+    sleep(ttl * 2).await;
+    stop.store(true, Ordering::SeqCst);
+    retry.await.expect("the retry loop found a bad grant");
+    eprintln!("{} grants", grants.load(Ordering::SeqCst));
+    let _ = b.release(name, &o).await;
+}
+
+/// E4: after a pause longer than any lease the limiter uses, checks
+/// recover by themselves, even under steady traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limiter_recovers_after_a_long_pause() {
+    let server = Arc::new(EtcdServer::start());
+    let b = fast_backend(&server).await;
+    let q = Quota::new(1_000_000, Duration::from_secs(1), Algorithm::FixedWindow);
+    b.check("steady", &q, 1).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let last_err: Arc<std::sync::Mutex<Option<(Instant, String)>>> = Default::default();
+    // Open-loop traffic (a check every 2 ms, whether or not the earlier
+    // ones were answered), so the batch of pending checks never drains.
+    let driver = {
+        let (b, stop, last_err) = (b.clone(), stop.clone(), last_err.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let (b, last_err) = (b.clone(), last_err.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = b.check("steady", &q, 1).await {
+                        *last_err.lock().unwrap() = Some((Instant::now(), e.to_string()));
+                    }
+                });
+                sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    pause(&server, Duration::from_secs(5)).await;
+    // Whatever lease the state was on is gone now, as after a partition
+    // longer than its TTL (etcd may still honour a keepalive that was
+    // waiting in a socket buffer; revoking them all leaves no doubt).
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    for l in raw.leases().await.unwrap().leases() {
+        let _ = raw.lease_revoke(l.id()).await;
+    }
+    let resumed = Instant::now();
+    sleep(Duration::from_secs(8)).await;
+    stop.store(true, Ordering::SeqCst);
+    driver.await.unwrap();
+    sleep(Duration::from_secs(2)).await;
+    if let Some((at, e)) = last_err.lock().unwrap().clone() {
+        assert!(
+            at < resumed + Duration::from_secs(3),
+            "checks still failed {:?} after the pause ended: {e}",
+            at - resumed
+        );
+    }
+    b.check("steady", &q, 1).await.unwrap();
+}

@@ -1,0 +1,261 @@
+//! The lock queue in one client: one-shot attempts beside waiters, handoff
+//! between waiters of one shared client, release after expiry.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance::testkit::etcd;
+use coord_core::{Attempt, Lock, OwnerToken};
+use coord_etcd::{EtcdBackend, EtcdOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+async fn backend() -> Arc<EtcdBackend> {
+    EtcdBackend::connect(EtcdOptions::parse(&etcd::shared().url()).unwrap())
+        .await
+        .expect("connect to the test etcd")
+}
+
+fn granted(a: Attempt) -> u64 {
+    match a {
+        Attempt::Granted(t) => t.get(),
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// E1: a refused one-shot attempt leaves no key, even while another task of
+/// the same client waits on the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_beside_a_local_waiter_leaves_no_ghost() {
+    let a = backend().await;
+    let b = backend().await;
+    let c = backend().await;
+    let name = "ghost";
+    let t = b.capabilities().min_ttl * 10;
+    let (oh, ow, oone, oc) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    // A waiter in b, as coord-core's wait loop makes one: attempt,
+    // subscribe, attempt again (now queued).
+    assert!(matches!(
+        b.try_acquire(name, &ow, t).await.unwrap(),
+        Attempt::Held { .. }
+    ));
+    let w = Lock::subscribe(&*b, name).await.unwrap();
+    assert!(matches!(
+        b.try_acquire(name, &ow, t).await.unwrap(),
+        Attempt::Held { .. }
+    ));
+    // A one-shot in b while the waiter waits: refused.
+    assert!(matches!(
+        b.try_acquire(name, &oone, t).await.unwrap(),
+        Attempt::Held { .. }
+    ));
+    {
+        let notified = w.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        assert!(a.release(name, &oh).await.unwrap());
+        let _ = timeout(Duration::from_secs(3), notified).await;
+    }
+    granted(b.try_acquire(name, &ow, t).await.unwrap());
+    assert!(b.release(name, &ow).await.unwrap());
+    drop(w);
+    // Had the one-shot left a key in the queue, c would be refused now.
+    let start = Instant::now();
+    let got = c.try_acquire(name, &oc, t).await.unwrap();
+    assert!(
+        matches!(got, Attempt::Granted(_)),
+        "the refused one-shot left a ghost in the queue: {got:?} ({:?})",
+        start.elapsed()
+    );
+    assert!(c.release(name, &oc).await.unwrap());
+}
+
+/// E5: 8 waiters on one shared client, polling every 10 s: each release
+/// hands over to the next waiter within a few round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoff_between_waiters_of_one_client_is_prompt() {
+    let coord = coord_etcd::connect(&etcd::shared().url())
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(10));
+    let locks = coord.locks().unwrap();
+    let name = "shared-handoff";
+    const WAITERS: usize = 8;
+    const ROUNDS: usize = 4;
+    // (released at, granted at) pairs, in order.
+    let released: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let handoffs: Arc<Mutex<Vec<Duration>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let (locks, released, handoffs) = (locks.clone(), released.clone(), handoffs.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let g = locks
+                    .acquire(name, Duration::from_secs(10), Duration::from_secs(60))
+                    .await
+                    .expect("acquire");
+                let now = Instant::now();
+                if let Some(r) = released.lock().unwrap().take() {
+                    handoffs.lock().unwrap().push(now - r);
+                }
+                sleep(Duration::from_millis(5)).await;
+                *released.lock().unwrap() = Some(Instant::now());
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        timeout(Duration::from_secs(120), t)
+            .await
+            .expect("the waiters did not finish")
+            .unwrap();
+    }
+    let mut h = handoffs.lock().unwrap().clone();
+    h.sort();
+    assert!(h.len() >= WAITERS * ROUNDS - 2, "{} handoffs", h.len());
+    let p50 = h[h.len() / 2];
+    let max = *h.last().unwrap();
+    eprintln!(
+        "{} handoffs: p50 {p50:?}, p90 {:?}, max {max:?}",
+        h.len(),
+        h[h.len() * 9 / 10]
+    );
+    assert!(p50 < Duration::from_millis(50), "p50 handoff {p50:?}");
+    assert!(max < Duration::from_secs(1), "slowest handoff {max:?}");
+}
+
+/// E7: a release after the claim's TTL ran out never reports success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_after_the_ttl_is_not_held() {
+    let a = backend().await;
+    let t = a.capabilities().min_ttl;
+    for i in 0..8u64 {
+        let name = format!("late-release-{i}");
+        let o = OwnerToken::random();
+        let start = Instant::now();
+        granted(a.try_acquire(&name, &o, t).await.unwrap());
+        sleep(
+            (start + t + Duration::from_micros(i * 400)).saturating_duration_since(Instant::now()),
+        )
+        .await;
+        let r = a.release(&name, &o).await.unwrap();
+        assert!(
+            !r,
+            "release {:?} after the grant said it still held",
+            start.elapsed()
+        );
+    }
+}
+
+/// E3: a waiter's write applied after its cleanup (as a put forwarded by a
+/// follower, or retried across a leader change, can land after the
+/// delete) is replayed by hand: it must fail, or the key must expire within
+/// its TTL, never stay held while the client lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
+    let a = backend().await;
+    let b = backend().await;
+    let name = "late-write";
+    let t = b.capabilities().min_ttl * 2;
+    let (oh, ow) = (OwnerToken::random(), OwnerToken::random());
+    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    let w = Lock::subscribe(&*b, name).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            b.try_acquire(name, &ow, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+    }
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let key = format!("coord:lock/{name}/{}", ow.to_hex());
+    let queued = raw.get(key.clone(), None).await.unwrap();
+    let lease = queued.kvs().first().expect("the waiter is queued").lease();
+    // The cleanup (what coord-core does when the acquire is cancelled).
+    assert!(!b.release(name, &ow).await.unwrap());
+    drop(w);
+    // The late write: the waiter's put, applied now.
+    let late = raw
+        .put(
+            key.clone(),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await;
+    if late.is_ok() {
+        sleep(t + Duration::from_millis(1500)).await;
+        let left = raw.get(key, None).await.unwrap();
+        assert!(
+            left.kvs().is_empty(),
+            "a write applied after its cleanup is still there after the TTL"
+        );
+    }
+    assert!(a.release(name, &oh).await.unwrap());
+}
+
+/// E5: with several waiters of one name in one client, a release wakes the
+/// waiter whose predecessor left, and only it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiter_whose_predecessor_left_is_woken_alone() {
+    let a = backend().await;
+    let b = backend().await;
+    let name = "targeted";
+    let t = b.capabilities().min_ttl * 10;
+    let oh = OwnerToken::random();
+    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let o = OwnerToken::random();
+        // As coord-core's wait loop: attempt, subscribe, attempt (queued).
+        assert!(matches!(
+            b.try_acquire(name, &o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        let w = Lock::subscribe(&*b, name).await.unwrap();
+        assert!(matches!(
+            b.try_acquire(name, &o, t).await.unwrap(),
+            Attempt::Held { .. }
+        ));
+        waiters.push((o, w));
+    }
+    for i in 0..waiters.len() {
+        // Every later waiter waits, the last one longest (a wake-up shared
+        // by all would reach it first).
+        let mut pending: Vec<_> = waiters[i..]
+            .iter()
+            .rev()
+            .map(|(_, w)| {
+                let mut n = Box::pin(w.notified());
+                n.as_mut().enable();
+                n
+            })
+            .collect();
+        pending.reverse();
+        if i == 0 {
+            assert!(a.release(name, &oh).await.unwrap());
+        } else {
+            let (o, _) = &waiters[i - 1];
+            assert!(b.release(name, o).await.unwrap());
+        }
+        let (first, rest) = pending.split_at_mut(1);
+        timeout(Duration::from_secs(3), first[0].as_mut())
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} was not woken"));
+        for (k, n) in rest.iter_mut().enumerate() {
+            let woke = timeout(Duration::from_millis(200), n.as_mut())
+                .await
+                .is_ok();
+            assert!(!woke, "waiter {} was woken too", i + 1 + k);
+        }
+        let (o, _) = &waiters[i];
+        granted(b.try_acquire(name, o, t).await.unwrap());
+    }
+    let (o, _) = waiters.last().unwrap();
+    assert!(b.release(name, o).await.unwrap());
+}
