@@ -28,7 +28,19 @@
 //!   windows (µs) must be below 2^49, so all arithmetic stays exact;
 //!   larger ones are refused with `InvalidArgument`.
 //! - **Election, lease, barrier**: the same pieces (keys with `PX`, owner
-//!   checks in scripts, `PUBLISH` on change).
+//!   checks in scripts, `PUBLISH` on change). A barrier arrival carries the
+//!   wait's arrival id, so a retried completing arrival is recognised.
+//!
+//! **Restarts and data loss.** Fencing tokens survive any loss (above), but
+//! a held LOCK lives only in the server's memory: a server that restarts
+//! empty (no persistence, or an older snapshot) forgets it, and another
+//! client can be granted the same lock while the old holder's guard is
+//! still valid. Either run Redis with `appendonly yes` (`appendfsync
+//! always` for no window at all), or restart an empty server only after the
+//! longest lock TTL has passed (the "delayed restart" Redlock recommends);
+//! fenced resources stay safe either way, because the new holder's token is
+//! higher. The fault suite (`tests/faults.rs`) runs both: kill -9 with an
+//! AOF restarted at once, and without persistence restarted after the TTL.
 //!
 //! Scripts are loaded once at connect time and called by `EVALSHA`; after a
 //! `SCRIPT FLUSH` or a restart, the `NOSCRIPT` reply makes the client load
