@@ -504,6 +504,34 @@ mod tests {
     }
 
     #[test]
+    fn a_sliding_window_carries_its_weighted_estimate_into_a_new_window() {
+        let long = Quota::new(10, Duration::from_secs(600), Algorithm::SlidingWindow);
+        let short = Quota::new(10, Duration::from_secs(60), Algorithm::SlidingWindow);
+        let mut st = LimitState::new(&long);
+        let w = 600 * S;
+        let k = 7;
+        for i in 0..10 {
+            assert!(st.check(k * w + 500 * S + i, &long, 1).allowed);
+        }
+        // 60 s into the next long window: the estimate is 10 x 540/600 = 9,
+        // carried as the short window's count: one more fits, then none.
+        let t = (k + 1) * w + 60 * S;
+        let admitted = (0..5)
+            .filter(|i| st.check(t + i, &short, 1).allowed)
+            .count();
+        assert_eq!(admitted, 1);
+        // 61 s later the short window has moved on: its previous window (the
+        // carried 10) weighs (60 - 1) / 60, so nothing fits yet...
+        assert!(!st.check(t + 61 * S, &short, 1).allowed);
+        // ...and a full short window later everything has aged out.
+        let later = t + 200 * S;
+        let admitted = (0..12)
+            .filter(|i| st.check(later + i, &short, 1).allowed)
+            .count();
+        assert_eq!(admitted, 10);
+    }
+
+    #[test]
     fn huge_limits_and_costs_do_not_overflow() {
         for alg in Algorithm::ALL {
             let q = Quota::new(u64::MAX, Duration::from_secs(1), alg);
