@@ -348,7 +348,12 @@ pub async fn input_ttl_below_the_drift_margin_is_rejected(f: &Factory) {
     // round trip, which no TTL check can know).
     assert_eq!(g.ttl(), usable);
     assert!(usable.saturating_sub(coord_core::drift(usable)) >= coord_core::drift(usable));
-    g.release().await.unwrap();
+    // A few milliseconds may have run out by now (a loaded machine, a
+    // pooler in between): released or already expired are both fine.
+    match g.release().await {
+        Ok(()) | Err(Error::NotHeld { .. }) => {}
+        Err(e) => panic!("release of the smallest usable TTL: {e}"),
+    }
 }
 
 /// The raw lock attempt is idempotent per owner (the core retries an
