@@ -324,6 +324,42 @@ async fn dropped_replies_for_one_client() {
     );
 }
 
+/// One client's open connections go silent for good (half-open: a NAT or
+/// firewall dropped their state; nothing passes and no error comes, while
+/// new connections work): the client must notice by its call timeouts and
+/// reconnect, its pool AND its LISTEN connection, well before the
+/// listener's periodic 15 s check; it must not stay stuck on the dead
+/// connections (the others keep going meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn half_open_connections_of_one_client() {
+    let _serial = SERIAL.lock().await;
+    let (url, pg) = database("half-open");
+    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(pg.port())).collect();
+    let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
+    let clients = clients(&urls).await;
+    let cut = clients[0].clone();
+    let (report, log) = run_lock_workload(clients, "half-open", workload(true), async {
+        sleep(Duration::from_millis(1500)).await;
+        proxies[0].freeze_open();
+        // Never healed: the client must get out by itself.
+        healed(1)
+    })
+    .await;
+    judge(&report, &log, "half-open-connections");
+    let mut times: Vec<Instant> = report.grants.iter().map(|g| g.granted).collect();
+    times.sort();
+    let gap = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        gap <= TTL + SLACK,
+        "no grant for {gap:?} during the fault (bound TTL + {SLACK:?})"
+    );
+    assert_woken_by_notify(&url, cut, "half-open-connections").await;
+}
+
 #[path = "faults/server.rs"]
 mod server;
 
