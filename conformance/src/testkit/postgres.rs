@@ -763,10 +763,15 @@ impl PgBouncer {
     /// the log if it does not come back within 10 s.
     pub fn restart(&self) {
         let pidfile = self.dir.join("pgbouncer.pid");
-        if let Some(pid) = std::fs::read_to_string(&pidfile)
+        let old = std::fs::read_to_string(&pidfile)
             .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-        {
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        assert!(
+            old.is_some(),
+            "restart: pgbouncer is not running (no pid in {})",
+            pidfile.display()
+        );
+        if let Some(pid) = old {
             signal(pid, "KILL");
             let deadline = Instant::now() + Duration::from_secs(5);
             // Gone (or a zombie of the wrapper): the port is released.
@@ -806,7 +811,13 @@ impl PgBouncer {
             if status.success() {
                 let up = Instant::now() + Duration::from_secs(5);
                 while Instant::now() < up {
-                    if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                    let new = std::fs::read_to_string(&pidfile)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
+                    if new.is_some()
+                        && new != old
+                        && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                    {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(10));
