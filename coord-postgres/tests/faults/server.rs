@@ -95,6 +95,10 @@ async fn every_coord_backend_terminated() {
             let d = db.clone();
             let (all, listening) = blocking(move || terminate_coord_backends(&d)).await;
             println!("terminate-backends: terminated {all} backends, {listening} listening");
+            assert_eq!(
+                listening, 5,
+                "the LISTEN connection of every client was up and terminated"
+            );
             total = (total.0 + all, total.1 + listening);
         }
         assert!(
