@@ -16,6 +16,7 @@ use coord_core::util::bounded;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{Capabilities, Coord, Error, FencingDurability, FencingToken, Result};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use tokio::sync::Notify;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -65,6 +66,8 @@ pub struct PostgresBackend {
     /// For cancel requests.
     tls: MakeRustlsConnect,
     wakeups: Wakeups,
+    /// Tells the listener to check its connection now (a call timed out).
+    check_listener: Arc<Notify>,
     _listener: Option<DropGuard>,
 }
 
@@ -118,6 +121,7 @@ impl PostgresBackend {
             .map_err(|e| with_target(e, &parsed.display))?;
 
         let wakeups = Wakeups::new();
+        let check_listener = Arc::new(Notify::new());
         let mut notifications = false;
         // Whether the LISTEN connection proved it receives notifications.
         let mut probed = false;
@@ -143,6 +147,7 @@ impl PostgresBackend {
                 wakeups: wakeups.clone(),
                 cancel: cancel.clone(),
                 connect_timeout: b.connect_timeout,
+                check_now: check_listener.clone(),
             };
             let (tx, rx) = tokio::sync::oneshot::channel();
             tokio::spawn(listener.start(pool.clone(), tx));
@@ -198,6 +203,7 @@ impl PostgresBackend {
             begin: call::begin_text(b.call_timeout),
             tls,
             wakeups,
+            check_listener,
             _listener: guard,
         }))
     }

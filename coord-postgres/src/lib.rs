@@ -118,7 +118,11 @@
 //! connection, and waiters poll until it is in. Give [`PostgresBuilder::listen_url`] a direct URL to keep
 //! wake-ups behind PgBouncer, or turn listening off
 //! ([`PostgresBuilder::listen`], `coord_listen=false`) to skip the probe,
-//! which waits up to 2 s for a notification that never comes. The connection reconnects with backoff and
+//! which waits up to 2 s for a notification that never comes. The connection is checked
+//! (an empty query, bounded by the connect timeout) every 15 s and at once
+//! whenever a statement call times out or gets no connection, so a
+//! half-open connection (silently dead path) is replaced within about a
+//! call timeout; it reconnects with backoff and
 //! then wakes every local waiter once. It ends when the client is dropped.
 //!
 //! ## Fenced writes

@@ -7,7 +7,9 @@ use coord_core::wake::Wakeups;
 use coord_core::{Error, Result};
 use deadpool_postgres::Pool;
 use futures::StreamExt;
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_postgres::types::Type;
 use tokio_postgres::{AsyncMessage, Notification};
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -17,7 +19,8 @@ use crate::backend::map_pg;
 
 /// How long the startup probe waits for its own NOTIFY to come back.
 const PROBE_WAIT: Duration = Duration::from_secs(2);
-/// How often an idle listening connection is checked.
+/// How often an idle listening connection is checked. It is also checked
+/// at once when a statement call timed out ([`Listener::check_now`]).
 const PING_EVERY: Duration = Duration::from_secs(15);
 
 pub(crate) struct Listener {
@@ -27,6 +30,11 @@ pub(crate) struct Listener {
     pub(crate) wakeups: Wakeups,
     pub(crate) cancel: CancellationToken,
     pub(crate) connect_timeout: Duration,
+    /// Notified when a statement call timed out or could get no
+    /// connection: the network path may be dead for the listening
+    /// connection too (half-open: no error comes, nothing passes), so it is
+    /// pinged at once instead of at the next [`PING_EVERY`].
+    pub(crate) check_now: Arc<Notify>,
 }
 
 /// Dispatch one payload. Locks wake one local waiter per release; elections
@@ -190,6 +198,14 @@ impl Listener {
         }
     }
 
+    /// Whether the session answers an empty query within the connect
+    /// timeout.
+    async fn alive(&self, session: &mut Session) -> bool {
+        let answer =
+            tokio::time::timeout(self.connect_timeout, session.client.simple_query("")).await;
+        matches!(answer, Ok(Ok(_)))
+    }
+
     /// Dispatch the notifications of one session until it is lost (false:
     /// cancelled).
     async fn serve(&self, session: &mut Session) -> bool {
@@ -202,6 +218,12 @@ impl Listener {
                     Some(n) => dispatch(&self.wakeups, n.payload()),
                     None => return true,
                 },
+                _ = self.check_now.notified() => {
+                    if !self.alive(session).await {
+                        tracing::debug!("coord-postgres: the LISTEN connection did not answer after a statement timed out");
+                        return true;
+                    }
+                }
                 _ = ping.tick() => {
                     let alive = tokio::time::timeout(
                         self.connect_timeout,

@@ -7,13 +7,16 @@
 //!   deleted when the test binary exits. Superuser `postgres` connects over
 //!   TCP without a password; every other role must use SCRAM.
 //! - [`PgCluster::stop`], [`PgCluster::start`], [`PgCluster::restart`] and
-//!   [`PgCluster::crash`] act on it in place (same port, same data).
+//!   [`PgCluster::crash`] act on it in place (same port, same data);
+//!   [`PgCluster::pause`] / [`PgCluster::resume`] freeze and thaw it with
+//!   `SIGSTOP` / `SIGCONT` (the postmaster and every backend).
 //! - [`PgCluster::create_tls`] makes a private cluster that requires TLS,
 //!   with a throwaway CA ([`PgCluster::ca_cert`]).
 //! - [`PgCluster::create_role`] makes a role with a SCRAM password;
 //!   [`PgCluster::create_database`] a fresh database.
 //! - [`pgbouncer()`] is a PgBouncer in transaction pooling mode in front of
-//!   the cluster, started once per test binary.
+//!   the cluster, started once per test binary; [`PgBouncer::restart`]
+//!   kills it and starts it again on the same port.
 //!
 //! The server binaries refuse to run as root: when the tests run as root
 //! they are run as the `postgres` user (`runuser -u postgres --`), with the
@@ -455,6 +458,68 @@ impl PgCluster {
         self.stop();
         self.start();
     }
+
+    /// The pids of the running server: the postmaster (first line of
+    /// `postmaster.pid`) and its children (`pgrep -P`). Empty when it is
+    /// not running.
+    pub fn pids(&self) -> Vec<u32> {
+        let pidfile = self.dir.join("data").join("postmaster.pid");
+        let Some(postmaster) = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()))
+        else {
+            return Vec::new();
+        };
+        let children = Command::new("pgrep")
+            .arg("-P")
+            .arg(postmaster.to_string())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        std::iter::once(postmaster)
+            .chain(children.lines().filter_map(|l| l.trim().parse().ok()))
+            .collect()
+    }
+
+    /// Freeze the whole server with `SIGSTOP`: the postmaster first (so it
+    /// forks no new backend), then every child. Connections stay open and
+    /// nothing answers; new TCP connections are queued by the kernel.
+    /// Returns the frozen pids. Panics if it is not running.
+    pub fn pause(&self) -> Vec<u32> {
+        let pids = self.pids();
+        assert!(!pids.is_empty(), "pause: PostgreSQL is not running");
+        for pid in &pids {
+            signal(*pid, "STOP");
+        }
+        // A child forked just before the postmaster stopped.
+        let late: Vec<u32> = self
+            .pids()
+            .into_iter()
+            .filter(|p| !pids.contains(p))
+            .collect();
+        for pid in &late {
+            signal(*pid, "STOP");
+        }
+        pids.into_iter().chain(late).collect()
+    }
+
+    /// `SIGCONT` every process [`pause`](Self::pause) froze (children
+    /// first, the postmaster last).
+    pub fn resume(&self, pids: &[u32]) {
+        for pid in pids.iter().rev() {
+            signal(*pid, "CONT");
+        }
+    }
+}
+
+/// Send `sig` to `pid` with `kill` (a process that already exited is
+/// ignored).
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
 }
 
 /// Make a test CA, another CA, and a server certificate for `localhost` /
@@ -689,5 +754,82 @@ impl PgBouncer {
     /// The URL of database `postgres` through PgBouncer.
     pub fn url(&self) -> String {
         self.url_for("postgres")
+    }
+
+    /// Kill PgBouncer (`SIGKILL`: every client connection drops at once)
+    /// and start it again on the same port with the same settings; returns
+    /// once it accepts connections. The new process is killed by its pid
+    /// file when the test process exits, like the first one. Panics with
+    /// the log if it does not come back within 10 s.
+    pub fn restart(&self) {
+        let pidfile = self.dir.join("pgbouncer.pid");
+        let old = std::fs::read_to_string(&pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok());
+        assert!(
+            old.is_some(),
+            "restart: pgbouncer is not running (no pid in {})",
+            pidfile.display()
+        );
+        if let Some(pid) = old {
+            signal(pid, "KILL");
+            let deadline = Instant::now() + Duration::from_secs(5);
+            // Gone (or a zombie of the wrapper): the port is released.
+            while Instant::now() < deadline
+                && std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| !s.contains(") Z "))
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        // A zombie's pid still answers kill -0: pgbouncer would refuse to
+        // start over that pid file.
+        let _ = std::fs::remove_file(&pidfile);
+        let prefix = as_postgres();
+        let bin = pgbouncer_binary();
+        let ini = self.dir.join("pgbouncer.ini");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            let mut cmd = match prefix.split_first() {
+                Some((first, rest)) => {
+                    let mut c = Command::new(first);
+                    c.args(rest).arg(&bin);
+                    c
+                }
+                None => Command::new(&bin),
+            };
+            // Daemonized (-d): it outlives this call; the wrapper kills it
+            // by its pid file when the test process exits.
+            let status = cmd
+                .arg("-d")
+                .arg(&ini)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("run pgbouncer");
+            if status.success() {
+                let up = Instant::now() + Duration::from_secs(5);
+                while Instant::now() < up {
+                    let new = std::fs::read_to_string(&pidfile)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
+                    if new.is_some()
+                        && new != old
+                        && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            let _ = std::fs::remove_file(&pidfile);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "pgbouncer did not start again on port {}; its log:\n{}",
+            self.port,
+            self.log()
+        );
     }
 }

@@ -49,7 +49,14 @@ impl PostgresBackend {
         let client = bounded(BACKEND, operation, self.call_timeout, async {
             self.pool.get().await.map_err(|e| map_pool(operation, e))
         })
-        .await?;
+        .await
+        .inspect_err(|e| {
+            if e.is_retryable() {
+                // No connection in time: the path to the server may be
+                // dead for the listening connection too.
+                self.check_listener.notify_one();
+            }
+        })?;
         let cancel = client.cancel_token();
         let left = self.call_timeout.saturating_sub(started.elapsed());
         let run = async {
@@ -87,6 +94,9 @@ impl PostgresBackend {
             Err(_) => {
                 // Its state is unknown: never hand this connection out again.
                 drop(Object::take(client));
+                // The path to the server may be dead (half-open) for the
+                // listening connection too: have it checked now.
+                self.check_listener.notify_one();
                 let tls = self.tls.clone();
                 let limit = self.connect_timeout;
                 tokio::spawn(async move {

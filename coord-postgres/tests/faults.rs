@@ -1,0 +1,367 @@
+//! The fault suite on PostgreSQL (DESIGN §7): the store-independent lock
+//! workload of `conformance::faults` against a real PostgreSQL 15 (and a
+//! real PgBouncer), while real faults are injected: a client cut off by a
+//! TCP proxy (also while it holds the lock), replies lost after the
+//! requests were applied, the server frozen with `SIGSTOP`, crashed
+//! (`pg_ctl stop -m immediate`) and started again, every coord backend
+//! terminated (`pg_terminate_backend`), PgBouncer killed and restarted, and
+//! a client PROCESS frozen past its TTL while it holds the lock. Each
+//! scenario asserts 0 violations of the history checker and that the
+//! workload (and every client) progresses within TTL + a stated bound
+//! after the fault heals; each prints a `FAULTS ...` line for
+//! `scripts/faults`.
+//!
+//! The scenarios share this binary's cluster (each in its own database)
+//! and run one at a time (`SERIAL`): they freeze and crash that server,
+//! and their time bounds assume the machine is not also running the
+//! others.
+
+use std::time::Duration;
+
+use conformance::faults::{FaultLog, LockReport, LockWorkload, run_lock_workload, schedule};
+use conformance::testkit::postgres::{PgCluster, cluster};
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use coord_core::{Coord, LockOptions};
+use tokio::time::{Instant, sleep};
+
+const BACKEND: &str = "postgres";
+const TTL: Duration = Duration::from_secs(1);
+/// How long after a heal the workload (and each client) may take to make
+/// progress, beyond the TTL: a pool connect (<= 500 ms), a call timeout
+/// (400 ms), a poll or wake-up, and the server's own start-up after a
+/// crash (WAL replay of a tiny database).
+const SLACK: Duration = Duration::from_secs(2);
+/// One scenario at a time (see the module docs).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn workload(watchdog: bool) -> LockWorkload {
+    LockWorkload {
+        ttl: TTL,
+        wait: Duration::from_secs(3),
+        watchdog,
+        work: Duration::from_millis(20),
+        duration: schedule(Duration::from_secs(8)),
+    }
+}
+
+/// A client of `url` with short call timeouts, as a service with a 1 s
+/// lock TTL would configure it.
+async fn client(url: &str) -> Coord {
+    coord_postgres::builder(url)
+        .call_timeout(Duration::from_millis(400))
+        .connect_timeout(Duration::from_millis(500))
+        .pool_size(4)
+        .connect()
+        .await
+        .expect("connect to the test PostgreSQL")
+}
+
+async fn clients(urls: &[String]) -> Vec<Coord> {
+    let mut out = Vec::new();
+    for u in urls {
+        out.push(client(u).await);
+    }
+    out
+}
+
+/// A fresh database of the shared cluster for one scenario; its URL.
+fn database(tag: &str) -> (String, &'static PgCluster) {
+    let pg = cluster();
+    let db = conformance::unique(tag).replace('-', "_");
+    (pg.create_database(&db), pg)
+}
+
+/// `url` with its port replaced by `port` (to go through a proxy).
+fn via(pg: &PgCluster, url: &str, port: u16) -> String {
+    url.replace(&format!(":{}/", pg.port()), &format!(":{port}/"))
+}
+
+/// Run `f` (a blocking kit call) off the async workers.
+async fn blocking<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(f: F) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a kit call panicked")
+}
+
+fn healed(injected: usize) -> FaultLog {
+    FaultLog {
+        injected,
+        healed: Some(Instant::now()),
+    }
+}
+
+fn judge(report: &LockReport, log: &FaultLog, scenario: &str) {
+    report.assert_ok(scenario, BACKEND, log.injected, TTL + SLACK);
+    report.assert_every_client_recovered(scenario, BACKEND, TTL + SLACK);
+}
+
+/// The database name at the end of a URL (before `?`).
+fn db_of(url: &str) -> String {
+    let path = url.rsplit('/').next().unwrap_or_default();
+    path.split('?').next().unwrap_or_default().to_string()
+}
+
+/// Whether lock `name` is held (unexpired) in the database of `url`.
+fn held_in_store(pg: &PgCluster, url: &str, name: &str) -> bool {
+    pg.psql(
+        &db_of(url),
+        &format!(
+            "SELECT count(*) FROM coord.claims WHERE kind = 'lock' AND name = '{name}' \
+             AND owner IS NOT NULL AND expires_at > clock_timestamp()"
+        ),
+    )
+    .trim()
+        != "0"
+}
+
+/// The first grant of the workload at or after `t`.
+fn first_grant_after(report: &LockReport, t: Instant) -> Instant {
+    let first = report
+        .grants
+        .iter()
+        .map(|g| g.granted)
+        .filter(|g| *g >= t)
+        .min();
+    first.expect("a grant after the victim's fault")
+}
+
+/// After a fault, `waiter`'s wake-ups work again: a release by another
+/// client wakes it through its (re-established) LISTEN connection, not by
+/// its 30 s poll.
+async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
+    let holder = client(url).await;
+    let name = conformance::unique("wake-probe");
+    let long = Duration::from_secs(30);
+    let held = holder
+        .locks()
+        .unwrap()
+        .acquire(&name, long, TTL)
+        .await
+        .unwrap();
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .with_poll_interval(long)
+            .locks()
+            .unwrap()
+            .acquire(&n, long, long)
+            .await;
+        (g, Instant::now())
+    });
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (g, at) = waiting.await.unwrap();
+    g.expect("the waiter acquires once the holder released")
+        .release()
+        .await
+        .unwrap();
+    println!(
+        "{scenario}: waiter woken {:?} after the release",
+        at - released
+    );
+    assert!(
+        at - released < Duration::from_secs(1),
+        "{scenario}: the waiter was woken {:?} after the release: its LISTEN connection did not come back",
+        at - released
+    );
+}
+
+/// A victim client (own proxy) holds the lock, watchdog on, when the
+/// workload starts; it is cut off for 2 TTLs: its guard must report the
+/// loss, and the 4 workload clients must get the lock within TTL + 500 ms
+/// of the cut, never before the victim's guard stopped being valid. Then
+/// workload client 0 (also behind a proxy) is cut off the same way, and
+/// must recover after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn client_cut_off_by_the_proxy() {
+    let _serial = SERIAL.lock().await;
+    let (url, pg) = database("cut-off");
+    let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
+    let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
+    let victim = client(&urls[4]).await;
+    let opts = LockOptions::new(TTL).watchdog(true);
+    let guard = victim
+        .locks()
+        .unwrap()
+        .acquire_with("cut-off", opts)
+        .await
+        .unwrap();
+    let cut = std::sync::Mutex::new(None);
+    let victim_valid = std::sync::Mutex::new(None);
+    let (report, log) = run_lock_workload(
+        clients(&urls[..4]).await,
+        "cut-off",
+        workload(true),
+        async {
+            sleep(Duration::from_millis(1000)).await;
+            proxies[4].blackhole();
+            *cut.lock().unwrap() = Some(Instant::now());
+            sleep(TTL * 2).await;
+            assert!(
+                !guard.is_valid(),
+                "the cut victim's guard is still valid after 2 TTLs"
+            );
+            tokio::time::timeout(Duration::from_millis(100), guard.lost())
+                .await
+                .expect("the cut victim's lost signal fired");
+            proxies[4].heal();
+            *victim_valid.lock().unwrap() = Some(guard.valid_until());
+            let released = guard.release().await;
+            assert!(
+                released.as_ref().is_err_and(|e| e.is_ownership_lost()),
+                "{released:?}"
+            );
+            sleep(Duration::from_millis(1000)).await;
+            proxies[0].blackhole();
+            sleep(TTL * 2).await;
+            proxies[0].heal();
+            healed(2)
+        },
+    )
+    .await;
+    judge(&report, &log, "client-cut-off");
+    let cut = cut.into_inner().unwrap().unwrap();
+    let first = first_grant_after(&report, cut);
+    println!(
+        "client-cut-off: first grant {:?} after the holder was cut off",
+        first - cut
+    );
+    assert!(
+        first - cut <= TTL + Duration::from_millis(500),
+        "first grant {:?} after the holder was cut off",
+        first - cut
+    );
+    let earliest = report.grants.iter().map(|g| g.granted).min().unwrap();
+    let victim_valid = victim_valid.into_inner().unwrap().unwrap();
+    assert!(
+        earliest >= victim_valid && victim_valid <= cut + TTL,
+        "a workload client got the lock while the cut victim's guard was still valid"
+    );
+    assert!(
+        earliest >= cut,
+        "a workload client got the lock while the victim held it"
+    );
+}
+
+/// Replies lost, requests applied. A victim client (own proxy, replies
+/// dropped) asks for the free lock first: granted (and committed) on the
+/// server, unheard. Its call times out, its connection is discarded and
+/// new ones cannot even log in; it gives up when its wait ends. Whatever
+/// it left behind must not outlive the TTL: the workload gets the lock
+/// within TTL + 500 ms of the unheard grant. Then workload client 0's
+/// replies are lost for 2 TTLs; it must recover after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropped_replies_for_one_client() {
+    let _serial = SERIAL.lock().await;
+    let (url, pg) = database("dropped-replies");
+    let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
+    let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
+    let victim = client(&urls[4]).await;
+    // A client that has been working: its pooled connection has the
+    // statements prepared (else the first Parse's reply is lost and the
+    // statement itself is never sent).
+    let warm = victim.locks().unwrap();
+    warm.acquire("dropped-replies", TTL, TTL)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    proxies[4].set(Mode::DropReplies);
+    let attempt = tokio::spawn(async move {
+        let opts = LockOptions::new(TTL).wait(Duration::from_millis(1500));
+        let r = victim
+            .locks()
+            .unwrap()
+            .acquire_with("dropped-replies", opts)
+            .await;
+        (r.map(|_| ()), Instant::now())
+    });
+    let u = url.clone();
+    blocking(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !held_in_store(cluster(), &u, "dropped-replies") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the victim's request never reached the server"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+    .await;
+    let applied = Instant::now();
+    let (report, log) = run_lock_workload(
+        clients(&urls[..4]).await,
+        "dropped-replies",
+        workload(false),
+        async {
+            let (r, at) = attempt.await.unwrap();
+            assert!(r.is_err(), "the victim heard no reply, yet: {r:?}");
+            println!(
+                "dropped-replies: the victim gave up {:?} after its grant",
+                at - applied
+            );
+            proxies[4].heal();
+            sleep(Duration::from_millis(500)).await;
+            proxies[0].set(Mode::DropReplies);
+            sleep(TTL * 2).await;
+            proxies[0].heal();
+            healed(2)
+        },
+    )
+    .await;
+    judge(&report, &log, "dropped-replies");
+    let first = report.grants.iter().map(|g| g.granted).min().unwrap();
+    println!(
+        "dropped-replies: first workload grant {:?} after the victim's unheard grant",
+        first - applied
+    );
+    assert!(
+        first - applied <= TTL + Duration::from_millis(500),
+        "the victim's unheard grant held the lock for {:?} (TTL {TTL:?})",
+        first - applied
+    );
+}
+
+/// One client's open connections go silent for good (half-open: a NAT or
+/// firewall dropped their state; nothing passes and no error comes, while
+/// new connections work): the client must notice by its call timeouts and
+/// reconnect, its pool AND its LISTEN connection, well before the
+/// listener's periodic 15 s check; it must not stay stuck on the dead
+/// connections (the others keep going meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn half_open_connections_of_one_client() {
+    let _serial = SERIAL.lock().await;
+    let (url, pg) = database("half-open");
+    let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(pg.port())).collect();
+    let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
+    let clients = clients(&urls).await;
+    let cut = clients[0].clone();
+    let (report, log) = run_lock_workload(clients, "half-open", workload(true), async {
+        sleep(Duration::from_millis(1500)).await;
+        proxies[0].freeze_open();
+        // Never healed: the client must get out by itself.
+        healed(1)
+    })
+    .await;
+    judge(&report, &log, "half-open-connections");
+    let mut times: Vec<Instant> = report.grants.iter().map(|g| g.granted).collect();
+    times.sort();
+    let gap = times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    assert!(
+        gap <= TTL + SLACK,
+        "no grant for {gap:?} during the fault (bound TTL + {SLACK:?})"
+    );
+    assert_woken_by_notify(&url, cut, "half-open-connections").await;
+}
+
+#[path = "faults/server.rs"]
+mod server;
+
+#[path = "faults/process.rs"]
+mod process;

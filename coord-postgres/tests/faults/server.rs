@@ -1,0 +1,152 @@
+//! Faults of the server side: PostgreSQL frozen, crashed, its coord
+//! backends terminated; PgBouncer killed and restarted.
+
+use std::time::Duration;
+
+use conformance::faults::run_lock_workload;
+use conformance::testkit::postgres::{PgBouncer, cluster};
+use tokio::time::sleep;
+
+use super::{
+    SERIAL, TTL, assert_woken_by_notify, blocking, client, clients, database, db_of, healed, judge,
+    workload,
+};
+
+/// The whole server (postmaster and every backend) is frozen with
+/// `SIGSTOP` for 2 TTLs: every call times out, every holder's guard must
+/// end by its local deadline, and the locks expire on the database clock
+/// meanwhile. After `SIGCONT` all go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_paused_past_the_ttl() {
+    let _serial = SERIAL.lock().await;
+    let (url, pg) = database("paused");
+    let cs = clients(&vec![url.clone(); 5]).await;
+    let (report, log) = run_lock_workload(cs, "paused", workload(true), async {
+        sleep(Duration::from_millis(2000)).await;
+        let pids = blocking(|| cluster().pause()).await;
+        println!("server-paused: froze {} processes", pids.len());
+        sleep(TTL * 2).await;
+        blocking(move || cluster().resume(&pids)).await;
+        healed(1)
+    })
+    .await;
+    judge(&report, &log, "server-paused");
+    assert!(!pg.pids().is_empty());
+}
+
+/// A crash (`pg_ctl stop -m immediate`: no checkpoint, WAL replay at the
+/// next start) in the middle of the workload, started again at once on the
+/// same port. Grants are durable commits, so every rule holds, exclusivity
+/// included, and fencing tokens never repeat (the checker judges both);
+/// the pools and the LISTEN connections reconnect by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_crash_restart() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("crash");
+    let cs = clients(&vec![url.clone(); 5]).await;
+    let listener = cs[0].clone();
+    let (report, log) = run_lock_workload(cs, "crash", workload(true), async {
+        sleep(Duration::from_millis(2000)).await;
+        blocking(|| {
+            cluster().crash();
+            cluster().start();
+        })
+        .await;
+        healed(1)
+    })
+    .await;
+    judge(&report, &log, "server-crash-restart");
+    assert_woken_by_notify(&url, listener, "server-crash-restart").await;
+}
+
+/// Terminate every backend of this database's coord clients
+/// (`pg_terminate_backend`), pooled and LISTEN alike; returns (all,
+/// listening).
+fn terminate_coord_backends(db: &str) -> (usize, usize) {
+    let out = cluster().psql(
+        "postgres",
+        &format!(
+            "SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN%') \
+             FROM (SELECT query, pg_terminate_backend(pid) AS t FROM pg_stat_activity \
+                   WHERE datname = '{db}' AND application_name = 'coord' \
+                   AND pid <> pg_backend_pid()) x WHERE t"
+        ),
+    );
+    let mut f = out.trim().split('|').map(|s| s.parse::<usize>().unwrap());
+    (f.next().unwrap(), f.next().unwrap())
+}
+
+/// Every coord connection of the workload's clients, pooled and LISTEN,
+/// is terminated by the server (`pg_terminate_backend`) twice in the middle
+/// of the workload: calls in flight fail as retryable, the pools replace
+/// their connections, and the LISTEN connections come back (a release
+/// wakes a waiter, not its poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_coord_backend_terminated() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("terminate");
+    let db = db_of(&url);
+    let cs = clients(&vec![url.clone(); 5]).await;
+    let listener = cs[0].clone();
+    let (report, log) = run_lock_workload(cs, "terminate", workload(true), async {
+        let mut total = (0, 0);
+        for _ in 0..2 {
+            sleep(Duration::from_millis(1500)).await;
+            let d = db.clone();
+            let (all, listening) = blocking(move || terminate_coord_backends(&d)).await;
+            println!("terminate-backends: terminated {all} backends, {listening} listening");
+            assert_eq!(
+                listening, 5,
+                "the LISTEN connection of every client was up and terminated"
+            );
+            total = (total.0 + all, total.1 + listening);
+        }
+        assert!(
+            total.1 >= 5,
+            "the LISTEN connection of every client was terminated: {total:?}"
+        );
+        assert!(total.0 > total.1, "pooled connections were terminated too");
+        healed(2)
+    })
+    .await;
+    judge(&report, &log, "terminate-backends");
+    assert_woken_by_notify(&url, listener, "terminate-backends").await;
+}
+
+/// Statements through PgBouncer (transaction pooling), LISTEN direct
+/// (`listen_url`). PgBouncer is killed (`SIGKILL`) mid-workload and
+/// started again on the same port: every pooled connection drops at once,
+/// statements in flight are lost (some committed, unheard), and the pools
+/// must reconnect through the new PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgbouncer_restarted() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("bouncer");
+    let bouncer = std::sync::Arc::new(blocking(|| PgBouncer::start(cluster())).await);
+    let through = bouncer.url_for(&db_of(&url));
+    let mut cs = Vec::new();
+    for _ in 0..5 {
+        cs.push(
+            coord_postgres::builder(&through)
+                .listen_url(&url)
+                .call_timeout(Duration::from_millis(400))
+                .connect_timeout(Duration::from_millis(500))
+                .pool_size(4)
+                .connect()
+                .await
+                .expect("connect through pgbouncer"),
+        );
+    }
+    let b = bouncer.clone();
+    let (report, log) = run_lock_workload(cs, "bouncer", workload(true), async {
+        sleep(Duration::from_millis(2000)).await;
+        blocking(move || b.restart()).await;
+        healed(1)
+    })
+    .await;
+    judge(&report, &log, "pgbouncer-restart");
+    // The restarted PgBouncer still serves new clients.
+    let c = client(&bouncer.url_for(&db_of(&url))).await;
+    let g = c.locks().unwrap().try_acquire("after", TTL).await.unwrap();
+    g.expect("free").release().await.unwrap();
+}
