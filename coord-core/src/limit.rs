@@ -532,6 +532,74 @@ mod tests {
     }
 
     #[test]
+    fn a_raised_limit_counts_what_was_admitted() {
+        for alg in Algorithm::ALL {
+            let small = Quota::new(10, Duration::from_secs(600), alg);
+            let big = Quota::new(20, Duration::from_secs(600), alg);
+            let mut st = LimitState::new(&small);
+            let t0 = 6000 * S + 7;
+            for i in 0..10 {
+                assert!(st.check(t0 + i, &small, 1).allowed, "{alg:?}");
+            }
+            let more = (0..30)
+                .filter(|i| st.check(t0 + 20 + i, &big, 1).allowed)
+                .count();
+            assert_eq!(more, 10, "{alg:?}: the raised limit forgot the first 10");
+        }
+    }
+
+    #[test]
+    fn admissions_report_a_reset_time() {
+        for alg in Algorithm::ALL {
+            let q = Quota::new(5, Duration::from_secs(10), alg);
+            let mut st = LimitState::new(&q);
+            let d = st.check(1000 * S + 1, &q, 1);
+            assert!(
+                d.allowed && d.reset_after > Duration::ZERO,
+                "{alg:?}: {d:?}"
+            );
+            assert!(d.reset_after <= Duration::from_secs(20), "{alg:?}: {d:?}");
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_decays_the_previous_window_and_stays_busy_through_it() {
+        let q = Quota::new(10, Duration::from_secs(60), Algorithm::SlidingWindow);
+        let w = 60 * S;
+        let k = 100;
+        let mut st = LimitState::new(&q);
+        for i in 0..10 {
+            assert!(st.check(k * w + 50 * S + i, &q, 1).allowed);
+        }
+        // The previous window still counts in the next one: not idle.
+        assert!(!st.is_idle((k + 1) * w + S));
+        // 7 s in: 10 x 53/60 = 8.83 weighs, one fits.
+        let t = (k + 1) * w + 7 * S;
+        assert_eq!((0..5).filter(|i| st.check(t + i, &q, 1).allowed).count(), 1);
+        // 30 s in: 10 x 30/60 = 5 weighs, plus the 1: four more fit.
+        let t = (k + 1) * w + 30 * S;
+        assert_eq!((0..8).filter(|i| st.check(t + i, &q, 1).allowed).count(), 4);
+        assert!(st.is_idle((k + 3) * w));
+    }
+
+    #[test]
+    fn a_sliding_log_entry_ages_out_exactly_one_window_later() {
+        let q = Quota::new(5, Duration::from_secs(10), Algorithm::SlidingLog);
+        let mut st = LimitState::new(&q);
+        let t0 = 1000 * S;
+        for _ in 0..5 {
+            assert!(st.check(t0, &q, 1).allowed);
+        }
+        assert!(!st.check(t0 + 10 * S - 1, &q, 1).allowed);
+        assert!(!st.is_idle(t0 + 10 * S - 1));
+        assert!(st.is_idle(t0 + 10 * S));
+        assert!(
+            st.check(t0 + 10 * S, &q, 1).allowed,
+            "an entry exactly one window old still counted"
+        );
+    }
+
+    #[test]
     fn huge_limits_and_costs_do_not_overflow() {
         for alg in Algorithm::ALL {
             let q = Quota::new(u64::MAX, Duration::from_secs(1), alg);

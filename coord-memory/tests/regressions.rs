@@ -465,3 +465,24 @@ async fn stored_entries_counts_every_kind() {
     assert_eq!(backend.stored_entries(), 6);
     waiting.abort();
 }
+
+/// A barrier with a participant waiting survives the sweeps that many
+/// other (completed, idle) barriers trigger: its arrival is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_barrier_survives_the_sweep() {
+    let backend = Arc::new(MemoryBackend::new());
+    let coord = Coord::from_backend(backend.clone());
+    let barriers = coord.barriers().unwrap();
+    let b2 = barriers.clone();
+    let first = tokio::spawn(async move { b2.wait("keep", 2, "p1", 60 * S).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let raw = coord.raw_barrier().unwrap();
+    for i in 0..40_000 {
+        raw.arrive(&format!("done:{i}"), 1, "solo", &OwnerToken::random())
+            .await
+            .unwrap();
+    }
+    assert!(!first.is_finished(), "the waiter passed alone");
+    let g = barriers.wait("keep", 2, "p2", 10 * S).await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), g);
+}
