@@ -600,6 +600,24 @@ mod tests {
     }
 
     #[test]
+    fn a_denied_sliding_log_check_says_exactly_when_to_retry() {
+        let q = Quota::new(5, Duration::from_secs(10), Algorithm::SlidingLog);
+        let mut st = LimitState::new(&q);
+        let t0 = 1000 * S;
+        assert!(st.check(t0, &q, 3).allowed);
+        assert!(st.check(t0 + S, &q, 2).allowed);
+        // Cost 3 fits once the first entry (3) ages out at t0 + 10 s; cost
+        // 1 too; the whole log is gone at t0 + 11 s.
+        let d = st.check(t0 + 2 * S, &q, 3);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Duration::from_secs(8));
+        assert_eq!(d.reset_after, Duration::from_secs(9));
+        assert_eq!(d.remaining, 0);
+        let d = st.check(t0 + 2 * S, &q, 1);
+        assert_eq!(d.retry_after, Duration::from_secs(8));
+    }
+
+    #[test]
     fn huge_limits_and_costs_do_not_overflow() {
         for alg in Algorithm::ALL {
             let q = Quota::new(u64::MAX, Duration::from_secs(1), alg);
