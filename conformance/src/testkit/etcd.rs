@@ -309,6 +309,11 @@ impl Member {
 pub struct EtcdServer {
     member: Member,
     proc: Mutex<Option<Wrapped>>,
+    /// etcd's command line, to start it again after [`EtcdServer::kill`].
+    args: Vec<String>,
+    /// Wrappers of killed processes (the first one removes the data
+    /// directory when stopped, so they are stopped last).
+    retired: Mutex<Vec<Wrapped>>,
 }
 
 impl std::fmt::Debug for EtcdServer {
@@ -362,6 +367,8 @@ impl EtcdServer {
             let server = EtcdServer {
                 member,
                 proc: Mutex::new(Some(w)),
+                args,
+                retired: Mutex::new(Vec::new()),
             };
             if server.wait_healthy(Duration::from_secs(20)) {
                 return server;
@@ -415,6 +422,40 @@ impl EtcdServer {
         signal(&self.member.log, "-CONT");
     }
 
+    /// Kill the server with SIGKILL (a crash); its data directory stays,
+    /// for [`EtcdServer::start_again`].
+    pub fn kill(&self) {
+        signal(&self.member.log, "-KILL");
+        // Wait until the port is free (the process is gone).
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until
+            && TcpStream::connect(("127.0.0.1", self.member.client_port)).is_ok()
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Start the server again after [`EtcdServer::kill`], on the same ports
+    /// with the same data directory, and wait until it is healthy. Panics
+    /// with etcd's last log lines if it does not become healthy.
+    pub fn start_again(&self) {
+        let w = Wrapped::spawn(&self.args, &self.member.log, None);
+        let old = self
+            .proc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(w);
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(old);
+        assert!(
+            self.wait_healthy(Duration::from_secs(20)),
+            "etcd did not become healthy after a restart; its last log lines:\n{}",
+            tail(&self.member.log)
+        );
+    }
+
     /// The certificate files, for a server started with
     /// [`EtcdServer::start_tls`].
     pub fn tls_files(&self) -> Option<&TlsFiles> {
@@ -425,6 +466,14 @@ impl EtcdServer {
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         if let Some(mut w) = self.proc.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            w.stop();
+        }
+        for mut w in self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
             w.stop();
         }
     }
@@ -571,6 +620,17 @@ impl EtcdCluster {
         let m = &self.members[i];
         let args = m.args(&self.initial, &self.token, false);
         *slot = Some(Wrapped::spawn(&args, &m.log, None));
+    }
+
+    /// Freeze member `i` with SIGSTOP (as a partition or a long pause would
+    /// look to its peers and clients) until [`EtcdCluster::resume`].
+    pub fn pause(&self, i: usize) {
+        signal(&self.members[i].log, "-STOP");
+    }
+
+    /// Undo [`EtcdCluster::pause`] (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        signal(&self.members[i].log, "-CONT");
     }
 
     /// The member that is leader now, according to each running member's
