@@ -576,9 +576,16 @@ mod tests {
         // 7 s in: 10 x 53/60 = 8.83 weighs, one fits.
         let t = (k + 1) * w + 7 * S;
         assert_eq!((0..5).filter(|i| st.check(t + i, &q, 1).allowed).count(), 1);
-        // 30 s in: 10 x 30/60 = 5 weighs, plus the 1: four more fit.
+        // The next fits once 10 x (60 - x)/60 <= 10 - 1 - 1, at x = 12 s.
+        let d = st.check(t + 10, &q, 1);
+        assert!(!d.allowed);
+        let want = Duration::from_secs(5) - Duration::from_nanos(10);
+        assert_eq!(d.retry_after, want, "{d:?}");
+        assert!(!st.check(t + 5 * S - 1_000_000, &q, 1).allowed);
+        assert!(st.check(t + 5 * S, &q, 1).allowed);
+        // 30 s in: 10 x 30/60 = 5 weighs, plus the 2: three more fit.
         let t = (k + 1) * w + 30 * S;
-        assert_eq!((0..8).filter(|i| st.check(t + i, &q, 1).allowed).count(), 4);
+        assert_eq!((0..8).filter(|i| st.check(t + i, &q, 1).allowed).count(), 3);
         assert!(st.is_idle((k + 3) * w));
     }
 
