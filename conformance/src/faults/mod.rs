@@ -9,6 +9,7 @@
 //! `FAULTS scenario=<s> backend=<b> ops=<n> faults=<n> violations=<n> stall_ms=<n>`.
 
 pub mod history;
+pub mod process;
 
 use std::future::Future;
 use std::sync::Arc;

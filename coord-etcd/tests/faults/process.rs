@@ -1,245 +1,37 @@
 //! A client PROCESS frozen past its TTL while it holds the lock (the
-//! seed's GC-pause story): the child is this test binary, re-executed.
+//! seed's GC-pause story), on etcd: the scenario is
+//! `conformance::faults::process`; the child is this test binary,
+//! re-executed.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
-use std::time::Duration;
-
-use conformance::faults::{Access, FencedResource, LockReport, check_lock_history, signal};
+use conformance::faults::process;
 use conformance::testkit::etcd::EtcdServer;
-use coord_core::LockOptions;
-use tokio::time::{Instant, sleep};
+use tokio::time::Duration;
 
 use super::common::{BACKEND, SLACK, TTL, client};
 
-const CHILD_ENV: &str = "COORD_FAULT_CHILD";
-const CHILD_TEST: &str = "process::child_process_role";
-
-/// A fenced resource outside the child process: one line per request,
-/// `READ <client> <token>` -> `OK <value>` | `NO`, and
-/// `WRITE <client> <token> <read> <new>` -> `OK` | `NO`.
-fn serve_resource(resource: Arc<FencedResource>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the resource server");
-    let port = listener.local_addr().expect("resource address").port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let r = resource.clone();
-            std::thread::spawn(move || {
-                let mut w = conn.try_clone().expect("clone a resource connection");
-                for line in BufReader::new(conn).lines().map_while(Result::ok) {
-                    let f: Vec<u64> = line
-                        .split_whitespace()
-                        .skip(1)
-                        .filter_map(|x| x.parse().ok())
-                        .collect();
-                    let reply = match (line.split_whitespace().next(), f.as_slice()) {
-                        (Some("READ"), [c, t]) => match r.read(*c as usize, *t) {
-                            Some(v) => format!("OK {v}"),
-                            None => "NO".into(),
-                        },
-                        (Some("WRITE"), [c, t, rd, nw]) => {
-                            if r.write(*c as usize, *t, *rd, *nw) {
-                                "OK".into()
-                            } else {
-                                "NO".into()
-                            }
-                        }
-                        _ => "ERR".into(),
-                    };
-                    if writeln!(w, "{reply}").is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-fn ask(conn: &mut BufReader<TcpStream>, line: &str) -> String {
-    writeln!(conn.get_mut(), "{line}").expect("send to the resource");
-    let mut reply = String::new();
-    conn.read_line(&mut reply).expect("resource reply");
-    reply.trim().to_string()
-}
-
-/// The child's side, run only when the parent re-executes this test binary
-/// with `COORD_FAULT_CHILD="<etcd port> <resource port> <name>"`: acquire
-/// with the watchdog on, read the resource, check the guard is valid, say
-/// `CHILD READY <token>`, then (frozen by the parent meanwhile) wait for
-/// `GO` and write WITHOUT checking again (the pause fell between the check
-/// and the write). Reports what the resource said and what release said.
+/// The child's side (does nothing unless re-executed as the child).
 #[test]
 fn child_process_role() {
-    let Ok(args) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    let a: Vec<&str> = args.split_whitespace().collect();
-    let (etcd_port, resource_port, name) = (a[0].to_string(), a[1], a[2].to_string());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let coord = client(&[format!("127.0.0.1:{etcd_port}")]).await;
-        let guard = coord
-            .locks()
-            .unwrap()
-            .acquire_with(
-                &name,
-                LockOptions::new(TTL)
-                    .wait(Duration::from_secs(5))
-                    .watchdog(true),
-            )
-            .await
-            .expect("child acquires");
-        let token = guard.fencing_token().get();
-        let mut res = BufReader::new(
-            TcpStream::connect(("127.0.0.1", resource_port.parse::<u16>().unwrap())).unwrap(),
-        );
-        let read = ask(&mut res, &format!("READ 1 {token}"));
-        let v: u64 = read
-            .strip_prefix("OK ")
-            .expect("child reads")
-            .parse()
-            .unwrap();
-        assert!(guard.is_valid());
-        println!("CHILD READY {token}");
-        std::io::stdout().flush().unwrap();
-        let go = tokio::task::spawn_blocking(|| {
-            let mut l = String::new();
-            std::io::stdin().read_line(&mut l).map(|_| l)
-        })
-        .await
-        .unwrap()
-        .unwrap();
-        assert_eq!(go.trim(), "GO");
-        let wrote = ask(&mut res, &format!("WRITE 1 {token} {v} {}", v + 1));
-        let released = guard.release().await;
-        println!("CHILD WROTE {wrote} RELEASE {released:?}");
-        std::io::stdout().flush().unwrap();
-    });
+    process::run_child(
+        |port| async move { client(&[format!("127.0.0.1:{port}")]).await },
+        TTL,
+    );
 }
 
-/// The child holds the lock and is frozen (`SIGSTOP`) past its TTL (a GC
-/// pause); meanwhile another client acquires and writes; resumed, the child
-/// writes under its old token: the resource must refuse it, and its
-/// release must report that it no longer held the lock.
+/// The child holds the lock and is frozen past its TTL; its stale write
+/// is refused and its release reports `NotHeld`. The new holder may wait
+/// up to 4 s: etcd expires the frozen child's lease up to ~1.5 s late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_process_paused_past_its_ttl() {
     let server = EtcdServer::start();
-    let resource = Arc::new(FencedResource::new());
-    let resource_port = serve_resource(resource.clone());
-    let name = conformance::unique("gc-pause");
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
-        .env(
-            CHILD_ENV,
-            format!("{} {resource_port} {name}", server.client_port()),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("re-execute the test binary as the child");
-    let pid = child.id();
-    let mut reaper = KillOnDrop(Some(pid));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // libtest may print `test <name> ... ` before it on the line.
-            if let Some((_, l)) = line.split_once("CHILD ") {
-                let _ = tx.send(l.to_string());
-            }
-        }
-    });
-    let next = async |rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>| {
-        tokio::time::timeout(Duration::from_secs(20), rx.recv())
-            .await
-            .expect("the child said nothing for 20 s")
-            .expect("the child exited early")
-    };
-    let ready = next(&mut rx).await;
-    signal(pid, "STOP");
-    let child_token: u64 = ready.strip_prefix("READY ").unwrap().parse().unwrap();
-    // Frozen past its TTL: its lease expires on the server (up to ~1.5 s
-    // late); the new holder waits for that.
-    sleep(TTL * 2).await;
-    let coord = client(&[server.endpoint()]).await;
-    let asked = Instant::now();
-    let guard = coord
-        .locks()
-        .unwrap()
-        .acquire(&name, TTL, Duration::from_secs(4))
-        .await
-        .expect("the lock is free once the frozen child's TTL ran out");
-    let granted = Instant::now();
-    let token = guard.fencing_token().get();
-    assert!(token > child_token, "token {token} after {child_token}");
-    let v = resource.read(0, token).expect("the new holder reads");
-    assert!(resource.write(0, token, v, v + 1));
-    let grants = [conformance::faults::Grant {
-        client: 0,
-        token,
-        asked,
-        granted,
-        valid_until: Instant::now(),
-    }];
-    guard.release().await.expect("release");
-    child.stdin.as_mut().unwrap().write_all(b"GO\n").unwrap();
-    signal(pid, "CONT");
-    let wrote = next(&mut rx).await;
-    let status = child.wait().expect("wait for the child");
-    reaper.0 = None; // reaped: its pid may be reused
-    assert!(status.success(), "the child failed: {status}");
-    assert!(
-        wrote.starts_with("WROTE NO ") && wrote.contains("NotHeld"),
-        "the frozen child's stale write must be refused and its release report NotHeld: {wrote}"
-    );
-    let accesses = resource.log();
-    let report = LockReport {
-        violations: check_lock_history(&grants, &accesses),
-        ops: accesses
-            .iter()
-            .filter(|a| matches!(a, Access::Write { accepted: true, .. }))
-            .count(),
-        fenced_off: accesses
-            .iter()
-            .filter(|a| {
-                matches!(
-                    a,
-                    Access::Write {
-                        accepted: false,
-                        ..
-                    }
-                )
-            })
-            .count(),
-        errors: 0,
-        longest_stall: granted - asked,
-        recovery: Duration::ZERO,
-        waived: 0,
-        grants: grants.to_vec(),
-        accesses,
-    };
-    assert_eq!(report.fenced_off, 1, "{:?}", report.accesses);
-    report.assert_ok("client-process-paused", BACKEND, 1, TTL + SLACK);
-}
-
-/// Kills the child (even a stopped one) if the test ends before reaping
-/// it, so no frozen process outlives the test. Disarmed (`None`) once the
-/// child is reaped.
-struct KillOnDrop(Option<u32>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0 {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", &pid.to_string()])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-    }
+    process::client_process_paused_past_its_ttl(
+        &server.client_port().to_string(),
+        "process::child_process_role",
+        |port| async move { client(&[format!("127.0.0.1:{port}")]).await },
+        TTL,
+        Duration::from_secs(4),
+        BACKEND,
+        TTL + SLACK,
+    )
+    .await;
 }
