@@ -625,6 +625,88 @@ mod tests {
     }
 
     #[test]
+    fn exact_decisions_at_the_edges() {
+        let w = 60 * S;
+        let k = 100;
+        // Sliding window, full in this window: the next fits 6 s into the
+        // next window (10 x (60 - x)/60 <= 9), the state resets in 110 s.
+        let q = Quota::new(10, Duration::from_secs(60), Algorithm::SlidingWindow);
+        let mut st = LimitState::new(&q);
+        for i in 0..10 {
+            assert!(st.check(k * w + 10 * S + i, &q, 1).allowed);
+        }
+        let d = st.check(k * w + 10 * S + 10, &q, 1);
+        assert!(!d.allowed);
+        assert_eq!(
+            d.retry_after,
+            Duration::from_secs(56) - Duration::from_nanos(10)
+        );
+        assert_eq!(
+            d.reset_after,
+            Duration::from_secs(110) - Duration::from_nanos(10)
+        );
+        // Fixed window: retry and reset at the window's end.
+        let q = Quota::new(2, Duration::from_secs(60), Algorithm::FixedWindow);
+        let mut st = LimitState::new(&q);
+        let t = k * w + 15 * S;
+        assert_eq!(st.check(t, &q, 1).remaining, 1);
+        assert!(st.check(t, &q, 1).allowed);
+        let d = st.check(t, &q, 1);
+        assert!(!d.allowed);
+        assert_eq!(
+            (d.retry_after, d.reset_after),
+            (Duration::from_secs(45), Duration::from_secs(45))
+        );
+        // Every algorithm counts `remaining` down by the cost.
+        for alg in Algorithm::ALL {
+            let q = Quota::new(5, Duration::from_secs(10), alg);
+            let mut st = LimitState::new(&q);
+            assert_eq!(st.check(k * w + 1, &q, 2).remaining, 3, "{alg:?}");
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_counts_only_its_own_window_of_a_longer_retention() {
+        let long = Quota::new(10, Duration::from_secs(20), Algorithm::SlidingLog);
+        let short = Quota::new(5, Duration::from_secs(10), Algorithm::SlidingLog);
+        let mut st = LimitState::new(&long);
+        let t0 = 1000 * S;
+        for _ in 0..5 {
+            assert!(st.check(t0, &long, 1).allowed);
+        }
+        // Exactly one short window later the five are out of it (but kept
+        // for the long quota).
+        assert!(st.check(t0 + 10 * S, &short, 1).allowed);
+        assert!(!st.check(t0 + 10 * S, &long, 5).allowed);
+    }
+
+    #[test]
+    fn a_sliding_log_drops_entries_past_its_retention() {
+        let q = Quota::new(3, Duration::from_secs(1), Algorithm::SlidingLog);
+        let mut st = LimitState::new(&q);
+        for i in 0..1000u128 {
+            st.check(1000 * S + i * S, &q, 1);
+        }
+        assert!(st.encode().len() < 100, "{}", st.encode());
+    }
+
+    #[test]
+    fn gcra_rescales_its_backlog_to_a_new_window() {
+        let long = Quota::new(10, Duration::from_secs(600), Algorithm::Gcra);
+        let short = Quota::new(10, Duration::from_secs(60), Algorithm::Gcra);
+        let mut st = LimitState::new(&long);
+        let t0 = 6000 * S;
+        for i in 0..10 {
+            assert!(st.check(t0 + i, &long, 1).allowed);
+        }
+        // 61 s later 539 s of the 600 s backlog are owed: 8.98 requests, at
+        // 6 s each under the short quota: one more fits, then none.
+        let t = t0 + 61 * S;
+        assert!(st.check(t, &short, 1).allowed);
+        assert!(!st.check(t + 1, &short, 1).allowed);
+    }
+
+    #[test]
     fn huge_limits_and_costs_do_not_overflow() {
         for alg in Algorithm::ALL {
             let q = Quota::new(u64::MAX, Duration::from_secs(1), alg);
