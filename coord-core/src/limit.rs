@@ -662,7 +662,28 @@ mod tests {
             let q = Quota::new(5, Duration::from_secs(10), alg);
             let mut st = LimitState::new(&q);
             assert_eq!(st.check(k * w + 1, &q, 2).remaining, 3, "{alg:?}");
+            assert_eq!(st.check(k * w + 2, &q, 1).remaining, 2, "{alg:?}");
         }
+        // GCRA, full: the next request fits one emission interval later.
+        let q = Quota::new(10, Duration::from_secs(600), Algorithm::Gcra);
+        let mut st = LimitState::new(&q);
+        let t = k * w;
+        for _ in 0..10 {
+            assert!(st.check(t, &q, 1).allowed);
+        }
+        let d = st.check(t, &q, 1);
+        assert_eq!((d.allowed, d.retry_after), (false, Duration::from_secs(60)));
+        assert_eq!(d.reset_after, Duration::from_secs(600));
+        // Sliding window with only the previous window counting: it resets
+        // at this window's end.
+        let q = Quota::new(10, Duration::from_secs(60), Algorithm::SlidingWindow);
+        let mut st = LimitState::new(&q);
+        for _ in 0..10 {
+            assert!(st.check(k * w + 50 * S, &q, 1).allowed);
+        }
+        let d = st.check((k + 1) * w + S, &q, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.reset_after, Duration::from_secs(59));
     }
 
     #[test]
