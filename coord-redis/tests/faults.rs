@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::{FaultLog, LockReport, LockWorkload, run_lock_workload, schedule};
+use conformance::faults::{
+    FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule,
+};
 use conformance::testkit::proxy::{FaultProxy, Mode};
 use conformance::testkit::redis::{RedisServer, Resp};
 use coord_core::{Coord, LockOptions};
@@ -62,13 +64,6 @@ async fn blocking<F: FnOnce() + Send + 'static>(f: F) {
         .expect("a kit call panicked");
 }
 
-fn healed(injected: usize) -> FaultLog {
-    FaultLog {
-        injected,
-        healed: Some(Instant::now()),
-    }
-}
-
 fn judge(report: &LockReport, log: &FaultLog, scenario: &str) {
     report.assert_ok(scenario, BACKEND, log.injected, TTL + SLACK);
     report.assert_every_client_recovered(scenario, BACKEND, TTL + SLACK);
@@ -105,17 +100,6 @@ fn claims(server: &RedisServer) -> Vec<String> {
         .collect()
 }
 
-/// The first grant of the workload at or after `t`.
-fn first_grant_after(report: &LockReport, t: Instant) -> Instant {
-    let first = report
-        .grants
-        .iter()
-        .map(|g| g.granted)
-        .filter(|g| *g >= t)
-        .min();
-    first.expect("a grant after the victim's fault")
-}
-
 /// A victim client (own proxy) holds the lock, watchdog on, when the
 /// workload starts; it is cut off for 2 TTLs: its guard must report the
 /// loss, and the 4 workload clients must get the lock within TTL + 500 ms
@@ -128,68 +112,17 @@ async fn client_cut_off_by_the_proxy() {
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(server.port())).collect();
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
     let victim = client(ports[4]).await;
-    let opts = LockOptions::new(TTL).watchdog(true);
-    let guard = victim
-        .locks()
-        .unwrap()
-        .acquire_with("cut-off", opts)
-        .await
-        .unwrap();
-    let cut = std::sync::Mutex::new(None);
-    let victim_valid = std::sync::Mutex::new(None);
-    let (report, log) = run_lock_workload(
-        clients(&ports[..4]).await,
+    let (report, log, cut) = cut_off_victim(
         "cut-off",
+        &victim,
+        &proxies[4],
+        &proxies[0],
+        clients(&ports[..4]).await,
         workload(true),
-        async {
-            sleep(Duration::from_millis(1000)).await;
-            proxies[4].blackhole();
-            *cut.lock().unwrap() = Some(Instant::now());
-            sleep(TTL * 2).await;
-            assert!(
-                !guard.is_valid(),
-                "the cut victim's guard is still valid after 2 TTLs"
-            );
-            tokio::time::timeout(Duration::from_millis(100), guard.lost())
-                .await
-                .expect("the cut victim's lost signal fired");
-            proxies[4].heal();
-            *victim_valid.lock().unwrap() = Some(guard.valid_until());
-            let released = guard.release().await;
-            assert!(
-                released.as_ref().is_err_and(|e| e.is_ownership_lost()),
-                "{released:?}"
-            );
-            sleep(Duration::from_millis(1000)).await;
-            proxies[0].blackhole();
-            sleep(TTL * 2).await;
-            proxies[0].heal();
-            healed(2)
-        },
     )
     .await;
     judge(&report, &log, "client-cut-off");
-    let cut = cut.into_inner().unwrap().unwrap();
-    let first = first_grant_after(&report, cut);
-    println!(
-        "client-cut-off: first grant {:?} after the holder was cut off",
-        first - cut
-    );
-    assert!(
-        first - cut <= TTL + Duration::from_millis(500),
-        "first grant {:?} after the holder was cut off",
-        first - cut
-    );
-    let earliest = report.grants.iter().map(|g| g.granted).min().unwrap();
-    let victim_valid = victim_valid.into_inner().unwrap().unwrap();
-    assert!(
-        earliest >= victim_valid && victim_valid <= cut + TTL,
-        "a workload client got the lock while the cut victim's guard was still valid"
-    );
-    assert!(
-        earliest >= cut,
-        "a workload client got the lock while the victim held it"
-    );
+    cut.assert_handover(&report, TTL, TTL + Duration::from_millis(500));
 }
 
 /// Replies lost, requests applied. A victim client (own proxy, replies
@@ -235,7 +168,7 @@ async fn dropped_replies_for_one_client() {
             proxies[0].set(Mode::DropReplies);
             sleep(TTL * 2).await;
             proxies[0].heal();
-            healed(2)
+            FaultLog::healed_now(2)
         },
     )
     .await;
@@ -268,7 +201,7 @@ async fn half_open_connections_of_one_client() {
         sleep(Duration::from_millis(1500)).await;
         proxies[0].freeze_open();
         // Never healed: the client must get out by itself.
-        healed(1)
+        FaultLog::healed_now(1)
     })
     .await;
     judge(&report, &log, "half-open-connections");
@@ -322,7 +255,7 @@ async fn server_paused_past_the_ttl() {
         s.pause();
         sleep(TTL * 2).await;
         s.resume();
-        healed(1)
+        FaultLog::healed_now(1)
     })
     .await;
     judge(&report, &log, "server-paused");
@@ -344,7 +277,7 @@ async fn server_killed_with_aof_restarts_at_once() {
                 s.start_again();
             })
             .await;
-            healed(1)
+            FaultLog::healed_now(1)
         })
         .await;
     judge(&report, &log, "server-killed-aof");
@@ -370,7 +303,7 @@ async fn server_killed_without_persistence_delayed_restart() {
             blocking(move || s2.kill()).await;
             sleep(TTL + Duration::from_millis(200)).await;
             blocking(move || s.start_again()).await;
-            healed(1)
+            FaultLog::healed_now(1)
         },
     )
     .await;
@@ -403,7 +336,7 @@ async fn data_loss_restart_from_an_older_snapshot() {
                 s.start_again();
             })
             .await;
-            healed(1)
+            FaultLog::healed_now(1)
         })
         .await;
     report.waive("one valid holder at a time");

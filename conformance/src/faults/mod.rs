@@ -19,6 +19,8 @@ use std::time::Duration;
 use coord_core::{Coord, LockOptions};
 use tokio::time::{Instant, sleep};
 
+use crate::testkit::proxy::FaultProxy;
+
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
 
 /// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
@@ -120,6 +122,17 @@ impl LockReport {
         n
     }
 
+    /// The first grant at or after `t` (panics if there is none).
+    pub fn first_grant_after(&self, t: Instant) -> Instant {
+        let first = self
+            .grants
+            .iter()
+            .map(|g| g.granted)
+            .filter(|g| *g >= t)
+            .min();
+        first.expect("a grant after the victim's fault")
+    }
+
     /// Panic unless every client stopped failing within `bound` of the
     /// heal (DESIGN §7: after a fault heals EVERY client progresses).
     pub fn assert_every_client_recovered(&self, scenario: &str, backend: &str, bound: Duration) {
@@ -149,6 +162,115 @@ pub struct FaultLog {
     pub injected: usize,
     /// When the last fault healed (progress is measured from here).
     pub healed: Option<Instant>,
+}
+
+impl FaultLog {
+    /// `injected` faults, the last of them healed now.
+    pub fn healed_now(injected: usize) -> FaultLog {
+        FaultLog {
+            injected,
+            healed: Some(Instant::now()),
+        }
+    }
+}
+
+/// When [`cut_off_victim`] cut its victim off, and when the victim's
+/// guard stopped being valid.
+#[derive(Debug, Clone, Copy)]
+pub struct CutOff {
+    /// When the victim's proxy started dropping everything.
+    pub cut: Instant,
+    /// The victim guard's local validity deadline.
+    pub victim_valid: Instant,
+}
+
+impl CutOff {
+    /// Panic unless the workload's first grant after the cut came within
+    /// `bound` of it, and no workload client got the lock while the
+    /// victim held it or its guard was still valid (which itself ended
+    /// within `ttl` of the cut).
+    pub fn assert_handover(&self, report: &LockReport, ttl: Duration, bound: Duration) {
+        let (cut, victim_valid) = (self.cut, self.victim_valid);
+        let first = report.first_grant_after(cut);
+        println!(
+            "client-cut-off: first grant {:?} after the holder was cut off",
+            first - cut
+        );
+        assert!(
+            first - cut <= bound,
+            "first grant {:?} after the holder was cut off",
+            first - cut
+        );
+        let earliest = report.grants.iter().map(|g| g.granted).min().unwrap();
+        assert!(
+            earliest >= victim_valid && victim_valid <= cut + ttl,
+            "a workload client got the lock while the cut victim's guard was still valid"
+        );
+        assert!(
+            earliest >= cut,
+            "a workload client got the lock while the victim held it"
+        );
+    }
+}
+
+/// The "client cut off" scenario, the same on every store. `victim` (its
+/// traffic through `victim_proxy`) holds `name` with the watchdog on when
+/// the workload of `clients` starts; after 1 s it is cut off for 2 TTLs:
+/// its guard must be invalid and its lost signal fired, and its release
+/// must report the loss. Then the workload client behind `client0_proxy`
+/// is cut off the same way and healed. Judge the report as the store
+/// needs, then check the handover with [`CutOff::assert_handover`].
+pub async fn cut_off_victim(
+    name: &str,
+    victim: &Coord,
+    victim_proxy: &FaultProxy,
+    client0_proxy: &FaultProxy,
+    clients: Vec<Coord>,
+    w: LockWorkload,
+) -> (LockReport, FaultLog, CutOff) {
+    let opts = LockOptions::new(w.ttl).watchdog(true);
+    let guard = victim
+        .locks()
+        .expect("locks")
+        .acquire_with(name, opts)
+        .await
+        .expect("the victim takes the free lock");
+    let cut = std::sync::Mutex::new(None);
+    let victim_valid = std::sync::Mutex::new(None);
+    let (report, log) = run_lock_workload(clients, name, w, async {
+        sleep(Duration::from_millis(1000)).await;
+        victim_proxy.blackhole();
+        *cut.lock().unwrap() = Some(Instant::now());
+        sleep(w.ttl * 2).await;
+        assert!(
+            !guard.is_valid(),
+            "the cut victim's guard is still valid after 2 TTLs"
+        );
+        tokio::time::timeout(Duration::from_millis(100), guard.lost())
+            .await
+            .expect("the cut victim's lost signal fired");
+        victim_proxy.heal();
+        *victim_valid.lock().unwrap() = Some(guard.valid_until());
+        let released = guard.release().await;
+        assert!(
+            released.as_ref().is_err_and(|e| e.is_ownership_lost()),
+            "{released:?}"
+        );
+        sleep(Duration::from_millis(1000)).await;
+        client0_proxy.blackhole();
+        sleep(w.ttl * 2).await;
+        client0_proxy.heal();
+        FaultLog::healed_now(2)
+    })
+    .await;
+    let cut_off = CutOff {
+        cut: cut.into_inner().unwrap().expect("cut"),
+        victim_valid: victim_valid
+            .into_inner()
+            .unwrap()
+            .expect("victim's deadline"),
+    };
+    (report, log, cut_off)
 }
 
 /// Run a lock workload: each client loops acquire -> fenced read ->

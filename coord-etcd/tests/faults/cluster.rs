@@ -66,7 +66,7 @@ async fn cluster_leader_killed() {
             sleep(TTL * 2).await;
             let c2 = cc.clone();
             blocking(move || c2.start_member(l)).await;
-            let log = healed(1);
+            let log = FaultLog::healed_now(1);
             wait_healthy(&cc).await;
             log
         },
@@ -84,7 +84,7 @@ async fn pause_member(c: &Arc<EtcdCluster>, i: usize, at: &Mutex<Vec<Instant>>) 
     let c2 = c.clone();
     blocking(move || c2.resume(i)).await;
     at.lock().unwrap().push(Instant::now());
-    let log = healed(1);
+    let log = FaultLog::healed_now(1);
     wait_healthy(c).await;
     log
 }

@@ -66,13 +66,6 @@ pub async fn blocking<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(f: F
         .expect("a kit call panicked")
 }
 
-pub fn healed(injected: usize) -> FaultLog {
-    FaultLog {
-        injected,
-        healed: Some(Instant::now()),
-    }
-}
-
 /// 0 violations, progress and every client recovered within TTL + `slack`
 /// of the heal.
 pub fn judge(report: &LockReport, log: &FaultLog, scenario: &str, slack: Duration) {
@@ -85,17 +78,6 @@ pub fn judge(report: &LockReport, log: &FaultLog, scenario: &str, slack: Duratio
     );
     report.assert_ok(scenario, BACKEND, log.injected, TTL + slack);
     report.assert_every_client_recovered(scenario, BACKEND, TTL + slack);
-}
-
-/// The first grant of the workload at or after `t`.
-pub fn first_grant_after(report: &LockReport, t: Instant) -> Instant {
-    let first = report
-        .grants
-        .iter()
-        .map(|g| g.granted)
-        .filter(|g| *g >= t)
-        .min();
-    first.expect("a grant after the fault")
 }
 
 /// The longest gap between two grants over the whole run (faults

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::run_lock_workload;
+use conformance::faults::{FaultLog, cut_off_victim, run_lock_workload};
 use conformance::testkit::etcd::EtcdServer;
 use conformance::testkit::proxy::FaultProxy;
-use coord_core::LockOptions;
 use tokio::time::{Instant, sleep};
 
 use super::common::*;
@@ -27,65 +26,19 @@ async fn client_cut_off_by_the_proxy() {
         .collect();
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
     let victim = clients_via(&ports[4..]).await.remove(0);
-    let opts = LockOptions::new(TTL).watchdog(true);
-    let guard = victim
-        .locks()
-        .unwrap()
-        .acquire_with("cut-off", opts)
-        .await
-        .unwrap();
-    let cut = std::sync::Mutex::new(None);
-    let victim_valid = std::sync::Mutex::new(None);
     let mut w = workload(true);
     w.duration = w.duration.max(Duration::from_secs(13));
-    let (report, log) = run_lock_workload(clients_via(&ports[..4]).await, "cut-off", w, async {
-        sleep(Duration::from_millis(1000)).await;
-        proxies[4].blackhole();
-        *cut.lock().unwrap() = Some(Instant::now());
-        sleep(TTL * 2).await;
-        assert!(
-            !guard.is_valid(),
-            "the cut victim's guard is still valid after 2 TTLs"
-        );
-        tokio::time::timeout(Duration::from_millis(100), guard.lost())
-            .await
-            .expect("the cut victim's lost signal fired");
-        proxies[4].heal();
-        *victim_valid.lock().unwrap() = Some(guard.valid_until());
-        let released = guard.release().await;
-        assert!(
-            released.as_ref().is_err_and(|e| e.is_ownership_lost()),
-            "{released:?}"
-        );
-        sleep(Duration::from_millis(1000)).await;
-        proxies[0].blackhole();
-        sleep(TTL * 2).await;
-        proxies[0].heal();
-        healed(2)
-    })
+    let (report, log, cut) = cut_off_victim(
+        "cut-off",
+        &victim,
+        &proxies[4],
+        &proxies[0],
+        clients_via(&ports[..4]).await,
+        w,
+    )
     .await;
     judge(&report, &log, "client-cut-off", SLACK);
-    let cut = cut.into_inner().unwrap().unwrap();
-    let first = first_grant_after(&report, cut);
-    println!(
-        "client-cut-off: first grant {:?} after the holder was cut off",
-        first - cut
-    );
-    assert!(
-        first - cut <= TTL + SLACK,
-        "first grant {:?} after the holder was cut off",
-        first - cut
-    );
-    let earliest = report.grants.iter().map(|g| g.granted).min().unwrap();
-    let victim_valid = victim_valid.into_inner().unwrap().unwrap();
-    assert!(
-        earliest >= victim_valid && victim_valid <= cut + TTL,
-        "a workload client got the lock while the cut victim's guard was still valid"
-    );
-    assert!(
-        earliest >= cut,
-        "a workload client got the lock while the victim held it"
-    );
+    cut.assert_handover(&report, TTL, TTL + SLACK);
     // Client 0's cut: whatever it held or queued must be freed by its
     // lease, so the others never waited longer than TTL + SLACK.
     let gap = longest_gap(&report);
@@ -112,7 +65,7 @@ async fn server_paused_past_the_ttl() {
             blocking(move || s2.pause()).await;
             sleep(TTL * 2).await;
             blocking(move || s.resume()).await;
-            healed(1)
+            FaultLog::healed_now(1)
         })
         .await;
     judge(&report, &log, "server-paused", SLACK);
@@ -134,7 +87,7 @@ async fn server_killed_and_restarted() {
                 s.start_again();
             })
             .await;
-            healed(1)
+            FaultLog::healed_now(1)
         })
         .await;
     judge(&report, &log, "server-killed-restarted", SLACK);
@@ -186,7 +139,7 @@ async fn compaction_during_watches() {
                     compactions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
             }
-            healed(n)
+            FaultLog::healed_now(n)
         },
     )
     .await;

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use conformance::faults::run_lock_workload;
+use conformance::faults::{FaultLog, run_lock_workload};
 use conformance::testkit::postgres::{PgBouncer, cluster};
 use tokio::time::sleep;
 
 use super::{
-    SERIAL, TTL, assert_woken_by_notify, blocking, client, clients, database, db_of, healed, judge,
+    SERIAL, TTL, assert_woken_by_notify, blocking, client, clients, database, db_of, judge,
     workload,
 };
 
@@ -27,7 +27,7 @@ async fn server_paused_past_the_ttl() {
         println!("server-paused: froze {} processes", pids.len());
         sleep(TTL * 2).await;
         blocking(move || cluster().resume(&pids)).await;
-        healed(1)
+        FaultLog::healed_now(1)
     })
     .await;
     judge(&report, &log, "server-paused");
@@ -52,7 +52,7 @@ async fn server_crash_restart() {
             cluster().start();
         })
         .await;
-        healed(1)
+        FaultLog::healed_now(1)
     })
     .await;
     judge(&report, &log, "server-crash-restart");
@@ -106,7 +106,7 @@ async fn every_coord_backend_terminated() {
             "the LISTEN connection of every client was terminated: {total:?}"
         );
         assert!(total.0 > total.1, "pooled connections were terminated too");
-        healed(2)
+        FaultLog::healed_now(2)
     })
     .await;
     judge(&report, &log, "terminate-backends");
@@ -141,7 +141,7 @@ async fn pgbouncer_restarted() {
     let (report, log) = run_lock_workload(cs, "bouncer", workload(true), async {
         sleep(Duration::from_millis(2000)).await;
         blocking(move || b.restart()).await;
-        healed(1)
+        FaultLog::healed_now(1)
     })
     .await;
     judge(&report, &log, "pgbouncer-restart");
