@@ -194,6 +194,7 @@ macro_rules! suite {
             lock_attempts_are_idempotent_per_owner,
             election_attempts_are_idempotent_and_renewals_keep_the_term,
             limiter_algorithms_of_one_key_are_independent,
+            lock_extend_of_a_removed_lock_marks_the_guard_lost,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

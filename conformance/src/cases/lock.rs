@@ -137,6 +137,45 @@ pub async fn lock_stale_guard_cannot_release_or_extend(f: &Factory) {
     newer.release().await.unwrap();
 }
 
+/// A guard whose extend finds the lock removed (taken away behind its
+/// back, long before its TTL) is lost at once: `is_valid` turns false, the
+/// lost signal and the lost token fire, without waiting for the local
+/// deadline.
+pub async fn lock_extend_of_a_removed_lock_marks_the_guard_lost(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("removed");
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let token = g.lost_token();
+    assert!(g.is_valid());
+    assert!(
+        b.locks().unwrap().force_release(&name).await.unwrap(),
+        "force_release found nothing to remove"
+    );
+    let e = g.extend(LONG).await.unwrap_err();
+    assert!(matches!(e, Error::NotHeld { .. }), "extend: {e:?}");
+    assert!(
+        !g.is_valid(),
+        "a guard whose extend found the lock gone is still valid"
+    );
+    assert!(
+        !g.ownership().is_valid(),
+        "its ownership view is still valid"
+    );
+    timeout(Duration::from_secs(1), g.lost())
+        .await
+        .expect("the lost signal waited for the deadline (30 s away)");
+    assert!(token.is_cancelled(), "lost token not cancelled");
+    assert!(
+        g.lost_token().is_cancelled(),
+        "a token asked for afterwards is not cancelled"
+    );
+}
+
 /// Extend keeps the lock past its first TTL, never resurrects an expired
 /// lock and never changes the fencing token.
 pub async fn lock_extend_keeps_token_and_never_resurrects(f: &Factory) {

@@ -1,0 +1,258 @@
+//! coord-core's store-independent logic, driven through the in-memory
+//! backend with scripted faults (`support::faulty`) and paused time: which
+//! errors are retried and which returned, how retries back off and end at
+//! the deadline, which calls the guards and cleanup send.
+
+mod support;
+
+use std::time::Duration;
+
+use coord_core::Error;
+use support::faulty::{Fault, Faulty};
+use tokio::time::Instant;
+
+const MS: Duration = Duration::from_millis(1);
+const S: Duration = Duration::from_secs(1);
+
+// ---- barriers ----
+
+/// A barrier wait whose subscription fails with a retryable error still
+/// passes, by polling.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_wait_polls_when_subscribing_is_unavailable() {
+    let f = Faulty::new();
+    f.always("barrier.subscribe", Fault::Unavailable);
+    let b = f.coord(100 * MS).barriers().unwrap();
+    let b2 = b.clone();
+    let first = tokio::spawn(async move { b2.wait("poll", 2, "p1", 10 * S).await });
+    tokio::time::sleep(50 * MS).await;
+    let g = b.wait("poll", 2, "p2", 10 * S).await.unwrap();
+    assert_eq!(first.await.unwrap().unwrap(), g);
+    assert!(f.calls("barrier.subscribe") >= 1);
+}
+
+/// A non-retryable subscription error ends the wait with that error.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_wait_returns_a_broken_subscription() {
+    let f = Faulty::new();
+    f.always("barrier.subscribe", Fault::Broken);
+    let b = f.coord(100 * MS).barriers().unwrap();
+    let err = b.wait("broken-sub", 2, "p1", 10 * S).await.unwrap_err();
+    assert!(matches!(err, Error::Store { .. }), "got {err:?}");
+}
+
+/// A retryable completion check is retried within 20 ms, not after a
+/// whole polling interval, and the wait passes.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_completion_check_is_retried_soon() {
+    let f = Faulty::new();
+    // No notifications reach the waiter: only its checks can see completion.
+    f.always("barrier.subscribe", Fault::Unavailable);
+    let b = f.coord(10 * S).barriers().unwrap();
+    let b2 = b.clone();
+    let first = tokio::spawn(async move { b2.wait("recheck", 2, "p1", 60 * S).await });
+    tokio::time::sleep(10 * MS).await;
+    // The other participant completes the generation, and the waiter's next
+    // check fails once.
+    f.next("barrier.is_complete", Fault::Unavailable, 1);
+    let g = coord_core::Barrier::arrive(
+        &*f.inner,
+        "recheck",
+        2,
+        "p2",
+        &coord_core::OwnerToken::random(),
+    )
+    .await
+    .unwrap();
+    assert!(g.complete);
+    let started = Instant::now();
+    // Wake the waiter's loop once by polling: with a 10 s interval it first
+    // checks after 5-10 s; the failed check is then retried within 20 ms.
+    let got = tokio::time::timeout(30 * S, first)
+        .await
+        .expect("the wait passes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(got, g.generation);
+    let checks = f.calls("barrier.is_complete");
+    assert!(checks >= 2, "{checks} checks");
+    // The passing check came at most 20 ms after the failed one, which came
+    // within one polling interval.
+    assert!(
+        started.elapsed() <= 10 * S + 20 * MS,
+        "passed after {:?}",
+        started.elapsed()
+    );
+}
+
+/// A non-retryable completion check ends the wait with that error.
+#[tokio::test(start_paused = true)]
+async fn a_barrier_wait_returns_a_broken_completion_check() {
+    let f = Faulty::new();
+    f.always("barrier.is_complete", Fault::Broken);
+    let b = f.coord(100 * MS).barriers().unwrap();
+    let err = b.wait("broken-check", 2, "p1", 10 * S).await.unwrap_err();
+    assert!(matches!(err, Error::Store { .. }), "got {err:?}");
+}
+
+/// An arrival that keeps failing is retried with doubling backoff
+/// (20, 40, 80 ms, ...) and given up as soon as the next retry would reach
+/// the deadline: with a 140 ms wait, tries at 0, 20 and 60 ms, and the
+/// error comes back at 60 ms (a retry at 140 ms would be at the deadline).
+#[tokio::test(start_paused = true)]
+async fn a_failing_arrival_backs_off_and_stops_before_the_deadline() {
+    let f = Faulty::new();
+    f.always("barrier.arrive", Fault::Unavailable);
+    let b = f.coord(10 * S).barriers().unwrap();
+    let started = Instant::now();
+    let err = b.wait("backoff", 2, "p1", 140 * MS).await.unwrap_err();
+    assert!(err.is_retryable(), "got {err:?}");
+    assert_eq!(started.elapsed(), 60 * MS);
+    assert_eq!(f.calls("barrier.arrive"), 3);
+}
+
+/// Over a longer wait the backoff keeps doubling (capped by the polling
+/// interval and 1 s): a 5 s wait makes 9 tries, not hundreds.
+#[tokio::test(start_paused = true)]
+async fn a_failing_arrival_backs_off_exponentially() {
+    let f = Faulty::new();
+    f.always("barrier.arrive", Fault::Unavailable);
+    let b = f.coord(10 * S).barriers().unwrap();
+    let started = Instant::now();
+    let err = b.wait("backoff-long", 2, "p1", 5 * S).await.unwrap_err();
+    assert!(err.is_retryable(), "got {err:?}");
+    // 0, 20, 60, 140, 300, 620, 1260, 2260, 3260, 4260 ms; 5260 > 5000.
+    assert_eq!(f.calls("barrier.arrive"), 10);
+    assert_eq!(started.elapsed(), 4260 * MS);
+}
+
+/// A wait dropped while its arrival is in flight, where that arrival
+/// completed the generation, sends no withdraw (the participant passed).
+#[tokio::test(start_paused = true)]
+async fn a_dropped_wait_whose_arrival_completed_sends_no_withdraw() {
+    let f = Faulty::new();
+    let b = f.coord(100 * MS).barriers().unwrap();
+    let b2 = b.clone();
+    let first = tokio::spawn(async move { b2.wait("drop-complete", 2, "p1", 10 * S).await });
+    tokio::time::sleep(10 * MS).await;
+    // p2's arrival completes the generation, but p2's wait is dropped
+    // before the reply is seen.
+    f.next("barrier.arrive", Fault::LoseReply, 1);
+    let _ = tokio::time::timeout(5 * MS, b.wait("drop-complete", 2, "p2", 10 * S)).await;
+    first.await.unwrap().unwrap();
+    tokio::time::sleep(S).await;
+    assert_eq!(f.calls("barrier.withdraw"), 0);
+}
+
+// ---- guards ----
+
+/// A guard reports its own name, and `keep_alive` shows in `has_watchdog`.
+#[tokio::test(start_paused = true)]
+async fn a_guard_knows_its_name_and_its_watchdog() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let mut g = locks
+        .acquire("order:7", 3 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(g.name(), "order:7");
+    assert_eq!(g.ownership().name(), "order:7");
+    assert!(!g.has_watchdog());
+    g.keep_alive();
+    assert!(g.has_watchdog());
+    g.release().await.unwrap();
+}
+
+/// Calling `keep_alive` twice starts one watchdog: renewals every third of
+/// the TTL, not twice as many.
+#[tokio::test(start_paused = true)]
+async fn keep_alive_twice_starts_one_watchdog() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let mut g = locks
+        .acquire("one-dog", 3 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    g.keep_alive();
+    g.keep_alive();
+    tokio::time::sleep(10 * S + 500 * MS).await;
+    let renewals = f.calls("lock.extend");
+    assert!(
+        (9..=11).contains(&renewals),
+        "{renewals} renewals in 10.5 s with a 3 s TTL"
+    );
+    assert!(g.is_valid());
+    g.release().await.unwrap();
+}
+
+/// A renewal that fails with a retryable error is retried a twentieth of
+/// the TTL later, and the guard stays valid.
+#[tokio::test(start_paused = true)]
+async fn a_failed_renewal_is_retried_a_twentieth_of_the_ttl_later() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks
+        .acquire("retry-renew", 3 * S, Duration::ZERO)
+        .await
+        .unwrap()
+        .with_watchdog();
+    f.next("lock.extend", Fault::Unavailable, 1);
+    tokio::time::sleep(5 * S).await;
+    let t = f.times("lock.extend");
+    assert!(t.len() >= 3, "{} renewals", t.len());
+    assert_eq!(
+        t[1] - t[0],
+        150 * MS,
+        "the failed renewal was retried after {:?}",
+        t[1] - t[0]
+    );
+    assert!(g.is_valid(), "one failed renewal lost the guard");
+    assert!(tokio::time::timeout(MS, g.lost()).await.is_err());
+    g.release().await.unwrap();
+}
+
+/// A renewal that fails with a non-retryable error loses the guard at
+/// once, long before its deadline.
+#[tokio::test(start_paused = true)]
+async fn a_broken_renewal_loses_the_guard_at_once() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks
+        .acquire("broken-renew", 30 * S, Duration::ZERO)
+        .await
+        .unwrap()
+        .with_watchdog();
+    f.next("lock.extend", Fault::Broken, 1);
+    let started = Instant::now();
+    tokio::time::timeout(20 * S, g.lost())
+        .await
+        .expect("the guard was not lost");
+    // The first renewal comes a third of the TTL in, and loses it.
+    assert!(
+        started.elapsed() <= 10 * S + 10 * MS,
+        "lost after {:?}",
+        started.elapsed()
+    );
+    assert!(!g.is_valid());
+    assert_eq!(f.calls("lock.extend"), 1, "a broken renewal was retried");
+}
+
+/// `Ownership` (what `with_lock` hands its closure) tells the truth about
+/// the claim: its remaining validity, and is_valid false once the local
+/// deadline passed without renewal.
+#[tokio::test(start_paused = true)]
+async fn ownership_follows_the_guard() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks.acquire("own", 3 * S, Duration::ZERO).await.unwrap();
+    let own = g.ownership();
+    assert!(own.is_valid());
+    assert_eq!(own.remaining(), g.remaining());
+    assert!(own.remaining() > 2 * S);
+    tokio::time::sleep(2 * S).await;
+    assert!(own.remaining() < S && !own.remaining().is_zero());
+    tokio::time::sleep(S).await;
+    assert!(own.remaining().is_zero());
+    assert!(!own.is_valid(), "valid past its deadline");
+    assert!(!g.is_valid());
+}

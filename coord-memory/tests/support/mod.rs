@@ -1,0 +1,4 @@
+//! Shared helpers of coord-memory's integration tests.
+#![allow(dead_code)]
+
+pub mod faulty;
