@@ -133,8 +133,9 @@ impl Elections {
     }
 
     /// A stream of leadership changes of `name`: first the current state,
-    /// then every change it sees, in order; terms never go back (`None`
-    /// means the office is vacant). Driven by the store's notifications,
+    /// then every change it sees, in order; terms never go back, and a
+    /// term it has seen end is never shown again, even by a stale read
+    /// (`None` means the office is vacant). Driven by the store's notifications,
     /// with the polling fallback. Changes that happen faster than one round
     /// trip may be seen only as their end state. Retryable store errors are
     /// retried quietly; others are yielded and the stream goes on.
@@ -186,8 +187,11 @@ impl ObserveState {
             match self.backend.leader(&self.name).await {
                 Ok(now) => {
                     backoff = Duration::from_millis(10);
+                    // A term already seen is over once anything else was
+                    // seen after it: a stale read (a lagging replica) that
+                    // shows it, or a lower one, again is skipped.
                     let goes_back = match (&now, self.max_term) {
-                        (Some(info), Some(max)) => info.term < max,
+                        (Some(info), Some(max)) => info.term <= max,
                         _ => false,
                     };
                     let changed = self.last.as_ref() != Some(&now);

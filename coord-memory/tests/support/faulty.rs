@@ -37,6 +37,7 @@ pub struct Faulty {
     script: Mutex<HashMap<&'static str, VecDeque<Fault>>>,
     always: Mutex<HashMap<&'static str, Fault>>,
     calls: Mutex<HashMap<&'static str, Vec<Instant>>>,
+    leader_answers: Mutex<VecDeque<Option<LeaderInfo>>>,
 }
 
 impl Faulty {
@@ -70,6 +71,12 @@ impl Faulty {
     /// Every call of `op` gets `fault` until [`heal`](Faulty::heal).
     pub fn always(&self, op: &'static str, fault: Fault) {
         self.always.lock().unwrap().insert(op, fault);
+    }
+
+    /// The next `election.leader` calls answer these, in order, instead of
+    /// the store (a stale read, as a lagging replica gives).
+    pub fn answer_leader(&self, answers: impl IntoIterator<Item = Option<LeaderInfo>>) {
+        self.leader_answers.lock().unwrap().extend(answers);
     }
 
     /// Stop every fault.
@@ -258,6 +265,10 @@ impl coord_core::Election for Faulty {
         .await
     }
     async fn leader(&self, n: &str) -> Result<Option<LeaderInfo>> {
+        if let Some(answer) = self.leader_answers.lock().unwrap().pop_front() {
+            self.fault("election.leader");
+            return Ok(answer);
+        }
         self.call(
             "election.leader",
             coord_core::Election::leader(&*self.inner, n),
