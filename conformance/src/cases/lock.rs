@@ -174,6 +174,10 @@ pub async fn lock_extend_of_a_removed_lock_marks_the_guard_lost(f: &Factory) {
         g.lost_token().is_cancelled(),
         "a token asked for afterwards is not cancelled"
     );
+    assert!(
+        g.ownership().lost_token().is_cancelled(),
+        "the ownership view's token is not cancelled"
+    );
 }
 
 /// Extend keeps the lock past its first TTL, never resurrects an expired
