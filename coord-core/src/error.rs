@@ -145,6 +145,27 @@ mod tests {
     }
 
     #[test]
+    fn only_not_held_and_lost_are_ownership_lost() {
+        assert!(Error::Lost { name: "a".into() }.is_ownership_lost());
+        let others = [
+            Error::invalid("name", "empty"),
+            Error::Unavailable {
+                backend: "x",
+                operation: "y",
+                message: "z".into(),
+            },
+            Error::Timeout {
+                operation: "lock acquire",
+                name: "a".into(),
+                waited: Duration::ZERO,
+            },
+        ];
+        for e in others {
+            assert!(!e.is_ownership_lost(), "{e:?}");
+        }
+    }
+
+    #[test]
     fn messages_name_field_and_rule() {
         let e = Error::invalid("ttl", "must be greater than zero");
         assert_eq!(

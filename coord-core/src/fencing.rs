@@ -104,3 +104,19 @@ impl<T: Clone> FencedRegister<T> {
         (s.0.clone(), s.1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_register_takes_equal_and_higher_tokens_and_refuses_lower() {
+        let r = FencedRegister::new(0);
+        assert!(r.write(FencingToken(5), 1));
+        // The same holder writes again under its token.
+        assert!(r.write(FencingToken(5), 2));
+        assert!(r.update(FencingToken(7), |v| *v += 1));
+        assert!(!r.write(FencingToken(6), 9), "a lower token was accepted");
+        assert_eq!(r.read(), (3, Some(FencingToken(7))));
+    }
+}
