@@ -405,3 +405,101 @@ async fn a_limiter_wait_gives_up_when_the_retry_is_past_its_deadline() {
     assert!(d.allowed);
     assert_eq!(started.elapsed(), S);
 }
+
+// ---- acquiring: what a failed or abandoned attempt leaves ----
+
+/// Whether `name` can be taken right now by another owner.
+async fn is_free(f: &Faulty, name: &str) -> bool {
+    let o = coord_core::OwnerToken::random();
+    match coord_core::Lock::try_acquire(&*f.inner, name, &o, S)
+        .await
+        .unwrap()
+    {
+        coord_core::Attempt::Granted(_) => {
+            coord_core::Lock::release(&*f.inner, name, &o)
+                .await
+                .unwrap();
+            true
+        }
+        coord_core::Attempt::Held { .. } => false,
+    }
+}
+
+/// An attempt whose reply was lost (granted on the store, unknown to the
+/// caller) is released in the background: the lock does not stay taken
+/// for its TTL.
+#[tokio::test(start_paused = true)]
+async fn an_attempt_with_a_lost_reply_is_cleaned_up() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    f.next("lock.try_acquire", Fault::LoseReply, 1);
+    let e = locks
+        .acquire("lost-reply", 30 * S, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(e.is_retryable(), "got {e:?}");
+    tokio::time::sleep(MS).await;
+    assert!(
+        is_free(&f, "lost-reply").await,
+        "the lost grant stays held until its TTL"
+    );
+}
+
+/// A plain timed-out acquire (the lock stayed busy, every reply seen)
+/// sends no release: there is nothing of its own to clean up.
+#[tokio::test(start_paused = true)]
+async fn a_timed_out_acquire_sends_no_release() {
+    let f = Faulty::new();
+    let locks = f.coord(100 * MS).locks().unwrap();
+    let held = locks.acquire("busy", 30 * S, Duration::ZERO).await.unwrap();
+    let e = locks.acquire("busy", 30 * S, 500 * MS).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "got {e:?}");
+    tokio::time::sleep(S).await;
+    assert_eq!(f.calls("lock.release"), 0);
+    held.release().await.unwrap();
+}
+
+/// An acquire dropped while its granting attempt is on the wire releases
+/// that grant in the background.
+#[tokio::test(start_paused = true)]
+async fn an_acquire_dropped_mid_attempt_releases_its_grant() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    f.next("lock.try_acquire", Fault::SlowReply(S), 1);
+    let r = tokio::time::timeout(100 * MS, locks.acquire("dropped", 30 * S, 10 * S)).await;
+    assert!(r.is_err(), "the acquire finished: {r:?}");
+    assert!(
+        !is_free(&f, "dropped").await,
+        "the attempt was not granted on the store"
+    );
+    tokio::time::sleep(10 * MS).await;
+    assert!(
+        is_free(&f, "dropped").await,
+        "the abandoned grant stays held until its TTL"
+    );
+}
+
+/// An `acquire_all` that fails on a later lock has released the earlier
+/// ones when it returns (not later, in the background).
+#[tokio::test(start_paused = true)]
+async fn a_failed_acquire_all_has_released_what_it_took() {
+    let f = Faulty::new();
+    let locks = f.coord(100 * MS).locks().unwrap();
+    let held = locks
+        .acquire("all-b", 30 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let e = locks
+        .acquire_all(
+            ["all-a", "all-b"],
+            coord_core::LockOptions::new(30 * S).wait(300 * MS),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "got {e:?}");
+    assert!(
+        is_free(&f, "all-a").await,
+        "`all-a` is still held after acquire_all failed"
+    );
+    held.release().await.unwrap();
+}

@@ -26,6 +26,8 @@ pub enum Fault {
     Broken,
     /// Apply the call on the store, then lose the reply (retryable error).
     LoseReply,
+    /// Apply the call on the store, then wait this long before replying.
+    SlowReply(Duration),
 }
 
 /// Scripted faults and call counts per operation name (`"lock.try_acquire"`,
@@ -128,6 +130,11 @@ impl Faulty {
             Some(Fault::LoseReply) => {
                 let _ = f.await;
                 Err(unavailable(op))
+            }
+            Some(Fault::SlowReply(d)) => {
+                let r = f.await;
+                tokio::time::sleep(d).await;
+                r
             }
         }
     }
