@@ -503,3 +503,24 @@ async fn a_failed_acquire_all_has_released_what_it_took() {
     );
     held.release().await.unwrap();
 }
+
+/// `acquire_all` deduplicates and sorts the names; `MultiGuard` reports
+/// them and each lock's token.
+#[tokio::test(start_paused = true)]
+async fn a_multi_guard_reports_sorted_names_and_tokens() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let both = locks
+        .acquire_all(["m-b", "m-a", "m-b"], coord_core::LockOptions::new(30 * S))
+        .await
+        .unwrap();
+    assert_eq!(both.names(), vec!["m-a", "m-b"]);
+    assert_eq!(both.guards().len(), 2);
+    let (a, b) = (
+        both.fencing_token("m-a").unwrap(),
+        both.fencing_token("m-b").unwrap(),
+    );
+    assert!(a < b, "taken in sorted order");
+    assert_eq!(both.fencing_token("m-c"), None);
+    both.release().await.unwrap();
+}
