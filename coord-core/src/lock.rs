@@ -516,3 +516,27 @@ impl<T> From<WithLockError<T>> for Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_release_error_keeps_the_output_and_its_source() {
+        let e: WithLockError<u32> = WithLockError::Release {
+            output: 7,
+            error: Error::Lost { name: "a".into() },
+        };
+        let source = std::error::Error::source(&e).expect("the release error is the source");
+        assert_eq!(
+            source.to_string(),
+            Error::Lost { name: "a".into() }.to_string()
+        );
+        assert!(e.to_string().contains("do not redo the work"), "{e}");
+        assert!(e.error().is_ownership_lost());
+        assert_eq!(e.into_output(), Some(7));
+        let e: WithLockError<u32> = WithLockError::Lock(Error::NotHeld { name: "a".into() });
+        assert!(std::error::Error::source(&e).is_some());
+        assert_eq!(e.into_output(), None);
+    }
+}

@@ -252,4 +252,13 @@ mod tests {
         assert!(!format!("{t:?}").contains(&hex));
         assert_ne!(OwnerToken::random(), t);
     }
+
+    #[test]
+    fn owner_token_bytes_roundtrip() {
+        let t = OwnerToken::random();
+        assert_eq!(OwnerToken::from_bytes(*t.as_bytes()), t);
+        let known = OwnerToken::from_bytes([0xab; 16]);
+        assert_eq!(known.as_bytes(), &[0xab; 16]);
+        assert_eq!(known.to_hex(), "ab".repeat(16));
+    }
 }

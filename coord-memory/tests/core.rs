@@ -524,3 +524,28 @@ async fn a_multi_guard_reports_sorted_names_and_tokens() {
     assert_eq!(both.fencing_token("m-c"), None);
     both.release().await.unwrap();
 }
+
+/// `MultiGuard::keep_alive` starts every lock's watchdog, and its release
+/// reports a lock that was lost while still releasing the others.
+#[tokio::test(start_paused = true)]
+async fn a_multi_guard_keeps_alive_and_reports_a_lost_lock_on_release() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let mut both = locks
+        .acquire_all(["k-a", "k-b"], coord_core::LockOptions::new(3 * S))
+        .await
+        .unwrap();
+    assert!(both.guards().iter().all(|g| !g.has_watchdog()));
+    both.keep_alive();
+    assert!(both.guards().iter().all(|g| g.has_watchdog()));
+    tokio::time::sleep(10 * S).await;
+    assert!(
+        both.guards().iter().all(|g| g.is_valid()),
+        "the watchdogs did not renew"
+    );
+    // `k-b` is taken away; the watchdog notices at its next renewal.
+    assert!(locks.force_release("k-b").await.unwrap());
+    let e = both.release().await.unwrap_err();
+    assert!(e.is_ownership_lost(), "got {e:?}");
+    assert!(is_free(&f, "k-a").await, "`k-a` was not released");
+}
