@@ -128,6 +128,23 @@ pub fn redact_url_passwords(text: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The kind segments are part of every backend's key layout: changing
+    /// one orphans the data already stored under it.
+    #[test]
+    fn kind_segments_are_fixed() {
+        let all = [
+            (Kind::Lock, "lock"),
+            (Kind::Lease, "lease"),
+            (Kind::Fence, "fence"),
+            (Kind::Election, "election"),
+            (Kind::Barrier, "barrier"),
+            (Kind::Limiter, "limiter"),
+        ];
+        for (kind, segment) in all {
+            assert_eq!(kind.as_str(), segment);
+        }
+    }
+
     #[test]
     fn secrets_never_print() {
         let s = Secret::new("hunter2");

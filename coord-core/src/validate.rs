@@ -169,6 +169,15 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_ttl_is_one_year() {
+        let caps = Capabilities::new("t");
+        let year = Duration::from_secs(365 * 86_400);
+        assert_eq!(MAX_TTL, year);
+        assert!(ttl("ttl", year, &caps).is_ok());
+        assert!(ttl("ttl", year + Duration::from_millis(1), &caps).is_err());
+    }
+
+    #[test]
     fn quotas_and_costs() {
         let q = Quota::new(10, Duration::from_secs(1), Algorithm::Gcra);
         assert!(quota(&q).is_ok());
