@@ -104,6 +104,16 @@
 //! Parse/Bind/Execute), so statements work through PgBouncer in
 //! transaction pooling mode.
 //!
+//! Behind PgBouncer, how soon clients recover after PostgreSQL restarts
+//! is PgBouncer's call: once a login to the server fails (as it does while
+//! the server is coming back), PgBouncer refuses every client of that pool
+//! for `server_login_retry` (15 s by default) before it tries again, and
+//! every coord call fails meanwhile. Set `server_login_retry = 1` in
+//! `pgbouncer.ini` for recovery within about a second of the server's
+//! return (the fault suite runs PgBouncer so; with the default, a crash
+//! restart stalled the suite's clients for 3.5-5 s after the server was
+//! back).
+//!
 //! ## Wake-ups
 //!
 //! Each client opens one extra connection that `LISTEN`s on

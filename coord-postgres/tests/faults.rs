@@ -4,8 +4,9 @@
 //! TCP proxy (also while it holds the lock), replies lost after the
 //! requests were applied, the server frozen with `SIGSTOP`, crashed
 //! (`pg_ctl stop -m immediate`) and started again, every coord backend
-//! terminated (`pg_terminate_backend`), PgBouncer killed and restarted, and
-//! a client PROCESS frozen past its TTL while it holds the lock. Each
+//! terminated (`pg_terminate_backend`), PgBouncer killed and restarted,
+//! PgBouncer frozen, PostgreSQL crashed behind PgBouncer, and a client
+//! PROCESS frozen past its TTL while it holds the lock. Each
 //! scenario asserts 0 violations of the history checker and that the
 //! workload (and every client) progresses within TTL + a stated bound
 //! after the fault heals; each prints a `FAULTS ...` line for
@@ -298,3 +299,6 @@ mod server;
 
 #[path = "faults/process.rs"]
 mod process;
+
+#[path = "faults/bouncer.rs"]
+mod bouncer;

@@ -679,6 +679,7 @@ impl PgBouncer {
                  max_client_conn = 1000\n\
                  default_pool_size = 40\n\
                  server_reset_query =\n\
+                 server_login_retry = 1\n\
                  ignore_startup_parameters = extra_float_digits,options\n\
                  pidfile = {d}/pgbouncer.pid\n\
                  logfile = {d}/pgbouncer.log\n",
@@ -754,6 +755,27 @@ impl PgBouncer {
     /// The URL of database `postgres` through PgBouncer.
     pub fn url(&self) -> String {
         self.url_for("postgres")
+    }
+
+    /// The pid of the running pgbouncer (from its pid file).
+    pub fn pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("pgbouncer.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+    }
+
+    /// Freeze pgbouncer with `SIGSTOP`: connections stay open, nothing is
+    /// forwarded or answered. Returns the pid, for [`resume`](PgBouncer::resume).
+    /// Panics if it is not running.
+    pub fn pause(&self) -> u32 {
+        let pid = self.pid().expect("pause: pgbouncer is not running");
+        signal(pid, "STOP");
+        pid
+    }
+
+    /// `SIGCONT` the pgbouncer frozen by [`pause`](PgBouncer::pause).
+    pub fn resume(&self, pid: u32) {
+        signal(pid, "CONT");
     }
 
     /// Kill PgBouncer (`SIGKILL`: every client connection drops at once)

@@ -1,0 +1,89 @@
+//! Faults with PgBouncer (transaction pooling) between the clients and
+//! PostgreSQL: PgBouncer frozen, and PostgreSQL crashed behind it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::faults::{FaultLog, run_lock_workload};
+use conformance::testkit::postgres::{PgBouncer, cluster};
+use coord_core::Coord;
+use tokio::time::sleep;
+
+use super::{
+    SERIAL, TTL, assert_woken_by_notify, blocking, client, database, db_of, judge, workload,
+};
+
+/// Five clients whose statements go through `bouncer` and whose LISTEN
+/// connection goes to PostgreSQL directly (`listen_url`, as PgBouncer's
+/// transaction pooling cannot carry LISTEN).
+async fn clients_through(bouncer: &PgBouncer, url: &str) -> Vec<Coord> {
+    let through = bouncer.url_for(&db_of(url));
+    let mut cs = Vec::new();
+    for _ in 0..5 {
+        cs.push(
+            coord_postgres::builder(&through)
+                .listen_url(url)
+                .call_timeout(Duration::from_millis(400))
+                .connect_timeout(Duration::from_millis(500))
+                .pool_size(4)
+                .connect()
+                .await
+                .expect("connect through pgbouncer"),
+        );
+    }
+    cs
+}
+
+/// PgBouncer frozen (`SIGSTOP`) for 2 TTLs mid-workload: every statement
+/// times out (the connections stay open: no reset tells the client), every
+/// holder's guard ends by its local deadline, the locks expire on the
+/// database clock; after `SIGCONT` the statements that were queued in
+/// PgBouncer run late (their replies are long abandoned) and all go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgbouncer_paused_past_the_ttl() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("bouncer_paused");
+    let bouncer = Arc::new(blocking(|| PgBouncer::start(cluster())).await);
+    let cs = clients_through(&bouncer, &url).await;
+    let b = bouncer.clone();
+    let (report, log) = run_lock_workload(cs, "bouncer-paused", workload(true), async {
+        sleep(Duration::from_millis(2000)).await;
+        let b2 = b.clone();
+        let pid = blocking(move || b2.pause()).await;
+        sleep(TTL * 2).await;
+        blocking(move || b.resume(pid)).await;
+        FaultLog::healed_now(1)
+    })
+    .await;
+    judge(&report, &log, "pgbouncer-paused");
+    let c = client(&bouncer.url_for(&db_of(&url))).await;
+    let g = c.locks().unwrap().try_acquire("after", TTL).await.unwrap();
+    g.expect("free after the heal").release().await.unwrap();
+}
+
+/// PostgreSQL crashes (`pg_ctl stop -m immediate`) and starts again while
+/// the clients talk to it through PgBouncer: PgBouncer's server
+/// connections die, statements in flight fail (some committed, unheard),
+/// PgBouncer reconnects to the new server by itself, and the direct LISTEN
+/// connections come back. Grants are durable commits: every rule holds,
+/// exclusivity included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_crash_behind_pgbouncer() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("bouncer_crash");
+    let bouncer = blocking(|| PgBouncer::start(cluster())).await;
+    let cs = clients_through(&bouncer, &url).await;
+    let listener = cs[0].clone();
+    let (report, log) = run_lock_workload(cs, "bouncer-crash", workload(true), async {
+        sleep(Duration::from_millis(2000)).await;
+        blocking(|| {
+            cluster().crash();
+            cluster().start();
+        })
+        .await;
+        FaultLog::healed_now(1)
+    })
+    .await;
+    judge(&report, &log, "server-crash-behind-pgbouncer");
+    assert_woken_by_notify(&url, listener, "server-crash-behind-pgbouncer").await;
+}
