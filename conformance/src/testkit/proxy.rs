@@ -47,6 +47,8 @@ struct State {
     stop: AtomicBool,
     /// Close a connection that lost bytes instead of forwarding on it.
     close_after_loss: AtomicBool,
+    /// Open connections that lost bytes.
+    lossy: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// How a proxy reaches its target: called once per accepted connection,
@@ -104,9 +106,11 @@ impl FaultProxy {
 
     /// From now on, close a connection that lost bytes to a drop mode
     /// (blackhole, one-way drop, frozen) when it would forward again,
-    /// instead of going on with a hole in the stream: TCP never delivers a
-    /// stream with a hole, so after a heal the peers reconnect, as after a
-    /// real partition whose connections timed out. Off by default.
+    /// instead of going on with a hole in the stream (TCP never delivers a
+    /// stream with a hole), and close every such connection on
+    /// [`heal`](FaultProxy::heal): after a heal the peers reconnect at
+    /// once, as after a real partition whose connections timed out. Off by
+    /// default.
     pub fn close_after_loss(&self, on: bool) {
         self.state.close_after_loss.store(on, Ordering::SeqCst);
     }
@@ -150,8 +154,18 @@ impl FaultProxy {
         }
     }
 
-    /// Forward everything again, with no latency, on every connection.
+    /// Forward everything again, with no latency, on every connection (but
+    /// see [`close_after_loss`](FaultProxy::close_after_loss)).
     pub fn heal(&self) {
+        if self.state.close_after_loss.load(Ordering::SeqCst) {
+            let lossy =
+                std::mem::take(&mut *self.state.lossy.lock().unwrap_or_else(|p| p.into_inner()));
+            let conns = self.state.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, c, s) in conns.iter().filter(|(id, _, _)| lossy.contains(id)) {
+                let _ = c.shutdown(Shutdown::Both);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
         self.set(Mode::Pass);
         self.latency(Duration::ZERO);
         self.state.frozen_before.store(0, Ordering::SeqCst);
@@ -213,7 +227,13 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
                 Mode::DropReplies => !upstream,
             };
         if drop_it {
-            lost = true;
+            if !lost {
+                lost = true;
+                st.lossy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id);
+            }
             continue;
         }
         if lost && st.close_after_loss.load(Ordering::SeqCst) {
@@ -230,6 +250,10 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .retain(|(c, _, _)| *c != id);
+    st.lossy
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
 }
 
 #[cfg(test)]
@@ -312,7 +336,10 @@ mod tests {
         p.blackhole();
         assert_eq!(roundtrip(&mut s, &mut r, "b"), None, "blackholed");
         p.heal();
-        // "c" would follow a hole in the stream: the connection is closed.
+        // The heal closed the connection that lost "b" ("c" would follow a
+        // hole in the stream).
+        let mut rest = String::new();
+        assert_eq!(r.read_line(&mut rest).ok(), Some(0), "closed at the heal");
         assert_eq!(roundtrip(&mut s, &mut r, "c"), None, "closed after a loss");
         let (mut s2, mut r2) = connect(&p);
         assert_eq!(roundtrip(&mut s2, &mut r2, "d").as_deref(), Some("d"));

@@ -16,7 +16,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::faults::{FaultLog, LockWorkload, run_lock_workload};
+use conformance::faults::{FaultLog, LockReport, LockWorkload, run_lock_workload};
 use conformance::testkit::etcd::PartitionedEtcdCluster;
 use coord_core::Coord;
 use tokio::time::{Instant, sleep};
@@ -65,7 +65,11 @@ where
     .await
 }
 
-/// Four clients of every member, and a fifth of member `only` alone.
+/// The index of the client that knows only the member to be cut off.
+const PINNED: usize = 4;
+
+/// Four clients of every member, and a fifth ([`PINNED`]) of member
+/// `only` alone.
 async fn partition_clients(c: &PartitionedEtcdCluster, only: usize) -> Vec<Coord> {
     let mut out = clients(&c.endpoints(), 4).await;
     out.push(client(&[c.endpoint(only)]).await);
@@ -121,18 +125,18 @@ async fn cut_off(
     let c2 = c.clone();
     let ok = blocking(move || c2.wait_healthy(Duration::from_secs(20))).await;
     assert!(ok, "the cluster did not become healthy after the heal");
+    let healthy = log.healed.map(|h| h.elapsed());
+    println!(
+        "member {v} cut off for {:?}, healthy {healthy:?} after the heal",
+        at.lock().unwrap()[1] - t0
+    );
     log
 }
 
 /// Check the workload (run from `start`) went on for TTL +
 /// [`PARTITION_SLACK`] after the heal, so its progress was observed, then
 /// judge.
-fn judge_partition(
-    report: &conformance::faults::LockReport,
-    log: &FaultLog,
-    scenario: &str,
-    start: Instant,
-) {
+fn judge_partition(report: &LockReport, log: &FaultLog, scenario: &str, start: Instant) {
     let healed = log.healed.expect("healed");
     let observed = (start + partition_workload().duration).saturating_duration_since(healed);
     println!("{scenario}: observed {observed:?} after the heal");
@@ -141,6 +145,41 @@ fn judge_partition(
         "{scenario}: the workload ended {observed:?} after the heal, too soon to judge"
     );
     judge(report, log, scenario, PARTITION_SLACK);
+}
+
+/// The client that knows only the cut-off member: granted nothing while
+/// it was cut off (after the first second, for replies already on the
+/// way), and granted again within TTL + [`PARTITION_SLACK`] of the heal
+/// (the queue is FIFO, so it is its turn soon once it can reach the
+/// leader again: a failure to recover would not show as a call failure,
+/// since it would only wait out its acquires).
+fn assert_pinned_client(report: &LockReport, at: &[Instant], scenario: &str) {
+    let (cut, healed) = (at[0], at[1]);
+    let pinned: Vec<Instant> = report
+        .grants
+        .iter()
+        .filter(|g| g.client == PINNED)
+        .map(|g| g.granted)
+        .collect();
+    let during = pinned
+        .iter()
+        .filter(|t| **t > cut + Duration::from_secs(1) && **t < healed)
+        .count();
+    let next = pinned.iter().filter(|t| **t >= healed).min();
+    let next = next.map(|t| *t - healed);
+    println!(
+        "{scenario}: the cut-off member's own client: {} grants, {during} during the cut, next {next:?} after the heal",
+        pinned.len()
+    );
+    assert_eq!(
+        during, 0,
+        "{scenario}: a client of the cut-off member was granted the lock"
+    );
+    assert!(
+        next.is_some_and(|n| n <= TTL + PARTITION_SLACK),
+        "{scenario}: the cut-off member's own client was not granted the lock within {:?} of the heal",
+        TTL + PARTITION_SLACK
+    );
 }
 
 /// A follower is cut off from the two others for [`CUT`] (> 2 TTLs): the
@@ -170,6 +209,7 @@ async fn cluster_follower_partitioned() {
     let ml = cut.lock().unwrap().as_ref().map(|c| c.majority_leader);
     println!("cluster-follower-partitioned: leader {l}, cut {f}, majority leader {ml:?}");
     judge_partition(&report, &log, "cluster-follower-partitioned", start);
+    assert_pinned_client(&report, &at.lock().unwrap(), "cluster-follower-partitioned");
     let gap = longest_gap(&report);
     println!("cluster-follower-partitioned: longest gap between grants {gap:?}");
     assert!(
@@ -216,4 +256,7 @@ async fn cluster_leader_partitioned() {
         println!("cluster-leader-partitioned: waived {waived} overlap(s) (etcd-io/etcd#15247)");
     }
     judge_partition(&report, &log, "cluster-leader-partitioned", start);
+    assert_pinned_client(&report, &at.lock().unwrap(), "cluster-leader-partitioned");
+    let gap = longest_gap(&report);
+    println!("cluster-leader-partitioned: longest gap between grants {gap:?}");
 }
