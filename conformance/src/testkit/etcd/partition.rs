@@ -44,8 +44,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{Member, Wrapped, healthy, metric, signal, tail, temp_dir};
-use crate::testkit::port::free_port;
 use crate::testkit::proxy::FaultProxy;
+
+/// Member `i`'s ports inside its namespace: `PEER_PORT + i` for peers
+/// (the same number for its links in the other namespaces), `CLIENT_PORT
+/// + i` for clients, `METRICS_PORT + i` for `/metrics` and `/health`.
+const PEER_PORT: u16 = 20000;
+const CLIENT_PORT: u16 = 21000;
+const METRICS_PORT: u16 = 22000;
 
 /// A network namespace, kept open by a file descriptor.
 #[derive(Debug, Clone)]
@@ -204,12 +210,16 @@ impl PartitionedEtcdCluster {
         let dir = temp_dir("netns");
         // The folder's own guard: removes it when the test binary exits.
         let guard = Wrapped::spawn(&["true".to_string()], &dir.join("guard.log"), Some(&dir));
+        // Fixed ports: each namespace is private, so all that matters is
+        // that a member's own ports and its links' ports (the others' peer
+        // ports) differ; below the namespaces' ephemeral range (32768+).
+        // (Ports picked free in this namespace could coincide.)
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
-                metrics_port: free_port(),
+                client_port: CLIENT_PORT + i as u16,
+                peer_port: PEER_PORT + i as u16,
+                metrics_port: METRICS_PORT + i as u16,
                 data: dir.join(format!("m{i}")),
                 log: dir.join(format!("m{i}.log")),
                 tls: None,
@@ -237,7 +247,7 @@ impl PartitionedEtcdCluster {
             })
             .collect();
         let root = || TcpListener::bind("127.0.0.1:0").expect("bind a root-namespace proxy");
-        let clients = (0..n)
+        let clients: Vec<FaultProxy> = (0..n)
             .map(|i| forward_into(root(), &namespaces[i], members[i].client_port))
             .collect();
         let metrics = (0..n)
@@ -248,11 +258,9 @@ impl PartitionedEtcdCluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect::<Vec<_>>()
             .join(",");
-        let token = format!(
-            "coord-netns-{}-{}",
-            std::process::id(),
-            members[0].client_port
-        );
+        // Unique per cluster (the members' own ports are the same in every
+        // cluster).
+        let token = format!("coord-netns-{}-{}", std::process::id(), clients[0].port());
         let c = PartitionedEtcdCluster {
             procs: members.iter().map(|_| Mutex::new(None)).collect(),
             members,
