@@ -29,9 +29,11 @@ use super::common::*;
 /// pre-vote), so on rejoining it makes the leader step down, and it cannot
 /// win (its log is behind): a member with the whole log must time out
 /// (1 to 2 s, randomized) and win, sometimes after a split vote (another 1
-/// to 2 s); members redial the links first. Every heal here saw one leader
-/// change, and the cluster healthy again up to 5 s after the heal when the
-/// whole fault suite ran in parallel on 2 cores (up to 4 s alone).
+/// to 2 s); members redial the links first. Every follower heal here saw
+/// one leader change, and the cluster healthy again up to 5 s after the
+/// heal when the whole fault suite ran in parallel on 2 cores (up to 4 s
+/// alone); a leader's heal usually saw none (the old leader rejoins as a
+/// follower of the new term) and took well under a second.
 const PARTITION_SLACK: Duration = Duration::from_secs(6);
 
 /// How long the member stays cut off: more than 2 TTLs.
