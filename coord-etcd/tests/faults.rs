@@ -3,7 +3,9 @@
 //! faults are injected: a client cut off by a TCP proxy (also while it
 //! holds the lock), the server frozen with `SIGSTOP`, killed with `SIGKILL`
 //! and restarted on its data, a 3-node cluster losing its leader (killed,
-//! or frozen) or a follower, compactions while waiters watch, and a client
+//! or frozen) or a follower, a 3-node cluster with one member (a follower,
+//! or the leader) cut off from the others on the network (network
+//! namespaces; needs root), compactions while waiters watch, and a client
 //! PROCESS frozen past its TTL while it holds the lock. Each scenario
 //! asserts 0 violations of the history checker and that the workload (and
 //! every client) progresses within TTL + a stated bound after the fault
@@ -25,6 +27,8 @@ use tokio::time::{Instant, sleep};
 mod cluster;
 #[path = "faults/common.rs"]
 mod common;
+#[path = "faults/partition.rs"]
+mod partition;
 #[path = "faults/process.rs"]
 mod process;
 #[path = "faults/single.rs"]

@@ -1,7 +1,9 @@
 //! Real etcd servers for tests: a single node shared by every test of a
 //! test binary ([`shared`]), private single nodes ([`EtcdServer::start`])
 //! and 3-node clusters on loopback ports ([`EtcdCluster::start`]) whose
-//! members can be stopped (SIGKILL) and restarted.
+//! members can be stopped (SIGKILL) and restarted, or, as root, clusters
+//! whose members each run in a network namespace of their own so that one
+//! can be partitioned from the others ([`PartitionedEtcdCluster`]).
 //!
 //! Every etcd process runs under a small `sh` wrapper that holds a pipe from
 //! the test process on its standard input: when the test binary exits (or
@@ -20,6 +22,9 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::port::free_port;
+
+pub mod partition;
+pub use partition::PartitionedEtcdCluster;
 
 /// Runs `"$@"` (etcd) in the background until standard input closes, then
 /// kills it and removes `$COORD_ETCD_RMDIR` if set.

@@ -7,9 +7,15 @@
 //! Give each client its own proxy to cut one client off while the others
 //! keep working. Real sockets and real bytes; only the forwarding is
 //! interfered with.
+//!
+//! [`FaultProxy::start`] listens on a free loopback port of this network
+//! namespace; [`FaultProxy::with_listener`] takes any listener and any way
+//! to reach the target (the partitionable etcd cluster uses it to forward
+//! between network namespaces).
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -39,33 +45,74 @@ struct State {
     next_conn: AtomicU64,
     conns: Mutex<Vec<(u64, TcpStream, TcpStream)>>,
     stop: AtomicBool,
+    /// Close a connection that lost bytes instead of forwarding on it.
+    close_after_loss: AtomicBool,
+    /// Open connections that lost bytes.
+    lossy: Mutex<std::collections::HashSet<u64>>,
 }
 
-/// A fault proxy on a free loopback port. Stops when dropped.
+/// How a proxy reaches its target: called once per accepted connection,
+/// on that connection's own thread.
+type Connect = dyn Fn() -> io::Result<TcpStream> + Send + Sync;
+
+/// A fault proxy on a loopback port. Stops when dropped.
 #[derive(Debug)]
 pub struct FaultProxy {
     port: u16,
     state: Arc<State>,
+    /// The listener (a clone): shut down on drop to end the accept loop,
+    /// wherever (in whichever network namespace) it listens.
+    listener: TcpListener,
 }
 
 impl FaultProxy {
     /// Start forwarding a free loopback port to `127.0.0.1:target_port`.
     pub fn start(target_port: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fault proxy");
+        FaultProxy::with_listener(listener, move || {
+            TcpStream::connect(("127.0.0.1", target_port))
+        })
+    }
+
+    /// Forward every connection accepted on `listener` (already bound,
+    /// possibly in another network namespace) to a stream that `connect`
+    /// opens (called once per connection, on that connection's thread; a
+    /// connection whose `connect` fails is closed).
+    pub fn with_listener<F>(listener: TcpListener, connect: F) -> FaultProxy
+    where
+        F: Fn() -> io::Result<TcpStream> + Send + Sync + 'static,
+    {
         let port = listener.local_addr().expect("proxy address").port();
+        let wake = listener.try_clone().expect("clone the proxy's listener");
         let state = Arc::new(State::default());
         let st = state.clone();
+        let connect: Arc<Connect> = Arc::new(connect);
         thread::spawn(move || {
             for client in listener.incoming() {
                 if st.stop.load(Ordering::SeqCst) {
                     return;
                 }
                 let Ok(client) = client else { continue };
-                let st = st.clone();
-                thread::spawn(move || serve(st, client, target_port));
+                let (st, connect) = (st.clone(), connect.clone());
+                thread::spawn(move || serve(st, client, &*connect));
             }
         });
-        FaultProxy { port, state }
+        FaultProxy {
+            port,
+            state,
+            listener: wake,
+        }
+    }
+
+    /// From now on, close a connection that lost bytes to a drop mode
+    /// (blackhole, one-way drop, frozen) when it would forward again,
+    /// instead of going on with a hole in the stream (TCP never delivers a
+    /// stream with a hole), and close every such connection on
+    /// [`heal`](FaultProxy::heal): after a heal the peers reconnect at
+    /// once, as after a real partition whose connections timed out. Off by
+    /// default.
+    pub fn close_after_loss(&self, on: bool) {
+        self.state.close_after_loss.store(on, Ordering::SeqCst);
     }
 
     /// The proxy's port.
@@ -107,8 +154,18 @@ impl FaultProxy {
         }
     }
 
-    /// Forward everything again, with no latency, on every connection.
+    /// Forward everything again, with no latency, on every connection (but
+    /// see [`close_after_loss`](FaultProxy::close_after_loss)).
     pub fn heal(&self) {
+        if self.state.close_after_loss.load(Ordering::SeqCst) {
+            let lossy =
+                std::mem::take(&mut *self.state.lossy.lock().unwrap_or_else(|p| p.into_inner()));
+            let conns = self.state.conns.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, c, s) in conns.iter().filter(|(id, _, _)| lossy.contains(id)) {
+                let _ = c.shutdown(Shutdown::Both);
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
         self.set(Mode::Pass);
         self.latency(Duration::ZERO);
         self.state.frozen_before.store(0, Ordering::SeqCst);
@@ -119,13 +176,15 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::SeqCst);
         self.reset();
-        // Wake the accept loop so it sees `stop`.
-        let _ = TcpStream::connect(("127.0.0.1", self.port));
+        // Wake the accept loop so it sees `stop`: shutting a listening
+        // socket down makes a blocked accept() fail at once (Linux).
+        let _ =
+            nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     }
 }
 
-fn serve(st: Arc<State>, client: TcpStream, target_port: u16) {
-    let Ok(server) = TcpStream::connect(("127.0.0.1", target_port)) else {
+fn serve(st: Arc<State>, client: TcpStream, connect: &Connect) {
+    let Ok(server) = connect() else {
         return;
     };
     let _ = client.set_nodelay(true);
@@ -148,6 +207,7 @@ fn serve(st: Arc<State>, client: TcpStream, target_port: u16) {
 
 fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstream: bool) {
     let mut buf = vec![0u8; 64 * 1024];
+    let mut lost = false;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
@@ -167,7 +227,19 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
                 Mode::DropReplies => !upstream,
             };
         if drop_it {
+            if !lost {
+                lost = true;
+                st.lossy
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id);
+            }
             continue;
+        }
+        if lost && st.close_after_loss.load(Ordering::SeqCst) {
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+            break;
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
@@ -178,6 +250,10 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .retain(|(c, _, _)| *c != id);
+    st.lossy
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&id);
 }
 
 #[cfg(test)]
@@ -247,5 +323,33 @@ mod tests {
         // Dropped replies: the request arrives, the reply does not.
         p.set(Mode::DropReplies);
         assert_eq!(roundtrip(&mut s3, &mut r3, "h"), None);
+    }
+
+    #[test]
+    fn a_given_listener_and_connect_and_close_after_loss() {
+        let target = echo();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = FaultProxy::with_listener(l, move || TcpStream::connect(("127.0.0.1", target)));
+        p.close_after_loss(true);
+        let (mut s, mut r) = connect(&p);
+        assert_eq!(roundtrip(&mut s, &mut r, "a").as_deref(), Some("a"));
+        p.blackhole();
+        assert_eq!(roundtrip(&mut s, &mut r, "b"), None, "blackholed");
+        p.heal();
+        // The heal closed the connection that lost "b" ("c" would follow a
+        // hole in the stream).
+        let mut rest = String::new();
+        assert_eq!(r.read_line(&mut rest).ok(), Some(0), "closed at the heal");
+        assert_eq!(roundtrip(&mut s, &mut r, "c"), None, "closed after a loss");
+        let (mut s2, mut r2) = connect(&p);
+        assert_eq!(roundtrip(&mut s2, &mut r2, "d").as_deref(), Some("d"));
+        // Dropping the proxy ends its accept loop: nothing answers after.
+        let port = p.port();
+        drop(p);
+        thread::sleep(Duration::from_millis(50));
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).is_err(),
+            "still listening"
+        );
     }
 }

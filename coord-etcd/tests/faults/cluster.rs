@@ -152,7 +152,7 @@ async fn cluster_leader_paused() {
 
 /// On a violation, print every grant near the fault, times relative to
 /// the first instant of `at` (the fault's start).
-fn dump_if_violated(report: &LockReport, at: &[Instant]) {
+pub(super) fn dump_if_violated(report: &LockReport, at: &[Instant]) {
     if report.violations.is_empty() || at.is_empty() {
         return;
     }
