@@ -175,6 +175,13 @@ mod tests {
         assert_eq!(MAX_TTL, year);
         assert!(ttl("ttl", year, &caps).is_ok());
         assert!(ttl("ttl", year + Duration::from_millis(1), &caps).is_err());
+        let q = Quota::new(10, year, Algorithm::FixedWindow);
+        assert!(quota(&q).is_ok(), "a one-year window is allowed");
+        let longer = Quota {
+            window: year + Duration::from_millis(1),
+            ..q
+        };
+        assert!(quota(&longer).is_err(), "a window over a year is refused");
     }
 
     #[test]

@@ -198,6 +198,16 @@ mod tests {
             let j = jittered(Duration::from_millis(100));
             assert!(j >= Duration::from_millis(50) && j <= Duration::from_millis(100));
         }
+        // And they are spread over that range, not all the full interval.
+        let draws: Vec<Duration> = (0..100).map(|_| jittered(Duration::from_secs(1))).collect();
+        let (lo, hi) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+        assert!(
+            *hi - *lo >= Duration::from_millis(100),
+            "not spread: {lo:?}..{hi:?}"
+        );
+        // Intervals too short to split are kept as they are.
+        assert_eq!(jittered(Duration::from_nanos(1)), Duration::from_nanos(1));
+        assert_eq!(jittered(Duration::ZERO), Duration::ZERO);
     }
 
     #[test]
