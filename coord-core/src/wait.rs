@@ -223,6 +223,13 @@ mod tests {
             *hi - *lo >= Duration::from_millis(10),
             "not spread: {lo:?}..{hi:?}"
         );
+        // The spread is a tenth of a short expiry, not the 50 ms cap.
+        let e = Duration::from_millis(100);
+        for _ in 0..200 {
+            let h = hint(Some(e), Duration::from_secs(10));
+            assert!(h >= e + Duration::from_millis(1), "{h:?}");
+            assert!(h <= e + Duration::from_millis(11), "{h:?}");
+        }
         // A short poll interval still bounds the sleep.
         assert!(hint(Some(e), Duration::from_millis(100)) <= Duration::from_millis(100));
     }

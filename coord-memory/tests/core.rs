@@ -628,3 +628,41 @@ async fn a_wait_for_ever_outlasts_a_lock_held_for_years() {
     );
     g.release().await.unwrap();
 }
+
+/// Attempts that fail while waiting are retried with doubling backoff
+/// (5, 10, 20 ms) and the waiter still gets the lock; a broken attempt
+/// ends the wait with its error.
+#[tokio::test(start_paused = true)]
+async fn failed_attempts_while_waiting_back_off_and_broken_ones_end_the_wait() {
+    let f = Faulty::new();
+    let locks = f.coord(10 * S).locks().unwrap();
+    let held = locks
+        .acquire("backoff", 2 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let l2 = locks.clone();
+    let waiting = tokio::spawn(async move { l2.acquire("backoff", 30 * S, 30 * S).await });
+    tokio::time::sleep(500 * MS).await;
+    let before = f.calls("lock.try_acquire");
+    // The holder's expiry (2 s) wakes the waiter; its attempts then fail 3
+    // times before one gets through.
+    f.next("lock.try_acquire", Fault::Unavailable, 3);
+    std::mem::forget(held); // crash: no release, the TTL frees it
+    let g = waiting.await.unwrap().expect("the waiter got the lock");
+    let t = f.times("lock.try_acquire");
+    let retries: Vec<Duration> = t[before..].windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(retries, vec![5 * MS, 10 * MS, 20 * MS], "retry gaps");
+    g.release().await.unwrap();
+
+    let held = locks
+        .acquire("broken-wait", 30 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let l2 = locks.clone();
+    let waiting = tokio::spawn(async move { l2.acquire("broken-wait", 30 * S, 30 * S).await });
+    tokio::time::sleep(100 * MS).await;
+    f.next("lock.try_acquire", Fault::Broken, 1);
+    held.release().await.unwrap();
+    let e = waiting.await.unwrap().unwrap_err();
+    assert!(matches!(e, Error::Store { .. }), "got {e:?}");
+}
