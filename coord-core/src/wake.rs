@@ -222,4 +222,35 @@ mod tests {
         assert!(!w.notify_one("k"));
         assert!(w.keys().is_empty());
     }
+
+    /// After a reconnect a backend re-subscribes the keys somebody waits on
+    /// and wakes one waiter of each: `keys` lists exactly the live ones,
+    /// `notify_every` reaches every key.
+    #[tokio::test]
+    async fn keys_and_notify_every_cover_every_live_waiter() {
+        let w = Wakeups::new();
+        let a = w.subscribe("a");
+        let b = w.subscribe("b");
+        let gone = w.subscribe("gone");
+        drop(gone);
+        let mut keys = w.keys();
+        keys.sort();
+        assert_eq!(keys, vec!["a".to_string(), "b".to_string()]);
+        let fa = a.notified();
+        let fb = b.notified();
+        tokio::pin!(fa);
+        tokio::pin!(fb);
+        fa.as_mut().enable();
+        fb.as_mut().enable();
+        w.notify_every();
+        let short = Duration::from_millis(50);
+        assert!(
+            tokio::time::timeout(short, &mut fa).await.is_ok(),
+            "`a` not woken"
+        );
+        assert!(
+            tokio::time::timeout(short, &mut fb).await.is_ok(),
+            "`b` not woken"
+        );
+    }
 }
