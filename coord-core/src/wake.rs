@@ -223,6 +223,37 @@ mod tests {
         assert!(w.keys().is_empty());
     }
 
+    /// A key's entry lives exactly as long as its last waiter: dropping one
+    /// of two keeps the other reachable, dropping the last leaves nothing
+    /// behind (a client waiting on many distinct names must not grow).
+    #[tokio::test]
+    async fn entries_live_as_long_as_their_last_waiter() {
+        let w = Wakeups::new();
+        let a = w.subscribe("k");
+        let b = w.subscribe("k");
+        drop(a);
+        assert!(w.has_waiters("k"), "dropping one waiter dropped the key");
+        let fb = b.notified();
+        tokio::pin!(fb);
+        fb.as_mut().enable();
+        assert!(w.notify_one("k"));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut fb)
+                .await
+                .is_ok()
+        );
+        drop(b);
+        for i in 0..100 {
+            drop(w.subscribe(&format!("name-{i}")));
+        }
+        assert_eq!(w.inner.map().len(), 0, "entries left behind");
+        assert_eq!(
+            w.inner.live.load(Ordering::Acquire),
+            0,
+            "waiters still counted"
+        );
+    }
+
     /// After a reconnect a backend re-subscribes the keys somebody waits on
     /// and wakes one waiter of each: `keys` lists exactly the live ones,
     /// `notify_every` reaches every key.
