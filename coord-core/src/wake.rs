@@ -233,15 +233,14 @@ mod tests {
         let b = w.subscribe("k");
         drop(a);
         assert!(w.has_waiters("k"), "dropping one waiter dropped the key");
-        let fb = b.notified();
-        tokio::pin!(fb);
-        fb.as_mut().enable();
-        assert!(w.notify_one("k"));
-        assert!(
-            tokio::time::timeout(Duration::from_millis(50), &mut fb)
-                .await
-                .is_ok()
-        );
+        {
+            let fb = b.notified();
+            tokio::pin!(fb);
+            fb.as_mut().enable();
+            assert!(w.notify_one("k"));
+            let woke = tokio::time::timeout(Duration::from_millis(50), &mut fb).await;
+            assert!(woke.is_ok(), "the remaining waiter was not woken");
+        }
         drop(b);
         for i in 0..100 {
             drop(w.subscribe(&format!("name-{i}")));
