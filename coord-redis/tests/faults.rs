@@ -3,8 +3,8 @@
 //! real faults are injected: a client cut off by a TCP proxy, replies lost
 //! after the requests were applied, the server frozen with `SIGSTOP`, killed
 //! with `SIGKILL` (with and without an append-only file), restarted from an
-//! older snapshot, and a client PROCESS frozen past its TTL while it holds
-//! the lock. Each scenario asserts 0 violations of the history checker and
+//! older snapshot, failed over to a replica that missed writes, and a
+//! client PROCESS frozen past its TTL while it holds the lock. Each scenario asserts 0 violations of the history checker and
 //! that the workload (and every client) progresses within TTL + a stated
 //! bound after the fault heals; each prints a `FAULTS ...` line for
 //! `scripts/faults`.
@@ -345,3 +345,6 @@ async fn data_loss_restart_from_an_older_snapshot() {
 
 #[path = "faults/process.rs"]
 mod process;
+
+#[path = "faults/failover.rs"]
+mod failover;

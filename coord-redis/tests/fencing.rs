@@ -78,31 +78,11 @@ async fn tokens_rise_after_a_restart_from_an_older_snapshot() {
     );
 }
 
-/// `INFO replication` field `field`.
-fn replication(server: &RedisServer, field: &str) -> String {
-    let info = server.command(&["INFO", "replication"]);
-    let text = info.as_str().unwrap_or_default().to_string();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
 #[tokio::test]
 async fn tokens_rise_on_a_promoted_replica_that_missed_writes() {
     let primary = RedisServer::start();
     let replica = RedisServer::start();
-    let port = primary.port().to_string();
-    assert_eq!(
-        replica.command(&["REPLICAOF", "127.0.0.1", &port]),
-        Resp::Simple("OK".into())
-    );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while replication(&replica, "master_link_status") != "up" {
-        assert!(Instant::now() < deadline, "the replica never synced");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    replica.replicate_from(primary.port());
     let b = backend(&primary.url()).await;
     let names: Vec<String> = ISSUERS
         .iter()

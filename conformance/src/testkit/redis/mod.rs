@@ -370,6 +370,34 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("redis command {:?} failed: {e}", args.first()))
     }
 
+    /// One field of `INFO <section>` (e.g. `("replication",
+    /// "master_link_status")`); empty if absent.
+    pub fn info(&self, section: &str, field: &str) -> String {
+        let info = self.command(&["INFO", section]);
+        let text = info.as_str().unwrap_or_default().to_string();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// Make this server a replica of the server on `port` (`REPLICAOF`)
+    /// and wait until its link is up and the first sync is done. Panics
+    /// after 15 s.
+    pub fn replicate_from(&self, port: u16) {
+        let reply = self.command(&["REPLICAOF", "127.0.0.1", &port.to_string()]);
+        assert_eq!(reply, Resp::Simple("OK".into()), "REPLICAOF refused");
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while self.info("replication", "master_link_status") != "up" {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica of port {port} never synced"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Send `commands` (RESP-encoded, back to back) on one fresh connection
     /// as a single pipeline, and read `replies` replies. The server runs
     /// them back to back, with no client round trip in between (a burst
