@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::{SEC, backend, eventually, granted, unique};
 use conformance::testkit::redis::{RedisServer, Resp};
 use coord_core::{Election, FencingSource, Lock, OwnerToken};
