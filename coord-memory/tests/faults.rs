@@ -1,14 +1,18 @@
-//! The fault suite's lock workload on the in-memory store. It has no
-//! network or server to break, so it runs the workload under contention
-//! with short TTLs and no watchdog (holders whose work outlasts the TTL are
-//! fenced off), and proves the checker catches a lock that is not
-//! exclusive.
+//! The fault suite's workloads on the in-memory store. It has no network
+//! or server to break, so it runs them under contention with short TTLs
+//! and no watchdog (holders whose work outlasts the TTL are fenced off),
+//! and proves the checker catches a lock that is not exclusive. The
+//! election, barrier and limiter workloads run on the healthy store with
+//! the same checkers the networked stores' fault scenarios use.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::{FaultLog, LockWorkload, run_lock_workload, schedule};
-use coord_core::{Attempt, Capabilities, Coord, OwnerToken, Result, async_trait};
+use conformance::faults::{
+    BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, LockWorkload,
+    run_barrier_workload, run_election_workload, run_limiter_workload, run_lock_workload, schedule,
+};
+use coord_core::{Algorithm, Attempt, Capabilities, Coord, OwnerToken, Quota, Result, async_trait};
 use coord_memory::MemoryBackend;
 
 fn clients(backend: &Arc<MemoryBackend>, n: usize) -> Vec<Coord> {
@@ -95,4 +99,74 @@ async fn the_checker_catches_a_lock_that_is_not_exclusive() {
         rules.contains(&"one valid holder at a time"),
         "overlapping holders not caught: {rules:?}"
     );
+}
+
+/// 4 candidates and 2 observers; leaderships of 30 ms with 20 ms of work
+/// and no renewal, so some expire under their leader (fenced off): one
+/// leader per term, terms rising, observe never going back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_workload_with_expiring_leaders() {
+    let backend = Arc::new(MemoryBackend::new());
+    let w = ElectionWorkload {
+        ttl: Duration::from_millis(30),
+        wait: Duration::from_secs(2),
+        keep_alive: false,
+        work: Duration::from_millis(20),
+        duration: schedule(Duration::from_secs(3)),
+    };
+    let (report, log) = run_election_workload(
+        clients(&backend, 4),
+        clients(&backend, 2),
+        "mem-election",
+        w,
+        async { FaultLog::default() },
+    )
+    .await;
+    report.assert_ok(
+        "election-expiring-leaders",
+        "memory",
+        log.injected,
+        Duration::from_secs(1),
+    );
+}
+
+/// 5 participants pass generation after generation of one barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_workload() {
+    let backend = Arc::new(MemoryBackend::new());
+    let w = BarrierWorkload {
+        timeout: Duration::from_secs(2),
+        duration: schedule(Duration::from_secs(3)),
+    };
+    let (report, log) = run_barrier_workload(clients(&backend, 5), "mem-barrier", w, async {
+        FaultLog::default()
+    })
+    .await;
+    report.assert_ok("barrier", "memory", log.injected, Duration::from_secs(1));
+    assert!(report.ops > 50, "only {} generations", report.ops);
+}
+
+/// 4 clients hammer one key, fixed window then sliding log: reported
+/// admissions never exceed the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_workload() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let backend = Arc::new(MemoryBackend::new());
+        let w = LimiterWorkload {
+            quota: Quota::new(5, Duration::from_millis(200), algorithm),
+            pace: Duration::from_millis(2),
+            duration: schedule(Duration::from_secs(2)),
+        };
+        let (report, log) = run_limiter_workload(clients(&backend, 4), "mem-limiter", w, async {
+            FaultLog::default()
+        })
+        .await;
+        report.assert_ok(
+            &format!("limiter-{algorithm:?}"),
+            "memory",
+            log.injected,
+            Duration::from_millis(400),
+        );
+        assert!(report.ops >= 40, "only {} admissions", report.ops);
+    }
 }
