@@ -345,3 +345,6 @@ async fn data_loss_restart_from_an_older_snapshot() {
 
 #[path = "faults/process.rs"]
 mod process;
+
+#[path = "faults/workloads.rs"]
+mod workloads;

@@ -247,6 +247,7 @@ where
             ("passes", progress.len() as u64),
             ("timeouts", count(Outcome::TimedOut) as u64),
         ],
+        progress,
     };
     (report, log)
 }

@@ -254,6 +254,7 @@ where
             ("observed", seen.len() as u64),
             ("fenced_off", (terms.len() - ops.min(terms.len())) as u64),
         ],
+        progress,
     };
     (report, log)
 }

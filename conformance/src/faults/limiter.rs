@@ -212,6 +212,7 @@ where
             ("limit", w.quota.limit),
             ("window_ms", w.quota.window.as_millis() as u64),
         ],
+        progress,
     };
     (report, log)
 }

@@ -18,6 +18,7 @@ pub mod history;
 pub mod limiter;
 pub mod process;
 pub mod report;
+pub mod scenarios;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub use election::{ElectionWorkload, run_election_workload};
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
 pub use limiter::{LimiterWorkload, run_limiter_workload};
 pub use report::Report;
+pub use scenarios::{fault_for, proxies_for};
 
 /// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
 /// `scripts/faults --minutes N`), else `short` (the CI schedule).

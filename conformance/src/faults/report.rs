@@ -30,6 +30,9 @@ pub struct Report {
     pub waived: usize,
     /// Further `key=value` counters printed at the end of the matrix line.
     pub extra: Vec<(&'static str, u64)>,
+    /// When each operation completed (for a scenario's own checks, such
+    /// as how soon after a fault the next one came).
+    pub progress: Vec<Instant>,
 }
 
 impl Report {
@@ -72,6 +75,13 @@ impl Report {
             "{scenario} on {backend}: no progress for {:?} after the fault healed (bound {bound:?})",
             self.longest_stall
         );
+    }
+
+    /// How long after `t` the first operation completed (panics if none
+    /// did).
+    pub fn first_after(&self, t: Instant) -> Duration {
+        let first = self.progress.iter().filter(|p| **p >= t).min();
+        *first.expect("an operation after the fault") - t
     }
 
     /// Remove the violations of `rule` that the scenario's fault is known
