@@ -29,6 +29,8 @@ mod common;
 mod process;
 #[path = "faults/single.rs"]
 mod single;
+#[path = "faults/workloads.rs"]
+mod workloads;
 
 async fn fast_backend(server: &EtcdServer) -> Arc<EtcdBackend> {
     let url = format!("{}?timeout_ms=500", server.url());

@@ -298,3 +298,6 @@ mod server;
 
 #[path = "faults/process.rs"]
 mod process;
+
+#[path = "faults/workloads.rs"]
+mod workloads;
