@@ -170,3 +170,128 @@ async fn limiter_workload() {
         assert!(report.ops >= 40, "only {} admissions", report.ops);
     }
 }
+
+/// Broken stores the workloads must catch (a checker that cannot fail
+/// proves nothing): a limiter that admits what it should deny, a barrier
+/// that lets a generation pass one arrival short, an election that makes
+/// every candidate leader.
+struct Broken {
+    inner: Arc<MemoryBackend>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl coord_core::Limiter for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Limiter::capabilities(&*self.inner)
+    }
+    async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<coord_core::Decision> {
+        let d = coord_core::Limiter::check(&*self.inner, key, quota, cost).await?;
+        // Every other denial is admitted all the same.
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(coord_core::Decision {
+            allowed: d.allowed || n % 2 == 0,
+            ..d
+        })
+    }
+}
+
+#[async_trait]
+impl coord_core::Barrier for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Barrier::capabilities(&*self.inner)
+    }
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<coord_core::Arrival> {
+        let short = parties.saturating_sub(1).max(1);
+        coord_core::Barrier::arrive(&*self.inner, name, short, participant, arrival).await
+    }
+    async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
+        coord_core::Barrier::is_complete(&*self.inner, name, generation).await
+    }
+    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+        coord_core::Barrier::withdraw(&*self.inner, name, generation, participant).await
+    }
+}
+
+#[async_trait]
+impl coord_core::Election for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Election::capabilities(&*self.inner)
+    }
+    async fn try_campaign(&self, _: &str, _: &str, _: &OwnerToken, _: Duration) -> Result<Attempt> {
+        let t = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        Ok(Attempt::Granted(coord_core::FencingToken(t)))
+    }
+    async fn renew(&self, _: &str, _: &OwnerToken, _: Duration) -> Result<bool> {
+        Ok(true)
+    }
+    async fn resign(&self, _: &str, _: &OwnerToken) -> Result<bool> {
+        Ok(true)
+    }
+    async fn leader(&self, _: &str) -> Result<Option<coord_core::LeaderInfo>> {
+        Ok(None)
+    }
+}
+
+fn broken_clients(n: usize) -> Vec<Coord> {
+    let inner = Arc::new(MemoryBackend::new());
+    let b = Arc::new(Broken {
+        inner: inner.clone(),
+        next: Default::default(),
+    });
+    let caps = coord_core::Lock::capabilities(&*inner).clone();
+    (0..n)
+        .map(|_| {
+            Coord::builder(caps.clone())
+                .limiter(b.clone())
+                .barrier(b.clone())
+                .election(b.clone())
+                .build()
+        })
+        .collect()
+}
+
+fn rules(r: &conformance::faults::Report) -> Vec<&'static str> {
+    r.violations.iter().map(|v| v.rule).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checkers_catch_broken_limiter_barrier_and_election() {
+    let none = || async { FaultLog::default() };
+    let w = LimiterWorkload {
+        quota: Quota::new(5, Duration::from_millis(200), Algorithm::FixedWindow),
+        pace: Duration::from_millis(2),
+        duration: Duration::from_millis(600),
+    };
+    let (r, _) = run_limiter_workload(broken_clients(4), "broken", w, none()).await;
+    assert!(rules(&r).contains(&"admissions per fixed window"), "{r:?}");
+    let w = BarrierWorkload {
+        timeout: Duration::from_millis(200),
+        duration: Duration::from_millis(600),
+    };
+    let (r, _) = run_barrier_workload(broken_clients(4), "broken", w, none()).await;
+    assert!(
+        rules(&r).contains(&"no pass before parties arrivals"),
+        "{:?}",
+        rules(&r)
+    );
+    let w = ElectionWorkload {
+        ttl: Duration::from_secs(1),
+        wait: Duration::from_secs(1),
+        keep_alive: false,
+        work: Duration::from_millis(5),
+        duration: Duration::from_millis(500),
+    };
+    let (r, _) = run_election_workload(broken_clients(4), vec![], "broken", w, none()).await;
+    assert!(
+        rules(&r).contains(&"one live leader at a time"),
+        "{:?}",
+        rules(&r)
+    );
+}
