@@ -171,19 +171,23 @@ pub async fn election_leader_cut_off(
     (report, log, cut)
 }
 
-/// A participant cut off: participant 0 (each behind its own proxy in
-/// `proxies`) is blackholed 1 s into the workload for `hold`, then healed:
-/// the others' waits time out (withdrawn) meanwhile, and every generation
-/// before and after is whole.
-pub async fn barrier_participant_cut_off(
+/// One participant faulted: participant 0 (each behind its own proxy in
+/// `proxies`) has its traffic put in `mode` 1 s into the workload for
+/// `hold`, then healed. [`Mode::Blackhole`]: it is cut off, the others'
+/// waits time out (withdrawn) meanwhile. [`Mode::DropReplies`]: its
+/// arrivals and withdrawals are applied but unheard, so its retries (same
+/// arrival id) must count once and never join a later generation. Every
+/// generation before, during and after must be whole.
+pub async fn barrier_participant_faulted(
     participants: Vec<Coord>,
     proxies: &[FaultProxy],
     name: &str,
     w: BarrierWorkload,
+    mode: Mode,
     hold: Duration,
 ) -> (Report, FaultLog) {
     let cut = [&proxies[0]];
-    let faults = proxies_for(&cut, Mode::Blackhole, Duration::from_secs(1), hold);
+    let faults = proxies_for(&cut, mode, Duration::from_secs(1), hold);
     run_barrier_workload(participants, name, w, faults).await
 }
 
