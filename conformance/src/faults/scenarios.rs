@@ -120,7 +120,7 @@ impl LeaderCut {
 }
 
 /// The leader cut off: 1 s into the workload, the candidate leading
-/// (asked through `watch`; candidate 0 if the office is vacant) and
+/// (asked through `watch`; candidate 0 if the office stays vacant) and
 /// observer 0 are cut off (blackholed) for `hold`, then healed. The
 /// others must elect a new leader (check it with
 /// [`LeaderCut::assert_failover`]); the old one's term must never be
@@ -141,16 +141,24 @@ pub async fn election_leader_cut_off(
     let cut = std::sync::Mutex::new(None);
     let faults = async {
         sleep(Duration::from_secs(1)).await;
-        let leader = watch
-            .elections()
-            .expect("elections")
-            .leader(name)
-            .await
-            .expect("the leader of the healthy store")
-            .and_then(|l| {
-                let i = (0..n).find(|i| candidate(*i) == l.candidate)?;
-                Some((i, l.term.get()))
-            });
+        // Between a resignation and the next grant the office is vacant:
+        // look again (for up to 1 s) to cut a leader, not a candidate.
+        let elections = watch.elections().expect("elections");
+        let mut leader = None;
+        for _ in 0..20 {
+            leader = elections
+                .leader(name)
+                .await
+                .expect("the leader of the healthy store")
+                .and_then(|l| {
+                    let i = (0..n).find(|i| candidate(*i) == l.candidate)?;
+                    Some((i, l.term.get()))
+                });
+            if leader.is_some() {
+                break;
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
         let i = leader.map_or(0, |(i, _)| i);
         for p in [&proxies[i], &proxies[n]] {
             p.blackhole();
