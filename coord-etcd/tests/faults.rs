@@ -33,6 +33,8 @@ mod partition;
 mod process;
 #[path = "faults/single.rs"]
 mod single;
+#[path = "faults/workloads.rs"]
+mod workloads;
 
 async fn fast_backend(server: &EtcdServer) -> Arc<EtcdBackend> {
     let url = format!("{}?timeout_ms=500", server.url());

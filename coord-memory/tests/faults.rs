@@ -1,14 +1,18 @@
-//! The fault suite's lock workload on the in-memory store. It has no
-//! network or server to break, so it runs the workload under contention
-//! with short TTLs and no watchdog (holders whose work outlasts the TTL are
-//! fenced off), and proves the checker catches a lock that is not
-//! exclusive.
+//! The fault suite's workloads on the in-memory store. It has no network
+//! or server to break, so it runs them under contention with short TTLs
+//! and no watchdog (holders whose work outlasts the TTL are fenced off),
+//! and proves the checker catches a lock that is not exclusive. The
+//! election, barrier and limiter workloads run on the healthy store with
+//! the same checkers the networked stores' fault scenarios use.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::{FaultLog, LockWorkload, run_lock_workload, schedule};
-use coord_core::{Attempt, Capabilities, Coord, OwnerToken, Result, async_trait};
+use conformance::faults::{
+    BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, LockWorkload,
+    run_barrier_workload, run_election_workload, run_limiter_workload, run_lock_workload, schedule,
+};
+use coord_core::{Algorithm, Attempt, Capabilities, Coord, OwnerToken, Quota, Result, async_trait};
 use coord_memory::MemoryBackend;
 
 fn clients(backend: &Arc<MemoryBackend>, n: usize) -> Vec<Coord> {
@@ -94,5 +98,200 @@ async fn the_checker_catches_a_lock_that_is_not_exclusive() {
     assert!(
         rules.contains(&"one valid holder at a time"),
         "overlapping holders not caught: {rules:?}"
+    );
+}
+
+/// 4 candidates and 2 observers; leaderships of 30 ms with 20 ms of work
+/// and no renewal, so some expire under their leader (fenced off): one
+/// leader per term, terms rising, observe never going back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_workload_with_expiring_leaders() {
+    let backend = Arc::new(MemoryBackend::new());
+    let w = ElectionWorkload {
+        ttl: Duration::from_millis(30),
+        wait: Duration::from_secs(2),
+        keep_alive: false,
+        work: Duration::from_millis(20),
+        duration: schedule(Duration::from_secs(3)),
+    };
+    let (report, log) = run_election_workload(
+        clients(&backend, 4),
+        clients(&backend, 2),
+        "mem-election",
+        w,
+        async { FaultLog::default() },
+    )
+    .await;
+    report.assert_ok(
+        "election-expiring-leaders",
+        "memory",
+        log.injected,
+        Duration::from_secs(1),
+    );
+}
+
+/// 5 participants pass generation after generation of one barrier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_workload() {
+    let backend = Arc::new(MemoryBackend::new());
+    let w = BarrierWorkload {
+        timeout: Duration::from_secs(2),
+        duration: schedule(Duration::from_secs(3)),
+    };
+    let (report, log) = run_barrier_workload(clients(&backend, 5), "mem-barrier", w, async {
+        FaultLog::default()
+    })
+    .await;
+    report.assert_ok("barrier", "memory", log.injected, Duration::from_secs(1));
+    assert!(report.ops > 50, "only {} generations", report.ops);
+}
+
+/// 4 clients hammer one key, fixed window then sliding log: reported
+/// admissions never exceed the quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_workload() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+        let backend = Arc::new(MemoryBackend::new());
+        let w = LimiterWorkload {
+            quota: Quota::new(5, Duration::from_millis(200), algorithm),
+            pace: Duration::from_millis(2),
+            duration: schedule(Duration::from_secs(2)),
+        };
+        let (report, log) = run_limiter_workload(clients(&backend, 4), "mem-limiter", w, async {
+            FaultLog::default()
+        })
+        .await;
+        report.assert_ok(
+            &format!("limiter-{algorithm:?}"),
+            "memory",
+            log.injected,
+            Duration::from_millis(400),
+        );
+        assert!(report.ops >= 40, "only {} admissions", report.ops);
+    }
+}
+
+/// Broken stores the workloads must catch (a checker that cannot fail
+/// proves nothing): a limiter that admits what it should deny, a barrier
+/// that lets a generation pass one arrival short, an election that makes
+/// every candidate leader.
+struct Broken {
+    inner: Arc<MemoryBackend>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl coord_core::Limiter for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Limiter::capabilities(&*self.inner)
+    }
+    async fn check(&self, key: &str, quota: &Quota, cost: u64) -> Result<coord_core::Decision> {
+        let d = coord_core::Limiter::check(&*self.inner, key, quota, cost).await?;
+        // Every other denial is admitted all the same.
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(coord_core::Decision {
+            allowed: d.allowed || n % 2 == 0,
+            ..d
+        })
+    }
+}
+
+#[async_trait]
+impl coord_core::Barrier for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Barrier::capabilities(&*self.inner)
+    }
+    async fn arrive(
+        &self,
+        name: &str,
+        parties: u32,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<coord_core::Arrival> {
+        let short = parties.saturating_sub(1).max(1);
+        coord_core::Barrier::arrive(&*self.inner, name, short, participant, arrival).await
+    }
+    async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
+        coord_core::Barrier::is_complete(&*self.inner, name, generation).await
+    }
+    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+        coord_core::Barrier::withdraw(&*self.inner, name, generation, participant).await
+    }
+}
+
+#[async_trait]
+impl coord_core::Election for Broken {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Election::capabilities(&*self.inner)
+    }
+    async fn try_campaign(&self, _: &str, _: &str, _: &OwnerToken, _: Duration) -> Result<Attempt> {
+        let t = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        Ok(Attempt::Granted(coord_core::FencingToken(t)))
+    }
+    async fn renew(&self, _: &str, _: &OwnerToken, _: Duration) -> Result<bool> {
+        Ok(true)
+    }
+    async fn resign(&self, _: &str, _: &OwnerToken) -> Result<bool> {
+        Ok(true)
+    }
+    async fn leader(&self, _: &str) -> Result<Option<coord_core::LeaderInfo>> {
+        Ok(None)
+    }
+}
+
+fn broken_clients(n: usize) -> Vec<Coord> {
+    let inner = Arc::new(MemoryBackend::new());
+    let b = Arc::new(Broken {
+        inner: inner.clone(),
+        next: Default::default(),
+    });
+    let caps = coord_core::Lock::capabilities(&*inner).clone();
+    (0..n)
+        .map(|_| {
+            Coord::builder(caps.clone())
+                .limiter(b.clone())
+                .barrier(b.clone())
+                .election(b.clone())
+                .build()
+        })
+        .collect()
+}
+
+fn rules(r: &conformance::faults::Report) -> Vec<&'static str> {
+    r.violations.iter().map(|v| v.rule).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checkers_catch_broken_limiter_barrier_and_election() {
+    let none = || async { FaultLog::default() };
+    let w = LimiterWorkload {
+        quota: Quota::new(5, Duration::from_millis(200), Algorithm::FixedWindow),
+        pace: Duration::from_millis(2),
+        duration: Duration::from_millis(600),
+    };
+    let (r, _) = run_limiter_workload(broken_clients(4), "broken", w, none()).await;
+    assert!(rules(&r).contains(&"admissions per fixed window"), "{r:?}");
+    let w = BarrierWorkload {
+        timeout: Duration::from_millis(200),
+        duration: Duration::from_millis(600),
+    };
+    let (r, _) = run_barrier_workload(broken_clients(4), "broken", w, none()).await;
+    assert!(
+        rules(&r).contains(&"no pass before parties arrivals"),
+        "{:?}",
+        rules(&r)
+    );
+    let w = ElectionWorkload {
+        ttl: Duration::from_secs(1),
+        wait: Duration::from_secs(1),
+        keep_alive: false,
+        work: Duration::from_millis(5),
+        duration: Duration::from_millis(500),
+    };
+    let (r, _) = run_election_workload(broken_clients(4), vec![], "broken", w, none()).await;
+    assert!(
+        rules(&r).contains(&"one live leader at a time"),
+        "{:?}",
+        rules(&r)
     );
 }

@@ -48,15 +48,28 @@ fn workload(watchdog: bool) -> LockWorkload {
 }
 
 /// A client of `url` with short call timeouts, as a service with a 1 s
-/// lock TTL would configure it.
+/// lock TTL would configure it. Setting up is not under test: a connect
+/// that times out (a loaded machine: 2 cores, a server log-in takes a
+/// fork) is tried again, three times in all.
 async fn client(url: &str) -> Coord {
-    coord_postgres::builder(url)
-        .call_timeout(Duration::from_millis(400))
-        .connect_timeout(Duration::from_millis(500))
-        .pool_size(4)
-        .connect()
-        .await
-        .expect("connect to the test PostgreSQL")
+    let mut attempt = 0;
+    loop {
+        let c = coord_postgres::builder(url)
+            .call_timeout(Duration::from_millis(400))
+            .connect_timeout(Duration::from_millis(500))
+            .pool_size(4)
+            .connect()
+            .await;
+        match c {
+            Ok(c) => return c,
+            Err(e) if attempt < 2 && e.is_retryable() => {
+                eprintln!("connect to the test PostgreSQL failed, trying again: {e}");
+                attempt += 1;
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("connect to the test PostgreSQL: {e}"),
+        }
+    }
 }
 
 async fn clients(urls: &[String]) -> Vec<Coord> {
@@ -302,3 +315,6 @@ mod process;
 
 #[path = "faults/bouncer.rs"]
 mod bouncer;
+
+#[path = "faults/workloads.rs"]
+mod workloads;

@@ -348,3 +348,6 @@ mod process;
 
 #[path = "faults/failover.rs"]
 mod failover;
+
+#[path = "faults/workloads.rs"]
+mod workloads;

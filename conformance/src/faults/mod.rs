@@ -5,11 +5,20 @@
 //! clients off), runs a workload here while it injects real faults, and
 //! asserts the report has no violation.
 //!
+//! Workloads: locks (here, checked by [`history`]), elections
+//! ([`election`]), barriers ([`barrier`]) and limiters ([`limiter`]), each
+//! with its checker, unit-tested on hand-made broken histories.
+//!
 //! Each run prints one line for `scripts/faults`' matrix:
 //! `FAULTS scenario=<s> backend=<b> ops=<n> faults=<n> violations=<n> stall_ms=<n>`.
 
+pub mod barrier;
+pub mod election;
 pub mod history;
+pub mod limiter;
 pub mod process;
+pub mod report;
+pub mod scenarios;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,7 +30,12 @@ use tokio::time::{Instant, sleep};
 
 use crate::testkit::proxy::FaultProxy;
 
+pub use barrier::{BarrierWorkload, run_barrier_workload};
+pub use election::{ElectionWorkload, run_election_workload};
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
+pub use limiter::{LimiterWorkload, run_limiter_workload};
+pub use report::Report;
+pub use scenarios::{fault_for, proxies_for};
 
 /// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
 /// `scripts/faults --minutes N`), else `short` (the CI schedule).
@@ -334,21 +348,8 @@ where
         .count();
     // Progress: the longest gap between grants after the heal.
     let from = fault_log.healed.unwrap_or(start);
-    let mut times: Vec<Instant> = grants
-        .iter()
-        .map(|g| g.granted)
-        .filter(|t| *t >= from)
-        .collect();
-    times.sort();
-    let mut longest = Duration::ZERO;
-    let mut prev = from;
-    for t in times
-        .iter()
-        .chain(std::iter::once(&Instant::now().min(end)))
-    {
-        longest = longest.max(t.saturating_duration_since(prev));
-        prev = *t;
-    }
+    let times: Vec<Instant> = grants.iter().map(|g| g.granted).collect();
+    let longest = report::longest_stall(&times, from, Instant::now().min(end));
     let recovery = failures
         .iter()
         .map(|t: &Instant| t.saturating_duration_since(from))

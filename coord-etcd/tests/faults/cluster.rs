@@ -18,13 +18,13 @@ use super::common::*;
 /// Beyond the TTL after a heal: an election (1 s election timeout) and
 /// the new leader extends every lease by an election timeout on taking
 /// over, on top of [`SLACK`].
-const CLUSTER_SLACK: Duration = Duration::from_secs(4);
+pub const CLUSTER_SLACK: Duration = Duration::from_secs(4);
 
-async fn cluster() -> Arc<EtcdCluster> {
+pub async fn cluster() -> Arc<EtcdCluster> {
     Arc::new(blocking(|| EtcdCluster::start(3)).await)
 }
 
-async fn leader(c: &Arc<EtcdCluster>) -> usize {
+pub async fn leader(c: &Arc<EtcdCluster>) -> usize {
     let c = c.clone();
     blocking(move || {
         for _ in 0..100 {
@@ -54,25 +54,29 @@ async fn cluster_leader_killed() {
     let c = cluster().await;
     let eps = c.endpoints();
     let l = leader(&c).await;
-    let cc = c.clone();
     let (report, log) = run_lock_workload(
         clients(&eps, 5).await,
         "leader-killed",
         workload(true),
-        async {
-            sleep(Duration::from_millis(2000)).await;
-            let c2 = cc.clone();
-            blocking(move || c2.stop(l)).await;
-            sleep(TTL * 2).await;
-            let c2 = cc.clone();
-            blocking(move || c2.start_member(l)).await;
-            let log = FaultLog::healed_now(1);
-            wait_healthy(&cc).await;
-            log
-        },
+        leader_killed(&c, l),
     )
     .await;
     judge(&report, &log, "cluster-leader-killed", CLUSTER_SLACK);
+}
+
+/// Member `l` (the leader) killed (SIGKILL) 2 s from now and restarted on
+/// its data 2 TTLs later; healed when it is back (then wait until the
+/// cluster is healthy).
+pub async fn leader_killed(c: &Arc<EtcdCluster>, l: usize) -> FaultLog {
+    sleep(Duration::from_millis(2000)).await;
+    let c2 = c.clone();
+    blocking(move || c2.stop(l)).await;
+    sleep(TTL * 2).await;
+    let c2 = c.clone();
+    blocking(move || c2.start_member(l)).await;
+    let log = FaultLog::healed_now(1);
+    wait_healthy(c).await;
+    log
 }
 
 async fn pause_member(c: &Arc<EtcdCluster>, i: usize, at: &Mutex<Vec<Instant>>) -> FaultLog {

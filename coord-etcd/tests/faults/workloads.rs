@@ -1,0 +1,142 @@
+//! The election, barrier and limiter workloads of `conformance::faults`
+//! on etcd, under real faults: one client cut off (or its replies lost)
+//! by its proxy and healed, on one server; and the leader of a 3-node
+//! cluster killed and restarted later. Each asserts 0 violations and
+//! progress after the heal.
+
+use std::time::Duration;
+
+use conformance::faults::{
+    FaultLog, Report, run_barrier_workload, run_election_workload, run_limiter_workload, scenarios,
+    schedule,
+};
+use conformance::testkit::etcd::EtcdServer;
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use coord_core::Coord;
+
+use super::cluster::{CLUSTER_SLACK, cluster, leader, leader_killed};
+use super::common::*;
+
+/// Barrier waits time out after this (a leader change takes ~1 s).
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Long enough that the killed leader's restart (4 s in) has a few
+/// seconds after it.
+fn run_for() -> Duration {
+    schedule(Duration::from_secs(9))
+}
+
+fn judge(report: &Report, log: &FaultLog, scenario: &str, bound: Duration) {
+    report.assert_ok(scenario, BACKEND, log.injected, bound);
+}
+
+/// One server, `n` proxies to it and one client behind each.
+async fn proxied(server: &EtcdServer, n: usize) -> (Vec<FaultProxy>, Vec<Coord>) {
+    let proxies: Vec<FaultProxy> = (0..n)
+        .map(|_| FaultProxy::start(server.client_port()))
+        .collect();
+    let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+    (proxies, clients_via(&ports).await)
+}
+
+/// 4 candidates and 2 observers, each behind its own proxy; the leader
+/// and observer 0 are cut off for 2 TTLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_leader_cut_off() {
+    let server = EtcdServer::start();
+    let (proxies, mut cs) = proxied(&server, 6).await;
+    let observers = cs.split_off(4);
+    let watch = client(&[server.endpoint()]).await;
+    let w = scenarios::election(TTL, run_for());
+    let (report, log, cut) =
+        scenarios::election_leader_cut_off(&watch, cs, observers, &proxies, "el-cut", w, TTL * 2)
+            .await;
+    judge(
+        &report,
+        &log,
+        "election-leader-cut-off",
+        TTL + SLACK + w.work,
+    );
+    cut.assert_failover(&report, TTL + SLACK);
+}
+
+/// 4 candidates and 2 observers on every member of a 3-node cluster;
+/// the cluster's leader is killed and restarted 2 TTLs later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_cluster_leader_killed() {
+    let c = cluster().await;
+    let eps = c.endpoints();
+    let l = leader(&c).await;
+    let mut cs = clients(&eps, 6).await;
+    let observers = cs.split_off(4);
+    let w = scenarios::election(TTL, run_for());
+    let faults = leader_killed(&c, l);
+    let (report, log) = run_election_workload(cs, observers, "el-killed", w, faults).await;
+    let bound = TTL + CLUSTER_SLACK + w.work;
+    judge(&report, &log, "election-cluster-leader-killed", bound);
+}
+
+/// 4 participants, each behind its own proxy; participant 0 is cut off
+/// for 2 barrier timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_participant_cut_off() {
+    barrier_participant(Mode::Blackhole, "barrier-participant-cut-off").await;
+}
+
+/// 4 participants, each behind its own proxy; participant 0's replies are
+/// lost for 2 barrier timeouts (its arrivals applied, unheard, retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_participant_replies_lost() {
+    barrier_participant(Mode::DropReplies, "barrier-participant-replies-lost").await;
+}
+
+async fn barrier_participant(mode: Mode, scenario: &str) {
+    let server = EtcdServer::start();
+    let (proxies, cs) = proxied(&server, 4).await;
+    let w = scenarios::barrier(BARRIER_TIMEOUT, run_for());
+    let hold = BARRIER_TIMEOUT * 2;
+    let (report, log) =
+        scenarios::barrier_participant_faulted(cs, &proxies, scenario, w, mode, hold).await;
+    judge(&report, &log, scenario, BARRIER_TIMEOUT + SLACK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_cluster_leader_killed() {
+    let c = cluster().await;
+    let l = leader(&c).await;
+    let cs = clients(&c.endpoints(), 4).await;
+    let w = scenarios::barrier(BARRIER_TIMEOUT, run_for());
+    let faults = leader_killed(&c, l);
+    let (report, log) = run_barrier_workload(cs, "bar-killed", w, faults).await;
+    let bound = BARRIER_TIMEOUT + CLUSTER_SLACK;
+    judge(&report, &log, "barrier-cluster-leader-killed", bound);
+}
+
+/// 4 clients, each behind its own proxy; client 0's replies are lost for
+/// 2 windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_replies_lost() {
+    let server = EtcdServer::start();
+    let (proxies, cs) = proxied(&server, 4).await;
+    let w = scenarios::limiter(run_for());
+    let hold = w.quota.window * 2;
+    let (report, log) = scenarios::limiter_replies_lost(cs, &proxies, "lim-lost", w, hold).await;
+    judge(
+        &report,
+        &log,
+        "limiter-replies-lost",
+        w.quota.window + SLACK,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_cluster_leader_killed() {
+    let c = cluster().await;
+    let l = leader(&c).await;
+    let cs = clients(&c.endpoints(), 4).await;
+    let w = scenarios::limiter(run_for());
+    let faults = leader_killed(&c, l);
+    let (report, log) = run_limiter_workload(cs, "lim-killed", w, faults).await;
+    let bound = w.quota.window + CLUSTER_SLACK;
+    judge(&report, &log, "limiter-cluster-leader-killed", bound);
+}

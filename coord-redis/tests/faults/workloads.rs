@@ -1,0 +1,150 @@
+//! The election, barrier and limiter workloads of `conformance::faults`
+//! on Redis, under real faults: one client cut off (or its replies lost)
+//! by its proxy and healed, and the server frozen with `SIGSTOP` past the
+//! TTL and resumed. Each asserts 0 violations and progress after the heal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::faults::{
+    FaultLog, Report, fault_for, run_barrier_workload, run_election_workload, run_limiter_workload,
+    scenarios, schedule,
+};
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use conformance::testkit::redis::RedisServer;
+
+use super::{BACKEND, SLACK, TTL, client, clients};
+
+const BARRIER_TIMEOUT: Duration = Duration::from_millis(1500);
+
+fn run_for() -> Duration {
+    schedule(Duration::from_secs(6))
+}
+
+fn judge(report: &Report, log: &FaultLog, scenario: &str, bound: Duration) {
+    report.assert_ok(scenario, BACKEND, log.injected, bound);
+}
+
+async fn proxied(server: &RedisServer, n: usize) -> (Vec<FaultProxy>, Vec<coord_core::Coord>) {
+    let proxies: Vec<FaultProxy> = (0..n).map(|_| FaultProxy::start(server.port())).collect();
+    let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+    (proxies, clients(&ports).await)
+}
+
+/// Frozen past the TTL: `SIGSTOP` 1.5 s into the run, for 2 TTLs.
+async fn paused(server: &Arc<RedisServer>) -> FaultLog {
+    let (s, r) = (server.clone(), server.clone());
+    fault_for(
+        Duration::from_millis(1500),
+        TTL * 2,
+        move || s.pause(),
+        move |()| r.resume(),
+    )
+    .await
+}
+
+/// 4 candidates and 2 observers, each behind its own proxy; the leader
+/// and observer 0 are cut off for 2 TTLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_leader_cut_off() {
+    let server = RedisServer::start();
+    let (proxies, mut cs) = proxied(&server, 6).await;
+    let observers = cs.split_off(4);
+    let watch = client(server.port()).await;
+    let w = scenarios::election(TTL, run_for());
+    let (report, log, cut) =
+        scenarios::election_leader_cut_off(&watch, cs, observers, &proxies, "el-cut", w, TTL * 2)
+            .await;
+    judge(
+        &report,
+        &log,
+        "election-leader-cut-off",
+        TTL + SLACK + w.work,
+    );
+    cut.assert_failover(&report, TTL + Duration::from_millis(500));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn election_server_paused() {
+    let server = Arc::new(RedisServer::start());
+    let ports = vec![server.port(); 6];
+    let mut cs = clients(&ports).await;
+    let observers = cs.split_off(4);
+    let w = scenarios::election(TTL, run_for());
+    let (report, log) = run_election_workload(cs, observers, "el-paused", w, paused(&server)).await;
+    judge(
+        &report,
+        &log,
+        "election-server-paused",
+        TTL + SLACK + w.work,
+    );
+}
+
+/// 4 participants, each behind its own proxy; participant 0 is cut off
+/// for 2 barrier timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_participant_cut_off() {
+    barrier_participant(Mode::Blackhole, "barrier-participant-cut-off").await;
+}
+
+/// 4 participants, each behind its own proxy; participant 0's replies are
+/// lost for 2 barrier timeouts (its arrivals applied, unheard, retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_participant_replies_lost() {
+    barrier_participant(Mode::DropReplies, "barrier-participant-replies-lost").await;
+}
+
+async fn barrier_participant(mode: Mode, scenario: &str) {
+    let server = RedisServer::start();
+    let (proxies, cs) = proxied(&server, 4).await;
+    let w = scenarios::barrier(BARRIER_TIMEOUT, run_for());
+    let hold = BARRIER_TIMEOUT * 2;
+    let (report, log) =
+        scenarios::barrier_participant_faulted(cs, &proxies, scenario, w, mode, hold).await;
+    judge(&report, &log, scenario, BARRIER_TIMEOUT + SLACK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn barrier_server_paused() {
+    let server = Arc::new(RedisServer::start());
+    let cs = clients(&[server.port(); 4]).await;
+    let w = scenarios::barrier(BARRIER_TIMEOUT, run_for());
+    let (report, log) = run_barrier_workload(cs, "bar-paused", w, paused(&server)).await;
+    judge(
+        &report,
+        &log,
+        "barrier-server-paused",
+        BARRIER_TIMEOUT + SLACK,
+    );
+}
+
+/// 4 clients, each behind its own proxy; client 0's replies are lost for
+/// 2 windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_replies_lost() {
+    let server = RedisServer::start();
+    let (proxies, cs) = proxied(&server, 4).await;
+    let w = scenarios::limiter(run_for());
+    let hold = w.quota.window * 2;
+    let (report, log) = scenarios::limiter_replies_lost(cs, &proxies, "lim-lost", w, hold).await;
+    judge(
+        &report,
+        &log,
+        "limiter-replies-lost",
+        w.quota.window + SLACK,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn limiter_server_paused() {
+    let server = Arc::new(RedisServer::start());
+    let cs = clients(&[server.port(); 4]).await;
+    let w = scenarios::limiter(run_for());
+    let (report, log) = run_limiter_workload(cs, "lim-paused", w, paused(&server)).await;
+    judge(
+        &report,
+        &log,
+        "limiter-server-paused",
+        w.quota.window + SLACK,
+    );
+}
