@@ -8,6 +8,7 @@ use std::time::Duration;
 use conformance::faults::{FaultLog, cut_off_victim, run_lock_workload};
 use conformance::testkit::etcd::EtcdServer;
 use conformance::testkit::proxy::FaultProxy;
+use etcd_client::CompactionOptions;
 use tokio::time::{Instant, sleep};
 
 use super::common::*;
@@ -93,15 +94,22 @@ async fn server_killed_and_restarted() {
     judge(&report, &log, "server-killed-restarted", SLACK);
 }
 
-/// Compactions at the current revision every 50 ms while waiters watch
-/// their predecessors, and every 400 ms one client's connections are
-/// closed (in turn) so its watches must be re-opened from a revision that
-/// is likely compacted already: waiters must still be woken. Polling is set to
-/// 30 s, so only the watches can wake a waiter within the wait (4 s): a
-/// waiter left unwoken holds up the FIFO queue behind it for its whole
-/// wait, which the bound on the gap between grants (one TTL) catches.
+/// `COMPACTIONS` compactions, each at the current revision (higher than the
+/// last), waited for until applied (physically), 50 ms apart, while
+/// waiters watch their predecessors; every `RESET_EVERY`th, one client's
+/// connections are closed (in turn, each client `COMPACTIONS / RESET_EVERY
+/// / 5` times), so its watch must be re-opened from a revision that is
+/// compacted by then: etcd cancels that watch with the compact revision,
+/// and the waiter must be woken by that (to attempt again and watch anew).
+/// The counts are fixed, however long they take (bounded), so the test
+/// does not depend on the machine's speed. Polling is set to 30 s, so only
+/// the watches can wake a waiter within the wait (4 s): a waiter left
+/// unwoken holds up the FIFO queue behind it for its whole wait, which the
+/// bound on the gap between grants (one TTL) catches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn compaction_during_watches() {
+    const COMPACTIONS: usize = 40;
+    const RESET_EVERY: usize = 4;
     let server = EtcdServer::start();
     let proxies: Vec<FaultProxy> = (0..5)
         .map(|_| FaultProxy::start(server.client_port()))
@@ -110,7 +118,6 @@ async fn compaction_during_watches() {
     let mut raw = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
-    let compactions = std::sync::atomic::AtomicUsize::new(0);
     let (report, log) = run_lock_workload(
         clients_via(&ports)
             .await
@@ -120,14 +127,14 @@ async fn compaction_during_watches() {
         "compaction",
         workload(true),
         async {
-            let until = Instant::now() + Duration::from_secs(5);
-            let mut n = 0;
-            while Instant::now() < until {
+            let until = Instant::now() + Duration::from_secs(120);
+            let (mut done, mut resets, mut last) = (0, 0, 0);
+            while done < COMPACTIONS {
+                assert!(
+                    Instant::now() < until,
+                    "only {done} compactions in 120 s (the workload writes no more?)"
+                );
                 sleep(Duration::from_millis(50)).await;
-                n += 1;
-                if n % 8 == 4 {
-                    proxies[(n / 8) % proxies.len()].reset();
-                }
                 let rev = raw
                     .get("x", None)
                     .await
@@ -135,17 +142,24 @@ async fn compaction_during_watches() {
                     .header()
                     .unwrap()
                     .revision();
-                if raw.compact(rev, None).await.is_ok() {
-                    compactions.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if rev <= last {
+                    continue;
+                }
+                raw.compact(rev, Some(CompactionOptions::new().with_physical()))
+                    .await
+                    .unwrap_or_else(|e| panic!("compaction at {rev} failed: {e}"));
+                last = rev;
+                done += 1;
+                if done % RESET_EVERY == 0 {
+                    proxies[resets % proxies.len()].reset();
+                    resets += 1;
                 }
             }
-            FaultLog::healed_now(n)
+            println!("compaction: {done} compactions, {resets} connection resets");
+            FaultLog::healed_now(done)
         },
     )
     .await;
-    let c = compactions.load(std::sync::atomic::Ordering::SeqCst);
-    println!("compaction: {c} compactions");
-    assert!(c >= 40, "only {c} compactions ran");
     judge(&report, &log, "compaction-during-watches", SLACK);
     let gap = longest_gap(&report);
     println!("compaction: longest gap between grants {gap:?}");
