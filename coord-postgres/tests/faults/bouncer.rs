@@ -1,5 +1,6 @@
 //! Faults with PgBouncer (transaction pooling) between the clients and
-//! PostgreSQL: PgBouncer frozen, and PostgreSQL crashed behind it.
+//! PostgreSQL: PgBouncer killed and restarted, PgBouncer frozen, and
+//! PostgreSQL crashed behind it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +10,7 @@ use conformance::testkit::postgres::{PgBouncer, cluster};
 use coord_core::Coord;
 use tokio::time::sleep;
 
+use super::server::crash_restart;
 use super::{
     SERIAL, TTL, assert_woken_by_notify, blocking, client, database, db_of, judge, workload,
 };
@@ -74,16 +76,33 @@ async fn server_crash_behind_pgbouncer() {
     let bouncer = blocking(|| PgBouncer::start(cluster())).await;
     let cs = clients_through(&bouncer, &url).await;
     let listener = cs[0].clone();
-    let (report, log) = run_lock_workload(cs, "bouncer-crash", workload(true), async {
+    let (report, log) =
+        run_lock_workload(cs, "bouncer-crash", workload(true), crash_restart()).await;
+    judge(&report, &log, "server-crash-behind-pgbouncer");
+    assert_woken_by_notify(&url, listener, "server-crash-behind-pgbouncer").await;
+}
+
+/// Statements through PgBouncer (transaction pooling), LISTEN direct
+/// (`listen_url`). PgBouncer is killed (`SIGKILL`) mid-workload and
+/// started again on the same port: every pooled connection drops at once,
+/// statements in flight are lost (some committed, unheard), and the pools
+/// must reconnect through the new PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgbouncer_restarted() {
+    let _serial = SERIAL.lock().await;
+    let (url, _pg) = database("bouncer");
+    let bouncer = Arc::new(blocking(|| PgBouncer::start(cluster())).await);
+    let cs = clients_through(&bouncer, &url).await;
+    let b = bouncer.clone();
+    let (report, log) = run_lock_workload(cs, "bouncer", workload(true), async {
         sleep(Duration::from_millis(2000)).await;
-        blocking(|| {
-            cluster().crash();
-            cluster().start();
-        })
-        .await;
+        blocking(move || b.restart()).await;
         FaultLog::healed_now(1)
     })
     .await;
-    judge(&report, &log, "server-crash-behind-pgbouncer");
-    assert_woken_by_notify(&url, listener, "server-crash-behind-pgbouncer").await;
+    judge(&report, &log, "pgbouncer-restart");
+    // The restarted PgBouncer still serves new clients.
+    let c = client(&bouncer.url_for(&db_of(&url))).await;
+    let g = c.locks().unwrap().try_acquire("after", TTL).await.unwrap();
+    g.expect("free").release().await.unwrap();
 }

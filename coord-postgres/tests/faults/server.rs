@@ -1,15 +1,14 @@
 //! Faults of the server side: PostgreSQL frozen, crashed, its coord
-//! backends terminated; PgBouncer killed and restarted.
+//! backends terminated.
 
 use std::time::Duration;
 
 use conformance::faults::{FaultLog, run_lock_workload};
-use conformance::testkit::postgres::{PgBouncer, cluster};
+use conformance::testkit::postgres::cluster;
 use tokio::time::sleep;
 
 use super::{
-    SERIAL, TTL, assert_woken_by_notify, blocking, client, clients, database, db_of, judge,
-    workload,
+    SERIAL, TTL, assert_woken_by_notify, blocking, clients, database, db_of, judge, workload,
 };
 
 /// The whole server (postmaster and every backend) is frozen with
@@ -45,18 +44,21 @@ async fn server_crash_restart() {
     let (url, _pg) = database("crash");
     let cs = clients(&vec![url.clone(); 5]).await;
     let listener = cs[0].clone();
-    let (report, log) = run_lock_workload(cs, "crash", workload(true), async {
-        sleep(Duration::from_millis(2000)).await;
-        blocking(|| {
-            cluster().crash();
-            cluster().start();
-        })
-        .await;
-        FaultLog::healed_now(1)
-    })
-    .await;
+    let (report, log) = run_lock_workload(cs, "crash", workload(true), crash_restart()).await;
     judge(&report, &log, "server-crash-restart");
     assert_woken_by_notify(&url, listener, "server-crash-restart").await;
+}
+
+/// The fault of both crash scenarios: 2 s in, PostgreSQL crashes
+/// (`pg_ctl stop -m immediate`) and is started again at once.
+pub(super) async fn crash_restart() -> FaultLog {
+    sleep(Duration::from_millis(2000)).await;
+    blocking(|| {
+        cluster().crash();
+        cluster().start();
+    })
+    .await;
+    FaultLog::healed_now(1)
 }
 
 /// Terminate every backend of this database's coord clients
@@ -111,42 +113,4 @@ async fn every_coord_backend_terminated() {
     .await;
     judge(&report, &log, "terminate-backends");
     assert_woken_by_notify(&url, listener, "terminate-backends").await;
-}
-
-/// Statements through PgBouncer (transaction pooling), LISTEN direct
-/// (`listen_url`). PgBouncer is killed (`SIGKILL`) mid-workload and
-/// started again on the same port: every pooled connection drops at once,
-/// statements in flight are lost (some committed, unheard), and the pools
-/// must reconnect through the new PgBouncer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pgbouncer_restarted() {
-    let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("bouncer");
-    let bouncer = std::sync::Arc::new(blocking(|| PgBouncer::start(cluster())).await);
-    let through = bouncer.url_for(&db_of(&url));
-    let mut cs = Vec::new();
-    for _ in 0..5 {
-        cs.push(
-            coord_postgres::builder(&through)
-                .listen_url(&url)
-                .call_timeout(Duration::from_millis(400))
-                .connect_timeout(Duration::from_millis(500))
-                .pool_size(4)
-                .connect()
-                .await
-                .expect("connect through pgbouncer"),
-        );
-    }
-    let b = bouncer.clone();
-    let (report, log) = run_lock_workload(cs, "bouncer", workload(true), async {
-        sleep(Duration::from_millis(2000)).await;
-        blocking(move || b.restart()).await;
-        FaultLog::healed_now(1)
-    })
-    .await;
-    judge(&report, &log, "pgbouncer-restart");
-    // The restarted PgBouncer still serves new clients.
-    let c = client(&bouncer.url_for(&db_of(&url))).await;
-    let g = c.locks().unwrap().try_acquire("after", TTL).await.unwrap();
-    g.expect("free").release().await.unwrap();
 }
