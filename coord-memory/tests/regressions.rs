@@ -2,15 +2,13 @@
 //! logic (coord-core), run on the in-memory backend with paused time.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use coord_core::wake::Waiter;
-use coord_core::{
-    Algorithm, Arrival, Capabilities, Coord, Error, LockOptions, OwnerToken, Quota, Result,
-    async_trait,
-};
+use coord_core::{Algorithm, Coord, Error, LockOptions, OwnerToken, Quota};
 use coord_memory::MemoryBackend;
+use support::faulty::{Fault, Faulty};
+
+mod support;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -125,59 +123,14 @@ async fn a_watchdog_started_late_keeps_the_lock() {
     g.release().await.unwrap();
 }
 
-/// A barrier backend whose replies are slow, to cancel waits mid-call.
-struct Slow {
-    inner: Arc<MemoryBackend>,
-    slow_arrive: AtomicBool,
-    slow_withdraw: AtomicBool,
-}
-
-#[async_trait]
-impl coord_core::Barrier for Slow {
-    fn capabilities(&self) -> &Capabilities {
-        coord_core::Barrier::capabilities(&*self.inner)
-    }
-    async fn arrive(&self, n: &str, p: u32, who: &str, id: &OwnerToken) -> Result<Arrival> {
-        let a = self.inner.arrive(n, p, who, id).await;
-        if self.slow_arrive.load(Ordering::SeqCst) {
-            tokio::time::sleep(S).await;
-        }
-        a
-    }
-    async fn is_complete(&self, n: &str, g: u64) -> Result<bool> {
-        self.inner.is_complete(n, g).await
-    }
-    async fn withdraw(&self, n: &str, g: u64, who: &str) -> Result<bool> {
-        if self.slow_withdraw.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        self.inner.withdraw(n, g, who).await
-    }
-    async fn subscribe(&self, n: &str) -> Result<Waiter> {
-        coord_core::Barrier::subscribe(&*self.inner, n).await
-    }
-}
-
-fn slow_coord(arrive: bool, withdraw: bool) -> (Coord, Arc<Slow>) {
-    let mem = Arc::new(MemoryBackend::new());
-    let slow = Arc::new(Slow {
-        slow_arrive: AtomicBool::new(arrive),
-        slow_withdraw: AtomicBool::new(withdraw),
-        inner: mem.clone(),
-    });
-    let coord = Coord::builder(coord_core::Barrier::capabilities(&*mem).clone())
-        .barrier(slow.clone())
-        .build();
-    (coord, slow)
-}
-
 /// A wait dropped while its arrival is being recorded leaves no ghost.
 #[tokio::test(start_paused = true)]
 async fn a_wait_cancelled_during_arrive_leaves_no_ghost() {
-    let (coord, slow) = slow_coord(true, false);
-    let b = coord.barriers().unwrap();
+    let f = Faulty::new();
+    f.always("barrier.arrive", Fault::SlowReply(S));
+    let b = f.coord(S).barriers().unwrap();
     let _ = tokio::time::timeout(Duration::from_millis(100), b.wait("g", 2, "ghost", 10 * S)).await;
-    slow.slow_arrive.store(false, Ordering::SeqCst);
+    f.heal();
     tokio::time::sleep(2 * S).await;
     let r = b.wait("g", 2, "real", Duration::from_millis(500)).await;
     assert!(
@@ -189,10 +142,11 @@ async fn a_wait_cancelled_during_arrive_leaves_no_ghost() {
 /// A wait dropped while its timeout-withdraw is in flight leaves no ghost.
 #[tokio::test(start_paused = true)]
 async fn a_wait_cancelled_during_withdraw_leaves_no_ghost() {
-    let (coord, slow) = slow_coord(false, true);
-    let b = coord.barriers().unwrap();
+    let f = Faulty::new();
+    f.always("barrier.withdraw", Fault::Delay(Duration::from_millis(100)));
+    let b = f.coord(S).barriers().unwrap();
     let _ = tokio::time::timeout(Duration::from_millis(1050), b.wait("g", 2, "quitter", S)).await;
-    slow.slow_withdraw.store(false, Ordering::SeqCst);
+    f.heal();
     tokio::time::sleep(S).await;
     let r = b.wait("g", 2, "second", Duration::from_millis(500)).await;
     assert!(
@@ -201,49 +155,16 @@ async fn a_wait_cancelled_during_withdraw_leaves_no_ghost() {
     );
 }
 
-/// A lock backend whose release fails as if the store were unreachable
-/// after the work under the lock committed.
-struct FailingRelease {
-    inner: Arc<MemoryBackend>,
-}
-
-#[async_trait]
-impl coord_core::Lock for FailingRelease {
-    fn capabilities(&self) -> &Capabilities {
-        coord_core::Lock::capabilities(&*self.inner)
-    }
-    async fn try_acquire(
-        &self,
-        n: &str,
-        o: &OwnerToken,
-        t: Duration,
-    ) -> Result<coord_core::Attempt> {
-        coord_core::Lock::try_acquire(&*self.inner, n, o, t).await
-    }
-    async fn release(&self, _n: &str, _o: &OwnerToken) -> Result<bool> {
-        Err(Error::Unavailable {
-            backend: "memory",
-            operation: "release",
-            message: "connection reset (test)".into(),
-        })
-    }
-    async fn extend(&self, n: &str, o: &OwnerToken, t: Duration) -> Result<bool> {
-        coord_core::Lock::extend(&*self.inner, n, o, t).await
-    }
-    async fn force_release(&self, n: &str) -> Result<bool> {
-        coord_core::Lock::force_release(&*self.inner, n).await
-    }
-}
-
 /// `with_lock` never throws away the work's result when the release fails
 /// after the work finished: the caller gets the output and the error.
 #[tokio::test]
 async fn with_lock_keeps_the_output_when_release_fails() {
-    let mem = Arc::new(MemoryBackend::new());
-    let coord = Coord::builder(coord_core::Lock::capabilities(&*mem).clone())
-        .lock(Arc::new(FailingRelease { inner: mem.clone() }))
-        .build();
-    let r = coord
+    // The release fails as if the store were unreachable after the work
+    // under the lock committed.
+    let f = Faulty::new();
+    f.always("lock.release", Fault::Unavailable);
+    let r = f
+        .coord(S)
         .locks()
         .unwrap()
         .with_lock("committed", LockOptions::new(10 * S), |_| async { 42 })
@@ -257,62 +178,22 @@ async fn with_lock_keeps_the_output_when_release_fails() {
     }
 }
 
-/// A barrier backend that records an arrival and then loses the reply
-/// once, as a reset connection would.
-struct LostReply {
-    inner: Arc<MemoryBackend>,
-    lose_next: AtomicBool,
-}
-
-#[async_trait]
-impl coord_core::Barrier for LostReply {
-    fn capabilities(&self) -> &Capabilities {
-        coord_core::Barrier::capabilities(&*self.inner)
-    }
-    async fn arrive(&self, n: &str, p: u32, who: &str, id: &OwnerToken) -> Result<Arrival> {
-        let a = self.inner.arrive(n, p, who, id).await?;
-        if self.lose_next.swap(false, Ordering::SeqCst) {
-            return Err(Error::Unavailable {
-                backend: "memory",
-                operation: "barrier arrive",
-                message: "reply lost (test)".into(),
-            });
-        }
-        Ok(a)
-    }
-    async fn is_complete(&self, n: &str, g: u64) -> Result<bool> {
-        self.inner.is_complete(n, g).await
-    }
-    async fn withdraw(&self, n: &str, g: u64, who: &str) -> Result<bool> {
-        self.inner.withdraw(n, g, who).await
-    }
-    async fn subscribe(&self, n: &str) -> Result<Waiter> {
-        coord_core::Barrier::subscribe(&*self.inner, n).await
-    }
-}
-
 /// The completing arrival's reply is lost and the core retries it: the
 /// wait passes in the generation it completed and leaves no phantom member
 /// in the next one (the retry carries the same arrival id).
 #[tokio::test]
 async fn a_retried_completing_arrival_passes_and_leaves_no_phantom() {
-    let mem = Arc::new(MemoryBackend::new());
-    let lossy = Arc::new(LostReply {
-        inner: mem.clone(),
-        lose_next: AtomicBool::new(false),
-    });
-    let coord = Coord::builder(coord_core::Barrier::capabilities(&*mem).clone())
-        .barrier(lossy.clone())
-        .build();
-    let b = coord.barriers().unwrap();
+    let f = Faulty::new();
+    let b = f.coord(S).barriers().unwrap();
     let b2 = b.clone();
     let first = tokio::spawn(async move { b2.wait("phase", 2, "p1", 10 * S).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    lossy.lose_next.store(true, Ordering::SeqCst);
+    // The next arrival is recorded, then its reply is lost.
+    f.next("barrier.arrive", Fault::LoseReply, 1);
     let g = b.wait("phase", 2, "p2", 10 * S).await.unwrap();
     assert_eq!(first.await.unwrap().unwrap(), g);
     // Generation g+1 is empty: a lone arrival does not complete it.
-    let next = coord_core::Barrier::arrive(&*mem, "phase", 2, "p3", &OwnerToken::random())
+    let next = coord_core::Barrier::arrive(&*f.inner, "phase", 2, "p3", &OwnerToken::random())
         .await
         .unwrap();
     assert!(

@@ -28,6 +28,8 @@ pub enum Fault {
     LoseReply,
     /// Apply the call on the store, then wait this long before replying.
     SlowReply(Duration),
+    /// Wait this long, then apply the call and reply (a slow request).
+    Delay(Duration),
 }
 
 /// Scripted faults and call counts per operation name (`"lock.try_acquire"`,
@@ -135,6 +137,10 @@ impl Faulty {
                 let r = f.await;
                 tokio::time::sleep(d).await;
                 r
+            }
+            Some(Fault::Delay(d)) => {
+                tokio::time::sleep(d).await;
+                f.await
             }
         }
     }
