@@ -68,6 +68,10 @@ async fn pause(server: &Arc<EtcdServer>, d: Duration) {
 /// the read answered at 4022 ms). Such a check is counted as inconclusive,
 /// and the loop runs until `CHECKS` conclusive checks of attempts begun
 /// after the resume (bounded), so the test does not depend on load.
+///
+/// This checks the lease-per-claim invariant; it passed on the old
+/// session-lease code too. The test that reproduces E2 itself (and failed
+/// on that code) is `review_regressions.rs`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_grant_is_on_a_live_lease() {
     const CHECKS: u64 = 20;
@@ -159,7 +163,9 @@ async fn a_retried_grant_is_on_a_live_lease() {
 }
 
 /// E4: after a pause longer than any lease the limiter uses, checks
-/// recover by themselves, even under steady traffic.
+/// recover by themselves, even under steady traffic. (It passed on the
+/// old code too; the test that reproduces E4 and failed there is in
+/// `review_regressions.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_recovers_after_a_long_pause() {
     let server = Arc::new(EtcdServer::start());
