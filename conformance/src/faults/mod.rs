@@ -108,21 +108,12 @@ impl LockReport {
             self.waived,
             self.recovery.as_millis()
         );
-        assert!(
-            self.violations.is_empty(),
-            "{scenario} on {backend}: {} violations, first: {}",
-            self.violations.len(),
-            self.violations[0]
-        );
-        assert!(
-            self.ops > 0,
-            "{scenario} on {backend}: no write was accepted"
-        );
-        assert!(
-            self.longest_stall <= bound,
-            "{scenario} on {backend}: no progress for {:?} after the fault healed (bound {bound:?})",
-            self.longest_stall
-        );
+        let progress = report::Progress {
+            ops: self.ops,
+            none: "no write was accepted",
+            longest_stall: self.longest_stall,
+        };
+        report::assert_verdict(scenario, backend, &self.violations, progress, bound);
     }
 
     /// Remove the violations of `rule` that the scenario's fault is known

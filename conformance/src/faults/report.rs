@@ -13,6 +13,48 @@ use tokio::time::{Instant, sleep};
 
 use super::{FaultLog, Violation};
 
+/// How much a workload did, for [`assert_verdict`].
+pub(crate) struct Progress {
+    /// Completed operations.
+    pub ops: usize,
+    /// What to say when there were none.
+    pub none: &'static str,
+    /// The longest time without an operation after the heal.
+    pub longest_stall: Duration,
+}
+
+/// The verdict every workload's report gives after printing its matrix
+/// line: the first ten violations are printed, then it panics on any
+/// violation, if nothing was done, or if the workload stalled for longer
+/// than `bound` after the fault healed.
+pub(crate) fn assert_verdict(
+    scenario: &str,
+    backend: &str,
+    violations: &[Violation],
+    progress: Progress,
+    bound: Duration,
+) {
+    for v in violations.iter().take(10) {
+        eprintln!("{scenario} on {backend}: violation: {v}");
+    }
+    assert!(
+        violations.is_empty(),
+        "{scenario} on {backend}: {} violations, first: {}",
+        violations.len(),
+        violations[0]
+    );
+    assert!(
+        progress.ops > 0,
+        "{scenario} on {backend}: {}",
+        progress.none
+    );
+    assert!(
+        progress.longest_stall <= bound,
+        "{scenario} on {backend}: no progress for {:?} after the fault healed (bound {bound:?})",
+        progress.longest_stall
+    );
+}
+
 /// A workload's verdict: what it did, and what the checker found.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
@@ -57,24 +99,12 @@ impl Report {
     /// longer than `bound` after the fault healed.
     pub fn assert_ok(&self, scenario: &str, backend: &str, faults: usize, bound: Duration) {
         println!("{}", self.line(scenario, backend, faults));
-        for v in self.violations.iter().take(10) {
-            eprintln!("{scenario} on {backend}: violation: {v}");
-        }
-        assert!(
-            self.violations.is_empty(),
-            "{scenario} on {backend}: {} violations, first: {}",
-            self.violations.len(),
-            self.violations[0]
-        );
-        assert!(
-            self.ops > 0,
-            "{scenario} on {backend}: no operation completed"
-        );
-        assert!(
-            self.longest_stall <= bound,
-            "{scenario} on {backend}: no progress for {:?} after the fault healed (bound {bound:?})",
-            self.longest_stall
-        );
+        let progress = Progress {
+            ops: self.ops,
+            none: "no operation completed",
+            longest_stall: self.longest_stall,
+        };
+        assert_verdict(scenario, backend, &self.violations, progress, bound);
     }
 
     /// How long after `t` the first operation completed (panics if none
