@@ -65,6 +65,27 @@ pub enum Layout {
     Seed,
 }
 
+/// Where a claim (lock or lease) lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClaimKeys {
+    /// One key holding `<owner>:<token>` while held and `=<token>` for the
+    /// rest of the TTL after a release (see `scripts::ACQUIRE`).
+    One(String),
+    /// [`Layout::Seed`]: the claim holding the bare owner token, the
+    /// grant's token beside it, and the seed's fencing counter.
+    Seed([String; 3]),
+}
+
+impl ClaimKeys {
+    /// The key that holds the claim itself.
+    pub fn claim(&self) -> &str {
+        match self {
+            ClaimKeys::One(k) => k,
+            ClaimKeys::Seed(k) => &k[0],
+        }
+    }
+}
+
 /// Builds every key from the prefix and layout.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -141,33 +162,25 @@ impl Keys {
         format!("{}:{}", kind.as_str(), name)
     }
 
-    /// A lock: claim, grant, counter. In [`Layout::Seed`], names that would
-    /// collide are refused (see there).
-    pub fn lock(&self, name: &str) -> Result<[String; 3]> {
+    /// A lock's keys. In [`Layout::Seed`], names that would collide are
+    /// refused (see there).
+    pub fn lock(&self, name: &str) -> Result<ClaimKeys> {
         Ok(match self.layout {
-            Layout::Coord => [
-                self.key(Kind::Lock, name, ""),
-                self.key(Kind::Lock, name, ":grant"),
-                self.key(Kind::Lock, name, ":fence"),
-            ],
+            Layout::Coord => ClaimKeys::One(self.key(Kind::Lock, name, "")),
             Layout::Seed => {
                 self.seed_bare("name", name)?;
-                [
+                ClaimKeys::Seed([
                     name.to_string(),
                     self.key(Kind::Lock, name, ":grant"),
                     format!("{SEED_COUNTER}{name}"),
-                ]
+                ])
             }
         })
     }
 
-    /// A lease: claim, grant, counter.
-    pub fn lease(&self, name: &str) -> [String; 3] {
-        [
-            self.key(Kind::Lease, name, ""),
-            self.key(Kind::Lease, name, ":grant"),
-            self.key(Kind::Lease, name, ":fence"),
-        ]
+    /// A lease's key (leases always use the default layout).
+    pub fn lease(&self, name: &str) -> ClaimKeys {
+        ClaimKeys::One(self.key(Kind::Lease, name, ""))
     }
 
     /// A fencing source's counter.
@@ -178,12 +191,10 @@ impl Keys {
         }
     }
 
-    /// An election: state hash, term counter.
-    pub fn election(&self, name: &str) -> [String; 2] {
-        [
-            self.key(Kind::Election, name, ""),
-            self.key(Kind::Election, name, ":term"),
-        ]
+    /// An election: its state hash (owner, candidate, term; after a
+    /// resignation only the last term, until the TTL ends).
+    pub fn election(&self, name: &str) -> [String; 1] {
+        [self.key(Kind::Election, name, "")]
     }
 
     /// A barrier: state hash, members of the open generation, their
@@ -228,14 +239,12 @@ mod tests {
         };
         assert_eq!(
             k.lock("orders").unwrap(),
-            [
-                "coord:lock:{orders}".to_string(),
-                "coord:lock:{orders}:grant".to_string(),
-                "coord:lock:{orders}:fence".to_string()
-            ]
+            ClaimKeys::One("coord:lock:{orders}".to_string())
         );
+        assert_eq!(k.lease("w7").claim(), "coord:lease:{w7}");
+        assert_eq!(k.election("main"), ["coord:election:{main}".to_string()]);
         assert_eq!(k.limiter("api", "log").unwrap(), "coord:limiter:{api}:log");
-        assert_eq!(k.lock("}{").unwrap()[0], "coord:lock:{%7D%7B}");
+        assert_eq!(k.lock("}{").unwrap().claim(), "coord:lock:{%7D%7B}");
         assert_eq!(k.fence("%7D"), "coord:fence:{%257D}");
         assert_ne!(k.fence("%7D"), k.fence("}"));
         assert_eq!(k.fence("db"), "coord:fence:{db}");
@@ -248,7 +257,9 @@ mod tests {
             prefix: "coord:".into(),
             layout: Layout::Seed,
         };
-        let [lock, _, counter] = k.lock("order_process_7").unwrap();
+        let ClaimKeys::Seed([lock, _, counter]) = k.lock("order_process_7").unwrap() else {
+            panic!("the seed layout keeps the seed's keys")
+        };
         assert_eq!(lock, "order_process_7");
         assert_eq!(counter, "fencing_token_order_process_7");
         assert_eq!(k.fence("order_process_7"), counter);

@@ -87,7 +87,11 @@
 //!
 //! Each client subscribes ONE channel, `<prefix>wake`, on a dedicated
 //! connection before `connect` returns; releases, resignations, elections
-//! and completed barrier generations publish `<kind>:<name>` on it. So
+//! and completed barrier generations publish `<kind>:<name>` on it. A lock
+//! or lease release publishes only when somebody waits: an attempt refused
+//! while its client has local waiters on the name marks the claim, and only
+//! a marked claim's release publishes (so an uncontended cycle costs the
+//! server no `PUBLISH`). So
 //! `subscribe(name)` costs no round trip and cannot miss a wake-up that
 //! comes after it. A lock release wakes one local waiter per client; an
 //! election or barrier change wakes all of them. The seed's PHP class does
@@ -103,6 +107,30 @@
 //! An uncontended acquire + release is exactly 2 requests (`EVALSHA`
 //! twice); a limiter check, a fencing token, a campaign, a barrier arrival
 //! are 1 each. The tests count them through a counting proxy.
+//!
+//! ## What stays in Redis
+//!
+//! Nothing, for a name idle past its TTL, window or idle grace
+//! (`tests/state.rs` touches 100,000 names and watches the key count come
+//! back to where it was):
+//! - a lock or lease ([`Layout::Coord`]) is ONE key, `<owner>:<token>` while
+//!   held; a release leaves `=<token>` for the rest of the TTL (so a grant
+//!   right after it rises above it even within one µs), then nothing. The
+//!   fencing token lives in the claim, so a grant costs one read and one
+//!   write, like the raw `SET NX`;
+//! - an election is one hash on the leader's TTL (after a resignation, just
+//!   the last term until then);
+//! - a limiter key expires with its window;
+//! - a fencing source's counter and a barrier's state expire
+//!   [`RedisOptions::idle_grace`] (default 60 s) after their last use; an
+//!   open barrier generation stays while anybody waits on it (each check
+//!   refreshes it).
+//!
+//! Fencing stays monotonic across all of it: every token, term and barrier
+//! generation is max(stored + 1, server time in µs), so once the state is
+//! gone the server clock keeps them rising (see [`capabilities`]).
+//! [`Layout::Seed`] keeps the seed's keys as the PHP class expects them:
+//! its `fencing_token_<name>` counters are kept for good.
 #![deny(missing_docs)]
 
 mod backend;

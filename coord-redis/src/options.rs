@@ -35,6 +35,7 @@ pub struct RedisOptions {
     pub(crate) layout: Layout,
     pub(crate) timeout: Duration,
     pub(crate) connect_timeout: Duration,
+    pub(crate) idle_grace: Duration,
     pub(crate) tls_root: Option<Vec<u8>>,
     pub(crate) tls_client: Option<(Vec<u8>, Secret)>,
 }
@@ -44,6 +45,8 @@ impl RedisOptions {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
     /// The default time limit of connecting (TCP, TLS, `AUTH`, script load).
     pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The default [`Self::idle_grace`].
+    pub const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(60);
 
     /// Options for `url`: `redis://[user][:password@]host[:port][/db]` or
     /// `rediss://...` for TLS. Prefix [`DEFAULT_PREFIX`], layout
@@ -57,6 +60,7 @@ impl RedisOptions {
             layout: Layout::Coord,
             timeout: Self::DEFAULT_TIMEOUT,
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
+            idle_grace: Self::DEFAULT_IDLE_GRACE,
             tls_root: None,
             tls_client: None,
         }
@@ -79,6 +83,21 @@ impl RedisOptions {
     /// Zero is raised to 1 ms.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long state without a TTL of its own outlives its last use
+    /// (default 60 s): a fencing source's counter, and a barrier's state
+    /// after its last arrival or check (waiters check at every poll
+    /// interval, which keeps an open generation alive while anybody waits).
+    /// After that the name costs nothing in Redis. Safe for fencing:
+    /// tokens and generations are max(stored + 1, server µs), so they keep
+    /// rising once the state is gone. Keep it well above the longest time a
+    /// waiter may go without reaching Redis: a barrier waiter whose
+    /// generation expired fails with an error instead of passing. Raised to
+    /// at least 1 ms.
+    pub fn idle_grace(mut self, grace: Duration) -> Self {
+        self.idle_grace = grace.max(Duration::from_millis(1));
         self
     }
 
@@ -135,6 +154,7 @@ impl fmt::Debug for RedisOptions {
             .field("layout", &self.layout)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("idle_grace", &self.idle_grace)
             .field("tls_root_certificate", &self.tls_root.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
             .finish()

@@ -39,12 +39,139 @@ local function issue(counter)
 end
 "#;
 
-/// Acquire a claim (lock or lease).
-/// KEYS: claim (value = owner token), grant (value = this grant's fencing
-/// token, same TTL), counter. ARGV: owner, ttl ms.
-/// Returns `{1, token}` when granted (or already held by this owner: the
-/// same token, TTL refreshed), `{0, pttl}` when held by another.
+/// The successor of a decimal string, exactly (no Lua number involved).
+/// Then the next fencing token after `prev` (a decimal string, or nil when
+/// nothing is stored): max(prev + 1, server time in µs), compared as
+/// decimal strings (no leading zeros: the longer is larger, equal lengths
+/// compare as text). A claim's token lives in the claim's own value, so a
+/// grant costs one read and one write; when the name's state is gone (idle
+/// past its TTL) the clock term alone keeps tokens rising, as long as the
+/// server clock does not go back.
+const NEXT_TOKEN: &str = r#"
+local function succ(s)
+  local i = #s
+  while i > 0 and string.byte(s, i) == 57 do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #s) end
+  return string.sub(s, 1, i - 1) .. string.char(string.byte(s, i) + 1)
+    .. string.rep('0', #s - i)
+end
+local function next_token(prev)
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  if prev then
+    local inc = succ(prev)
+    if #inc > #now or (#inc == #now and inc > now) then return inc end
+  end
+  return now
+end
+"#;
+
+/// A claim (lock or lease) of the default layout is ONE key:
+/// - held: `<owner>:<token>`, with `*` appended once somebody waits (a
+///   refused attempt from a client that has local waiters on the name
+///   marks it), on the claim's TTL;
+/// - released: `=<token>`, on what was left of the claim's TTL (`KEEPTTL`),
+///   so a grant right after a release still rises above it even within
+///   the same µs, and the name costs nothing once that TTL has passed.
+///
+/// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has
+/// waiters on the name. Returns `{1, token}` when granted (or already held
+/// by this owner: the same token, TTL refreshed), `{0, pttl}` when held by
+/// another.
 const ACQUIRE: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local prev = nil
+if v then
+  if string.byte(v, 1) == 61 then
+    prev = string.sub(v, 2)
+  else
+    local n = #ARGV[1]
+    if string.byte(v, n + 1) == 58 and string.sub(v, 1, n) == ARGV[1] then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      local tok = string.sub(v, n + 2)
+      if string.byte(tok, -1) == 42 then tok = string.sub(tok, 1, -2) end
+      return {1, tok}
+    end
+    if ARGV[3] == '1' and string.byte(v, -1) ~= 42 then
+      redis.call('SET', KEYS[1], v .. '*', 'KEEPTTL')
+    end
+    return {0, redis.call('PTTL', KEYS[1])}
+  end
+end
+local tok = next_token(prev)
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. tok, 'PX', ARGV[2])
+return {1, tok}
+"#;
+
+/// The owner's token of a held claim value, and whether somebody waits;
+/// nil when `v` is not held by `owner`.
+const HELD_BY: &str = r#"
+local function held_by(v, owner)
+  local n = #owner
+  if not v or string.byte(v, n + 1) ~= 58 or string.sub(v, 1, n) ~= owner then
+    return nil
+  end
+  local tok = string.sub(v, n + 2)
+  if string.byte(tok, -1) == 42 then return string.sub(tok, 1, -2), true end
+  return tok, false
+end
+"#;
+
+/// Compare-and-release: leave the `=<token>` marker on the rest of the TTL,
+/// and publish a wake-up only when somebody waits.
+/// KEYS: claim. ARGV: owner, channel, payload.
+const RELEASE: &str = r#"
+local tok, waited = held_by(redis.call('GET', KEYS[1]), ARGV[1])
+if not tok then return 0 end
+redis.call('SET', KEYS[1], '=' .. tok, 'KEEPTTL')
+if waited then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+return 1
+"#;
+
+/// Compare-and-PEXPIRE. Never resurrects (a missing key or a released
+/// marker does not match). KEYS: claim. ARGV: owner, ttl ms.
+const EXTEND: &str = r#"
+if not held_by(redis.call('GET', KEYS[1]), ARGV[1]) then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"#;
+
+/// Free whoever holds it (keeping the token marker), then publish a
+/// wake-up. KEYS: claim. ARGV: channel, payload. Returns 1 if a claim was
+/// held.
+const FORCE_RELEASE: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local n = 0
+if v and string.byte(v, 1) ~= 61 then
+  n = 1
+  local i = string.find(v, ':', 1, true)
+  local tok = i and string.match(string.sub(v, i + 1), '^%d+')
+  if tok then
+    redis.call('SET', KEYS[1], '=' .. tok, 'KEEPTTL')
+  else
+    redis.call('DEL', KEYS[1])
+  end
+end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return n
+"#;
+
+/// A lease's remaining time: its PTTL, or -2 when not held (missing, or a
+/// released marker). KEYS: claim.
+const REMAINING: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v, 1) == 61 then return -2 end
+return redis.call('PTTL', KEYS[1])
+"#;
+
+/// [`Layout::Seed`](crate::Layout::Seed) locks keep the seed's keys: the
+/// claim holds the bare owner token (as the PHP class writes it), the
+/// grant's token sits in a second key of the same TTL, and the counter
+/// `fencing_token_<name>` is the seed's, kept for the PHP side (which
+/// `INCR`s it).
+///
+/// Acquire. KEYS: claim, grant, counter. ARGV: owner, ttl ms.
+const SEED_ACQUIRE: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local tok = issue(KEYS[3])
   redis.call('SET', KEYS[2], tok, 'PX', ARGV[2])
@@ -60,20 +187,19 @@ end
 return {0, redis.call('PTTL', KEYS[1])}
 "#;
 
-/// Compare-and-delete, then publish a wake-up.
-/// KEYS: claim, grant. ARGV: owner, channel ('' = none), payload.
-const RELEASE: &str = r#"
+/// Seed layout: compare-and-delete, then publish a wake-up.
+/// KEYS: claim, grant. ARGV: owner, channel, payload.
+const SEED_RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  if ARGV[2] ~= '' then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
 end
 return 0
 "#;
 
-/// Compare-and-PEXPIRE. Never resurrects (a missing key does not match).
-/// KEYS: claim, grant. ARGV: owner, ttl ms.
-const EXTEND: &str = r#"
+/// Seed layout: compare-and-PEXPIRE. KEYS: claim, grant. ARGV: owner, ttl.
+const SEED_EXTEND: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
@@ -82,33 +208,38 @@ end
 return 0
 "#;
 
-/// Delete whoever holds it, then publish a wake-up.
-/// KEYS: claim, grant. ARGV: channel, payload. Returns 1 if a claim existed.
-const FORCE_RELEASE: &str = r#"
+/// Seed layout: delete whoever holds it, then publish a wake-up.
+/// KEYS: claim, grant. ARGV: channel, payload.
+const SEED_FORCE_RELEASE: &str = r#"
 local n = redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[2])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return n
 "#;
 
-/// The next token of a fencing source. KEYS: counter.
+/// The next token of a fencing source. KEYS: counter. ARGV: how long the
+/// counter outlives its last use, in ms; '' keeps it for good (the seed
+/// layout's `fencing_token_<name>`, which the PHP side `INCR`s).
 const FENCE_NEXT: &str = r#"
-return issue(KEYS[1])
+if ARGV[1] == '' then return issue(KEYS[1]) end
+local tok = next_token(redis.call('GET', KEYS[1]))
+redis.call('SET', KEYS[1], tok, 'PX', ARGV[1])
+return tok
 "#;
 
-/// Campaign. KEYS: election hash (owner, candidate, term), term counter.
+/// Campaign. KEYS: election hash (owner, candidate, term; after a
+/// resignation only the last term, on the rest of the TTL).
 /// ARGV: owner, ttl ms, candidate, channel, payload.
 const CAMPAIGN: &str = r#"
-local cur = redis.call('HGET', KEYS[1], 'owner')
-if cur == ARGV[1] then
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'term')
+if cur[1] == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, redis.call('HGET', KEYS[1], 'term')}
+  return {1, cur[2]}
 end
-if cur then
+if cur[1] then
   return {0, redis.call('PTTL', KEYS[1])}
 end
-local term = issue(KEYS[2])
-redis.call('DEL', KEYS[1])
+local term = next_token(cur[2] or nil)
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'candidate', ARGV[3], 'term', term)
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
@@ -124,32 +255,47 @@ end
 return 0
 "#;
 
-/// Resign. KEYS: election hash. ARGV: owner, channel, payload.
+/// Resign: keep only the term, on the rest of the TTL, so the next term
+/// rises above it even within the same µs. KEYS: election hash.
+/// ARGV: owner, channel, payload.
 const RESIGN: &str = r#"
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('HDEL', KEYS[1], 'owner', 'candidate')
   redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
 end
 return 0
 "#;
 
-/// Arrive at a barrier. KEYS: state hash (gen, parties, last), members of
-/// the open generation (set), their arrival ids (hash participant -> id),
+/// Arrive at a barrier. KEYS: state hash (gen, parties, last, base), members
+/// of the open generation (set), their arrival ids (hash participant -> id),
 /// the arrival ids of the generation that completed last (set).
-/// ARGV: parties, participant, channel, payload, arrival id.
+/// ARGV: parties, participant, channel, payload, arrival id, grace ms.
 /// An arrival id of the last completed generation (a retry whose reply was
 /// lost) returns that generation as complete and changes nothing.
 /// Arriving again in the open generation counts once; after the generation
 /// completed, the same participant's next arrival (a new id) joins the next
 /// one (reusable barrier, as the reference backend does).
+/// State lives for the grace after the last arrival or check (`IS_COMPLETE`
+/// refreshes it while anybody waits). A barrier with no state starts its
+/// generations at the server time in µs (`base`), so generations never
+/// repeat after the state expired or was lost, and a waiter of an older one
+/// can tell it is gone.
 /// Returns `{generation, complete}`, or `{-1, parties}` when the open
 /// generation was started with another party count.
 const ARRIVE: &str = r#"
+local function keep()
+  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[6]) end
+end
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {tonumber(redis.call('HGET', KEYS[1], 'last')), 1}
 end
-local gen = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+local gen = tonumber(redis.call('HGET', KEYS[1], 'gen'))
+if not gen then
+  local t = redis.call('TIME')
+  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('HSET', KEYS[1], 'base', string.format('%.0f', gen))
+end
 local n = redis.call('SCARD', KEYS[2])
 if n > 0 then
   local p = redis.call('HGET', KEYS[1], 'parties')
@@ -158,27 +304,47 @@ if n > 0 then
   end
 end
 if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
+  keep()
   return {gen, 0}
 end
-redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', tostring(gen))
+redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', string.format('%.0f', gen))
 redis.call('SADD', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
 if n + 1 >= tonumber(ARGV[1]) then
   local ids = redis.call('HVALS', KEYS[3])
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
   for _, id in ipairs(ids) do redis.call('SADD', KEYS[4], id) end
-  redis.call('HSET', KEYS[1], 'gen', tostring(gen + 1), 'last', tostring(gen))
+  redis.call('HSET', KEYS[1], 'gen', string.format('%.0f', gen + 1),
+    'last', string.format('%.0f', gen))
   redis.call('PUBLISH', ARGV[3], ARGV[4])
+  keep()
   return {gen, 1}
 end
+keep()
 return {gen, 0}
 "#;
 
-/// Withdraw from a barrier generation. KEYS: as [`ARRIVE`].
-/// ARGV: generation, participant. Returns 0 if that generation completed.
-const WITHDRAW: &str = r#"
-local cur = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0')
+/// Whether a barrier generation completed, keeping the state alive for
+/// the grace while somebody waits. KEYS: as [`ARRIVE`]. ARGV: generation,
+/// grace ms. Returns 1 (complete), 0 (open), or -1 when that generation's
+/// state is gone (expired after the grace, or lost with the data).
+const IS_COMPLETE: &str = r#"
+local st = redis.call('HMGET', KEYS[1], 'gen', 'base')
 local gen = tonumber(ARGV[1])
+if not st[1] or gen < tonumber(st[2] or '0') then return -1 end
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
+if gen < tonumber(st[1]) then return 1 end
+return 0
+"#;
+
+/// Withdraw from a barrier generation. KEYS: as [`ARRIVE`].
+/// ARGV: generation, participant. Returns 0 if that generation completed
+/// (1 when it is still open, or its state is gone: nothing to withdraw).
+const WITHDRAW: &str = r#"
+local st = redis.call('HMGET', KEYS[1], 'gen', 'base')
+local gen = tonumber(ARGV[1])
+if not st[1] or gen < tonumber(st[2] or '0') then return 1 end
+local cur = tonumber(st[1])
 if gen < cur then return 0 end
 if gen == cur then
   redis.call('SREM', KEYS[2], ARGV[2])
@@ -211,12 +377,18 @@ pub(crate) struct Scripts {
     pub release: Script,
     pub extend: Script,
     pub force_release: Script,
+    pub remaining: Script,
+    pub seed_acquire: Script,
+    pub seed_release: Script,
+    pub seed_extend: Script,
+    pub seed_force_release: Script,
     pub fence_next: Script,
     pub campaign: Script,
     pub election_renew: Script,
     pub resign: Script,
     pub arrive: Script,
     pub withdraw: Script,
+    pub is_complete: Script,
     pub sliding_log: Script,
     pub sliding_window: Script,
     pub fixed_window: Script,
@@ -235,16 +407,22 @@ impl Scripts {
             script
         };
         Scripts {
-            acquire: mk(&[ISSUE, ACQUIRE]),
-            release: mk(&[RELEASE]),
-            extend: mk(&[EXTEND]),
+            acquire: mk(&[NEXT_TOKEN, ACQUIRE]),
+            release: mk(&[HELD_BY, RELEASE]),
+            extend: mk(&[HELD_BY, EXTEND]),
             force_release: mk(&[FORCE_RELEASE]),
-            fence_next: mk(&[ISSUE, FENCE_NEXT]),
-            campaign: mk(&[ISSUE, CAMPAIGN]),
+            remaining: mk(&[REMAINING]),
+            seed_acquire: mk(&[ISSUE, SEED_ACQUIRE]),
+            seed_release: mk(&[SEED_RELEASE]),
+            seed_extend: mk(&[SEED_EXTEND]),
+            seed_force_release: mk(&[SEED_FORCE_RELEASE]),
+            fence_next: mk(&[ISSUE, NEXT_TOKEN, FENCE_NEXT]),
+            campaign: mk(&[NEXT_TOKEN, CAMPAIGN]),
             election_renew: mk(&[ELECTION_RENEW]),
             resign: mk(&[RESIGN]),
             arrive: mk(&[ARRIVE]),
             withdraw: mk(&[WITHDRAW]),
+            is_complete: mk(&[IS_COMPLETE]),
             sliding_log: mk(&[LIMITER_PRELUDE, SLIDING_LOG]),
             sliding_window: mk(&[LIMITER_PRELUDE, SLIDING_WINDOW]),
             fixed_window: mk(&[LIMITER_PRELUDE, FIXED_WINDOW]),

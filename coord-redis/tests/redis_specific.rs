@@ -165,8 +165,15 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     let deadline = Instant::now() + Duration::from_secs(10);
     // The subscriber may still be reconnecting: release repeatedly until a
     // wake-up arrives.
+    // (A release publishes only when a client with waiters was refused
+    // the claim, so `b` tries once while `other` holds it.)
+    let them = OwnerToken::random();
     loop {
         granted(other.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+        assert!(matches!(
+            b.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+            Attempt::Held { .. }
+        ));
         other.release(&name, &me).await.unwrap();
         if tokio::time::timeout(Duration::from_millis(200), &mut notified)
             .await
@@ -181,6 +188,10 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     tokio::pin!(notified);
     notified.as_mut().enable();
     granted(other.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    assert!(matches!(
+        b.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+        Attempt::Held { .. }
+    ));
     assert!(other.release(&name, &me).await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await
@@ -485,6 +496,12 @@ async fn rediss_tls_with_a_trusted_certificate() {
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
+    assert!(matches!(
+        w.try_acquire(&name, &OwnerToken::random(), 10 * SEC)
+            .await
+            .unwrap(),
+        Attempt::Held { .. }
+    ));
     assert!(a.release(&name, &me).await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await

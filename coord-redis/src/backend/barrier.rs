@@ -3,7 +3,6 @@
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Arrival, Capabilities, Error, OwnerToken, Result, async_trait};
-use redis::Value;
 
 use super::{RedisBackend, array, flag, int, unexpected};
 use crate::keys::Keys;
@@ -36,6 +35,7 @@ impl coord_core::Barrier for RedisBackend {
                     channel.as_bytes(),
                     payload.as_bytes(),
                     id.as_bytes(),
+                    self.idle_grace_ms.as_bytes(),
                 ],
             )
             .await?;
@@ -58,14 +58,30 @@ impl coord_core::Barrier for RedisBackend {
 
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
         let keys = self.keys.barrier(name);
-        let mut cmd = redis::cmd("HGET");
-        cmd.arg(&keys[0]).arg("gen");
-        let v = self.cmd("barrier check", cmd).await?;
-        let current = match v {
-            Value::Nil => 0,
-            ref other => int(other).ok_or_else(|| unexpected("barrier check", other))?,
-        };
-        Ok((generation as i64) < current)
+        let gen_s = generation.to_string();
+        let v = self
+            .eval(
+                "barrier check",
+                &self.scripts.is_complete,
+                &[&keys[0], &keys[1], &keys[2], &keys[3]],
+                &[gen_s.as_bytes(), self.idle_grace_ms.as_bytes()],
+            )
+            .await?;
+        match int(&v) {
+            Some(1) => Ok(true),
+            Some(0) => Ok(false),
+            Some(-1) => Err(Error::Store {
+                backend: super::BACKEND,
+                operation: "barrier check",
+                message: format!(
+                    "the state of barrier `{name}` generation {generation} is gone: it \
+                     expired (nobody reached Redis for longer than the idle grace, \
+                     RedisOptions::idle_grace) or was lost with the server's data. \
+                     Arrive again to join a new generation"
+                ),
+            }),
+            _ => Err(unexpected("barrier check", &v)),
+        }
     }
 
     async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {

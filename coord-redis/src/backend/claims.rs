@@ -7,66 +7,93 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
 
 use super::{RedisBackend, attempt, flag, int, ms, unexpected};
-use crate::keys::Keys;
+use crate::keys::{ClaimKeys, Keys, Layout};
 
 impl RedisBackend {
     async fn claim_acquire(
         &self,
         operation: &'static str,
-        keys: &[String; 3],
+        keys: &ClaimKeys,
+        wake: Option<&str>,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt> {
         let owner = owner.to_hex();
         let ttl = ms(ttl).to_string();
-        let v = self
-            .eval(
-                operation,
-                &self.scripts.acquire,
-                &[&keys[0], &keys[1], &keys[2]],
-                &[owner.as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                // Mark the claim when somebody here waits for it, so its
+                // release publishes a wake-up (and only then).
+                let waiting = wake.is_some_and(|w| self.wakeups.has_waiters(w));
+                let flag: &[u8] = if waiting { b"1" } else { b"0" };
+                self.eval(
+                    operation,
+                    &self.scripts.acquire,
+                    &[claim],
+                    &[owner.as_bytes(), ttl.as_bytes(), flag],
+                )
+                .await?
+            }
+            ClaimKeys::Seed(k) => {
+                self.eval(
+                    operation,
+                    &self.scripts.seed_acquire,
+                    &[&k[0], &k[1], &k[2]],
+                    &[owner.as_bytes(), ttl.as_bytes()],
+                )
+                .await?
+            }
+        };
         attempt(operation, &v)
     }
 
     async fn claim_release(
         &self,
         operation: &'static str,
-        keys: &[String; 3],
+        keys: &ClaimKeys,
         owner: &OwnerToken,
-        wake: Option<(String, String)>,
+        (channel, payload): (String, String),
     ) -> Result<bool> {
         let owner = owner.to_hex();
-        let (channel, payload) = wake.unwrap_or_default();
-        let v = self
-            .eval(
-                operation,
-                &self.scripts.release,
-                &[&keys[0], &keys[1]],
-                &[owner.as_bytes(), channel.as_bytes(), payload.as_bytes()],
-            )
-            .await?;
+        let args = [owner.as_bytes(), channel.as_bytes(), payload.as_bytes()];
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                self.eval(operation, &self.scripts.release, &[claim], &args)
+                    .await?
+            }
+            ClaimKeys::Seed(k) => {
+                self.eval(
+                    operation,
+                    &self.scripts.seed_release,
+                    &[&k[0], &k[1]],
+                    &args,
+                )
+                .await?
+            }
+        };
         flag(operation, &v)
     }
 
     async fn claim_extend(
         &self,
         operation: &'static str,
-        keys: &[String; 3],
+        keys: &ClaimKeys,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
         let owner = owner.to_hex();
         let ttl = ms(ttl).to_string();
-        let v = self
-            .eval(
-                operation,
-                &self.scripts.extend,
-                &[&keys[0], &keys[1]],
-                &[owner.as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
+        let args = [owner.as_bytes(), ttl.as_bytes()];
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                self.eval(operation, &self.scripts.extend, &[claim], &args)
+                    .await?
+            }
+            ClaimKeys::Seed(k) => {
+                self.eval(operation, &self.scripts.seed_extend, &[&k[0], &k[1]], &args)
+                    .await?
+            }
+        };
         flag(operation, &v)
     }
 }
@@ -78,13 +105,15 @@ impl coord_core::Lock for RedisBackend {
     }
 
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.claim_acquire("lock acquire", &self.keys.lock(name)?, owner, ttl)
+        let wake = Keys::wake(Kind::Lock, name);
+        let keys = self.keys.lock(name)?;
+        self.claim_acquire("lock acquire", &keys, Some(&wake), owner, ttl)
             .await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let wake = self.wake_args(Kind::Lock, name);
-        self.claim_release("lock release", &self.keys.lock(name)?, owner, Some(wake))
+        self.claim_release("lock release", &self.keys.lock(name)?, owner, wake)
             .await
     }
 
@@ -94,16 +123,19 @@ impl coord_core::Lock for RedisBackend {
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
-        let keys = self.keys.lock(name)?;
         let (channel, payload) = self.wake_args(Kind::Lock, name);
-        let v = self
-            .eval(
-                "lock force release",
-                &self.scripts.force_release,
-                &[&keys[0], &keys[1]],
-                &[channel.as_bytes(), payload.as_bytes()],
-            )
-            .await?;
+        let args = [channel.as_bytes(), payload.as_bytes()];
+        let op = "lock force release";
+        let v = match self.keys.lock(name)? {
+            ClaimKeys::One(claim) => {
+                self.eval(op, &self.scripts.force_release, &[&claim], &args)
+                    .await?
+            }
+            ClaimKeys::Seed(k) => {
+                self.eval(op, &self.scripts.seed_force_release, &[&k[0], &k[1]], &args)
+                    .await?
+            }
+        };
         flag("lock force release", &v)
     }
 
@@ -119,8 +151,15 @@ impl coord_core::Lease for RedisBackend {
     }
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.claim_acquire("lease grant", &self.keys.lease(name), owner, ttl)
-            .await
+        let wake = Keys::wake(Kind::Lease, name);
+        self.claim_acquire(
+            "lease grant",
+            &self.keys.lease(name),
+            Some(&wake),
+            owner,
+            ttl,
+        )
+        .await
     }
 
     async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
@@ -130,15 +169,20 @@ impl coord_core::Lease for RedisBackend {
 
     async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let wake = self.wake_args(Kind::Lease, name);
-        self.claim_release("lease revoke", &self.keys.lease(name), owner, Some(wake))
+        self.claim_release("lease revoke", &self.keys.lease(name), owner, wake)
             .await
     }
 
     async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
-        let [claim, _, _] = self.keys.lease(name);
-        let mut cmd = redis::cmd("PTTL");
-        cmd.arg(&claim);
-        let v = self.cmd("lease remaining", cmd).await?;
+        let keys = self.keys.lease(name);
+        let v = self
+            .eval(
+                "lease remaining",
+                &self.scripts.remaining,
+                &[keys.claim()],
+                &[],
+            )
+            .await?;
         let pttl = int(&v).ok_or_else(|| unexpected("lease remaining", &v))?;
         Ok((pttl >= 0).then(|| Duration::from_millis(pttl as u64)))
     }
@@ -152,8 +196,17 @@ impl coord_core::FencingSource for RedisBackend {
 
     async fn next(&self, resource: &str) -> Result<FencingToken> {
         let counter = self.keys.fence(resource);
+        let grace = match self.keys.layout {
+            Layout::Coord => self.idle_grace_ms.clone(),
+            Layout::Seed => String::new(),
+        };
         let v = self
-            .eval("fencing next", &self.scripts.fence_next, &[&counter], &[])
+            .eval(
+                "fencing next",
+                &self.scripts.fence_next,
+                &[&counter],
+                &[grace.as_bytes()],
+            )
             .await?;
         match int(&v) {
             Some(t) if t > 0 => Ok(FencingToken(t as u64)),

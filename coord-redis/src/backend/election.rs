@@ -33,7 +33,7 @@ impl coord_core::Election for RedisBackend {
             .eval(
                 "election campaign",
                 &self.scripts.campaign,
-                &[&keys[0], &keys[1]],
+                &[&keys[0]],
                 &[
                     owner.as_bytes(),
                     ttl.as_bytes(),

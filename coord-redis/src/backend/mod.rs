@@ -39,6 +39,8 @@ pub struct RedisBackend {
     keys: Keys,
     channel: String,
     timeout: Duration,
+    /// [`RedisOptions::idle_grace`] in ms, as a script argument.
+    idle_grace_ms: String,
     caps: Capabilities,
     wakeups: Wakeups,
     scripts: Scripts,
@@ -109,15 +111,18 @@ impl fmt::Debug for RedisBackend {
 /// wake-ups, and fencing tokens that are
 /// [`FencingDurability::ClockSeeded`]: every token (lock and lease grants,
 /// election terms, [`FencingSource::next`](coord_core::FencingSource::next))
-/// is issued in one script as max(stored counter + 1, server time in µs),
-/// compared exactly. So tokens keep rising across a restart without
-/// persistence, a restore of an older snapshot, a lost AOF tail and a
-/// failover to a replica that missed writes, under two assumptions: the
-/// clock of the server that issues (each server after a failover) never
-/// goes back below the time of the newest token issued before, and fewer
-/// than one token per µs is issued for one name on average (else the
-/// counter runs ahead of the clock, and a lost counter can repeat the tokens
-/// issued ahead).
+/// is issued in one script as max(last token stored for the name + 1,
+/// server time in µs), compared exactly. The last token is kept only while
+/// the name is in use (a claim's value and the rest of its TTL after a
+/// release; an election's hash; a fencing source's counter for the idle
+/// grace). So tokens keep rising across a restart without persistence, a
+/// restore of an older snapshot, a lost AOF tail, a failover to a replica
+/// that missed writes, and after the name's state expired, under two
+/// assumptions: the clock of the server that issues (each server after a
+/// failover) never goes back below the time of the newest token issued
+/// before, and fewer than one token per µs is issued for one name on
+/// average (else tokens run ahead of the clock, and a lost counter can
+/// repeat the tokens issued ahead).
 pub fn capabilities() -> Capabilities {
     let mut caps = Capabilities::new(BACKEND);
     caps.min_ttl = Duration::from_millis(1);
@@ -395,6 +400,7 @@ impl RedisBackend {
             keys,
             channel,
             timeout: opts.timeout,
+            idle_grace_ms: ms(opts.idle_grace).to_string(),
             caps: capabilities(),
             wakeups,
             scripts,
