@@ -436,3 +436,34 @@ async fn extreme_quotas_are_exact_or_refused() {
         );
     }
 }
+
+/// A GCRA key in the layout before the hash (the TAT as a decimal µs
+/// string) is carried over: its backlog still counts, and it becomes the
+/// hash.
+#[tokio::test]
+async fn a_gcra_key_of_the_string_layout_keeps_its_backlog() {
+    let server = kit::server();
+    let prefix = format!("{}:", unique("gcraold"));
+    let b = RedisBackend::connect(RedisOptions::new(&server.url()).prefix(&prefix))
+        .await
+        .unwrap();
+    let key = unique("old");
+    let redis_key = format!("{prefix}limiter:{{{key}}}:gcra");
+    // A TAT 50 s ahead of the server clock: the 10-per-60 s quota has 1
+    // request of room left (its burst window is 60 s).
+    let Resp::Array(Some(t)) = server.command(&["TIME"]) else {
+        panic!("TIME")
+    };
+    let now: u64 = t[0].as_str().unwrap().parse::<u64>().unwrap() * 1_000_000
+        + t[1].as_str().unwrap().parse::<u64>().unwrap();
+    let tat = (now + 50_000_000).to_string();
+    server.command(&["SET", &redis_key, &tat, "PX", "60000"]);
+    let q = Quota::new(10, 60 * SEC, Algorithm::Gcra);
+    assert!(b.check(&key, &q, 1).await.unwrap().allowed);
+    let d = b.check(&key, &q, 1).await.unwrap();
+    assert!(!d.allowed, "the old backlog was forgotten: {d:?}");
+    assert_eq!(
+        server.command(&["TYPE", &redis_key]),
+        Resp::Simple("hash".into())
+    );
+}

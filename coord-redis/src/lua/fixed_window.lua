@@ -21,7 +21,6 @@ end
 local left = s + n - now
 if c + cost <= limit then
   c = c + cost
-  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 's', int(s), 'n', int(n), 'c', int(c))
   redis.call('PEXPIRE', KEYS[1], math.ceil(left / 1000))
   return {1, limit - c, 0, left}

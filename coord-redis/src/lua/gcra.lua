@@ -9,14 +9,13 @@
 -- backlog / (w_old / l_old); new TAT = now + owed * (w / l), rounded up to
 -- the next 1/l µs.
 local ti, r = now, 0
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'string' then
+local st = redis.pcall('HMGET', KEYS[1], 't', 'r', 'l', 'w')
+if st.err then
   -- The previous layout: the TAT as a decimal µs string, for this quota.
   local old = tonumber(redis.call('GET', KEYS[1]))
   redis.call('DEL', KEYS[1])
   if old and old > now then ti = math.ceil(old) end
-elseif kind == 'hash' then
-  local st = redis.call('HMGET', KEYS[1], 't', 'r', 'l', 'w')
+elseif st[1] then
   local t0, r0 = tonumber(st[1]), tonumber(st[2])
   local l0, w0 = tonumber(st[3]), tonumber(st[4])
   if t0 > now or (t0 == now and r0 > 0) then
@@ -54,7 +53,6 @@ local function left(d, f)
   return n
 end
 if diff < win or (diff == win and nr == 0) then
-  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 't', int(ni), 'r', int(nr), 'l', ARGV[1], 'w', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((diff + up) / 1000)))
   return {1, left(diff, nr), 0, diff + up}

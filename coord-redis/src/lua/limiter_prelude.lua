@@ -59,7 +59,11 @@ local function bigdiv(a, m)
 end
 
 -- floor(a * b / c) and (a * b) mod c, for a < 2^53, b and c < 2^49.
+-- A product below 2^53 is exact in a double (and a rounded one is never
+-- below it), so the usual case needs no digit arrays.
 local function muldiv(a, b, c)
+  local p = a * b
+  if p < 9007199254740992 then return divmod(p, c) end
   return bigdiv(bigmul(big(a), b), c)
 end
 

@@ -34,7 +34,6 @@ local frac = 0
 if m > 0 then frac = 1 end
 if c + q + frac + cost <= limit then
   c = c + cost
-  redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[1], 'w', int(idx), 'c', int(c), 'p', int(p), 'n', int(win))
   redis.call('PEXPIRE', KEYS[1], math.ceil(2 * win / 1000))
   return {1, limit - c - q - frac, 0, math.ceil((idx + 2) * win - now)}
