@@ -1,298 +1,101 @@
-//! Uncontended lock cycles (acquire + release) and limiter checks through
-//! coord, next to the raw store operations they are built on, measured in
-//! the same run against real servers that the conformance test kit starts
-//! on loopback ports. Prints each as a time per operation and as a ratio
-//! to the raw operation.
+//! coord-bench v2: coord's speed next to the raw store operation each
+//! primitive is built on, and next to a peer library, all measured in the
+//! same run, with the same concurrency, against real servers the
+//! conformance test kit starts on loopback ports.
 //!
 //! ```sh
-//! cargo run --release -p coord-bench              # every store
-//! cargo run --release -p coord-bench -- redis     # one store
+//! cargo run --release -p coord-bench                     # every store, full
+//! cargo run --release -p coord-bench -- --quick          # CI smoke (< 2 min)
+//! cargo run --release -p coord-bench -- redis etcd       # some stores
 //! ```
 //!
-//! The raw baselines are the cheapest correct form of the same work:
-//! - memory: insert + remove in a mutex-guarded hash map;
-//! - redis: `SET key token NX PX ttl` then a compare-and-delete script
-//!   (the seed's scheme, without fencing);
-//! - postgres: one upsert that takes a free or expired row, then one
-//!   owner-checked update that frees it (durable commits);
-//! - etcd: a transaction that creates a key on an existing lease, then a
-//!   delete.
+//! Rows, for each store (memory, redis, postgres, etcd):
+//! - `cycle`: uncontended `try_acquire` + `release`, each task on its own
+//!   lock name, 1 and 32 tasks on one client; throughput over all tasks.
+//! - `check`: limiter checks (GCRA, a quota so large every check is
+//!   allowed), each task on its own key, 1 and 32 tasks.
+//! - `handoff_separate` / `handoff_shared`: 9 tasks contend for one lock
+//!   (8 waiting at each release), each on its own client or all on one;
+//!   the time from a release starting to the next holder's acquire
+//!   returning, beside the store's round-trip time.
+//!
+//! Each module says what its raw operations and peers are; `report` says
+//! what every field of the output means. Time windows, not fixed counts:
+//! `--quick` warms up 0.2 s and measures 0.8 s per measurement, the full
+//! mode 1 s and 5 s. The runtime has two worker threads.
 
-use std::collections::HashMap;
-use std::future::Future;
-use std::hint::black_box;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+mod coord_ops;
+mod etcd;
+mod measure;
+mod memory;
+mod postgres;
+mod redis;
+mod report;
 
-use coord::{Algorithm, Coord, Quota};
+use std::time::Duration;
 
-const TTL: Duration = Duration::from_secs(30);
+use measure::Window;
+use report::Sink;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() {
-    let only: Vec<String> = std::env::args().skip(1).collect();
-    let wants = |s: &str| only.is_empty() || only.iter().any(|o| o == s);
-    println!(
-        "{:<10} {:<34} {:>12} {:>8}",
-        "store", "operation", "per op", "ratio"
-    );
-    if wants("memory") {
-        memory().await;
-    }
-    if wants("redis") {
-        redis_store().await;
-    }
-    if wants("postgres") {
-        postgres_store().await;
-    }
-    if wants("etcd") {
-        etcd_store().await;
-    }
-}
+/// The stores, in the order they run.
+const STORES: [&str; 4] = ["memory", "redis", "postgres", "etcd"];
 
-/// Mean time per call of `f` over `n` calls, after `n / 10` warm-up calls.
-async fn time<F, Fut>(n: u32, mut f: F) -> Duration
-where
-    F: FnMut(u32) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    for i in 0..n / 10 {
-        f(i).await;
-    }
-    let start = Instant::now();
-    for i in 0..n {
-        f(i).await;
-    }
-    start.elapsed() / n
-}
-
-fn report(store: &str, raw_name: &str, raw: Duration, rows: &[(&str, Duration)]) {
-    println!("{store:<10} {raw_name:<34} {:>12.1?} {:>8}", raw, "1.00x");
-    for (name, t) in rows {
-        println!(
-            "{store:<10} {name:<34} {:>12.1?} {:>7.2}x",
-            t,
-            t.as_secs_f64() / raw.as_secs_f64()
-        );
-    }
-}
-
-async fn coord_cycle(coord: &Coord, n: u32) -> Duration {
-    let locks = coord.locks().expect("locks");
-    let name = format!("bench-{}", std::process::id());
-    time(n, |_| {
-        let locks = &locks;
-        let name = &name;
-        async move {
-            let g = locks
-                .try_acquire(name, TTL)
-                .await
-                .unwrap()
-                .expect("uncontended");
-            g.release().await.unwrap();
+/// Parse the arguments, run the chosen stores, print the table and the
+/// `BENCH` lines.
+fn main() {
+    let mut quick = false;
+    let mut only = Vec::new();
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            s if STORES.contains(&s) => only.push(s.to_string()),
+            other => {
+                eprintln!(
+                    "unknown argument `{other}`; usage: coord-bench [--quick] [{}]...",
+                    STORES.join("|")
+                );
+                std::process::exit(2);
+            }
         }
-    })
-    .await
+    }
+    let win = if quick {
+        Window {
+            warm_up: Duration::from_millis(200),
+            measure: Duration::from_millis(800),
+        }
+    } else {
+        Window {
+            warm_up: Duration::from_secs(1),
+            measure: Duration::from_secs(5),
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let sink = runtime.block_on(run(&only, win));
+    println!();
+    for row in &sink.rows {
+        println!("{}", row.bench_line());
+    }
 }
 
-async fn coord_check(coord: &Coord, n: u32) -> Duration {
-    let limiter = coord.limiter().expect("limiter");
-    let quota = Quota::new(u64::MAX / 2, Duration::from_secs(60), Algorithm::Gcra);
-    let key = format!("bench-{}", std::process::id());
-    time(n, |_| {
-        let (limiter, key) = (&limiter, &key);
-        async move {
-            black_box(limiter.check(key, quota).await.unwrap());
+/// Run every store in `only` (all if empty) for `win` per measurement.
+async fn run(only: &[String], win: Window) -> Sink {
+    let mut sink = Sink::default();
+    println!("{}", report::header());
+    for store in STORES {
+        if !only.is_empty() && !only.iter().any(|o| o == store) {
+            continue;
         }
-    })
-    .await
-}
-
-async fn memory() {
-    let n = 1_000_000;
-    let map: Mutex<HashMap<Box<str>, u64>> = Mutex::new(HashMap::new());
-    let raw = time(n, |_| {
-        let map = &map;
-        async move {
-            let mut m = map.lock().unwrap();
-            m.insert("bench".into(), 1);
-            black_box(m.remove("bench"));
+        match store {
+            "memory" => memory::run(win, &mut sink).await,
+            "redis" => redis::run(win, &mut sink).await,
+            "postgres" => postgres::run(win, &mut sink).await,
+            "etcd" => etcd::run(win, &mut sink).await,
+            _ => unreachable!("STORES lists every store"),
         }
-    })
-    .await;
-    let coord = coord::connect("memory://bench").await.expect("memory");
-    let cycle = coord_cycle(&coord, n).await;
-    report(
-        "memory",
-        "raw map insert + remove",
-        raw,
-        &[("coord acquire + release", cycle)],
-    );
-    println!(
-        "{:<10} {:<34} {:>12.0}",
-        "memory",
-        "coord cycles per second (1 core)",
-        1.0 / cycle.as_secs_f64()
-    );
-}
-
-async fn redis_store() {
-    let url = conformance::testkit::redis::url();
-    let n = 5_000;
-    let client = redis::Client::open(url.as_str()).expect("redis url");
-    let mut con = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis connection");
-    let unlock = redis::Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-    );
-    let raw = time(n, |i| {
-        let mut con = con.clone();
-        let unlock = &unlock;
-        async move {
-            let token = format!("tok-{i}");
-            let ok: Option<String> = redis::cmd("SET")
-                .arg("raw-bench")
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            assert!(ok.is_some());
-            let _: i64 = unlock
-                .key("raw-bench")
-                .arg(&token)
-                .invoke_async(&mut con)
-                .await
-                .unwrap();
-        }
-    })
-    .await;
-    let zadd = redis::Script::new(
-        "redis.call('zremrangebyscore', KEYS[1], 0, ARGV[1]) \
-         local c = redis.call('zcard', KEYS[1]) \
-         if c < tonumber(ARGV[2]) then redis.call('zadd', KEYS[1], ARGV[3], ARGV[4]) return 1 end return 0",
-    );
-    let raw_check = time(n, |i| {
-        let mut con = con.clone();
-        let zadd = &zadd;
-        async move {
-            let _: i64 = zadd
-                .key("raw-bench-z")
-                .arg(0)
-                .arg(1_000_000_000)
-                .arg(i)
-                .arg(i)
-                .invoke_async(&mut con)
-                .await
-                .unwrap();
-        }
-    })
-    .await;
-    let _: () = redis::cmd("DEL")
-        .arg("raw-bench-z")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let coord = coord::connect(&url).await.expect("coord redis");
-    let cycle = coord_cycle(&coord, n).await;
-    let check = coord_check(&coord, n).await;
-    report(
-        "redis",
-        "raw SET NX PX + compare-and-delete",
-        raw,
-        &[("coord acquire + release", cycle)],
-    );
-    report(
-        "redis",
-        "raw seed ZSET limiter script",
-        raw_check,
-        &[("coord limiter check (GCRA)", check)],
-    );
-}
-
-async fn postgres_store() {
-    let url = conformance::testkit::postgres::url();
-    let n = 1_000;
-    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("postgres");
-    let conn_task = tokio::spawn(connection);
-    client
-        .batch_execute(
-            "CREATE TABLE IF NOT EXISTS raw_bench (name text PRIMARY KEY, owner text, expires_at timestamptz)",
-        )
-        .await
-        .expect("raw table");
-    let take = client
-        .prepare(
-            "INSERT INTO raw_bench (name, owner, expires_at) VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
-             ON CONFLICT (name) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at \
-             WHERE raw_bench.owner IS NULL OR raw_bench.expires_at <= clock_timestamp()",
-        )
-        .await
-        .expect("prepare");
-    let free = client
-        .prepare("UPDATE raw_bench SET owner = NULL WHERE name = $1 AND owner = $2")
-        .await
-        .expect("prepare");
-    let raw = time(n, |i| {
-        let (client, take, free) = (&client, &take, &free);
-        async move {
-            let owner = format!("tok-{i}");
-            assert_eq!(client.execute(take, &[&"raw", &owner]).await.unwrap(), 1);
-            assert_eq!(client.execute(free, &[&"raw", &owner]).await.unwrap(), 1);
-        }
-    })
-    .await;
-    drop(client);
-    let _ = conn_task.await;
-    let coord = coord::connect(&url).await.expect("coord postgres");
-    let cycle = coord_cycle(&coord, n).await;
-    report(
-        "postgres",
-        "raw upsert + owner-checked update",
-        raw,
-        &[("coord acquire + release", cycle)],
-    );
-}
-
-async fn etcd_store() {
-    let server = conformance::testkit::etcd::shared();
-    let n = 1_000;
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .expect("etcd");
-    let lease = client.lease_grant(30, None).await.expect("lease").id();
-    let raw = time(n, |_| {
-        let mut client = client.clone();
-        async move {
-            let key = "raw-bench";
-            let txn = etcd_client::Txn::new()
-                .when([etcd_client::Compare::create_revision(
-                    key,
-                    etcd_client::CompareOp::Equal,
-                    0,
-                )])
-                .and_then([etcd_client::TxnOp::put(
-                    key,
-                    "tok",
-                    Some(etcd_client::PutOptions::new().with_lease(lease)),
-                )]);
-            assert!(client.txn(txn).await.unwrap().succeeded());
-            client.delete(key, None).await.unwrap();
-        }
-    })
-    .await;
-    let coord = coord::connect(&server.url()).await.expect("coord etcd");
-    let cycle = coord_cycle(&coord, n).await;
-    report(
-        "etcd",
-        "raw txn create-on-lease + delete",
-        raw,
-        &[("coord acquire + release", cycle)],
-    );
+    }
+    sink
 }

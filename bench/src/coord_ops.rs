@@ -1,0 +1,130 @@
+//! coord's side of every row, the same for every store: it only needs a
+//! URL or a connected [`Coord`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use coord::{Algorithm, Coord, Error, Guard, Locks, Quota};
+
+use crate::measure::{self, Handoff, Stats, Window};
+
+/// Lock TTL everywhere: far longer than any row, so nothing expires.
+pub const TTL: Duration = Duration::from_secs(30);
+/// How long one wait for a contended lock lasts before it is retried.
+pub const WAIT: Duration = Duration::from_secs(1);
+/// Waiting tasks at each release in the handoff rows.
+pub const WAITERS: usize = 8;
+/// How long a handoff holder keeps the lock, so the others are queued.
+pub const HOLD: Duration = Duration::from_millis(1);
+/// The task counts of the throughput rows.
+pub const TASKS: [usize; 2] = [1, 32];
+
+/// A name no earlier run of this program used (state left by a crashed
+/// run cannot get in the way).
+pub fn fresh(what: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "bench-{}-{what}-{}",
+        std::process::id(),
+        N.fetch_add(1, Relaxed)
+    )
+}
+
+/// A quota so large that every check is allowed: GCRA at 10^12 per minute.
+pub fn huge_quota() -> Quota {
+    Quota::new(1_000_000_000_000, Duration::from_secs(60), Algorithm::Gcra)
+}
+
+/// Uncontended lock cycles (`try_acquire` + `release`) through one
+/// client, each of `tasks` tasks on its own lock name.
+pub async fn cycle(coord: &Coord, tasks: usize, win: Window) -> Stats {
+    let ops = (0..tasks)
+        .map(|_| {
+            let locks = coord.locks().expect("locks");
+            let name: Arc<str> = fresh("cycle").into();
+            move || {
+                let (locks, name) = (locks.clone(), name.clone());
+                async move {
+                    let g = locks
+                        .try_acquire(&name, TTL)
+                        .await
+                        .expect("try_acquire")
+                        .expect("uncontended lock is free");
+                    g.release().await.expect("release");
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
+/// Limiter checks (GCRA, always allowed) through one client, each of
+/// `tasks` tasks on its own key.
+pub async fn check(coord: &Coord, tasks: usize, win: Window) -> Stats {
+    let ops = (0..tasks)
+        .map(|_| {
+            let limiter = coord.limiter().expect("limiter");
+            let key: Arc<str> = fresh("check").into();
+            move || {
+                let (limiter, key) = (limiter.clone(), key.clone());
+                async move {
+                    let d = limiter.check(&key, huge_quota()).await.expect("check");
+                    assert!(d.allowed, "the huge quota admits everything");
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
+/// A handoff waiter going through coord's `Locks::acquire`.
+pub struct CoordWaiter {
+    /// The locks of this waiter's client.
+    locks: Locks,
+    /// The contended name.
+    name: Arc<str>,
+}
+
+impl Handoff for CoordWaiter {
+    type Held = Guard;
+
+    async fn acquire(&mut self) -> Option<Guard> {
+        match self.locks.acquire(&self.name, TTL, WAIT).await {
+            Ok(g) => Some(g),
+            Err(Error::Timeout { .. }) => None,
+            Err(e) => panic!("acquire: {e}"),
+        }
+    }
+
+    async fn release(&mut self, held: Guard) {
+        held.release().await.expect("release");
+    }
+}
+
+/// Handoff with every waiter on its own client (`connect(url)` each).
+pub async fn handoff_separate(url: &str, win: Window) -> Stats {
+    let name: Arc<str> = fresh("handoff").into();
+    let mut waiters = Vec::new();
+    for _ in 0..=WAITERS {
+        let coord = coord::connect(url).await.expect("connect");
+        let locks = coord.locks().expect("locks");
+        waiters.push(CoordWaiter {
+            locks,
+            name: name.clone(),
+        });
+    }
+    measure::handoff(waiters, win, HOLD).await
+}
+
+/// Handoff with every waiter on one shared client.
+pub async fn handoff_shared(coord: &Coord, win: Window) -> Stats {
+    let name: Arc<str> = fresh("handoff").into();
+    let waiters = (0..=WAITERS)
+        .map(|_| CoordWaiter {
+            locks: coord.locks().expect("locks"),
+            name: name.clone(),
+        })
+        .collect();
+    measure::handoff(waiters, win, HOLD).await
+}
