@@ -39,15 +39,22 @@ local function issue(counter)
 end
 "#;
 
-/// The successor of a decimal string, exactly (no Lua number involved).
-/// Then the next fencing token after `prev` (a decimal string, or nil when
-/// nothing is stored): max(prev + 1, server time in µs), compared as
-/// decimal strings (no leading zeros: the longer is larger, equal lengths
-/// compare as text). A claim's token lives in the claim's own value, so a
-/// grant costs one read and one write; when the name's state is gone (idle
-/// past its TTL) the clock term alone keeps tokens rising, as long as the
-/// server clock does not go back.
+/// The server time in µs as a decimal string, `now`.
+const NOW: &str = r#"
+local t = redis.call('TIME')
+local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+"#;
+
+/// `later(a, b)`: whether decimal string `a` is above `b` (no leading
+/// zeros: the longer is larger, equal lengths compare as text); the
+/// successor of a decimal string, exactly (no Lua number involved); and
+/// the next fencing token after `prev` (a decimal string, or nil when
+/// nothing is stored): max(prev + 1, now). Needs [`NOW`]. (Defined where
+/// needed, after any fast path: creating closures costs every call.)
 const NEXT_TOKEN: &str = r#"
+local function later(a, b)
+  return #a > #b or (#a == #b and a > b)
+end
 local function succ(s)
   local i = #s
   while i > 0 and string.byte(s, i) == 57 do i = i - 1 end
@@ -56,11 +63,9 @@ local function succ(s)
     .. string.rep('0', #s - i)
 end
 local function next_token(prev)
-  local t = redis.call('TIME')
-  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
   if prev then
     local inc = succ(prev)
-    if #inc > #now or (#inc == #now and inc > now) then return inc end
+    if later(inc, now) then return inc end
   end
   return now
 end
@@ -70,14 +75,25 @@ end
 /// - held: `<owner>:<token>`, with `*` appended once somebody waits (a
 ///   refused attempt from a client that has local waiters on the name
 ///   marks it), on the claim's TTL;
-/// - released: `=<token>`, on what was left of the claim's TTL (`KEEPTTL`),
-///   so a grant right after a release still rises above it even within
-///   the same µs, and the name costs nothing once that TTL has passed.
+/// - released: deleted, once the server clock has passed the token (so
+///   any later grant, issued at a later µs, rises above it); otherwise
+///   (a release within the µs of its grant, or a token issued ahead of the
+///   clock) `=<token>` on what is left of the claim's TTL (`KEEPTTL`), which
+///   the next grant rises above. Either way the name costs nothing once
+///   its TTL has passed.
 ///
 /// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has
 /// waiters on the name. Returns `{1, token}` when granted (or already held
 /// by this owner: the same token, TTL refreshed), `{0, pttl}` when held by
-/// another.
+/// another. A free name costs `TIME` + `SET NX PX`, the raw lock's own
+/// command; this is that fast path.
+const ACQUIRE_FREE: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now, 'NX', 'PX', ARGV[2]) then
+  return {1, now}
+end
+"#;
+
+/// The rest of acquire, when the key exists (see [`ACQUIRE_FREE`]).
 const ACQUIRE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 local prev = nil
@@ -117,13 +133,27 @@ local function held_by(v, owner)
 end
 "#;
 
-/// Compare-and-release: leave the `=<token>` marker on the rest of the TTL,
-/// and publish a wake-up only when somebody waits.
-/// KEYS: claim. ARGV: owner, channel, payload.
+/// `free(key, tok)`: delete a released claim if the server clock has
+/// passed its token (every later grant is then above it), else leave
+/// `=<token>` for the rest of its TTL.
+const FREE: &str = r#"
+local function free(key, tok)
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  if #now > #tok or (#now == #tok and now > tok) then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, '=' .. tok, 'KEEPTTL')
+  end
+end
+"#;
+
+/// Compare-and-release (see [`FREE`]), publishing a wake-up only when
+/// somebody waits. KEYS: claim. ARGV: owner, channel, payload.
 const RELEASE: &str = r#"
 local tok, waited = held_by(redis.call('GET', KEYS[1]), ARGV[1])
 if not tok then return 0 end
-redis.call('SET', KEYS[1], '=' .. tok, 'KEEPTTL')
+free(KEYS[1], tok)
 if waited then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
 "#;
@@ -136,9 +166,8 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
-/// Free whoever holds it (keeping the token marker), then publish a
-/// wake-up. KEYS: claim. ARGV: channel, payload. Returns 1 if a claim was
-/// held.
+/// Free whoever holds it, then publish a wake-up. KEYS: claim.
+/// ARGV: channel, payload. Returns 1 if a claim was held.
 const FORCE_RELEASE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 local n = 0
@@ -146,11 +175,7 @@ if v and string.byte(v, 1) ~= 61 then
   n = 1
   local i = string.find(v, ':', 1, true)
   local tok = i and string.match(string.sub(v, i + 1), '^%d+')
-  if tok then
-    redis.call('SET', KEYS[1], '=' .. tok, 'KEEPTTL')
-  else
-    redis.call('DEL', KEYS[1])
-  end
+  if tok then free(KEYS[1], tok) else redis.call('DEL', KEYS[1]) end
 end
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return n
@@ -407,17 +432,17 @@ impl Scripts {
             script
         };
         Scripts {
-            acquire: mk(&[NEXT_TOKEN, ACQUIRE]),
-            release: mk(&[HELD_BY, RELEASE]),
+            acquire: mk(&[NOW, ACQUIRE_FREE, NEXT_TOKEN, ACQUIRE]),
+            release: mk(&[HELD_BY, FREE, RELEASE]),
             extend: mk(&[HELD_BY, EXTEND]),
-            force_release: mk(&[FORCE_RELEASE]),
+            force_release: mk(&[FREE, FORCE_RELEASE]),
             remaining: mk(&[REMAINING]),
             seed_acquire: mk(&[ISSUE, SEED_ACQUIRE]),
             seed_release: mk(&[SEED_RELEASE]),
             seed_extend: mk(&[SEED_EXTEND]),
             seed_force_release: mk(&[SEED_FORCE_RELEASE]),
-            fence_next: mk(&[ISSUE, NEXT_TOKEN, FENCE_NEXT]),
-            campaign: mk(&[NEXT_TOKEN, CAMPAIGN]),
+            fence_next: mk(&[ISSUE, NOW, NEXT_TOKEN, FENCE_NEXT]),
+            campaign: mk(&[NOW, NEXT_TOKEN, CAMPAIGN]),
             election_renew: mk(&[ELECTION_RENEW]),
             resign: mk(&[RESIGN]),
             arrive: mk(&[ARRIVE]),

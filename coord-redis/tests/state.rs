@@ -85,47 +85,52 @@ async fn a_release_publishes_a_wake_up_only_when_somebody_waits() {
 }
 
 #[tokio::test]
-async fn a_claim_is_one_key_and_a_release_leaves_only_its_token_for_the_rest_of_the_ttl() {
+async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_its_token() {
     let server = RedisServer::start();
     let b = backend_with(&server, SEC).await;
     let me = OwnerToken::random();
+    let key = "coord:lock:{one-key}";
     let base = dbsize(&server);
-    let t1 = granted(
-        b.try_acquire("one-key", &me, 300 * Duration::from_millis(1))
-            .await
-            .unwrap(),
-    );
+    let t1 = granted(b.try_acquire("one-key", &me, 10 * SEC).await.unwrap());
     assert_eq!(dbsize(&server), base + 1, "a grant writes one key");
-    let value = server.command(&["GET", "coord:lock:{one-key}"]);
+    let value = server.command(&["GET", key]);
     assert_eq!(
         value.as_str().unwrap(),
         format!("{}:{t1}", me.to_hex()),
         "owner and token in the claim's value"
     );
     assert!(b.release("one-key", &me).await.unwrap());
-    let value = server.command(&["GET", "coord:lock:{one-key}"]);
-    assert_eq!(value.as_str().unwrap(), format!("={t1}"));
-    // Released: extend, release and a lease's remaining time see nothing.
+    assert_eq!(dbsize(&server), base, "a release deletes the claim");
+    let t2 = granted(b.try_acquire("one-key", &me, 10 * SEC).await.unwrap());
+    assert!(t2 > t1, "the clock keeps tokens rising: {t2} > {t1}");
+    assert!(b.release("one-key", &me).await.unwrap());
+
+    // A token ahead of the server clock (left by a burst, or a clock that
+    // stepped back): its release leaves `=<token>` for the rest of the
+    // TTL, and the next grant rises above it.
+    let ahead = t2 + 60_000_000;
+    server.command(&["SET", key, &format!("={ahead}"), "PX", "400"]);
+    let t3 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    assert_eq!(t3, ahead + 1);
+    assert!(b.release("one-key", &me).await.unwrap());
+    let value = server.command(&["GET", key]);
+    assert_eq!(value.as_str().unwrap(), format!("={t3}"));
+    // Released: extend and release see nothing.
     assert!(!b.extend("one-key", &me, 10 * SEC).await.unwrap());
     assert!(!b.release("one-key", &me).await.unwrap());
-    // Re-granted at once, the token rises above the marker's.
-    let t2 = granted(
-        b.try_acquire("one-key", &me, 300 * Duration::from_millis(1))
+    let t4 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    assert_eq!(t4, t3 + 1);
+    assert!(b.release("one-key", &me).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(dbsize(&server), base, "the marker ends with the TTL");
+
+    // A lease reads as not held once revoked, marker or not.
+    let lkey = "coord:lease:{w7}";
+    granted(
+        coord_core::Lease::grant(&b, "w7", &me, 10 * SEC)
             .await
             .unwrap(),
     );
-    assert!(t2 > t1);
-    assert!(b.release("one-key", &me).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(dbsize(&server), base, "the marker ends with the TTL");
-    // With nothing stored, the clock keeps tokens rising.
-    let t3 = granted(b.try_acquire("one-key", &me, 10 * SEC).await.unwrap());
-    assert!(t3 > t2);
-
-    let lease = coord_core::Lease::grant(&b, "w7", &me, 10 * SEC)
-        .await
-        .unwrap();
-    granted(lease);
     assert!(
         coord_core::Lease::remaining(&b, "w7")
             .await
@@ -133,6 +138,8 @@ async fn a_claim_is_one_key_and_a_release_leaves_only_its_token_for_the_rest_of_
             .is_some()
     );
     assert!(coord_core::Lease::revoke(&b, "w7", &me).await.unwrap());
+    assert_eq!(coord_core::Lease::remaining(&b, "w7").await.unwrap(), None);
+    server.command(&["SET", lkey, &format!("={ahead}"), "PX", "5000"]);
     assert_eq!(coord_core::Lease::remaining(&b, "w7").await.unwrap(), None);
 }
 
