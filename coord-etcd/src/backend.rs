@@ -18,6 +18,7 @@ use crate::claims::{Entry, EntryKey};
 use crate::keys::{BACKEND, Keys, map_err, not_sent};
 use crate::limiter::LimiterRequest;
 use crate::options::EtcdOptions;
+use crate::pool::Pool;
 use crate::watch::WatchSlot;
 
 /// The etcd backend: implements every coord-core trait
@@ -73,6 +74,8 @@ pub(crate) struct Shared {
     /// The lease limiter state is attached to, per retention (seconds):
     /// (lease id, the earliest instant the server may expire it).
     pub(crate) limiter_leases: Mutex<HashMap<u64, (i64, tokio::time::Instant)>>,
+    /// Leases of claims that ended cleanly, for the next claims.
+    pub(crate) pool: Mutex<Pool>,
     pub(crate) shutdown: watch::Receiver<()>,
 }
 
@@ -168,6 +171,7 @@ impl EtcdBackend {
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),
             limiter_leases: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
             shutdown: rx,
         });
         shared.revoke_later(grant.id());

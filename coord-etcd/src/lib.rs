@@ -21,8 +21,14 @@
 //!   is attached to an etcd lease of its own whose TTL is the claim's, so
 //!   the server enforces every TTL: a key nobody renews expires by itself,
 //!   whatever became of the client, and a write applied late (after its
-//!   cleanup) fails or dies with its lease. An uncontended acquire +
-//!   release is one lease grant, one transaction and one lease revocation.
+//!   cleanup) fails or dies with its lease. A claim that ends cleanly (its
+//!   key deleted by an owner-checked transaction once every write on its
+//!   lease was answered) leaves its lease without keys: that lease serves
+//!   the next claim of the same TTL, refreshed by a keepalive (on a stream
+//!   kept open) sent with the claim's write. So an uncontended acquire +
+//!   release is two transactions and one keepalive message; a first claim
+//!   of a TTL grants a lease instead. Spare leases are never kept alive
+//!   while idle, and are revoked after 5 s unused.
 //!   `extend` refreshes the lease with a keepalive sent after the call
 //!   began (another TTL moves the key to a new lease, keeping its create
 //!   revision), so the server keeps the key at least as long as the
@@ -76,6 +82,7 @@ mod keys;
 mod limiter;
 mod named_lease;
 mod options;
+mod pool;
 mod queue;
 mod watch;
 

@@ -43,6 +43,7 @@ impl coord_core::Lease for EtcdBackend {
             rev,
             lease,
             lease_ttl: ttl_s,
+            keeper: None,
             state: EntryState::Held {
                 deadline: start + ttl,
             },
