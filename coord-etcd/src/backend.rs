@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -65,6 +66,8 @@ pub(crate) struct Shared {
     prefix: String,
     /// This client's claims (held, queued, or with an attempt in flight).
     pub(crate) entries: Mutex<HashMap<EntryKey, Entry>>,
+    /// The size of `entries` at which it is next swept.
+    pub(crate) prune_at: AtomicUsize,
     /// Owners whose one attempt was refused without writing anything: their
     /// next attempt (a waiter's, after subscribing) queues.
     pub(crate) tried: Mutex<HashMap<EntryKey, tokio::time::Instant>>,
@@ -167,6 +170,7 @@ impl EtcdBackend {
             endpoints: opts.hosts.clone(),
             prefix: opts.prefix.clone(),
             entries: Mutex::new(HashMap::new()),
+            prune_at: AtomicUsize::new(crate::claims::PRUNE_AT),
             tried: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),

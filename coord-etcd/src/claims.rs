@@ -2,7 +2,9 @@
 //! etcd lease of its own whose TTL is the claim's, so the server enforces
 //! every TTL and a key nobody renews expires by itself.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use coord_core::util::Kind;
@@ -74,8 +76,8 @@ pub(crate) struct ClaimSpec<'a> {
 /// attempt queues (a waiter attempts again at once after subscribing).
 const TRIED_MEMORY: Duration = Duration::from_secs(30);
 
-/// When the local bookkeeping is swept of long-expired claims.
-const PRUNE_AT: usize = 1024;
+/// When the local bookkeeping is first swept of long-expired claims.
+pub(crate) const PRUNE_AT: usize = 1024;
 /// How long an expired, never released claim is remembered (a late
 /// `release` of it answers `false` either way).
 const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
@@ -421,16 +423,25 @@ impl Shared {
             }
             _ => Attempt::Held { expires_in: None },
         };
-        if entries.len() >= PRUNE_AT {
-            // Claims whose TTL ran out long ago and that were never
-            // released (raw-trait users; guards always release): the
-            // server expired them, nothing is left to remember.
-            let now = Instant::now();
-            entries.retain(|_, e| {
-                !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
-            });
-        }
+        self.prune(&mut entries);
         attempt
+    }
+
+    /// Sweep claims whose TTL ran out long ago and that were never
+    /// released (raw-trait users; guards always release): the server
+    /// expired them, nothing is left to remember. A sweep runs when the map
+    /// doubled since the last one, so sweeps cost O(1) per grant however
+    /// many claims are live.
+    pub(crate) fn prune(&self, entries: &mut HashMap<EntryKey, Entry>) {
+        if entries.len() < self.prune_at.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        entries.retain(|_, e| {
+            !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
+        });
+        self.prune_at
+            .store((entries.len() * 2).max(PRUNE_AT), Ordering::Relaxed);
     }
 
     /// If `kv` is a claim this client holds, its remaining time.
