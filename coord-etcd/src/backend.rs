@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ use crate::claims::{Entry, EntryKey};
 use crate::keys::{BACKEND, Keys, map_err, not_sent};
 use crate::limiter::LimiterRequest;
 use crate::options::EtcdOptions;
+use crate::pool::Pool;
 use crate::watch::WatchSlot;
 
 /// The etcd backend: implements every coord-core trait
@@ -64,6 +66,8 @@ pub(crate) struct Shared {
     prefix: String,
     /// This client's claims (held, queued, or with an attempt in flight).
     pub(crate) entries: Mutex<HashMap<EntryKey, Entry>>,
+    /// The size of `entries` at which it is next swept.
+    pub(crate) prune_at: AtomicUsize,
     /// Owners whose one attempt was refused without writing anything: their
     /// next attempt (a waiter's, after subscribing) queues.
     pub(crate) tried: Mutex<HashMap<EntryKey, tokio::time::Instant>>,
@@ -73,6 +77,8 @@ pub(crate) struct Shared {
     /// The lease limiter state is attached to, per retention (seconds):
     /// (lease id, the earliest instant the server may expire it).
     pub(crate) limiter_leases: Mutex<HashMap<u64, (i64, tokio::time::Instant)>>,
+    /// Leases of claims that ended cleanly, for the next claims.
+    pub(crate) pool: Mutex<Pool>,
     pub(crate) shutdown: watch::Receiver<()>,
 }
 
@@ -164,10 +170,12 @@ impl EtcdBackend {
             endpoints: opts.hosts.clone(),
             prefix: opts.prefix.clone(),
             entries: Mutex::new(HashMap::new()),
+            prune_at: AtomicUsize::new(crate::claims::PRUNE_AT),
             tried: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),
             limiter_leases: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
             shutdown: rx,
         });
         shared.revoke_later(grant.id());

@@ -1,5 +1,7 @@
 //! Barriers: one key per barrier, updated by compare-and-swap on the
-//! key's mod revision; and that compare-and-swap, shared with limiters.
+//! key's mod revision, on a lease of its own that local waiters keep alive
+//! (so the state of a barrier nobody waits on goes after a grace); and the
+//! compare-and-swap limiters use.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +11,16 @@ use coord_core::util::bounded;
 use coord_core::{Arrival, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use crate::backend::{Shared, kvs};
+use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, secs};
 use crate::keys::BACKEND;
 use crate::limiter::nanos_now;
+
+/// How long a barrier's state outlives its last write or the last
+/// keepalive of a waiter: the state of a completed generation (kept so a
+/// retried completing arrival is recognised), of one whose participants
+/// all timed out, or of one whose participants all died, goes this long
+/// after nobody waits on it. Waiters keep it alive every third of it.
+pub(crate) const BARRIER_GRACE: Duration = Duration::from_secs(30);
 
 /// The generation stored in a barrier key's value.
 pub(crate) fn generation_of(b: &[u8]) -> Option<u64> {
@@ -80,6 +89,127 @@ impl Shared {
         .await
     }
 
+    /// Read-modify-write a barrier key, as [`Shared::cas`], keeping the
+    /// key on a lease of its own of [`BARRIER_GRACE`]: the lease it is on
+    /// (refreshed by a keepalive sent with the write), or a new one if it
+    /// has none. `f` also gets the generation an absent barrier starts at:
+    /// the store's revision, above every generation the name had before
+    /// (each generation was set by a write of a higher revision).
+    async fn barrier_cas<R>(
+        self: &Arc<Self>,
+        op: &'static str,
+        key: Vec<u8>,
+        mut f: impl FnMut(Option<&[u8]>, u64) -> Result<(Option<Vec<u8>>, R)> + Send,
+    ) -> Result<R>
+    where
+        R: Send,
+    {
+        let grace = secs(BARRIER_GRACE);
+        bounded(BACKEND, op, self.timeout, async {
+            let read = || async {
+                let k = key.clone();
+                let mut r = self
+                    .call(op, |mut c| {
+                        let k = k.clone();
+                        async move { c.get(k, None).await }
+                    })
+                    .await?;
+                let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+                Ok::<_, Error>((r.take_kvs().into_iter().next(), rev))
+            };
+            let (mut current, mut rev) = read().await?;
+            // A lease granted for this key and not used yet.
+            let mut fresh: Option<i64> = None;
+            let mut attempt = 0u32;
+            loop {
+                let (new, r) = f(current.as_ref().map(|kv| kv.value()), rev.max(0) as u64)?;
+                let existing = current.as_ref().map(|kv| kv.lease()).filter(|l| *l != 0);
+                let Some(new) = new else {
+                    if let Some(l) = fresh {
+                        self.revoke_later(l);
+                    }
+                    return Ok(r);
+                };
+                let lease = match (existing, fresh) {
+                    (Some(l), _) => l,
+                    (None, Some(l)) => l,
+                    (None, None) => *fresh.insert(self.grant_lease(grace, op).await?),
+                };
+                let cmp = match &current {
+                    Some(kv) => {
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())
+                    }
+                    None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                };
+                let txn = Txn::new()
+                    .when([cmp])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        new,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                let (resp, alive) = if existing.is_some() {
+                    tokio::join!(self.txn(op, txn), self.keepalive_once(lease, op))
+                } else {
+                    (self.txn(op, txn).await, Ok(true))
+                };
+                match resp {
+                    Ok(resp) if resp.succeeded() => {
+                        if alive? {
+                            if let Some(l) = fresh.filter(|_| existing.is_some()) {
+                                self.revoke_later(l);
+                            }
+                            return Ok(r);
+                        }
+                        // The lease ran out just as the write landed: the
+                        // state went with it. Start again from what is there.
+                        (current, rev) = read().await?;
+                    }
+                    Ok(resp) => {
+                        current = kvs(&resp, 0).into_iter().next();
+                        rev = header_rev(&resp);
+                    }
+                    Err(e) if is_lease_not_found(&e) => {
+                        if existing.is_none() {
+                            fresh = None;
+                        }
+                        (current, rev) = read().await?;
+                    }
+                    Err(e) => {
+                        if let Some(l) = fresh {
+                            self.revoke_later(l);
+                        }
+                        return Err(e);
+                    }
+                }
+                attempt += 1;
+                if attempt > 3 {
+                    let jitter = u64::from(attempt.min(20)) * (1 + nanos_now() as u64 % 3);
+                    tokio::time::sleep(Duration::from_millis(jitter)).await;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Keep the lease of barrier `key` alive (a local waiter waits on it).
+    pub(crate) async fn keep_barrier_alive(&self, key: &[u8]) {
+        let op = "barrier keepalive";
+        let kv = match self.get(op, key.to_vec(), None).await {
+            Ok(kvs) => kvs.into_iter().next(),
+            Err(e) => {
+                tracing::debug!(error = %e, "reading a barrier to keep it alive failed");
+                return;
+            }
+        };
+        if let Some(l) = kv.map(|kv| kv.lease()).filter(|l| *l != 0) {
+            if let Err(e) = self.keepalive_once(l, op).await {
+                tracing::debug!(error = %e, "keeping a barrier's lease alive failed");
+            }
+        }
+    }
+
     pub(crate) async fn barrier_arrive(
         self: &Arc<Self>,
         name: &str,
@@ -89,10 +219,10 @@ impl Shared {
     ) -> Result<Arrival> {
         let key = self.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier arrive";
-        self.cas(op, key, None, |cur| {
+        self.barrier_cas(op, key, |cur, base| {
             let mut b = match cur {
                 Some(v) => decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
-                None => BarrierState::default(),
+                None => BarrierState::new(base),
             };
             let (arrival, changed) = b.arrive(name, parties, participant, arrival, |g| g + 1)?;
             Ok((changed.then(|| b.encode().into_bytes()), arrival))
@@ -105,6 +235,8 @@ impl Shared {
         let op = "barrier is_complete";
         let kv = self.get(op, key, None).await?.into_iter().next();
         match kv {
+            // Gone: idle past its grace, or abandoned (nobody kept it
+            // alive); a waiter's generation did not complete.
             None => Ok(false),
             Some(kv) => {
                 let b = decode(kv.value()).ok_or_else(|| corrupt(op, "barrier"))?;
@@ -121,7 +253,7 @@ impl Shared {
     ) -> Result<bool> {
         let key = self.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier withdraw";
-        self.cas(op, key, None, |cur| {
+        self.barrier_cas(op, key, |cur, _| {
             let Some(v) = cur else {
                 return Ok((None, true));
             };

@@ -2,7 +2,9 @@
 //! etcd lease of its own whose TTL is the claim's, so the server enforces
 //! every TTL and a key nobody renews expires by itself.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use coord_core::util::Kind;
@@ -15,7 +17,20 @@ use tokio::time::Instant;
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
+use crate::pool::Keeper;
 use crate::queue::{Queued, clear_last_refused};
+
+/// The retryable error of an attempt whose lease was gone before its write
+/// took effect: nothing of it is left.
+fn lease_gone(op: &'static str) -> Error {
+    Error::Unavailable {
+        backend: BACKEND,
+        operation: op,
+        message: "the lease of this attempt expired before its write took effect; nothing \
+                  was written, the attempt can be retried"
+            .into(),
+    }
+}
 
 /// Where a local claim stands.
 pub(crate) enum EntryState {
@@ -35,6 +50,8 @@ pub(crate) struct Entry {
     pub(crate) lease: i64,
     /// The lease's TTL in seconds (a keepalive resets it to this).
     pub(crate) lease_ttl: u64,
+    /// The lease's keepalive stream, if one is open.
+    pub(crate) keeper: Option<Keeper>,
     pub(crate) state: EntryState,
 }
 
@@ -59,8 +76,8 @@ pub(crate) struct ClaimSpec<'a> {
 /// attempt queues (a waiter attempts again at once after subscribing).
 const TRIED_MEMORY: Duration = Duration::from_secs(30);
 
-/// When the local bookkeeping is swept of long-expired claims.
-const PRUNE_AT: usize = 1024;
+/// When the local bookkeeping is first swept of long-expired claims.
+pub(crate) const PRUNE_AT: usize = 1024;
 /// How long an expired, never released claim is remembered (a late
 /// `release` of it answers `false` either way).
 const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
@@ -174,11 +191,23 @@ impl Shared {
                 ttl: e.lease_ttl,
             },
         };
+        let mut use_spare = true;
         for _ in 0..3 {
             match known {
                 Known::Fresh => {
                     let queue_mode = fair && self.take_tried(&ek);
-                    let lease = self.grant_lease(ttl_s, op).await?;
+                    // A spare lease (refreshed alongside the write), or a
+                    // new one.
+                    let spare = if use_spare {
+                        self.take_spare(ttl_s)
+                    } else {
+                        None
+                    };
+                    let reused = spare.is_some();
+                    let (lease, keeper) = match spare {
+                        Some(s) => (s.id, s.keeper),
+                        None => (self.grant_lease(ttl_s, op).await?, None),
+                    };
                     // Recorded before the write is sent: a release (or the
                     // cleanup of a cancelled acquire) revokes the lease, so a
                     // write applied late fails or dies with it.
@@ -189,12 +218,13 @@ impl Shared {
                             rev: 0,
                             lease,
                             lease_ttl: ttl_s,
+                            keeper: None,
                             state: EntryState::Pending,
                         },
                     );
                     // A lost reply's lease: kept until we know whether its
                     // write landed.
-                    let old_lease = old.map(|o| o.lease);
+                    let old_lease = old.as_ref().map(|o| o.lease);
                     let put = TxnOp::put(
                         key.clone(),
                         value.to_vec(),
@@ -218,23 +248,46 @@ impl Shared {
                         TxnOp::get(key.clone(), None),
                         first_sorted(&queue, &end, SortOrder::Ascend, 1),
                     ]);
-                    let resp = match self.txn(op, txn).await {
+                    // A spare's keepalive, sent after this attempt began,
+                    // makes it live the claim's TTL from then on (a new
+                    // lease does from its grant).
+                    let (resp, alive) = if reused {
+                        tokio::join!(self.txn(op, txn), self.refresh(lease, keeper, op))
+                    } else {
+                        (self.txn(op, txn).await, Ok((true, None)))
+                    };
+                    let resp = match resp {
                         Ok(r) => r,
+                        Err(e) if is_lease_not_found(&e) && reused => {
+                            // The spare ran out (it carried no keys):
+                            // nothing was written. Again, on a new lease.
+                            let mut entries = lock(&self.entries);
+                            match old {
+                                Some(o) => entries.insert(ek.clone(), o),
+                                None => entries.remove(&ek),
+                            };
+                            drop(entries);
+                            if queue_mode {
+                                self.remember_tried(ek.clone());
+                            }
+                            use_spare = false;
+                            continue;
+                        }
                         Err(e) if is_lease_not_found(&e) => {
                             // The lease just granted is gone (it cannot
                             // have been used): nothing was written. Retry.
                             self.drop_entry(&ek);
-                            return Err(Error::Unavailable {
-                                backend: BACKEND,
-                                operation: op,
-                                message: "the lease granted for this attempt expired before \
-                                          the write; nothing was written, the attempt can be \
-                                          retried"
-                                    .into(),
-                            });
+                            return Err(lease_gone(op));
                         }
                         Err(e) => return Err(e),
                     };
+                    let (alive, keeper) = alive?;
+                    if resp.succeeded() && !alive {
+                        // The spare ran out just after the write: the key
+                        // dies with it.
+                        self.drop_entry(&ek);
+                        return Err(lease_gone(op));
+                    }
                     let mine = kvs(&resp, 0)
                         .into_iter()
                         .next()
@@ -248,7 +301,7 @@ impl Shared {
                         let rev = header_rev(&resp);
                         let head = kvs(&resp, 1).into_iter().next();
                         if !queue_mode || head.as_ref().is_some_and(|h| h.key() == key) {
-                            return Ok(self.set_held(&ek, rev, lease, start + ttl));
+                            return Ok(self.set_held(&ek, rev, lease, start + ttl, keeper));
                         }
                         let pred = kvs(&resp, 2).into_iter().nth(1);
                         self.set_queued(&ek, rev, pred.map(|p| p.key().to_vec()), rev + 1);
@@ -264,6 +317,7 @@ impl Shared {
                                 rev: mine.create_revision(),
                                 lease: mine.lease(),
                                 lease_ttl: ttl_s,
+                                keeper: None,
                                 state: EntryState::Pending,
                             };
                             lock(&self.entries).insert(ek.clone(), e);
@@ -274,7 +328,15 @@ impl Shared {
                             };
                         }
                         None => {
-                            self.drop_entry(&ek);
+                            // Refused, nothing written: the lease (whose
+                            // write was answered) serves the next claim.
+                            if alive {
+                                if let Some(e) = lock(&self.entries).remove(&ek) {
+                                    self.put_spare(e.lease, ttl_s, start + ttl, keeper);
+                                }
+                            } else {
+                                self.drop_entry(&ek);
+                            }
                             if fair {
                                 self.remember_tried(ek.clone());
                                 self.set_last_refused(kind, name, owner);
@@ -325,7 +387,7 @@ impl Shared {
                         continue;
                     }
                     if head.as_ref().is_some_and(|h| h.key() == key) {
-                        return Ok(self.set_held(&ek, rev, lease, start + ttl));
+                        return Ok(self.set_held(&ek, rev, lease, start + ttl, None));
                     }
                     let pred = kvs(&resp, 1).into_iter().next();
                     self.set_queued(
@@ -343,26 +405,43 @@ impl Shared {
 
     /// Record a grant. If the owner released meanwhile (its lease is
     /// revoked), the grant is not reported.
-    fn set_held(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) -> Attempt {
+    fn set_held(
+        &self,
+        ek: &EntryKey,
+        rev: i64,
+        lease: i64,
+        deadline: Instant,
+        keeper: Option<Keeper>,
+    ) -> Attempt {
         let mut entries = lock(&self.entries);
         let attempt = match entries.get_mut(ek) {
             Some(e) if e.lease == lease => {
                 e.rev = rev;
+                e.keeper = keeper;
                 e.state = EntryState::Held { deadline };
                 Attempt::Granted(FencingToken(rev as u64))
             }
             _ => Attempt::Held { expires_in: None },
         };
-        if entries.len() >= PRUNE_AT {
-            // Claims whose TTL ran out long ago and that were never
-            // released (raw-trait users; guards always release): the
-            // server expired them, nothing is left to remember.
-            let now = Instant::now();
-            entries.retain(|_, e| {
-                !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
-            });
-        }
+        self.prune(&mut entries);
         attempt
+    }
+
+    /// Sweep claims whose TTL ran out long ago and that were never
+    /// released (raw-trait users; guards always release): the server
+    /// expired them, nothing is left to remember. A sweep runs when the map
+    /// doubled since the last one, so sweeps cost O(1) per grant however
+    /// many claims are live.
+    pub(crate) fn prune(&self, entries: &mut HashMap<EntryKey, Entry>) {
+        if entries.len() < self.prune_at.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        entries.retain(|_, e| {
+            !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
+        });
+        self.prune_at
+            .store((entries.len() * 2).max(PRUNE_AT), Ordering::Relaxed);
     }
 
     /// If `kv` is a claim this client holds, its remaining time.

@@ -32,9 +32,11 @@ impl Shared {
         lock(&self.tried).remove(&ek);
         let entry = lock(&self.entries).remove(&ek);
         if let Some(e) = entry {
-            let valid = matches!(e.state, EntryState::Held { deadline } if deadline > now);
+            if let EntryState::Held { deadline } = e.state {
+                return self.release_held(e, deadline, now, op).await;
+            }
             return match self.revoke(e.lease, op).await {
-                Ok(found) => Ok(found && valid),
+                Ok(_) => Ok(false),
                 Err(err) => {
                     self.revoke_later(e.lease);
                     Err(err)
@@ -67,6 +69,44 @@ impl Shared {
         let Some(kv) = key else { return Ok(false) };
         let found = self.revoke(kv.lease(), op).await?;
         Ok(found && head.is_some_and(|h| h.key() == kv.key()))
+    }
+
+    /// Release a held claim: delete its key if it is still ours, in one
+    /// transaction. Once that is answered no write on the claim's lease is
+    /// in flight and the lease carries no keys, so it serves the next
+    /// claim of its TTL; otherwise it is revoked.
+    async fn release_held(
+        self: &Arc<Self>,
+        e: Entry,
+        deadline: Instant,
+        now: Instant,
+        op: &'static str,
+    ) -> Result<bool> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                e.key.clone(),
+                CompareOp::Equal,
+                e.rev,
+            )])
+            .and_then([TxnOp::delete(e.key.clone(), None)]);
+        match self.txn(op, txn).await {
+            Ok(resp) if resp.succeeded() => {
+                // The server keeps the lease at least until the claim's
+                // deadline (its last grant or keepalive came after the
+                // attempt or extend that set it began).
+                self.put_spare(e.lease, e.lease_ttl, deadline, e.keeper);
+                Ok(deadline > now)
+            }
+            Ok(_) => {
+                // The key is gone already (expired, or force-released).
+                self.revoke_later(e.lease);
+                Ok(false)
+            }
+            Err(err) => {
+                self.revoke_later(e.lease);
+                Err(err)
+            }
+        }
     }
 
     /// Extend (renew a leadership, renew a named lease): only the holder,
@@ -103,6 +143,10 @@ impl Shared {
                 _ => None,
             }
         };
+        // The keepalive stream of the claim's lease, if one is open.
+        let kept = lock(&self.entries)
+            .get_mut(&ek)
+            .and_then(|e| e.keeper.take());
         let (key, rev, lease, lease_ttl) = match found {
             Some(Ok(live)) => live,
             Some(Err(lease)) => {
@@ -117,12 +161,15 @@ impl Shared {
         };
         let check = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)]);
         let ttl_s = secs(ttl);
+        let mut keeper = None;
         let new_lease = if ttl_s == lease_ttl {
-            let (resp, alive) = tokio::join!(self.txn(op, check), self.keepalive_once(lease, op));
-            if !resp?.succeeded() || !alive? {
+            let (resp, alive) = tokio::join!(self.txn(op, check), self.refresh(lease, kept, op));
+            let (alive, k) = alive?;
+            if !resp?.succeeded() || !alive {
                 self.drop_entry(&ek);
                 return Ok(false);
             }
+            keeper = k;
             lease
         } else {
             // Check the old lease still lives (so an expired claim is never
@@ -157,6 +204,7 @@ impl Shared {
             Some(e) if e.rev == rev => {
                 e.lease = new_lease;
                 e.lease_ttl = ttl_s;
+                e.keeper = keeper;
                 e.state = EntryState::Held {
                     deadline: start + ttl,
                 };

@@ -21,8 +21,14 @@
 //!   is attached to an etcd lease of its own whose TTL is the claim's, so
 //!   the server enforces every TTL: a key nobody renews expires by itself,
 //!   whatever became of the client, and a write applied late (after its
-//!   cleanup) fails or dies with its lease. An uncontended acquire +
-//!   release is one lease grant, one transaction and one lease revocation.
+//!   cleanup) fails or dies with its lease. A claim that ends cleanly (its
+//!   key deleted by an owner-checked transaction once every write on its
+//!   lease was answered) leaves its lease without keys: that lease serves
+//!   the next claim of the same TTL, refreshed by a keepalive (on a stream
+//!   kept open) sent with the claim's write. So an uncontended acquire +
+//!   release is two transactions and one keepalive message; a first claim
+//!   of a TTL grants a lease instead. Spare leases are never kept alive
+//!   while idle, and are revoked after 5 s unused.
 //!   `extend` refreshes the lease with a keepalive sent after the call
 //!   began (another TTL moves the key to a new lease, keeping its create
 //!   revision), so the server keeps the key at least as long as the
@@ -46,11 +52,17 @@
 //! - **Leases** (named): `<prefix>lease/<name>` attached to an etcd lease of
 //!   their own (`remaining` is what the server says; `revoke` ends it at
 //!   once).
-//! - **Fencing**: `FencingSource::next` is the revision of a put: one
-//!   counter for the whole cluster, durable across restarts.
+//! - **Fencing**: `FencingSource::next` is the revision of a put to one
+//!   key (`<prefix>fence/`) shared by every resource: one counter for the
+//!   whole cluster, durable across restarts, and no state per resource.
 //! - **Barriers**: one key per barrier (party count, generation,
 //!   participants), updated by compare-and-swap on its mod revision;
-//!   waiters are woken by a watch when the generation changes.
+//!   waiters are woken by a watch when the generation changes. The key is
+//!   on a lease of its own of 30 s (the barrier grace) that every client
+//!   with a local waiter keeps alive every 10 s; a barrier nobody waits on
+//!   (its generation completed, its participants timed out or died) goes
+//!   30 s after its last write or keepalive. A barrier made again starts
+//!   at the store's revision, above every generation it had before.
 //! - **Rate limiters**: one key per key and algorithm, updated by
 //!   compare-and-swap on its mod revision, and attached to a lease that
 //!   outlives the state's retention (never renewed: a new one is granted
@@ -62,6 +74,32 @@
 //!   fixed windows, `d / (window / limit)` extra cells for GCRA); one that
 //!   runs behind is stricter. Keep clocks synchronised (NTP) to well under
 //!   the window.
+//!
+//! ## State that costs nothing once idle
+//!
+//! Every key coord writes ends by itself once its name is idle, while the
+//! client lives on or not: claims (locks, leaderships, named leases, queued
+//! waiters) at their TTL (rounded up to whole seconds); limiter state
+//! within 2 x its retention (the window, two for the sliding window) + the
+//! call timeout + 2 s after its last admitted check; barriers 30 s after
+//! nobody waits on them; fencing keeps one key in all. Leases follow: one
+//! per live claim or barrier, a few per limiter retention in use (each
+//! lives at most 2 x retention + call timeout + 2 s), and the spare leases
+//! of ended claims, revoked after 5 s unused.
+//!
+//! What etcd itself keeps is its **history**: every write (each admitted
+//! limiter check, each grant and release, each fencing token) is a new
+//! revision, and etcd keeps old revisions until they are compacted. Run
+//! etcd with automatic compaction, for example
+//! `--auto-compaction-mode=periodic --auto-compaction-retention=1h` (keep
+//! an hour of history) or `--auto-compaction-mode=revision
+//! --auto-compaction-retention=100000` (keep the last 100,000 revisions),
+//! and defragment now and then (`etcdctl defrag`) to return the freed
+//! space to the file system; without compaction the database grows until
+//! it reaches its quota (`--quota-backend-bytes`, 2 GiB by default) and
+//! etcd refuses writes (`mvcc: database space exceeded`). coord needs no
+//! old history: its watches start at most a few moments back, and a
+//! watcher whose start was compacted away checks the present state again.
 //!
 //! Every call is bounded by the call timeout (default 5 s) and fails with
 //! [`Error::Unavailable`] when it fires.
@@ -76,6 +114,7 @@ mod keys;
 mod limiter;
 mod named_lease;
 mod options;
+mod pool;
 mod queue;
 mod watch;
 
@@ -216,7 +255,10 @@ impl coord_core::FencingSource for EtcdBackend {
     }
 
     async fn next(&self, resource: &str) -> Result<FencingToken> {
-        let key = self.shared.keys.single(Kind::Fence, resource);
+        // One key for every resource (the revision is one counter for the
+        // whole cluster), so fencing leaves no state per resource.
+        let _ = resource;
+        let key = self.shared.keys.single(Kind::Fence, "");
         let resp = self
             .shared
             .call("fencing next", |mut c| {

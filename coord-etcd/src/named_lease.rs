@@ -43,6 +43,7 @@ impl coord_core::Lease for EtcdBackend {
             rev,
             lease,
             lease_ttl: ttl_s,
+            keeper: None,
             state: EntryState::Held {
                 deadline: start + ttl,
             },
@@ -61,7 +62,9 @@ impl coord_core::Lease for EtcdBackend {
             .inspect_err(|_| shared.revoke_later(id))?;
         if resp.succeeded() {
             let rev = header_rev(&resp);
-            lock(&shared.entries).insert(ek, entry(rev, id));
+            let mut entries = lock(&shared.entries);
+            entries.insert(ek, entry(rev, id));
+            shared.prune(&mut entries);
             return Ok(Attempt::Granted(FencingToken(rev as u64)));
         }
         shared.revoke_later(id);

@@ -8,9 +8,10 @@ use coord_core::Result;
 use coord_core::wake::Waiter;
 use etcd_client::{EventType, WatchOptions};
 use tokio::sync::watch;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 
 use crate::backend::{AbortOnDrop, Shared, lock};
+use crate::barrier::BARRIER_GRACE;
 
 pub(crate) struct WatchSlot {
     ready: watch::Receiver<bool>,
@@ -85,6 +86,7 @@ async fn shared_watch_task(
     let mut start_rev = 0i64;
     let mut last_gen: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
+    let mut kept_alive = Instant::now();
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -108,6 +110,14 @@ async fn shared_watch_task(
                         if let Some(slot) = shared.retire_watch(&wake) {
                             drop(slot);
                             return;
+                        }
+                        if kind == WatchKind::BarrierGeneration
+                            && kept_alive.elapsed() >= BARRIER_GRACE / 3
+                        {
+                            // Local waiters wait on this barrier: keep its
+                            // state from expiring.
+                            kept_alive = Instant::now();
+                            shared.keep_barrier_alive(&key).await;
                         }
                         continue;
                     }

@@ -1,0 +1,271 @@
+//! coord's uncontended lock cycle next to etcd's own lock RPC, on a
+//! private etcd started by the test kit (a measurement, not a test: it
+//! asserts nothing about speed).
+//!
+//! Each of N tasks (1 and 32) repeats, on a name of its own:
+//! - **lock RPC**: `etcd-client`'s `lock` + `unlock` on a lease per task
+//!   kept alive for the whole run (what etcd's own lock service costs);
+//! - **coord**: `Locks::try_acquire` + `Guard::release`, through the
+//!   `Coord` facade (validation, guards, everything a user pays for).
+//!
+//! For each it prints cycles per second, the client's CPU time per cycle
+//! (user + system time of this process, which runs no server) and the gRPC
+//! calls the server handled per cycle, by method.
+//!
+//! ```text
+//! cargo run --release -p coord-etcd --example lock_speed [seconds per run, default 2] [rounds, default 3]
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use conformance::testkit::etcd::EtcdServer;
+use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+
+const METHODS: [&str; 6] = [
+    "Txn",
+    "Range",
+    "LeaseGrant",
+    "LeaseRevoke",
+    "LeaseKeepAlive",
+    "Lock",
+];
+const MORE: [&str; 2] = ["Unlock", "DeleteRange"];
+
+/// User + system CPU time of this process so far (all threads).
+fn cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 (1-based) of the whole line.
+    let t = ticks(11) + ticks(12);
+    Duration::from_millis(t * 10)
+}
+
+fn calls(server: &EtcdServer) -> Vec<f64> {
+    METHODS
+        .iter()
+        .chain(MORE.iter())
+        .map(|m| {
+            server.metric(
+                "grpc_server_started_total",
+                &[&format!("grpc_method=\"{m}\"")],
+            )
+        })
+        .collect()
+}
+
+struct Run {
+    cycles: u64,
+    elapsed: Duration,
+    cpu: Duration,
+    calls: Vec<f64>,
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.cycles as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn print(&self, label: &str, tasks: usize) {
+        let per_s = self.cycles as f64 / self.elapsed.as_secs_f64();
+        let cpu_us = self.cpu.as_secs_f64() * 1e6 / self.cycles.max(1) as f64;
+        let per: Vec<String> = METHODS
+            .iter()
+            .chain(MORE.iter())
+            .zip(&self.calls)
+            .filter(|(_, c)| **c > 0.0)
+            .map(|(m, c)| format!("{m} {:.2}", c / self.cycles.max(1) as f64))
+            .collect();
+        println!(
+            "{label:>9} tasks={tasks:>2}: {per_s:>8.0} cycles/s, client CPU {cpu_us:>6.0} us/cycle, calls/cycle: {}",
+            per.join(", ")
+        );
+    }
+}
+
+async fn measure<F, Fut>(server: &EtcdServer, tasks: usize, secs: f64, f: F) -> Run
+where
+    F: Fn(usize, Arc<AtomicU64>, Instant) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let count = Arc::new(AtomicU64::new(0));
+    let before = calls(server);
+    let cpu0 = cpu();
+    let t0 = Instant::now();
+    let until = t0 + Duration::from_secs_f64(secs);
+    let handles: Vec<_> = (0..tasks)
+        .map(|i| tokio::spawn(f(i, count.clone(), until)))
+        .collect();
+    for h in handles {
+        h.await.unwrap();
+    }
+    let elapsed = t0.elapsed();
+    let cpu = cpu() - cpu0;
+    let after = calls(server);
+    Run {
+        cycles: count.load(Ordering::Relaxed),
+        elapsed,
+        cpu,
+        calls: after.iter().zip(&before).map(|(a, b)| a - b).collect(),
+    }
+}
+
+async fn lock_rpc(server: &EtcdServer, tasks: usize, secs: f64) -> Run {
+    let client = Client::connect([server.endpoint()], None).await.unwrap();
+    // One lease per task, kept alive for the whole run.
+    let mut leases = Vec::new();
+    let mut keepers = Vec::new();
+    for _ in 0..tasks {
+        let mut c = client.clone();
+        let id = c.lease_grant(30, None).await.unwrap().id();
+        let (mut k, mut s) = c.lease_keep_alive(id).await.unwrap();
+        keepers.push(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if k.keep_alive().await.is_err() || s.message().await.is_err() {
+                    return;
+                }
+            }
+        }));
+        leases.push(id);
+    }
+    let run = measure(server, tasks, secs, |i, count, until| {
+        let mut c = client.clone();
+        let lease = leases[i];
+        async move {
+            let name = format!("speed-rpc-{i}");
+            while Instant::now() < until {
+                let r = c
+                    .lock(name.as_str(), Some(LockOptions::new().with_lease(lease)))
+                    .await
+                    .unwrap();
+                c.unlock(r.key().to_vec()).await.unwrap();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+    .await;
+    for k in keepers {
+        k.abort();
+    }
+    let mut c = client.clone();
+    for id in leases {
+        let _ = c.lease_revoke(id).await;
+    }
+    run
+}
+
+/// The floor of coord's scheme, on `etcd-client` directly: a create
+/// transaction on the task's lease together with a keepalive of it (on a
+/// stream kept open), then a delete transaction.
+async fn raw_cycle(server: &EtcdServer, tasks: usize, secs: f64) -> Run {
+    let client = Client::connect([server.endpoint()], None).await.unwrap();
+    let mut leases = Vec::new();
+    for _ in 0..tasks {
+        let mut c = client.clone();
+        leases.push(c.lease_grant(30, None).await.unwrap().id());
+    }
+    measure(server, tasks, secs, |i, count, until| {
+        let mut c = client.clone();
+        let lease = leases[i];
+        async move {
+            let key = format!("speed-raw-{i}");
+            let (mut k, mut s) = c.lease_keep_alive(lease).await.unwrap();
+            let mut kv = c.kv_client();
+            while Instant::now() < until {
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "",
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let (r, _) = tokio::join!(kv.txn(txn), async {
+                    k.keep_alive().await.unwrap();
+                    s.message().await.unwrap().unwrap()
+                });
+                let rev = r.unwrap().header().unwrap().revision();
+                let del = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        rev,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                assert!(kv.txn(del).await.unwrap().succeeded());
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+    .await
+}
+
+async fn coord_cycle(server: &EtcdServer, tasks: usize, secs: f64) -> Run {
+    let coord = coord_etcd::connect(&server.url()).await.unwrap();
+    let locks = coord.locks().unwrap();
+    let ttl = Duration::from_secs(30);
+    measure(server, tasks, secs, |i, count, until| {
+        let locks = locks.clone();
+        async move {
+            let name = format!("speed-coord-{i}");
+            while Instant::now() < until {
+                let g = locks
+                    .try_acquire(&name, ttl)
+                    .await
+                    .unwrap()
+                    .expect("uncontended");
+                g.release().await.unwrap();
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+    .await
+}
+
+fn main() {
+    let secs: f64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2.0);
+    let rounds: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(3);
+    // A third argument `raw`: also the floor of coord's scheme.
+    let raw = std::env::args().nth(3).is_some_and(|a| a == "raw");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = EtcdServer::start();
+    rt.block_on(async {
+        for tasks in [1usize, 32] {
+            // Warm up both (connections, the first leases).
+            let _ = lock_rpc(&server, tasks, 0.3).await;
+            let _ = coord_cycle(&server, tasks, 0.3).await;
+            // Interleaved rounds, so that both see the same load from
+            // whatever else runs on the machine; the median ratio.
+            let mut ratios = Vec::new();
+            for _ in 0..rounds {
+                let r = lock_rpc(&server, tasks, secs).await;
+                r.print("lock RPC", tasks);
+                let c = coord_cycle(&server, tasks, secs).await;
+                c.print("coord", tasks);
+                if raw {
+                    raw_cycle(&server, tasks, secs).await.print("raw floor", tasks);
+                }
+                ratios.push(c.rate() / r.rate());
+            }
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "    coord / lock RPC at {tasks} tasks: median {:.2}x of {rounds} rounds {ratios:.2?}",
+                ratios[ratios.len() / 2]
+            );
+        }
+    });
+}
