@@ -7,6 +7,7 @@
 //! cargo run --release -p coord-bench                     # every store, full
 //! cargo run --release -p coord-bench -- --quick          # CI smoke (< 2 min)
 //! cargo run --release -p coord-bench -- redis etcd       # some stores
+//! cargo run -p coord-bench -- --smoke                    # what CI runs
 //! ```
 //!
 //! Rows, for each store (memory, redis, postgres, etcd):
@@ -22,7 +23,10 @@
 //! Each module says what its raw operations and peers are; `report` says
 //! what every field of the output means. Time windows, not fixed counts:
 //! `--quick` warms up 0.2 s and measures 0.8 s per measurement, the full
-//! mode 1 s and 5 s. The runtime has two worker threads.
+//! mode 1 s and 5 s. `--smoke` (what `scripts/test` runs, in a debug
+//! build) 50 ms and 200 ms: it only shows that every row runs and its
+//! checks hold; its numbers mean nothing. The runtime has two worker
+//! threads.
 
 mod coord_ops;
 mod etcd;
@@ -44,21 +48,28 @@ const STORES: [&str; 4] = ["memory", "redis", "postgres", "etcd"];
 /// `BENCH` lines.
 fn main() {
     let mut quick = false;
+    let mut smoke = false;
     let mut only = Vec::new();
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--smoke" => smoke = true,
             s if STORES.contains(&s) => only.push(s.to_string()),
             other => {
                 eprintln!(
-                    "unknown argument `{other}`; usage: coord-bench [--quick] [{}]...",
+                    "unknown argument `{other}`; usage: coord-bench [--quick|--smoke] [{}]...",
                     STORES.join("|")
                 );
                 std::process::exit(2);
             }
         }
     }
-    let win = if quick {
+    let win = if smoke {
+        Window {
+            warm_up: Duration::from_millis(50),
+            measure: Duration::from_millis(200),
+        }
+    } else if quick {
         Window {
             warm_up: Duration::from_millis(200),
             measure: Duration::from_millis(800),
