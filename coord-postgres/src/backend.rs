@@ -8,21 +8,22 @@ mod claims;
 mod election;
 pub(crate) mod errors;
 mod limiter;
+mod sweep;
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use coord_core::util::bounded;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{Capabilities, Coord, Error, FencingDurability, FencingToken, Result};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::Notify;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::config::{
-    DEFAULT_SCHEMA, MAX_SCHEMA_LEN, PostgresBuilder, identifier, parse_url, tls_connector,
-};
+use crate::builder::{DEFAULT_POOL_SIZE, PostgresBuilder};
+use crate::config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, identifier, parse_url, tls_connector};
 use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub(crate) use errors::map_pg;
@@ -51,9 +52,13 @@ fn token(v: i64) -> FencingToken {
 ///
 /// Dropping the last handle stops the listening task and closes the pool.
 pub struct PostgresBackend {
-    /// Statements are prepared once per pooled connection (direct
-    /// connections only).
+    /// Statements are prepared once per pooled connection, and the
+    /// settings of every statement are the session's (direct connections
+    /// only): each call is one statement, no BEGIN / COMMIT.
     prepared: bool,
+    /// This backend, for the background sweep it starts.
+    me: Weak<PostgresBackend>,
+    sweeper: sweep::Sweeper,
     pool: Pool,
     caps: Capabilities,
     schema: String,
@@ -61,7 +66,8 @@ pub struct PostgresBackend {
     sql: Sql,
     call_timeout: Duration,
     connect_timeout: Duration,
-    /// `BEGIN` and the settings of every statement's transaction.
+    /// `BEGIN` and the settings of every statement's transaction (when not
+    /// `prepared`).
     begin: String,
     /// For cancel requests.
     tls: MakeRustlsConnect,
@@ -105,8 +111,29 @@ impl PostgresBackend {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // Session settings for every new connection, once statements are
+        // known to go to one server session each (`prepared`).
+        let session_settings = Arc::new(AtomicBool::new(false));
+        let setup = call::session_text(b.call_timeout);
+        let hook_on = session_settings.clone();
         let pool = Pool::builder(manager)
-            .max_size(b.pool_size)
+            .max_size(
+                b.pool_size
+                    .or(parsed.pool_size)
+                    .unwrap_or(DEFAULT_POOL_SIZE),
+            )
+            .post_create(Hook::async_fn(move |client, _| {
+                let (on, setup) = (hook_on.load(Ordering::Acquire), setup.clone());
+                Box::pin(async move {
+                    if on {
+                        client
+                            .batch_execute(&setup)
+                            .await
+                            .map_err(HookError::Backend)?;
+                    }
+                    Ok(())
+                })
+            }))
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(b.call_timeout))
             .create_timeout(Some(b.connect_timeout))
@@ -191,8 +218,15 @@ impl PostgresBackend {
         // Named statements only where nothing in between can route the next
         // call to another server connection (see `prepared_statements`).
         let prepared = b.prepared.unwrap_or(probed && b.listen_url.is_none());
-        Ok(Arc::new(PostgresBackend {
+        if prepared {
+            session_settings.store(true, Ordering::Release);
+            // The connections opened so far lack the session settings.
+            pool.retain(|_, _| false);
+        }
+        Ok(Arc::new_cyclic(|me| PostgresBackend {
             prepared,
+            me: me.clone(),
+            sweeper: sweep::Sweeper::new(&b),
             pool,
             caps,
             schema,

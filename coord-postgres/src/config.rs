@@ -4,7 +4,6 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use coord_core::util::{Secret, redact_url_passwords};
 use coord_core::{Error, Result};
@@ -70,6 +69,7 @@ pub(crate) struct ParsedUrl {
     pub(crate) root_cert: Option<PathBuf>,
     pub(crate) schema: Option<String>,
     pub(crate) listen: Option<bool>,
+    pub(crate) pool_size: Option<usize>,
     /// A printable form with the password removed.
     pub(crate) display: String,
 }
@@ -85,7 +85,8 @@ impl fmt::Debug for ParsedUrl {
 
 /// Parse a `postgres://` / `postgresql://` URL. Query parameters handled
 /// here and removed before tokio-postgres sees the rest: `sslmode` (all five
-/// libpq values), `sslrootcert`, `coord_schema`, `coord_listen`.
+/// libpq values), `sslrootcert`, `coord_schema`, `coord_listen`,
+/// `coord_pool_size`.
 pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let raw = url.expose();
     let display = redact_url_passwords(raw);
@@ -103,6 +104,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let mut root_cert = None;
     let mut schema = None;
     let mut listen = None;
+    let mut pool_size = None;
     let mut rest: Vec<(String, String)> = Vec::new();
     for (k, v) in parsed.query_pairs() {
         match &*k {
@@ -143,6 +145,13 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
                     }
                 })
             }
+            "coord_pool_size" => {
+                pool_size = Some(v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                    Error::Config(format!(
+                        "`{display}`: coord_pool_size `{v}` must be a whole number >= 1"
+                    ))
+                })?)
+            }
             _ => rest.push((k.into_owned(), v.into_owned())),
         }
     }
@@ -176,6 +185,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
         root_cert,
         schema,
         listen,
+        pool_size,
         display,
     })
 }
@@ -346,136 +356,27 @@ impl ServerCertVerifier for VerifyCa {
     }
 }
 
-/// Options of a PostgreSQL connection; build with [`crate::builder`].
-///
-/// `Debug` shows the URL with its password replaced by `<redacted>`.
-#[derive(Clone)]
-#[must_use]
-pub struct PostgresBuilder {
-    pub(crate) url: Secret,
-    pub(crate) listen_url: Option<Secret>,
-    pub(crate) schema: Option<String>,
-    pub(crate) call_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) pool_size: usize,
-    pub(crate) listen: Option<bool>,
-    pub(crate) prepared: Option<bool>,
-}
-
-impl fmt::Debug for PostgresBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresBuilder")
-            .field("url", &redact_url_passwords(self.url.expose()))
-            .field(
-                "listen_url",
-                &self
-                    .listen_url
-                    .as_ref()
-                    .map(|u| redact_url_passwords(u.expose())),
-            )
-            .field("schema", &self.schema)
-            .field("call_timeout", &self.call_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("pool_size", &self.pool_size)
-            .field("listen", &self.listen)
-            .field("prepared_statements", &self.prepared)
-            .finish()
-    }
-}
-
-impl PostgresBuilder {
-    pub(crate) fn new(url: &str) -> Self {
-        PostgresBuilder {
-            url: Secret::new(url),
-            listen_url: None,
-            schema: None,
-            call_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            pool_size: 8,
-            listen: None,
-            prepared: None,
-        }
-    }
-
-    /// The schema holding coord's tables (default `coord`, or the URL's
-    /// `coord_schema` parameter). It plays the role of the key prefix of
-    /// other backends: two applications with different schemas never see
-    /// each other's locks. ASCII letters, digits and `_`, at most 48 bytes;
-    /// checked by `connect`.
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = Some(schema.into());
-        self
-    }
-
-    /// The time limit of every call, including waiting for a pooled
-    /// connection (default 5 s). When it fires the call fails with
-    /// [`Error::Unavailable`].
-    pub fn call_timeout(mut self, limit: Duration) -> Self {
-        self.call_timeout = limit;
-        self
-    }
-
-    /// The time limit for opening one connection (default 5 s).
-    pub fn connect_timeout(mut self, limit: Duration) -> Self {
-        self.connect_timeout = limit;
-        self
-    }
-
-    /// The most pooled connections for statements (default 8; the
-    /// listening connection is extra).
-    pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size.max(1);
-        self
-    }
-
-    /// Whether to open the LISTEN connection that wakes waiters (default
-    /// true, or the URL's `coord_listen`). Without it, or when the
-    /// connection cannot receive notifications (PgBouncer in transaction
-    /// mode), `Capabilities::notifications` is false and waiters poll.
-    pub fn listen(mut self, on: bool) -> Self {
-        self.listen = Some(on);
-        self
-    }
-
-    /// A separate URL for the LISTEN connection: a direct connection to
-    /// the server when statements go through PgBouncer in transaction
-    /// pooling mode, where LISTEN cannot work.
-    pub fn listen_url(mut self, url: &str) -> Self {
-        self.listen_url = Some(Secret::new(url));
-        self
-    }
-
-    /// Whether statements are prepared once per pooled connection (named
-    /// server-side statements) instead of parsed and planned on every call.
-    /// Faster, but named statements do not survive PgBouncer's transaction
-    /// pooling. Default: on when the connection is evidently direct (the
-    /// LISTEN self-check received its notification and no separate
-    /// `listen_url` was given), off otherwise.
-    pub fn prepared_statements(mut self, on: bool) -> Self {
-        self.prepared = Some(on);
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn urls_parse_and_never_print_passwords() {
         let p = parse_url(&Secret::new(
-            "postgres://alice:hunter2@127.0.0.1:5433/app?sslmode=verify-ca&sslrootcert=/x.pem&coord_schema=locks_1&coord_listen=false&connect_timeout=3",
+            "postgres://alice:hunter2@127.0.0.1:5433/app?sslmode=verify-ca&sslrootcert=/x.pem&coord_schema=locks_1&coord_listen=false&coord_pool_size=12&connect_timeout=3",
         ))
         .unwrap();
         assert_eq!(p.tls, TlsMode::VerifyCa);
         assert_eq!(p.schema.as_deref(), Some("locks_1"));
         assert_eq!(p.listen, Some(false));
+        assert_eq!(p.pool_size, Some(12));
         assert_eq!(p.pg.get_user(), Some("alice"));
         assert_eq!(p.pg.get_password(), Some(&b"hunter2"[..]));
         assert_eq!(p.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
         let shown = format!("{p:?} {:?}", p.pg);
         assert!(!shown.contains("hunter2"), "{shown}");
-        let b = PostgresBuilder::new("postgres://alice:hunter2@h/db");
+        let b = crate::PostgresBuilder::new("postgres://alice:hunter2@h/db");
         assert!(!format!("{b:?}").contains("hunter2"));
     }
 
@@ -486,6 +387,7 @@ mod tests {
             "postgres://alice:hunter2@h/db?sslmode=bogus",
             "postgres://alice:hunter2@h/db?nonsense=1",
             "postgres://alice:hunter2@h/db?coord_schema=bad-name",
+            "postgres://alice:hunter2@h/db?coord_pool_size=0",
         ] {
             let e = parse_url(&Secret::new(url)).unwrap_err();
             assert!(!e.to_string().contains("hunter2"), "{e}");

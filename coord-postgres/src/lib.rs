@@ -37,8 +37,9 @@
 //! tokio-postgres options (`connect_timeout`, `application_name`, ...).
 //! Handled by coord: `sslmode` (`disable`, `prefer` — the default —,
 //! `require`, `verify-ca`, `verify-full`, with libpq's meaning),
-//! `sslrootcert` (a PEM file of CA certificates), `coord_schema` and
-//! `coord_listen=false`. The password is kept in a
+//! `sslrootcert` (a PEM file of CA certificates), `coord_schema`,
+//! `coord_listen=false` and `coord_pool_size` (see
+//! [`PostgresBuilder::pool_size`]). The password is kept in a
 //! [`Secret`](coord_core::util::Secret) and never appears in `Debug`,
 //! `Display`, errors or logs.
 //!
@@ -51,36 +52,60 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | `claims (kind, name, owner, candidate, fencing, expires_at)` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); rows are kept on release |
+//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release |
 //! | sequence `fencing` | every fencing token and election term; WAL-logged, so tokens never repeat across restarts or crashes |
-//! | `barriers (name, parties, generation, members, passed)` and function `barrier_arrive` | barriers |
+//! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
+//! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
-//! A lock attempt is ONE statement: a plain read of the row, then, only
-//! when that row looked free, expired or already ours, an `INSERT ... ON
-//! CONFLICT DO UPDATE ... WHERE` the row still is, which draws the fencing
-//! token in the same statement. When the row is held by another, the
-//! attempt returns the holder's remaining time on the database clock and
-//! takes no row lock, no transaction id and writes nothing, so polling
-//! waiters never queue behind (or in front of) the holder's extend.
-//! Release is one compare-and-release `UPDATE` that sends `pg_notify` in the
-//! same statement. An uncontended acquire + release is two statements.
+//! A lock attempt on a name nobody holds (no row) is ONE plain `INSERT`
+//! that draws the fencing token from the sequence only when the row is
+//! absent. Otherwise (the row is there, or this client already waits on
+//! the name) one call of `claim_acquire`: a plain read of the row, then,
+//! only when that row looked free, expired or already ours, an `INSERT ...
+//! ON CONFLICT DO UPDATE ... WHERE` the row still is, which draws the token
+//! in the same statement. When the row is held by another, the attempt
+//! returns the holder's remaining time on the database clock and takes no
+//! row lock, no transaction id and writes nothing, so polling waiters never
+//! queue behind (or in front of) the holder's extend — except that the
+//! first refused attempt of a waiting client marks the holder's row
+//! `waiting`, once per grant. Release is one compare-and-delete `DELETE`
+//! that sends `pg_notify` in the same statement only when the row is so
+//! marked: a release nobody waits for sends no NOTIFY (each NOTIFY takes a
+//! database-wide lock at commit, which serializes every notifying commit
+//! with its WAL flush and defeats group commit). Marking and release both
+//! lock the row, so a wake-up is never lost (`src/sql/claims.sql`). An
+//! uncontended acquire + release is two statements, two round trips, two
+//! commits: the same as the bare lease-table cycle.
 //!
-//! Every statement runs in its own transaction, pipelined with it in the
-//! same round trip: `BEGIN; SET LOCAL statement_timeout = <call timeout>`
-//! and `synchronous_commit` raised to `on` when the server's or the role's
-//! default is `off` or `local`, then the statement, then `COMMIT`. So
-//! grants (locks, leases, terms, barrier arrivals, fencing tokens) are
-//! durable whatever the defaults, and the server gives up when the client
-//! does. When the client's call timeout passes first, the connection is
-//! discarded and a cancel request stops its statement on the server.
+//! Every statement runs in its own transaction with
+//! `statement_timeout = <call timeout>` and `synchronous_commit` raised to
+//! `on` when the server's or the role's default is `off` or `local`. On a
+//! direct connection (see
+//! [`PostgresBuilder::prepared_statements`]) these are session settings,
+//! sent once when a pooled connection opens, together with
+//! `plan_cache_mode = force_generic_plan`, and each call is its one
+//! prepared statement alone (Bind/Execute, autocommit). Elsewhere (behind
+//! PgBouncer) every call is `BEGIN; SET LOCAL ...`, the statement and
+//! `COMMIT`, pipelined in one round trip. So grants (locks, leases, terms,
+//! barrier arrivals, fencing tokens) are durable whatever the defaults, and
+//! the server gives up when the client does. When the client's call
+//! timeout passes first, the connection is discarded and a cancel request
+//! stops its statement on the server. Pooled connections (also those you
+//! take from [`PostgresBackend::pool`]) carry these session settings.
+//!
+//! The pool opens connections as concurrent calls need them, up to
+//! [`PostgresBuilder::pool_size`] (default 32, URL `coord_pool_size`);
+//! calls beyond wait in FIFO order within their call timeout. The server
+//! flushes concurrent commits together, so throughput under load grows
+//! with the connections in use.
 //!
 //! | trait | statements (one round trip each) |
 //! |---|---|
-//! | [`Lock`](coord_core::Lock) | `try_acquire`: the upsert above; `release` / `force_release`: one `UPDATE ... RETURNING` joined with `pg_notify`; `extend`: one compare-and-expire `UPDATE` |
+//! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE` |
 //! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`: one `SELECT` |
-//! | [`Election`](coord_core::Election) | the same upsert on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` notifies; `leader`: one `SELECT` |
+//! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT` |
 //! | [`FencingSource`](coord_core::FencingSource) | `SELECT nextval(...)` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
@@ -99,10 +124,43 @@
 //! not held to one check per WAL flush; a server crash may forget the last
 //! fraction of a second of admissions.
 //!
-//! No session state is used (no advisory session locks, no named prepared
-//! statements: every statement goes out as one unnamed, typed
-//! Parse/Bind/Execute), so statements work through PgBouncer in
-//! transaction pooling mode.
+//! Behind PgBouncer no session state is used (no advisory session locks,
+//! no session settings, no named prepared statements: every statement goes
+//! out as one unnamed, typed Parse/Bind/Execute), so statements work
+//! through PgBouncer in transaction pooling mode.
+//!
+//! ## Bounded state
+//!
+//! The state of a name that went idle costs nothing in the store once its
+//! TTL or window and a grace ([`PostgresBuilder::idle_grace`], default
+//! 60 s) have passed:
+//!
+//! - release, revoke and resign delete the claim row; an expired row is
+//!   taken over by the next grant of its name, or deleted by the sweep.
+//!   Fencing stays monotonic: every token and term comes from the `fencing`
+//!   sequence, drawn in the grant's own transaction, never from the row.
+//! - a limiter key's state (and its sliding-log entries) is deleted once it
+//!   decides exactly like no state: fixed window ended, sliding-window
+//!   counter two windows on, GCRA's theoretical arrival time passed, no
+//!   log entry within the retention. So deleting it changes no decision;
+//!   the grace covers the database clock stepping back.
+//! - a barrier row is deleted once it has had no member for the grace
+//!   (its last generation completed, or every member withdrew), or no
+//!   arrival nor withdrawal for [`PostgresBuilder::barrier_abandon_after`]
+//!   (default 24 h: members that died without withdrawing). Generations
+//!   come from the sequence, and a generation older than the row is never
+//!   reported complete, so a swept barrier used again never lets a waiter
+//!   pass a generation that did not fill (a waiter slower than the grace
+//!   times out instead).
+//!
+//! The sweep (function `sweep`, `src/sql/sweep.sql`) deletes up to 1,000
+//! rows per table per statement, skipping rows in use (`FOR UPDATE SKIP
+//! LOCKED`), with an asynchronous commit. Each client runs it in the
+//! background after one of its writes (a grant, an admission, an arrival)
+//! at most every [`PostgresBuilder::sweep_every`] (default 10 s; up to
+//! 10,000 rows per table each time), and closes pooled connections unused
+//! for a minute then; [`PostgresBackend::sweep`] runs it on demand. Dead
+//! row versions are left to autovacuum, as for any table.
 //!
 //! Behind PgBouncer, how soon clients recover after PostgreSQL restarts
 //! is PgBouncer's call: once a login to the server fails (as it does while
@@ -159,6 +217,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod builder;
 mod config;
 mod fenced;
 mod listen;
@@ -167,13 +226,17 @@ mod sql;
 use std::sync::Arc;
 
 pub use backend::PostgresBackend;
-pub use config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, PostgresBuilder, TlsMode};
+pub use builder::{
+    DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,
+    PostgresBuilder,
+};
+pub use config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, TlsMode};
 pub use deadpool_postgres;
 pub use fenced::{Column, FencedTable, FencedWrite};
 pub use tokio_postgres;
 
 /// Connect with default options (schema `coord`, 5 s call timeout, pool of
-/// 8, LISTEN on). The schema is created on first use.
+/// up to 32, LISTEN on, sweep on). The schema is created on first use.
 ///
 /// Errors: [`Error::Config`](coord_core::Error::Config) for a bad URL,
 /// [`Error::Unavailable`](coord_core::Error::Unavailable) when the server

@@ -5,13 +5,14 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 3;
+pub(crate) const SCHEMA_VERSION: i32 = 4;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) check_version: String,
     pub(crate) ddl: String,
+    pub(crate) claim_insert: String,
     pub(crate) claim_acquire: String,
     pub(crate) claim_release: String,
     pub(crate) claim_extend: String,
@@ -23,6 +24,7 @@ pub(crate) struct Sql {
     pub(crate) barrier_is_complete: String,
     pub(crate) barrier_withdraw: String,
     pub(crate) limiter_check: String,
+    pub(crate) sweep: String,
 }
 
 impl Sql {
@@ -31,65 +33,44 @@ impl Sql {
         Sql {
             check_version: format!("SELECT version FROM {s}.meta WHERE id = 1"),
             ddl: ddl(&s, schema),
-            // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
-            // $6 channel, $7 notify on a fresh grant.
-            //
-            // One statement. First a plain read of the row (`old`, the
-            // statement's snapshot): when it is live and held by another,
-            // the upsert gets no input row, so a refused attempt takes no
-            // row lock, no transaction id and writes nothing (it never
-            // queues behind, or in front of, the holder's extend). Only a
-            // row that looked free, expired or ours is upserted: taken if
-            // it still is (re-checked on the newest version under the row
-            // lock); a fresh grant gets a new fencing token from the
-            // sequence drawn AFTER the row is locked (in DO UPDATE), so
-            // tokens rise in grant order; a repeat by the same live owner
-            // keeps its token. The DO UPDATE clauses read the clock again
-            // (clock_timestamp() is evaluated on the locked row), so an
-            // attempt that waited for the row lock decides on the time it
-            // got it. When the row is held by another, the holder's
-            // remaining time on the database clock (as of the snapshot)
-            // comes back too.
-            claim_acquire: format!(
-                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t), \
-                 old AS MATERIALIZED (SELECT c.fencing, c.owner, c.expires_at FROM {s}.claims c \
-                          WHERE c.kind = $1::text AND c.name = $2::text), \
-                 up AS ( \
-                   INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
-                   SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
-                          n.t + $5::int8 * interval '1 microsecond' FROM n \
-                    WHERE NOT EXISTS (SELECT 1 FROM old o WHERE o.owner IS NOT NULL \
-                                        AND o.owner <> $3::bytea AND o.expires_at > n.t) \
-                   ON CONFLICT (kind, name) DO UPDATE \
-                     SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate, \
-                         fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp() \
-                                        THEN c.fencing ELSE nextval('{s}.fencing') END, \
-                         expires_at = clock_timestamp() + $5::int8 * interval '1 microsecond' \
-                     WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= clock_timestamp() \
-                   RETURNING c.fencing \
-                 ), \
-                 woke AS (SELECT pg_notify($6::text, $1::text || ':' || $2::text) FROM up \
-                           WHERE $7::bool AND up.fencing IS DISTINCT FROM (SELECT fencing FROM old)) \
-                 SELECT (SELECT fencing FROM up) AS granted, \
-                        (SELECT (extract(epoch FROM (o.expires_at - n.t)) * 1000000)::int8 \
-                           FROM old o, n WHERE o.owner IS NOT NULL) AS held_us, \
-                        (SELECT count(*) FROM woke) AS woke"
+            // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs. The
+            // common attempt, on a name nobody holds (no row: release
+            // deletes it): one plain INSERT. It first takes the name's
+            // grant lock (`l`, see src/sql/claims.sql) and only then draws
+            // the fencing token, so tokens rise in grant order although
+            // rows come and go; the token is drawn only when the row is
+            // absent from the snapshot, and nothing is written otherwise.
+            // When it returns no row, `claim_acquire` decides.
+            claim_insert: format!(
+                "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
+                                                hashtext($1::text || ':' || $2::text))) \
+                 INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
+                 SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
+                        clock_timestamp() + $5::int8 * interval '1 microsecond' FROM l \
+                  WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
+                 ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
             ),
-            // $1 kind, $2 name, $3 owner, $4 channel, $5 notify.
-            // Compare-and-release; the row (and so nothing of the token
-            // history) is kept. The NOTIFY is sent at commit of this same
-            // statement. As for extend, the clock is read once the row is
-            // locked: a release that waited past the expiry reports NotHeld.
+            // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
+            // $6 channel, $7 notify on a fresh grant, $8 this client has
+            // waiters on the name. See src/sql/claims.sql.
+            claim_acquire: format!(
+                "SELECT granted, held_us, registered FROM {s}.claim_acquire($1::text, $2::text, \
+                 $3::bytea, $4::text, $5::int8, $6::text, $7::bool, $8::bool)"
+            ),
+            // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always
+            // (elections: observers learn of every resignation).
+            // Compare-and-release: the owner's row is deleted, expired or
+            // not (an expired one reports false), and NOTIFY is sent (at
+            // commit of this same statement) when $5 or when a waiter
+            // marked the row. RETURNING reads the clock once the row is
+            // deleted, so under its lock: a release that waited past the
+            // expiry reports NotHeld.
             claim_release: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
-                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
-                 r AS ( \
-                   UPDATE {s}.claims c SET owner = NULL, candidate = NULL, expires_at = n.t FROM n \
-                    WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
-                   RETURNING c.name \
-                 ) \
-                 SELECT 1 FROM r LEFT JOIN LATERAL (SELECT pg_notify($4::text, $1::text || ':' || $2::text) WHERE $5::bool) w ON true"
+                "DELETE FROM {s}.claims c \
+                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea \
+                 RETURNING c.expires_at > clock_timestamp() AS held, \
+                   CASE WHEN $5::bool OR c.waiting \
+                        THEN pg_notify($4::text, $1::text || ':' || $2::text) END AS woke"
             ),
             // $1 kind, $2 name, $3 owner, $4 ttl µs. Compare-and-expire.
             // The row is locked first (`l`), and the clock read only then
@@ -104,17 +85,19 @@ impl Sql {
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
                  RETURNING 1"
             ),
-            // $1 kind, $2 name, $3 channel, $4 notify.
+            // $1 kind, $2 name, $3 channel, $4 notify always. Deletes the
+            // live row of any owner; NOTIFY as for release.
             claim_force_release: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
                    WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL FOR UPDATE), \
                  n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
                  r AS ( \
-                   UPDATE {s}.claims c SET owner = NULL, candidate = NULL, expires_at = n.t FROM n \
+                   DELETE FROM {s}.claims c USING n \
                     WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t \
-                   RETURNING c.name \
+                   RETURNING c.waiting \
                  ) \
-                 SELECT 1 FROM r LEFT JOIN LATERAL (SELECT pg_notify($3::text, $1::text || ':' || $2::text) WHERE $4::bool) w ON true"
+                 SELECT 1 FROM r LEFT JOIN LATERAL (SELECT pg_notify($3::text, $1::text || ':' || $2::text) \
+                   WHERE $4::bool OR r.waiting) w ON true"
             ),
             // $1 kind, $2 name.
             claim_remaining: format!(
@@ -135,11 +118,15 @@ impl Sql {
                 "SELECT generation, complete, started_with FROM {s}.barrier_arrive($1::text, $2::int4, $3::text, $4::text, $5::text)"
             ),
             // $1 name, $2 generation.
+            // A generation older than the row (`born`: the row was swept
+            // and made again) is unknown, not complete.
             barrier_is_complete: format!(
-                "SELECT b.generation > $2::int8 FROM {s}.barriers b WHERE b.name = $1::text"
+                "SELECT b.generation > $2::int8 AND $2::int8 >= b.born FROM {s}.barriers b WHERE b.name = $1::text"
             ),
             // $1 name, $2 generation, $3 participant.
             barrier_withdraw: format!("SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text)"),
+            // $1 grace µs, $2 abandon µs, $3 rows per table.
+            sweep: format!("SELECT {s}.sweep($1::int8, $2::int8, $3::int4)"),
             // $1 algorithm, $2 key, $3 limit, $4 window µs, $5 cost.
             limiter_check: format!(
                 "SELECT allowed, remaining, retry_after, reset_after FROM {s}.limiter_check($1::text, $2::text, $3::int8, $4::int8, $5::int8)"
@@ -156,10 +143,13 @@ fn ddl(s: &str, schema: &str) -> String {
     // `schema` is a checked identifier (letters, digits, `_`), so it is
     // safe inside the string literal of the advisory lock key as well.
     let mut text = format!("SELECT pg_advisory_xact_lock(hashtext('coord-schema:{schema}'));\n");
+    let claims = include_str!("sql/claims.sql").replace("@schema@", schema);
     for part in [
         include_str!("sql/schema.sql"),
+        &claims,
         include_str!("sql/barrier.sql"),
         include_str!("sql/limiter.sql"),
+        include_str!("sql/sweep.sql"),
     ] {
         text.push_str(&part.replace("@s@", s));
         text.push('\n');

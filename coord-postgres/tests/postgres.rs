@@ -369,16 +369,24 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
         panic!("released lock");
     };
     assert!(t2 > t1);
-    // The row is kept, with its last token, after release.
+    // Release deletes the row; the next grant still gets a higher token
+    // (the sequence, not the row, carries the history).
     assert!(backend.release(&name, &o2).await.unwrap());
-    let kept = cluster().psql(
+    let left = cluster().psql(
         "postgres",
-        &format!(
-            "SELECT fencing, owner IS NULL FROM coord.claims WHERE kind = 'lock' AND name = '{name}'"
-        ),
+        &format!("SELECT count(*) FROM coord.claims WHERE kind = 'lock' AND name = '{name}'"),
     );
-    assert_eq!(kept.trim(), format!("{}|t", t2.get()));
-    assert!(FencingToken(t2.get()) > t1);
+    assert_eq!(left.trim(), "0");
+    let o3 = OwnerToken::random();
+    let Attempt::Granted(t3) = backend
+        .try_acquire(&name, &o3, Duration::from_secs(10))
+        .await
+        .unwrap()
+    else {
+        panic!("released lock");
+    };
+    assert!(t3 > t2 && FencingToken(t2.get()) > t1);
+    assert!(backend.release(&name, &o3).await.unwrap());
 }
 
 /// Dropping the client ends its LISTEN connection and its pool.
@@ -398,6 +406,15 @@ async fn dropping_the_client_closes_its_connections() {
     };
     let coord = coord_postgres::connect(&url).await.unwrap();
     assert!(coord.capabilities().notifications);
+    // A call, so the pool holds a connection (opened on demand).
+    let g = coord
+        .locks()
+        .unwrap()
+        .try_acquire(&unique("dropcheck"), Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
     assert!(
         count() >= 2,
         "a pooled connection and the LISTEN connection"

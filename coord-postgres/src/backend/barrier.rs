@@ -43,6 +43,7 @@ impl Barrier for PostgresBackend {
         let generation: i64 = row.try_get(0).map_err(|e| map_pg(OP, e))?;
         let complete: bool = row.try_get(1).map_err(|e| map_pg(OP, e))?;
         let started_with: i32 = row.try_get(2).map_err(|e| map_pg(OP, e))?;
+        self.after_write();
         if started_with != parties_i {
             return Err(Error::invalid(
                 "parties",

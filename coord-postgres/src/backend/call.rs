@@ -33,10 +33,28 @@ pub(super) fn begin_text(call_timeout: Duration) -> String {
     )
 }
 
+/// The session settings of a connection in `prepared` mode, sent once
+/// when it is opened: the same as [`begin_text`], for the session, and
+/// `plan_cache_mode = force_generic_plan`: every statement is a primary-key
+/// lookup whatever its parameters, so it is planned once per connection,
+/// not on every call (the planner would otherwise keep re-planning the
+/// CTEs as custom plans).
+pub(super) fn session_text(call_timeout: Duration) -> String {
+    let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
+    format!(
+        "SET statement_timeout = {ms}; SET plan_cache_mode = force_generic_plan; \
+         SELECT set_config('synchronous_commit', \
+           CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
+                ELSE current_setting('synchronous_commit') END, false)"
+    )
+}
+
 impl PostgresBackend {
-    /// Run `sql` with `params` as one transaction (BEGIN with the settings
-    /// above, the statement, COMMIT: pipelined, one round trip), within the
-    /// call timeout. On a client timeout the connection is discarded and
+    /// Run `sql` with `params` as one transaction, within the call
+    /// timeout: on a `prepared` (direct) connection the statement alone,
+    /// prepared once per connection, whose session carries the settings;
+    /// otherwise BEGIN with the settings above, the statement and COMMIT,
+    /// pipelined in one round trip. On a client timeout the connection is discarded and
     /// its statement cancelled on the server (in the background, bounded by
     /// the connect timeout), so nothing of the call keeps running there.
     pub(super) async fn query(
@@ -57,31 +75,22 @@ impl PostgresBackend {
                 self.check_listener.notify_one();
             }
         })?;
-        let cancel = client.cancel_token();
         let left = self.call_timeout.saturating_sub(started.elapsed());
         let run = async {
-            let statement = if self.prepared {
+            if self.prepared {
+                // One statement, its own transaction; the settings are the
+                // session's (see `session_text`).
                 let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-                Some(client.prepare_typed_cached(sql, &types).await?)
-            } else {
-                None
-            };
-            let main = async {
-                match &statement {
-                    Some(s) => {
-                        let values: Vec<&(dyn ToSql + Sync)> =
-                            params.iter().map(|(v, _)| *v).collect();
-                        client.query(s, &values).await
-                    }
-                    None => client.query_typed(sql, params).await,
-                }
-            };
+                let statement = client.prepare_typed_cached(sql, &types).await?;
+                let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+                return client.query(&statement, &values).await;
+            }
             // Polled in this order, so sent back to back. After an error
             // in the statement, COMMIT ends the failed transaction as a
             // rollback.
             let (begin, rows, commit) = futures::join!(
                 client.batch_execute(&self.begin),
-                main,
+                client.query_typed(sql, params),
                 client.batch_execute("COMMIT")
             );
             begin?;
@@ -93,6 +102,7 @@ impl PostgresBackend {
             Ok(r) => r.map_err(|e| map_pg(operation, e)),
             Err(_) => {
                 // Its state is unknown: never hand this connection out again.
+                let cancel = client.cancel_token();
                 drop(Object::take(client));
                 // The path to the server may be dead (half-open) for the
                 // listening connection too: have it checked now.

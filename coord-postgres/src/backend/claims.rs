@@ -30,9 +30,37 @@ impl PostgresBackend {
     ) -> Result<Attempt> {
         let owner: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
+        // Lock waiters of this client (subscribed after a refused attempt)
+        // mark the holder's row, so its release notifies.
+        let waiting = kind == KIND_LOCK
+            && self.caps.notifications
+            && self.wakeups.has_waiters(&Self::key(kind, name));
         let kind = kind.to_string();
         let name = name.to_string();
         let candidate = candidate.map(str::to_string);
+        // A name nobody holds has no row: one INSERT takes it. Skipped
+        // where the row is likely there (this client waits on it) and for
+        // elections (a new term notifies).
+        if !waiting && !notify {
+            let rows = self
+                .query(
+                    operation,
+                    &self.sql.claim_insert,
+                    &[
+                        (&kind, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&owner, Type::BYTEA),
+                        (&candidate, Type::TEXT),
+                        (&ttl, Type::INT8),
+                    ],
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                let f: i64 = row.try_get(0).map_err(|e| map_pg(operation, e))?;
+                self.after_write();
+                return Ok(Attempt::Granted(token(f)));
+            }
+        }
         let rows = self
             .query(
                 operation,
@@ -45,19 +73,25 @@ impl PostgresBackend {
                     (&ttl, Type::INT8),
                     (&self.channel, Type::TEXT),
                     (&notify, Type::BOOL),
+                    (&waiting, Type::BOOL),
                 ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(operation))?;
         let granted: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
         if let Some(f) = granted {
+            self.after_write();
             return Ok(Attempt::Granted(token(f)));
         }
         let held: Option<i64> = row.try_get(1).map_err(|e| map_pg(operation, e))?;
+        let registered: bool = row.try_get(2).map_err(|e| map_pg(operation, e))?;
         // `held` is the holder's remaining time as of this statement's
         // snapshot. When the row looked free (or expired) there, another
-        // client took it concurrently: retry at once, and the next attempt
-        // sees that holder and its exact remaining time.
+        // client took it concurrently; when a waiter's mark found the
+        // holder's row changed or gone, its release may have sent no
+        // NOTIFY: either way retry at once, and the next attempt sees the
+        // holder and its exact remaining time (and marks its row).
+        let held = if waiting && !registered { None } else { held };
         Ok(Attempt::Held {
             expires_in: Some(
                 held.map(from_micros)
@@ -67,6 +101,8 @@ impl PostgresBackend {
         })
     }
 
+    /// Compare-and-release (the row is deleted). `notify`: send a NOTIFY
+    /// even when no waiter marked the row (elections).
     pub(super) async fn claim_release(
         &self,
         operation: &'static str,
@@ -91,7 +127,11 @@ impl PostgresBackend {
                 ],
             )
             .await?;
-        Ok(!rows.is_empty())
+        let held = match rows.first() {
+            Some(r) => r.try_get(0).map_err(|e| map_pg(operation, e))?,
+            None => false,
+        };
+        Ok(held)
     }
 
     pub(super) async fn claim_extend(
@@ -134,7 +174,8 @@ impl Lock for PostgresBackend {
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.claim_release("lock release", KIND_LOCK, name, owner, true)
+        // NOTIFY only when a waiter marked the row.
+        self.claim_release("lock release", KIND_LOCK, name, owner, false)
             .await
     }
 
@@ -146,7 +187,8 @@ impl Lock for PostgresBackend {
     async fn force_release(&self, name: &str) -> Result<bool> {
         let kind = KIND_LOCK.to_string();
         let name = name.to_string();
-        let notify = true;
+        // NOTIFY only when a waiter marked the row.
+        let notify = false;
         let rows = self
             .query(
                 "lock force release",

@@ -48,6 +48,9 @@ impl Limiter for PostgresBackend {
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         let allowed: bool = row.try_get(0).map_err(|e| map_pg(OP, e))?;
+        if allowed {
+            self.after_write();
+        }
         let remaining: i64 = row.try_get(1).map_err(|e| map_pg(OP, e))?;
         let retry_after: i64 = row.try_get(2).map_err(|e| map_pg(OP, e))?;
         let reset_after: i64 = row.try_get(3).map_err(|e| map_pg(OP, e))?;

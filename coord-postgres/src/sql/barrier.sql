@@ -11,9 +11,18 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
 BEGIN
-    INSERT INTO @s@.barriers AS x (name, parties, generation)
-    VALUES (p_name, p_parties, 1) ON CONFLICT (name) DO NOTHING;
-    SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
+    -- The sweep may delete an idle row between the insert and the lock:
+    -- then insert again. A new row's generation comes from the fencing
+    -- sequence, above every generation the name ever had.
+    LOOP
+        INSERT INTO @s@.barriers AS x (name, parties, generation, born, updated_at)
+        SELECT p_name, p_parties, g.v, g.v, clock_timestamp()
+          FROM (SELECT nextval('@s@.fencing') AS v
+                 WHERE NOT EXISTS (SELECT 1 FROM @s@.barriers y WHERE y.name = p_name)) g
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
+        EXIT WHEN FOUND;
+    END LOOP;
     started_with := p_parties;
     IF b.passed_generation IS NOT NULL AND p_arrival = ANY (b.passed_ids) THEN
         generation := b.passed_generation;
@@ -33,15 +42,16 @@ BEGIN
     b.member_ids := array_append(b.member_ids, p_arrival);
     IF cardinality(b.members) >= p_parties THEN
         UPDATE @s@.barriers x
-           SET generation = b.generation + 1, members = '{}', member_ids = '{}',
+           SET generation = nextval('@s@.fencing'), members = '{}', member_ids = '{}',
                passed = b.members, passed_ids = b.member_ids,
-               passed_generation = b.generation, parties = p_parties
+               passed_generation = b.generation, parties = p_parties,
+               updated_at = clock_timestamp()
          WHERE x.name = p_name;
         PERFORM pg_notify(p_channel, 'barrier:' || p_name);
         complete := true;
     ELSE
         UPDATE @s@.barriers x SET members = b.members, member_ids = b.member_ids,
-               parties = p_parties
+               parties = p_parties, updated_at = clock_timestamp()
          WHERE x.name = p_name;
     END IF;
 END
@@ -73,7 +83,8 @@ BEGIN
                            WHERE m <> p_participant),
                member_ids = (SELECT coalesce(array_agg(a ORDER BY i), '{}')
                                FROM unnest(b.members, b.member_ids) WITH ORDINALITY AS u(m, a, i)
-                              WHERE m <> p_participant)
+                              WHERE m <> p_participant),
+               updated_at = clock_timestamp()
          WHERE x.name = p_name;
     END IF;
     RETURN true;

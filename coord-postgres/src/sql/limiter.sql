@@ -64,12 +64,19 @@ BEGIN
             -- fsync. A crash may forget the last fraction of a second of
             -- admissions.
             PERFORM set_config('synchronous_commit', 'off', true);
-            IF NOT seen THEN
-                INSERT INTO @s@.limiter_state AS x (algorithm, key) VALUES (p_algo, p_key)
-                ON CONFLICT (algorithm, key) DO NOTHING;
-            END IF;
-            SELECT * INTO st FROM @s@.limiter_state x
-             WHERE x.algorithm = p_algo AND x.key = p_key FOR UPDATE;
+            -- The sweep may have deleted the row (idle: its state decides
+            -- like no state) since pass 1 read it, or between the insert
+            -- and the lock: insert until the lock finds one.
+            LOOP
+                IF NOT seen THEN
+                    INSERT INTO @s@.limiter_state AS x (algorithm, key) VALUES (p_algo, p_key)
+                    ON CONFLICT (algorithm, key) DO NOTHING;
+                END IF;
+                SELECT * INTO st FROM @s@.limiter_state x
+                 WHERE x.algorithm = p_algo AND x.key = p_key FOR UPDATE;
+                EXIT WHEN FOUND;
+                seen := false;
+            END LOOP;
         END IF;
         -- The clock, read after the state (and, in pass 2, its lock).
         now_us := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;

@@ -10,8 +10,12 @@ CREATE TABLE IF NOT EXISTS @s@.meta (
 -- lease grants, election terms and FencingSource::next. Sequences are
 -- WAL-logged, so tokens keep rising across restarts and crashes.
 CREATE SEQUENCE IF NOT EXISTS @s@.fencing AS bigint;
--- Locks, leases and leaderships: one row per (kind, name), kept when
--- released (owner NULL) so the row's history survives.
+-- Locks, leases and leaderships: one row per live (kind, name). Release
+-- deletes the row; an expired row is taken over by the next grant or
+-- deleted by the sweep. Deleting is safe for fencing: every grant draws
+-- its token from the sequence in its own transaction, so a name used again
+-- gets a higher token than every earlier grant. (Layout 1-3 kept released
+-- rows with owner NULL; the sweep deletes them.)
 CREATE TABLE IF NOT EXISTS @s@.claims (
     kind text NOT NULL,
     name text NOT NULL,
@@ -21,6 +25,10 @@ CREATE TABLE IF NOT EXISTS @s@.claims (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (kind, name)
 ) WITH (fillfactor = 70);
+-- waiting: a client waits for this grant to end (its refused attempt said
+-- so), so its release sends NOTIFY; a release nobody waits for sends none
+-- (layout 4).
+ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS @s@.barriers (
     name text PRIMARY KEY,
     parties integer NOT NULL,
@@ -35,6 +43,16 @@ ALTER TABLE @s@.barriers
     ADD COLUMN IF NOT EXISTS member_ids text[] NOT NULL DEFAULT '{}',
     ADD COLUMN IF NOT EXISTS passed_ids text[] NOT NULL DEFAULT '{}',
     ADD COLUMN IF NOT EXISTS passed_generation bigint;
+-- updated_at: the last arrival or withdrawal, for the sweep; born: the
+-- generation the row was created with. Generations are drawn from the
+-- fencing sequence (layout 4), so a barrier whose row was swept and made
+-- again never repeats a generation, and a generation older than `born` is
+-- unknown rather than complete.
+ALTER TABLE @s@.barriers
+    ADD COLUMN IF NOT EXISTS updated_at timestamptz NOT NULL DEFAULT now(),
+    ADD COLUMN IF NOT EXISTS born bigint NOT NULL DEFAULT 0;
+SELECT setval('@s@.fencing', greatest(
+    (SELECT last_value FROM @s@.fencing), (SELECT coalesce(max(generation), 1) FROM @s@.barriers)));
 -- One row per (algorithm, key). Times in microseconds since the Unix epoch
 -- on the database clock. q_limit / q_window: the quota the state was last
 -- written under (NULL: no state yet; rows of layout version 1 start

@@ -1,0 +1,71 @@
+-- The sweep (`@s@` is the quoted schema): deletes the state of idle
+-- names, at most p_limit rows per table and call, skipping rows another
+-- transaction has locked (a grant, check or arrival in progress decides
+-- on its own; the row goes in a later sweep). Every condition is checked
+-- on the locked, newest row version, on the database clock. Returns the
+-- number of rows deleted. Idle means:
+-- * claims: released by an older layout (owner NULL), or expired more than
+--   the grace ago. Fencing stays monotonic: tokens come from the sequence.
+-- * limiter_state: the stored state decides exactly like no state, and
+--   has done so for the grace: fixed window ended; sliding-window counter
+--   two windows on; GCRA theoretical arrival time passed; sliding log: no
+--   entry younger than the retention (its entries go with it). The grace
+--   covers the database clock stepping back.
+-- * barriers: no member (the last generation completed or every member
+--   withdrew) for the grace, or no arrival nor withdrawal for p_abandon_us
+--   (members that never came back).
+-- The deletions are committed without waiting for the WAL flush: a crash
+-- may bring some back, for the next sweep.
+CREATE OR REPLACE FUNCTION @s@.sweep(p_grace_us bigint, p_abandon_us bigint, p_limit integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    now_ts timestamptz := clock_timestamp();
+    now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
+    grace interval := p_grace_us * interval '1 microsecond';
+    n bigint;
+    total bigint := 0;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM @s@.claims WHERE ctid = ANY (ARRAY(
+        SELECT c.ctid FROM @s@.claims c
+         WHERE c.owner IS NULL OR c.expires_at < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.limiter_state WHERE ctid = ANY (ARRAY(
+        SELECT x.ctid FROM @s@.limiter_state x
+         WHERE x.algorithm <> 'sliding_log'
+           AND (x.q_window IS NULL OR CASE x.algorithm
+                WHEN 'fixed_window' THEN now_us - p_grace_us >= x.window_start + x.q_window
+                WHEN 'sliding_window' THEN now_us - p_grace_us >= x.window_start + 2 * x.q_window
+                WHEN 'gcra' THEN x.tat_x IS NULL OR x.q_limit IS NULL
+                              OR x.tat_x <= (now_us - p_grace_us)::numeric * x.q_limit
+                ELSE false END)
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    WITH idle AS (
+        SELECT x.ctid AS id, x.key FROM @s@.limiter_state x
+         WHERE x.algorithm = 'sliding_log'
+           AND NOT EXISTS (SELECT 1 FROM @s@.limiter_log l
+                            WHERE l.key = x.key
+                              AND l.at > now_us - p_grace_us - coalesce(x.retain, 0))
+         LIMIT p_limit FOR UPDATE OF x SKIP LOCKED),
+    entries AS (DELETE FROM @s@.limiter_log l USING idle WHERE l.key = idle.key RETURNING 1)
+    DELETE FROM @s@.limiter_state x USING idle WHERE x.ctid = idle.id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.barriers WHERE ctid = ANY (ARRAY(
+        SELECT b.ctid FROM @s@.barriers b
+         WHERE (cardinality(b.members) = 0 AND b.updated_at < now_ts - grace)
+            OR b.updated_at < now_ts - p_abandon_us * interval '1 microsecond'
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+    RETURN total;
+END
+$fn$;
