@@ -129,6 +129,12 @@ impl Wakeups {
         self.get(key).is_some()
     }
 
+    /// How many [`Waiter`]s of `key` are alive in this client.
+    pub fn waiter_count(&self, key: &str) -> usize {
+        // The registry holds a Weak; the upgrade itself is one strong ref.
+        self.get(key).map_or(0, |n| Arc::strong_count(&n) - 1)
+    }
+
     /// The keys somebody waits on right now.
     pub fn keys(&self) -> Vec<String> {
         self.inner
