@@ -1,0 +1,141 @@
+//! Adversarial review of the spare-lease pool, against a real etcd through
+//! a real TCP fault proxy: lost replies (requests applied, answers
+//! dropped), latency near the call timeout and connection resets while a
+//! client cycles claims, then steady reuse of its spares. A spare that
+//! still carried a key (of a lost-reply acquire, a timed-out txn applied
+//! later) would keep that key alive for as long as the pool is busy.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use conformance::testkit::etcd::EtcdServer;
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use coord_core::{Attempt, Lock, OwnerToken};
+use coord_etcd::{EtcdBackend, EtcdOptions};
+use etcd_client::GetOptions;
+use tokio::time::{Instant, sleep};
+
+async fn fast(port: u16) -> Arc<EtcdBackend> {
+    let url = format!("etcd://127.0.0.1:{port}?timeout_ms=500");
+    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_outlives_its_ttl_while_the_pool_reuses_spares_after_lost_replies() {
+    let server = EtcdServer::start();
+    let proxy = FaultProxy::start(server.client_port());
+    let a = fast(proxy.port()).await;
+    let ttl = Duration::from_secs(2);
+    // The last time A began an operation on each faulted name.
+    let touched: Arc<Mutex<HashMap<String, Instant>>> = Default::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let faulted = {
+        let (a, touched, stop) = (a.clone(), touched.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut i, mut errors, mut grants) = (0u32, 0u32, 0u32);
+            while !stop.load(Ordering::SeqCst) {
+                let name = format!("faulted-{}", i % 12);
+                i += 1;
+                let owner = OwnerToken::random();
+                touched.lock().unwrap().insert(name.clone(), Instant::now());
+                let r = a.try_acquire(&name, &owner, ttl).await;
+                match &r {
+                    Ok(Attempt::Granted(_)) => grants += 1,
+                    Err(_) => errors += 1,
+                    Ok(_) => {}
+                }
+                match r {
+                    Ok(Attempt::Granted(_)) | Err(_) => {
+                        touched.lock().unwrap().insert(name.clone(), Instant::now());
+                        let _ = a.release(&name, &owner).await;
+                    }
+                    Ok(_) => {}
+                }
+            }
+            (errors, grants)
+        })
+    };
+    // 4 s of faults: lost replies, latency around the call timeout, resets.
+    let began = Instant::now();
+    let mut k = 0u32;
+    while began.elapsed() < Duration::from_secs(4) {
+        match k % 4 {
+            0 => proxy.set(Mode::DropReplies),
+            1 => {
+                proxy.heal();
+                proxy.latency(Duration::from_millis(120));
+            }
+            2 => {
+                proxy.reset();
+                proxy.heal();
+            }
+            _ => proxy.heal(),
+        }
+        k += 1;
+        sleep(Duration::from_millis(170 + u64::from(k % 3) * 60)).await;
+    }
+    proxy.heal();
+    stop.store(true, Ordering::SeqCst);
+    let (errors, grants) = faulted.await.unwrap();
+    assert!(
+        errors > 0 && grants > 0,
+        "the faults did not bite: {errors} errors, {grants} grants"
+    );
+    let quiet = Instant::now();
+
+    // Now the pool is busy: claims of the same TTL reuse its spares.
+    let busy_stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (a, stop) = (a.clone(), busy_stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let name = format!("busy-{}", n % 4);
+                n += 1;
+                let owner = OwnerToken::random();
+                if let Ok(Attempt::Granted(_)) = a.try_acquire(&name, &owner, ttl).await {
+                    let _ = a.release(&name, &owner).await;
+                }
+            }
+            n
+        })
+    };
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    // etcd checks expiry every 500 ms; a lease's TTL counts from its last
+    // grant or keepalive, which the server got at most a call timeout
+    // (500 ms) plus the proxy's latency after the operation began.
+    let slack = Duration::from_millis(2000);
+    let mut seen_late = Vec::new();
+    while quiet.elapsed() < Duration::from_secs(8) {
+        let now = Instant::now();
+        let kvs = raw
+            .get("", Some(GetOptions::new().with_all_keys()))
+            .await
+            .unwrap()
+            .take_kvs();
+        let t = touched.lock().unwrap().clone();
+        for kv in kvs {
+            let key = String::from_utf8_lossy(kv.key()).to_string();
+            for (name, at) in &t {
+                if key.contains(&format!("/{name}/")) && now > *at + ttl + slack {
+                    seen_late.push((key.clone(), kv.lease(), now - *at));
+                }
+            }
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    busy_stop.store(true, Ordering::SeqCst);
+    let cycles = busy.await.unwrap();
+    assert!(cycles > 20, "the pool was not busy: {cycles} cycles");
+    assert!(
+        seen_late.is_empty(),
+        "keys outlived their TTL while the pool was busy: {:?}",
+        &seen_late[..seen_late.len().min(5)]
+    );
+}
