@@ -83,7 +83,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
         let c = rng.random_range(0..3);
         let b = &clients[c];
         match rng.random_range(0..7) {
-            0 | 1 | 2 => {
+            0..=2 => {
                 let owner = OwnerToken::random();
                 let ttl = Duration::from_millis(rng.random_range(2..30));
                 let waiter = if rng.random_bool(0.5) {
