@@ -139,3 +139,53 @@ async fn no_key_outlives_its_ttl_while_the_pool_reuses_spares_after_lost_replies
         &seen_late[..seen_late.len().min(5)]
     );
 }
+
+/// Two waiters in one client, the holder in another, a long polling
+/// fallback: the first waiter takes the lock at the release and releases
+/// it at once (its lease goes back to the pool); the second must get the
+/// lock within a round trip or two, not at its fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_second_local_waiter_is_woken_after_the_first_hands_over() {
+    let server = EtcdServer::start();
+    let holder = coord_etcd::connect(&server.url()).await.unwrap();
+    let waiters = coord_etcd::connect(&server.url())
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(120));
+    let ttl = Duration::from_secs(60);
+    let held = holder
+        .locks()
+        .unwrap()
+        .try_acquire("two-local", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let w = waiters.clone();
+        tasks.push(tokio::spawn(async move {
+            let g = w
+                .locks()
+                .unwrap()
+                .acquire("two-local", ttl, Duration::from_secs(20))
+                .await
+                .expect("the waiter gets the lock");
+            let at = Instant::now();
+            g.release().await.unwrap();
+            at
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap());
+    }
+    got.sort();
+    let lag = got[1] - released_at;
+    assert!(
+        lag < Duration::from_secs(2),
+        "the second local waiter got the lock {lag:?} after the first release"
+    );
+}
