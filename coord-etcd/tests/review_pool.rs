@@ -189,3 +189,79 @@ async fn the_second_local_waiter_is_woken_after_the_first_hands_over() {
         "the second local waiter got the lock {lag:?} after the first release"
     );
 }
+
+/// A grant on a reused spare (one that the server would otherwise expire
+/// about half a TTL from now), over a slow link, then the link is cut (no
+/// keepalive after the grant): the server must keep the key at least until
+/// the grant's local deadline (attempt start + TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_on_a_reused_spare_lives_its_full_ttl_on_the_server() {
+    let server = EtcdServer::start();
+    let proxy = FaultProxy::start(server.client_port());
+    let a = {
+        let url = format!("etcd://127.0.0.1:{}?timeout_ms=2000", proxy.port());
+        EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+            .await
+            .unwrap()
+    };
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let o = OwnerToken::random();
+    assert!(matches!(
+        a.try_acquire("spare-x", &o, ttl).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    assert!(a.release("spare-x", &o).await.unwrap());
+    let leases_before: Vec<i64> = raw
+        .leases()
+        .await
+        .unwrap()
+        .leases()
+        .iter()
+        .map(|l| l.id())
+        .collect();
+    // The spare is now good for a little more than half its TTL.
+    sleep(Duration::from_millis(1300)).await;
+    proxy.latency(Duration::from_millis(150));
+    let start = Instant::now();
+    let o2 = OwnerToken::random();
+    assert!(matches!(
+        a.try_acquire("spare-y", &o2, ttl).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    proxy.blackhole();
+    let kv = raw
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap()
+        .take_kvs()
+        .into_iter()
+        .find(|kv| String::from_utf8_lossy(kv.key()).contains("spare-y"))
+        .expect("the key of the grant");
+    assert!(
+        leases_before.contains(&kv.lease()),
+        "the grant did not reuse the spare (lease {} not in {leases_before:?})",
+        kv.lease()
+    );
+    loop {
+        let present = raw
+            .get("", Some(GetOptions::new().with_all_keys()))
+            .await
+            .unwrap()
+            .take_kvs()
+            .iter()
+            .any(|kv| String::from_utf8_lossy(kv.key()).contains("spare-y"));
+        if !present {
+            break;
+        }
+        sleep(Duration::from_millis(25)).await;
+    }
+    let gone = start.elapsed();
+    assert!(
+        gone >= ttl,
+        "the server expired the key {gone:?} after the attempt began, before its TTL {ttl:?}"
+    );
+    proxy.heal();
+}
