@@ -265,3 +265,71 @@ async fn a_grant_on_a_reused_spare_lives_its_full_ttl_on_the_server() {
     );
     proxy.heal();
 }
+
+/// An attempt of TTL 30 s whose reply is lost (its key landed), retried by
+/// the same owner with TTL 2 s: the retry adopts the landed key and its
+/// 30 s lease. After the release that lease must not serve as a 2 s spare:
+/// a later 2 s claim on it would live 30 s on the server if its holder
+/// died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_adopted_after_a_lost_reply_is_not_pooled_under_another_ttl() {
+    let server = EtcdServer::start();
+    let proxy = FaultProxy::start(server.client_port());
+    let a = fast(proxy.port()).await;
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    // A 30 s spare, so that the attempt below sends its write at once
+    // (no lease grant first, whose reply would be lost).
+    let w = OwnerToken::random();
+    let long = Duration::from_secs(30);
+    assert!(matches!(
+        a.try_acquire("adopt-warmup", &w, long).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    assert!(a.release("adopt-warmup", &w).await.unwrap());
+    let o = OwnerToken::random();
+    proxy.set(Mode::DropReplies);
+    assert!(a.try_acquire("adopt-x", &o, long).await.is_err());
+    proxy.reset();
+    proxy.heal();
+    let landed = raw
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap()
+        .take_kvs()
+        .iter()
+        .any(|kv| String::from_utf8_lossy(kv.key()).contains("adopt-x"));
+    assert!(landed, "the attempt whose reply was lost did not land");
+    let short = Duration::from_secs(2);
+    let mut granted = false;
+    for _ in 0..20 {
+        if let Ok(Attempt::Granted(_)) = a.try_acquire("adopt-x", &o, short).await {
+            granted = true;
+            break;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert!(granted, "the retry was not granted");
+    assert!(a.release("adopt-x", &o).await.unwrap());
+    let o2 = OwnerToken::random();
+    assert!(matches!(
+        a.try_acquire("adopt-y", &o2, short).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    let kv = raw
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap()
+        .take_kvs()
+        .into_iter()
+        .find(|kv| String::from_utf8_lossy(kv.key()).contains("adopt-y"))
+        .expect("the key of the grant");
+    let ttl = raw.lease_time_to_live(kv.lease(), None).await.unwrap();
+    assert!(
+        ttl.granted_ttl() <= 2 && ttl.ttl() <= 3,
+        "a 2 s claim sits on a lease of granted TTL {} s ({} s left)",
+        ttl.granted_ttl(),
+        ttl.ttl()
+    );
+}
