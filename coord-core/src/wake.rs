@@ -129,6 +129,12 @@ impl Wakeups {
         self.get(key).is_some()
     }
 
+    /// How many [`Waiter`]s of `key` are alive in this client.
+    pub fn waiter_count(&self, key: &str) -> usize {
+        // The registry holds a Weak; the upgrade itself is one strong ref.
+        self.get(key).map_or(0, |n| Arc::strong_count(&n) - 1)
+    }
+
     /// The keys somebody waits on right now.
     pub fn keys(&self) -> Vec<String> {
         self.inner
@@ -198,8 +204,11 @@ mod tests {
     async fn notify_one_wakes_one_and_entries_are_cleaned_up() {
         let w = Wakeups::new();
         let a = w.subscribe("k");
+        assert_eq!(w.waiter_count("k"), 1);
         let b = w.subscribe("k");
         assert!(w.has_waiters("k"));
+        assert_eq!(w.waiter_count("k"), 2);
+        assert_eq!(w.waiter_count("other"), 0);
         {
             let fa = a.notified();
             let fb = b.notified();
@@ -217,7 +226,9 @@ mod tests {
             assert!(woke_a ^ woke_b, "exactly one waiter wakes");
         }
         drop(a);
+        assert_eq!(w.waiter_count("k"), 1);
         drop(b);
+        assert_eq!(w.waiter_count("k"), 0);
         assert!(!w.has_waiters("k"));
         assert!(!w.notify_one("k"));
         assert!(w.keys().is_empty());

@@ -310,13 +310,20 @@ impl Shared {
                     match mine {
                         Some(mine) => {
                             // Ours already (a lost reply's write landed):
-                            // adopt that key, drop the new lease.
+                            // adopt that key, drop the new lease. Its lease
+                            // has the TTL of the attempt that wrote it, which
+                            // may not be this one's (0: unknown); a lease of
+                            // another TTL is not kept (see below).
                             self.revoke_later(lease);
+                            let mine_ttl = old
+                                .as_ref()
+                                .filter(|o| o.lease == mine.lease())
+                                .map_or(0, |o| o.lease_ttl);
                             let e = Entry {
                                 key: key.clone(),
                                 rev: mine.create_revision(),
                                 lease: mine.lease(),
-                                lease_ttl: ttl_s,
+                                lease_ttl: mine_ttl,
                                 keeper: None,
                                 state: EntryState::Pending,
                             };
@@ -324,7 +331,7 @@ impl Shared {
                             known = Known::Key {
                                 rev: mine.create_revision(),
                                 lease: mine.lease(),
-                                ttl: ttl_s,
+                                ttl: mine_ttl,
                             };
                         }
                         None => {
@@ -369,9 +376,12 @@ impl Shared {
                     let on_lease = head
                         .as_ref()
                         .is_none_or(|h| h.key() != key || h.lease() == lease);
-                    if !resp.succeeded() || !alive || !on_lease || lease_ttl < ttl_s {
+                    if !resp.succeeded() || !alive || !on_lease || lease_ttl != ttl_s {
                         // Our key is gone (its lease expired, or it was
-                        // removed): start again; a waiter queues again.
+                        // removed), or its lease has another TTL than this
+                        // attempt's (it would keep the key longer or
+                        // shorter, and serve later claims of this TTL as a
+                        // spare): start again; a waiter queues again.
                         let was_queued = matches!(
                             lock(&self.entries).get(&ek),
                             Some(Entry {

@@ -74,7 +74,15 @@ impl coord_core::Lease for EtcdBackend {
         if kv.value() == hex.as_bytes() {
             // Ours already (a retry after a lost reply): adopt and refresh.
             if shared.keepalive_once(kv.lease(), op).await? {
-                lock(&shared.entries).insert(ek, entry(kv.create_revision(), kv.lease()));
+                // Its lease's TTL is that of the attempt that wrote it,
+                // maybe not this one's: unknown (0), so it is never pooled
+                // as a spare of this TTL, and the first renewal moves the key
+                // to a lease of the renewal's TTL.
+                let e = Entry {
+                    lease_ttl: 0,
+                    ..entry(kv.create_revision(), kv.lease())
+                };
+                lock(&shared.entries).insert(ek, e);
                 return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
             }
             return Ok(Attempt::Held { expires_in: None });

@@ -89,9 +89,12 @@
 //! connection before `connect` returns; releases, resignations, elections
 //! and completed barrier generations publish `<kind>:<name>` on it. A lock
 //! or lease release publishes only when somebody waits: an attempt refused
-//! while its client has local waiters on the name marks the claim, and only
-//! a marked claim's release publishes (so an uncontended cycle costs the
-//! server no `PUBLISH`). So
+//! while its client has local waiters on the name marks the claim, a grant
+//! to a client with two or more local waiters on the name is marked from
+//! the start (one of them may be the one granted; the others still wait,
+//! and one release wakes only one of them), and only a marked claim's
+//! release publishes (so an uncontended cycle costs the server no
+//! `PUBLISH`). So
 //! `subscribe(name)` costs no round trip and cannot miss a wake-up that
 //! comes after it. A lock release wakes one local waiter per client; an
 //! election or barrier change wakes all of them. The seed's PHP class does

@@ -82,13 +82,15 @@ end
 ///   the next grant rises above. Either way the name costs nothing once
 ///   its TTL has passed.
 ///
-/// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has
-/// waiters on the name. Returns `{1, token}` when granted (or already held
+/// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has a
+/// waiter on the name, '2' if it has several (then a grant is marked too:
+/// one of them may be the one granted, the others still wait). Returns `{1, token}` when granted (or already held
 /// by this owner: the same token, TTL refreshed), `{0, pttl}` when held by
 /// another. A free name costs `TIME` + `SET NX PX`, the raw lock's own
 /// command; this is that fast path.
 const ACQUIRE_FREE: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now, 'NX', 'PX', ARGV[2]) then
+local mark = ARGV[3] == '2' and '*' or ''
+if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now .. mark, 'NX', 'PX', ARGV[2]) then
   return {1, now}
 end
 "#;
@@ -103,19 +105,25 @@ if v then
   else
     local n = #ARGV[1]
     if string.byte(v, n + 1) == 58 and string.sub(v, 1, n) == ARGV[1] then
-      redis.call('PEXPIRE', KEYS[1], ARGV[2])
       local tok = string.sub(v, n + 2)
-      if string.byte(tok, -1) == 42 then tok = string.sub(tok, 1, -2) end
+      if string.byte(tok, -1) == 42 then
+        tok = string.sub(tok, 1, -2)
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      elseif mark == '*' then
+        redis.call('SET', KEYS[1], v .. '*', 'PX', ARGV[2])
+      else
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      end
       return {1, tok}
     end
-    if ARGV[3] == '1' and string.byte(v, -1) ~= 42 then
+    if ARGV[3] ~= '0' and string.byte(v, -1) ~= 42 then
       redis.call('SET', KEYS[1], v .. '*', 'KEEPTTL')
     end
     return {0, redis.call('PTTL', KEYS[1])}
   end
 end
 local tok = next_token(prev)
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. tok, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. tok .. mark, 'PX', ARGV[2])
 return {1, tok}
 "#;
 

@@ -23,9 +23,15 @@ impl RedisBackend {
         let v = match keys {
             ClaimKeys::One(claim) => {
                 // Mark the claim when somebody here waits for it, so its
-                // release publishes a wake-up (and only then).
-                let waiting = wake.is_some_and(|w| self.wakeups.has_waiters(w));
-                let flag: &[u8] = if waiting { b"1" } else { b"0" };
+                // release publishes a wake-up (and only then). '2': two or
+                // more wait here, so even a grant (to one of them, maybe)
+                // leaves somebody waiting: the new claim is marked too.
+                let waiting = wake.map_or(0, |w| self.wakeups.waiter_count(w));
+                let flag: &[u8] = match waiting {
+                    0 => b"0",
+                    1 => b"1",
+                    _ => b"2",
+                };
                 self.eval(
                     operation,
                     &self.scripts.acquire,
