@@ -10,11 +10,26 @@ use super::{RedisBackend, attempt, flag, int, ms, unexpected};
 use crate::keys::{ClaimKeys, Keys, Layout};
 
 impl RedisBackend {
+    /// Run `one` on a default-layout claim, or `seed` on a seed-layout
+    /// claim's key and grant key (release, extend, force release).
+    async fn claim_eval(
+        &self,
+        operation: &'static str,
+        keys: &ClaimKeys,
+        (one, seed): (&redis::Script, &redis::Script),
+        args: &[&[u8]],
+    ) -> Result<redis::Value> {
+        match keys {
+            ClaimKeys::One(claim) => self.eval(operation, one, &[claim], args).await,
+            ClaimKeys::Seed(k) => self.eval(operation, seed, &[&k[0], &k[1]], args).await,
+        }
+    }
+
     async fn claim_acquire(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
-        wake: Option<&str>,
+        wake: &str,
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt> {
@@ -26,7 +41,7 @@ impl RedisBackend {
                 // release publishes a wake-up (and only then). '2': two or
                 // more wait here, so even a grant (to one of them, maybe)
                 // leaves somebody waiting: the new claim is marked too.
-                let waiting = wake.map_or(0, |w| self.wakeups.waiter_count(w));
+                let waiting = self.wakeups.waiter_count(wake);
                 let flag: &[u8] = match waiting {
                     0 => b"0",
                     1 => b"1",
@@ -62,21 +77,8 @@ impl RedisBackend {
     ) -> Result<bool> {
         let owner = owner.to_hex();
         let args = [owner.as_bytes(), channel.as_bytes(), payload.as_bytes()];
-        let v = match keys {
-            ClaimKeys::One(claim) => {
-                self.eval(operation, &self.scripts.release, &[claim], &args)
-                    .await?
-            }
-            ClaimKeys::Seed(k) => {
-                self.eval(
-                    operation,
-                    &self.scripts.seed_release,
-                    &[&k[0], &k[1]],
-                    &args,
-                )
-                .await?
-            }
-        };
+        let scripts = (&self.scripts.release, &self.scripts.seed_release);
+        let v = self.claim_eval(operation, keys, scripts, &args).await?;
         flag(operation, &v)
     }
 
@@ -90,16 +92,8 @@ impl RedisBackend {
         let owner = owner.to_hex();
         let ttl = ms(ttl).to_string();
         let args = [owner.as_bytes(), ttl.as_bytes()];
-        let v = match keys {
-            ClaimKeys::One(claim) => {
-                self.eval(operation, &self.scripts.extend, &[claim], &args)
-                    .await?
-            }
-            ClaimKeys::Seed(k) => {
-                self.eval(operation, &self.scripts.seed_extend, &[&k[0], &k[1]], &args)
-                    .await?
-            }
-        };
+        let scripts = (&self.scripts.extend, &self.scripts.seed_extend);
+        let v = self.claim_eval(operation, keys, scripts, &args).await?;
         flag(operation, &v)
     }
 }
@@ -113,7 +107,7 @@ impl coord_core::Lock for RedisBackend {
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lock, name);
         let keys = self.keys.lock(name)?;
-        self.claim_acquire("lock acquire", &keys, Some(&wake), owner, ttl)
+        self.claim_acquire("lock acquire", &keys, &wake, owner, ttl)
             .await
     }
 
@@ -132,17 +126,14 @@ impl coord_core::Lock for RedisBackend {
         let (channel, payload) = self.wake_args(Kind::Lock, name);
         let args = [channel.as_bytes(), payload.as_bytes()];
         let op = "lock force release";
-        let v = match self.keys.lock(name)? {
-            ClaimKeys::One(claim) => {
-                self.eval(op, &self.scripts.force_release, &[&claim], &args)
-                    .await?
-            }
-            ClaimKeys::Seed(k) => {
-                self.eval(op, &self.scripts.seed_force_release, &[&k[0], &k[1]], &args)
-                    .await?
-            }
-        };
-        flag("lock force release", &v)
+        let scripts = (
+            &self.scripts.force_release,
+            &self.scripts.seed_force_release,
+        );
+        let v = self
+            .claim_eval(op, &self.keys.lock(name)?, scripts, &args)
+            .await?;
+        flag(op, &v)
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
@@ -158,14 +149,8 @@ impl coord_core::Lease for RedisBackend {
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lease, name);
-        self.claim_acquire(
-            "lease grant",
-            &self.keys.lease(name),
-            Some(&wake),
-            owner,
-            ttl,
-        )
-        .await
+        self.claim_acquire("lease grant", &self.keys.lease(name), &wake, owner, ttl)
+            .await
     }
 
     async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
