@@ -143,13 +143,29 @@ impl EtcdBackend {
                 .map_err(|e| map_err("connect", e))
         })
         .await?;
-        // Asking for a 1 s lease tells the server's minimum.
+        // Asking for a 1 s lease tells the server's minimum. The channel
+        // balances over every endpoint and connects to each lazily, so the
+        // first call can land on a member that is down (refused), or on a
+        // cluster between leaders: while the connect deadline allows, it
+        // is tried again (the probe's lease is short and revoked, so a
+        // retry of one that was applied leaves nothing for long).
         let grant = bounded(BACKEND, "connect", limit, async {
-            client
-                .lease_client()
-                .grant(1, None)
-                .await
-                .map_err(|e| map_err("connect", e))
+            let mut tries = 0u32;
+            loop {
+                match client.lease_client().grant(1, None).await {
+                    Ok(g) => return Ok(g),
+                    Err(e) => {
+                        let e = map_err("connect", e);
+                        if tries >= 40 || !matches!(e, Error::Unavailable { .. }) {
+                            return Err(e);
+                        }
+                        tries += 1;
+                        tracing::debug!(error = %e, "etcd connect probe failed; trying again");
+                        tokio::time::sleep(Duration::from_millis(10 * u64::from(tries.min(10))))
+                            .await;
+                    }
+                }
+            }
         })
         .await?;
         let min = grant.ttl().max(1) as u64;
@@ -294,14 +310,13 @@ impl Shared {
     /// positive TTL (the lease then lives its full TTL from the start of
     /// this call), `Ok(false)` if the server no longer has it.
     pub(crate) async fn keepalive_once(&self, id: i64, op: &'static str) -> Result<bool> {
-        let r = bounded(BACKEND, op, self.timeout, async {
-            Ok(self.client.lease_client().keep_alive(id).await)
-        })
-        .await?;
-        match r {
+        match self
+            .call(op, |c| async move { c.lease_client().keep_alive(id).await })
+            .await
+        {
             Ok(_) => Ok(true),
-            Err(e) if crate::keys::is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(map_err(op, e)),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 

@@ -123,12 +123,6 @@ pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
         || s.contains("no leader")
 }
 
-/// Whether the error says the lease a request used no longer exists.
-pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
-    let s = e.to_string();
-    s.contains("lease not found")
-}
-
 /// gRPC status codes as numbers (so we need not depend on tonic).
 mod tonic_code {
     pub const CANCELLED: i32 = 1;

@@ -21,7 +21,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, sleep};
 
 use crate::backend::{Shared, lock};
-use crate::keys::{BACKEND, is_lease_not_found, map_err};
+use crate::keys::BACKEND;
 
 /// How long a spare lease may stay unused before it is revoked.
 pub(crate) const IDLE_GRACE: Duration = Duration::from_secs(5);
@@ -180,10 +180,13 @@ impl Shared {
                 }
                 // The stream broke: a new one.
             }
-            match self.client.lease_client().keep_alive(id).await {
+            match self
+                .call(op, |c| async move { c.lease_client().keep_alive(id).await })
+                .await
+            {
                 Ok((keeper, stream)) => Ok((true, Some(Keeper { keeper, stream }))),
-                Err(e) if is_lease_not_found(&e) => Ok((false, None)),
-                Err(e) => Err(map_err(op, e)),
+                Err(e) if crate::backend::is_lease_not_found(&e) => Ok((false, None)),
+                Err(e) => Err(e),
             }
         })
         .await

@@ -153,3 +153,73 @@ async fn mutual_exclusion_under_load_survives_leader_failover() {
     assert!(matches!(t, coord_core::Attempt::Granted(tok) if tok > *order.last().unwrap()));
     assert!(lock.release("after-restart", &owner).await.unwrap());
 }
+
+/// One member of three is down (killed, its port refusing connections)
+/// while the two others serve: connecting with all three endpoints and
+/// every call must still succeed. The client balances over the endpoints
+/// and connects to each lazily, so without retrying a call that was never
+/// sent, about one connect in five failed (its probe landed on the dead
+/// member) and extends failed with "tcp connect error" (their keepalive was
+/// not retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_down_fails_no_connect_and_no_call() {
+    let cluster = Arc::new(
+        tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+            .await
+            .unwrap(),
+    );
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        c.stop(2);
+        for _ in 0..100 {
+            if c.leader().is_some() && c.wait_healthy(Duration::from_secs(1)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the two members left elected no leader");
+    })
+    .await
+    .unwrap();
+    let url = cluster.url();
+    let mut failures = Vec::new();
+    for client in 0..20 {
+        let coord = match coord_etcd::connect(&url).await {
+            Ok(c) => c,
+            Err(e) => {
+                failures.push(format!("connect {client}: {e}"));
+                continue;
+            }
+        };
+        let lock = coord.raw_lock().unwrap();
+        let ttl = coord.capabilities().min_ttl;
+        let owner = OwnerToken::random();
+        for i in 0..10 {
+            let name = format!("member-down-{client}-{i}");
+            match lock.try_acquire(&name, &owner, ttl).await {
+                Ok(coord_core::Attempt::Granted(_)) => {}
+                Ok(other) => failures.push(format!("{name}: not granted: {other:?}")),
+                Err(e) => {
+                    failures.push(format!("{name} try_acquire: {e}"));
+                    continue;
+                }
+            }
+            match lock.extend(&name, &owner, ttl).await {
+                Ok(true) => {}
+                Ok(false) => failures.push(format!("{name}: extend found it gone")),
+                Err(e) => failures.push(format!("{name} extend: {e}")),
+            }
+            match lock.release(&name, &owner).await {
+                Ok(true) => {}
+                Ok(false) => failures.push(format!("{name}: release found it gone")),
+                Err(e) => failures.push(format!("{name} release: {e}")),
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 20 connects and 600 calls failed with a member down:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -554,13 +554,18 @@ impl EtcdCluster {
         panic!("the etcd cluster did not become healthy; last log lines:\n{last}");
     }
 
-    /// Wait until every running member reports healthy.
+    /// Wait until every running member reports healthy and accepts
+    /// connections on its client port.
     pub fn wait_healthy(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         while Instant::now() < until {
             let all = (0..self.members.len())
                 .filter(|i| self.is_running(*i))
-                .all(|i| healthy(self.members[i].metrics_port));
+                .all(|i| {
+                    healthy(self.members[i].metrics_port)
+                        && std::net::TcpStream::connect(("127.0.0.1", self.members[i].client_port))
+                            .is_ok()
+                });
             if all {
                 return true;
             }
