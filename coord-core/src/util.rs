@@ -124,8 +124,120 @@ pub fn redact_url_passwords(text: &str) -> String {
     out
 }
 
+/// Split a connection URL into the URL without its query and the query's
+/// options, decoded (`application/x-www-form-urlencoded`, as URL queries
+/// are: `%XX` escapes, `+` for a space), in order. A fragment (`#...`)
+/// stays with the URL.
+///
+/// ```
+/// let (base, opts) = coord_core::util::split_url_options(
+///     "redis://:pw@h:6379/0?prefix=billing%3A&timeout=2s#insecure",
+/// );
+/// assert_eq!(base, "redis://:pw@h:6379/0#insecure");
+/// assert_eq!(opts, [("prefix".into(), "billing:".into()), ("timeout".into(), "2s".into())]);
+/// ```
+pub fn split_url_options(url: &str) -> (String, Vec<(String, String)>) {
+    let (before_fragment, fragment) = match url.find('#') {
+        Some(i) => url.split_at(i),
+        None => (url, ""),
+    };
+    let Some((base, query)) = before_fragment.split_once('?') else {
+        return (url.to_string(), Vec::new());
+    };
+    let options = url::form_urlencoded::parse(query.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect();
+    (format!("{base}{fragment}"), options)
+}
+
+/// The longest duration [`parse_duration`] accepts (one year).
+pub const MAX_OPTION_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Parse the duration value of option `option` (from a URL or a command
+/// line): a number, whole or decimal, and a unit: `ms`, `s`, `m` or `h`.
+///
+/// ```
+/// use std::time::Duration;
+/// use coord_core::util::parse_duration;
+///
+/// assert_eq!(parse_duration("timeout", "250ms").unwrap(), Duration::from_millis(250));
+/// assert_eq!(parse_duration("timeout", "1.5s").unwrap(), Duration::from_millis(1500));
+/// assert_eq!(parse_duration("ttl", "2m").unwrap(), Duration::from_secs(120));
+/// assert!(parse_duration("timeout", "2").is_err()); // no unit
+/// ```
+///
+/// Errors: [`Error::Config`] naming the option and the value, for a value
+/// without a unit, a negative or unreadable number, or more than
+/// [`MAX_OPTION_DURATION`].
+pub fn parse_duration(option: &str, value: &str) -> Result<Duration> {
+    let bad = |why: &str| {
+        Error::Config(format!(
+            "option `{option}`: `{value}` {why}; write a number and a unit: 250ms, 2s, 1.5s, 1m, 1h"
+        ))
+    };
+    let v = value.trim();
+    let split = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| bad("has no unit"))?;
+    let (num, unit) = v.split_at(split);
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(bad("has an unknown unit")),
+    };
+    let n: f64 = num
+        .parse()
+        .ok()
+        .filter(|n: &f64| n.is_finite())
+        .ok_or_else(|| bad("is not a number and a unit"))?;
+    let d = Duration::try_from_secs_f64(n * scale).map_err(|_| bad("is out of range"))?;
+    if d > MAX_OPTION_DURATION {
+        return Err(bad("is longer than a year"));
+    }
+    Ok(d)
+}
+
+/// Parse the yes/no value of option `option`: `true`, `on`, `yes`, `1` or
+/// `false`, `off`, `no`, `0`.
+///
+/// ```
+/// assert!(coord_core::util::parse_bool("listen", "on").unwrap());
+/// assert!(coord_core::util::parse_bool("listen", "maybe").is_err());
+/// ```
+///
+/// Errors: [`Error::Config`] naming the option, for any other value.
+pub fn parse_bool(option: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        other => Err(Error::Config(format!(
+            "option `{option}`: `{other}` is not true or false"
+        ))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_need_a_unit_and_stay_in_range() {
+        use super::parse_duration as p;
+        assert_eq!(p("o", "0s").unwrap(), Duration::ZERO);
+        assert_eq!(p("o", "10ms").unwrap(), Duration::from_millis(10));
+        assert_eq!(p("o", " 3s ").unwrap(), Duration::from_secs(3));
+        assert_eq!(p("o", "1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(p("o", "8760h").unwrap(), super::MAX_OPTION_DURATION);
+        for bad in [
+            "", "s", "2", "2 s", "-1s", "1.2.3s", "2d", "8761h", "1e3s", "nans",
+        ] {
+            let e = p("timeout", bad).unwrap_err().to_string();
+            assert!(e.contains("`timeout`"), "{bad}: {e}");
+        }
+        assert!(super::parse_bool("x", "no").is_ok_and(|b| !b));
+        assert!(super::parse_bool("x", "").is_err());
+    }
+
     use super::*;
 
     /// The kind segments are part of every backend's key layout: changing

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use coord_core::util::{DEFAULT_PREFIX, Secret};
+use coord_core::util::{DEFAULT_PREFIX, Secret, parse_duration, split_url_options};
 use coord_core::{Error, Result};
 
 /// How to reach an etcd cluster and where to keep coord's keys.
@@ -87,8 +87,9 @@ impl EtcdOptions {
     /// (`etcds://` for TLS). The port defaults to 2379; user and password
     /// are percent-decoded.
     ///
-    /// Options: `prefix` (key prefix, default `coord:`), `timeout_ms` (call
-    /// timeout), `connect_timeout_ms`, `tls=true`, `ca_file` (PEM; without
+    /// Options: `prefix` (key prefix, default `coord:`), `timeout` (call
+    /// timeout, a duration: `500ms`, `2s`), `connect_timeout`, the same two
+    /// in milliseconds as `timeout_ms` and `connect_timeout_ms`, `tls=true`, `ca_file` (PEM; without
     /// it TLS trusts the system roots), `cert_file` + `key_file` (client
     /// certificate), `domain` (TLS server name).
     ///
@@ -104,10 +105,8 @@ impl EtcdOptions {
                 "`{scheme}://` is not an etcd URL; use etcd://host:2379[,host2:2379] or etcds://"
             )));
         };
-        let (authority_path, query) = match rest.split_once('?') {
-            Some((a, q)) => (a, Some(q)),
-            None => (rest, None),
-        };
+        // The options are read from the whole URL below.
+        let authority_path = rest.split_once('?').map_or(rest, |(a, _)| a);
         let authority = match authority_path.split_once('/') {
             Some((a, "")) => a,
             Some(_) => {
@@ -160,10 +159,8 @@ impl EtcdOptions {
                 "the etcd URL names no endpoint; use etcd://host:2379[,host2:2379]".into(),
             ));
         }
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v)
-                .ok_or_else(|| Error::Config(format!("option `{k}` is not valid UTF-8")))?;
+        for (k, v) in split_url_options(url).1 {
+            let k = k.as_str();
             let ms = |v: &str| -> Result<Duration> {
                 v.parse::<u64>()
                     .ok()
@@ -175,8 +172,17 @@ impl EtcdOptions {
                         ))
                     })
             };
+            let positive = |v: &str| -> Result<Duration> {
+                let d = parse_duration(k, v)?;
+                if d.is_zero() {
+                    return Err(Error::Config(format!("option `{k}` must be above zero")));
+                }
+                Ok(d)
+            };
             match k {
                 "prefix" => opts.prefix = v,
+                "timeout" => opts.call_timeout = positive(&v)?,
+                "connect_timeout" => opts.connect_timeout = positive(&v)?,
                 "timeout_ms" => opts.call_timeout = ms(&v)?,
                 "connect_timeout_ms" => opts.connect_timeout = ms(&v)?,
                 "tls" => {
@@ -207,8 +213,9 @@ impl EtcdOptions {
                 "domain" => opts.domain = Some(v),
                 other => {
                     return Err(Error::Config(format!(
-                        "unknown etcd URL option `{other}`; known: prefix, timeout_ms, \
-                         connect_timeout_ms, tls, ca_file, cert_file, key_file, domain"
+                        "unknown etcd URL option `{other}`; known: prefix, timeout, \
+                         connect_timeout, timeout_ms, connect_timeout_ms, tls, ca_file, \
+                         cert_file, key_file, domain"
                     )));
                 }
             }
@@ -342,6 +349,9 @@ mod tests {
         assert_eq!(o.prefix(), "x/y");
         assert_eq!(o.call_timeout(), Duration::from_millis(250));
         assert!(!format!("{o:?}").contains("p@ss"));
+        let o = EtcdOptions::parse("etcd://h?timeout=1.5s&connect_timeout=300ms").unwrap();
+        assert_eq!(o.call_timeout(), Duration::from_millis(1500));
+        assert_eq!(o.connect_timeout, Duration::from_millis(300));
     }
 
     #[test]
@@ -353,6 +363,9 @@ mod tests {
             "etcd://u:hunter2@h?bogus=1",
             "etcd://u:hunter2@h?timeout_ms=x",
             "etcd://u:hunter2@h?cert_file=/c",
+            "etcd://u:hunter2@h?timeout=2",
+            "etcd://u:hunter2@h?timeout=0s",
+            "etcd://u:hunter2@h?connect_timeout=fast",
         ] {
             let e = EtcdOptions::parse(bad).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e}");

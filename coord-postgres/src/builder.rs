@@ -58,7 +58,24 @@ impl fmt::Debug for PostgresBuilder {
 }
 
 impl PostgresBuilder {
+    /// Options of the URL's query override the defaults (and setters
+    /// called afterwards override them); a malformed URL fails at connect.
     pub(crate) fn new(url: &str) -> Self {
+        let b = Self::defaults(url);
+        match crate::config::parse_url(&b.url) {
+            Ok(p) => PostgresBuilder {
+                call_timeout: p.call_timeout.unwrap_or(b.call_timeout),
+                idle_grace: p.idle_grace.unwrap_or(b.idle_grace),
+                sweep_every: p.sweep_every.unwrap_or(b.sweep_every),
+                barrier_abandon_after: p.barrier_abandon_after.unwrap_or(b.barrier_abandon_after),
+                prepared: p.prepared.or(b.prepared),
+                ..b
+            },
+            Err(_) => b,
+        }
+    }
+
+    fn defaults(url: &str) -> Self {
         PostgresBuilder {
             url: Secret::new(url),
             listen_url: None,

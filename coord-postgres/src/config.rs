@@ -4,8 +4,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use coord_core::util::{Secret, redact_url_passwords};
+use coord_core::util::{Secret, parse_bool, parse_duration, redact_url_passwords};
 use coord_core::{Error, Result};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -70,6 +71,12 @@ pub(crate) struct ParsedUrl {
     pub(crate) schema: Option<String>,
     pub(crate) listen: Option<bool>,
     pub(crate) pool_size: Option<usize>,
+    pub(crate) call_timeout: Option<Duration>,
+    pub(crate) idle_grace: Option<Duration>,
+    /// `Some(None)`: `coord_sweep_every=off`.
+    pub(crate) sweep_every: Option<Option<Duration>>,
+    pub(crate) barrier_abandon_after: Option<Duration>,
+    pub(crate) prepared: Option<bool>,
     /// A printable form with the password removed.
     pub(crate) display: String,
 }
@@ -85,8 +92,11 @@ impl fmt::Debug for ParsedUrl {
 
 /// Parse a `postgres://` / `postgresql://` URL. Query parameters handled
 /// here and removed before tokio-postgres sees the rest: `sslmode` (all five
-/// libpq values), `sslrootcert`, `coord_schema`, `coord_listen`,
-/// `coord_pool_size`.
+/// libpq values), `sslrootcert`, `coord_schema` (or `schema`),
+/// `coord_listen` (or `listen`), `coord_pool_size` (or `pool_size`),
+/// `coord_timeout` (or `timeout`, `statement_timeout`),
+/// `coord_idle_grace`, `coord_sweep_every` (a duration or `off`),
+/// `coord_barrier_abandon_after`, `coord_prepared_statements`.
 pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let raw = url.expose();
     let display = redact_url_passwords(raw);
@@ -105,6 +115,11 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let mut schema = None;
     let mut listen = None;
     let mut pool_size = None;
+    let mut call_timeout = None;
+    let mut idle_grace = None;
+    let mut sweep_every = None;
+    let mut barrier_abandon_after = None;
+    let mut prepared = None;
     let mut rest: Vec<(String, String)> = Vec::new();
     for (k, v) in parsed.query_pairs() {
         match &*k {
@@ -130,11 +145,37 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
                 }
                 root_cert = Some(PathBuf::from(&*v));
             }
-            "coord_schema" => {
+            "coord_timeout" | "timeout" | "statement_timeout" => {
+                let d = parse_duration(&k, &v)?;
+                if d.is_zero() {
+                    return Err(Error::Config(format!("option `{k}` must be above zero")));
+                }
+                call_timeout = Some(d);
+            }
+            "coord_idle_grace" => idle_grace = Some(parse_duration(&k, &v)?),
+            "coord_barrier_abandon_after" => {
+                barrier_abandon_after = Some(parse_duration(&k, &v)?);
+            }
+            "coord_sweep_every" => {
+                sweep_every = Some(match &*v {
+                    "off" | "never" => None,
+                    _ => {
+                        let d = parse_duration(&k, &v)?;
+                        if d.is_zero() {
+                            return Err(Error::Config(format!(
+                                "option `{k}` must be above zero, or `off`"
+                            )));
+                        }
+                        Some(d)
+                    }
+                })
+            }
+            "coord_prepared_statements" => prepared = Some(parse_bool(&k, &v)?),
+            "coord_schema" | "schema" => {
                 identifier("coord_schema", &v, MAX_SCHEMA_LEN)?;
                 schema = Some(v.to_string());
             }
-            "coord_listen" => {
+            "coord_listen" | "listen" => {
                 listen = Some(match &*v {
                     "true" | "on" | "1" => true,
                     "false" | "off" | "0" => false,
@@ -145,7 +186,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
                     }
                 })
             }
-            "coord_pool_size" => {
+            "coord_pool_size" | "pool_size" => {
                 pool_size = Some(v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
                     Error::Config(format!(
                         "`{display}`: coord_pool_size `{v}` must be a whole number >= 1"
@@ -186,6 +227,11 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
         schema,
         listen,
         pool_size,
+        call_timeout,
+        idle_grace,
+        sweep_every,
+        barrier_abandon_after,
+        prepared,
         display,
     })
 }
@@ -378,6 +424,48 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
         let b = crate::PostgresBuilder::new("postgres://alice:hunter2@h/db");
         assert!(!format!("{b:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn every_coord_option_can_come_from_the_url() {
+        let url = "postgres://u:hunter2@h/db?schema=billing&pool_size=4&listen=off\
+                   &statement_timeout=2s&coord_idle_grace=5m&coord_sweep_every=off\
+                   &coord_barrier_abandon_after=1h&coord_prepared_statements=false";
+        let p = parse_url(&Secret::new(url)).unwrap();
+        assert_eq!(p.schema.as_deref(), Some("billing"));
+        assert_eq!(p.pool_size, Some(4));
+        assert_eq!(p.listen, Some(false));
+        let b = crate::PostgresBuilder::new(url);
+        assert_eq!(b.call_timeout, Duration::from_secs(2));
+        assert_eq!(b.idle_grace, Duration::from_secs(300));
+        assert_eq!(b.sweep_every, None);
+        assert_eq!(b.barrier_abandon_after, Duration::from_secs(3600));
+        assert_eq!(b.prepared, Some(false));
+        // Setters afterwards win; without options the defaults hold.
+        let b = b.call_timeout(Duration::from_secs(7));
+        assert_eq!(b.call_timeout, Duration::from_secs(7));
+        let b = crate::PostgresBuilder::new("postgres://h/db?coord_sweep_every=30s");
+        assert_eq!(b.sweep_every, Some(Duration::from_secs(30)));
+        assert_eq!(b.call_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn bad_coord_options_name_the_option() {
+        for (url, name) in [
+            ("postgres://h/db?coord_timeout=2", "coord_timeout"),
+            ("postgres://h/db?timeout=0s", "timeout"),
+            ("postgres://h/db?coord_idle_grace=soon", "coord_idle_grace"),
+            ("postgres://h/db?coord_sweep_every=0ms", "coord_sweep_every"),
+            (
+                "postgres://h/db?coord_prepared_statements=maybe",
+                "coord_prepared_statements",
+            ),
+            ("postgres://h/db?pool_size=0", "pool_size"),
+        ] {
+            let e = parse_url(&Secret::new(url)).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
+            assert!(e.to_string().contains(name), "{url}: {e}");
+        }
     }
 
     #[test]

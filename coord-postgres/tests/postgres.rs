@@ -533,3 +533,41 @@ async fn prepared_statements_only_on_direct_connections() {
         g.release().await.unwrap();
     }
 }
+
+/// Options in the URL take effect (the unprefixed aliases too): the schema
+/// holding the tables, the pool size, the call timeout (which is also each
+/// session's `statement_timeout`), prepared statements; a bad option fails
+/// before any connection is tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_options_take_effect() {
+    let schema = unique("urlopt");
+    let url = format!(
+        "{}&schema={schema}&pool_size=3&statement_timeout=1500ms&coord_sweep_every=off\
+         &coord_prepared_statements=false",
+        cluster().url()
+    );
+    let b = coord_postgres::builder(&url)
+        .connect_backend()
+        .await
+        .unwrap();
+    assert_eq!(b.schema(), schema);
+    assert_eq!(b.pool().status().max_size, 3);
+    assert!(!b.prepared_statements());
+    assert!(format!("{b:?}").contains("1.5s"), "{b:?}");
+    let g = b
+        .coord()
+        .locks()
+        .unwrap()
+        .try_acquire("from-url", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("granted");
+    g.release().await.unwrap();
+    for bad in ["coord_timeout=2", "pool_size=none", "coord_sweep_every=0s"] {
+        match coord_postgres::connect(&format!("postgres://u@127.0.0.1:1/db?{bad}")).await {
+            Err(Error::Config(m)) => assert!(m.contains(bad.split('=').next().unwrap()), "{m}"),
+            Err(e) => panic!("{bad}: not a Config error: {e}"),
+            Ok(_) => panic!("{bad}: connected"),
+        }
+    }
+}

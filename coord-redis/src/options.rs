@@ -3,7 +3,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use coord_core::util::{DEFAULT_PREFIX, Secret, redact_url_passwords};
+use coord_core::util::{
+    DEFAULT_PREFIX, Secret, parse_duration, redact_url_passwords, split_url_options,
+};
 
 use crate::keys::Layout;
 
@@ -38,6 +40,8 @@ pub struct RedisOptions {
     pub(crate) idle_grace: Duration,
     pub(crate) tls_root: Option<Vec<u8>>,
     pub(crate) tls_client: Option<(Vec<u8>, Secret)>,
+    /// A malformed or unknown URL option, reported by `connect`.
+    pub(crate) url_error: Option<String>,
 }
 
 impl RedisOptions {
@@ -48,11 +52,33 @@ impl RedisOptions {
     /// The default [`Self::idle_grace`].
     pub const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(60);
 
-    /// Options for `url`: `redis://[user][:password@]host[:port][/db]` or
-    /// `rediss://...` for TLS. Prefix [`DEFAULT_PREFIX`], layout
-    /// [`Layout::Coord`], timeout [`Self::DEFAULT_TIMEOUT`].
+    /// Options for `url`: `redis://[user][:password@]host[:port][/db][?options]`
+    /// or `rediss://...` for TLS. Defaults: prefix [`DEFAULT_PREFIX`],
+    /// layout [`Layout::Coord`], timeout [`Self::DEFAULT_TIMEOUT`], connect
+    /// timeout [`Self::DEFAULT_CONNECT_TIMEOUT`], idle grace
+    /// [`Self::DEFAULT_IDLE_GRACE`].
+    ///
+    /// Every one of them can be set in the URL's query instead (so a
+    /// deployment is configuration): `prefix`, `layout` (`coord` or
+    /// `seed`), `timeout`, `connect_timeout` and `idle_grace` (durations:
+    /// `250ms`, `2s`, `1m`); `protocol` (`resp2`/`resp3`) goes to the redis
+    /// client. Setters called afterwards override the URL. An unknown or
+    /// malformed option makes [`Self::connect`] fail with
+    /// [`Error::Config`](coord_core::Error::Config) naming it (see
+    /// [`Self::parse`] to find out at once); it is never ignored.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use coord_redis::RedisOptions;
+    ///
+    /// let opts = RedisOptions::parse("redis://127.0.0.1:6379/0?prefix=billing:&timeout=2s").unwrap();
+    /// assert!(format!("{opts:?}").contains("billing:"));
+    /// assert!(RedisOptions::parse("redis://127.0.0.1?timeout=2").is_err()); // no unit
+    /// assert!(RedisOptions::parse("redis://127.0.0.1?prefx=a:").is_err()); // unknown
+    /// ```
     pub fn new(url: &str) -> Self {
-        RedisOptions {
+        let (base, options) = split_url_options(url);
+        let mut opts = RedisOptions {
             url: Secret::new(url),
             username: None,
             password: None,
@@ -63,7 +89,71 @@ impl RedisOptions {
             idle_grace: Self::DEFAULT_IDLE_GRACE,
             tls_root: None,
             tls_client: None,
+            url_error: None,
+        };
+        let mut passed = Vec::new();
+        for (k, v) in options {
+            if let Err(e) = opts.url_option(&k, &v, &mut passed) {
+                opts.url_error.get_or_insert(e.to_string());
+            }
         }
+        if opts.url_error.is_none() {
+            // What the redis client reads, without coord's own options.
+            let (before_fragment, fragment) = match base.find('#') {
+                Some(i) => base.split_at(i),
+                None => (base.as_str(), ""),
+            };
+            let mut u = before_fragment.to_string();
+            if !passed.is_empty() {
+                u.push('?');
+                u.push_str(&passed.join("&"));
+            }
+            u.push_str(fragment);
+            opts.url = Secret::new(u);
+        }
+        opts
+    }
+
+    /// [`Self::new`], failing at once on an unknown or malformed URL option.
+    ///
+    /// Errors: [`Error::Config`](coord_core::Error::Config) naming the
+    /// option.
+    pub fn parse(url: &str) -> coord_core::Result<Self> {
+        let opts = Self::new(url);
+        match opts.url_error {
+            Some(e) => Err(coord_core::Error::Config(e)),
+            None => Ok(opts),
+        }
+    }
+
+    fn url_option(&mut self, k: &str, v: &str, passed: &mut Vec<String>) -> coord_core::Result<()> {
+        match k {
+            "prefix" => self.prefix = v.to_string(),
+            "layout" => {
+                self.layout = match v {
+                    "coord" => Layout::Coord,
+                    "seed" => Layout::Seed,
+                    other => {
+                        return Err(coord_core::Error::Config(format!(
+                            "Redis URL option `layout`: `{other}` is unknown; use coord or seed"
+                        )));
+                    }
+                }
+            }
+            "timeout" => *self = self.clone().timeout(parse_duration(k, v)?),
+            "connect_timeout" => {
+                *self = self.clone().connect_timeout(parse_duration(k, v)?);
+            }
+            "idle_grace" => *self = self.clone().idle_grace(parse_duration(k, v)?),
+            "protocol" => passed.push(format!("protocol={v}")),
+            other => {
+                return Err(coord_core::Error::Config(format!(
+                    "unknown Redis URL option `{other}`; known: prefix, layout, timeout, \
+                     connect_timeout, idle_grace, protocol"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The prefix of every key this client writes (default `coord:`).
@@ -158,5 +248,59 @@ impl fmt::Debug for RedisOptions {
             .field("tls_root_certificate", &self.tls_root.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_can_come_from_the_url() {
+        let o = RedisOptions::parse(
+            "redis://:pw@127.0.0.1:6379/2?prefix=billing%3A&layout=seed&timeout=2s\
+             &connect_timeout=750ms&idle_grace=5m&protocol=resp3#insecure",
+        )
+        .unwrap();
+        assert_eq!(o.prefix, "billing:");
+        assert_eq!(o.layout, Layout::Seed);
+        assert_eq!(o.timeout, Duration::from_secs(2));
+        assert_eq!(o.connect_timeout, Duration::from_millis(750));
+        assert_eq!(o.idle_grace, Duration::from_secs(300));
+        // The redis client gets the rest only.
+        assert_eq!(
+            o.url.expose(),
+            "redis://:pw@127.0.0.1:6379/2?protocol=resp3#insecure"
+        );
+        // Setters called afterwards win.
+        let o = o.prefix("other:").timeout(Duration::from_secs(9));
+        assert_eq!(
+            (o.prefix.as_str(), o.timeout),
+            ("other:", Duration::from_secs(9))
+        );
+        // No query: the URL is untouched, the defaults hold.
+        let o = RedisOptions::parse("redis://127.0.0.1").unwrap();
+        assert_eq!(o.url.expose(), "redis://127.0.0.1");
+        assert_eq!(o.timeout, RedisOptions::DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn bad_url_options_are_config_errors_naming_the_option() {
+        for (url, names) in [
+            ("redis://h?prefx=a", "prefx"),
+            ("redis://h?timeout=2", "timeout"),
+            ("redis://h?timeout=soon", "timeout"),
+            ("redis://h?idle_grace=-1s", "idle_grace"),
+            ("redis://h?layout=php", "layout"),
+            ("redis://:hunter2@h?password=x", "password"),
+        ] {
+            let e = RedisOptions::parse(url).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, coord_core::Error::Config(_)), "{url}: {e:?}");
+            assert!(msg.contains(&format!("`{names}`")), "{url}: {msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+            // `new` keeps it for `connect`.
+            assert!(RedisOptions::new(url).url_error.is_some());
+        }
     }
 }

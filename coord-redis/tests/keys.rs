@@ -216,3 +216,50 @@ async fn seed_layout_lock_and_sliding_log_of_one_name_refuse_each_other() {
     tokio::time::sleep(Duration::from_millis(1)).await;
     granted(b.try_acquire(&y, &me, 10 * SEC).await.unwrap());
 }
+
+/// Options in the URL take effect: the prefix of every key, and the
+/// layout; a bad option fails before any connection is tried.
+#[tokio::test]
+async fn url_options_name_the_keys() {
+    let server = kit::server();
+    let prefix = format!("{}:", unique("url-opts"));
+    let url = format!("{}?prefix={prefix}&timeout=2s&idle_grace=90s", server.url());
+    let coord = coord_redis::connect(&url).await.unwrap();
+    let g = coord
+        .locks()
+        .unwrap()
+        .try_acquire("from-url", 30 * SEC)
+        .await
+        .unwrap()
+        .expect("granted");
+    assert_eq!(
+        keys(server, &prefix),
+        [format!("{prefix}lock:{{from-url}}")]
+    );
+    g.release().await.unwrap();
+    // The seed layout from the URL: the PHP key names (the bare name).
+    let name = unique("seed-url");
+    let seed = coord_redis::connect(&format!("{}?layout=seed", server.url()))
+        .await
+        .unwrap();
+    let g = seed
+        .locks()
+        .unwrap()
+        .try_acquire(&name, 30 * SEC)
+        .await
+        .unwrap()
+        .expect("granted");
+    assert!(keys(server, &name).contains(&name));
+    g.release().await.unwrap();
+    // Nothing listens on port 1: a Config error, not Unavailable, means
+    // the option was refused before any I/O.
+    for bad in ["prefx=a:", "timeout=3", "layout=php"] {
+        match coord_redis::connect(&format!("redis://127.0.0.1:1/?{bad}")).await {
+            Err(coord_core::Error::Config(m)) => {
+                assert!(m.contains(bad.split('=').next().unwrap()), "{m}")
+            }
+            Err(e) => panic!("{bad}: not a Config error: {e}"),
+            Ok(_) => panic!("{bad}: connected"),
+        }
+    }
+}

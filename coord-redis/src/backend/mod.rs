@@ -279,11 +279,14 @@ impl RedisBackend {
     /// script once (`SCRIPT LOAD`), and subscribe the wake-up channel on a
     /// dedicated connection before returning.
     ///
-    /// Errors: [`Error::Config`] for a malformed URL,
+    /// Errors: [`Error::Config`] for a malformed URL or URL option,
     /// [`Error::Unavailable`] when the server cannot be reached in time,
     /// [`Error::Store`] saying "authentication failed" for a wrong user or
     /// password. No error contains the password.
     pub async fn connect(opts: RedisOptions) -> Result<RedisBackend> {
+        if let Some(e) = &opts.url_error {
+            return Err(Error::Config(e.clone()));
+        }
         let mut info = opts.url.expose().into_connection_info().map_err(|e| {
             let mut msg = redact_url_passwords(&e.to_string());
             if let Some(pw) = &opts.password {
