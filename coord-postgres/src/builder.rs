@@ -103,7 +103,7 @@ impl PostgresBuilder {
 
     /// The time limit of every call, including waiting for a pooled
     /// connection (default 5 s). When it fires the call fails with
-    /// [`Error::Unavailable`].
+    /// [`Error::Unavailable`](coord_core::Error::Unavailable).
     pub fn call_timeout(mut self, limit: Duration) -> Self {
         self.call_timeout = limit;
         self

@@ -1,4 +1,4 @@
-//! One public async fn per conformance case. Each takes a [`Factory`](crate::Factory)
+//! One public async fn per conformance case. Each takes a [`Factory`]
 //! and panics with a message saying what the backend got wrong.
 
 mod barrier;

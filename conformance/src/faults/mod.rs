@@ -1,7 +1,7 @@
 //! Fault-injection workloads with recorded histories, written once for
 //! every store (DESIGN §7). A backend's `tests/faults.rs` starts its real
 //! servers, builds clients (each behind its own
-//! [`FaultProxy`](crate::testkit::proxy::FaultProxy) where the scenario cuts
+//! [`FaultProxy`] where the scenario cuts
 //! clients off), runs a workload here while it injects real faults, and
 //! asserts the report has no violation.
 //!

@@ -4,7 +4,7 @@
 //! [`FaultProxy`]. A backend's `tests/faults` builds the clients (one proxy
 //! each), calls one of these, and judges the report with its own bound;
 //! for server faults it runs the workload itself with its kit's fault
-//! (see [`fault_for`](super::fault_for)).
+//! (see [`fault_for`]).
 
 use std::time::Duration;
 

@@ -413,7 +413,7 @@ impl PartitionedEtcdCluster {
         false
     }
 
-    /// See [`metric`](super::metric), of member `i`.
+    /// See [`metric`], of member `i`.
     pub fn metric(&self, i: usize, name: &str, labels: &[&str]) -> f64 {
         metric(self.metrics[i].port(), name, labels)
     }
