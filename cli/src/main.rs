@@ -1,0 +1,386 @@
+//! `coord`: the command-line tool over every coord store.
+//!
+//! ```sh
+//! export COORD_URL=redis://127.0.0.1:6379
+//! coord lock nightly-report --ttl 30s --wait 10s -- ./make-report.sh
+//! coord elect scheduler --id "$(hostname)" -- ./run-scheduler
+//! coord leader scheduler --json
+//! coord release --force lock nightly-report --yes
+//! coord limit api:alice --limit 100 --window 1m
+//! coord barrier deploy-42 --parties 3 --id "$(hostname)"
+//! coord fence next orders-table
+//! ```
+//!
+//! Exit codes: a command run under `lock` or `elect` exits with the
+//! child's code (128 + N when signal N ended it), except for the codes in
+//! [`exit`]. Errors are printed in plain words with what to do.
+
+mod exit;
+mod run;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use coord::{Algorithm, Coord, Error, Quota};
+use futures::StreamExt;
+
+use crate::exit::{BUSY, fail};
+
+/// Locks, leadership, rate limits, barriers and fencing tokens on any coord
+/// store, from the shell.
+#[derive(Parser, Debug)]
+#[command(name = "coord", version, about, after_help = EXAMPLES)]
+struct Cli {
+    /// The store: memory://, redis://host:6379, postgres://user@host/db,
+    /// etcd://host:2379 (options in the URL's query, see the README).
+    #[arg(long, env = "COORD_URL", global = true, default_value = "memory://")]
+    url: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXAMPLES: &str = "Examples:
+  COORD_URL=redis://127.0.0.1:6379 coord lock nightly --ttl 30s --wait 1m -- ./report.sh
+  coord elect scheduler --id \"$(hostname)\" -- ./scheduler
+  coord leader scheduler --watch
+  coord limit api:alice --limit 100 --window 1m && curl ...
+  coord release --force lock nightly --yes
+
+Exit codes: the child's own under lock/elect; 75 busy (not acquired within
+--wait, or a limit denied); 76 the lock or leadership was lost while the
+command ran (it was sent SIGTERM, then SIGKILL after --grace); 64 bad
+input or configuration; 69 the store is unavailable; 70 other errors.";
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a command while holding a lock (kept alive by a watchdog); its
+    /// fencing token is in the child's COORD_FENCING_TOKEN.
+    Lock {
+        /// The lock's name.
+        name: String,
+        #[command(flatten)]
+        hold: Hold,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Run a command while leader of an election; the term is in the
+    /// child's COORD_FENCING_TOKEN and COORD_TERM.
+    Elect {
+        /// The election's name.
+        name: String,
+        /// This candidate's identity (shown by `coord leader`).
+        #[arg(long)]
+        id: String,
+        #[command(flatten)]
+        hold: Hold,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show the current leader of an election (exit 75 when there is none).
+    Leader {
+        /// The election's name.
+        name: String,
+        /// Keep printing each change of leader until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON: {"leader": "...", "term": N} or {"leader": null}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Force-release a lock held by anyone (an operator's tool: the holder
+    /// learns it lost the lock at its next renewal).
+    Release {
+        /// Required: this ends somebody else's lock.
+        #[arg(long, required = true)]
+        force: bool,
+        /// What to release.
+        kind: ReleaseKind,
+        /// Its name.
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Check (and record) one request against a rate limit: exit 0 when
+    /// admitted, 75 when denied (retry-after printed).
+    Limit {
+        /// The limited key (e.g. api:alice).
+        key: String,
+        /// Requests admitted per window.
+        #[arg(long)]
+        limit: u64,
+        /// The window: 1s, 1m, 1h.
+        #[arg(long, value_parser = duration)]
+        window: Duration,
+        /// The algorithm.
+        #[arg(long, value_enum, default_value_t = Alg::Gcra)]
+        algorithm: Alg,
+        /// The cost of this request.
+        #[arg(long, default_value_t = 1)]
+        cost: u64,
+        /// Print JSON: {"allowed": .., "remaining": .., "retry_after_ms": ..}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Wait until `--parties` participants arrived at a barrier; prints the
+    /// generation passed.
+    Barrier {
+        /// The barrier's name.
+        name: String,
+        /// How many participants the barrier waits for.
+        #[arg(long)]
+        parties: u32,
+        /// This participant's identity.
+        #[arg(long)]
+        id: String,
+        /// How long to wait (exit 75 when it passes).
+        #[arg(long, value_parser = duration, default_value = "60s")]
+        timeout: Duration,
+    },
+    /// Fencing tokens.
+    Fence {
+        #[command(subcommand)]
+        op: FenceOp,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum FenceOp {
+    /// Print the next fencing token of a resource (strictly increasing).
+    Next {
+        /// The resource's name.
+        resource: String,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum ReleaseKind {
+    /// A lock.
+    Lock,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum Alg {
+    Gcra,
+    SlidingLog,
+    SlidingWindow,
+    FixedWindow,
+}
+
+/// How a lock or leadership is held while the command runs.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct Hold {
+    /// Time to live, renewed by a watchdog while the command runs: 30s, 2m.
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    ttl: Duration,
+    /// How long to wait for it. `lock`: default 0s, fail at once (exit 75)
+    /// if busy; `elect`: 0s (the default) waits until elected.
+    #[arg(long, value_parser = duration, default_value = "0s")]
+    wait: Duration,
+    /// After losing it: how long the command has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    grace: Duration,
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    coord::util::parse_duration("duration", s).map_err(|_| {
+        format!("`{s}` is not a duration; write a number and a unit: 250ms, 2s, 1.5s, 1m, 1h")
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(exit::USAGE)
+            } else {
+                ExitCode::SUCCESS // --help, --version
+            };
+        }
+    };
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
+    let coord = coord::connect(&cli.url).await?;
+    match cli.command {
+        Command::Lock {
+            name,
+            hold,
+            command,
+        } => {
+            let locks = coord.locks()?;
+            let opts = coord::LockOptions::new(hold.ttl)
+                .wait(hold.wait)
+                .watchdog(true);
+            let guard = match locks.acquire_with(&name, opts).await {
+                Ok(g) => g,
+                Err(Error::Timeout { .. }) => {
+                    eprintln!(
+                        "coord: lock `{name}` is held by another; not acquired within {:?}",
+                        hold.wait
+                    );
+                    return Ok(ExitCode::from(BUSY));
+                }
+                Err(e) => return Err(e),
+            };
+            let token = guard.fencing_token().0.to_string();
+            let env = [("COORD_FENCING_TOKEN", token.clone()), ("COORD_LOCK", name)];
+            let lost = guard.lost();
+            let code = run::supervise(&command, &env, lost, hold.grace).await?;
+            if let Err(e) = guard.release().await {
+                if !code.lost {
+                    eprintln!("coord: the command ended but releasing the lock failed: {e}");
+                }
+            }
+            Ok(code.exit())
+        }
+        Command::Elect {
+            name,
+            id,
+            hold,
+            command,
+        } => {
+            let elections = coord.elections()?;
+            let wait = if hold.wait.is_zero() {
+                Duration::MAX
+            } else {
+                hold.wait
+            };
+            let mut leadership = match elections.campaign(&name, &id, hold.ttl, wait).await {
+                Ok(l) => l,
+                Err(Error::Timeout { .. }) => {
+                    eprintln!("coord: not elected leader of `{name}` within {wait:?}");
+                    return Ok(ExitCode::from(BUSY));
+                }
+                Err(e) => return Err(e),
+            };
+            leadership.keep_alive();
+            let term = leadership.term().0.to_string();
+            let env = [
+                ("COORD_FENCING_TOKEN", term.clone()),
+                ("COORD_TERM", term),
+                ("COORD_ELECTION", name),
+            ];
+            let lost = leadership.lost();
+            let code = run::supervise(&command, &env, lost, hold.grace).await?;
+            let _ = leadership.resign().await;
+            Ok(code.exit())
+        }
+        Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,
+        Command::Release {
+            force: _,
+            kind: ReleaseKind::Lock,
+            name,
+            yes,
+        } => {
+            if !yes && !exit::confirm(&format!("Force-release lock `{name}` held by anyone?"))? {
+                eprintln!("coord: not released");
+                return Ok(ExitCode::from(exit::USAGE));
+            }
+            let was_held = coord.locks()?.force_release(&name).await?;
+            println!("{}", if was_held { "released" } else { "not held" });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Limit {
+            key,
+            limit,
+            window,
+            algorithm,
+            cost,
+            json,
+        } => {
+            let alg = match algorithm {
+                Alg::Gcra => Algorithm::Gcra,
+                Alg::SlidingLog => Algorithm::SlidingLog,
+                Alg::SlidingWindow => Algorithm::SlidingWindow,
+                Alg::FixedWindow => Algorithm::FixedWindow,
+            };
+            let d = coord
+                .limiter()?
+                .check_cost(&key, Quota::new(limit, window, alg), cost)
+                .await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "allowed": d.allowed,
+                        "remaining": d.remaining,
+                        "retry_after_ms": d.retry_after.as_millis() as u64,
+                        "reset_after_ms": d.reset_after.as_millis() as u64,
+                    })
+                );
+            } else if d.allowed {
+                println!("allowed ({} remaining)", d.remaining);
+            } else {
+                println!("denied; retry after {:?}", d.retry_after);
+            }
+            Ok(if d.allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(BUSY)
+            })
+        }
+        Command::Barrier {
+            name,
+            parties,
+            id,
+            timeout,
+        } => match coord.barriers()?.wait(&name, parties, &id, timeout).await {
+            Ok(generation) => {
+                println!("{generation}");
+                Ok(ExitCode::SUCCESS)
+            }
+            Err(Error::Timeout { .. }) => {
+                eprintln!("coord: barrier `{name}` did not fill within {timeout:?}");
+                Ok(ExitCode::from(BUSY))
+            }
+            Err(e) => Err(e),
+        },
+        Command::Fence {
+            op: FenceOp::Next { resource },
+        } => {
+            println!("{}", coord.fencing()?.next(&resource).await?.0);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn leader(coord: &Coord, name: &str, watch: bool, json: bool) -> Result<ExitCode, Error> {
+    let show = |l: &Option<coord::LeaderInfo>| match (l, json) {
+        (Some(l), true) => serde_json::json!({"leader": l.candidate, "term": l.term.0}).to_string(),
+        (None, true) => serde_json::json!({"leader": null}).to_string(),
+        (Some(l), false) => format!("{} (term {})", l.candidate, l.term.0),
+        (None, false) => "no leader".to_string(),
+    };
+    let elections = coord.elections()?;
+    if !watch {
+        let l = elections.leader(name).await?;
+        println!("{}", show(&l));
+        return Ok(if l.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(BUSY)
+        });
+    }
+    let mut changes = Box::pin(elections.observe(name)?);
+    loop {
+        tokio::select! {
+            next = changes.next() => match next {
+                Some(Ok(l)) => println!("{}", show(&l)),
+                Some(Err(e)) => return Err(e),
+                None => return Ok(ExitCode::SUCCESS),
+            },
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
