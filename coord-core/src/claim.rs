@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use crate::backend::{Election, Lease, Lock};
 use crate::error::{Error, Result};
+use crate::metrics;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::validate;
 
@@ -27,6 +28,11 @@ pub(crate) enum ClaimBackend {
 }
 
 impl ClaimBackend {
+    /// The store's name (`Capabilities::backend`), for metrics.
+    pub(crate) fn store(&self) -> &'static str {
+        self.capabilities().backend
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             ClaimBackend::Lock(_) => "lock",
@@ -94,6 +100,8 @@ struct Inner {
     /// Serialises renewals with release, so no renewal outlives release.
     op: tokio::sync::Mutex<()>,
     timer_started: AtomicBool,
+    /// When it was granted, for the hold-time metric.
+    granted_at: Instant,
 }
 
 impl Inner {
@@ -122,9 +130,18 @@ impl Inner {
         self.lost_flag.load(Ordering::Acquire)
     }
 
+    fn record_release(&self) {
+        metrics::released(
+            self.backend.store(),
+            self.backend.kind(),
+            self.granted_at.elapsed(),
+        );
+    }
+
     fn mark_lost(&self, why: &'static str) {
         if !self.lost_flag.swap(true, Ordering::AcqRel) {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
+            metrics::lost(self.backend.store(), self.backend.kind());
             // Token first: whoever wakes from `lost()` must see it cancelled.
             if let Some(t) = self.lost_token.get() {
                 t.cancel();
@@ -255,6 +272,7 @@ impl Guard {
                 replan: Notify::new(),
                 op: tokio::sync::Mutex::new(()),
                 timer_started: AtomicBool::new(false),
+                granted_at: Instant::now(),
             }),
             watchdog: None,
         }
@@ -420,7 +438,10 @@ impl Guard {
                 });
             }
             inner.ended.notify_waiters();
-            if inner.backend.release(&inner.name, &inner.owner).await? {
+            inner.record_release();
+            let r = inner.backend.release(&inner.name, &inner.owner).await;
+            metrics::observe(inner.backend.store(), &r);
+            if r? {
                 Ok(())
             } else {
                 Err(Error::NotHeld {
@@ -455,7 +476,9 @@ impl Drop for Guard {
                 return;
             }
             inner.ended.notify_waiters();
+            inner.record_release();
             if let Err(e) = inner.backend.release(&inner.name, &inner.owner).await {
+                metrics::error(inner.backend.store(), &e);
                 tracing::debug!(name = %inner.name, error = %e, "release on drop failed; the TTL will free it");
             }
         });
@@ -531,8 +554,15 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                 )
                 .await;
                 drop(op);
+                if !matches!(r, Ok(Ok(true))) {
+                    metrics::renewal(inner.backend.store(), inner.backend.kind(), false);
+                }
+                if let Ok(Err(e)) = &r {
+                    metrics::error(inner.backend.store(), e);
+                }
                 match r {
                     Ok(Ok(true)) => {
+                        metrics::renewal(inner.backend.store(), inner.backend.kind(), true);
                         inner.renewed(sent_at, ttl);
                         tracing::trace!("renewed");
                         break;

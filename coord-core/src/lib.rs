@@ -27,6 +27,7 @@ mod lease;
 pub mod limit;
 mod limiter;
 mod lock;
+pub mod metrics;
 mod types;
 pub mod util;
 pub mod validate;

@@ -82,7 +82,13 @@ impl RateLimiter {
             key,
             cost
         );
-        tracing::Instrument::instrument(self.backend.check(key, &quota, cost), span).await
+        let r = tracing::Instrument::instrument(self.backend.check(key, &quota, cost), span).await;
+        let store = self.backend.capabilities().backend;
+        match &r {
+            Ok(d) => crate::metrics::limiter_check(store, d.allowed),
+            Err(e) => crate::metrics::error(store, e),
+        }
+        r
     }
 
     /// Check, and when denied sleep `retry_after` and check again, for at

@@ -11,6 +11,7 @@ use crate::backend::{Attempt, Lock};
 use crate::claim::{ClaimBackend, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::metrics;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::{validate, wait};
 
@@ -342,15 +343,19 @@ where
     .await;
     on_cancel.armed = false;
     drop(on_cancel);
+    let (store, kind) = (backend.store(), backend.kind());
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
             cleanup(&backend, name, owner);
+            metrics::acquire(store, kind, "error");
+            metrics::error(store, &e);
             return Err(e);
         }
     };
     match outcome.granted {
         Some(token) => {
+            metrics::granted(store, kind, start.elapsed(), outcome.subscribed);
             let sent_at = *sent.lock().unwrap_or_else(|p| p.into_inner());
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
@@ -359,12 +364,19 @@ where
                 cleanup(&backend, name, owner);
             }
             match outcome.last_error {
-                Some(e) => Err(e),
-                None => Err(Error::Timeout {
-                    operation,
-                    name: name.to_string(),
-                    waited: start.elapsed(),
-                }),
+                Some(e) => {
+                    metrics::acquire(store, kind, "error");
+                    metrics::error(store, &e);
+                    Err(e)
+                }
+                None => {
+                    metrics::acquire(store, kind, "timeout");
+                    Err(Error::Timeout {
+                        operation,
+                        name: name.to_string(),
+                        waited: start.elapsed(),
+                    })
+                }
             }
         }
     }

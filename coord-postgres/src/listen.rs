@@ -194,6 +194,7 @@ impl Listener {
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(2));
             });
+            coord_core::metrics::reconnect("postgres", "listen");
             self.wakeups.notify_every();
         }
     }

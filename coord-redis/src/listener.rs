@@ -124,6 +124,7 @@ pub(crate) async fn run(
             }
         };
         tracing::info!(backend = BACKEND, "wake-up subscription restored");
+        coord_core::metrics::reconnect(BACKEND, "subscriber");
         wakeups.notify_every();
     }
 }

@@ -15,6 +15,10 @@ const EXAMPLES: &[(&str, &str)] = &[
     ("leader_election", env!("CARGO_BIN_EXE_leader_election")),
     ("barrier", env!("CARGO_BIN_EXE_barrier")),
     ("rate_limited_api", env!("CARGO_BIN_EXE_rate_limited_api")),
+    (
+        "metrics_prometheus",
+        env!("CARGO_BIN_EXE_metrics_prometheus"),
+    ),
 ];
 
 fn run_all(url: &str) {

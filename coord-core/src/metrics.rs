@@ -1,0 +1,98 @@
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) crate's facade:
+//! coord records them, and whichever recorder the application installed
+//! (a Prometheus exporter, StatsD, none) receives them. Without a recorder
+//! they cost almost nothing. coord chooses no exporter.
+//!
+//! Every metric carries `store` (the backend: `memory`, `redis`, `etcd`,
+//! `postgres`) and, for claims, `kind` (`lock`, `lease`, `leadership`).
+//! Owner tokens, passwords and names are never labels (names would make
+//! the label set unbounded).
+//!
+//! | metric | type | labels | what |
+//! |---|---|---|---|
+//! | `coord_acquire_total` | counter | store, kind, outcome | acquire / grant / campaign calls by outcome: `granted`, `timeout` (not granted within the wait), `error` |
+//! | `coord_acquire_wait_seconds` | histogram | store, kind | from the call to the grant, for granted ones |
+//! | `coord_handoffs_total` | counter | store, kind | grants that came after waiting (at least one refused attempt) |
+//! | `coord_hold_seconds` | histogram | store, kind | from the grant to the release (explicit or on drop) |
+//! | `coord_lost_total` | counter | store, kind | ownership lost (the [`lost`](crate::Guard::lost) signal fired) |
+//! | `coord_watchdog_renewals_total` | counter | store, kind, outcome | watchdog renewals: `ok`, `failed` (each failed try) |
+//! | `coord_limiter_checks_total` | counter | store, outcome | rate-limit checks: `allowed`, `denied` |
+//! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, … |
+//! | `coord_reconnects_total` | counter | store, what | a backend's connection or subscription re-established |
+//!
+//! ```
+//! // With any recorder installed (here none), the calls are no-ops.
+//! coord_core::metrics::reconnect("redis", "subscriber");
+//! ```
+
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// `coord_acquire_total`: one acquire, grant or campaign call ended.
+pub(crate) fn acquire(store: &'static str, kind: &'static str, outcome: &'static str) {
+    metrics::counter!("coord_acquire_total", "store" => store, "kind" => kind, "outcome" => outcome)
+        .increment(1);
+}
+
+/// `coord_acquire_wait_seconds` and, after waiting, `coord_handoffs_total`.
+pub(crate) fn granted(store: &'static str, kind: &'static str, waited: Duration, after_wait: bool) {
+    acquire(store, kind, "granted");
+    metrics::histogram!("coord_acquire_wait_seconds", "store" => store, "kind" => kind)
+        .record(waited.as_secs_f64());
+    if after_wait {
+        metrics::counter!("coord_handoffs_total", "store" => store, "kind" => kind).increment(1);
+    }
+}
+
+/// `coord_hold_seconds`: a claim was released after `held`.
+pub(crate) fn released(store: &'static str, kind: &'static str, held: Duration) {
+    metrics::histogram!("coord_hold_seconds", "store" => store, "kind" => kind)
+        .record(held.as_secs_f64());
+}
+
+/// `coord_lost_total`.
+pub(crate) fn lost(store: &'static str, kind: &'static str) {
+    metrics::counter!("coord_lost_total", "store" => store, "kind" => kind).increment(1);
+}
+
+/// `coord_watchdog_renewals_total`.
+pub(crate) fn renewal(store: &'static str, kind: &'static str, ok: bool) {
+    let outcome = if ok { "ok" } else { "failed" };
+    metrics::counter!("coord_watchdog_renewals_total", "store" => store, "kind" => kind, "outcome" => outcome)
+        .increment(1);
+}
+
+/// `coord_limiter_checks_total`.
+pub(crate) fn limiter_check(store: &'static str, allowed: bool) {
+    let outcome = if allowed { "allowed" } else { "denied" };
+    metrics::counter!("coord_limiter_checks_total", "store" => store, "outcome" => outcome)
+        .increment(1);
+}
+
+/// `coord_store_errors_total`, for an error that came from (or on the way
+/// to) the store; bad input and timeouts of a wait are not store errors.
+pub(crate) fn error(store: &'static str, e: &Error) {
+    let kind = match e {
+        Error::Unavailable { .. } => "unavailable",
+        Error::Store { .. } => "store",
+        Error::Lost { .. } => "lost",
+        Error::Config(_) => "config",
+        Error::Unsupported { .. } => "unsupported",
+        Error::InvalidArgument { .. } | Error::Timeout { .. } | Error::NotHeld { .. } => return,
+    };
+    metrics::counter!("coord_store_errors_total", "store" => store, "kind" => kind).increment(1);
+}
+
+/// Record the outcome of a store call: an error is counted by kind.
+pub(crate) fn observe<T>(store: &'static str, r: &crate::Result<T>) {
+    if let Err(e) = r {
+        error(store, e);
+    }
+}
+
+/// `coord_reconnects_total`: a backend re-established `what` (its
+/// connection, its subscription, a watch) after losing it. For backends.
+pub fn reconnect(store: &'static str, what: &'static str) {
+    metrics::counter!("coord_reconnects_total", "store" => store, "what" => what).increment(1);
+}

@@ -1,0 +1,185 @@
+//! What coord records through the `metrics` facade (the code lives in
+//! coord-core; the in-memory store drives it here), read back from
+//! `metrics-util`'s debugging recorder.
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::{CompositeKey, MetricKind};
+
+type Entry = (
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+);
+
+fn find<'a>(snap: &'a [Entry], name: &str, labels: &[(&str, &str)]) -> Option<&'a DebugValue> {
+    snap.iter()
+        .find(|(k, _, _, _)| {
+            k.key().name() == name
+                && labels.iter().all(|(l, v)| {
+                    k.key()
+                        .labels()
+                        .any(|lab| lab.key() == *l && lab.value() == *v)
+                })
+        })
+        .map(|(_, _, _, v)| v)
+}
+
+fn counter(snap: &[Entry], name: &str, labels: &[(&str, &str)]) -> u64 {
+    match find(snap, name, labels) {
+        Some(DebugValue::Counter(n)) => *n,
+        None => 0,
+        Some(other) => panic!("{name} is not a counter: {other:?}"),
+    }
+}
+
+fn samples(snap: &[Entry], name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    match find(snap, name, labels) {
+        Some(DebugValue::Histogram(v)) => v.iter().map(|f| f.into_inner()).collect(),
+        None => Vec::new(),
+        Some(other) => panic!("{name} is not a histogram: {other:?}"),
+    }
+}
+
+/// Run `f` on a current-thread runtime with a fresh recorder installed for
+/// this thread (tasks spawned by coord run on it too), then snapshot.
+fn recorded<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> Vec<Entry> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter: Snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(f())
+    });
+    let snap = snapshotter.snapshot().into_vec();
+    assert!(
+        snap.iter()
+            .all(|(k, _, _, _)| k.kind() != MetricKind::Gauge)
+    );
+    snap
+}
+
+const LOCK: [(&str, &str); 2] = [("store", "memory"), ("kind", "lock")];
+
+#[test]
+fn acquires_waits_handoffs_holds_and_timeouts_are_recorded() {
+    let snap = recorded(|| async {
+        let coord = coord_memory::connect("memory://metrics-acquire").unwrap();
+        let locks = coord.locks().unwrap();
+        let ttl = Duration::from_secs(10);
+        let first = locks.try_acquire("m", ttl).await.unwrap().unwrap();
+        // Busy: a try and a short wait time out.
+        assert!(locks.try_acquire("m", ttl).await.unwrap().is_none());
+        assert!(
+            locks
+                .acquire("m", ttl, Duration::from_millis(20))
+                .await
+                .is_err()
+        );
+        // A waiter is handed the lock on release.
+        let l2 = locks.clone();
+        let waiter =
+            tokio::spawn(async move { l2.acquire("m", ttl, Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        first.release().await.unwrap();
+        let second = waiter.await.unwrap().unwrap();
+        drop(second); // released on drop, in the background
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    });
+    let ok = |o| [LOCK[0], LOCK[1], ("outcome", o)];
+    assert_eq!(counter(&snap, "coord_acquire_total", &ok("granted")), 2);
+    assert_eq!(counter(&snap, "coord_acquire_total", &ok("timeout")), 2);
+    assert_eq!(counter(&snap, "coord_acquire_total", &ok("error")), 0);
+    assert_eq!(counter(&snap, "coord_handoffs_total", &LOCK), 1);
+    let waits = samples(&snap, "coord_acquire_wait_seconds", &LOCK);
+    assert_eq!(waits.len(), 2);
+    assert!(
+        waits.iter().any(|w| *w >= 0.04),
+        "the handed-off wait: {waits:?}"
+    );
+    let holds = samples(&snap, "coord_hold_seconds", &LOCK);
+    assert_eq!(
+        holds.len(),
+        2,
+        "explicit release and release on drop: {holds:?}"
+    );
+    assert!(holds.iter().any(|h| *h >= 0.04), "{holds:?}");
+}
+
+#[test]
+fn watchdog_renewals_and_lost_ownership_are_recorded() {
+    let snap = recorded(|| async {
+        let coord = coord_memory::connect("memory://metrics-lost").unwrap();
+        let locks = coord.locks().unwrap();
+        let ttl = Duration::from_millis(300);
+        let mut g = locks.try_acquire("w", ttl).await.unwrap().unwrap();
+        g.keep_alive();
+        tokio::time::sleep(Duration::from_millis(450)).await; // two renewals
+        assert!(locks.force_release("w").await.unwrap());
+        tokio::time::timeout(Duration::from_secs(2), g.lost())
+            .await
+            .expect("lost fires");
+    });
+    let ok = [LOCK[0], LOCK[1], ("outcome", "ok")];
+    let failed = [LOCK[0], LOCK[1], ("outcome", "failed")];
+    assert!(counter(&snap, "coord_watchdog_renewals_total", &ok) >= 2);
+    assert_eq!(counter(&snap, "coord_watchdog_renewals_total", &failed), 1);
+    assert_eq!(counter(&snap, "coord_lost_total", &LOCK), 1);
+}
+
+#[test]
+fn limiter_admits_and_denials_are_recorded() {
+    let snap = recorded(|| async {
+        let coord = coord_memory::connect("memory://metrics-limit").unwrap();
+        let limiter = coord.limiter().unwrap();
+        let q = coord_core::Quota::new(2, Duration::from_secs(60), coord_core::Algorithm::Gcra);
+        for _ in 0..3 {
+            limiter.check("k", q).await.unwrap();
+        }
+    });
+    let m = "coord_limiter_checks_total";
+    assert_eq!(
+        counter(&snap, m, &[("store", "memory"), ("outcome", "allowed")]),
+        2
+    );
+    assert_eq!(
+        counter(&snap, m, &[("store", "memory"), ("outcome", "denied")]),
+        1
+    );
+}
+
+#[test]
+fn leases_and_leaderships_carry_their_kind() {
+    let snap = recorded(|| async {
+        let coord = coord_memory::connect("memory://metrics-kinds").unwrap();
+        let lease = coord
+            .leases()
+            .unwrap()
+            .grant("l", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        lease.revoke().await.unwrap();
+        let l = coord
+            .elections()
+            .unwrap()
+            .campaign("e", "me", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap();
+        l.resign().await.unwrap();
+    });
+    for kind in ["lease", "leadership"] {
+        let labels = [("store", "memory"), ("kind", kind), ("outcome", "granted")];
+        assert_eq!(counter(&snap, "coord_acquire_total", &labels), 1, "{kind}");
+        let held = [("store", "memory"), ("kind", kind)];
+        assert_eq!(
+            samples(&snap, "coord_hold_seconds", &held).len(),
+            1,
+            "{kind}"
+        );
+    }
+}
