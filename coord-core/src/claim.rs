@@ -1,4 +1,4 @@
-//! Guards for held claims (locks, leases, leadership): validity deadline,
+//! Guards for held claims (locks, leases, leadership, semaphore permits): validity deadline,
 //! extend, release, release-on-drop, the watchdog and the lost-ownership
 //! signal. Written once for every backend.
 
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{Election, Lease, Lock};
+use crate::backend::{Election, Lease, Lock, Semaphore};
 use crate::error::{Error, Result};
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::validate;
@@ -24,6 +24,7 @@ pub(crate) enum ClaimBackend {
     Lock(Arc<dyn Lock>),
     Lease(Arc<dyn Lease>),
     Election(Arc<dyn Election>),
+    Semaphore(Arc<dyn Semaphore>),
 }
 
 impl ClaimBackend {
@@ -32,6 +33,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(_) => "lock",
             ClaimBackend::Lease(_) => "lease",
             ClaimBackend::Election(_) => "leadership",
+            ClaimBackend::Semaphore(_) => "semaphore permit",
         }
     }
 
@@ -40,6 +42,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.capabilities(),
             ClaimBackend::Lease(b) => b.capabilities(),
             ClaimBackend::Election(b) => b.capabilities(),
+            ClaimBackend::Semaphore(b) => b.capabilities(),
         }
     }
 
@@ -48,6 +51,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.extend(name, owner, ttl).await,
             ClaimBackend::Lease(b) => b.renew(name, owner, ttl).await,
             ClaimBackend::Election(b) => b.renew(name, owner, ttl).await,
+            ClaimBackend::Semaphore(b) => b.extend(name, owner, ttl).await,
         }
     }
 
@@ -56,6 +60,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.release(name, owner).await,
             ClaimBackend::Lease(b) => b.revoke(name, owner).await,
             ClaimBackend::Election(b) => b.resign(name, owner).await,
+            ClaimBackend::Semaphore(b) => b.release(name, owner).await,
         }
     }
 }
@@ -187,7 +192,7 @@ fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
 }
 
 /// A held claim: a lock, a lease, or (inside [`Leadership`](crate::Leadership))
-/// a leadership.
+/// a leadership, or (inside [`Permit`](crate::Permit)) semaphore permits.
 ///
 /// - [`fencing_token`](Guard::fencing_token) is the grant's fencing token;
 ///   pass it to every resource you write to.

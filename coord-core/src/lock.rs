@@ -145,12 +145,12 @@ impl Locks {
             ttl,
             opts.wait,
             self.settings.poll_interval,
-            self.backend.capabilities().fair,
+            Queueing::once_subscribed(self.backend.capabilities().fair),
             |owner| {
                 let b = self.backend.clone();
                 async move { b.try_acquire(name, &owner, ttl).await }
             },
-            || self.backend.subscribe(name),
+            |_| self.backend.subscribe(name),
         )
         .instrument(span)
         .await?;
@@ -294,8 +294,36 @@ impl Locks {
     }
 }
 
-/// Shared by locks, leases and elections: attempt (waiting if asked),
-/// build the guard, and clean up after an ambiguous failure.
+/// Whether the store may keep a waiter's place in line for an owner whose
+/// acquire did not succeed, so the core must remove it (with `release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queueing {
+    /// The store keeps nothing for a refused attempt.
+    No,
+    /// The store queues waiters once they have subscribed (locks and
+    /// elections on a fair store, as etcd's key-per-waiter queue).
+    OnceSubscribed,
+    /// Every refused attempt joins the store's queue, from the first one
+    /// (a FIFO semaphore's waiting acquire).
+    FromFirstAttempt,
+}
+
+impl Queueing {
+    pub(crate) fn once_subscribed(fair: bool) -> Self {
+        if fair {
+            Queueing::OnceSubscribed
+        } else {
+            Queueing::No
+        }
+    }
+}
+
+/// Shared by locks, leases, elections and semaphores: attempt (waiting if
+/// asked), build the guard, and clean up after an ambiguous failure or a
+/// wait that left a place in the store's queue.
+///
+/// `subscribe` gets the attempt's owner token, for stores that wake
+/// individual waiters.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn acquire_claim<A, AF, S, SF>(
     backend: ClaimBackend,
@@ -304,14 +332,14 @@ pub(crate) async fn acquire_claim<A, AF, S, SF>(
     ttl: Duration,
     wait: Duration,
     poll: Duration,
-    queued: bool,
+    queued: Queueing,
     mut attempt: A,
     subscribe: S,
 ) -> Result<Guard>
 where
     A: FnMut(OwnerToken) -> AF,
     AF: Future<Output = Result<Attempt>>,
-    S: FnOnce() -> SF,
+    S: FnOnce(OwnerToken) -> SF,
     SF: Future<Output = Result<crate::wake::Waiter>>,
 {
     let owner = OwnerToken::random();
@@ -335,7 +363,7 @@ where
             *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
             attempt(owner)
         },
-        subscribe,
+        || subscribe(owner),
         deadline,
         poll,
     )
@@ -355,7 +383,12 @@ where
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
-            if outcome.ambiguous || (queued && outcome.subscribed) {
+            let left_in_queue = match queued {
+                Queueing::No => false,
+                Queueing::OnceSubscribed => outcome.subscribed,
+                Queueing::FromFirstAttempt => true,
+            };
+            if outcome.ambiguous || left_in_queue {
                 cleanup(&backend, name, owner);
             }
             match outcome.last_error {
