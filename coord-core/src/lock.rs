@@ -383,13 +383,20 @@ where
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
-            let left_in_queue = match queued {
-                Queueing::No => false,
-                Queueing::OnceSubscribed => outcome.subscribed,
-                Queueing::FromFirstAttempt => true,
-            };
-            if outcome.ambiguous || left_in_queue {
-                cleanup(&backend, name, owner);
+            match queued {
+                // Our place in line must be gone before the caller hears
+                // "timed out": a request it makes next must not find itself
+                // queued behind us. So remove it now, not in the background.
+                Queueing::FromFirstAttempt => {
+                    if let Err(e) = backend.release(name, &owner).await {
+                        tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; the store drops the entry later");
+                    }
+                }
+                Queueing::OnceSubscribed if outcome.ambiguous || outcome.subscribed => {
+                    cleanup(&backend, name, owner);
+                }
+                _ if outcome.ambiguous => cleanup(&backend, name, owner),
+                _ => {}
             }
             match outcome.last_error {
                 Some(e) => Err(e),
