@@ -423,8 +423,9 @@ pub async fn semaphore_permits_total_mismatch_is_an_error(f: &Factory) {
 
 /// On a FIFO store a waiting request for 2 at the head of the queue is not
 /// overtaken by later requests for 1 (a single attempt or a waiting one),
-/// though 1 permit is free; when 2 are free it is granted first and
-/// promptly, then the later one. Skipped on stores that do not queue.
+/// though 1 permit is free; when 2 are free it is granted, promptly, and
+/// the later request for 1 (which would not fit beside it) only after the
+/// next release. Skipped on stores that do not queue.
 pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factory) {
     let (a, b, c) = (f.client().await, f.client().await, f.client().await);
     let (Some(sa), Some(sb), Some(sc)) = (semaphores(&a), semaphores(&b), semaphores(&c)) else {
@@ -438,10 +439,9 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
         return;
     }
     let name = unique("sem-fifo");
-    let held = sa
-        .acquire_many(&name, 2, 3, LONG, Duration::ZERO)
-        .await
-        .unwrap();
+    // 3 permits: 1 kept, 1 released soon, 1 free.
+    let keep = sa.acquire(&name, 3, LONG, Duration::ZERO).await.unwrap();
+    let held = sa.acquire(&name, 3, LONG, Duration::ZERO).await.unwrap();
     let n2 = name.clone();
     let big = tokio::spawn(async move {
         let p = sb
@@ -466,6 +466,7 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
         !small.is_finished(),
         "a later waiting request for 1 overtook the queued request for 2"
     );
+    // 2 free now: exactly enough for the head, not for the one behind it.
     let released_at = Instant::now();
     held.release().await.unwrap();
     let (big_at, big) = big.await.unwrap();
@@ -475,8 +476,20 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
         "the head was granted {:?} after the release",
         big_at - released_at
     );
-    let (_, small) = small.await.unwrap();
-    let small = small.expect("the later request gets the permit left");
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !small.is_finished(),
+        "3 permits held beside 1 more: more than permits_total"
+    );
+    let released_at = Instant::now();
+    keep.release().await.unwrap();
+    let (small_at, small) = small.await.unwrap();
+    let small = small.expect("the later request gets the permit given back");
+    assert!(
+        small_at - released_at <= PROMPT,
+        "the second in line was granted {:?} after the release",
+        small_at - released_at
+    );
     assert!(
         small.fencing_token() > big.fencing_token(),
         "granted out of order"
