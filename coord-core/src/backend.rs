@@ -86,6 +86,18 @@ pub trait Lock: Send + Sync + 'static {
 /// What one semaphore attempt asks for: `permits` of the `total` permits
 /// of a name, for `ttl`. Already validated by the core
 /// (`1 <= permits <= total <= MAX_PERMITS`, TTL rounded up).
+///
+/// ```
+/// use std::time::Duration;
+/// // What `Semaphores::acquire_many("pool", 2, 8, 30 s, 5 s)` sends.
+/// let req = coord_core::PermitRequest {
+///     permits: 2,
+///     total: 8,
+///     ttl: Duration::from_secs(30),
+///     queue: true,
+/// };
+/// assert!(req.permits <= req.total);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PermitRequest {
     /// How many permits to take at once (all or none).
@@ -122,6 +134,23 @@ pub struct PermitRequest {
 /// request for `n` permits at the head of the queue is never overtaken by
 /// smaller requests that came later. Queued waiters are woken by the store
 /// when they can be granted.
+///
+/// Users want [`Semaphores`](crate::Semaphores); backend authors and tests
+/// reach the raw trait through [`Coord::raw_semaphore`](crate::Coord::raw_semaphore):
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// use coord_core::{Attempt, OwnerToken, PermitRequest};
+/// let raw = coord.raw_semaphore()?;
+/// let owner = OwnerToken::random();
+/// let req = PermitRequest { permits: 1, total: 2, ttl: Duration::from_secs(5), queue: false };
+/// if let Attempt::Granted(token) = raw.try_acquire("pool", &owner, &req).await? {
+///     println!("granted with fencing token {token}");
+///     assert!(raw.release("pool", &owner).await?);
+/// }
+/// # Ok(()) }
+/// ```
 #[async_trait]
 pub trait Semaphore: Send + Sync + 'static {
     /// What this backend promises.

@@ -145,6 +145,14 @@ impl Coord {
 
     /// The raw semaphore backend (no waiting, guards or validation): for
     /// backend authors and tests. Users want [`Coord::semaphores`].
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) {
+    /// if let Ok(raw) = coord.raw_semaphore() {
+    ///     println!("FIFO semaphores: {}", raw.fifo());
+    /// }
+    /// # }
+    /// ```
     pub fn raw_semaphore(&self) -> Result<Arc<dyn Semaphore>> {
         self.semaphore
             .clone()
@@ -198,6 +206,13 @@ impl CoordBuilder {
         self
     }
     /// Provide semaphores.
+    ///
+    /// ```
+    /// # fn demo(caps: coord_core::Capabilities, sem: std::sync::Arc<dyn coord_core::Semaphore>) {
+    /// let coord = coord_core::Coord::builder(caps).semaphore(sem).build();
+    /// assert!(coord.semaphores().is_ok());
+    /// # }
+    /// ```
     pub fn semaphore(mut self, b: Arc<dyn Semaphore>) -> Self {
         self.coord.semaphore = Some(b);
         self

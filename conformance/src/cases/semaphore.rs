@@ -33,6 +33,13 @@ fn semaphores(c: &Coord) -> Option<Semaphores> {
     }
 }
 
+/// The semaphores of every client, or `None` (the reason said once) if
+/// the store has none yet.
+fn gated<const N: usize>(clients: [&Coord; N]) -> Option<[Semaphores; N]> {
+    semaphores(clients[0])?;
+    Some(clients.map(|c| c.semaphores().expect("the first client had semaphores")))
+}
+
 fn field_of<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) -> &'static str {
     match r {
         Err(Error::InvalidArgument { field, .. }) => field,
@@ -100,7 +107,7 @@ pub async fn semaphore_never_more_than_total_holders_under_load(f: &Factory) {
 pub async fn semaphore_crashed_holders_permit_returns_after_ttl(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
     let c = f.client().await.with_poll_interval(Duration::from_secs(10));
-    let (Some(sa), Some(sb), Some(sc)) = (semaphores(&a), semaphores(&b), semaphores(&c)) else {
+    let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
         return;
     };
     let name = unique("sem-crash");
@@ -132,7 +139,7 @@ pub async fn semaphore_crashed_holders_permit_returns_after_ttl(f: &Factory) {
 /// once all 5 are free it gets its 3 together.
 pub async fn semaphore_multi_permit_acquire_is_all_or_none(f: &Factory) {
     let (a, b, c) = (f.client().await, f.client().await, f.client().await);
-    let (Some(sa), Some(sb), Some(sc)) = (semaphores(&a), semaphores(&b), semaphores(&c)) else {
+    let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
         return;
     };
     let name = unique("sem-many");
@@ -185,10 +192,9 @@ pub async fn semaphore_multi_permit_acquire_is_all_or_none(f: &Factory) {
 /// unique among concurrent holders, and extend keeps them.
 pub async fn semaphore_fencing_tokens_rise(f: &Factory) {
     let clients = f.clients(4).await;
-    let sems: Vec<Semaphores> = clients.iter().filter_map(semaphores).collect();
-    if sems.len() < clients.len() {
+    let Some(sems) = gated([&clients[0], &clients[1], &clients[2], &clients[3]]) else {
         return;
-    }
+    };
     let name = unique("sem-fence");
     let mut last = FencingToken(0);
     for i in 0..20 {
@@ -228,7 +234,7 @@ pub async fn semaphore_fencing_tokens_rise(f: &Factory) {
 /// its permit) and fire its lost signal.
 pub async fn semaphore_stale_permit_cannot_release_or_extend(f: &Factory) {
     let (a, b, c) = (f.client().await, f.client().await, f.client().await);
-    let (Some(sa), Some(sb), Some(sc)) = (semaphores(&a), semaphores(&b), semaphores(&c)) else {
+    let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
         return;
     };
     let name = unique("sem-stale");
@@ -276,7 +282,7 @@ pub async fn semaphore_waiter_is_woken_by_notification(f: &Factory) {
         Duration::from_millis(200)
     };
     let b = b.with_poll_interval(poll);
-    let (Some(sa), Some(sb)) = (semaphores(&a), semaphores(&b)) else {
+    let Some([sa, sb]) = gated([&a, &b]) else {
         return;
     };
     let name = unique("sem-wake");
@@ -394,7 +400,7 @@ pub async fn semaphore_bad_input_is_rejected_and_writes_nothing(f: &Factory) {
 /// accepted.
 pub async fn semaphore_permits_total_mismatch_is_an_error(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
-    let (Some(sa), Some(sb)) = (semaphores(&a), semaphores(&b)) else {
+    let Some([sa, sb]) = gated([&a, &b]) else {
         return;
     };
     let name = unique("sem-total");
@@ -428,7 +434,7 @@ pub async fn semaphore_permits_total_mismatch_is_an_error(f: &Factory) {
 /// next release. Skipped on stores that do not queue.
 pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factory) {
     let (a, b, c) = (f.client().await, f.client().await, f.client().await);
-    let (Some(sa), Some(sb), Some(sc)) = (semaphores(&a), semaphores(&b), semaphores(&c)) else {
+    let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
         return;
     };
     if !sa.is_fifo() {
@@ -503,7 +509,7 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
 /// which the permit is free at once.
 pub async fn semaphore_watchdog_keeps_permit_and_stops_at_release(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
-    let (Some(sa), Some(sb)) = (semaphores(&a), semaphores(&b)) else {
+    let Some([sa, sb]) = gated([&a, &b]) else {
         return;
     };
     let name = unique("sem-dog");
