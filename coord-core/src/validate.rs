@@ -128,11 +128,24 @@ pub fn cost(q: &Quota, cost: u64) -> Result<()> {
 /// The largest `permits_total` a semaphore may have: every store can keep
 /// one record per holder, and a holder takes at least one permit, so this
 /// bounds what a name can cost in the store.
+///
+/// ```
+/// use coord_core::validate::{MAX_PERMITS, permits};
+/// assert!(permits(1, MAX_PERMITS).is_ok());
+/// assert!(permits(1, MAX_PERMITS + 1).is_err());
+/// ```
 pub const MAX_PERMITS: u32 = 1_000_000;
 
 /// Check a semaphore request: `1 <= permits <= permits_total <=`
 /// [`MAX_PERMITS`]. More permits than the total could never be granted, so
 /// such a request is refused outright rather than waited on for ever.
+///
+/// ```
+/// use coord_core::{Error, validate::permits};
+/// assert!(permits(2, 4).is_ok());
+/// assert!(matches!(permits(5, 4), Err(Error::InvalidArgument { field: "permits", .. })));
+/// assert!(matches!(permits(1, 0), Err(Error::InvalidArgument { field: "permits_total", .. })));
+/// ```
 pub fn permits(permits: u32, permits_total: u32) -> Result<()> {
     if permits_total == 0 {
         return Err(Error::invalid("permits_total", "must be at least 1"));

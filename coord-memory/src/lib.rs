@@ -12,6 +12,10 @@
 //! - Fencing tokens come from one counter shared by every lock, lease,
 //!   election and fencing resource of a store: strictly increasing per name,
 //!   but only for the life of the process ([`FencingDurability::Process`]).
+//! - Semaphores are FIFO: a request is granted only if it and every
+//!   request queued ahead of it fit into the free permits together, so the
+//!   head of the queue is never overtaken by smaller later requests, and a
+//!   release wakes exactly the waiters it makes grantable.
 //! - No lock is held across an `.await`; the uncontended acquire + release
 //!   touches one shard mutex twice and wakes nobody.
 //!
@@ -166,9 +170,17 @@ impl Claim {
 /// `Held { expires_in }` hint is at most [`QUEUE_REFRESH`]), so only an
 /// abandoned place, whose cleanup could not run (its runtime went away),
 /// lapses; it holds up the waiters behind it for at most this long.
+///
+/// ```
+/// assert!(coord_memory::QUEUE_REFRESH < coord_memory::QUEUE_ENTRY_TTL);
+/// ```
 pub const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(30);
 /// The longest `expires_in` a queued semaphore waiter is told to sleep, so
 /// it renews its place before [`QUEUE_ENTRY_TTL`] runs out.
+///
+/// ```
+/// assert_eq!(coord_memory::QUEUE_REFRESH, std::time::Duration::from_secs(10));
+/// ```
 pub const QUEUE_REFRESH: Duration = Duration::from_secs(10);
 
 /// One grant of a semaphore.
