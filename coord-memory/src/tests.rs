@@ -313,3 +313,25 @@ async fn semaphore_abandoned_place_in_line_lapses() {
         coord_core::Attempt::Granted(_)
     ));
 }
+
+/// A waiting acquire that is dropped (cancelled) gives up its place in
+/// line: the cleanup with its owner token removes it, so a smaller request
+/// behind it is not held up until the entry lapses.
+#[tokio::test(start_paused = true)]
+async fn semaphore_cancelled_waiter_gives_up_its_place_in_line() {
+    let coord = MemoryBackend::coord();
+    let sem = coord.semaphores().unwrap();
+    let _held = sem
+        .try_acquire_many("c", 2, 3, 60 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let s2 = sem.clone();
+    let waiting = tokio::spawn(async move { s2.acquire_many("c", 2, 3, 60 * S, 600 * S).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(sem.try_acquire("c", 3, 60 * S).await.unwrap().is_none());
+    waiting.abort();
+    let _ = waiting.await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(sem.try_acquire("c", 3, 60 * S).await.unwrap().is_some());
+}
