@@ -136,6 +136,16 @@ pub const CASES: &[&str] = &[
     "lock_attempts_are_idempotent_per_owner",
     "election_attempts_are_idempotent_and_renewals_keep_the_term",
     "limiter_algorithms_of_one_key_are_independent",
+    "semaphore_never_more_than_total_holders_under_load",
+    "semaphore_crashed_holders_permit_returns_after_ttl",
+    "semaphore_multi_permit_acquire_is_all_or_none",
+    "semaphore_fencing_tokens_rise",
+    "semaphore_stale_permit_cannot_release_or_extend",
+    "semaphore_waiter_is_woken_by_notification",
+    "semaphore_bad_input_is_rejected_and_writes_nothing",
+    "semaphore_permits_total_mismatch_is_an_error",
+    "semaphore_fifo_head_is_not_overtaken_by_smaller_requests",
+    "semaphore_watchdog_keeps_permit_and_stops_at_release",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -195,6 +205,16 @@ macro_rules! suite {
             election_attempts_are_idempotent_and_renewals_keep_the_term,
             limiter_algorithms_of_one_key_are_independent,
             lock_extend_of_a_removed_lock_marks_the_guard_lost,
+            semaphore_never_more_than_total_holders_under_load,
+            semaphore_crashed_holders_permit_returns_after_ttl,
+            semaphore_multi_permit_acquire_is_all_or_none,
+            semaphore_fencing_tokens_rise,
+            semaphore_stale_permit_cannot_release_or_extend,
+            semaphore_waiter_is_woken_by_notification,
+            semaphore_bad_input_is_rejected_and_writes_nothing,
+            semaphore_permits_total_mismatch_is_an_error,
+            semaphore_fifo_head_is_not_overtaken_by_smaller_requests,
+            semaphore_watchdog_keeps_permit_and_stops_at_release,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -1,4 +1,4 @@
-//! Guards for held claims (locks, leases, leadership): validity deadline,
+//! Guards for held claims (locks, leases, leadership, semaphore permits): validity deadline,
 //! extend, release, release-on-drop, the watchdog and the lost-ownership
 //! signal. Written once for every backend.
 
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::backend::{Election, Lease, Lock};
+use crate::backend::{Election, Lease, Lock, Semaphore};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
@@ -25,6 +25,7 @@ pub(crate) enum ClaimBackend {
     Lock(Arc<dyn Lock>),
     Lease(Arc<dyn Lease>),
     Election(Arc<dyn Election>),
+    Semaphore(Arc<dyn Semaphore>),
 }
 
 impl ClaimBackend {
@@ -33,11 +34,20 @@ impl ClaimBackend {
         self.capabilities().backend
     }
 
+    /// The `kind` label of metrics: `lock`, `lease`, `leadership`, `permit`.
+    pub(crate) fn metric_kind(&self) -> &'static str {
+        match self {
+            ClaimBackend::Semaphore(_) => "permit",
+            other => other.kind(),
+        }
+    }
+
     pub(crate) fn kind(&self) -> &'static str {
         match self {
             ClaimBackend::Lock(_) => "lock",
             ClaimBackend::Lease(_) => "lease",
             ClaimBackend::Election(_) => "leadership",
+            ClaimBackend::Semaphore(_) => "semaphore permit",
         }
     }
 
@@ -46,6 +56,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.capabilities(),
             ClaimBackend::Lease(b) => b.capabilities(),
             ClaimBackend::Election(b) => b.capabilities(),
+            ClaimBackend::Semaphore(b) => b.capabilities(),
         }
     }
 
@@ -54,6 +65,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.extend(name, owner, ttl).await,
             ClaimBackend::Lease(b) => b.renew(name, owner, ttl).await,
             ClaimBackend::Election(b) => b.renew(name, owner, ttl).await,
+            ClaimBackend::Semaphore(b) => b.extend(name, owner, ttl).await,
         }
     }
 
@@ -62,6 +74,7 @@ impl ClaimBackend {
             ClaimBackend::Lock(b) => b.release(name, owner).await,
             ClaimBackend::Lease(b) => b.revoke(name, owner).await,
             ClaimBackend::Election(b) => b.resign(name, owner).await,
+            ClaimBackend::Semaphore(b) => b.release(name, owner).await,
         }
     }
 }
@@ -133,7 +146,7 @@ impl Inner {
     fn record_release(&self) {
         metrics::released(
             self.backend.store(),
-            self.backend.kind(),
+            self.backend.metric_kind(),
             self.granted_at.elapsed(),
         );
     }
@@ -141,7 +154,7 @@ impl Inner {
     fn mark_lost(&self, why: &'static str) {
         if !self.lost_flag.swap(true, Ordering::AcqRel) {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
-            metrics::lost(self.backend.store(), self.backend.kind());
+            metrics::lost(self.backend.store(), self.backend.metric_kind());
             // Token first: whoever wakes from `lost()` must see it cancelled.
             if let Some(t) = self.lost_token.get() {
                 t.cancel();
@@ -204,7 +217,7 @@ fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
 }
 
 /// A held claim: a lock, a lease, or (inside [`Leadership`](crate::Leadership))
-/// a leadership.
+/// a leadership, or (inside [`Permit`](crate::Permit)) semaphore permits.
 ///
 /// - [`fencing_token`](Guard::fencing_token) is the grant's fencing token;
 ///   pass it to every resource you write to.
@@ -555,14 +568,14 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                 .await;
                 drop(op);
                 if !matches!(r, Ok(Ok(true))) {
-                    metrics::renewal(inner.backend.store(), inner.backend.kind(), false);
+                    metrics::renewal(inner.backend.store(), inner.backend.metric_kind(), false);
                 }
                 if let Ok(Err(e)) = &r {
                     metrics::error(inner.backend.store(), e);
                 }
                 match r {
                     Ok(Ok(true)) => {
-                        metrics::renewal(inner.backend.store(), inner.backend.kind(), true);
+                        metrics::renewal(inner.backend.store(), inner.backend.metric_kind(), true);
                         inner.renewed(sent_at, ttl);
                         tracing::trace!("renewed");
                         break;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock};
+use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Semaphore};
 use crate::error::{Error, Result};
 use crate::types::Capabilities;
 
@@ -44,6 +44,7 @@ pub struct Coord {
     pub(crate) election: Option<Arc<dyn Election>>,
     pub(crate) barrier: Option<Arc<dyn Barrier>>,
     pub(crate) limiter: Option<Arc<dyn Limiter>>,
+    pub(crate) semaphore: Option<Arc<dyn Semaphore>>,
 }
 
 impl std::fmt::Debug for Coord {
@@ -68,6 +69,7 @@ impl Coord {
                 election: None,
                 barrier: None,
                 limiter: None,
+                semaphore: None,
             },
         }
     }
@@ -86,6 +88,21 @@ impl Coord {
             .barrier(backend.clone())
             .limiter(backend)
             .build()
+    }
+
+    /// The same handle with semaphores provided by `backend` (for a
+    /// backend built with [`Coord::from_backend`], which takes the
+    /// primitives every backend has).
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord, sem: std::sync::Arc<dyn coord_core::Semaphore>) {
+    /// let coord = coord.with_semaphores(sem);
+    /// assert!(coord.semaphores().is_ok());
+    /// # }
+    /// ```
+    pub fn with_semaphores(mut self, backend: Arc<dyn Semaphore>) -> Coord {
+        self.semaphore = Some(backend);
+        self
     }
 
     /// What the backend promises.
@@ -124,6 +141,22 @@ impl Coord {
         self.election
             .clone()
             .ok_or_else(|| self.unsupported("elections"))
+    }
+
+    /// The raw semaphore backend (no waiting, guards or validation): for
+    /// backend authors and tests. Users want [`Coord::semaphores`].
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) {
+    /// if let Ok(raw) = coord.raw_semaphore() {
+    ///     println!("FIFO semaphores: {}", raw.fifo());
+    /// }
+    /// # }
+    /// ```
+    pub fn raw_semaphore(&self) -> Result<Arc<dyn Semaphore>> {
+        self.semaphore
+            .clone()
+            .ok_or_else(|| self.unsupported("semaphores"))
     }
 
     /// The raw barrier backend (no waiting, retries or validation): for
@@ -170,6 +203,18 @@ impl CoordBuilder {
     /// Provide rate limiters.
     pub fn limiter(mut self, b: Arc<dyn Limiter>) -> Self {
         self.coord.limiter = Some(b);
+        self
+    }
+    /// Provide semaphores.
+    ///
+    /// ```
+    /// # fn demo(caps: coord_core::Capabilities, sem: std::sync::Arc<dyn coord_core::Semaphore>) {
+    /// let coord = coord_core::Coord::builder(caps).semaphore(sem).build();
+    /// assert!(coord.semaphores().is_ok());
+    /// # }
+    /// ```
+    pub fn semaphore(mut self, b: Arc<dyn Semaphore>) -> Self {
+        self.coord.semaphore = Some(b);
         self
     }
     /// Override the settings.

@@ -11,7 +11,7 @@ use crate::backend::Election;
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::acquire_claim;
+use crate::lock::{Queueing, acquire_claim};
 use crate::types::{FencingToken, LeaderInfo};
 use crate::wake::Waiter;
 use crate::{validate, wait};
@@ -111,12 +111,12 @@ impl Elections {
             ttl,
             wait,
             self.settings.poll_interval,
-            self.backend.capabilities().fair,
+            Queueing::once_subscribed(self.backend.capabilities().fair),
             |owner| {
                 let b = self.backend.clone();
                 async move { b.try_campaign(name, candidate, &owner, ttl).await }
             },
-            || self.backend.subscribe(name),
+            |_| self.backend.subscribe(name),
         )
         .instrument(span)
         .await?;

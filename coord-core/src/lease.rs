@@ -9,7 +9,7 @@ use crate::backend::Lease;
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::acquire_claim;
+use crate::lock::{Queueing, acquire_claim};
 use crate::validate;
 
 /// Leases on one store: "worker 7 is alive for the next 10 s".
@@ -76,12 +76,12 @@ impl Leases {
             ttl,
             Duration::ZERO,
             self.settings.poll_interval,
-            false,
+            Queueing::No,
             |owner| {
                 let b = self.backend.clone();
                 async move { b.grant(name, &owner, ttl).await }
             },
-            || async { Ok(crate::wake::Waiter::never()) },
+            |_| async { Ok(crate::wake::Waiter::never()) },
         )
         .instrument(span)
         .await;

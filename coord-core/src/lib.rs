@@ -5,12 +5,14 @@
 //! leader election, barriers and rate limiters with one API over every store.
 //!
 //! - Backends implement the small store-specific traits ([`Lock`], [`Lease`],
-//!   [`FencingSource`], [`Election`], [`Barrier`], [`Limiter`]) and hand a
+//!   [`FencingSource`], [`Election`], [`Barrier`], [`Limiter`],
+//!   [`Semaphore`]) and hand a
 //!   [`Coord`] to users.
 //! - Users call the handles built here once for every backend: [`Locks`]
 //!   (with guards, waiting woken by the store, watchdog, lost-ownership
 //!   signal, [`Locks::with_lock`], [`Locks::acquire_all`]), [`Leases`],
-//!   [`Fencing`], [`Elections`], [`Barriers`] and [`RateLimiter`].
+//!   [`Fencing`], [`Elections`], [`Barriers`], [`RateLimiter`] and
+//!   [`Semaphores`].
 //! - Every input is checked here before any I/O ([`validate`]); a bad one is
 //!   an [`Error::InvalidArgument`] and changes nothing.
 #![deny(missing_docs)]
@@ -28,6 +30,7 @@ pub mod limit;
 mod limiter;
 mod lock;
 pub mod metrics;
+mod semaphore;
 mod types;
 pub mod util;
 pub mod validate;
@@ -35,7 +38,9 @@ mod wait;
 pub mod wake;
 
 pub use async_trait::async_trait;
-pub use backend::{Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock};
+pub use backend::{
+    Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock, PermitRequest, Semaphore,
+};
 pub use barrier::Barriers;
 pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};
 pub use coord::{Coord, CoordBuilder, Settings};
@@ -45,6 +50,7 @@ pub use fencing::{FencedRegister, Fencing};
 pub use lease::Leases;
 pub use limiter::RateLimiter;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
+pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     Algorithm, Arrival, Capabilities, Decision, FencingDurability, FencingToken, LeaderInfo,

@@ -146,12 +146,12 @@ impl Locks {
             ttl,
             opts.wait,
             self.settings.poll_interval,
-            self.backend.capabilities().fair,
+            Queueing::once_subscribed(self.backend.capabilities().fair),
             |owner| {
                 let b = self.backend.clone();
                 async move { b.try_acquire(name, &owner, ttl).await }
             },
-            || self.backend.subscribe(name),
+            |_| self.backend.subscribe(name),
         )
         .instrument(span)
         .await?;
@@ -295,8 +295,36 @@ impl Locks {
     }
 }
 
-/// Shared by locks, leases and elections: attempt (waiting if asked),
-/// build the guard, and clean up after an ambiguous failure.
+/// Whether the store may keep a waiter's place in line for an owner whose
+/// acquire did not succeed, so the core must remove it (with `release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queueing {
+    /// The store keeps nothing for a refused attempt.
+    No,
+    /// The store queues waiters once they have subscribed (locks and
+    /// elections on a fair store, as etcd's key-per-waiter queue).
+    OnceSubscribed,
+    /// Every refused attempt joins the store's queue, from the first one
+    /// (a FIFO semaphore's waiting acquire).
+    FromFirstAttempt,
+}
+
+impl Queueing {
+    pub(crate) fn once_subscribed(fair: bool) -> Self {
+        if fair {
+            Queueing::OnceSubscribed
+        } else {
+            Queueing::No
+        }
+    }
+}
+
+/// Shared by locks, leases, elections and semaphores: attempt (waiting if
+/// asked), build the guard, and clean up after an ambiguous failure or a
+/// wait that left a place in the store's queue.
+///
+/// `subscribe` gets the attempt's owner token, for stores that wake
+/// individual waiters.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn acquire_claim<A, AF, S, SF>(
     backend: ClaimBackend,
@@ -305,14 +333,14 @@ pub(crate) async fn acquire_claim<A, AF, S, SF>(
     ttl: Duration,
     wait: Duration,
     poll: Duration,
-    queued: bool,
+    queued: Queueing,
     mut attempt: A,
     subscribe: S,
 ) -> Result<Guard>
 where
     A: FnMut(OwnerToken) -> AF,
     AF: Future<Output = Result<Attempt>>,
-    S: FnOnce() -> SF,
+    S: FnOnce(OwnerToken) -> SF,
     SF: Future<Output = Result<crate::wake::Waiter>>,
 {
     let owner = OwnerToken::random();
@@ -336,14 +364,14 @@ where
             *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
             attempt(owner)
         },
-        subscribe,
+        || subscribe(owner),
         deadline,
         poll,
     )
     .await;
     on_cancel.armed = false;
     drop(on_cancel);
-    let (store, kind) = (backend.store(), backend.kind());
+    let (store, kind) = (backend.store(), backend.metric_kind());
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -360,8 +388,20 @@ where
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
-            if outcome.ambiguous || (queued && outcome.subscribed) {
-                cleanup(&backend, name, owner);
+            match queued {
+                // Our place in line must be gone before the caller hears
+                // "timed out": a request it makes next must not find itself
+                // queued behind us. So remove it now, not in the background.
+                Queueing::FromFirstAttempt => {
+                    if let Err(e) = backend.release(name, &owner).await {
+                        tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; the store drops the entry later");
+                    }
+                }
+                Queueing::OnceSubscribed if outcome.ambiguous || outcome.subscribed => {
+                    cleanup(&backend, name, owner);
+                }
+                _ if outcome.ambiguous => cleanup(&backend, name, owner),
+                _ => {}
             }
             match outcome.last_error {
                 Some(e) => {

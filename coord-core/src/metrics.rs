@@ -4,7 +4,8 @@
 //! they cost almost nothing. coord chooses no exporter.
 //!
 //! Every metric carries `store` (the backend: `memory`, `redis`, `etcd`,
-//! `postgres`) and, for claims, `kind` (`lock`, `lease`, `leadership`).
+//! `postgres`) and, for claims, `kind` (`lock`, `lease`, `leadership`,
+//! `permit`).
 //! Owner tokens, passwords and names are never labels (names would make
 //! the label set unbounded).
 //!

@@ -125,6 +125,51 @@ pub fn cost(q: &Quota, cost: u64) -> Result<()> {
     Ok(())
 }
 
+/// The largest `permits_total` a semaphore may have: every store can keep
+/// one record per holder, and a holder takes at least one permit, so this
+/// bounds what a name can cost in the store.
+///
+/// ```
+/// use coord_core::validate::{MAX_PERMITS, permits};
+/// assert!(permits(1, MAX_PERMITS).is_ok());
+/// assert!(permits(1, MAX_PERMITS + 1).is_err());
+/// ```
+pub const MAX_PERMITS: u32 = 1_000_000;
+
+/// Check a semaphore request: `1 <= permits <= permits_total <=`
+/// [`MAX_PERMITS`]. More permits than the total could never be granted, so
+/// such a request is refused outright rather than waited on for ever.
+///
+/// ```
+/// use coord_core::{Error, validate::permits};
+/// assert!(permits(2, 4).is_ok());
+/// assert!(matches!(permits(5, 4), Err(Error::InvalidArgument { field: "permits", .. })));
+/// assert!(matches!(permits(1, 0), Err(Error::InvalidArgument { field: "permits_total", .. })));
+/// ```
+pub fn permits(permits: u32, permits_total: u32) -> Result<()> {
+    if permits_total == 0 {
+        return Err(Error::invalid("permits_total", "must be at least 1"));
+    }
+    if permits_total > MAX_PERMITS {
+        return Err(Error::invalid(
+            "permits_total",
+            format!("is {permits_total}; at most {MAX_PERMITS} permits are allowed"),
+        ));
+    }
+    if permits == 0 {
+        return Err(Error::invalid("permits", "must be at least 1"));
+    }
+    if permits > permits_total {
+        return Err(Error::invalid(
+            "permits",
+            format!(
+                "{permits} exceeds permits_total {permits_total}; such a request can never be granted"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Check a barrier's party count.
 pub fn parties(parties: u32) -> Result<()> {
     if parties == 0 {
@@ -202,5 +247,21 @@ mod tests {
         assert!(e.to_string().contains("never be admitted"));
         assert!(parties(0).is_err());
         assert!(parties(1).is_ok());
+    }
+
+    #[test]
+    fn semaphore_permits() {
+        let field = |r: Result<()>| match r {
+            Err(Error::InvalidArgument { field, .. }) => field,
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        };
+        assert!(permits(1, 1).is_ok());
+        assert!(permits(MAX_PERMITS, MAX_PERMITS).is_ok());
+        assert_eq!(field(permits(1, 0)), "permits_total");
+        assert_eq!(field(permits(1, MAX_PERMITS + 1)), "permits_total");
+        assert_eq!(field(permits(0, 3)), "permits");
+        assert_eq!(field(permits(4, 3)), "permits");
+        let e = permits(4, 3).unwrap_err();
+        assert!(e.to_string().contains("never be granted"), "{e}");
     }
 }

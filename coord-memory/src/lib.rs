@@ -12,6 +12,10 @@
 //! - Fencing tokens come from one counter shared by every lock, lease,
 //!   election and fencing resource of a store: strictly increasing per name,
 //!   but only for the life of the process ([`FencingDurability::Process`]).
+//! - Semaphores are FIFO: a request is granted only if it and every
+//!   request queued ahead of it fit into the free permits together, so the
+//!   head of the queue is never overtaken by smaller later requests, and a
+//!   release wakes exactly the waiters it makes grantable.
 //! - No lock is held across an `.await`; the uncontended acquire + release
 //!   touches one shard mutex twice and wakes nobody.
 //!
@@ -28,8 +32,8 @@
 //! ```
 #![deny(missing_docs)]
 
-use std::collections::HashMap;
 use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -40,7 +44,7 @@ use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Algorithm, Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingDurability,
-    FencingToken, LeaderInfo, OwnerToken, Quota, Result, async_trait,
+    FencingToken, LeaderInfo, OwnerToken, PermitRequest, Quota, Result, async_trait,
 };
 use tokio::time::Instant;
 
@@ -65,7 +69,12 @@ pub fn connect(url: &str) -> Result<Coord> {
             "`{url}`: a memory:// URL takes only an optional store name, e.g. memory://tests"
         )));
     }
-    Ok(Coord::from_backend(store(rest)))
+    Ok(coord_of(store(rest)))
+}
+
+/// Every primitive of `backend`, semaphores included.
+fn coord_of(backend: Arc<MemoryBackend>) -> Coord {
+    Coord::from_backend(backend.clone()).with_semaphores(backend)
 }
 
 /// The process-wide store with this name (created on first use).
@@ -156,6 +165,78 @@ impl Claim {
     }
 }
 
+/// How long a waiter's place in a semaphore's queue lasts without a new
+/// attempt. A waiting acquire attempts again well within it (its
+/// `Held { expires_in }` hint is at most [`QUEUE_REFRESH`]), so only an
+/// abandoned place, whose cleanup could not run (its runtime went away),
+/// lapses; it holds up the waiters behind it for at most this long.
+///
+/// ```
+/// assert!(coord_memory::QUEUE_REFRESH < coord_memory::QUEUE_ENTRY_TTL);
+/// ```
+pub const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(30);
+/// The longest `expires_in` a queued semaphore waiter is told to sleep, so
+/// it renews its place before [`QUEUE_ENTRY_TTL`] runs out.
+///
+/// ```
+/// assert_eq!(coord_memory::QUEUE_REFRESH, std::time::Duration::from_secs(10));
+/// ```
+pub const QUEUE_REFRESH: Duration = Duration::from_secs(10);
+
+/// One grant of a semaphore.
+struct SemHolder {
+    owner: OwnerToken,
+    permits: u32,
+    token: u64,
+    expires: Instant,
+}
+
+/// One waiter in a semaphore's queue.
+struct SemWaiter {
+    owner: OwnerToken,
+    permits: u32,
+    expires: Instant,
+}
+
+/// A semaphore: its total, its grants, its FIFO queue of waiters.
+struct Sem {
+    total: u32,
+    holders: Vec<SemHolder>,
+    queue: VecDeque<SemWaiter>,
+}
+
+impl Sem {
+    fn prune(&mut self, now: Instant) {
+        self.holders.retain(|h| h.expires > now);
+        self.queue.retain(|w| w.expires > now);
+    }
+
+    fn idle(&self, now: Instant) -> bool {
+        self.holders.iter().all(|h| h.expires <= now) && self.queue.iter().all(|w| w.expires <= now)
+    }
+
+    fn free(&self) -> u32 {
+        let held: u32 = self.holders.iter().map(|h| h.permits).sum();
+        self.total.saturating_sub(held)
+    }
+
+    /// The queued owners that can be granted now: the longest prefix of
+    /// the queue whose requests fit into the free permits together.
+    fn grantable(&self) -> Vec<OwnerToken> {
+        let free = self.free();
+        let mut need = 0u32;
+        let mut out = Vec::new();
+        for w in &self.queue {
+            need = need.saturating_add(w.permits);
+            if need > free {
+                break;
+            }
+            out.push(w.owner);
+        }
+        out
+    }
+}
+
 struct Leader {
     owner: OwnerToken,
     candidate: String,
@@ -163,7 +244,8 @@ struct Leader {
     expires: Instant,
 }
 
-/// The in-memory backend. Implements every coord-core trait.
+/// The in-memory backend. Implements every coord-core trait, semaphores
+/// (FIFO) included.
 pub struct MemoryBackend {
     caps: Capabilities,
     epoch: Instant,
@@ -173,7 +255,9 @@ pub struct MemoryBackend {
     elections: Sharded<Option<Leader>>,
     barriers: Sharded<BarrierState>,
     limits: Sharded<LimitState>,
+    semaphores: Sharded<Sem>,
     lock_wakeups: Wakeups,
+    semaphore_wakeups: Wakeups,
     election_wakeups: Wakeups,
     barrier_wakeups: Wakeups,
 }
@@ -211,7 +295,9 @@ impl MemoryBackend {
             elections: Sharded::new(),
             barriers: Sharded::new(),
             limits: Sharded::new(),
+            semaphores: Sharded::new(),
             lock_wakeups: Wakeups::new(),
+            semaphore_wakeups: Wakeups::new(),
             election_wakeups: Wakeups::new(),
             barrier_wakeups: Wakeups::new(),
         }
@@ -226,11 +312,19 @@ impl MemoryBackend {
             + self.elections.len()
             + self.barriers.len()
             + self.limits.len()
+            + self.semaphores.len()
     }
 
     /// A [`Coord`] handle over a fresh, private store.
     pub fn coord() -> Coord {
-        Coord::from_backend(Arc::new(MemoryBackend::new()))
+        coord_of(Arc::new(MemoryBackend::new()))
+    }
+
+    /// Wake the queued semaphore waiters of `name` that can be granted now.
+    fn wake_grantable(&self, name: &str, owners: Vec<OwnerToken>) {
+        for o in owners {
+            self.semaphore_wakeups.notify_one(&waiter_key(name, &o));
+        }
     }
 
     fn next_token(&self) -> u64 {
@@ -524,6 +618,179 @@ impl coord_core::Barrier for MemoryBackend {
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
         Ok(self.barrier_wakeups.subscribe(name))
+    }
+}
+
+/// The wake-up key of one owner's waiting acquire on a semaphore. Names
+/// hold no control characters, so the NUL cannot be part of one.
+fn waiter_key(name: &str, owner: &OwnerToken) -> String {
+    let mut k = String::with_capacity(name.len() + 33);
+    k.push_str(name);
+    k.push('\0');
+    k.push_str(&owner.to_hex());
+    k
+}
+
+/// Semaphores in memory: FIFO. A request is granted only if it and every
+/// request queued ahead of it fit into the free permits together, so a
+/// request for `n` permits at the head is never overtaken by smaller later
+/// ones; a single attempt (`queue: false`) counts the whole queue as ahead
+/// of it and leaves nothing behind. Released permits wake exactly the
+/// queued waiters that can now be granted. `permits_total` binds while the
+/// name has live holders or queued waiters.
+#[async_trait]
+impl coord_core::Semaphore for MemoryBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn fifo(&self) -> bool {
+        true
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+    ) -> Result<Attempt> {
+        let now = Instant::now();
+        let (attempt, wake) = {
+            let mut shard = self.semaphores.shard(name);
+            let s = shard.entry(
+                name,
+                || Sem {
+                    total: req.total,
+                    holders: Vec::new(),
+                    queue: VecDeque::new(),
+                },
+                |s| s.idle(now),
+            );
+            s.prune(now);
+            if s.holders.is_empty() && s.queue.is_empty() {
+                s.total = req.total;
+            } else if s.total != req.total {
+                return Err(Error::invalid(
+                    "permits_total",
+                    format!(
+                        "is {}, but the semaphore is in use with permits_total {}; \
+                         the total binds while the name has holders or waiters",
+                        req.total, s.total
+                    ),
+                ));
+            }
+            if let Some(h) = s.holders.iter_mut().find(|h| h.owner == *owner) {
+                // A retry of a grant whose reply was lost: the same grant.
+                h.expires = now + req.ttl;
+                return Ok(Attempt::Granted(FencingToken(h.token)));
+            }
+            let pos = s.queue.iter().position(|w| w.owner == *owner);
+            let ahead: u32 = s
+                .queue
+                .iter()
+                .take(pos.unwrap_or(s.queue.len()))
+                .map(|w| w.permits)
+                .sum();
+            let attempt = if ahead.saturating_add(req.permits) <= s.free() {
+                if let Some(i) = pos {
+                    s.queue.remove(i);
+                }
+                let token = self.next_token();
+                s.holders.push(SemHolder {
+                    owner: *owner,
+                    permits: req.permits,
+                    token,
+                    expires: now + req.ttl,
+                });
+                Attempt::Granted(FencingToken(token))
+            } else {
+                let mut until = now + QUEUE_REFRESH;
+                for h in &s.holders {
+                    until = until.min(h.expires);
+                }
+                if req.queue {
+                    match pos {
+                        Some(i) => s.queue[i].expires = now + QUEUE_ENTRY_TTL,
+                        None => s.queue.push_back(SemWaiter {
+                            owner: *owner,
+                            permits: req.permits,
+                            expires: now + QUEUE_ENTRY_TTL,
+                        }),
+                    }
+                }
+                for w in s.queue.iter().take(pos.unwrap_or(s.queue.len())) {
+                    until = until.min(w.expires);
+                }
+                Attempt::Held {
+                    expires_in: Some(until - now),
+                }
+            };
+            // Pruning may have freed permits for waiters queued elsewhere.
+            (attempt, s.grantable())
+        };
+        self.wake_grantable(name, wake);
+        Ok(attempt)
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let now = Instant::now();
+        let (released, wake) = {
+            let mut shard = self.semaphores.shard(name);
+            let Some(s) = shard.map.get_mut(name) else {
+                return Ok(false);
+            };
+            let live = s
+                .holders
+                .iter()
+                .position(|h| h.owner == *owner && h.expires > now);
+            if let Some(i) = live {
+                s.holders.swap_remove(i);
+            }
+            s.queue.retain(|w| w.owner != *owner);
+            s.prune(now);
+            (live.is_some(), s.grantable())
+        };
+        self.wake_grantable(name, wake);
+        Ok(released)
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let now = Instant::now();
+        let mut shard = self.semaphores.shard(name);
+        let Some(s) = shard.map.get_mut(name) else {
+            return Ok(false);
+        };
+        match s
+            .holders
+            .iter_mut()
+            .find(|h| h.owner == *owner && h.expires > now)
+        {
+            Some(h) => {
+                h.expires = now + ttl;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let now = Instant::now();
+        let (removed, wake) = {
+            let mut shard = self.semaphores.shard(name);
+            let Some(s) = shard.map.get_mut(name) else {
+                return Ok(false);
+            };
+            let removed = s.holders.iter().any(|h| h.expires > now);
+            s.holders.clear();
+            s.prune(now);
+            (removed, s.grantable())
+        };
+        self.wake_grantable(name, wake);
+        Ok(removed)
+    }
+
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
+        Ok(self.semaphore_wakeups.subscribe(&waiter_key(name, owner)))
     }
 }
 

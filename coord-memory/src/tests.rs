@@ -173,3 +173,165 @@ async fn fencing_tokens_rise() {
     let b = f.next("r").await.unwrap();
     assert!(b > a && a > FencingToken(0));
 }
+
+// ---- semaphores ----
+
+#[tokio::test(start_paused = true)]
+async fn semaphore_admits_total_then_refuses_and_takes_many_all_or_none() {
+    let coord = MemoryBackend::coord();
+    let sem = coord.semaphores().unwrap();
+    assert!(sem.is_fifo());
+    let a = sem
+        .try_acquire_many("s", 2, 3, 10 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let b = sem.try_acquire("s", 3, 10 * S).await.unwrap().unwrap();
+    assert!(sem.try_acquire("s", 3, 10 * S).await.unwrap().is_none());
+    assert!(b.fencing_token() > a.fencing_token());
+    a.release().await.unwrap();
+    // Two are free: a request for three takes none of them.
+    assert!(sem.try_acquire_many("s", 3, 3, S).await.unwrap().is_none());
+    assert!(
+        sem.try_acquire_many("s", 2, 3, S)
+            .await
+            .unwrap()
+            .is_some_and(|p| p.permits() == 2)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn semaphore_total_binds_while_in_use_and_resets_when_idle() {
+    let coord = MemoryBackend::coord();
+    let sem = coord.semaphores().unwrap();
+    let p = sem.try_acquire("t", 2, 5 * S).await.unwrap().unwrap();
+    let e = sem.try_acquire("t", 3, 5 * S).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument {
+                field: "permits_total",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // The mismatch changed nothing: one of the two permits is still free.
+    let q = sem.try_acquire("t", 2, 5 * S).await.unwrap().unwrap();
+    q.release().await.unwrap();
+    p.release().await.unwrap();
+    // Idle: the next request sets the total.
+    let r = sem.try_acquire_many("t", 3, 3, 5 * S).await.unwrap();
+    assert!(r.is_some());
+}
+
+/// The FIFO rule: a waiter for 2 at the head is not overtaken by later
+/// requests for 1, waiting or single attempts; it is granted as soon as
+/// two are free, woken by the release, not by polling.
+#[tokio::test(start_paused = true)]
+async fn semaphore_head_of_queue_is_not_overtaken_by_smaller_requests() {
+    let coord = MemoryBackend::coord().with_poll_interval(3600 * S);
+    let sem = coord.semaphores().unwrap();
+    let a = sem
+        .try_acquire_many("f", 2, 3, 60 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let s2 = sem.clone();
+    let big = tokio::spawn(async move { s2.acquire_many("f", 2, 3, 60 * S, 600 * S).await });
+    tokio::time::sleep(100 * Duration::from_millis(1)).await;
+    // One permit is free, but the head of the queue wants two.
+    assert!(sem.try_acquire("f", 3, 60 * S).await.unwrap().is_none());
+    let s3 = sem.clone();
+    let small = tokio::spawn(async move { s3.acquire("f", 3, 60 * S, 600 * S).await });
+    tokio::time::sleep(100 * Duration::from_millis(1)).await;
+    assert!(
+        !small.is_finished(),
+        "a later small request overtook the head"
+    );
+    let released_at = tokio::time::Instant::now();
+    a.release().await.unwrap();
+    let big = big.await.unwrap().unwrap();
+    assert!(released_at.elapsed() < S, "head not woken by the release");
+    // Then the small one behind it: one permit is left.
+    let small = small.await.unwrap().unwrap();
+    assert!(small.fencing_token() > big.fencing_token());
+}
+
+/// A waiting acquire that times out leaves no place in line: a smaller
+/// request right after it is not held up.
+#[tokio::test(start_paused = true)]
+async fn semaphore_timed_out_waiter_leaves_no_place_in_line() {
+    let coord = MemoryBackend::coord();
+    let sem = coord.semaphores().unwrap();
+    let _a = sem
+        .try_acquire_many("q", 2, 3, 60 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let e = sem.acquire_many("q", 2, 3, 60 * S, S).await.unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(sem.try_acquire("q", 3, 60 * S).await.unwrap().is_some());
+}
+
+/// A place in line whose waiter vanished without cleanup lapses after
+/// `QUEUE_ENTRY_TTL`.
+#[tokio::test(start_paused = true)]
+async fn semaphore_abandoned_place_in_line_lapses() {
+    use coord_core::{OwnerToken, PermitRequest, Semaphore};
+    let backend = MemoryBackend::new();
+    let hold = PermitRequest {
+        permits: 2,
+        total: 3,
+        ttl: 3600 * S,
+        queue: false,
+    };
+    let holder = OwnerToken::random();
+    let got = backend.try_acquire("l", &holder, &hold).await.unwrap();
+    assert!(matches!(got, coord_core::Attempt::Granted(_)));
+    let ghost = PermitRequest {
+        queue: true,
+        ..hold
+    };
+    let held = backend
+        .try_acquire("l", &OwnerToken::random(), &ghost)
+        .await
+        .unwrap();
+    let coord_core::Attempt::Held { expires_in } = held else {
+        panic!("{held:?}")
+    };
+    assert!(expires_in.unwrap() <= super::QUEUE_REFRESH);
+    let one = PermitRequest { permits: 1, ..hold };
+    let me = OwnerToken::random();
+    assert!(matches!(
+        backend.try_acquire("l", &me, &one).await.unwrap(),
+        coord_core::Attempt::Held { .. }
+    ));
+    tokio::time::advance(super::QUEUE_ENTRY_TTL + S).await;
+    assert!(matches!(
+        backend.try_acquire("l", &me, &one).await.unwrap(),
+        coord_core::Attempt::Granted(_)
+    ));
+}
+
+/// A waiting acquire that is dropped (cancelled) gives up its place in
+/// line: the cleanup with its owner token removes it, so a smaller request
+/// behind it is not held up until the entry lapses.
+#[tokio::test(start_paused = true)]
+async fn semaphore_cancelled_waiter_gives_up_its_place_in_line() {
+    let coord = MemoryBackend::coord();
+    let sem = coord.semaphores().unwrap();
+    let _held = sem
+        .try_acquire_many("c", 2, 3, 60 * S)
+        .await
+        .unwrap()
+        .unwrap();
+    let s2 = sem.clone();
+    let waiting = tokio::spawn(async move { s2.acquire_many("c", 2, 3, 60 * S, 600 * S).await });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(sem.try_acquire("c", 3, 60 * S).await.unwrap().is_none());
+    waiting.abort();
+    let _ = waiting.await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert!(sem.try_acquire("c", 3, 60 * S).await.unwrap().is_some());
+}

@@ -9,6 +9,7 @@ mod input;
 mod lease;
 mod limiter;
 mod lock;
+mod semaphore;
 
 pub use barrier::*;
 pub use election::*;
@@ -18,6 +19,7 @@ pub use input::*;
 pub use lease::*;
 pub use limiter::*;
 pub use lock::*;
+pub use semaphore::*;
 
 use std::time::Duration;
 

@@ -1,0 +1,498 @@
+//! Semaphores: `permits_total` lease-bounded, fenced permits per name.
+//!
+//! A permit is a claim like a lock: it is held by a fresh owner token, ends
+//! at release or at its TTL (so a crashed holder's permits come back),
+//! carries a fencing token, and its guard is the same [`Guard`] locks use
+//! (extend, release, release-on-drop, watchdog, lost signal). Only the
+//! store-specific half ([`Semaphore`]) differs per backend.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::backend::{PermitRequest, Semaphore};
+use crate::claim::{ClaimBackend, Guard};
+use crate::coord::{Coord, Settings};
+use crate::error::{Error, Result};
+use crate::lock::{Queueing, acquire_claim};
+use crate::types::Capabilities;
+use crate::validate;
+
+/// How to take semaphore permits: how many, of how many, for how long, how
+/// long to wait, and whether the watchdog keeps them alive.
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// use coord_core::PermitOptions;
+/// // 2 of the 8 permits of "gpu-pool", for 30 s, renewed until release,
+/// // waiting up to 10 s for them.
+/// let opts = PermitOptions::new(8, Duration::from_secs(30))
+///     .permits(2)
+///     .wait(Duration::from_secs(10))
+///     .watchdog(true);
+/// let permit = coord.semaphores()?.acquire_with("gpu-pool", opts).await?;
+/// assert_eq!(permit.permits(), 2);
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PermitOptions {
+    /// How many permits to take at once, all or none (default 1).
+    pub permits: u32,
+    /// How many permits the name has in all. It binds while the name is in
+    /// use: see [`Semaphores`].
+    pub permits_total: u32,
+    /// Time-to-live of the grant (and of each renewal).
+    pub ttl: Duration,
+    /// How long `acquire` waits for the permits; zero means one attempt.
+    pub wait: Duration,
+    /// Start the watchdog on the permit's guard.
+    pub watchdog: bool,
+}
+
+impl PermitOptions {
+    /// One permit of `permits_total`, for `ttl`, no waiting, no watchdog.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5));
+    /// assert_eq!((o.permits, o.permits_total, o.wait), (1, 4, Duration::ZERO));
+    /// ```
+    pub fn new(permits_total: u32, ttl: Duration) -> Self {
+        PermitOptions {
+            permits: 1,
+            permits_total,
+            ttl,
+            wait: Duration::ZERO,
+            watchdog: false,
+        }
+    }
+
+    /// Take `n` permits at once (all or none).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).permits(3);
+    /// assert_eq!(o.permits, 3);
+    /// ```
+    pub fn permits(mut self, n: u32) -> Self {
+        self.permits = n;
+        self
+    }
+
+    /// Wait up to `wait` for the permits.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).wait(Duration::from_secs(1));
+    /// assert_eq!(o.wait, Duration::from_secs(1));
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Keep the permits alive with the watchdog until release.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).watchdog(true);
+    /// assert!(o.watchdog);
+    /// ```
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+}
+
+/// Counting semaphores on one store: at most `permits_total` permits of a
+/// name are held at any time, across every client.
+///
+/// - Each grant is lease-bounded (a crashed holder's permits come back
+///   after its TTL), owner-checked, and carries a fencing token that rises
+///   with every grant of the name.
+/// - `n` permits are taken at once, all or none.
+/// - The [`Permit`] is a [`Guard`] (through `Deref`): extend, release,
+///   watchdog and lost signal work exactly as for locks.
+/// - Waiters are woken by the store. On a store that queues them
+///   ([`is_fifo`](Semaphores::is_fifo); the in-memory one does) they are
+///   granted in arrival order: a request is granted only if it and every
+///   request queued ahead of it fit into the free permits together, so a
+///   request for `n` permits at the head of the queue is never overtaken by
+///   smaller later requests, and no waiter is starved while permits keep
+///   coming back.
+/// - **`permits_total` binds while the name is in use.** While a name has
+///   live holders (or queued waiters), a request with another total is
+///   [`Error::InvalidArgument`] with field `permits_total` and changes
+///   nothing; once the name is idle, the next request sets the total anew.
+///
+/// Cheap to clone. Get one with [`Coord::semaphores`].
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// let sem = coord.semaphores()?;
+/// // At most 3 concurrent calls to the partner API, across all servers.
+/// let permit = sem.acquire("partner-api", 3, Duration::from_secs(30), Duration::from_secs(5)).await?;
+/// println!("calling with fencing token {}", permit.fencing_token());
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Semaphores {
+    backend: Arc<dyn Semaphore>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Semaphores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphores")
+            .field("backend", &self.backend.capabilities().backend)
+            .field("fifo", &self.backend.fifo())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Coord {
+    /// The semaphores of this store.
+    ///
+    /// Errors: [`Error::Unsupported`] if the backend has no semaphores
+    /// (yet).
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) {
+    /// match coord.semaphores() {
+    ///     Ok(sem) => println!("semaphores, fifo: {}", sem.is_fifo()),
+    ///     Err(coord_core::Error::Unsupported { backend, .. }) => println!("{backend} has none"),
+    ///     Err(e) => panic!("{e}"),
+    /// }
+    /// # }
+    /// ```
+    pub fn semaphores(&self) -> Result<Semaphores> {
+        Ok(Semaphores {
+            backend: self.raw_semaphore()?,
+            settings: self.settings,
+        })
+    }
+}
+
+impl Semaphores {
+    /// Semaphores over a raw backend, with these settings.
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// let sem = coord_core::Semaphores::new(coord.raw_semaphore()?, coord.settings());
+    /// # let _ = sem; Ok(()) }
+    /// ```
+    pub fn new(backend: Arc<dyn Semaphore>, settings: Settings) -> Self {
+        Semaphores { backend, settings }
+    }
+
+    /// What the backend promises.
+    ///
+    /// ```
+    /// # fn demo(sem: coord_core::Semaphores) {
+    /// println!("min TTL {:?}", sem.capabilities().min_ttl);
+    /// # }
+    /// ```
+    pub fn capabilities(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// Whether the store queues waiters and grants them in arrival order
+    /// (see [`Semaphores`] for the rule).
+    ///
+    /// ```
+    /// # fn demo(sem: coord_core::Semaphores) {
+    /// if !sem.is_fifo() {
+    ///     println!("large requests may wait longer than small ones here");
+    /// }
+    /// # }
+    /// ```
+    pub fn is_fifo(&self) -> bool {
+        self.backend.fifo()
+    }
+
+    /// One attempt to take one of the `permits_total` permits of `name`
+    /// for `ttl`. `Ok(None)` if none is free (or, on a FIFO store, if
+    /// waiters queued earlier need them). A refused attempt leaves nothing
+    /// behind.
+    ///
+    /// Errors: [`Error::InvalidArgument`] (nothing sent) for a bad name,
+    /// TTL or total, or (from the store, nothing changed) a total other
+    /// than the one the name is in use with; store errors.
+    /// Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// match sem.try_acquire("slots", 2, Duration::from_secs(10)).await? {
+    ///     Some(permit) => permit.release().await?,
+    ///     None => println!("both slots are taken"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire(
+        &self,
+        name: &str,
+        permits_total: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>> {
+        self.try_acquire_many(name, 1, permits_total, ttl).await
+    }
+
+    /// One attempt to take `n` of the `permits_total` permits of `name` at
+    /// once, all or none. See [`try_acquire`](Semaphores::try_acquire).
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// if let Some(p) = sem.try_acquire_many("slots", 3, 4, Duration::from_secs(10)).await? {
+    ///     assert_eq!(p.permits(), 3);
+    ///     p.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn try_acquire_many(
+        &self,
+        name: &str,
+        n: u32,
+        permits_total: u32,
+        ttl: Duration,
+    ) -> Result<Option<Permit>> {
+        match self
+            .acquire_with(name, PermitOptions::new(permits_total, ttl).permits(n))
+            .await
+        {
+            Ok(p) => Ok(Some(p)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Take one of the `permits_total` permits of `name` for `ttl`,
+    /// waiting up to `wait` for one to be free. Waiters are woken by the
+    /// store when permits come back (and retry at the next holder's expiry
+    /// and at a jittered poll interval at the latest).
+    ///
+    /// Errors: [`Error::Timeout`] if none came free (nothing is held, and
+    /// no place in line is kept); [`Error::InvalidArgument`]; store errors.
+    /// Cost uncontended: one round trip. Cancel-safe: if the future is
+    /// dropped mid-wait, whatever this attempt may have been granted (or
+    /// its place in line) is released in the background.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// let permit = sem.acquire("slots", 2, Duration::from_secs(10), Duration::from_secs(3)).await?;
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(
+        &self,
+        name: &str,
+        permits_total: u32,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Permit> {
+        self.acquire_with(name, PermitOptions::new(permits_total, ttl).wait(wait))
+            .await
+    }
+
+    /// Take `n` of the `permits_total` permits of `name` at once, all or
+    /// none, waiting up to `wait`. Nothing is held while waiting: the `n`
+    /// permits are granted together or not at all. On a FIFO store a
+    /// waiting request for `n` is not overtaken by smaller later ones.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// let p = sem.acquire_many("slots", 2, 4, Duration::from_secs(10), Duration::from_secs(3)).await?;
+    /// assert_eq!((p.permits(), p.permits_total()), (2, 4));
+    /// p.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_many(
+        &self,
+        name: &str,
+        n: u32,
+        permits_total: u32,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Permit> {
+        self.acquire_with(
+            name,
+            PermitOptions::new(permits_total, ttl).permits(n).wait(wait),
+        )
+        .await
+    }
+
+    /// Take permits as `opts` say. See [`acquire`](Semaphores::acquire).
+    /// Every input is checked before anything is sent.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::PermitOptions;
+    /// let opts = PermitOptions::new(4, Duration::from_secs(3)).watchdog(true);
+    /// let permit = sem.acquire_with("slots", opts).await?;
+    /// assert!(permit.has_watchdog());
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_with(&self, name: &str, opts: PermitOptions) -> Result<Permit> {
+        validate::name("name", name)?;
+        validate::permits(opts.permits, opts.permits_total)?;
+        let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
+        let queue = !opts.wait.is_zero();
+        let request = PermitRequest {
+            permits: opts.permits,
+            total: opts.permits_total,
+            ttl,
+            queue,
+        };
+        let queueing = if queue && self.backend.fifo() {
+            Queueing::FromFirstAttempt
+        } else {
+            Queueing::No
+        };
+        let span = tracing::debug_span!(
+            "coord.semaphore.acquire",
+            backend = self.backend.capabilities().backend,
+            name,
+            permits = opts.permits,
+            permits_total = opts.permits_total
+        );
+        let mut guard = acquire_claim(
+            ClaimBackend::Semaphore(self.backend.clone()),
+            "semaphore acquire",
+            name,
+            ttl,
+            opts.wait,
+            self.settings.poll_interval,
+            queueing,
+            |owner| {
+                let b = self.backend.clone();
+                async move { b.try_acquire(name, &owner, &request).await }
+            },
+            |owner| {
+                let b = self.backend.clone();
+                async move { b.subscribe(name, &owner).await }
+            },
+        )
+        .instrument(span)
+        .await?;
+        if opts.watchdog {
+            guard.keep_alive();
+        }
+        Ok(Permit {
+            guard,
+            permits: opts.permits,
+            permits_total: opts.permits_total,
+        })
+    }
+
+    /// Remove every grant of `name`, whoever holds it: an operator's tool.
+    /// The holders' next renewal or release reports [`Error::NotHeld`] and
+    /// their lost signals fire. Returns whether a live grant was removed.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// let removed = sem.force_release("slots").await?;
+    /// println!("removed live permits: {removed}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_release(&self, name: &str) -> Result<bool> {
+        validate::name("name", name)?;
+        self.backend.force_release(name).await
+    }
+}
+
+/// Semaphore permits that are held: a [`Guard`] (through `Deref`, so
+/// [`fencing_token`](Guard::fencing_token), [`extend`](Guard::extend),
+/// [`keep_alive`](Guard::keep_alive), [`lost`](Guard::lost) and
+/// [`lost_token`](Guard::lost_token) work as for locks), plus how many
+/// permits it holds.
+///
+/// # Dropping
+/// As for every [`Guard`]: dropping it without [`release`](Permit::release)
+/// stops its watchdog and releases the permits in the background if a
+/// tokio runtime is available; otherwise they come back at their TTL.
+///
+/// ```
+/// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// let mut permit = sem.acquire("workers", 5, Duration::from_secs(10), Duration::from_secs(1)).await?;
+/// permit.keep_alive();
+/// let stop = permit.lost_token();
+/// // ... do the work, stopping if `stop` is cancelled ...
+/// # let _ = stop;
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "dropping a permit releases it in the background; keep it while you rely on it"]
+pub struct Permit {
+    guard: Guard,
+    permits: u32,
+    permits_total: u32,
+}
+
+impl Permit {
+    /// How many permits this grant holds.
+    ///
+    /// ```
+    /// # fn demo(p: coord_core::Permit) { assert!(p.permits() >= 1); }
+    /// ```
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// The name's `permits_total` this grant was taken under.
+    ///
+    /// ```
+    /// # fn demo(p: coord_core::Permit) { assert!(p.permits() <= p.permits_total()); }
+    /// ```
+    pub fn permits_total(&self) -> u32 {
+        self.permits_total
+    }
+
+    /// Give the permits back iff this owner still holds them
+    /// (compare-and-delete), after stopping the watchdog; wakes the waiters
+    /// that can now be granted. Errors: [`Error::NotHeld`] if the grant had
+    /// expired or been removed (nothing changed). See [`Guard::release`].
+    ///
+    /// ```
+    /// # async fn demo(p: coord_core::Permit) -> coord_core::Result<()> {
+    /// p.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn release(self) -> Result<()> {
+        self.guard.release().await
+    }
+
+    /// The underlying guard, for code written against [`Guard`].
+    ///
+    /// ```
+    /// # fn demo(p: coord_core::Permit) { let g: coord_core::Guard = p.into_guard(); drop(g); }
+    /// ```
+    pub fn into_guard(self) -> Guard {
+        self.guard
+    }
+}
+
+impl Deref for Permit {
+    type Target = Guard;
+    fn deref(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl DerefMut for Permit {
+    fn deref_mut(&mut self) -> &mut Guard {
+        &mut self.guard
+    }
+}
