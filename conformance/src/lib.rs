@@ -146,6 +146,12 @@ pub const CASES: &[&str] = &[
     "semaphore_permits_total_mismatch_is_an_error",
     "semaphore_fifo_head_is_not_overtaken_by_smaller_requests",
     "semaphore_watchdog_keeps_permit_and_stops_at_release",
+    "rwlock_writer_excludes_readers_and_writers_under_load",
+    "rwlock_waiting_writer_is_not_starved_by_readers",
+    "rwlock_fencing_tokens_rise_across_readers_and_writers",
+    "rwlock_stale_guard_cannot_release_or_extend",
+    "rwlock_waiter_is_woken_by_notification",
+    "rwlock_bad_input_is_rejected_and_writes_nothing",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -215,6 +221,12 @@ macro_rules! suite {
             semaphore_permits_total_mismatch_is_an_error,
             semaphore_fifo_head_is_not_overtaken_by_smaller_requests,
             semaphore_watchdog_keeps_permit_and_stops_at_release,
+            rwlock_writer_excludes_readers_and_writers_under_load,
+            rwlock_waiting_writer_is_not_starved_by_readers,
+            rwlock_fencing_tokens_rise_across_readers_and_writers,
+            rwlock_stale_guard_cannot_release_or_extend,
+            rwlock_waiter_is_woken_by_notification,
+            rwlock_bad_input_is_rejected_and_writes_nothing,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

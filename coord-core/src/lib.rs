@@ -30,6 +30,7 @@ pub mod limit;
 mod limiter;
 mod lock;
 pub mod metrics;
+mod rwlock;
 mod semaphore;
 mod types;
 pub mod util;
@@ -50,6 +51,7 @@ pub use fencing::{FencedRegister, Fencing};
 pub use lease::Leases;
 pub use limiter::RateLimiter;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
+pub use rwlock::{RW_PERMITS, RwGuard, RwLocks, RwMode};
 pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{

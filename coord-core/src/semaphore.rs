@@ -345,6 +345,12 @@ impl Semaphores {
     /// ```
     pub async fn acquire_with(&self, name: &str, opts: PermitOptions) -> Result<Permit> {
         validate::name("name", name)?;
+        self.acquire_checked(name, opts).await
+    }
+
+    /// [`Self::acquire_with`] on a name already checked (or made by coord
+    /// itself, as the read-write locks' internal names are).
+    pub(crate) async fn acquire_checked(&self, name: &str, opts: PermitOptions) -> Result<Permit> {
         validate::permits(opts.permits, opts.permits_total)?;
         let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let queue = !opts.wait.is_zero();
@@ -408,6 +414,11 @@ impl Semaphores {
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate::name("name", name)?;
         self.backend.force_release(name).await
+    }
+
+    /// The raw backend, for the read-write locks built on it.
+    pub(crate) fn backend(&self) -> &Arc<dyn Semaphore> {
+        &self.backend
     }
 }
 

@@ -9,6 +9,7 @@ mod input;
 mod lease;
 mod limiter;
 mod lock;
+mod rwlock;
 mod semaphore;
 
 pub use barrier::*;
@@ -19,6 +20,7 @@ pub use input::*;
 pub use lease::*;
 pub use limiter::*;
 pub use lock::*;
+pub use rwlock::*;
 pub use semaphore::*;
 
 use std::time::Duration;
