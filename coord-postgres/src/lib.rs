@@ -222,6 +222,8 @@ mod config;
 mod fenced;
 mod listen;
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx_support;
 
 use std::sync::Arc;
 
@@ -234,6 +236,14 @@ pub use config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, TlsMode};
 pub use deadpool_postgres;
 pub use fenced::{Column, FencedTable, FencedWrite};
 pub use tokio_postgres;
+
+/// The sqlx this crate was built with (feature `sqlx`): use its types
+/// (`PgPool`, `Transaction`) to be sure they are the ones
+/// [`from_sqlx_pool`] and [`FencedTable::sqlx_update`] take.
+#[cfg(feature = "sqlx")]
+pub use sqlx;
+#[cfg(feature = "sqlx")]
+pub use sqlx_support::{SqlxFencedWrite, from_sqlx_options, from_sqlx_pool};
 
 /// Connect with default options (schema `coord`, 5 s call timeout, pool of
 /// up to 32, LISTEN on, sweep on). The schema is created on first use.
