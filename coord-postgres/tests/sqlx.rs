@@ -394,3 +394,80 @@ async fn a_pool_whose_options_cannot_be_carried_over_is_a_config_error() {
     assert!(matches!(e, Error::Config(_)), "{e:?}");
     assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
 }
+
+/// Whether the backend's pooled connections come over TLS, and over a
+/// unix socket; a lock is taken first.
+async fn connection_of(backend: &std::sync::Arc<coord_postgres::PostgresBackend>) -> (bool, bool) {
+    let g = backend
+        .coord()
+        .locks()
+        .unwrap()
+        .try_acquire("conn", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    g.release().await.unwrap();
+    let client = backend.pool().get().await.unwrap();
+    let row = client
+        .query_one(
+            "SELECT ssl, inet_client_addr() IS NULL FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// `sslmode=verify-full` and the `sslrootcert` file of sqlx options are
+/// carried over: the backend connects over TLS to a server whose
+/// certificate that CA signed, and refuses one it did not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_settings_are_carried_over() {
+    let tls = conformance::testkit::postgres::PgCluster::create_tls();
+    let options = |ca: &std::path::Path| {
+        PgConnectOptions::new_without_pgpass()
+            .host("localhost")
+            .port(tls.port())
+            .username("postgres")
+            .database("postgres")
+            .ssl_mode(sqlx::postgres::PgSslMode::VerifyFull)
+            .ssl_root_cert(ca)
+    };
+    let backend = coord_postgres::from_sqlx_options(&options(&tls.ca_cert()))
+        .unwrap()
+        .connect_backend()
+        .await
+        .unwrap();
+    assert_eq!(connection_of(&backend).await, (true, false), "TLS over TCP");
+    drop(backend);
+    let e = coord_postgres::from_sqlx_options(&options(&tls.other_ca_cert()))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect_err("a server certificate the CA did not sign");
+    assert!(!e.is_retryable(), "{e:?}");
+    assert!(e.to_string().contains("certificate"), "{e}");
+}
+
+/// A unix-socket directory in the sqlx options is where the backend
+/// connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_unix_socket_is_carried_over() {
+    let options = PgConnectOptions::new_without_pgpass()
+        .socket(cluster().dir())
+        .port(cluster().port())
+        .username("postgres")
+        .database("postgres");
+    let backend = coord_postgres::from_sqlx_options(&options)
+        .unwrap()
+        .schema(unique("sock"))
+        .connect_backend()
+        .await
+        .unwrap();
+    assert_eq!(
+        connection_of(&backend).await,
+        (false, true),
+        "a unix socket"
+    );
+}
