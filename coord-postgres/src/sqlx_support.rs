@@ -292,8 +292,10 @@ pub fn from_sqlx_options(options: &PgConnectOptions) -> Result<PostgresBuilder> 
 /// over.
 fn settings(o: &PgConnectOptions) -> Result<ParsedUrl> {
     // sqlx has getters for most settings, but not for the password and
-    // the certificates: those are read from its own URL form.
-    let url = o.to_url_lossy();
+    // the certificates: those are read from its own URL form. Host and
+    // user come from the getters (sqlx writes them into that URL
+    // unescaped), so placeholders stand in for them there.
+    let url = o.clone().host("localhost").username("coord").to_url_lossy();
     let mut root_cert = None;
     for (k, v) in url.query_pairs() {
         match &*k {
@@ -342,8 +344,14 @@ fn settings(o: &PgConnectOptions) -> Result<ParsedUrl> {
             dir.display().to_string()
         }
         None => {
-            pg.host(o.get_host());
-            o.get_host().to_string()
+            // sqlx keeps the brackets of an IPv6 address from its URL.
+            let h = o.get_host();
+            let h = h
+                .strip_prefix('[')
+                .and_then(|h| h.strip_suffix(']'))
+                .unwrap_or(h);
+            pg.host(h);
+            h.to_string()
         }
     };
     pg.port(o.get_port()).user(o.get_username());
@@ -484,6 +492,22 @@ mod tests {
             assert!(e.to_string().contains(name), "{e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+    }
+
+    #[test]
+    fn ipv6_hosts_and_odd_user_names() {
+        let tcp = |h: &str| vec![tokio_postgres::config::Host::Tcp(h.into())];
+        let p = settings(&opts("postgres://u@[::1]:5433/db")).unwrap();
+        assert_eq!(p.pg.get_hosts(), tcp("::1"));
+        assert_eq!(p.pg.get_ports(), &[5433]);
+        let o = PgConnectOptions::new_without_pgpass()
+            .host("::1")
+            .username("we/i[rd@user:x")
+            .password("pw");
+        let p = settings(&o).unwrap();
+        assert_eq!(p.pg.get_hosts(), tcp("::1"));
+        assert_eq!(p.pg.get_user(), Some("we/i[rd@user:x"));
+        assert_eq!(p.pg.get_password(), Some(&b"pw"[..]));
     }
 
     #[test]
