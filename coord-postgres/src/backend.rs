@@ -90,7 +90,7 @@ impl std::fmt::Debug for PostgresBackend {
 
 impl PostgresBackend {
     pub(crate) async fn open(b: PostgresBuilder) -> Result<Arc<PostgresBackend>> {
-        let parsed = parse_url(&b.url)?;
+        let parsed = b.target.parse()?;
         let schema = b
             .schema
             .clone()

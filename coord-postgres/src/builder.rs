@@ -3,7 +3,40 @@
 use std::fmt;
 use std::time::Duration;
 
+use coord_core::Result;
 use coord_core::util::{Secret, redact_url_passwords};
+
+use crate::config::{ParsedUrl, parse_url};
+
+/// Where a builder connects to.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// A URL, parsed (and checked) at connect.
+    Url(Secret),
+    /// Settings taken from elsewhere (a sqlx `PgConnectOptions`), already
+    /// checked.
+    #[cfg(feature = "sqlx")]
+    Parsed(Box<ParsedUrl>),
+}
+
+impl Target {
+    pub(crate) fn parse(&self) -> Result<ParsedUrl> {
+        match self {
+            Target::Url(url) => parse_url(url),
+            #[cfg(feature = "sqlx")]
+            Target::Parsed(p) => Ok((**p).clone()),
+        }
+    }
+
+    /// A printable form, without the password.
+    fn display(&self) -> String {
+        match self {
+            Target::Url(url) => redact_url_passwords(url.expose()),
+            #[cfg(feature = "sqlx")]
+            Target::Parsed(p) => p.display.clone(),
+        }
+    }
+}
 
 /// Options of a PostgreSQL connection; build with [`crate::builder`].
 ///
@@ -11,7 +44,7 @@ use coord_core::util::{Secret, redact_url_passwords};
 #[derive(Clone)]
 #[must_use]
 pub struct PostgresBuilder {
-    pub(crate) url: Secret,
+    pub(crate) target: Target,
     pub(crate) listen_url: Option<Secret>,
     pub(crate) schema: Option<String>,
     pub(crate) call_timeout: Duration,
@@ -36,7 +69,7 @@ pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(10);
 impl fmt::Debug for PostgresBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBuilder")
-            .field("url", &redact_url_passwords(self.url.expose()))
+            .field("url", &self.target.display())
             .field(
                 "listen_url",
                 &self
@@ -61,8 +94,13 @@ impl PostgresBuilder {
     /// Options of the URL's query override the defaults (and setters
     /// called afterwards override them); a malformed URL fails at connect.
     pub(crate) fn new(url: &str) -> Self {
-        let b = Self::defaults(url);
-        match crate::config::parse_url(&b.url) {
+        Self::for_target(Target::Url(Secret::new(url)))
+    }
+
+    /// [`new`](Self::new) for any target.
+    pub(crate) fn for_target(target: Target) -> Self {
+        let b = Self::defaults(target);
+        match b.target.parse() {
             Ok(p) => PostgresBuilder {
                 call_timeout: p.call_timeout.unwrap_or(b.call_timeout),
                 idle_grace: p.idle_grace.unwrap_or(b.idle_grace),
@@ -75,9 +113,9 @@ impl PostgresBuilder {
         }
     }
 
-    fn defaults(url: &str) -> Self {
+    fn defaults(target: Target) -> Self {
         PostgresBuilder {
-            url: Secret::new(url),
+            target,
             listen_url: None,
             schema: None,
             call_timeout: Duration::from_secs(5),

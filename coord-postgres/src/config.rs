@@ -61,6 +61,18 @@ pub enum TlsMode {
     VerifyFull,
 }
 
+impl TlsMode {
+    /// What tokio-postgres is told: whether to ask for TLS and insist on
+    /// it (certificates are checked by coord's connector).
+    pub(crate) fn pg_ssl_mode(self) -> tokio_postgres::config::SslMode {
+        match self {
+            TlsMode::Disable => tokio_postgres::config::SslMode::Disable,
+            TlsMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        }
+    }
+}
+
 /// A parsed connection URL: the tokio-postgres configuration plus what
 /// coord handles itself. Its `Debug` never shows the password.
 #[derive(Clone)]
@@ -79,6 +91,34 @@ pub(crate) struct ParsedUrl {
     pub(crate) prepared: Option<bool>,
     /// A printable form with the password removed.
     pub(crate) display: String,
+}
+
+impl ParsedUrl {
+    /// Connection settings from elsewhere than a URL (no coord option:
+    /// those come from the builder). `pg` gets `tls`'s SSL mode.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn settings(
+        mut pg: tokio_postgres::Config,
+        tls: TlsMode,
+        root_cert: Option<PathBuf>,
+        display: String,
+    ) -> ParsedUrl {
+        pg.ssl_mode(tls.pg_ssl_mode());
+        ParsedUrl {
+            pg,
+            tls,
+            root_cert,
+            schema: None,
+            listen: None,
+            pool_size: None,
+            call_timeout: None,
+            idle_grace: None,
+            sweep_every: None,
+            barrier_abandon_after: None,
+            prepared: None,
+            display,
+        }
+    }
 }
 
 impl fmt::Debug for ParsedUrl {
@@ -207,11 +247,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
             redact_url_passwords(&e.to_string())
         ))
     })?;
-    pg.ssl_mode(match tls {
-        TlsMode::Disable => tokio_postgres::config::SslMode::Disable,
-        TlsMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-        _ => tokio_postgres::config::SslMode::Require,
-    });
+    pg.ssl_mode(tls.pg_ssl_mode());
     if pg.get_application_name().is_none() {
         pg.application_name("coord");
     }

@@ -98,13 +98,13 @@ impl FencedTable {
         })
     }
 
-    fn token(token: FencingToken) -> Result<i64> {
+    pub(crate) fn token(token: FencingToken) -> Result<i64> {
         i64::try_from(token.get())
             .map_err(|_| Error::invalid("token", "fencing tokens above i64::MAX cannot be stored"))
     }
 
-    fn columns(&self, set: &[Column<'_>]) -> Result<()> {
-        for (c, _, _) in set {
+    fn check_columns<'c>(&self, set: impl IntoIterator<Item = &'c str>) -> Result<()> {
+        for c in set {
             identifier("column", c, 63)?;
             if quote(c) == self.key_column || quote(c) == self.token_column {
                 return Err(Error::invalid(
@@ -114,6 +114,86 @@ impl FencedTable {
             }
         }
         Ok(())
+    }
+
+    /// The statement of a fenced update, shared by every driver: `$1` is
+    /// the key, `$2` the token (`bigint`), `$3..` the values of `columns`
+    /// in order. Its one row is (applied, the row exists): see
+    /// [`update_outcome`](Self::update_outcome).
+    pub(crate) fn update_sql(&self, columns: &[&str]) -> Result<String> {
+        self.check_columns(columns.iter().copied())?;
+        let mut assignments = vec![format!("{} = $2", self.token_column)];
+        for (i, c) in columns.iter().enumerate() {
+            assignments.push(format!("{} = ${}", quote(c), i + 3));
+        }
+        Ok(format!(
+            "WITH u AS (UPDATE {t} SET {a} WHERE {k} = $1 AND {tok} <= $2 RETURNING 1) \
+             SELECT EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM {t} WHERE {k} = $1)",
+            t = self.table,
+            a = assignments.join(", "),
+            k = self.key_column,
+            tok = self.token_column,
+        ))
+    }
+
+    /// What the row of [`update_sql`](Self::update_sql) means.
+    pub(crate) fn update_outcome(applied: bool, exists: bool) -> FencedWrite {
+        if applied {
+            FencedWrite::Applied
+        } else if exists {
+            FencedWrite::Stale
+        } else {
+            FencedWrite::Missing
+        }
+    }
+
+    /// The statement of a fenced upsert, shared by every driver: the
+    /// parameters are numbered as in [`update_sql`](Self::update_sql). It
+    /// returns one row iff the write was applied.
+    pub(crate) fn upsert_sql(&self, columns: &[&str]) -> Result<String> {
+        self.check_columns(columns.iter().copied())?;
+        let mut cols = vec![self.key_column.clone(), self.token_column.clone()];
+        let mut values = vec!["$1".to_string(), "$2".to_string()];
+        let mut updates = vec![format!("{0} = EXCLUDED.{0}", self.token_column)];
+        for (i, c) in columns.iter().enumerate() {
+            cols.push(quote(c));
+            values.push(format!("${}", i + 3));
+            updates.push(format!("{0} = EXCLUDED.{0}", quote(c)));
+        }
+        Ok(format!(
+            "INSERT INTO {t} AS t ({cols}) VALUES ({values}) \
+             ON CONFLICT ({k}) DO UPDATE SET {updates} WHERE t.{tok} <= EXCLUDED.{tok} \
+             RETURNING 1",
+            t = self.table,
+            cols = cols.join(", "),
+            values = values.join(", "),
+            k = self.key_column,
+            updates = updates.join(", "),
+            tok = self.token_column,
+        ))
+    }
+
+    /// What [`upsert_sql`](Self::upsert_sql) returning a row or not means.
+    pub(crate) fn upsert_outcome(returned_a_row: bool) -> FencedWrite {
+        if returned_a_row {
+            FencedWrite::Applied
+        } else {
+            FencedWrite::Stale
+        }
+    }
+
+    fn params<'a>(
+        key: (&'a (dyn ToSql + Sync), Type),
+        token: &'a i64,
+        set: &[Column<'a>],
+    ) -> (Vec<&'a str>, Vec<(&'a (dyn ToSql + Sync), Type)>) {
+        let mut params = vec![key, (token as &(dyn ToSql + Sync), Type::INT8)];
+        let mut names = Vec::with_capacity(set.len());
+        for (c, v, ty) in set {
+            names.push(*c);
+            params.push((*v, ty.clone()));
+        }
+        (names, params)
     }
 
     /// Update the row with `key` iff `token` >= its stored token, setting
@@ -126,22 +206,9 @@ impl FencedTable {
         token: FencingToken,
         set: &[Column<'_>],
     ) -> Result<FencedWrite> {
-        self.columns(set)?;
         let t = Self::token(token)?;
-        let mut assignments = vec![format!("{} = $2", self.token_column)];
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![key, (&t, Type::INT8)];
-        for (i, (c, v, ty)) in set.iter().enumerate() {
-            assignments.push(format!("{} = ${}", quote(c), i + 3));
-            params.push((*v, ty.clone()));
-        }
-        let sql = format!(
-            "WITH u AS (UPDATE {t} SET {a} WHERE {k} = $1 AND {tok} <= $2 RETURNING 1) \
-             SELECT EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM {t} WHERE {k} = $1)",
-            t = self.table,
-            a = assignments.join(", "),
-            k = self.key_column,
-            tok = self.token_column,
-        );
+        let (names, params) = Self::params(key, &t, set);
+        let sql = self.update_sql(&names)?;
         let rows = client
             .query_typed(&sql, &params)
             .await
@@ -153,13 +220,7 @@ impl FencedTable {
         })?;
         let applied: bool = row.try_get(0).map_err(|e| map_pg("fenced update", e))?;
         let exists: bool = row.try_get(1).map_err(|e| map_pg("fenced update", e))?;
-        Ok(if applied {
-            FencedWrite::Applied
-        } else if exists {
-            FencedWrite::Stale
-        } else {
-            FencedWrite::Missing
-        })
+        Ok(Self::update_outcome(applied, exists))
     }
 
     /// Insert the row, or update it iff `token` >= its stored token. One
@@ -172,37 +233,13 @@ impl FencedTable {
         token: FencingToken,
         set: &[Column<'_>],
     ) -> Result<FencedWrite> {
-        self.columns(set)?;
         let t = Self::token(token)?;
-        let mut cols = vec![self.key_column.clone(), self.token_column.clone()];
-        let mut values = vec!["$1".to_string(), "$2".to_string()];
-        let mut updates = vec![format!("{0} = EXCLUDED.{0}", self.token_column)];
-        let mut params: Vec<(&(dyn ToSql + Sync), Type)> = vec![key, (&t, Type::INT8)];
-        for (i, (c, v, ty)) in set.iter().enumerate() {
-            cols.push(quote(c));
-            values.push(format!("${}", i + 3));
-            updates.push(format!("{0} = EXCLUDED.{0}", quote(c)));
-            params.push((*v, ty.clone()));
-        }
-        let sql = format!(
-            "INSERT INTO {t} AS t ({cols}) VALUES ({values}) \
-             ON CONFLICT ({k}) DO UPDATE SET {updates} WHERE t.{tok} <= EXCLUDED.{tok} \
-             RETURNING 1",
-            t = self.table,
-            cols = cols.join(", "),
-            values = values.join(", "),
-            k = self.key_column,
-            updates = updates.join(", "),
-            tok = self.token_column,
-        );
+        let (names, params) = Self::params(key, &t, set);
+        let sql = self.upsert_sql(&names)?;
         let rows = client
             .query_typed(&sql, &params)
             .await
             .map_err(|e| map_pg("fenced upsert", e))?;
-        Ok(if rows.is_empty() {
-            FencedWrite::Stale
-        } else {
-            FencedWrite::Applied
-        })
+        Ok(Self::upsert_outcome(!rows.is_empty()))
     }
 }

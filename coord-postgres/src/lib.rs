@@ -199,6 +199,25 @@
 //! fencing token is >= the row's stored token (see
 //! `examples/fenced_write.rs`).
 //!
+//! ## sqlx (feature `sqlx`)
+//!
+//! For applications on sqlx 0.8 (re-exported as `coord_postgres::sqlx`):
+//!
+//! - `FencedTable::sqlx_update` / `sqlx_upsert` run the same fenced
+//!   statements inside your own `sqlx::Transaction` (`&mut *tx`) or on any
+//!   `PgExecutor`, with values bound by sqlx (`SqlxFencedWrite::set`
+//!   takes any `Encode + Type<Postgres>`), so the write commits or rolls
+//!   back with the rest of your transaction.
+//! - `from_sqlx_pool(&pool)` / `from_sqlx_options(&options)` start a
+//!   [`PostgresBuilder`] with the pool's connection settings (host or
+//!   socket, port, user, password, database, `sslmode`, `sslrootcert`
+//!   file, `application_name`, `options`). A setting that cannot be carried
+//!   over (client certificates, an inline root certificate) is an
+//!   [`Error::Config`](coord_core::Error::Config) naming it. The backend
+//!   still runs on tokio-postgres and opens its own connections (its pool
+//!   and its LISTEN connection, for the reasons below); the sqlx pool's
+//!   connections, size, timeouts and hooks are not shared.
+//!
 //! ## Why tokio-postgres (with deadpool-postgres) and not sqlx
 //!
 //! - `LISTEN`: tokio-postgres hands out the raw connection, whose
@@ -222,6 +241,8 @@ mod config;
 mod fenced;
 mod listen;
 mod sql;
+#[cfg(feature = "sqlx")]
+mod sqlx_support;
 
 use std::sync::Arc;
 
@@ -234,6 +255,14 @@ pub use config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, TlsMode};
 pub use deadpool_postgres;
 pub use fenced::{Column, FencedTable, FencedWrite};
 pub use tokio_postgres;
+
+/// The sqlx this crate was built with (feature `sqlx`): use its types
+/// (`PgPool`, `Transaction`) to be sure they are the ones
+/// [`from_sqlx_pool`] and [`FencedTable::sqlx_update`] take.
+#[cfg(feature = "sqlx")]
+pub use sqlx;
+#[cfg(feature = "sqlx")]
+pub use sqlx_support::{SqlxFencedWrite, from_sqlx_options, from_sqlx_pool};
 
 /// Connect with default options (schema `coord`, 5 s call timeout, pool of
 /// up to 32, LISTEN on, sweep on). The schema is created on first use.

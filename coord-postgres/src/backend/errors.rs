@@ -6,46 +6,49 @@ use deadpool_postgres::PoolError;
 
 use super::BACKEND;
 
-/// Map a tokio-postgres error: lost or refused connections are
-/// [`Error::Unavailable`] (retryable), answers from the server are
-/// [`Error::Store`] with the SQLSTATE. Passwords are removed from the text.
-pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error {
-    if let Some(db) = e.as_db_error() {
-        let code = db.code().code();
-        let message = redact_url_passwords(&format!("{} (SQLSTATE {code})", db.message()));
-        // 08: connection exceptions; 57P: shutdown / cannot connect now;
-        // 53300: too many connections; 40001/40P01: serialization/deadlock;
-        // 57014: cancelled, here by the statement timeout (= the call
-        // timeout) or by our own cancel request after a client timeout.
-        if code == "57014" {
-            return Error::Unavailable {
-                backend: BACKEND,
-                operation,
-                message: format!(
-                    "{message}: the statement ran past the call timeout and the server stopped it"
-                ),
-            };
-        }
-        if code.starts_with("08")
-            || code.starts_with("57P")
-            || code == "53300"
-            || code == "40001"
-            || code == "40P01"
-        {
-            return Error::Unavailable {
-                backend: BACKEND,
-                operation,
-                message,
-            };
-        }
-        return Error::Store {
+/// Map an error the server answered with, by its SQLSTATE (shared by every
+/// driver): connection exceptions, shutdowns, too many connections,
+/// serialization failures and deadlocks, and cancelled statements are
+/// [`Error::Unavailable`] (retryable); the rest [`Error::Store`].
+pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -> Error {
+    let message = redact_url_passwords(&format!("{message} (SQLSTATE {code})"));
+    // 08: connection exceptions; 57P: shutdown / cannot connect now;
+    // 53300: too many connections; 40001/40P01: serialization/deadlock;
+    // 57014: cancelled, here by the statement timeout (= the call
+    // timeout) or by our own cancel request after a client timeout.
+    if code == "57014" {
+        return Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "{message}: the statement ran past the call timeout and the server stopped it"
+            ),
+        };
+    }
+    if code.starts_with("08")
+        || code.starts_with("57P")
+        || code == "53300"
+        || code == "40001"
+        || code == "40P01"
+    {
+        return Error::Unavailable {
             backend: BACKEND,
             operation,
             message,
         };
     }
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message,
+    }
+}
+
+/// An error and its sources in one line (each source once), passwords
+/// removed.
+pub(crate) fn chain_message(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
-    let mut source = std::error::Error::source(&e);
+    let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
         if !message.contains(&text) {
@@ -54,7 +57,17 @@ pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error
         }
         source = s.source();
     }
-    let message = redact_url_passwords(&message);
+    redact_url_passwords(&message)
+}
+
+/// Map a tokio-postgres error: lost or refused connections are
+/// [`Error::Unavailable`] (retryable), answers from the server are
+/// [`Error::Store`] with the SQLSTATE. Passwords are removed from the text.
+pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error {
+    if let Some(db) = e.as_db_error() {
+        return map_sqlstate(operation, db.code().code(), db.message());
+    }
+    let message = chain_message(&e);
     // A refused certificate, or a server without TLS when TLS is required,
     // fails the same way next time: configuration, not an outage.
     if message.contains("certificate") || message.contains("does not support TLS") {
