@@ -239,7 +239,14 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     if rest.is_empty() {
         parsed.set_query(None);
     } else {
-        parsed.query_pairs_mut().clear().extend_pairs(rest);
+        // Percent-encoded (a space as %20, not the `+` of form encoding:
+        // tokio-postgres does not read `+` as a space).
+        let query = rest
+            .iter()
+            .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
+            .collect::<Vec<_>>()
+            .join("&");
+        parsed.set_query(Some(&query));
     }
     let mut pg = tokio_postgres::Config::from_str(parsed.as_str()).map_err(|e| {
         Error::Config(format!(
@@ -270,6 +277,19 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
         prepared,
         display,
     })
+}
+
+/// `%XX` for every byte but the URL-unreserved ones.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Build the TLS connector for a mode (never used with `Disable`).
@@ -483,6 +503,16 @@ mod tests {
         let b = crate::PostgresBuilder::new("postgres://h/db?coord_sweep_every=30s");
         assert_eq!(b.sweep_every, Some(Duration::from_secs(30)));
         assert_eq!(b.call_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn libpq_options_keep_their_spaces() {
+        let p = parse_url(&Secret::new(
+            "postgres://h/db?coord_pool_size=2&options=-c%20search_path%3Dx&application_name=a+b",
+        ))
+        .unwrap();
+        assert_eq!(p.pg.get_options(), Some("-c search_path=x"));
+        assert_eq!(p.pg.get_application_name(), Some("a b"));
     }
 
     #[test]
