@@ -102,7 +102,9 @@ impl Elections {
             "coord.election.campaign",
             backend = self.backend.capabilities().backend,
             name,
-            candidate
+            candidate,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty
         );
         let guard = acquire_claim(
             ClaimBackend::Election(self.backend.clone()),

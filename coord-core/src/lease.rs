@@ -67,7 +67,9 @@ impl Leases {
         let span = tracing::debug_span!(
             "coord.lease.grant",
             backend = self.backend.capabilities().backend,
-            name
+            name,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty
         );
         let r = acquire_claim(
             ClaimBackend::Lease(self.backend.clone()),

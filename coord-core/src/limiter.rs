@@ -80,9 +80,20 @@ impl RateLimiter {
             "coord.limiter.check",
             backend = self.backend.capabilities().backend,
             key,
-            cost
+            cost,
+            outcome = tracing::field::Empty
         );
-        let r = tracing::Instrument::instrument(self.backend.check(key, &quota, cost), span).await;
+        let r =
+            tracing::Instrument::instrument(self.backend.check(key, &quota, cost), span.clone())
+                .await;
+        span.record(
+            "outcome",
+            match &r {
+                Ok(d) if d.allowed => "allowed",
+                Ok(_) => "denied",
+                Err(_) => "error",
+            },
+        );
         let store = self.backend.capabilities().backend;
         match &r {
             Ok(d) => crate::metrics::limiter_check(store, d.allowed),

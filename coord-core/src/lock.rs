@@ -13,6 +13,7 @@ use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
 use crate::metrics;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
+use crate::wait::WaitOutcome;
 use crate::{validate, wait};
 
 /// How to take a lock: its TTL, how long to wait, and whether the watchdog
@@ -137,7 +138,9 @@ impl Locks {
         let span = tracing::debug_span!(
             "coord.lock.acquire",
             backend = self.backend.capabilities().backend,
-            name
+            name,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty
         );
         let mut guard = acquire_claim(
             ClaimBackend::Lock(self.backend.clone()),
@@ -372,6 +375,16 @@ where
     on_cancel.armed = false;
     drop(on_cancel);
     let (store, kind) = (backend.store(), backend.metric_kind());
+    // The caller's span (`coord.lock.acquire`, ...) gets the outcome.
+    let span = tracing::Span::current();
+    let outcome_of = |r: &Result<WaitOutcome>| match r {
+        Ok(o) if o.granted.is_some() => "granted",
+        Ok(o) if o.last_error.is_some() => "error",
+        Ok(_) => "timeout",
+        Err(_) => "error",
+    };
+    span.record("outcome", outcome_of(&outcome));
+    span.record("waited_ms", start.elapsed().as_millis() as u64);
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {

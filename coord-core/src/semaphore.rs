@@ -370,7 +370,9 @@ impl Semaphores {
             backend = self.backend.capabilities().backend,
             name,
             permits = opts.permits,
-            permits_total = opts.permits_total
+            permits_total = opts.permits_total,
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty
         );
         let mut guard = acquire_claim(
             ClaimBackend::Semaphore(self.backend.clone()),
