@@ -136,6 +136,7 @@ pub const CASES: &[&str] = &[
     "lock_attempts_are_idempotent_per_owner",
     "election_attempts_are_idempotent_and_renewals_keep_the_term",
     "limiter_algorithms_of_one_key_are_independent",
+    "lock_extend_of_a_removed_lock_marks_the_guard_lost",
     "semaphore_never_more_than_total_holders_under_load",
     "semaphore_crashed_holders_permit_returns_after_ttl",
     "semaphore_multi_permit_acquire_is_all_or_none",

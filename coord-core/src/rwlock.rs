@@ -271,6 +271,11 @@ impl RwGuard {
         &self.name
     }
 
+    /// The underlying guard, for code written against [`Guard`].
+    pub fn into_guard(self) -> Guard {
+        self.permit.into_guard()
+    }
+
     /// Release it iff still held (compare-and-delete), waking the waiters
     /// that can now be granted. Errors: [`Error::NotHeld`] if it had
     /// expired or been removed (nothing changed).

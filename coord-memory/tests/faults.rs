@@ -295,3 +295,101 @@ async fn the_checkers_catch_broken_limiter_barrier_and_election() {
         rules(&r)
     );
 }
+
+fn with_semaphores(backend: &Arc<MemoryBackend>, n: usize) -> Vec<Coord> {
+    (0..n)
+        .map(|_| Coord::from_backend(backend.clone()).with_semaphores(backend.clone()))
+        .collect()
+}
+
+fn permit_workload(kind: conformance::faults::PermitKind) -> conformance::faults::PermitWorkload {
+    conformance::faults::PermitWorkload {
+        kind,
+        ttl: Duration::from_millis(40),
+        wait: Duration::from_secs(5),
+        watchdog: false,
+        work: Duration::from_millis(30),
+        duration: schedule(Duration::from_secs(3)),
+    }
+}
+
+/// 8 clients on a semaphore of 3 permits (1 or 2 at a time) and on a
+/// read-write lock, short TTLs (40 ms, held 30 ms), no watchdog: never more than the capacity
+/// valid at once, tokens unique and rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_and_rwlock_workloads() {
+    use conformance::faults::{PermitKind, run_permit_workload};
+    let backend = Arc::new(MemoryBackend::new());
+    for (kind, scenario) in [
+        (PermitKind::Semaphore { total: 3 }, "semaphore-contended"),
+        (PermitKind::RwLock { write_every: 3 }, "rwlock-contended"),
+    ] {
+        let (report, log) = run_permit_workload(
+            with_semaphores(&backend, 8),
+            scenario,
+            permit_workload(kind),
+            async { FaultLog::default() },
+        )
+        .await;
+        report.assert_ok(scenario, "memory", log.injected, Duration::from_secs(2));
+    }
+}
+
+/// A semaphore that admits one permit more than asked: the checker must
+/// see more than the capacity held at once.
+struct OneTooMany(Arc<MemoryBackend>);
+
+#[async_trait]
+impl coord_core::Semaphore for OneTooMany {
+    fn capabilities(&self) -> &Capabilities {
+        coord_core::Semaphore::capabilities(&*self.0)
+    }
+    fn fifo(&self) -> bool {
+        true
+    }
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &coord_core::PermitRequest,
+    ) -> Result<Attempt> {
+        let mut r = *request;
+        r.total += 1;
+        coord_core::Semaphore::try_acquire(&*self.0, name, owner, &r).await
+    }
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        coord_core::Semaphore::release(&*self.0, name, owner).await
+    }
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        coord_core::Semaphore::extend(&*self.0, name, owner, ttl).await
+    }
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        coord_core::Semaphore::force_release(&*self.0, name).await
+    }
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<coord_core::wake::Waiter> {
+        coord_core::Semaphore::subscribe(&*self.0, name, owner).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_permit_checker_catches_a_semaphore_admitting_one_too_many() {
+    use conformance::faults::{PermitKind, run_permit_workload};
+    let backend = Arc::new(MemoryBackend::new());
+    let broken = Arc::new(OneTooMany(backend.clone()));
+    let clients = (0..8)
+        .map(|_| Coord::from_backend(backend.clone()).with_semaphores(broken.clone()))
+        .collect();
+    let mut w = permit_workload(PermitKind::Semaphore { total: 3 });
+    w.ttl = Duration::from_secs(5);
+    w.duration = Duration::from_secs(2);
+    let (report, _) =
+        run_permit_workload(clients, "one-too-many", w, async { FaultLog::default() }).await;
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| v.rule == "at most the capacity is held at once"),
+        "the checker missed 4 permits of 3 held at once: {:?}",
+        report.violations
+    );
+}

@@ -6,7 +6,8 @@
 //! asserts the report has no violation.
 //!
 //! Workloads: locks (here, checked by [`history`]), elections
-//! ([`election`]), barriers ([`barrier`]) and limiters ([`limiter`]), each
+//! ([`election`]), barriers ([`barrier`]), limiters ([`limiter`]), and
+//! semaphores and read-write locks ([`permits`]), each
 //! with its checker, unit-tested on hand-made broken histories.
 //!
 //! Each run prints one line for `scripts/faults`' matrix:
@@ -16,6 +17,7 @@ pub mod barrier;
 pub mod election;
 pub mod history;
 pub mod limiter;
+pub mod permits;
 pub mod process;
 pub mod report;
 pub mod scenarios;
@@ -34,6 +36,7 @@ pub use barrier::{BarrierWorkload, run_barrier_workload};
 pub use election::{ElectionWorkload, run_election_workload};
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
 pub use limiter::{LimiterWorkload, run_limiter_workload};
+pub use permits::{PermitKind, PermitWorkload, run_permit_workload};
 pub use report::Report;
 pub use scenarios::{fault_for, proxies_for};
 
