@@ -1,4 +1,5 @@
-//! The election, barrier and limiter fault scenarios that are the same on
+//! The election, barrier, limiter, semaphore and read-write lock fault
+//! scenarios that are the same on
 //! every networked store: the workloads' standard shapes, and the
 //! scenarios that cut clients off through their own
 //! [`FaultProxy`]. A backend's `tests/faults` builds the clients (one proxy
@@ -13,8 +14,8 @@ use tokio::time::{Instant, sleep};
 
 use super::election::candidate;
 use super::{
-    BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, Report, run_barrier_workload,
-    run_election_workload, run_limiter_workload,
+    BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, PermitKind, PermitWorkload,
+    Report, run_barrier_workload, run_election_workload, run_limiter_workload, run_permit_workload,
 };
 use crate::testkit::proxy::{FaultProxy, Mode};
 
@@ -214,4 +215,33 @@ pub async fn limiter_replies_lost(
     let cut = [&proxies[0]];
     let faults = proxies_for(&cut, Mode::DropReplies, Duration::from_secs(1), hold);
     run_limiter_workload(clients, key, w, faults).await
+}
+
+/// The semaphore or read-write lock workload of the fault scenarios: the
+/// store's lock TTL, the watchdog on, 20 ms held, 4 s waits.
+pub fn permits(kind: PermitKind, ttl: Duration, duration: Duration) -> PermitWorkload {
+    PermitWorkload {
+        kind,
+        ttl,
+        wait: Duration::from_secs(4),
+        watchdog: true,
+        work: Duration::from_millis(20),
+        duration,
+    }
+}
+
+/// Client 0's proxy set to `mode` (cut off, or its replies lost) 1 s into
+/// the permit workload, for `hold` (longer than the TTL, so its grants
+/// expire under it), then healed.
+pub async fn permit_client_cut_off(
+    clients: Vec<Coord>,
+    proxies: &[FaultProxy],
+    name: &str,
+    w: PermitWorkload,
+    mode: Mode,
+    hold: Duration,
+) -> (Report, FaultLog) {
+    let cut = [&proxies[0]];
+    let faults = proxies_for(&cut, mode, Duration::from_secs(1), hold);
+    run_permit_workload(clients, name, w, faults).await
 }
