@@ -108,6 +108,15 @@ pub(crate) fn header_rev(resp: &TxnResponse) -> i64 {
     resp.header().map(|h| h.revision()).unwrap_or(0)
 }
 
+/// etcd 3.4 can answer a keepalive with "lease not found" for a lease it
+/// granted a moment ago, when the leader has not applied the grant yet
+/// (etcd-io/etcd#13675; 3.5 waits for the apply). Seen here: extends right
+/// after a grant failed so on a loaded 3-node cluster. A lease is taken
+/// for gone only once it was not found again after each of these delays
+/// (ms); a truly gone lease is reported 350 ms later, nothing else changes
+/// (a late "gone" never extends a claim's local validity).
+pub(crate) const NOT_FOUND_RETRIES: [u64; 3] = [50, 100, 200];
+
 /// Whether a mapped error says the lease a request used is gone.
 pub(crate) fn is_lease_not_found(e: &Error) -> bool {
     matches!(e, Error::Store { message, .. } if message.contains("lease not found"))
@@ -310,13 +319,19 @@ impl Shared {
     /// positive TTL (the lease then lives its full TTL from the start of
     /// this call), `Ok(false)` if the server no longer has it.
     pub(crate) async fn keepalive_once(&self, id: i64, op: &'static str) -> Result<bool> {
-        match self
-            .call(op, |c| async move { c.lease_client().keep_alive(id).await })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
+        let mut again = NOT_FOUND_RETRIES.iter();
+        loop {
+            match self
+                .call(op, |c| async move { c.lease_client().keep_alive(id).await })
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if is_lease_not_found(&e) => match again.next() {
+                    Some(ms) => sleep(Duration::from_millis(*ms)).await,
+                    None => return Ok(false),
+                },
+                Err(e) => return Err(e),
+            }
         }
     }
 

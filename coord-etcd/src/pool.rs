@@ -171,22 +171,28 @@ impl Shared {
             if let Some(mut k) = keeper {
                 if k.keeper.keep_alive().await.is_ok() {
                     if let Ok(Some(r)) = k.stream.message().await {
-                        return Ok(if r.ttl() > 0 {
-                            (true, Some(k))
-                        } else {
-                            (false, None)
-                        });
+                        if r.ttl() > 0 {
+                            return Ok((true, Some(k)));
+                        }
+                        // Not found: maybe not applied yet on the leader
+                        // (see NOT_FOUND_RETRIES); asked again below.
                     }
                 }
-                // The stream broke: a new one.
+                // The stream broke, or the lease was not found: a new one.
             }
-            match self
-                .call(op, |c| async move { c.lease_client().keep_alive(id).await })
-                .await
-            {
-                Ok((keeper, stream)) => Ok((true, Some(Keeper { keeper, stream }))),
-                Err(e) if crate::backend::is_lease_not_found(&e) => Ok((false, None)),
-                Err(e) => Err(e),
+            let mut again = crate::backend::NOT_FOUND_RETRIES.iter();
+            loop {
+                match self
+                    .call(op, |c| async move { c.lease_client().keep_alive(id).await })
+                    .await
+                {
+                    Ok((keeper, stream)) => return Ok((true, Some(Keeper { keeper, stream }))),
+                    Err(e) if crate::backend::is_lease_not_found(&e) => match again.next() {
+                        Some(ms) => sleep(Duration::from_millis(*ms)).await,
+                        None => return Ok((false, None)),
+                    },
+                    Err(e) => return Err(e),
+                }
             }
         })
         .await
