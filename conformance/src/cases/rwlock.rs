@@ -44,9 +44,13 @@ pub async fn rwlock_writer_excludes_readers_and_writers_under_load(f: &Factory) 
     let readers = Arc::new(AtomicU32::new(0));
     let writing = Arc::new(AtomicBool::new(false));
     let most_readers = Arc::new(AtomicU32::new(0));
+    // Every client connects first, so that they all contend at once.
+    let mut rws = Vec::new();
+    for _ in 0..CLIENTS {
+        rws.push(f.client().await.rw_locks().unwrap());
+    }
     let mut tasks = Vec::new();
-    for i in 0..CLIENTS {
-        let rw = f.client().await.rw_locks().unwrap();
+    for (i, rw) in (0..CLIENTS).zip(rws) {
         let (name, readers, writing, most) = (
             name.clone(),
             readers.clone(),
@@ -106,9 +110,13 @@ pub async fn rwlock_waiting_writer_is_not_starved_by_readers(f: &Factory) {
     };
     let name = unique("rw-starve");
     let stop = Arc::new(AtomicBool::new(false));
-    let mut readers = Vec::new();
+    let mut rws = Vec::new();
     for _ in 0..4 {
-        let rw = f.client().await.rw_locks().unwrap();
+        rws.push(f.client().await.rw_locks().unwrap());
+    }
+    let probe = f.client().await.rw_locks().unwrap();
+    let mut readers = Vec::new();
+    for rw in rws {
         let (name, stop) = (name.clone(), stop.clone());
         readers.push(tokio::spawn(async move {
             let mut reads = 0u32;
@@ -144,7 +152,6 @@ pub async fn rwlock_waiting_writer_is_not_starved_by_readers(f: &Factory) {
         waited <= Duration::from_secs(3),
         "the writer waited {waited:?} behind overlapping readers"
     );
-    let probe = f.client().await.rw_locks().unwrap();
     assert!(
         probe.try_read(&name, LONG).await.unwrap().is_none(),
         "a reader got in beside the writer"
