@@ -147,6 +147,21 @@ pub use keys::Layout;
 pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;
 
+/// How long a waiter's place in a semaphore's queue lasts without a new
+/// attempt (as in the memory backend). A waiting acquire attempts again
+/// well within it (its `Held { expires_in }` hint is at most
+/// [`QUEUE_REFRESH`]), so only a killed waiter's place lapses; it holds up
+/// the waiters behind it for at most this long.
+///
+/// ```
+/// assert!(coord_redis::QUEUE_REFRESH < coord_redis::QUEUE_ENTRY_TTL);
+/// ```
+pub const QUEUE_ENTRY_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest `expires_in` a refused semaphore attempt reports, so a
+/// queued waiter renews its place before [`QUEUE_ENTRY_TTL`] runs out.
+pub const QUEUE_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Connect to Redis at `url` (`redis://[user][:password@]host[:port][/db]`
 /// or `rediss://...` for TLS) with the default options (prefix `coord:`,
 /// [`Layout::Coord`], 3 s call timeout) and return a

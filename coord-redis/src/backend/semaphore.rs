@@ -1,0 +1,153 @@
+//! Semaphores: FIFO, lease-bounded, fenced permits (see
+//! `lua/semaphore_prelude.lua` for the keys).
+//!
+//! Each step is one script on the keys of one name, all in one hash slot:
+//! an attempt prunes what expired, checks the total, and grants iff the
+//! request and every request queued ahead of it fit into the free permits
+//! together (a single attempt counts the whole queue as ahead of it);
+//! otherwise a waiting attempt joins (or renews) its place in line. Every
+//! step that frees permits publishes one wake-up per queued waiter that
+//! became grantable, naming its owner, so exactly those waiters attempt
+//! again. Tokens are max(last + 1, server µs), as for locks.
+
+use std::time::Duration;
+
+use coord_core::wake::Waiter;
+use coord_core::{
+    Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
+};
+use redis::Value;
+
+use super::{RedisBackend, flag, int, ms, unexpected};
+use crate::{QUEUE_ENTRY_TTL, QUEUE_REFRESH};
+
+impl RedisBackend {
+    /// Run one semaphore script on `name`'s keys with the channel and the
+    /// name as the first two arguments, then `args`.
+    async fn semaphore_eval(
+        &self,
+        operation: &'static str,
+        script: &redis::Script,
+        name: &str,
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let keys = self.keys.semaphore(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let channel = self.channel.clone();
+        let mut all: Vec<&[u8]> = vec![channel.as_bytes(), name.as_bytes()];
+        all.extend_from_slice(args);
+        self.eval(operation, script, &keys, &all).await
+    }
+}
+
+/// The local wake-up key (and published payload) of `owner`'s waiting
+/// acquire on `name`: the owner first, since names may contain `:`.
+fn waiter_key(name: &str, owner: &OwnerToken) -> String {
+    format!("semaphore:{}:{name}", owner.to_hex())
+}
+
+/// Parse the acquire script's reply.
+fn permit_attempt(v: &Value, request: &PermitRequest) -> Result<Attempt> {
+    const OP: &str = "semaphore acquire";
+    let Value::Array(items) = v else {
+        return Err(unexpected(OP, v));
+    };
+    let (Some(code), Some(n)) = (
+        items.first().and_then(int),
+        items.get(1).and_then(int),
+    ) else {
+        return Err(unexpected(OP, v));
+    };
+    match code {
+        1 if n > 0 => Ok(Attempt::Granted(FencingToken(n as u64))),
+        0 if n >= 0 => Ok(Attempt::Held {
+            expires_in: Some(Duration::from_millis(n as u64)),
+        }),
+        -1 => Err(Error::invalid(
+            "permits_total",
+            format!(
+                "is {}, but the semaphore is in use with permits_total {n}; \
+                 the total binds while the name has holders or waiters",
+                request.total
+            ),
+        )),
+        _ => Err(unexpected(OP, v)),
+    }
+}
+
+/// Semaphores on Redis: FIFO (a request is granted only if it and every
+/// request queued ahead of it fit into the free permits together), woken
+/// per waiter through the pub/sub channel, with queue places that lapse
+/// [`QUEUE_ENTRY_TTL`](crate::QUEUE_ENTRY_TTL) after the waiter's last
+/// attempt. Every layout keeps semaphores under the prefix.
+#[async_trait]
+impl coord_core::Semaphore for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn fifo(&self) -> bool {
+        true
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+    ) -> Result<Attempt> {
+        let owner = owner.to_hex();
+        let (permits, total) = (request.permits.to_string(), request.total.to_string());
+        let ttl = ms(request.ttl).to_string();
+        let queue: &[u8] = if request.queue { b"1" } else { b"0" };
+        let (place, hint) = (
+            ms(QUEUE_ENTRY_TTL).to_string(),
+            ms(QUEUE_REFRESH).to_string(),
+        );
+        let args = [
+            owner.as_bytes(),
+            permits.as_bytes(),
+            total.as_bytes(),
+            ttl.as_bytes(),
+            queue,
+            place.as_bytes(),
+            hint.as_bytes(),
+        ];
+        let script = &self.scripts.semaphore_acquire;
+        let v = self
+            .semaphore_eval("semaphore acquire", script, name, &args)
+            .await?;
+        permit_attempt(&v, request)
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let owner = owner.to_hex();
+        let op = "semaphore release";
+        let script = &self.scripts.semaphore_release;
+        let v = self
+            .semaphore_eval(op, script, name, &[owner.as_bytes()])
+            .await?;
+        flag(op, &v)
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let (owner, ttl) = (owner.to_hex(), ms(ttl).to_string());
+        let op = "semaphore extend";
+        let script = &self.scripts.semaphore_extend;
+        let v = self
+            .semaphore_eval(op, script, name, &[owner.as_bytes(), ttl.as_bytes()])
+            .await?;
+        flag(op, &v)
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let op = "semaphore force release";
+        let script = &self.scripts.semaphore_force_release;
+        let v = self.semaphore_eval(op, script, name, &[]).await?;
+        flag(op, &v)
+    }
+
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
+        Ok(self.wakeups.subscribe(&waiter_key(name, owner)))
+    }
+}
