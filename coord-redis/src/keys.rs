@@ -153,8 +153,7 @@ impl Keys {
                     format!(
                         "`{name}` spells a key of a coord {} under the prefix `{}`; in \
                          Layout::Seed such names would share that key. Choose another name",
-                        kind,
-                        self.prefix
+                        kind, self.prefix
                     ),
                 ));
             }
@@ -225,8 +224,15 @@ impl Keys {
     /// hash owner -> `<permits>:<token>`) and its queue (ZSET owner ->
     /// arrival, ZSET owner -> expiry ms, hash owner -> permits).
     pub fn semaphore(&self, name: &str) -> [String; 6] {
-        ["", ":grants", ":holders", ":queue", ":queue-expiry", ":queue-permits"]
-            .map(|suffix| self.segment_key(SEMAPHORE, name, suffix))
+        [
+            "",
+            ":grants",
+            ":holders",
+            ":queue",
+            ":queue-expiry",
+            ":queue-permits",
+        ]
+        .map(|suffix| self.segment_key(SEMAPHORE, name, suffix))
     }
 
     /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`). In

@@ -52,10 +52,7 @@ fn permit_attempt(v: &Value, request: &PermitRequest) -> Result<Attempt> {
     let Value::Array(items) = v else {
         return Err(unexpected(OP, v));
     };
-    let (Some(code), Some(n)) = (
-        items.first().and_then(int),
-        items.get(1).and_then(int),
-    ) else {
+    let (Some(code), Some(n)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
         return Err(unexpected(OP, v));
     };
     match code {
