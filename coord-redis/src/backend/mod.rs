@@ -109,7 +109,7 @@ impl fmt::Debug for RedisBackend {
 
 /// What this backend promises: 1 ms TTLs on the server's clock, pub/sub
 /// wake-ups, and fencing tokens that are
-/// [`FencingDurability::ClockSeeded`]: every token (lock and lease grants,
+/// [`FencingDurability::ClockSeeded`]: every token (lock, lease and permit grants,
 /// election terms, [`FencingSource::next`](coord_core::FencingSource::next))
 /// is issued in one script as max(last token stored for the name + 1,
 /// server time in µs), compared exactly. The last token is kept only while
