@@ -225,7 +225,7 @@ mod sql;
 
 use std::sync::Arc;
 
-pub use backend::PostgresBackend;
+pub use backend::{PostgresBackend, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 pub use builder::{
     DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,
     PostgresBuilder,
