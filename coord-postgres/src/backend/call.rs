@@ -49,6 +49,9 @@ pub(super) fn session_text(call_timeout: Duration) -> String {
     )
 }
 
+/// Typed parameters of one statement.
+pub(super) type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
 impl PostgresBackend {
     /// Run `sql` with `params` as one transaction, within the call
     /// timeout: on a `prepared` (direct) connection the statement alone,
@@ -78,7 +81,7 @@ impl PostgresBackend {
         operation: &'static str,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
-        then: Option<(&str, &[(&(dyn ToSql + Sync), Type)])>,
+        then: Option<(&str, Params<'_>)>,
     ) -> Result<(Vec<Row>, Vec<Row>)> {
         let started = Instant::now();
         let client = bounded(BACKEND, operation, self.call_timeout, async {
