@@ -116,6 +116,9 @@ mod named_lease;
 mod options;
 mod pool;
 mod queue;
+mod sem_hold;
+mod sem_watch;
+mod semaphore;
 mod watch;
 
 use std::time::Duration;
