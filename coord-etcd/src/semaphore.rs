@@ -1,21 +1,27 @@
-//! FIFO semaphores: one key per grant and one per queued waiter, each on
-//! an etcd lease of its own, under `<prefix>sem/<name>/`:
+//! FIFO semaphores. Every key of a name lives under `<prefix>sem/<name>/`:
 //!
-//! - `h/<owner hex>`: a grant, value `"<permits> <total>"`, on a lease of
-//!   the grant's TTL; its create revision is the fencing token (as for
-//!   locks: etcd's revision, durable and rising across restarts).
-//! - `w/<owner hex>`: a queued waiter, same value, on a lease of
-//!   [`QUEUE_ENTRY_TTL`] kept alive by the waiter's attempts (at least one
-//!   every [`QUEUE_REFRESH`]); the queue is ordered by create revision.
+//! - `h/<owner hex>`: a grant, value `"<permits> <total> <slot>,<slot>.."`,
+//!   on an etcd lease of the grant's TTL (one lease per grant, as for lock
+//!   claims; spare leases are reused); its create revision is the fencing
+//!   token (as for locks: etcd's revision, durable and rising across
+//!   restarts, never repeated).
+//! - `s/<i>` (`0 <= i < total`): permit slot `i`, taken by a grant, on the
+//!   grant's lease (value: the owner). A grant of `n` permits takes `n`
+//!   free slots in the same transaction as its `h/` key, each compared to
+//!   be absent, so the server never lets more than `total` permits be
+//!   held, and grants that take different slots do not conflict.
+//! - `w/<owner hex>`: a queued waiter, value `"<permits> <total>"`, on a
+//!   lease of [`QUEUE_ENTRY_TTL`] renewed by the waiter's attempts (one at
+//!   least every [`QUEUE_REFRESH`]); the queue is ordered by create
+//!   revision.
 //!
-//! An attempt reads the whole name at revision `R` and grants itself only
-//! if its request and every request queued ahead of it fit into the free
-//! permits; the grant is a transaction that compares every key of the name
-//! to be unchanged since `R` (`mod_revision < R + 1` over the range, so a
-//! concurrent grant or queue entry makes it fail and the attempt reads
-//! again), puts the grant key and deletes the owner's waiter key. Deletions
-//! (releases, expiries, waiters leaving) are what can let a waiter in: a
-//! shared watch per name and client wakes the local waiters on each.
+//! An attempt reads the name and is granted only if its request and every
+//! request queued ahead of it (the whole queue for an owner not in it) fit
+//! into the free permits; it then takes the free slots after those the
+//! requests ahead of it will take (the `ahead`-th free slot on), so the
+//! waiters ahead keep room. A refused attempt with `queue` joins (or
+//! renews its place in) the queue; without it, writes nothing. Wake-ups
+//! come from a watch per name and client (`sem_watch.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
