@@ -344,15 +344,19 @@ impl Shared {
             if resp.succeeded() {
                 let token = header_rev(&resp);
                 let (_, keeper, since) = lease.take().expect("a lease was taken");
-                self.sem_local(&sk, |s| {
-                    s.grant = Some(Grant {
+                let old = self.sem_local(&sk, |s| {
+                    s.keeper = keeper;
+                    s.slots = chosen;
+                    s.grant.replace(Grant {
                         lease: l,
                         ttl: ttl_s,
                         deadline: since + Duration::from_secs(ttl_s),
-                    });
-                    s.keeper = keeper;
-                    s.slots = chosen;
+                    })
                 });
+                // A lost reply's lease whose write did not land.
+                if let Some(o) = old.filter(|o| o.lease != l) {
+                    self.revoke_later(o.lease);
+                }
                 self.sem_place_done(&sk);
                 return Ok(Attempt::Granted(FencingToken(token as u64)));
             }
