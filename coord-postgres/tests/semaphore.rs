@@ -243,3 +243,110 @@ async fn polling_waiters_write_nothing() {
     assert!(b.release(&name, &waiter).await.unwrap());
     assert_eq!(rows(&b).await, (0, 0));
 }
+
+/// NOTIFY is sent only to waiters a change makes grantable: 20
+/// uncontended cycles, and a release while the only waiter still does not
+/// fit, send nothing; the release that lets it in sends exactly its
+/// payload (`semaphore:<owner hex>:<name>`), and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_go_only_to_waiters_made_grantable() {
+    use coord_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
+    use futures::StreamExt;
+
+    let _serial = SERIAL.lock().await;
+    let b = backend(Duration::from_secs(60)).await;
+    assert!(b.capabilities().notifications);
+    let (client, mut conn) = tokio_postgres::connect(&cluster().url(), NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_string());
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", b.channel()))
+        .await
+        .unwrap();
+    let marker = |m: &'static str| {
+        let (client, channel) = (&client, b.channel().to_string());
+        async move {
+            client
+                .query("SELECT pg_notify($1, $2)", &[&channel, &m])
+                .await
+                .unwrap();
+        }
+    };
+    async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>) -> String {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a payload arrives")
+            .expect("a payload")
+    }
+
+    let name = unique("notify");
+    let long = Duration::from_secs(60);
+    for _ in 0..20 {
+        let o = OwnerToken::random();
+        let got = b
+            .try_acquire(&name, &o, &req(1, 2, long, false))
+            .await
+            .unwrap();
+        assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+        assert!(b.release(&name, &o).await.unwrap());
+    }
+    marker("first").await;
+    assert_eq!(
+        next(&mut rx).await,
+        "first",
+        "an uncontended cycle notified"
+    );
+
+    // Two holders of 1 each; a waiter for 2 in line.
+    let (h1, h2, w) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    for h in [&h1, &h2] {
+        let got = b
+            .try_acquire(&name, h, &req(1, 2, long, false))
+            .await
+            .unwrap();
+        assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    }
+    let got = b
+        .try_acquire(&name, &w, &req(2, 2, long, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
+    assert!(b.release(&name, &h1).await.unwrap());
+    marker("second").await;
+    assert_eq!(
+        next(&mut rx).await,
+        "second",
+        "a release that frees too little for the waiter notified"
+    );
+    assert!(b.release(&name, &h2).await.unwrap());
+    assert_eq!(
+        next(&mut rx).await,
+        format!("semaphore:{}:{name}", w.to_hex()),
+        "the release that lets the waiter in must notify it"
+    );
+    let got = b
+        .try_acquire(&name, &w, &req(2, 2, long, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(b.release(&name, &w).await.unwrap());
+    marker("third").await;
+    assert_eq!(
+        next(&mut rx).await,
+        "third",
+        "a release nobody waits for notified"
+    );
+}
