@@ -264,6 +264,8 @@ impl Shared {
         // A lease for the grant, once it looks possible: (id, keeper, since).
         let mut lease: Option<(i64, Option<Keeper>, Instant)> = None;
         let mut view = None;
+        // The owner's place as the last read saw it.
+        let mut seen: Option<KeyValue> = None;
         let spare = |me: &Arc<Self>, l: Option<(i64, Option<Keeper>, Instant)>| {
             if let Some((id, k, since)) = l {
                 me.put_spare(id, ttl_s, since + Duration::from_secs(ttl_s), k);
@@ -277,6 +279,7 @@ impl Shared {
                     return Err(e);
                 }
             };
+            seen.clone_from(&v.my_place);
             if let Some(mine) = &v.mine {
                 // Ours already (a retry, or a lost reply's write landed):
                 // the same grant, refreshed.
@@ -365,8 +368,7 @@ impl Shared {
         if !req.queue {
             return Ok(Attempt::Held { expires_in: None });
         }
-        let place = view.as_ref().and_then(|v| v.my_place.as_ref());
-        self.sem_keep_place(&sk, &n, &value, place).await?;
+        self.sem_keep_place(&sk, &n, &value, seen.as_ref()).await?;
         let expires_in = match view {
             Some(_) => QUEUE_REFRESH,
             // Lost every compare-and-swap to other grants: again soon.
@@ -448,17 +450,21 @@ impl Shared {
             )]);
         // Recorded first: a release revokes it even if the reply is lost.
         let old = self.sem_local(sk, |s| s.waiter.replace((lease, since)));
+        let resp = self.txn(op, txn).await;
+        if let Ok(r) = &resp {
+            if !r.succeeded() {
+                // Our place exists already (a lost reply's write landed):
+                // keep that one, and its lease.
+                self.sem_local(sk, |s| s.waiter = old);
+                self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                return Ok(());
+            }
+        }
+        // The old lease (if any) carried no place: it lapsed or never was.
         if let Some((o, _)) = old {
             self.revoke_later(o);
         }
-        let resp = self.txn(op, txn).await?;
-        if !resp.succeeded() {
-            // Our place exists already (a lost reply's write landed, or it
-            // appeared since the read): keep that one.
-            self.sem_local(sk, |s| s.waiter = None);
-            self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
-        }
-        Ok(())
+        resp.map(|_| ())
     }
 }
 
