@@ -1,0 +1,770 @@
+//! Adversarial review of the Redis semaphores (issue 13): races between
+//! many clients with cancellations, lost replies, cancelled queue heads,
+//! the total binding while only waiters are queued, tokens across a
+//! restart without persistence, grant expiry racing other attempts, names
+//! with braces, and a writer taking every permit while readers stream in.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::{SEC, eventually, granted};
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use conformance::testkit::redis::RedisServer;
+use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Semaphore};
+use coord_redis::{RedisBackend, RedisOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+const MS: Duration = Duration::from_millis(1);
+
+fn req(permits: u32, total: u32, ttl: Duration, queue: bool) -> PermitRequest {
+    PermitRequest {
+        permits,
+        total,
+        ttl,
+        queue,
+    }
+}
+
+fn is_held(a: &Attempt) -> bool {
+    matches!(a, Attempt::Held { .. })
+}
+
+/// `b.try_acquire` with everything owned or borrowed from outside (for
+/// retry closures).
+fn att<'a>(
+    b: &'a RedisBackend,
+    name: &'a str,
+    o: OwnerToken,
+    r: PermitRequest,
+) -> impl std::future::Future<Output = coord_core::Result<Attempt>> + 'a {
+    async move { b.try_acquire(name, &o, &r).await }
+}
+
+async fn backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisOptions::new(url))
+        .await
+        .expect("connect")
+}
+
+fn hget(server: &RedisServer, key: &str, field: &str) -> Option<String> {
+    server
+        .command(&["HGET", key, field])
+        .as_str()
+        .map(str::to_string)
+}
+
+fn dbsize(server: &RedisServer) -> i64 {
+    server.command(&["DBSIZE"]).as_int().unwrap()
+}
+
+/// A tiny deterministic PRNG (no `rand` among the dev-dependencies).
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// 32 tasks on 4 clients take 1, 2 or 3 of 4 permits, some waiting long,
+/// some cancelled mid-wait by a short `timeout` dropping the future. The
+/// permits held (counted on the client side, between grant and release)
+/// never exceed the total; every task finishes (no waiter is stranded);
+/// afterwards the whole total is grantable at once, nothing is queued and
+/// the keys are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_mixed_sizes_with_cancellations_stay_within_total() {
+    const TOTAL: u32 = 4;
+    const TASKS: u64 = 32;
+    const ROUNDS: u64 = 12;
+    let server = RedisServer::start();
+    let mut coords = Vec::new();
+    for _ in 0..4 {
+        coords.push(backend(&server.url()).await.into_coord());
+    }
+    let inside = Arc::new(AtomicI64::new(0));
+    let most = Arc::new(AtomicI64::new(0));
+    let grants = Arc::new(AtomicU64::new(0));
+    let cancels = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let sem = coords[i as usize % 4].semaphores().unwrap();
+        let (inside, most, grants, cancels) = (
+            inside.clone(),
+            most.clone(),
+            grants.clone(),
+            cancels.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (i + 1) * 0x1234_5677);
+            for _ in 0..ROUNDS {
+                let n = 1 + rng.below(3) as u32;
+                let cancel_after = Duration::from_millis(5 + rng.below(120));
+                let cancel = rng.below(3) == 0;
+                let fut = sem.acquire_many("mixed", n, TOTAL, 5 * SEC, 20 * SEC);
+                let permit = if cancel {
+                    match timeout(cancel_after, fut).await {
+                        Ok(p) => p.expect("acquire"),
+                        Err(_) => {
+                            cancels.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        }
+                    }
+                } else {
+                    fut.await.expect("a waiting acquire was stranded")
+                };
+                let now = inside.fetch_add(n as i64, Ordering::SeqCst) + n as i64;
+                most.fetch_max(now, Ordering::SeqCst);
+                assert!(now <= TOTAL as i64, "{now} permits held of {TOTAL}");
+                grants.fetch_add(1, Ordering::SeqCst);
+                sleep(Duration::from_millis(rng.below(15))).await;
+                inside.fetch_sub(n as i64, Ordering::SeqCst);
+                permit.release().await.expect("release");
+            }
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        timeout(120 * SEC, t)
+            .await
+            .expect("a task never finished: a waiter is stranded")
+            .unwrap();
+    }
+    let took = started.elapsed();
+    assert!(most.load(Ordering::SeqCst) <= TOTAL as i64);
+    assert!(cancels.load(Ordering::SeqCst) > 0, "nothing was cancelled");
+    assert!(grants.load(Ordering::SeqCst) > TASKS * ROUNDS / 2);
+    // Background cleanups of the cancelled waiters have run by now.
+    sleep(500 * MS).await;
+    let queue = "coord:semaphore:{mixed}:queue";
+    assert_eq!(
+        server.command(&["ZCARD", queue]).as_int(),
+        Some(0),
+        "cancelled waiters left their places behind"
+    );
+    let sem = coords[0].semaphores().unwrap();
+    let all = sem
+        .try_acquire_many("mixed", TOTAL, TOTAL, 5 * SEC)
+        .await
+        .unwrap()
+        .expect("all permits should be free once everyone finished");
+    all.release().await.unwrap();
+    assert_eq!(dbsize(&server), 0, "keys left behind");
+    eprintln!(
+        "mixed: {} grants, {} cancels in {took:?}",
+        grants.load(Ordering::SeqCst),
+        cancels.load(Ordering::SeqCst)
+    );
+}
+
+/// A grant whose reply is lost: the same owner's retry gets the same
+/// token, and the permits are counted once (the state hash says 2 held,
+/// and another owner still gets the 1 remaining permit, not 0).
+#[tokio::test]
+async fn lost_grant_reply_then_retry_same_token_counted_once() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisBackend::connect(
+        RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(300 * MS),
+    )
+    .await
+    .expect("connect through the proxy");
+    let direct = backend(&server.url()).await;
+    let (o, other, third) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    proxy.set(Mode::DropReplies);
+    let lost = via
+        .try_acquire("lost", &o, &req(2, 3, 30 * SEC, true))
+        .await;
+    assert!(lost.is_err(), "the reply should be lost: {lost:?}");
+    proxy.heal();
+    let state = "coord:semaphore:{lost}";
+    assert_eq!(hget(&server, state, "held").as_deref(), Some("2"));
+    let first_token: u64 = hget(&server, &format!("{state}:holders"), &o.to_hex())
+        .expect("the lost attempt was applied")
+        .split(':')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let retry = eventually("retry", || att(&via, "lost", o, req(2, 3, 30 * SEC, true))).await;
+    assert_eq!(granted(retry), first_token, "the retry got another token");
+    assert_eq!(
+        hget(&server, state, "held").as_deref(),
+        Some("2"),
+        "the retry counted its permits twice"
+    );
+    granted(
+        direct
+            .try_acquire("lost", &other, &req(1, 3, 30 * SEC, false))
+            .await
+            .unwrap(),
+    );
+    assert!(is_held(
+        &direct
+            .try_acquire("lost", &third, &req(1, 3, 30 * SEC, false))
+            .await
+            .unwrap()
+    ));
+    // A lost release reply: the retry says "not held", the permits came
+    // back exactly once.
+    proxy.set(Mode::DropReplies);
+    assert!(via.release("lost", &o).await.is_err());
+    proxy.heal();
+    assert_eq!(hget(&server, state, "held").as_deref(), Some("1"));
+    let again = eventually("release retry", || async { via.release("lost", &o).await }).await;
+    assert!(!again, "released twice");
+    assert_eq!(hget(&server, state, "held").as_deref(), Some("1"));
+    assert!(direct.release("lost", &other).await.unwrap());
+    assert_eq!(dbsize(&server), 0);
+}
+
+/// A lost reply of a refused, queued attempt: the retry keeps the same
+/// place (no second arrival, `qsum` counted once), so the waiter behind
+/// is not pushed back and a single attempt sees the right amount queued.
+#[tokio::test]
+async fn lost_reply_of_a_queued_attempt_keeps_one_place() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisBackend::connect(
+        RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(300 * MS),
+    )
+    .await
+    .unwrap();
+    let direct = backend(&server.url()).await;
+    let (h, w, behind) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    granted(
+        direct
+            .try_acquire("lostq", &h, &req(2, 3, 30 * SEC, false))
+            .await
+            .unwrap(),
+    );
+    proxy.set(Mode::DropReplies);
+    assert!(
+        via.try_acquire("lostq", &w, &req(2, 3, 30 * SEC, true))
+            .await
+            .is_err()
+    );
+    proxy.heal();
+    assert!(is_held(
+        &direct
+            .try_acquire("lostq", &behind, &req(1, 3, 30 * SEC, true))
+            .await
+            .unwrap()
+    ));
+    let r = eventually("retry", || att(&via, "lostq", w, req(2, 3, 30 * SEC, true))).await;
+    assert!(is_held(&r));
+    let state = "coord:semaphore:{lostq}";
+    assert_eq!(hget(&server, state, "qsum").as_deref(), Some("3"));
+    assert_eq!(
+        server
+            .command(&["ZCARD", "coord:semaphore:{lostq}:queue"])
+            .as_int(),
+        Some(2)
+    );
+    // FIFO survives: after the holder leaves, w (first) is granted, and
+    // `behind` (1 permit) fits beside it.
+    assert!(direct.release("lostq", &h).await.unwrap());
+    assert!(is_held(
+        &direct
+            .try_acquire("lostq", &OwnerToken::random(), &req(2, 3, SEC, false))
+            .await
+            .unwrap()
+    ));
+    granted(eventually("w", || att(&via, "lostq", w, req(2, 3, 30 * SEC, true))).await);
+    granted(
+        direct
+            .try_acquire("lostq", &behind, &req(1, 3, 30 * SEC, true))
+            .await
+            .unwrap(),
+    );
+}
+
+/// The head of the queue (asking for every permit) is cancelled by a
+/// dropped future; the small request behind it must not wait for the
+/// head's place to lapse (30 s): the core's cleanup removes the place and
+/// the store wakes the one behind as soon as a permit comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_queue_head_does_not_block_the_queue() {
+    let server = RedisServer::start();
+    let (c1, c2, c3) = (
+        backend(&server.url()).await.into_coord(),
+        backend(&server.url()).await.into_coord(),
+        backend(&server.url()).await.into_coord(),
+    );
+    let (s1, s2, s3) = (
+        c1.semaphores().unwrap(),
+        c2.semaphores().unwrap(),
+        c3.semaphores().unwrap(),
+    );
+    let holder = s1.acquire("head", 3, 60 * SEC, SEC).await.unwrap();
+    let head = tokio::spawn(async move {
+        // Cancelled after 300 ms while queued.
+        timeout(300 * MS, s2.acquire_many("head", 3, 3, 60 * SEC, 60 * SEC))
+            .await
+            .is_err()
+    });
+    sleep(100 * MS).await;
+    let start = Instant::now();
+    let behind = tokio::spawn(async move { s3.acquire("head", 3, 60 * SEC, 60 * SEC).await });
+    assert!(head.await.unwrap(), "the head was granted?");
+    // The one behind needs 1 of 3 with 2 free, but the head (3) was ahead.
+    sleep(200 * MS).await;
+    let p = timeout(3 * SEC, behind)
+        .await
+        .expect("the waiter behind a cancelled head is still blocked after 3 s")
+        .unwrap()
+        .unwrap();
+    assert!(start.elapsed() < 3 * SEC);
+    p.release().await.unwrap();
+    holder.release().await.unwrap();
+}
+
+/// While only queued waiters exist (the holder expired), the total still
+/// binds: another total is `InvalidArgument{permits_total}` and changes
+/// nothing (the place, the total, the queued sum stay), for a single
+/// attempt and a waiting one alike.
+#[tokio::test]
+async fn total_binds_while_only_waiters_are_queued() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let (h, w, x) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    granted(
+        b.try_acquire("onlyq", &h, &req(2, 2, 200 * MS, false))
+            .await
+            .unwrap(),
+    );
+    assert!(is_held(
+        &b.try_acquire("onlyq", &w, &req(2, 2, 30 * SEC, true))
+            .await
+            .unwrap()
+    ));
+    sleep(300 * MS).await;
+    let state = "coord:semaphore:{onlyq}";
+    let before = server.command(&["HGETALL", state]);
+    for queue in [false, true] {
+        match b
+            .try_acquire("onlyq", &x, &req(1, 5, 30 * SEC, queue))
+            .await
+        {
+            Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "permits_total"),
+            other => panic!("expected InvalidArgument(permits_total), got {other:?}"),
+        }
+    }
+    assert_eq!(hget(&server, state, "total").as_deref(), Some("2"));
+    assert_eq!(
+        server
+            .command(&["ZCARD", "coord:semaphore:{onlyq}:queue"])
+            .as_int(),
+        Some(1)
+    );
+    assert_eq!(
+        hget(&server, &format!("{state}:queue-permits"), &x.to_hex()),
+        None
+    );
+    let _ = before;
+    // The queued one is granted with its own total; then idle again, a new
+    // total is accepted.
+    granted(
+        b.try_acquire("onlyq", &w, &req(2, 2, 30 * SEC, true))
+            .await
+            .unwrap(),
+    );
+    assert!(b.release("onlyq", &w).await.unwrap());
+    granted(
+        b.try_acquire("onlyq", &x, &req(1, 5, 30 * SEC, false))
+            .await
+            .unwrap(),
+    );
+    assert!(b.release("onlyq", &x).await.unwrap());
+}
+
+/// Tokens keep rising across a restart that loses everything (no
+/// persistence), across a restart from an older snapshot (`SAVE`, then
+/// more grants, then restart), and across a `DEBUG SLEEP` that lets every
+/// grant expire server-side.
+#[tokio::test]
+async fn tokens_rise_across_restart_snapshot_and_debug_sleep() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let o = OwnerToken::random();
+    let mut last = 0u64;
+    for _ in 0..50 {
+        let t = granted(
+            b.try_acquire("tok", &OwnerToken::random(), &req(1, 1000, 30 * SEC, false))
+                .await
+                .unwrap(),
+        );
+        assert!(t > last);
+        last = t;
+    }
+    server.command(&["SAVE"]);
+    for _ in 0..50 {
+        let t = granted(
+            b.try_acquire("tok", &OwnerToken::random(), &req(1, 1000, 30 * SEC, false))
+                .await
+                .unwrap(),
+        );
+        assert!(t > last);
+        last = t;
+    }
+    server.restart(); // loads the older snapshot
+    let t = granted(
+        eventually("after snapshot restart", || {
+            att(&b, "tok", o, req(1, 1000, 30 * SEC, false))
+        })
+        .await,
+    );
+    assert!(t > last, "token {t} after restart is not above {last}");
+    last = t;
+    // Now a restart that loses everything (an empty snapshot, then kill).
+    server.command(&["FLUSHALL"]);
+    server.command(&["SAVE"]);
+    server.kill();
+    server.start_again();
+    let t = granted(
+        eventually("after empty restart", || {
+            att(
+                &b,
+                "tok",
+                OwnerToken::random(),
+                req(1, 1000, 30 * SEC, false),
+            )
+        })
+        .await,
+    );
+    assert!(t > last, "token {t} after restart is not above {last}");
+    last = t;
+    // Every permit taken by a short grant that expires while the server is
+    // frozen (SIGSTOP; DEBUG SLEEP is disabled on this build).
+    granted(
+        b.try_acquire(
+            "tok",
+            &OwnerToken::random(),
+            &req(999, 1000, 100 * MS, false),
+        )
+        .await
+        .unwrap(),
+    );
+    server.pause();
+    std::thread::sleep(Duration::from_millis(300));
+    server.resume();
+    let t = granted(
+        eventually("after pause", || {
+            att(
+                &b,
+                "tok",
+                OwnerToken::random(),
+                req(999, 1000, 30 * SEC, false),
+            )
+        })
+        .await,
+    );
+    assert!(t > last, "token {t} after the pause is not above {last}");
+    let _ = o;
+}
+
+/// A grant's TTL ends while other owners keep attempting: whenever another
+/// owner is granted the single permit, the first one's extend and release
+/// fail (never two live holders of one permit), and the new token is above
+/// the old.
+#[tokio::test]
+async fn grant_expiry_racing_other_attempts_never_double_grants() {
+    let server = RedisServer::start();
+    let (a, b) = (backend(&server.url()).await, backend(&server.url()).await);
+    let mut double = Vec::new();
+    for round in 0..60u64 {
+        let name = format!("race{round}");
+        let x = OwnerToken::random();
+        let t1 = granted(
+            a.try_acquire(&name, &x, &req(1, 1, 20 * MS, false))
+                .await
+                .unwrap(),
+        );
+        let y = OwnerToken::random();
+        let deadline = Instant::now() + SEC;
+        loop {
+            // x keeps extending with a tiny TTL while y attempts: both race
+            // the expiry.
+            let ext = a.extend(&name, &x, 3 * MS);
+            let long = req(1, 1, 30 * SEC, false);
+            let att = b.try_acquire(&name, &y, &long);
+            let (ext, att) = tokio::join!(ext, att);
+            let (ext, att) = (ext.unwrap(), att.unwrap());
+            if let Attempt::Granted(t2) = att {
+                assert!(t2.get() > t1, "token did not rise");
+                // x must be gone now.
+                if a.extend(&name, &x, 30 * SEC).await.unwrap() {
+                    double.push(round);
+                }
+                break;
+            }
+            if !ext {
+                // x's grant ended; y must get it at once.
+                granted(
+                    b.try_acquire(&name, &y, &req(1, 1, 30 * SEC, false))
+                        .await
+                        .unwrap(),
+                );
+                assert!(!a.extend(&name, &x, 30 * SEC).await.unwrap(), "resurrected");
+                break;
+            }
+            assert!(Instant::now() < deadline);
+        }
+        assert!(b.release(&name, &y).await.unwrap());
+        assert!(!a.release(&name, &x).await.unwrap());
+    }
+    assert!(
+        double.is_empty(),
+        "two holders of one permit in rounds {double:?}"
+    );
+    assert_eq!(dbsize(&server), 0);
+}
+
+/// Names with braces, colons and a name that is a prefix of another are
+/// distinct semaphores with their keys in one slot each, and a waiter on
+/// such a name is woken (not just polled): with a 60 s poll interval it
+/// is granted within a second of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_braces_are_distinct_and_woken() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let names = ["{a}", "a", "{a", "a}", "}{", "x{y}z", "a:b", "a:b:c", "{}"];
+    let mut owners = Vec::new();
+    for n in names {
+        let o = OwnerToken::random();
+        granted(
+            b.try_acquire(n, &o, &req(1, 1, 30 * SEC, false))
+                .await
+                .unwrap(),
+        );
+        owners.push(o);
+    }
+    // Each is full now, independently of the others.
+    for n in names {
+        assert!(is_held(
+            &b.try_acquire(n, &OwnerToken::random(), &req(1, 1, 30 * SEC, false))
+                .await
+                .unwrap()
+        ));
+    }
+    // All keys of one name in one slot.
+    let keys = server.command(&["KEYS", "coord:semaphore:*"]);
+    let _ = keys;
+    for (n, o) in names.iter().zip(&owners) {
+        let slow = backend(&server.url())
+            .await
+            .into_coord()
+            .with_poll_interval(60 * SEC);
+        let sem = slow.semaphores().unwrap();
+        let name = n.to_string();
+        let w = tokio::spawn(async move {
+            let start = Instant::now();
+            let p = sem.acquire(&name, 1, 30 * SEC, 20 * SEC).await.unwrap();
+            let took = start.elapsed();
+            p.release().await.unwrap();
+            took
+        });
+        sleep(300 * MS).await;
+        let released = Instant::now();
+        assert!(b.release(n, o).await.unwrap());
+        let took = w.await.unwrap();
+        assert!(
+            released.elapsed() < 2 * SEC && took < 3 * SEC,
+            "waiter on {n:?} not woken (took {took:?})"
+        );
+    }
+    assert_eq!(dbsize(&server), 0);
+}
+
+/// A writer asking for all MAX_PERMITS permits while 1-permit readers
+/// stream in continuously (8 tasks, each re-acquiring at once): FIFO means
+/// the writer is granted once the readers ahead of it release (well within
+/// a second or two), readers that came later wait behind it, and while the
+/// writer holds, no reader holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_taking_every_permit_is_not_starved_by_readers() {
+    const TOTAL: u32 = coord_core::validate::MAX_PERMITS;
+    let server = RedisServer::start();
+    let readers_in = Arc::new(AtomicI64::new(0));
+    let writer_in = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for _ in 0..8 {
+        let sem = backend(&server.url())
+            .await
+            .into_coord()
+            .semaphores()
+            .unwrap();
+        let (readers_in, writer_in, stop) = (readers_in.clone(), writer_in.clone(), stop.clone());
+        readers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let p = sem.acquire("rw", TOTAL, 10 * SEC, 30 * SEC).await.unwrap();
+                readers_in.fetch_add(1, Ordering::SeqCst);
+                assert_eq!(
+                    writer_in.load(Ordering::SeqCst),
+                    0,
+                    "reader beside the writer"
+                );
+                sleep(30 * MS).await;
+                readers_in.fetch_sub(1, Ordering::SeqCst);
+                p.release().await.unwrap();
+                n += 1;
+            }
+            n
+        }));
+    }
+    sleep(500 * MS).await;
+    let wsem = backend(&server.url())
+        .await
+        .into_coord()
+        .semaphores()
+        .unwrap();
+    for _ in 0..3 {
+        let start = Instant::now();
+        let w = wsem
+            .acquire_many("rw", TOTAL, TOTAL, 10 * SEC, 10 * SEC)
+            .await
+            .expect("the writer was starved");
+        let took = start.elapsed();
+        writer_in.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(
+            readers_in.load(Ordering::SeqCst),
+            0,
+            "writer beside readers"
+        );
+        sleep(100 * MS).await;
+        writer_in.fetch_sub(1, Ordering::SeqCst);
+        w.release().await.unwrap();
+        assert!(took < 2 * SEC, "the writer waited {took:?}");
+        sleep(200 * MS).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for r in readers {
+        total += timeout(30 * SEC, r).await.expect("reader stuck").unwrap();
+    }
+    assert!(total > 20, "readers made little progress: {total}");
+}
+
+/// How many times the server ran `cmd` (scripts' calls included).
+fn calls(server: &RedisServer, cmd: &str) -> i64 {
+    server
+        .info("commandstats", &format!("cmdstat_{cmd}"))
+        .split(',')
+        .find_map(|f| f.strip_prefix("calls="))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Redis commands the scripts ran so far that walk the queue entry by
+/// entry (HGET of a waiter's permits, ZSCORE of its place's expiry).
+fn walk_calls(server: &RedisServer) -> i64 {
+    calls(server, "hget") + calls(server, "zscore")
+}
+
+/// `n` one-permit waiters queue behind a holder of every permit. Returns
+/// the per-entry commands (HGET + ZSCORE) the server ran for (one renewal
+/// by the waiter at the back, the release of the big grant, the mean per
+/// grant while the queue drains in order).
+async fn queue_costs(
+    server: &RedisServer,
+    b: &RedisBackend,
+    name: &str,
+    n: usize,
+) -> (i64, i64, f64) {
+    const TOTAL: u32 = coord_core::validate::MAX_PERMITS;
+    let big = OwnerToken::random();
+    granted(
+        b.try_acquire(name, &big, &req(TOTAL, TOTAL, 600 * SEC, false))
+            .await
+            .unwrap(),
+    );
+    let owners: Vec<OwnerToken> = (0..n).map(|_| OwnerToken::random()).collect();
+    for o in &owners {
+        assert!(is_held(
+            &b.try_acquire(name, o, &req(1, TOTAL, 600 * SEC, true))
+                .await
+                .unwrap()
+        ));
+    }
+    let w0 = walk_calls(server);
+    let last = owners.last().unwrap();
+    assert!(is_held(
+        &b.try_acquire(name, last, &req(1, TOTAL, 600 * SEC, true))
+            .await
+            .unwrap()
+    ));
+    let w1 = walk_calls(server);
+    let started = Instant::now();
+    assert!(b.release(name, &big).await.unwrap());
+    let release_took = started.elapsed();
+    let w2 = walk_calls(server);
+    let started = Instant::now();
+    for o in &owners {
+        granted(
+            b.try_acquire(name, o, &req(1, TOTAL, 600 * SEC, true))
+                .await
+                .unwrap(),
+        );
+    }
+    let drain_took = started.elapsed();
+    let w3 = walk_calls(server);
+    for o in &owners {
+        assert!(b.release(name, o).await.unwrap());
+    }
+    let per_grant = (w3 - w2) as f64 / n as f64;
+    eprintln!(
+        "n={n}: renewal at the back {} calls; release of the big grant {} calls ({release_took:?}); \
+         {per_grant:.1} calls per grant (draining took {drain_took:?})",
+        w1 - w0,
+        w2 - w1
+    );
+    (w1 - w0, w2 - w1, per_grant)
+}
+
+/// A step's cost on the server should not grow with the queue length for
+/// a waiter near the head. It does: each grant's `wake()` walks the whole
+/// grantable prefix from the head again (one HGET per entry, a ZRANGE per
+/// 16), although every entry in it was woken already, so draining a queue
+/// of n waiters that all fit costs O(n²) commands inside Redis (which
+/// serves nobody else meanwhile); and a waiter at rank r renews its place
+/// with O(r) commands (HGET + ZSCORE of every place ahead), so n polling
+/// waiters cost O(n²) per poll round.
+#[tokio::test]
+#[ignore = "defect: wake() rescans the already-woken grantable prefix on every grant, and a renewal walks every place ahead: O(n) per step, O(n^2) to drain a queue"]
+async fn per_step_cost_does_not_grow_with_the_queue() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let (renew_s, _, grant_s) = queue_costs(&server, &b, "cost-small", 100).await;
+    let (renew_l, _, grant_l) = queue_costs(&server, &b, "cost-large", 1600).await;
+    assert!(
+        grant_l < grant_s * 4.0 + 8.0,
+        "a grant runs {grant_s:.1} per-entry commands with 100 queued, {grant_l:.1} with 1600"
+    );
+    assert!(
+        renew_l < renew_s * 4 + 8,
+        "a renewal at the back runs {renew_s} per-entry commands with 100 queued, {renew_l} with 1600"
+    );
+}
