@@ -831,3 +831,190 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
          (queue entries: {zcard:?}: the timed-out waiter's place came back)"
     );
 }
+
+/// A reference model of the contract (no expiry: every TTL is long): a
+/// FIFO semaphore with `total` binding while anybody holds or waits.
+#[derive(Default)]
+struct Model {
+    total: u32,
+    holders: Vec<(usize, u32, u64)>,
+    queue: Vec<(usize, u32)>,
+}
+
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Granted,
+    Held,
+    BadTotal,
+}
+
+impl Model {
+    fn attempt(&mut self, o: usize, p: u32, total: u32, queue: bool) -> (Outcome, Option<u64>) {
+        if self.holders.is_empty() && self.queue.is_empty() {
+            self.total = total;
+        } else if self.total != total {
+            return (Outcome::BadTotal, None);
+        }
+        if let Some(h) = self.holders.iter().find(|h| h.0 == o) {
+            return (Outcome::Granted, Some(h.2));
+        }
+        let pos = self.queue.iter().position(|w| w.0 == o);
+        let ahead: u32 = self.queue[..pos.unwrap_or(self.queue.len())]
+            .iter()
+            .map(|w| w.1)
+            .sum();
+        let held: u32 = self.holders.iter().map(|h| h.1).sum();
+        if ahead + p <= self.total - held {
+            if let Some(i) = pos {
+                self.queue.remove(i);
+            }
+            self.holders.push((o, p, 0));
+            (Outcome::Granted, None)
+        } else {
+            if queue && pos.is_none() {
+                self.queue.push((o, p));
+            }
+            (Outcome::Held, None)
+        }
+    }
+    fn release(&mut self, o: usize) -> bool {
+        let had = self.holders.iter().any(|h| h.0 == o);
+        self.holders.retain(|h| h.0 != o);
+        self.queue.retain(|w| w.0 != o);
+        had
+    }
+    fn force(&mut self) -> bool {
+        let had = !self.holders.is_empty();
+        self.holders.clear();
+        had
+    }
+}
+
+/// Thousands of random steps (attempts of 1-3 permits, queueing or not,
+/// sometimes with another total; releases; extends; force releases) on
+/// Redis and on the reference model agree step by step, and Redis's
+/// tokens behave: a fresh grant's token is above every earlier one, a
+/// holder's retry gets its own token back.
+#[tokio::test]
+async fn random_steps_agree_with_a_reference_model() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let owners: Vec<OwnerToken> = (0..10).map(|_| OwnerToken::random()).collect();
+    let mut rng = XorShift(0xDEAD_BEEF_1234_5678);
+    let mut model = Model::default();
+    let mut top = 0u64;
+    for step in 0..3000 {
+        let o = rng.below(owners.len() as u64) as usize;
+        let who = &owners[o];
+        match rng.below(20) {
+            0..=11 => {
+                let p = 1 + rng.below(3) as u32;
+                let total = if rng.below(25) == 0 { 4 } else { 5 };
+                let queue = rng.below(3) != 0;
+                let (want, tok) = model.attempt(o, p, total, queue);
+                let got = b
+                    .try_acquire("model", who, &req(p, total, 600 * SEC, queue))
+                    .await;
+                let got_kind = match &got {
+                    Ok(Attempt::Granted(_)) => Outcome::Granted,
+                    Ok(Attempt::Held { .. }) => Outcome::Held,
+                    Err(Error::InvalidArgument { field, .. }) if *field == "permits_total" => {
+                        Outcome::BadTotal
+                    }
+                    Err(e) => panic!("step {step}: {e}"),
+                };
+                assert_eq!(
+                    got_kind, want,
+                    "step {step}: owner {o} asks {p} of {total} (queue {queue}); model holders {:?} queue {:?}",
+                    model.holders, model.queue
+                );
+                if let Ok(Attempt::Granted(t)) = got {
+                    match tok {
+                        Some(prev) => assert_eq!(t.get(), prev, "step {step}: retry changed the token"),
+                        None => {
+                            assert!(t.get() > top, "step {step}: token did not rise");
+                            top = t.get();
+                            model.holders.last_mut().unwrap().2 = t.get();
+                        }
+                    }
+                }
+            }
+            12..=16 => {
+                let want = model.release(o);
+                assert_eq!(b.release("model", who).await.unwrap(), want, "step {step}: release");
+            }
+            17..=18 => {
+                let want = model.holders.iter().any(|h| h.0 == o);
+                assert_eq!(
+                    b.extend("model", who, 600 * SEC).await.unwrap(),
+                    want,
+                    "step {step}: extend"
+                );
+            }
+            _ => {
+                if rng.below(4) == 0 {
+                    let want = model.force();
+                    assert_eq!(b.force_release("model").await.unwrap(), want, "step {step}: force");
+                }
+            }
+        }
+        if step % 100 == 0 {
+            let held: u32 = model.holders.iter().map(|h| h.1).sum();
+            let qsum: u32 = model.queue.iter().map(|w| w.1).sum();
+            let st = "coord:semaphore:{model}";
+            if !(model.holders.is_empty() && model.queue.is_empty()) {
+                assert_eq!(hget(&server, st, "held"), Some(held.to_string()), "step {step}: held");
+                assert_eq!(hget(&server, st, "qsum"), Some(qsum.to_string()), "step {step}: qsum");
+            }
+        }
+    }
+}
+
+/// The server restarts (all data lost) while two permits are held and
+/// three waiters queue: the waiters are granted promptly afterwards (the
+/// state is gone, so two of them at once), with tokens above the old
+/// holders', and the old holders' extends fail (nothing resurrected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_granted_after_a_restart_that_loses_the_state() {
+    let server = RedisServer::start();
+    let coord = backend(&server.url()).await.into_coord();
+    let sem = coord.semaphores().unwrap();
+    let a = sem.acquire("rs", 2, 60 * SEC, SEC).await.unwrap();
+    let b2 = sem.acquire("rs", 2, 60 * SEC, SEC).await.unwrap();
+    let top = a.fencing_token().get().max(b2.fencing_token().get());
+    let inside = Arc::new(AtomicI64::new(0));
+    let mut ws = Vec::new();
+    for _ in 0..3 {
+        let s = backend(&server.url()).await.into_coord().semaphores().unwrap();
+        let inside = inside.clone();
+        ws.push(tokio::spawn(async move {
+            let p = s.acquire("rs", 2, 60 * SEC, 30 * SEC).await.unwrap();
+            let start = Instant::now();
+            assert!(inside.fetch_add(1, Ordering::SeqCst) < 2);
+            sleep(300 * MS).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            let t = p.fencing_token().get();
+            p.release().await.unwrap();
+            (t, start)
+        }));
+    }
+    sleep(300 * MS).await;
+    assert_eq!(
+        server.command(&["ZCARD", "coord:semaphore:{rs}:queue"]).as_int(),
+        Some(3)
+    );
+    server.kill();
+    server.start_again();
+    let restarted = Instant::now();
+    for w in ws {
+        let (t, _) = timeout(10 * SEC, w).await.expect("a waiter stuck after the restart").unwrap();
+        assert!(t > top, "token {t} after the restart is not above {top}");
+    }
+    assert!(
+        restarted.elapsed() < 5 * SEC,
+        "waiters took {:?} after the restart",
+        restarted.elapsed()
+    );
+    assert!(a.extend(60 * SEC).await.is_err(), "an old grant was resurrected");
+    drop(b2);
+}
