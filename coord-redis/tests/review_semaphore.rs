@@ -930,7 +930,9 @@ async fn random_steps_agree_with_a_reference_model() {
                 );
                 if let Ok(Attempt::Granted(t)) = got {
                     match tok {
-                        Some(prev) => assert_eq!(t.get(), prev, "step {step}: retry changed the token"),
+                        Some(prev) => {
+                            assert_eq!(t.get(), prev, "step {step}: retry changed the token")
+                        }
                         None => {
                             assert!(t.get() > top, "step {step}: token did not rise");
                             top = t.get();
@@ -941,7 +943,11 @@ async fn random_steps_agree_with_a_reference_model() {
             }
             12..=16 => {
                 let want = model.release(o);
-                assert_eq!(b.release("model", who).await.unwrap(), want, "step {step}: release");
+                assert_eq!(
+                    b.release("model", who).await.unwrap(),
+                    want,
+                    "step {step}: release"
+                );
             }
             17..=18 => {
                 let want = model.holders.iter().any(|h| h.0 == o);
@@ -954,7 +960,11 @@ async fn random_steps_agree_with_a_reference_model() {
             _ => {
                 if rng.below(4) == 0 {
                     let want = model.force();
-                    assert_eq!(b.force_release("model").await.unwrap(), want, "step {step}: force");
+                    assert_eq!(
+                        b.force_release("model").await.unwrap(),
+                        want,
+                        "step {step}: force"
+                    );
                 }
             }
         }
@@ -963,8 +973,16 @@ async fn random_steps_agree_with_a_reference_model() {
             let qsum: u32 = model.queue.iter().map(|w| w.1).sum();
             let st = "coord:semaphore:{model}";
             if !(model.holders.is_empty() && model.queue.is_empty()) {
-                assert_eq!(hget(&server, st, "held"), Some(held.to_string()), "step {step}: held");
-                assert_eq!(hget(&server, st, "qsum"), Some(qsum.to_string()), "step {step}: qsum");
+                assert_eq!(
+                    hget(&server, st, "held"),
+                    Some(held.to_string()),
+                    "step {step}: held"
+                );
+                assert_eq!(
+                    hget(&server, st, "qsum"),
+                    Some(qsum.to_string()),
+                    "step {step}: qsum"
+                );
             }
         }
     }
@@ -985,7 +1003,11 @@ async fn waiters_are_granted_after_a_restart_that_loses_the_state() {
     let inside = Arc::new(AtomicI64::new(0));
     let mut ws = Vec::new();
     for _ in 0..3 {
-        let s = backend(&server.url()).await.into_coord().semaphores().unwrap();
+        let s = backend(&server.url())
+            .await
+            .into_coord()
+            .semaphores()
+            .unwrap();
         let inside = inside.clone();
         ws.push(tokio::spawn(async move {
             let p = s.acquire("rs", 2, 60 * SEC, 30 * SEC).await.unwrap();
@@ -1000,14 +1022,19 @@ async fn waiters_are_granted_after_a_restart_that_loses_the_state() {
     }
     sleep(300 * MS).await;
     assert_eq!(
-        server.command(&["ZCARD", "coord:semaphore:{rs}:queue"]).as_int(),
+        server
+            .command(&["ZCARD", "coord:semaphore:{rs}:queue"])
+            .as_int(),
         Some(3)
     );
     server.kill();
     server.start_again();
     let restarted = Instant::now();
     for w in ws {
-        let (t, _) = timeout(10 * SEC, w).await.expect("a waiter stuck after the restart").unwrap();
+        let (t, _) = timeout(10 * SEC, w)
+            .await
+            .expect("a waiter stuck after the restart")
+            .unwrap();
         assert!(t > top, "token {t} after the restart is not above {top}");
     }
     assert!(
@@ -1015,6 +1042,54 @@ async fn waiters_are_granted_after_a_restart_that_loses_the_state() {
         "waiters took {:?} after the restart",
         restarted.elapsed()
     );
-    assert!(a.extend(60 * SEC).await.is_err(), "an old grant was resurrected");
+    assert!(
+        a.extend(60 * SEC).await.is_err(),
+        "an old grant was resurrected"
+    );
     drop(b2);
+}
+
+/// One of the six keys of a busy name is lost (evicted under a `volatile-*`
+/// or `allkeys-*` maxmemory policy, every key here having a TTL; simulated
+/// with `DEL`). A lock (one key) just ends; a semaphore should at worst
+/// lose the grants recorded there. Here the `holders` hash goes: once
+/// the grant's TTL passes, its permits must come back. They do not: the
+/// cached `held` sum is only decremented through the holders hash, so it
+/// stays at `total`, and since a waiting acquire renews its place (which
+/// extends every key's TTL), the name stays full of nothing for as long as
+/// anybody waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: `held`/`qsum` are cached sums over other keys; losing one key (eviction) wedges the name while waiters keep it alive"]
+async fn losing_one_key_does_not_wedge_the_semaphore() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let sem = backend(&server.url())
+        .await
+        .into_coord()
+        .semaphores()
+        .unwrap();
+    let h = OwnerToken::random();
+    granted(
+        b.try_acquire("evict", &h, &req(2, 2, 500 * MS, false))
+            .await
+            .unwrap(),
+    );
+    let w = tokio::spawn(async move { sem.acquire("evict", 2, 10 * SEC, 5 * SEC).await });
+    sleep(100 * MS).await;
+    server.command(&["DEL", "coord:semaphore:{evict}:holders"]);
+    // Well past the grant's TTL, while the waiter still waits.
+    sleep(2 * SEC).await;
+    let held = hget(&server, "coord:semaphore:{evict}", "held");
+    let pttl = server
+        .command(&["PTTL", "coord:semaphore:{evict}"])
+        .as_int();
+    let r = w.await.unwrap();
+    assert!(
+        r.is_ok(),
+        "the expired grant's permits never came back: {r:?}; held = {held:?}, \
+         no grant in {:?}, state key PTTL {pttl:?} ms",
+        server
+            .command(&["ZCARD", "coord:semaphore:{evict}:grants"])
+            .as_int()
+    );
 }
