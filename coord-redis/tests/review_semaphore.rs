@@ -570,8 +570,34 @@ async fn names_with_braces_are_distinct_and_woken() {
         ));
     }
     // All keys of one name in one slot.
-    let keys = server.command(&["KEYS", "coord:semaphore:*"]);
-    let _ = keys;
+    let keys = match server.command(&["KEYS", "coord:semaphore:*"]) {
+        conformance::testkit::redis::Resp::Array(Some(items)) => items
+            .into_iter()
+            .map(|k| k.as_str().unwrap().to_string())
+            .collect::<Vec<_>>(),
+        other => panic!("KEYS: {other:?}"),
+    };
+    // Redis Cluster's hash tag: between the first `{` and the first `}`
+    // after it, if not empty.
+    let tag = |k: &str| -> String {
+        let open = k.find('{').expect("a hash tag");
+        let close = k[open + 1..].find('}').expect("a closed hash tag") + open + 1;
+        assert!(close > open + 1, "empty hash tag in {k}");
+        k[open + 1..close].to_string()
+    };
+    let mut groups = std::collections::HashMap::<String, usize>::new();
+    for k in &keys {
+        *groups.entry(tag(k)).or_default() += 1;
+    }
+    assert_eq!(
+        groups.len(),
+        names.len(),
+        "names share a slot tag: {keys:?}"
+    );
+    assert!(
+        groups.values().all(|&n| n == 3),
+        "a held name's state, grants and holders keys do not share one tag: {keys:?}"
+    );
     for (n, o) in names.iter().zip(&owners) {
         let slow = backend(&server.url())
             .await
