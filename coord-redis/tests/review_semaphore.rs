@@ -503,15 +503,19 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
                 .unwrap(),
         );
         let y = OwnerToken::random();
-        let deadline = Instant::now() + SEC;
+        let started = Instant::now();
+        // x extends with a tiny TTL for a varying while, then stops; y
+        // attempts all along: both race the expiry.
+        let extend_for = Duration::from_millis(round % 40);
         loop {
-            // x keeps extending with a tiny TTL while y attempts: both race
-            // the expiry.
-            let ext = a.extend(&name, &x, 3 * MS);
             let long = req(1, 1, 30 * SEC, false);
-            let att = b.try_acquire(&name, &y, &long);
-            let (ext, att) = tokio::join!(ext, att);
-            let (ext, att) = (ext.unwrap(), att.unwrap());
+            let (ext, att) = if started.elapsed() < extend_for {
+                let (e, a2) =
+                    tokio::join!(a.extend(&name, &x, 3 * MS), b.try_acquire(&name, &y, &long));
+                (Some(e.unwrap()), a2.unwrap())
+            } else {
+                (None, b.try_acquire(&name, &y, &long).await.unwrap())
+            };
             if let Attempt::Granted(t2) = att {
                 assert!(t2.get() > t1, "token did not rise");
                 // x must be gone now.
@@ -520,7 +524,7 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
                 }
                 break;
             }
-            if !ext {
+            if ext == Some(false) {
                 // x's grant ended; y must get it at once.
                 granted(
                     b.try_acquire(&name, &y, &req(1, 1, 30 * SEC, false))
@@ -530,7 +534,10 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
                 assert!(!a.extend(&name, &x, 30 * SEC).await.unwrap(), "resurrected");
                 break;
             }
-            assert!(Instant::now() < deadline);
+            assert!(
+                started.elapsed() < 5 * SEC,
+                "y never got the expired permit"
+            );
         }
         assert!(b.release(&name, &y).await.unwrap());
         assert!(!a.release(&name, &x).await.unwrap());
@@ -684,7 +691,7 @@ async fn a_writer_taking_every_permit_is_not_starved_by_readers() {
         sleep(100 * MS).await;
         writer_in.fetch_sub(1, Ordering::SeqCst);
         w.release().await.unwrap();
-        assert!(took < 2 * SEC, "the writer waited {took:?}");
+        assert!(took < 5 * SEC, "the writer waited {took:?}");
         sleep(200 * MS).await;
     }
     stop.store(true, Ordering::SeqCst);
