@@ -222,8 +222,10 @@ impl Keys {
     /// hash (total, permits held, permits queued, last token, queue
     /// sequence, last woken place), its grants (ZSET owner -> expiry ms, and
     /// hash owner -> `<permits>:<token>`) and its queue (ZSET owner ->
-    /// arrival, ZSET owner -> expiry ms, hash owner -> permits).
-    pub fn semaphore(&self, name: &str) -> [String; 6] {
+    /// arrival, ZSET owner -> expiry ms, hash owner -> permits), and the
+    /// short-lived markers of owners that left without holding (ZSET owner
+    /// -> expiry ms, hash owner -> the release's stamp).
+    pub fn semaphore(&self, name: &str) -> [String; 8] {
         [
             "",
             ":grants",
@@ -231,6 +233,8 @@ impl Keys {
             ":queue",
             ":queue-expiry",
             ":queue-permits",
+            ":left",
+            ":left-at",
         ]
         .map(|suffix| self.segment_key(SEMAPHORE, name, suffix))
     }

@@ -9,8 +9,27 @@
 //! step that frees permits publishes one wake-up per queued waiter that
 //! became grantable, naming its owner, so exactly those waiters attempt
 //! again. Tokens are max(last + 1, server µs), as for locks.
+//!
+//! Every step costs O(log n) in the queue length plus O(1) per waiter it
+//! wakes (see the prelude): the scripts keep the sum of permits of the
+//! already-woken prefix of the queue, so neither a grant nor a renewal
+//! walks the places ahead.
+//!
+//! Attempts and releases carry a [`stamp`] of this process. A release that
+//! finds its owner not holding (an acquire leaving after a timeout or a
+//! cancellation) leaves a marker for [`LEFT_MARKER_TTL`]; an attempt of
+//! that owner stamped before it (a copy delayed in the network past the
+//! call timeout) is then refused and changes nothing, so it cannot bring
+//! back the place its owner left (which would block the name until the
+//! place lapsed, [`QUEUE_ENTRY_TTL`]) nor take permits nobody releases.
+//! An owner reused after its release (raw-trait callers) is not affected:
+//! its later attempts are stamped after the release. The marker lives no
+//! longer than the name's grants and places, so an idle name still
+//! leaves no keys; a late copy landing after that, or more than the
+//! marker TTL late, is an ordinary attempt again.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -37,6 +56,32 @@ impl RedisBackend {
         let mut all: Vec<&[u8]> = vec![channel.as_bytes(), name.as_bytes()];
         all.extend_from_slice(args);
         self.eval(operation, script, &keys, &all).await
+    }
+}
+
+/// How long a release that found its owner not holding keeps attempts of
+/// that owner stamped before it from queueing or being granted: far above
+/// any call timeout a late copy of an attempt could have outlived.
+const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
+
+/// A stamp of this process's semaphore attempts and releases: the wall
+/// clock in µs, but strictly above every earlier stamp of the process
+/// (so an owner's calls are ordered by when they were made, whichever
+/// connection carries them). Stamps of different processes compare by
+/// their clocks, which only matters for one owner token shared between
+/// processes.
+fn stamp() -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev + 1);
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next.to_string(),
+            Err(p) => prev = p,
+        }
     }
 }
 
@@ -93,7 +138,7 @@ impl coord_core::Semaphore for RedisBackend {
         owner: &OwnerToken,
         request: &PermitRequest,
     ) -> Result<Attempt> {
-        let owner = owner.to_hex();
+        let (owner, at) = (owner.to_hex(), stamp());
         let (permits, total) = (request.permits.to_string(), request.total.to_string());
         let ttl = ms(request.ttl).to_string();
         let queue: &[u8] = if request.queue { b"1" } else { b"0" };
@@ -109,6 +154,7 @@ impl coord_core::Semaphore for RedisBackend {
             queue,
             place.as_bytes(),
             hint.as_bytes(),
+            at.as_bytes(),
         ];
         let script = &self.scripts.semaphore_acquire;
         let v = self
@@ -118,12 +164,12 @@ impl coord_core::Semaphore for RedisBackend {
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let owner = owner.to_hex();
+        let (owner, at) = (owner.to_hex(), stamp());
+        let marker = ms(LEFT_MARKER_TTL).to_string();
         let op = "semaphore release";
         let script = &self.scripts.semaphore_release;
-        let v = self
-            .semaphore_eval(op, script, name, &[owner.as_bytes()])
-            .await?;
+        let args = [owner.as_bytes(), at.as_bytes(), marker.as_bytes()];
+        let v = self.semaphore_eval(op, script, name, &args).await?;
         flag(op, &v)
     }
 
