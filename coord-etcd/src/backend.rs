@@ -26,7 +26,7 @@ use crate::watch::WatchSlot;
 /// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
 /// [`FencingSource`](coord_core::FencingSource),
 /// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
-/// [`Limiter`](coord_core::Limiter)).
+/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore)).
 ///
 /// Most users want [`connect`](crate::connect), which wraps it in a
 /// [`Coord`]. Background tasks (keepalives of queued waiters, watches,
@@ -77,6 +77,8 @@ pub(crate) struct Shared {
     /// The lease limiter state is attached to, per retention (seconds):
     /// (lease id, the earliest instant the server may expire it).
     pub(crate) limiter_leases: Mutex<HashMap<u64, (i64, tokio::time::Instant)>>,
+    /// This client's semaphore grants and queue places.
+    pub(crate) sems: Mutex<HashMap<crate::semaphore::SemKey, crate::semaphore::SemLocal>>,
     /// Leases of claims that ended cleanly, for the next claims.
     pub(crate) pool: Mutex<Pool>,
     pub(crate) shutdown: watch::Receiver<()>,
@@ -200,6 +202,7 @@ impl EtcdBackend {
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),
             limiter_leases: Mutex::new(HashMap::new()),
+            sems: Mutex::new(HashMap::new()),
             pool: Mutex::new(Pool::default()),
             shutdown: rx,
         });
@@ -210,9 +213,10 @@ impl EtcdBackend {
         }))
     }
 
-    /// A [`Coord`] handle over this backend (every primitive).
+    /// A [`Coord`] handle over this backend (every primitive, FIFO
+    /// semaphores included).
     pub fn coord(self: &Arc<Self>) -> Coord {
-        Coord::from_backend(self.clone())
+        Coord::from_backend(self.clone()).with_semaphores(self.clone())
     }
 
     /// What this backend promises.

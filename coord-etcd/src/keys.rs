@@ -10,7 +10,9 @@ pub(crate) const BACKEND: &str = "etcd";
 /// - claims (locks, elections): `<prefix><kind>/<escaped name>/<owner hex>`,
 ///   one key per holder or waiter, ordered by create revision;
 /// - leases, barriers, fencing: `<prefix><kind>/<escaped name>`;
-/// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`.
+/// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`;
+/// - semaphores: `<prefix>sem/<escaped name>/h/<owner hex>` (grants) and
+///   `<prefix>sem/<escaped name>/w/<owner hex>` (queued waiters).
 ///
 /// Names are escaped (`%` -> `%25`, `/` -> `%2F`) so that the queue of
 /// `a` never contains the keys of `a/b`.
@@ -58,6 +60,12 @@ impl Keys {
     /// `<prefix><kind>/<name>`.
     pub(crate) fn single(&self, kind: Kind, name: &str) -> Vec<u8> {
         format!("{}{}/{}", self.prefix, kind.as_str(), escape(name)).into_bytes()
+    }
+
+    /// `<prefix>sem/<name>/`: every key of a semaphore (`h/<owner hex>`
+    /// for grants, `w/<owner hex>` for queued waiters).
+    pub(crate) fn sem(&self, name: &str) -> Vec<u8> {
+        format!("{}sem/{}/", self.prefix, escape(name)).into_bytes()
     }
 
     /// `<prefix>limiter/<tag>/<key>`.

@@ -1,7 +1,7 @@
 //! # coord-etcd
 //!
 //! The etcd v3 backend of coord: every primitive (locks, leases, fencing
-//! tokens, elections, barriers, rate limiters) on etcd's leases,
+//! tokens, elections, barriers, rate limiters, FIFO semaphores) on etcd's leases,
 //! transactions, revisions and watches.
 //!
 //! ```no_run
@@ -46,6 +46,21 @@
 //!   attempt began, succeeded. A waiter whose key vanished (its lease
 //!   expired) queues again at its next attempt and keeps waiting;
 //!   `release` revokes the owner's lease whether it holds or waits.
+//! - **Semaphores** are FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)
+//!   is true): a grant is `<prefix>sem/<name>/h/<owner hex>` (permits,
+//!   total, slots) plus one key `<prefix>sem/<name>/s/<i>` per permit slot
+//!   it takes, all on one lease of the grant's TTL, written in one
+//!   transaction that compares each slot to be free (so never more than
+//!   `permits_total` are held); the grant key's create revision is the
+//!   fencing token. Waiters queue as `<prefix>sem/<name>/w/<owner hex>`,
+//!   ordered by create revision, on a lease of 30 s that their attempts
+//!   renew (at least every 10 s), so a killed waiter's place lapses. A
+//!   request is granted only if it and every request queued ahead of it
+//!   fit into the free permits together, and it takes the free slots after
+//!   those the requests ahead will take. One watch per name and client
+//!   mirrors the name's keys and wakes exactly the local waiters that can
+//!   be granted when a grant or place ends. `permits_total` binds while
+//!   any key of the name lives.
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -79,7 +94,8 @@
 //!
 //! Every key coord writes ends by itself once its name is idle, while the
 //! client lives on or not: claims (locks, leaderships, named leases, queued
-//! waiters) at their TTL (rounded up to whole seconds); limiter state
+//! waiters, semaphore grants) at their TTL (rounded up to whole seconds);
+//! a semaphore waiter's place 30 s after its last attempt; limiter state
 //! within 2 x its retention (the window, two for the sliding window) + the
 //! call timeout + 2 s after its last admitted check; barriers 30 s after
 //! nobody waits on them; fencing keeps one key in all. Leases follow: one
@@ -116,6 +132,9 @@ mod named_lease;
 mod options;
 mod pool;
 mod queue;
+mod sem_hold;
+mod sem_watch;
+mod semaphore;
 mod watch;
 
 use std::time::Duration;

@@ -18,6 +18,19 @@ pub(crate) struct WatchSlot {
     _task: AbortOnDrop,
 }
 
+impl WatchSlot {
+    /// A slot for a watch task started elsewhere (semaphores), which sends
+    /// `true` on `ready` once established.
+    pub(crate) fn new(ready: watch::Receiver<bool>, task: AbortOnDrop) -> Self {
+        WatchSlot { ready, _task: task }
+    }
+
+    /// Whether the slot's watch is established (`true` once it is).
+    pub(crate) fn ready(&self) -> watch::Receiver<bool> {
+        self.ready.clone()
+    }
+}
+
 /// What a shared (per name) watch does with events.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WatchKind {

@@ -8,6 +8,7 @@ mod claims;
 mod election;
 pub(crate) mod errors;
 mod limiter;
+mod semaphore;
 mod sweep;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +29,7 @@ use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
+pub use semaphore::{SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 
 pub(crate) const BACKEND: &str = "postgres";
 
@@ -45,8 +47,9 @@ fn token(v: i64) -> FencingToken {
 
 /// The PostgreSQL backend: implements [`Lock`](coord_core::Lock),
 /// [`Lease`](coord_core::Lease), [`FencingSource`](coord_core::FencingSource),
-/// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier) and
-/// [`Limiter`](coord_core::Limiter) on tables
+/// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
+/// [`Limiter`](coord_core::Limiter) and [`Semaphore`](coord_core::Semaphore)
+/// (FIFO) on tables
 /// of one schema. Build it with [`crate::builder`]`(url).connect_backend()`
 /// or get a [`Coord`] directly with [`crate::connect`].
 ///
@@ -242,9 +245,10 @@ impl PostgresBackend {
         }))
     }
 
-    /// A [`Coord`] over this backend (every primitive).
+    /// A [`Coord`] over this backend (every primitive, semaphores
+    /// included).
     pub fn coord(self: &Arc<Self>) -> Coord {
-        Coord::from_backend(self.clone())
+        Coord::from_backend(self.clone()).with_semaphores(self.clone())
     }
 
     /// The schema holding coord's tables.

@@ -1,7 +1,8 @@
 //! # coord-postgres
 //!
 //! The PostgreSQL backend of coord: locks, leases, fencing tokens, leader
-//! election, barriers and rate limiters on ordinary tables, with expiry
+//! election, barriers, rate limiters and FIFO semaphores on ordinary
+//! tables, with expiry
 //! measured on the DATABASE clock (`clock_timestamp()`), fencing tokens
 //! issued in the same statement as the grant, and waiters woken by
 //! `LISTEN`/`NOTIFY`.
@@ -56,6 +57,7 @@
 //! | sequence `fencing` | every fencing token and election term; WAL-logged, so tokens never repeat across restarts or crashes |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
+//! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name (see "Semaphores") |
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
@@ -109,6 +111,7 @@
 //! | [`FencingSource`](coord_core::FencingSource) | `SELECT nextval(...)` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
+//! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE` |
 //!
 //! Rate limiting: every algorithm decides on the database clock, read
 //! AFTER the key's row lock is taken, so a check that waited for the lock
@@ -129,6 +132,44 @@
 //! out as one unnamed, typed Parse/Bind/Execute), so statements work
 //! through PgBouncer in transaction pooling mode.
 //!
+//! ## Semaphores
+//!
+//! FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo) is true): a
+//! request is granted only if it and every live request queued ahead of
+//! it fit into the free permits together; a single attempt counts the
+//! whole queue as ahead of it and leaves nothing behind, a waiting one
+//! takes a place in line (numbered from the sequence `semaphore_places`)
+//! at its first refusal. A place lasts [`SEMAPHORE_QUEUE_TTL`] (30 s)
+//! unless renewed by the waiter's attempts (refusals tell it to come back
+//! within [`SEMAPHORE_QUEUE_REFRESH`]; the row is rewritten at most every
+//! 5 s), so a dead waiter holds up the line for 30 s at most. There is no
+//! row per name: `permits_total` is the total of the name's live rows, so
+//! it binds while there are grants or places, and an idle name has no
+//! state once its rows are released or swept.
+//!
+//! Every decision that writes is made under the name's semaphore lock (a
+//! transaction-scoped advisory lock, as for claims' grant lock), with the
+//! database clock read after it: grants, places, releases of one name are
+//! serialized, and each grant draws its fencing token from the `fencing`
+//! sequence under it, so tokens rise per name in grant order and never
+//! repeat. An attempt first decides on a plain read: a refusal that needs
+//! no write (a single attempt; a waiter with a fresh place) is final and
+//! writes nothing, so polling waiters take no transaction id. Grants,
+//! places and releases commit asynchronously, so the lock is never held
+//! across a WAL flush (a hot name would otherwise take one grant per
+//! flush); in the same round trip, a second transaction updates the grant's
+//! row in place and commits durably, flushing the WAL up to and including
+//! the grant. A grant is reported only after that flush; a lost release
+//! only returns permits at their TTL. Extend (the grant's row lock only)
+//! and force release are durable.
+//!
+//! Wake-ups go to individual waiters: a release (or force release, or an
+//! attempt that pruned expired rows) sends `semaphore:<owner>:<name>` for
+//! each queued waiter it made grantable whose client listens. Without
+//! notifications (behind PgBouncer), waiters among the first four in line
+//! that fit once the grants return are told to come back within 10 ms
+//! rather than a poll interval: only they may take the returned permits.
+//!
 //! ## Bounded state
 //!
 //! The state of a name that went idle costs nothing in the store once its
@@ -144,6 +185,9 @@
 //!   counter two windows on, GCRA's theoretical arrival time passed, no
 //!   log entry within the retention. So deleting it changes no decision;
 //!   the grace covers the database clock stepping back.
+//! - semaphore grants and places are deleted at release (a place also
+//!   when granted or when its wait times out); expired ones are pruned by
+//!   the next write on the name or deleted by the sweep after the grace.
 //! - a barrier row is deleted once it has had no member for the grace
 //!   (its last generation completed, or every member withdrew), or no
 //!   arrival nor withdrawal for [`PostgresBuilder::barrier_abandon_after`]
@@ -177,7 +221,8 @@
 //! Each client opens one extra connection that `LISTEN`s on
 //! `<schema>_wake`; payloads are `<kind>:<name>` and are dispatched to the
 //! local waiters through [`Wakeups`](coord_core::wake::Wakeups) (one waiter
-//! per lock release, every waiter for elections and barriers). At start the
+//! per lock release, every waiter for elections and barriers; semaphore
+//! payloads `semaphore:<owner hex>:<name>` address one waiting acquire). At start the
 //! connection sends itself a probe notification; if it does not come back
 //! (PgBouncer in transaction mode) or LISTEN fails for good (a refused
 //! password, say), [`Capabilities::notifications`](coord_core::Capabilities)
@@ -246,7 +291,7 @@ mod sqlx_support;
 
 use std::sync::Arc;
 
-pub use backend::PostgresBackend;
+pub use backend::{PostgresBackend, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 pub use builder::{
     DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,
     PostgresBuilder,

@@ -37,11 +37,12 @@ pub(crate) struct Listener {
     pub(crate) check_now: Arc<Notify>,
 }
 
-/// Dispatch one payload. Locks wake one local waiter per release; elections
-/// and barriers wake every local waiter.
+/// Dispatch one payload. Locks wake one local waiter per release;
+/// semaphores address one waiting acquire (`semaphore:<owner hex>:<name>`,
+/// its key as it is); elections and barriers wake every local waiter.
 pub(crate) fn dispatch(wakeups: &Wakeups, payload: &str) {
     match payload.split_once(':') {
-        Some(("lock", _)) => {
+        Some(("lock" | "semaphore", _)) => {
             wakeups.notify_one(payload);
         }
         Some(("election" | "barrier", _)) => {

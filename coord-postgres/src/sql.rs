@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 4;
+pub(crate) const SCHEMA_VERSION: i32 = 5;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -24,6 +24,11 @@ pub(crate) struct Sql {
     pub(crate) barrier_is_complete: String,
     pub(crate) barrier_withdraw: String,
     pub(crate) limiter_check: String,
+    pub(crate) semaphore_acquire: String,
+    pub(crate) semaphore_durable: String,
+    pub(crate) semaphore_release: String,
+    pub(crate) semaphore_extend: String,
+    pub(crate) semaphore_force_release: String,
     pub(crate) sweep: String,
 }
 
@@ -125,6 +130,44 @@ impl Sql {
             ),
             // $1 name, $2 generation, $3 participant.
             barrier_withdraw: format!("SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text)"),
+            // $1 name, $2 owner, $3 permits, $4 total, $5 ttl µs, $6 queue,
+            // $7 wake by NOTIFY, $8 channel, $9 queue place TTL µs,
+            // $10 longest hint µs, $11 hint µs of a polling waiter near the
+            // head. See src/sql/semaphore.sql.
+            semaphore_acquire: format!(
+                "SELECT granted, held_us, in_use FROM {s}.semaphore_acquire($1::text, $2::bytea, \
+                 $3::int4, $4::int4, $5::int8, $6::bool, $7::bool, $8::text, $9::int8, $10::int8, \
+                 $11::int8)"
+            ),
+            // $1 name, $2 owner. Run after `semaphore_acquire` in the same
+            // round trip, in a transaction of its own that commits
+            // durably: a no-op (HOT) update of the grant's row writes WAL,
+            // so its commit flushes the WAL up to here, the grant's
+            // asynchronous commit included. Refused: no row, no write.
+            semaphore_durable: format!(
+                "UPDATE {s}.semaphore_holders h SET fencing = h.fencing \
+                  WHERE h.name = $1::text AND h.owner = $2::bytea RETURNING 1"
+            ),
+            // $1 name, $2 owner, $3 channel.
+            semaphore_release: format!(
+                "SELECT {s}.semaphore_release($1::text, $2::bytea, $3::text)"
+            ),
+            // $1 name, $2 owner, $3 ttl µs. Compare-and-expire, as
+            // `claim_extend`: the row is locked first, the clock read only
+            // then, so an extend that waited past the expiry resurrects
+            // nothing. It takes no semaphore lock (it moves no permit).
+            semaphore_extend: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
+                   WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
+                 UPDATE {s}.semaphore_holders h SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
+                  WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
+                 RETURNING 1"
+            ),
+            // $1 name, $2 channel.
+            semaphore_force_release: format!(
+                "SELECT {s}.semaphore_force_release($1::text, $2::text)"
+            ),
             // $1 grace µs, $2 abandon µs, $3 rows per table.
             sweep: format!("SELECT {s}.sweep($1::int8, $2::int8, $3::int4)"),
             // $1 algorithm, $2 key, $3 limit, $4 window µs, $5 cost.
@@ -144,11 +187,13 @@ fn ddl(s: &str, schema: &str) -> String {
     // safe inside the string literal of the advisory lock key as well.
     let mut text = format!("SELECT pg_advisory_xact_lock(hashtext('coord-schema:{schema}'));\n");
     let claims = include_str!("sql/claims.sql").replace("@schema@", schema);
+    let semaphore = include_str!("sql/semaphore.sql").replace("@schema@", schema);
     for part in [
         include_str!("sql/schema.sql"),
         &claims,
         include_str!("sql/barrier.sql"),
         include_str!("sql/limiter.sql"),
+        &semaphore,
         include_str!("sql/sweep.sql"),
     ] {
         text.push_str(&part.replace("@s@", s));

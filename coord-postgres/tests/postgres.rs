@@ -63,8 +63,8 @@ async fn concurrent_first_use_on_an_empty_database() {
         );
         assert_eq!(
             tables.trim(),
-            "5",
-            "meta, claims, barriers, limiter_state, limiter_log"
+            "7",
+            "meta, claims, barriers, limiter_state, limiter_log, semaphore_holders, semaphore_queue"
         );
     }
 }

@@ -13,6 +13,9 @@ const KINDS: [Kind; 6] = [
     Kind::Limiter,
 ];
 
+/// The key segment of a semaphore (coord-core has no [`Kind`] for it).
+pub(crate) const SEMAPHORE: &str = "semaphore";
+
 /// The seed's fencing counter of a lock: `fencing_token_<name>`.
 const SEED_COUNTER: &str = "fencing_token_";
 
@@ -104,9 +107,14 @@ impl Keys {
     /// The encoding is injective and the suffixes never contain `}`, so
     /// keys of different names never coincide.
     fn key(&self, kind: Kind, name: &str, suffix: &str) -> String {
+        self.segment_key(kind.as_str(), name, suffix)
+    }
+
+    /// [`Keys::key`] for a segment given as text.
+    fn segment_key(&self, segment: &str, name: &str, suffix: &str) -> String {
         let mut k = String::with_capacity(self.prefix.len() + 12 + name.len() + suffix.len());
         k.push_str(&self.prefix);
-        k.push_str(kind.as_str());
+        k.push_str(segment);
         k.push_str(":{");
         for c in name.chars() {
             match c {
@@ -136,15 +144,16 @@ impl Keys {
         if let Some(rest) = name.strip_prefix(self.prefix.as_str()) {
             if let Some(kind) = KINDS
                 .iter()
-                .find(|k| rest.starts_with(&format!("{}:{{", k.as_str())))
+                .map(|k| k.as_str())
+                .chain([SEMAPHORE])
+                .find(|k| rest.starts_with(&format!("{k}:{{")))
             {
                 return Err(Error::invalid(
                     field,
                     format!(
                         "`{name}` spells a key of a coord {} under the prefix `{}`; in \
                          Layout::Seed such names would share that key. Choose another name",
-                        kind.as_str(),
-                        self.prefix
+                        kind, self.prefix
                     ),
                 ));
             }
@@ -209,6 +218,27 @@ impl Keys {
         ]
     }
 
+    /// A semaphore (every layout uses these keys, as leases do): its state
+    /// hash (total, permits held, permits queued, last token, queue
+    /// sequence, last woken place), its grants (ZSET owner -> expiry ms, and
+    /// hash owner -> `<permits>:<token>`) and its queue (ZSET owner ->
+    /// arrival, ZSET owner -> expiry ms, hash owner -> permits), and the
+    /// short-lived markers of owners that left without holding (ZSET owner
+    /// -> expiry ms, hash owner -> the release's stamp).
+    pub fn semaphore(&self, name: &str) -> [String; 8] {
+        [
+            "",
+            ":grants",
+            ":holders",
+            ":queue",
+            ":queue-expiry",
+            ":queue-permits",
+            ":left",
+            ":left-at",
+        ]
+        .map(|suffix| self.segment_key(SEMAPHORE, name, suffix))
+    }
+
     /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`). In
     /// [`Layout::Seed`], the sliding log is the bare key, and keys that would
     /// collide are refused (see there).
@@ -249,6 +279,9 @@ mod tests {
         assert_ne!(k.fence("%7D"), k.fence("}"));
         assert_eq!(k.fence("db"), "coord:fence:{db}");
         assert_eq!(k.channel(), "coord:wake");
+        let sem = k.semaphore("pool");
+        assert_eq!(sem[0], "coord:semaphore:{pool}");
+        assert_eq!(sem[5], "coord:semaphore:{pool}:queue-permits");
     }
 
     #[test]
@@ -266,6 +299,7 @@ mod tests {
         assert_eq!(k.limiter("api:user1", "log").unwrap(), "api:user1");
         assert!(k.lock("fencing_token_x").is_err());
         assert!(k.limiter("coord:lock:{x}", "log").is_err());
+        assert!(k.lock("coord:semaphore:{x}").is_err());
         assert!(k.lock("coord:locks").is_ok());
         assert_eq!(
             k.limiter("api:user1", "gcra").unwrap(),

@@ -1,8 +1,8 @@
 //! # coord-redis
 //!
 //! The Redis backend of [coord](coord_core): every primitive (locks,
-//! leases, fencing tokens, elections, barriers, rate limiters) on one Redis
-//! server, with the seed PHP `RedisLock`'s scheme corrected:
+//! leases, fencing tokens, elections, barriers, rate limiters, FIFO
+//! semaphores) on one Redis server, with the seed PHP `RedisLock`'s scheme corrected:
 //!
 //! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
 //!   and issues the fencing token from a counter beside the lock in the same
@@ -27,6 +27,9 @@
 //!   key's state over and never grants a fresh allowance. Limits and
 //!   windows (µs) must be below 2^49, so all arithmetic stays exact;
 //!   larger ones are refused with `InvalidArgument`.
+//! - **Semaphore**: FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)
+//!   is true): one script per step on six keys of one hash slot (state
+//!   hash, grants, queue), see "Semaphores" below.
 //! - **Election, lease, barrier**: the same pieces (keys with `PX`, owner
 //!   checks in scripts, `PUBLISH` on change). A barrier arrival carries the
 //!   wait's arrival id, so a retried completing arrival is recognised.
@@ -97,18 +100,51 @@
 //! `PUBLISH`). So
 //! `subscribe(name)` costs no round trip and cannot miss a wake-up that
 //! comes after it. A lock release wakes one local waiter per client; an
-//! election or barrier change wakes all of them. The seed's PHP class does
-//! not publish: waiters in [`Layout::Seed`] learn of a PHP release by
+//! election or barrier change wakes all of them; a semaphore wake-up names
+//! the one waiting owner it is for (see "Semaphores"). The seed's PHP
+//! class does not publish: waiters in [`Layout::Seed`] learn of a PHP release by
 //! polling, and of an expiry by the `PTTL` the acquire script returns.
 //! After the subscriber connection drops, it reconnects with backoff and
 //! wakes every local waiter once ([`Wakeups::notify_every`](coord_core::wake::Wakeups::notify_every)),
 //! since wake-ups may have been missed meanwhile. The subscriber task ends
 //! when the backend is dropped.
 //!
+//! ## Semaphores
+//!
+//! A name's keys are `<prefix>semaphore:{name}` (a hash: `total`, `held`
+//! permits, `qsum` permits queued, `last` token, `qseq` arrival counter,
+//! `woke` highest arrival woken) and, with suffixes `:grants` (ZSET owner
+//! -> expiry ms), `:holders` (hash owner -> `<permits>:<token>`), `:queue`
+//! (ZSET owner -> arrival number), `:queue-expiry` (ZSET owner -> expiry
+//! ms) and `:queue-permits` (hash owner -> permits); every layout uses
+//! them. Each step (attempt, release, extend, force release) is one
+//! script on the server clock: it drops the grants and queue places that
+//! expired, then
+//! - grants iff the request and every request queued ahead of it fit into
+//!   the free permits together (a single attempt counts the whole queue as
+//!   ahead), issuing max(last + 1, server µs) as locks do; a holder's
+//!   retry gets its grant again, same token, TTL refreshed;
+//! - otherwise a waiting attempt joins the queue or renews its place
+//!   ([`QUEUE_ENTRY_TTL`], so only a killed waiter's place lapses), and the
+//!   reply's `expires_in` is the time to the next holder or place ahead
+//!   ending, at most [`QUEUE_REFRESH`];
+//! - publishes `semaphore:<owner>:<name>` for each queued waiter that has
+//!   become grantable (the longest prefix of the queue that fits), once
+//!   per place: a place that fits keeps fitting until it is granted, so
+//!   nobody is woken twice, and nothing is published while nobody waits.
+//!   The subscriber wakes exactly that owner's waiting acquire;
+//! - sets every key's TTL to the end of the latest grant or queue place,
+//!   and deletes an idle name at once (keeping only `last` while it is
+//!   ahead of the server clock, for the rest of that lead).
+//!
+//! `permits_total` binds while the name has live grants or queue places.
+//! Read-write locks built on these semaphores get a starvation-free
+//! queue: a waiting writer (all permits) blocks every later reader.
+//!
 //! ## Costs
 //!
-//! An uncontended acquire + release is exactly 2 requests (`EVALSHA`
-//! twice); a limiter check, a fencing token, a campaign, a barrier arrival
+//! An uncontended acquire + release (lock or semaphore permit) is exactly
+//! 2 requests (`EVALSHA` twice); a limiter check, a fencing token, a campaign, a barrier arrival
 //! are 1 each. The tests count them through a counting proxy.
 //!
 //! ## What stays in Redis
@@ -121,6 +157,7 @@
 //!   right after it rises above it even within one µs), then nothing. The
 //!   fencing token lives in the claim, so a grant costs one read and one
 //!   write, like the raw `SET NX`;
+//! - a semaphore's keys live until its latest grant or queue place ends;
 //! - an election is one hash on the leader's TTL (after a resignation, just
 //!   the last term until then);
 //! - a limiter key expires with its window;
@@ -146,6 +183,21 @@ pub use backend::{RedisBackend, capabilities};
 pub use keys::Layout;
 pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;
+
+/// How long a waiter's place in a semaphore's queue lasts without a new
+/// attempt (as in the memory backend). A waiting acquire attempts again
+/// well within it (its `Held { expires_in }` hint is at most
+/// [`QUEUE_REFRESH`]), so only a killed waiter's place lapses; it holds up
+/// the waiters behind it for at most this long.
+///
+/// ```
+/// assert!(coord_redis::QUEUE_REFRESH < coord_redis::QUEUE_ENTRY_TTL);
+/// ```
+pub const QUEUE_ENTRY_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest `expires_in` a refused semaphore attempt reports, so a
+/// queued waiter renews its place before [`QUEUE_ENTRY_TTL`] runs out.
+pub const QUEUE_REFRESH: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Connect to Redis at `url` (`redis://[user][:password@]host[:port][/db]`
 /// or `rediss://...` for TLS) with the default options (prefix `coord:`,

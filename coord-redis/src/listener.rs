@@ -47,7 +47,8 @@ fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
         return;
     };
     match payload.split_once(':') {
-        Some(("lock", _)) => {
+        // A semaphore wake-up names one waiting owner: `semaphore:<owner>:<name>`.
+        Some(("lock" | "semaphore", _)) => {
             wakeups.notify_one(payload);
         }
         Some(("election" | "barrier" | "lease", _)) => {

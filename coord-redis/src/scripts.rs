@@ -404,6 +404,22 @@ const FIXED_WINDOW: &str = include_str!("lua/fixed_window.lua");
 /// GCRA with an exact TAT (see the file).
 const GCRA: &str = include_str!("lua/gcra.lua");
 
+/// What every semaphore script shares: its keys, pruning, wake-ups and
+/// expiry (see the file).
+const SEMAPHORE_PRELUDE: &str = include_str!("lua/semaphore_prelude.lua");
+
+/// One semaphore attempt, FIFO (see the file).
+const SEMAPHORE_ACQUIRE: &str = include_str!("lua/semaphore_acquire.lua");
+
+/// Owner-checked semaphore release (see the file).
+const SEMAPHORE_RELEASE: &str = include_str!("lua/semaphore_release.lua");
+
+/// Owner-checked semaphore extend (see the file).
+const SEMAPHORE_EXTEND: &str = include_str!("lua/semaphore_extend.lua");
+
+/// Remove every grant of a semaphore (see the file).
+const SEMAPHORE_FORCE_RELEASE: &str = include_str!("lua/semaphore_force_release.lua");
+
 /// Every script of the backend, compiled once per client.
 pub(crate) struct Scripts {
     pub acquire: Script,
@@ -426,6 +442,10 @@ pub(crate) struct Scripts {
     pub sliding_window: Script,
     pub fixed_window: Script,
     pub gcra: Script,
+    pub semaphore_acquire: Script,
+    pub semaphore_release: Script,
+    pub semaphore_extend: Script,
+    pub semaphore_force_release: Script,
     /// The source of each, for `SCRIPT LOAD` at connect time.
     pub sources: Vec<String>,
 }
@@ -460,6 +480,15 @@ impl Scripts {
             sliding_window: mk(&[LIMITER_PRELUDE, SLIDING_WINDOW]),
             fixed_window: mk(&[LIMITER_PRELUDE, FIXED_WINDOW]),
             gcra: mk(&[LIMITER_PRELUDE, GCRA]),
+            semaphore_acquire: mk(&[NOW, NEXT_TOKEN, SEMAPHORE_PRELUDE, SEMAPHORE_ACQUIRE]),
+            semaphore_release: mk(&[NOW, NEXT_TOKEN, SEMAPHORE_PRELUDE, SEMAPHORE_RELEASE]),
+            semaphore_extend: mk(&[NOW, NEXT_TOKEN, SEMAPHORE_PRELUDE, SEMAPHORE_EXTEND]),
+            semaphore_force_release: mk(&[
+                NOW,
+                NEXT_TOKEN,
+                SEMAPHORE_PRELUDE,
+                SEMAPHORE_FORCE_RELEASE,
+            ]),
             sources,
         }
     }

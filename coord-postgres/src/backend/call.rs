@@ -49,6 +49,9 @@ pub(super) fn session_text(call_timeout: Duration) -> String {
     )
 }
 
+/// Typed parameters of one statement.
+pub(super) type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
 impl PostgresBackend {
     /// Run `sql` with `params` as one transaction, within the call
     /// timeout: on a `prepared` (direct) connection the statement alone,
@@ -63,6 +66,23 @@ impl PostgresBackend {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> Result<Vec<Row>> {
+        Ok(self.query_then(operation, sql, params, None).await?.0)
+    }
+
+    /// Like [`query`](Self::query), followed in the same round trip by
+    /// `then`, a second statement in a transaction of its own with the
+    /// same settings (so its commit is durable). Semaphore grants commit
+    /// asynchronously, so the name's lock is not held across the WAL
+    /// flush; `then` makes the grant durable before the reply is used.
+    /// Returns the rows of both statements (none for `then` when it is
+    /// `None`); an error of either fails the call.
+    pub(super) async fn query_then(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        then: Option<(&str, Params<'_>)>,
+    ) -> Result<(Vec<Row>, Vec<Row>)> {
         let started = Instant::now();
         let client = bounded(BACKEND, operation, self.call_timeout, async {
             self.pool.get().await.map_err(|e| map_pool(operation, e))
@@ -83,7 +103,35 @@ impl PostgresBackend {
                 let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
                 let statement = client.prepare_typed_cached(sql, &types).await?;
                 let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-                return client.query(&statement, &values).await;
+                let Some((then_sql, then_params)) = then else {
+                    return Ok((client.query(&statement, &values).await?, Vec::new()));
+                };
+                let types: Vec<Type> = then_params.iter().map(|(_, t)| t.clone()).collect();
+                let then_statement = client.prepare_typed_cached(then_sql, &types).await?;
+                let then_values: Vec<&(dyn ToSql + Sync)> =
+                    then_params.iter().map(|(v, _)| *v).collect();
+                let (rows, after) = futures::join!(
+                    client.query(&statement, &values),
+                    client.query(&then_statement, &then_values)
+                );
+                return Ok((rows?, after?));
+            }
+            if let Some((then_sql, then_params)) = then {
+                let (begin, rows, commit, begin2, after, commit2) = futures::join!(
+                    client.batch_execute(&self.begin),
+                    client.query_typed(sql, params),
+                    client.batch_execute("COMMIT"),
+                    client.batch_execute(&self.begin),
+                    client.query_typed(then_sql, then_params),
+                    client.batch_execute("COMMIT")
+                );
+                begin?;
+                let rows = rows?;
+                commit?;
+                begin2?;
+                let after = after?;
+                commit2?;
+                return Ok((rows, after));
             }
             // Polled in this order, so sent back to back. After an error
             // in the statement, COMMIT ends the failed transaction as a
@@ -96,7 +144,7 @@ impl PostgresBackend {
             begin?;
             let rows = rows?;
             commit?;
-            Ok::<_, tokio_postgres::Error>(rows)
+            Ok::<_, tokio_postgres::Error>((rows, Vec::new()))
         };
         match tokio::time::timeout(left, run).await {
             Ok(r) => r.map_err(|e| map_pg(operation, e)),

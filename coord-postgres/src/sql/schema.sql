@@ -81,3 +81,31 @@ CREATE TABLE IF NOT EXISTS @s@.limiter_log (
     cost bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS limiter_log_key_at ON @s@.limiter_log (key, at);
+-- Semaphores (layout 5; see src/sql/semaphore.sql): one row per live
+-- grant and one per queued waiter, no row per name. total: the name's
+-- permits_total, the same on every live row of a name. place: the
+-- waiter's place in line (from semaphore_places); wake: its client
+-- LISTENs, so a release that makes it grantable sends NOTIFY. Released
+-- grants and places are deleted at once; expired ones are pruned by the
+-- next write on the name or deleted by the sweep after the grace.
+CREATE TABLE IF NOT EXISTS @s@.semaphore_holders (
+    name text NOT NULL,
+    owner bytea NOT NULL,
+    permits integer NOT NULL,
+    total integer NOT NULL,
+    fencing bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (name, owner)
+);
+CREATE TABLE IF NOT EXISTS @s@.semaphore_queue (
+    name text NOT NULL,
+    owner bytea NOT NULL,
+    permits integer NOT NULL,
+    total integer NOT NULL,
+    place bigint NOT NULL,
+    wake boolean NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (name, owner)
+);
+CREATE INDEX IF NOT EXISTS semaphore_queue_place ON @s@.semaphore_queue (name, place);
+CREATE SEQUENCE IF NOT EXISTS @s@.semaphore_places AS bigint;

@@ -14,6 +14,8 @@
 -- * barriers: no member (the last generation completed or every member
 --   withdrew) for the grace, or no arrival nor withdrawal for p_abandon_us
 --   (members that never came back).
+-- * semaphore_holders, semaphore_queue: grants and queue places expired
+--   more than the grace ago (a name has no other state).
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep.
 CREATE OR REPLACE FUNCTION @s@.sweep(p_grace_us bigint, p_abandon_us bigint, p_limit integer)
@@ -63,6 +65,19 @@ BEGIN
         SELECT b.ctid FROM @s@.barriers b
          WHERE (cardinality(b.members) = 0 AND b.updated_at < now_ts - grace)
             OR b.updated_at < now_ts - p_abandon_us * interval '1 microsecond'
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+    DELETE FROM @s@.semaphore_holders WHERE ctid = ANY (ARRAY(
+        SELECT h.ctid FROM @s@.semaphore_holders h
+         WHERE h.expires_at < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.semaphore_queue WHERE ctid = ANY (ARRAY(
+        SELECT q.ctid FROM @s@.semaphore_queue q
+         WHERE q.expires_at < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;

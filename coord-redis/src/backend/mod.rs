@@ -24,7 +24,7 @@ pub(crate) const BACKEND: &str = "redis";
 /// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
 /// [`FencingSource`](coord_core::FencingSource),
 /// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
-/// [`Limiter`](coord_core::Limiter)).
+/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore)).
 ///
 /// Holds one multiplexed command connection that reconnects by itself
 /// (`redis::aio::ConnectionManager`) and one dedicated subscriber
@@ -109,7 +109,7 @@ impl fmt::Debug for RedisBackend {
 
 /// What this backend promises: 1 ms TTLs on the server's clock, pub/sub
 /// wake-ups, and fencing tokens that are
-/// [`FencingDurability::ClockSeeded`]: every token (lock and lease grants,
+/// [`FencingDurability::ClockSeeded`]: every token (lock, lease and permit grants,
 /// election terms, [`FencingSource::next`](coord_core::FencingSource::next))
 /// is issued in one script as max(last token stored for the name + 1,
 /// server time in µs), compared exactly. The last token is kept only while
@@ -413,9 +413,11 @@ impl RedisBackend {
         })
     }
 
-    /// Wrap this backend in a [`Coord`](coord_core::Coord) handle.
+    /// Wrap this backend in a [`Coord`](coord_core::Coord) handle, with
+    /// every primitive, semaphores included.
     pub fn into_coord(self) -> coord_core::Coord {
-        coord_core::Coord::from_backend(Arc::new(self))
+        let backend = Arc::new(self);
+        coord_core::Coord::from_backend(backend.clone()).with_semaphores(backend)
     }
 
     /// The key layout in use.
@@ -504,3 +506,4 @@ mod barrier;
 mod claims;
 mod election;
 mod limiter;
+mod semaphore;

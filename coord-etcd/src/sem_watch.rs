@@ -1,0 +1,220 @@
+//! Wake-ups of semaphore waiters: one watch per name and client, shared by
+//! the client's waiters of that name. It mirrors the name's keys (a read
+//! at revision `R`, then every event after `R`) and, whenever a grant or a
+//! queue place ends, wakes exactly the local waiters that can now be
+//! granted: those in the longest prefix of the queue (by create revision)
+//! whose requests fit into the free permits together, as coord-memory
+//! does. Waiters that cannot be granted are not woken, so a release costs
+//! one attempt of the waiter it lets in, not one per waiting client.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::wake::Waiter;
+use coord_core::{OwnerToken, Result};
+use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use tokio::sync::watch;
+use tokio::time::sleep;
+
+use crate::backend::{AbortOnDrop, Shared, lock};
+use crate::keys::prefix_end;
+use crate::semaphore::parse;
+use crate::watch::WatchSlot;
+
+/// The wake-up key of one owner's waiting acquire on `name`.
+fn owner_wake(name: &str, owner_hex: &str) -> String {
+    format!("sem\u{0}{name}\u{0}{owner_hex}")
+}
+
+/// The key of a name's watch slot (and the prefix of its owners' keys).
+fn slot_key(name: &str) -> String {
+    format!("sem\u{0}{name}")
+}
+
+/// The keys of one semaphore name, as the watch has seen them.
+#[derive(Default)]
+struct Mirror {
+    total: u32,
+    /// Grant key -> permits.
+    holders: HashMap<Vec<u8>, u32>,
+    /// Waiter key -> (create revision, permits).
+    waiters: HashMap<Vec<u8>, (i64, u32)>,
+}
+
+impl Mirror {
+    fn put(&mut self, base: usize, kv: &KeyValue) {
+        let Some((permits, total)) = parse(kv.value()) else {
+            return;
+        };
+        self.total = total;
+        let key = kv.key().to_vec();
+        if kv.key()[base..].starts_with(b"h/") {
+            self.holders.insert(key, permits);
+        } else {
+            self.waiters.insert(key, (kv.create_revision(), permits));
+        }
+    }
+
+    fn delete(&mut self, key: &[u8]) {
+        self.holders.remove(key);
+        self.waiters.remove(key);
+    }
+
+    /// The owners (hex) of the queued waiters that can be granted now.
+    fn grantable(&self) -> Vec<String> {
+        let held = self
+            .holders
+            .values()
+            .fold(0u32, |a, p| a.saturating_add(*p));
+        let free = self.total.saturating_sub(held);
+        let mut queue: Vec<(&Vec<u8>, &(i64, u32))> = self.waiters.iter().collect();
+        queue.sort_by_key(|(_, (rev, _))| *rev);
+        let mut need = 0u32;
+        let mut out = Vec::new();
+        for (key, (_, permits)) in queue {
+            need = need.saturating_add(*permits);
+            if need > free {
+                break;
+            }
+            let hex = &key[key.len().saturating_sub(32)..];
+            out.push(String::from_utf8_lossy(hex).into_owned());
+        }
+        out
+    }
+}
+
+impl Shared {
+    /// Register `owner`'s waiting acquire on `name` for wake-ups, making
+    /// sure the name's watch is established before returning.
+    pub(crate) async fn subscribe_sem(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &OwnerToken,
+    ) -> Result<Waiter> {
+        let (waiter, mut ready) = {
+            let mut w = lock(&self.watchers);
+            let waiter = self.wakeups.subscribe(&owner_wake(name, &owner.to_hex()));
+            let slot = w.entry(slot_key(name)).or_insert_with(|| {
+                let (tx, rx) = watch::channel(false);
+                let task = tokio::spawn(mirror_task(self.clone(), name.to_string(), tx));
+                WatchSlot::new(rx, AbortOnDrop(task))
+            });
+            (waiter, slot.ready())
+        };
+        // Best effort: if the watch is slow to start, polling covers it.
+        let _ = tokio::time::timeout(self.timeout, ready.wait_for(|r| *r)).await;
+        Ok(waiter)
+    }
+
+    /// The wake-up keys of this client's waiters of `name`.
+    fn sem_waiting(&self, name: &str) -> Vec<String> {
+        let prefix = format!("{}\u{0}", slot_key(name));
+        let mut keys = self.wakeups.keys();
+        keys.retain(|k| k.starts_with(&prefix));
+        keys
+    }
+
+    /// Stop the watch of `name` if nobody in this client waits on it.
+    fn retire_sem_watch(&self, name: &str) -> Option<WatchSlot> {
+        let mut w = lock(&self.watchers);
+        if !self.sem_waiting(name).is_empty() {
+            return None;
+        }
+        w.remove(&slot_key(name))
+    }
+
+    fn wake_sem(&self, name: &str, owners: Vec<String>) {
+        for hex in owners {
+            self.wakeups.notify_all(&owner_wake(name, &hex));
+        }
+    }
+}
+
+async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<bool>) {
+    let op = "semaphore watch";
+    let base = shared.keys.sem(&name);
+    let end = prefix_end(&base);
+    let mut shutdown = shared.shutdown.clone();
+    let mut backoff = Duration::from_millis(50);
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let read = shared.call(op, |mut c| {
+            let (k, e) = (base.clone(), end.clone());
+            async move { c.get(k, Some(GetOptions::new().with_range(e))).await }
+        });
+        let loaded = tokio::select! {
+            _ = shutdown.changed() => return,
+            r = read => r,
+        };
+        if let Ok(mut resp) = loaded {
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let mut mirror = Mirror::default();
+            for kv in resp.take_kvs() {
+                mirror.put(base.len(), &kv);
+            }
+            let opts = WatchOptions::new()
+                .with_range(end.clone())
+                .with_start_revision(rev + 1);
+            let mut wc = shared.client.watch_client();
+            let opened = tokio::select! {
+                _ = shutdown.changed() => return,
+                r = tokio::time::timeout(shared.timeout, wc.watch(base.clone(), Some(opts))) => r,
+            };
+            if let Ok(Ok(mut stream)) = opened {
+                // Whatever freed permits before the watch began.
+                shared.wake_sem(&name, mirror.grantable());
+                loop {
+                    let msg = tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = check.tick() => {
+                            if let Some(slot) = shared.retire_sem_watch(&name) {
+                                drop(slot);
+                                return;
+                            }
+                            continue;
+                        }
+                        m = stream.message() => m,
+                    };
+                    let Ok(Some(resp)) = msg else { break };
+                    if resp.created() {
+                        ready.send_replace(true);
+                        backoff = Duration::from_millis(50);
+                    }
+                    if resp.canceled() {
+                        break;
+                    }
+                    let mut freed = false;
+                    for ev in resp.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        if ev.event_type() == EventType::Delete {
+                            mirror.delete(kv.key());
+                            freed = true;
+                        } else {
+                            mirror.put(base.len(), kv);
+                        }
+                    }
+                    if freed {
+                        shared.wake_sem(&name, mirror.grantable());
+                    }
+                }
+            }
+        }
+        // The watch broke (or never started): every local waiter checks
+        // again, and the mirror is read afresh.
+        let all = shared.sem_waiting(&name);
+        for k in all {
+            shared.wakeups.notify_all(&k);
+        }
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+        if let Some(slot) = shared.retire_sem_watch(&name) {
+            drop(slot);
+            return;
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! Semaphores: FIFO, lease-bounded, fenced permits (see
+//! `lua/semaphore_prelude.lua` for the keys).
+//!
+//! Each step is one script on the keys of one name, all in one hash slot:
+//! an attempt prunes what expired, checks the total, and grants iff the
+//! request and every request queued ahead of it fit into the free permits
+//! together (a single attempt counts the whole queue as ahead of it);
+//! otherwise a waiting attempt joins (or renews) its place in line. Every
+//! step that frees permits publishes one wake-up per queued waiter that
+//! became grantable, naming its owner, so exactly those waiters attempt
+//! again. Tokens are max(last + 1, server µs), as for locks.
+//!
+//! Every step costs O(log n) in the queue length plus O(1) per waiter it
+//! wakes (see the prelude): the scripts keep the sum of permits of the
+//! already-woken prefix of the queue, so neither a grant nor a renewal
+//! walks the places ahead.
+//!
+//! Attempts and releases carry a [`stamp`] of this process. A release that
+//! finds its owner not holding (an acquire leaving after a timeout or a
+//! cancellation) leaves a marker for [`LEFT_MARKER_TTL`]; an attempt of
+//! that owner stamped before it (a copy delayed in the network past the
+//! call timeout) is then refused and changes nothing, so it cannot bring
+//! back the place its owner left (which would block the name until the
+//! place lapsed, [`QUEUE_ENTRY_TTL`]) nor take permits nobody releases.
+//! An owner reused after its release (raw-trait callers) is not affected:
+//! its later attempts are stamped after the release. The marker lives no
+//! longer than the name's grants and places, so an idle name still
+//! leaves no keys; a late copy landing after that, or more than the
+//! marker TTL late, is an ordinary attempt again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::wake::Waiter;
+use coord_core::{
+    Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
+};
+use redis::Value;
+
+use super::{RedisBackend, flag, int, ms, unexpected};
+use crate::{QUEUE_ENTRY_TTL, QUEUE_REFRESH};
+
+impl RedisBackend {
+    /// Run one semaphore script on `name`'s keys with the channel and the
+    /// name as the first two arguments, then `args`.
+    async fn semaphore_eval(
+        &self,
+        operation: &'static str,
+        script: &redis::Script,
+        name: &str,
+        args: &[&[u8]],
+    ) -> Result<Value> {
+        let keys = self.keys.semaphore(name);
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let channel = self.channel.clone();
+        let mut all: Vec<&[u8]> = vec![channel.as_bytes(), name.as_bytes()];
+        all.extend_from_slice(args);
+        self.eval(operation, script, &keys, &all).await
+    }
+}
+
+/// How long a release that found its owner not holding keeps attempts of
+/// that owner stamped before it from queueing or being granted: far above
+/// any call timeout a late copy of an attempt could have outlived.
+const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
+
+/// A stamp of this process's semaphore attempts and releases: the wall
+/// clock in µs, but strictly above every earlier stamp of the process
+/// (so an owner's calls are ordered by when they were made, whichever
+/// connection carries them). Stamps of different processes compare by
+/// their clocks, which only matters for one owner token shared between
+/// processes.
+fn stamp() -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev + 1);
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next.to_string(),
+            Err(p) => prev = p,
+        }
+    }
+}
+
+/// The local wake-up key (and published payload) of `owner`'s waiting
+/// acquire on `name`: the owner first, since names may contain `:`.
+fn waiter_key(name: &str, owner: &OwnerToken) -> String {
+    format!("semaphore:{}:{name}", owner.to_hex())
+}
+
+/// Parse the acquire script's reply.
+fn permit_attempt(v: &Value, request: &PermitRequest) -> Result<Attempt> {
+    const OP: &str = "semaphore acquire";
+    let Value::Array(items) = v else {
+        return Err(unexpected(OP, v));
+    };
+    let (Some(code), Some(n)) = (items.first().and_then(int), items.get(1).and_then(int)) else {
+        return Err(unexpected(OP, v));
+    };
+    match code {
+        1 if n > 0 => Ok(Attempt::Granted(FencingToken(n as u64))),
+        0 if n >= 0 => Ok(Attempt::Held {
+            expires_in: Some(Duration::from_millis(n as u64)),
+        }),
+        -1 => Err(Error::invalid(
+            "permits_total",
+            format!(
+                "is {}, but the semaphore is in use with permits_total {n}; \
+                 the total binds while the name has holders or waiters",
+                request.total
+            ),
+        )),
+        _ => Err(unexpected(OP, v)),
+    }
+}
+
+/// Semaphores on Redis: FIFO (a request is granted only if it and every
+/// request queued ahead of it fit into the free permits together), woken
+/// per waiter through the pub/sub channel, with queue places that lapse
+/// [`QUEUE_ENTRY_TTL`](crate::QUEUE_ENTRY_TTL) after the waiter's last
+/// attempt. Every layout keeps semaphores under the prefix.
+#[async_trait]
+impl coord_core::Semaphore for RedisBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn fifo(&self) -> bool {
+        true
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+    ) -> Result<Attempt> {
+        let (owner, at) = (owner.to_hex(), stamp());
+        let (permits, total) = (request.permits.to_string(), request.total.to_string());
+        let ttl = ms(request.ttl).to_string();
+        let queue: &[u8] = if request.queue { b"1" } else { b"0" };
+        let (place, hint) = (
+            ms(QUEUE_ENTRY_TTL).to_string(),
+            ms(QUEUE_REFRESH).to_string(),
+        );
+        let args = [
+            owner.as_bytes(),
+            permits.as_bytes(),
+            total.as_bytes(),
+            ttl.as_bytes(),
+            queue,
+            place.as_bytes(),
+            hint.as_bytes(),
+            at.as_bytes(),
+        ];
+        let script = &self.scripts.semaphore_acquire;
+        let v = self
+            .semaphore_eval("semaphore acquire", script, name, &args)
+            .await?;
+        permit_attempt(&v, request)
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let (owner, at) = (owner.to_hex(), stamp());
+        let marker = ms(LEFT_MARKER_TTL).to_string();
+        let op = "semaphore release";
+        let script = &self.scripts.semaphore_release;
+        let args = [owner.as_bytes(), at.as_bytes(), marker.as_bytes()];
+        let v = self.semaphore_eval(op, script, name, &args).await?;
+        flag(op, &v)
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let (owner, ttl) = (owner.to_hex(), ms(ttl).to_string());
+        let op = "semaphore extend";
+        let script = &self.scripts.semaphore_extend;
+        let v = self
+            .semaphore_eval(op, script, name, &[owner.as_bytes(), ttl.as_bytes()])
+            .await?;
+        flag(op, &v)
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let op = "semaphore force release";
+        let script = &self.scripts.semaphore_force_release;
+        let v = self.semaphore_eval(op, script, name, &[]).await?;
+        flag(op, &v)
+    }
+
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
+        Ok(self.wakeups.subscribe(&waiter_key(name, owner)))
+    }
+}
