@@ -164,6 +164,15 @@ pub trait Semaphore: Send + Sync + 'static {
         false
     }
 
+    /// The most permits one request may take at once on this store (a
+    /// larger request is [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+    /// with field `permits`, before any I/O). The default is
+    /// [`MAX_PERMITS`](crate::validate::MAX_PERMITS); a store that writes
+    /// one key per permit in one transaction (etcd) takes fewer.
+    fn max_permits_per_request(&self) -> u32 {
+        crate::validate::MAX_PERMITS
+    }
+
     /// One attempt to take `request.permits` of `request.total` permits of
     /// `name` for `owner`, all or none, atomically issuing a fresh fencing
     /// token on success. If `owner` already holds a grant of `name`, the

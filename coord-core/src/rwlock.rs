@@ -22,7 +22,10 @@ use crate::validate;
 use crate::{Guard, Permit};
 
 /// The permits of every read-write lock's semaphore: a writer takes them
-/// all, a reader one, so at most this many readers hold one at once.
+/// all, a reader one, so at most this many readers hold one at once (fewer
+/// on a store that takes fewer permits per request, see
+/// [`Semaphore::max_permits_per_request`](crate::Semaphore::max_permits_per_request):
+/// etcd 64).
 pub const RW_PERMITS: u32 = validate::MAX_PERMITS;
 
 /// The semaphore name of read-write lock `name`. Names users give are
@@ -194,13 +197,14 @@ impl RwLocks {
         wait: Duration,
     ) -> Result<RwGuard> {
         validate::name("name", name)?;
+        // A writer takes every permit: RW_PERMITS, or fewer on a store
+        // that takes fewer at once (which then caps concurrent readers).
+        let total = RW_PERMITS.min(self.semaphores.backend().max_permits_per_request());
         let permits = match mode {
             RwMode::Read => 1,
-            RwMode::Write => RW_PERMITS,
+            RwMode::Write => total,
         };
-        let opts = PermitOptions::new(RW_PERMITS, ttl)
-            .permits(permits)
-            .wait(wait);
+        let opts = PermitOptions::new(total, ttl).permits(permits).wait(wait);
         let permit = self
             .semaphores
             .acquire_checked(&semaphore_name(name), opts)

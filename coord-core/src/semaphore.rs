@@ -352,6 +352,16 @@ impl Semaphores {
     /// itself, as the read-write locks' internal names are).
     pub(crate) async fn acquire_checked(&self, name: &str, opts: PermitOptions) -> Result<Permit> {
         validate::permits(opts.permits, opts.permits_total)?;
+        let most = self.backend.max_permits_per_request();
+        if opts.permits > most {
+            return Err(Error::invalid(
+                "permits",
+                format!(
+                    "is {}; this store takes at most {most} permits at once",
+                    opts.permits
+                ),
+            ));
+        }
         let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let queue = !opts.wait.is_zero();
         let request = PermitRequest {

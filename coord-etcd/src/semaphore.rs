@@ -480,6 +480,13 @@ impl coord_core::Semaphore for EtcdBackend {
         true
     }
 
+    /// A grant writes one slot key per permit in one transaction, and etcd
+    /// takes at most 128 operations per transaction by default
+    /// (`--max-txn-ops`): at most 64 permits per request.
+    fn max_permits_per_request(&self) -> u32 {
+        64
+    }
+
     async fn try_acquire(
         &self,
         name: &str,

@@ -19,11 +19,6 @@ const EXAMPLES: &[(&str, &str)] = &[
         "metrics_prometheus",
         env!("CARGO_BIN_EXE_metrics_prometheus"),
     ),
-];
-
-/// Examples of primitives only some stores have so far (semaphores and
-/// read-write locks: the in-memory store). Move each into `EXAMPLES` once every store has it.
-const MEMORY_ONLY: &[(&str, &str)] = &[
     ("connection_cap", env!("CARGO_BIN_EXE_connection_cap")),
     ("config_reload", env!("CARGO_BIN_EXE_config_reload")),
 ];
@@ -61,7 +56,6 @@ fn run(url: &str, examples: &[(&str, &str)]) {
 #[test]
 fn every_example_runs_on_memory() {
     run_all("memory://");
-    run("memory://", MEMORY_ONLY);
 }
 
 #[cfg(feature = "redis")]

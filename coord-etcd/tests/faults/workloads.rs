@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use conformance::faults::{
-    FaultLog, Report, run_barrier_workload, run_election_workload, run_limiter_workload, scenarios,
-    schedule,
+    FaultLog, PermitKind, Report, run_barrier_workload, run_election_workload,
+    run_limiter_workload, run_permit_workload, scenarios, schedule,
 };
 use conformance::testkit::etcd::EtcdServer;
 use conformance::testkit::proxy::{FaultProxy, Mode};
@@ -139,4 +139,41 @@ async fn limiter_cluster_leader_killed() {
     let (report, log) = run_limiter_workload(cs, "lim-killed", w, faults).await;
     let bound = w.quota.window + CLUSTER_SLACK;
     judge(&report, &log, "limiter-cluster-leader-killed", bound);
+}
+
+/// 5 clients on a semaphore of 3 permits (1 or 2 at a time), each behind
+/// its own proxy; client 0 is cut off for 2 TTLs: never more than 3 valid
+/// at once, tokens unique and rising, progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_client_cut_off() {
+    let server = EtcdServer::start();
+    let (proxies, cs) = proxied(&server, 5).await;
+    let w = scenarios::permits(PermitKind::Semaphore { total: 3 }, TTL, run_for());
+    let (report, log) =
+        scenarios::permit_client_cut_off(cs, &proxies, "sem-cut", w, Mode::Blackhole, TTL * 2)
+            .await;
+    judge(
+        &report,
+        &log,
+        "semaphore-client-cut-off",
+        TTL + SLACK + w.work,
+    );
+}
+
+/// A read-write lock (every third acquire a write) on the 3-node cluster
+/// while its leader is killed and restarted: a writer is always alone,
+/// tokens rise, progress after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_cluster_leader_killed() {
+    let c = cluster().await;
+    let l = leader(&c).await;
+    let cs = clients(&c.endpoints(), 5).await;
+    let w = scenarios::permits(PermitKind::RwLock { write_every: 3 }, TTL, run_for());
+    let (report, log) = run_permit_workload(cs, "rw-killed", w, leader_killed(&c, l)).await;
+    judge(
+        &report,
+        &log,
+        "rwlock-cluster-leader-killed",
+        TTL + CLUSTER_SLACK + w.work,
+    );
 }

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use conformance::faults::{
-    FaultLog, Report, fault_for, run_barrier_workload, run_election_workload, run_limiter_workload,
-    scenarios, schedule,
+    FaultLog, PermitKind, Report, fault_for, run_barrier_workload, run_election_workload,
+    run_limiter_workload, scenarios, schedule,
 };
 use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::{FaultProxy, Mode};
@@ -156,4 +156,36 @@ async fn limiter_server_paused() {
         "limiter-server-paused",
         w.quota.window + SLACK,
     );
+}
+
+/// 5 clients on a semaphore of 3 permits (1 or 2 at a time), each behind
+/// its own proxy; client 0 is cut off for 2 TTLs: never more than 3 valid
+/// at once, tokens unique and rising, progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_client_cut_off() {
+    let _serial = SERIAL.lock().await;
+    let (proxies, cs, _) = proxied("sem-cut", 5).await;
+    let w = scenarios::permits(PermitKind::Semaphore { total: 3 }, TTL, run_for());
+    let (report, log) =
+        scenarios::permit_client_cut_off(cs, &proxies, "sem-cut", w, Mode::Blackhole, TTL * 2)
+            .await;
+    judge(
+        &report,
+        &log,
+        "semaphore-client-cut-off",
+        TTL + SLACK + w.work,
+    );
+}
+
+/// A read-write lock (every third acquire a write) with client 0's replies
+/// lost for 2 TTLs: a writer is always alone, tokens rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_replies_lost() {
+    let _serial = SERIAL.lock().await;
+    let (proxies, cs, _) = proxied("rw-lost", 5).await;
+    let w = scenarios::permits(PermitKind::RwLock { write_every: 3 }, TTL, run_for());
+    let (report, log) =
+        scenarios::permit_client_cut_off(cs, &proxies, "rw-lost", w, Mode::DropReplies, TTL * 2)
+            .await;
+    judge(&report, &log, "rwlock-replies-lost", TTL + SLACK + w.work);
 }

@@ -1,4 +1,5 @@
-//! The election, barrier and limiter workloads of `conformance::faults`
+//! The election, barrier, limiter, semaphore and read-write lock
+//! workloads of `conformance::faults`
 //! on Redis, under real faults: one client cut off (or its replies lost)
 //! by its proxy and healed, and the server frozen with `SIGSTOP` past the
 //! TTL and resumed. Each asserts 0 violations and progress after the heal.
@@ -7,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::faults::{
-    FaultLog, Report, fault_for, run_barrier_workload, run_election_workload, run_limiter_workload,
-    scenarios, schedule,
+    FaultLog, PermitKind, Report, fault_for, run_barrier_workload, run_election_workload,
+    run_limiter_workload, run_permit_workload, scenarios, schedule,
 };
 use conformance::testkit::proxy::{FaultProxy, Mode};
 use conformance::testkit::redis::RedisServer;
@@ -147,4 +148,35 @@ async fn limiter_server_paused() {
         "limiter-server-paused",
         w.quota.window + SLACK,
     );
+}
+
+/// 5 clients on a semaphore of 3 permits (1 or 2 at a time), each behind
+/// its own proxy; client 0 is cut off for 2 TTLs while it may hold
+/// permits: never more than 3 valid at once, tokens unique and rising,
+/// progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn semaphore_client_cut_off() {
+    let server = RedisServer::start();
+    let (proxies, cs) = proxied(&server, 5).await;
+    let w = scenarios::permits(PermitKind::Semaphore { total: 3 }, TTL, run_for());
+    let (report, log) =
+        scenarios::permit_client_cut_off(cs, &proxies, "sem-cut", w, Mode::Blackhole, TTL * 2)
+            .await;
+    judge(
+        &report,
+        &log,
+        "semaphore-client-cut-off",
+        TTL + SLACK + w.work,
+    );
+}
+
+/// 5 clients on a read-write lock (every third acquire a write) while the
+/// server is frozen past the TTL: a writer is always alone, tokens rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rwlock_server_paused() {
+    let server = Arc::new(RedisServer::start());
+    let cs = clients(&[server.port(); 5]).await;
+    let w = scenarios::permits(PermitKind::RwLock { write_every: 3 }, TTL, run_for());
+    let (report, log) = run_permit_workload(cs, "rw-paused", w, paused(&server)).await;
+    judge(&report, &log, "rwlock-server-paused", TTL + SLACK + w.work);
 }

@@ -4,7 +4,7 @@
 //! lease-bounded so a crashed server's permit comes back after its TTL, and
 //! each carries a fencing token.
 //!
-//! Semaphores exist on the in-memory store so far; on a store without them
+//! Runs on every store (`COORD_URL`); on a store without semaphores
 //! this prints the `Unsupported` error and exits non-zero.
 
 use std::sync::Arc;
