@@ -56,11 +56,16 @@
 //!   ordered by create revision, on a lease of 30 s that their attempts
 //!   renew (at least every 10 s), so a killed waiter's place lapses. A
 //!   request is granted only if it and every request queued ahead of it
-//!   fit into the free permits together, and it takes the free slots after
-//!   those the requests ahead will take. One watch per name and client
-//!   mirrors the name's keys and wakes exactly the local waiters that can
-//!   be granted when a grant or place ends. `permits_total` binds while
-//!   any key of the name lives.
+//!   fit into the free permits together; it takes free slots chosen at
+//!   random (concurrent attempts rarely pick the same), and one that loses
+//!   its slots to another grant tries again with the state the failed
+//!   transaction read, so it is refused only when a read shows too few
+//!   permits free. An attempt reads the name's grants and waiters and its
+//!   slot keys (keys only): its cost grows with what is held and queued,
+//!   not with `permits_total`. One watch per name and client mirrors the
+//!   name's keys and wakes exactly the local waiters that can be granted
+//!   when a grant or place ends. `permits_total` binds while any key of
+//!   the name lives.
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -132,6 +137,7 @@ mod named_lease;
 mod options;
 mod pool;
 mod queue;
+mod sem_acquire;
 mod sem_hold;
 mod sem_watch;
 mod semaphore;

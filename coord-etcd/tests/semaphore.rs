@@ -2,8 +2,10 @@
 //! writes, against a real single-node etcd: the layout (grant key and slot
 //! keys on one lease, the token its create revision), and bounded state
 //! (a crashed holder's keys go at its TTL, a killed waiter's place lapses,
-//! and then nothing is left of the name).
+//! and then nothing is left of the name), and concurrent attempts that
+//! find permits free are not refused.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::testkit::etcd;
@@ -59,9 +61,29 @@ async fn grant_is_a_key_and_its_slots_on_one_lease_token_its_create_revision() {
     };
     let kvs = keys(&prefix).await;
     let hold = format!("sem/l/h/{}", a.to_hex());
+    // The grant key and two of the three slots (chosen at random).
+    let got = names(&kvs, &prefix);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[0], hold);
+    assert!(
+        got[1] < got[2]
+            && got[1..]
+                .iter()
+                .all(|k| ["sem/l/s/0", "sem/l/s/1", "sem/l/s/2"].contains(&k.as_str())),
+        "{got:?}"
+    );
+    let value = kvs
+        .iter()
+        .find(|kv| kv.key_str().unwrap().ends_with(&hold))
+        .unwrap()
+        .value_str()
+        .unwrap()
+        .to_string();
+    let slots: Vec<&str> = got[1..].iter().map(|k| &k["sem/l/s/".len()..]).collect();
     assert_eq!(
-        names(&kvs, &prefix),
-        vec![hold.clone(), "sem/l/s/0".into(), "sem/l/s/1".into()]
+        value,
+        format!("2 3 {}", slots.join(",")),
+        "the grant names its slots"
     );
     let h = kvs
         .iter()
@@ -155,5 +177,56 @@ async fn crashed_holder_and_killed_waiter_leave_nothing_behind() {
         .unwrap();
     assert!(matches!(now, Attempt::Granted(_)), "{now:?}");
     assert!(b.release("i", &later).await.unwrap());
+    assert!(keys(&prefix).await.is_empty(), "state left after release");
+}
+
+/// `clients` separate clients (each its own connection, all connected
+/// before contending) start together and each try_acquire 1 of `total`
+/// permits of `name`, held 30 s: how many were granted. Every client then
+/// releases what it holds.
+async fn contend(prefix: &str, name: &str, clients: usize, total: u32) -> usize {
+    let url = format!("{}?prefix={prefix}", etcd::shared().url());
+    let mut sems = Vec::new();
+    for _ in 0..clients {
+        let c = coord_etcd::connect(&url).await.expect("connect");
+        sems.push(c.semaphores().unwrap());
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(clients));
+    let mut tasks = Vec::new();
+    for sem in sems {
+        let (start, name) = (start.clone(), name.to_string());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let got = sem
+                .try_acquire(&name, total, Duration::from_secs(30))
+                .await
+                .expect("try_acquire");
+            (sem, got)
+        }));
+    }
+    let mut granted = Vec::new();
+    for t in tasks {
+        let (sem, got) = t.await.unwrap();
+        if let Some(p) = got {
+            granted.push((sem, p));
+        }
+    }
+    let n = granted.len();
+    for (_sem, p) in granted {
+        p.release().await.unwrap();
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_try_acquire_with_free_permits_is_never_refused() {
+    let prefix = format!("semconc-{}/", std::process::id());
+    // As many permits as clients: every attempt finds one free, so none
+    // may be refused (a refusal says no permit was free at that moment).
+    let all = contend(&prefix, "all", 32, 32).await;
+    assert_eq!(all, 32, "{} of 32 refused with 32 permits free", 32 - all);
+    // Half as many: exactly the 16 permits are granted, no fewer.
+    let half = contend(&prefix, "half", 32, 16).await;
+    assert_eq!(half, 16, "{half} of 32 granted with 16 permits");
     assert!(keys(&prefix).await.is_empty(), "state left after release");
 }

@@ -1,0 +1,460 @@
+//! Semaphore attempts: the read of a name, the choice of slots, the grant
+//! transaction, and a refused waiter's place in the queue (see
+//! `semaphore.rs` for the layout).
+//!
+//! An attempt reads the name in one snapshot: the grant and waiter keys
+//! with their values, the slot keys without (keys only), so a read costs
+//! what is held and queued, not the total. It is granted only if its
+//! request and every request queued ahead of it fit into the free permits.
+//! It then takes slots chosen at random among the free ones (so attempts
+//! that read the same state pick different slots; the waiters ahead keep
+//! room, as the check left at least their permits free). A grant whose
+//! slots were taken meanwhile gets the name's state back from the same
+//! transaction (its else branch reads the snapshot again) and tries again
+//! with that, for as long as the state shows room: an attempt without a
+//! place in the queue is refused only by a state without room, and then
+//! writes nothing. One that still finds room but loses its slots to other
+//! grants for the call timeout gives up with `Error::Unavailable`, holding
+//! nothing (every lost round is another grant made: the name is busy); a
+//! queued one keeps its place after a few rounds instead, and tries again
+//! soon.
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::{Attempt, Error, FencingToken, OwnerToken, PermitRequest, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use tokio::time::Instant;
+
+use crate::backend::{Shared, header_rev, is_lease_not_found, secs};
+use crate::barrier::corrupt;
+use crate::keys::BACKEND;
+use crate::pool::Keeper;
+use crate::semaphore::{
+    Grant, Names, QUEUE_ENTRY_TTL, QUEUE_REFRESH, SemKey, mismatch, parse, slots_of,
+};
+
+/// A place is renewed by an attempt at most this often.
+const RENEW_AFTER: Duration = Duration::from_secs(5);
+/// Rounds (read, compare-and-swap) of a queued attempt before it keeps its
+/// place and tries again soon: its place, not this call, keeps its turn.
+const QUEUED_ROUNDS: usize = 8;
+
+/// The state of a name as one snapshot saw it.
+struct View {
+    /// The permits free: the total less those granted, and no more than
+    /// the slots free.
+    free: u32,
+    mine: Option<KeyValue>,
+    my_place: Option<KeyValue>,
+    /// Permits of the waiters queued ahead of the owner (all of them if it
+    /// is not queued).
+    ahead: u32,
+    /// The slots taken (below the total).
+    taken: HashSet<u32>,
+}
+
+/// The reads of one snapshot of a name: grants, waiters (with values) and
+/// slots (keys only), answered in this order.
+fn reads(n: &Names) -> Vec<TxnOp> {
+    let get = |p: &[u8], keys_only: bool| {
+        let (k, e) = n.range(p);
+        let o = GetOptions::new().with_range(e);
+        TxnOp::get(k, Some(if keys_only { o.with_keys_only() } else { o }))
+    };
+    vec![get(b"h/", false), get(b"w/", false), get(b"s/", true)]
+}
+
+/// The name's state from the answers of [`reads`] in `resp`, checking the
+/// total.
+fn view_of(n: &Names, req: &PermitRequest, resp: TxnResponse, op: &'static str) -> Result<View> {
+    let mut lists = resp.op_responses().into_iter().map(|r| match r {
+        TxnOpResponse::Get(mut g) => Ok(g.take_kvs()),
+        _ => Err(corrupt(op, "a semaphore read's answer")),
+    });
+    let mut next = || {
+        lists
+            .next()
+            .unwrap_or_else(|| Err(corrupt(op, "a semaphore read's answer")))
+    };
+    let (holds, waits, slots) = (next()?, next()?, next()?);
+    let mut held = 0u32;
+    let mut mine = None;
+    for kv in holds {
+        let (permits, total) =
+            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
+        if total != req.total {
+            return Err(mismatch(req.total, total));
+        }
+        held = held.saturating_add(permits);
+        if kv.key() == n.hold {
+            mine = Some(kv);
+        }
+    }
+    let mut waiters = Vec::new();
+    let mut my_place = None;
+    for kv in waits {
+        let (permits, total) =
+            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
+        if total != req.total {
+            return Err(mismatch(req.total, total));
+        }
+        waiters.push((kv.create_revision(), permits));
+        if kv.key() == n.wait {
+            my_place = Some(kv);
+        }
+    }
+    let taken: HashSet<u32> = slots
+        .iter()
+        .filter_map(|kv| {
+            let i = kv.key().get(n.base.len() + 2..)?;
+            std::str::from_utf8(i).ok()?.parse::<u32>().ok()
+        })
+        .filter(|i| *i < req.total)
+        .collect();
+    let before = my_place
+        .as_ref()
+        .map_or(i64::MAX, |kv| kv.create_revision());
+    let ahead = waiters
+        .iter()
+        .filter(|(r, _)| *r < before)
+        .fold(0u32, |a, (_, p)| a.saturating_add(*p));
+    let free_slots = req.total - taken.len() as u32;
+    Ok(View {
+        free: req.total.saturating_sub(held).min(free_slots),
+        mine,
+        my_place,
+        ahead,
+        taken,
+    })
+}
+
+/// Random numbers for the slot choice: std's randomly keyed hasher over
+/// the owner and a counter (independent across owners and processes).
+struct Dice {
+    keys: std::collections::hash_map::RandomState,
+    owner: [u8; 16],
+    n: u64,
+}
+
+impl Dice {
+    fn new(owner: &OwnerToken) -> Self {
+        Dice {
+            keys: std::collections::hash_map::RandomState::new(),
+            owner: *owner.as_bytes(),
+            n: 0,
+        }
+    }
+
+    /// A number in `0..bound` (`bound > 0`).
+    fn below(&mut self, bound: u32) -> u32 {
+        let mut h = self.keys.build_hasher();
+        h.write(&self.owner);
+        h.write_u64(self.n);
+        self.n += 1;
+        ((u128::from(h.finish()) * u128::from(bound)) >> 64) as u32
+    }
+}
+
+/// `want` of the slots `0..total` not in `taken`, at random, ascending
+/// (`want` no more than the slots free). Costs O(`taken` + `want`): where
+/// at least half the slots are free, random slots are drawn until enough
+/// free ones are found (fewer than two draws per slot expected);
+/// otherwise the free slots, then fewer than twice the taken ones, are
+/// listed and drawn from.
+fn choose(taken: &HashSet<u32>, total: u32, want: u32, dice: &mut Dice) -> Vec<u32> {
+    let want = want as usize;
+    let mut out = Vec::with_capacity(want);
+    if total as usize > 2 * taken.len() + 64 {
+        while out.len() < want {
+            let i = dice.below(total);
+            if !taken.contains(&i) && !out.contains(&i) {
+                out.push(i);
+            }
+        }
+    } else {
+        let mut free: Vec<u32> = (0..total).filter(|i| !taken.contains(i)).collect();
+        for k in 0..want.min(free.len()) {
+            let j = k + dice.below((free.len() - k) as u32) as usize;
+            free.swap(k, j);
+            out.push(free[k]);
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// A lease held for a grant: (id, keeper, since).
+type Held = (i64, Option<Keeper>, Instant);
+
+impl Shared {
+    /// Read the name in one snapshot and check the total.
+    async fn sem_view(&self, n: &Names, req: &PermitRequest, op: &'static str) -> Result<View> {
+        let resp = self.txn(op, Txn::new().and_then(reads(n))).await?;
+        view_of(n, req, resp, op)
+    }
+
+    /// The owner's waiter key is gone with an answered transaction: its
+    /// lease (without keys) serves the next key.
+    fn sem_place_done(self: &Arc<Self>, sk: &SemKey) {
+        if let Some((w, at)) = self.sem_local(sk, |s| s.waiter.take()) {
+            self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
+        }
+    }
+
+    /// One attempt (see the module docs).
+    pub(crate) async fn sem_try_acquire(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+    ) -> Result<Attempt> {
+        let op = "semaphore try_acquire";
+        let sk: SemKey = (name.into(), *owner.as_bytes());
+        let n = self.sem_names(name, owner);
+        let value = format!("{} {}", req.permits, req.total).into_bytes();
+        let ttl_s = secs(req.ttl);
+        // A lease for the grant, once it looks possible.
+        let mut lease: Option<Held> = None;
+        // Whether the last state read had no room for the request.
+        let mut full = false;
+        // The owner's place as the last read saw it.
+        let mut seen: Option<KeyValue> = None;
+        // The state a lost compare-and-swap returned, to try again with.
+        let mut fresh: Option<View> = None;
+        let mut dice = Dice::new(owner);
+        // An attempt that keeps finding room but losing its slots to other
+        // grants makes way for them: this long at most.
+        let give_up = Instant::now() + self.timeout;
+        let spare = |me: &Arc<Self>, l: Option<Held>| {
+            if let Some((id, k, since)) = l {
+                me.put_spare(id, ttl_s, since + Duration::from_secs(ttl_s), k);
+            }
+        };
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let v = match fresh.take() {
+                Some(v) => v,
+                None => match self.sem_view(&n, req, op).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        spare(self, lease);
+                        return Err(e);
+                    }
+                },
+            };
+            seen.clone_from(&v.my_place);
+            if let Some(mine) = &v.mine {
+                // Ours already (a retry, or a lost reply's write landed):
+                // the same grant, refreshed.
+                spare(self, lease.take());
+                let since = Instant::now();
+                if !self.keepalive_once(mine.lease(), op).await? {
+                    continue; // gone with its lease just now
+                }
+                let ttl = self
+                    .sem_local(&sk, |s| {
+                        s.grant.filter(|g| g.lease == mine.lease()).map(|g| g.ttl)
+                    })
+                    .unwrap_or(ttl_s);
+                self.sem_local(&sk, |s| {
+                    s.grant = Some(Grant {
+                        lease: mine.lease(),
+                        ttl,
+                        deadline: since + Duration::from_secs(ttl),
+                    });
+                    s.slots = slots_of(mine.value());
+                });
+                self.sem_place_done(&sk);
+                return Ok(Attempt::Granted(
+                    FencingToken(mine.create_revision() as u64),
+                ));
+            }
+            if v.ahead.saturating_add(req.permits) > v.free {
+                full = true;
+                break;
+            }
+            if (req.queue && rounds > QUEUED_ROUNDS) || Instant::now() >= give_up {
+                break;
+            }
+            if lease.is_none() {
+                lease = Some(self.sem_lease(ttl_s, op).await?);
+            }
+            let l = lease.as_ref().map_or(0, |l| l.0);
+            let chosen = choose(&v.taken, req.total, req.permits, &mut dice);
+            let txn = self.sem_grant_txn(&n, &value, &chosen, l, owner);
+            let resp = match self.txn(op, txn).await {
+                Ok(r) => r,
+                Err(e) if is_lease_not_found(&e) => {
+                    lease = None;
+                    continue;
+                }
+                Err(e) => {
+                    // Maybe applied: remembered, so that a release (or the
+                    // next attempt, which finds the key) settles it.
+                    let since = lease.map_or_else(Instant::now, |l| l.2);
+                    let old = self.sem_local(&sk, |s| {
+                        s.keeper = None;
+                        s.slots = chosen;
+                        s.grant.replace(Grant {
+                            lease: l,
+                            ttl: ttl_s,
+                            deadline: since + Duration::from_secs(ttl_s),
+                        })
+                    });
+                    if let Some(old) = old.filter(|o| o.lease != l) {
+                        self.revoke_later(old.lease);
+                    }
+                    return Err(e);
+                }
+            };
+            if !resp.succeeded() {
+                // The name as the failed compare saw it: again with that.
+                match view_of(&n, req, resp, op) {
+                    Ok(v) => fresh = Some(v),
+                    Err(e) => {
+                        spare(self, lease);
+                        return Err(e);
+                    }
+                }
+                continue;
+            }
+            let token = header_rev(&resp);
+            let (_, keeper, since) = lease.take().expect("a lease was taken");
+            let old = self.sem_local(&sk, |s| {
+                s.keeper = keeper;
+                s.slots = chosen;
+                s.grant.replace(Grant {
+                    lease: l,
+                    ttl: ttl_s,
+                    deadline: since + Duration::from_secs(ttl_s),
+                })
+            });
+            // A lost reply's lease whose write did not land.
+            if let Some(o) = old.filter(|o| o.lease != l) {
+                self.revoke_later(o.lease);
+            }
+            self.sem_place_done(&sk);
+            return Ok(Attempt::Granted(FencingToken(token as u64)));
+        }
+        spare(self, lease);
+        if !req.queue {
+            if !full {
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation: op,
+                    message: format!(
+                        "permits were free, but other grants took the slots chosen in \
+                         every round for {:?}; nothing is held",
+                        self.timeout
+                    ),
+                });
+            }
+            return Ok(Attempt::Held { expires_in: None });
+        }
+        self.sem_keep_place(&sk, &n, &value, seen.as_ref()).await?;
+        let expires_in = if full {
+            QUEUE_REFRESH
+        } else {
+            // Lost every compare-and-swap to other grants: again soon.
+            Duration::from_millis(20)
+        };
+        Ok(Attempt::Held {
+            expires_in: Some(expires_in),
+        })
+    }
+
+    /// The grant: the owner's `h/` key (permits, total, slots) and one key
+    /// per slot, all on `lease`, iff those slots are free and the owner has
+    /// no grant; the owner's place in the queue goes. Otherwise the name is
+    /// read as [`reads`] does.
+    fn sem_grant_txn(
+        &self,
+        n: &Names,
+        value: &[u8],
+        slots: &[u32],
+        lease: i64,
+        owner: &OwnerToken,
+    ) -> Txn {
+        let list: Vec<String> = slots.iter().map(u32::to_string).collect();
+        let mut v = value.to_vec();
+        v.extend_from_slice(format!(" {}", list.join(",")).as_bytes());
+        let put =
+            |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
+        let mut when = vec![Compare::create_revision(
+            n.hold.clone(),
+            CompareOp::Equal,
+            0,
+        )];
+        let mut then = vec![put(n.hold.clone(), v), TxnOp::delete(n.wait.clone(), None)];
+        for i in slots {
+            when.push(Compare::create_revision(n.slot(*i), CompareOp::Equal, 0));
+            then.push(put(n.slot(*i), owner.to_hex().into_bytes()));
+        }
+        Txn::new().when(when).and_then(then).or_else(reads(n))
+    }
+
+    /// Join the queue, or renew the owner's place in it.
+    async fn sem_keep_place(
+        self: &Arc<Self>,
+        sk: &SemKey,
+        n: &Names,
+        value: &[u8],
+        place: Option<&KeyValue>,
+    ) -> Result<()> {
+        let op = "semaphore queue";
+        let ttl = QUEUE_ENTRY_TTL.as_secs();
+        if let Some(kv) = place {
+            let now = Instant::now();
+            let fresh = self.sem_local(sk, |s| {
+                s.waiter
+                    .is_some_and(|(l, at)| l == kv.lease() && at + RENEW_AFTER > now)
+            });
+            if fresh {
+                return Ok(());
+            }
+            if self.keepalive_once(kv.lease(), op).await? {
+                let old = self.sem_local(sk, |s| s.waiter.replace((kv.lease(), now)));
+                if let Some((o, _)) = old.filter(|o| o.0 != kv.lease()) {
+                    self.revoke_later(o);
+                }
+                return Ok(());
+            }
+            // The place lapsed with its lease: queue again, at the back.
+        }
+        let (lease, _, since) = self.sem_lease(ttl, op).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                n.wait.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                n.wait.clone(),
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        // Recorded first: a release revokes it even if the reply is lost.
+        let old = self.sem_local(sk, |s| s.waiter.replace((lease, since)));
+        let resp = self.txn(op, txn).await;
+        if let Ok(r) = &resp {
+            if !r.succeeded() {
+                // Our place exists already (a lost reply's write landed):
+                // keep that one, and its lease.
+                self.sem_local(sk, |s| s.waiter = old);
+                self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                return Ok(());
+            }
+        }
+        // The old lease (if any) carried no place: it lapsed or never was.
+        if let Some((o, _)) = old {
+            self.revoke_later(o);
+        }
+        resp.map(|_| ())
+    }
+}
