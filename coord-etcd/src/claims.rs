@@ -140,10 +140,29 @@ impl Shared {
     }
 
     /// One attempt at a claim. A fair claim (lock) queues a key only on the
-    /// owner's second attempt (a waiter's: coord-core's wait loop attempts,
-    /// subscribes, then attempts again); a first or one-shot attempt writes
-    /// only into an empty queue, so a refused one leaves nothing behind.
+    /// owner's attempt after a refused or failed one (a waiter's:
+    /// coord-core's wait loop attempts, subscribes, then attempts again, and
+    /// repeats a failed attempt only inside a wait); a first or one-shot
+    /// attempt writes only into an empty queue, so a refused one leaves
+    /// nothing behind.
     pub(crate) async fn try_claim(
+        self: &Arc<Self>,
+        spec: ClaimSpec<'_>,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        let r = self.attempt_claim(spec, name, owner, ttl).await;
+        if r.is_err() && spec.fair {
+            // The failed attempt may have been the one that was to queue
+            // (or the first): the next one queues, or the waiter is never
+            // woken by the store and sleeps until its deadline.
+            self.remember_tried(entry_key(spec.kind, name, owner));
+        }
+        r
+    }
+
+    async fn attempt_claim(
         self: &Arc<Self>,
         spec: ClaimSpec<'_>,
         name: &str,
@@ -304,7 +323,11 @@ impl Shared {
                             return Ok(self.set_held(&ek, rev, lease, start + ttl, keeper));
                         }
                         let pred = kvs(&resp, 2).into_iter().nth(1);
-                        self.set_queued(&ek, rev, pred.map(|p| p.key().to_vec()), rev + 1);
+                        self.set_queued(
+                            &ek,
+                            rev,
+                            pred.map(|p| (p.key().to_vec(), p.create_revision())),
+                        );
                         return Ok(Attempt::Held { expires_in: None });
                     }
                     match mine {
@@ -403,8 +426,7 @@ impl Shared {
                     self.set_queued(
                         &ek,
                         rev,
-                        pred.map(|p| p.key().to_vec()),
-                        header_rev(&resp) + 1,
+                        pred.map(|p| (p.key().to_vec(), p.create_revision())),
                     );
                     return Ok(Attempt::Held { expires_in: None });
                 }

@@ -129,6 +129,11 @@ pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
         || s.contains("Connection refused")
         || s.contains("error trying to connect")
         || s.contains("no leader")
+        // hyper gives a request back unsent when its connection closed
+        // before the request was taken from the queue (a reset connection:
+        // the first calls after it), or when the connection was not ready.
+        || s.contains("Canceled, \"connection closed\"")
+        || s.contains("connection was not ready")
 }
 
 /// gRPC status codes as numbers (so we need not depend on tonic).

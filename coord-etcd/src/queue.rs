@@ -49,10 +49,13 @@ fn owner_wake_key(ek: &EntryKey) -> String {
 /// a leader election one attempt can take a call timeout).
 const PENDING_GRACE: Duration = Duration::from_secs(2);
 
+/// A queued waiter's predecessor: its key and create revision.
+pub(crate) type Pred = (Vec<u8>, i64);
+
 /// A queued waiter's state.
 pub(crate) struct Queued {
     /// The key just before ours.
-    pred: Option<Vec<u8>>,
+    pred: Option<Pred>,
     /// When the predecessor's deletion was seen.
     pred_gone_at: Option<Instant>,
     last_attempt: Instant,
@@ -81,22 +84,16 @@ impl Shared {
         }
     }
 
-    /// Record that `ek` waits behind `pred` (watched from revision
-    /// `watch_from`), keeping its lease alive meanwhile.
-    pub(crate) fn set_queued(
-        self: &Arc<Self>,
-        ek: &EntryKey,
-        rev: i64,
-        pred: Option<Vec<u8>>,
-        watch_from: i64,
-    ) {
+    /// Record that `ek` waits behind `pred` (its key and create revision),
+    /// keeping its lease alive meanwhile.
+    pub(crate) fn set_queued(self: &Arc<Self>, ek: &EntryKey, rev: i64, pred: Option<Pred>) {
         let now = Instant::now();
         let mut entries = lock(&self.entries);
         let Some(e) = entries.get_mut(ek) else { return };
         e.rev = rev;
-        let new_watch = |pred: &Option<Vec<u8>>| {
+        let new_watch = |pred: &Option<Pred>| {
             pred.as_ref()
-                .map(|p| self.spawn_pred_watch(ek.clone(), p.clone(), watch_from))
+                .map(|p| self.spawn_pred_watch(ek.clone(), p.clone()))
         };
         match &mut e.state {
             EntryState::Queued(q) => {
@@ -120,40 +117,34 @@ impl Shared {
         }
     }
 
-    fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Vec<u8>, from: i64) -> AbortOnDrop {
+    /// Watch the predecessor's key until it is deleted, then wake the
+    /// waiter. The watch starts at the server's current revision (so the
+    /// server delivers its events as they happen, never replays them from
+    /// history), and once it is established the key is read: absent, or
+    /// another key of the same name (another create revision), means it left
+    /// before the watch began. A watch resumed from a past revision can miss
+    /// the deletion: etcd before 3.4.34/3.5.15 compacts away a deletion
+    /// whose revision is the compaction's while a watch from that revision
+    /// is catching up, without cancelling the watch (etcd-io/etcd#18089).
+    /// A stream that breaks is opened and checked again the same way.
+    fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Pred) -> AbortOnDrop {
         let shared = self.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut shutdown = shared.shutdown.clone();
             let mut backoff = Duration::from_millis(50);
             loop {
-                let opts = WatchOptions::new()
-                    .with_start_revision(from)
-                    .with_filters([WatchFilterType::NoPut]);
-                let mut wc = shared.client.watch_client();
-                let opened = tokio::select! {
+                let gone = tokio::select! {
                     _ = shutdown.changed() => return,
-                    r = tokio::time::timeout(shared.timeout, wc.watch(pred.clone(), Some(opts))) => r,
+                    g = shared.watch_pred(&pred) => g,
                 };
-                if let Ok(Ok(mut stream)) = opened {
-                    loop {
-                        let msg = tokio::select! {
-                            _ = shutdown.changed() => return,
-                            m = stream.message() => m,
-                        };
-                        match msg {
-                            Ok(Some(resp)) => {
-                                let gone = resp.canceled()
-                                    || resp
-                                        .events()
-                                        .iter()
-                                        .any(|e| e.event_type() == EventType::Delete);
-                                if gone {
-                                    shared.pred_gone(&ek);
-                                    return;
-                                }
-                                backoff = Duration::from_millis(50);
-                            }
-                            _ => break,
+                match gone {
+                    Ok(()) => {
+                        shared.pred_gone(&ek);
+                        return;
+                    }
+                    Err(opened) => {
+                        if opened {
+                            backoff = Duration::from_millis(50);
                         }
                     }
                 }
@@ -164,6 +155,46 @@ impl Shared {
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }))
+    }
+
+    /// One watch of `pred` (see [`spawn_pred_watch`](Self::spawn_pred_watch)):
+    /// `Ok` once the key is gone (or the server cancelled the watch: the
+    /// waiter attempts again, which reads the queue anew); `Err(opened)` if
+    /// the watch broke, `opened` telling whether it was established first.
+    async fn watch_pred(&self, pred: &Pred) -> std::result::Result<(), bool> {
+        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let mut wc = self.client.watch_client();
+        let mut stream =
+            match tokio::time::timeout(self.timeout, wc.watch(pred.0.clone(), Some(opts))).await {
+                Ok(Ok(stream)) => stream,
+                _ => return Err(false),
+            };
+        // etcd answers a new watch with a "created" response first.
+        match tokio::time::timeout(self.timeout, stream.message()).await {
+            Ok(Ok(Some(resp))) if resp.canceled() => return Ok(()),
+            Ok(Ok(Some(resp))) if resp.created() => {}
+            _ => return Err(false),
+        }
+        match self.get("lock wait", pred.0.clone(), None).await {
+            Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {}
+            Ok(_) => return Ok(()),
+            Err(_) => return Err(true),
+        }
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    let gone = resp.canceled()
+                        || resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete);
+                    if gone {
+                        return Ok(());
+                    }
+                }
+                _ => return Err(true),
+            }
+        }
     }
 
     /// The predecessor of `ek` left: wake the waiter of `ek`.

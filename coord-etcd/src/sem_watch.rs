@@ -1,10 +1,10 @@
 //! Wake-ups of semaphore waiters: one watch per name and client, shared by
-//! the client's waiters of that name. It mirrors the name's keys (a read
-//! at revision `R`, then every event after `R`) and, whenever a grant or a
-//! queue place ends, wakes exactly the local waiters that can now be
-//! granted: those in the longest prefix of the queue (by create revision)
-//! whose requests fit into the free permits together, as coord-memory
-//! does. Waiters that cannot be granted are not woken, so a release costs
+//! the client's waiters of that name. It mirrors the name's keys (a watch
+//! from the current revision, then a read at revision `R`, then every event
+//! after `R`) and, whenever a grant or a queue place ends, wakes exactly the
+//! local waiters that can now be granted: those in the longest prefix of
+//! the queue (by create revision) whose requests fit into the free permits
+//! together, as coord-memory does. Waiters that cannot be granted are not woken, so a release costs
 //! one attempt of the waiter it lets in, not one per waiting client.
 
 use std::collections::HashMap;
@@ -140,29 +140,45 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let read = shared.call(op, |mut c| {
-            let (k, e) = (base.clone(), end.clone());
-            async move { c.get(k, Some(GetOptions::new().with_range(e))).await }
-        });
-        let loaded = tokio::select! {
+        // The watch first, from the server's current revision (so its
+        // events are delivered as they happen, never replayed from history),
+        // then the read; events the read already shows are skipped. A watch
+        // resumed from a past revision can miss a deletion compacted away
+        // meanwhile: etcd before 3.4.34/3.5.15 removes the deletion at the
+        // compaction's revision under a watch catching up from it, without
+        // cancelling the watch (etcd-io/etcd#18089).
+        let opts = WatchOptions::new().with_range(end.clone());
+        let mut wc = shared.client.watch_client();
+        let opened = tokio::select! {
             _ = shutdown.changed() => return,
-            r = read => r,
+            r = tokio::time::timeout(shared.timeout, wc.watch(base.clone(), Some(opts))) => r,
         };
-        if let Ok(mut resp) = loaded {
-            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let mut mirror = Mirror::default();
-            for kv in resp.take_kvs() {
-                mirror.put(base.len(), &kv);
-            }
-            let opts = WatchOptions::new()
-                .with_range(end.clone())
-                .with_start_revision(rev + 1);
-            let mut wc = shared.client.watch_client();
-            let opened = tokio::select! {
+        if let Ok(Ok(mut stream)) = opened {
+            let created = tokio::select! {
                 _ = shutdown.changed() => return,
-                r = tokio::time::timeout(shared.timeout, wc.watch(base.clone(), Some(opts))) => r,
+                r = tokio::time::timeout(shared.timeout, stream.message()) => r,
             };
-            if let Ok(Ok(mut stream)) = opened {
+            let created = matches!(created, Ok(Ok(Some(r))) if r.created() && !r.canceled());
+            let read = shared.call(op, |mut c| {
+                let (k, e) = (base.clone(), end.clone());
+                async move { c.get(k, Some(GetOptions::new().with_range(e))).await }
+            });
+            let loaded = if created {
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    r = read => r.ok(),
+                }
+            } else {
+                None
+            };
+            if let Some(mut resp) = loaded {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+                let mut mirror = Mirror::default();
+                for kv in resp.take_kvs() {
+                    mirror.put(base.len(), &kv);
+                }
+                ready.send_replace(true);
+                backoff = Duration::from_millis(50);
                 // Whatever freed permits before the watch began.
                 shared.wake_sem(&name, mirror.grantable());
                 loop {
@@ -178,16 +194,15 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
                         m = stream.message() => m,
                     };
                     let Ok(Some(resp)) = msg else { break };
-                    if resp.created() {
-                        ready.send_replace(true);
-                        backoff = Duration::from_millis(50);
-                    }
                     if resp.canceled() {
                         break;
                     }
                     let mut freed = false;
                     for ev in resp.events() {
                         let Some(kv) = ev.kv() else { continue };
+                        if kv.mod_revision() <= rev {
+                            continue;
+                        }
                         if ev.event_type() == EventType::Delete {
                             mirror.delete(kv.key());
                             freed = true;

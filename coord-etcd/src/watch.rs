@@ -110,6 +110,7 @@ async fn shared_watch_task(
         if start_rev > 0 {
             opts = opts.with_start_revision(start_rev);
         }
+        let resumed = start_rev > 0;
         let mut wc = shared.client.watch_client();
         let opened = tokio::select! {
             _ = shutdown.changed() => return,
@@ -144,6 +145,14 @@ async fn shared_watch_task(
                             }
                             ready.send_replace(true);
                             backoff = Duration::from_millis(50);
+                            if resumed {
+                                // A watch resumed from a past revision can
+                                // miss a deletion compacted away meanwhile
+                                // (etcd-io/etcd#18089, etcd before
+                                // 3.4.34/3.5.15): every local waiter checks
+                                // again now that the watch is established.
+                                shared.wakeups.notify_all(&wake);
+                            }
                         }
                         if resp.canceled() {
                             if resp.compact_revision() > 0 {

@@ -13,6 +13,9 @@ use tokio::time::{Instant, sleep};
 
 use super::common::*;
 
+/// One-way latency of each client's link in `compaction_during_watches`.
+const LINK_LATENCY: Duration = Duration::from_millis(15);
+
 /// A victim client (own proxy) holds the lock, watchdog on, when the
 /// workload starts; it is cut off for 2 TTLs: its guard must report the
 /// loss, and the 4 workload clients must get the lock within TTL + `SLACK`
@@ -114,6 +117,13 @@ async fn compaction_during_watches() {
     let proxies: Vec<FaultProxy> = (0..5)
         .map(|_| FaultProxy::start(server.client_port()))
         .collect();
+    for p in &proxies {
+        // Calls as slow as on a server with slow disk writes, where this
+        // test found a waiter whose attempt a reset failed sleeping out its
+        // wait unqueued (tests/lock_waiters.rs): resets land mid-call more
+        // often.
+        p.latency(LINK_LATENCY);
+    }
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
     let mut raw = etcd_client::Client::connect([server.endpoint()], None)
         .await
