@@ -29,7 +29,7 @@ use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
-pub use semaphore::{SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
+pub use semaphore::{SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 
 pub(crate) const BACKEND: &str = "postgres";
 
@@ -77,6 +77,9 @@ pub struct PostgresBackend {
     wakeups: Wakeups,
     /// Tells the listener to check its connection now (a call timed out).
     check_listener: Arc<Notify>,
+    /// Semaphore owners with an attempt that went unanswered (see
+    /// `semaphore::Unanswered`).
+    unanswered: semaphore::Unanswered,
     _listener: Option<DropGuard>,
 }
 
@@ -241,6 +244,7 @@ impl PostgresBackend {
             tls,
             wakeups,
             check_listener,
+            unanswered: semaphore::Unanswered::default(),
             _listener: guard,
         }))
     }

@@ -57,7 +57,7 @@
 //! | sequence `fencing` | every fencing token and election term; WAL-logged, so tokens never repeat across restarts or crashes |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
-//! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name (see "Semaphores") |
+//! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
@@ -163,6 +163,17 @@
 //! only returns permits at their TTL. Extend (the grant's row lock only)
 //! and force release are durable.
 //!
+//! A late attempt (its client gave up on it at the call timeout, or the
+//! acquire was cancelled mid-call, but it still reaches the server after
+//! the acquire ended and released) changes nothing: the release of an
+//! owner with an unanswered attempt writes a mark in `semaphore_left`
+//! with the client's stamp of the release, lasting
+//! [`SEMAPHORE_LEFT_TTL`] (30 s), and an attempt of that owner stamped
+//! before it is refused without a write. So it neither queues a place
+//! nobody waits for (which would hold up the waiters behind it for 30 s)
+//! nor takes permits nobody releases. Releases after answered attempts
+//! write no mark.
+//!
 //! Wake-ups go to individual waiters: a release (or force release, or an
 //! attempt that pruned expired rows) sends `semaphore:<owner>:<name>` for
 //! each queued waiter it made grantable whose client listens. Without
@@ -186,8 +197,9 @@
 //!   log entry within the retention. So deleting it changes no decision;
 //!   the grace covers the database clock stepping back.
 //! - semaphore grants and places are deleted at release (a place also
-//!   when granted or when its wait times out); expired ones are pruned by
-//!   the next write on the name or deleted by the sweep after the grace.
+//!   when granted or when its wait times out); expired ones, and lapsed
+//!   marks of owners that left, are pruned by the next write on the name
+//!   or deleted by the sweep after the grace.
 //! - a barrier row is deleted once it has had no member for the grace
 //!   (its last generation completed, or every member withdrew), or no
 //!   arrival nor withdrawal for [`PostgresBuilder::barrier_abandon_after`]
@@ -291,7 +303,9 @@ mod sqlx_support;
 
 use std::sync::Arc;
 
-pub use backend::{PostgresBackend, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
+pub use backend::{
+    PostgresBackend, SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL,
+};
 pub use builder::{
     DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,
     PostgresBuilder,

@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 5;
+pub(crate) const SCHEMA_VERSION: i32 = 6;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -133,11 +133,12 @@ impl Sql {
             // $1 name, $2 owner, $3 permits, $4 total, $5 ttl µs, $6 queue,
             // $7 wake by NOTIFY, $8 channel, $9 queue place TTL µs,
             // $10 longest hint µs, $11 hint µs of a polling waiter near the
-            // head. See src/sql/semaphore.sql.
+            // head, $12 the client's stamp of the attempt. See
+            // src/sql/semaphore.sql.
             semaphore_acquire: format!(
                 "SELECT granted, held_us, in_use FROM {s}.semaphore_acquire($1::text, $2::bytea, \
                  $3::int4, $4::int4, $5::int8, $6::bool, $7::bool, $8::text, $9::int8, $10::int8, \
-                 $11::int8)"
+                 $11::int8, $12::int8)"
             ),
             // $1 name, $2 owner. Run after `semaphore_acquire` in the same
             // round trip, in a transaction of its own that commits
@@ -148,9 +149,11 @@ impl Sql {
                 "UPDATE {s}.semaphore_holders h SET fencing = h.fencing \
                   WHERE h.name = $1::text AND h.owner = $2::bytea RETURNING 1"
             ),
-            // $1 name, $2 owner, $3 channel.
+            // $1 name, $2 owner, $3 channel, $4 the client's stamp of the
+            // release if one of the owner's attempts went unanswered (else
+            // NULL), $5 how long the owner's left row lasts, µs.
             semaphore_release: format!(
-                "SELECT {s}.semaphore_release($1::text, $2::bytea, $3::text)"
+                "SELECT {s}.semaphore_release($1::text, $2::bytea, $3::text, $4::int8, $5::int8)"
             ),
             // $1 name, $2 owner, $3 ttl µs. Compare-and-expire, as
             // `claim_extend`: the row is locked first, the clock read only

@@ -63,8 +63,9 @@ async fn concurrent_first_use_on_an_empty_database() {
         );
         assert_eq!(
             tables.trim(),
-            "7",
-            "meta, claims, barriers, limiter_state, limiter_log, semaphore_holders, semaphore_queue"
+            "8",
+            "meta, claims, barriers, limiter_state, limiter_log, semaphore_holders, \
+             semaphore_queue, semaphore_left"
         );
     }
 }

@@ -6,8 +6,22 @@
 //! PgBouncer in transaction mode. Waiters are woken by a NOTIFY addressed
 //! to their owner token (`semaphore:<owner hex>:<name>`), sent by the
 //! release that makes them grantable.
+//!
+//! Late attempts: every attempt and release carries a [`stamp`] of this
+//! process. An attempt the client gave up on (call timeout, lost
+//! connection, cancelled mid-call) may still reach the server later, so
+//! its owner is remembered ([`Unanswered`]); that owner's release then
+//! marks it as left at its stamp for [`SEMAPHORE_LEFT_TTL`], and an
+//! attempt of the owner stamped before the release (that late copy) is
+//! refused on the server and changes nothing: no place in line nobody
+//! waits for (it would hold up every later waiter until it lapsed,
+//! [`SEMAPHORE_QUEUE_TTL`]), no permits nobody releases. Releases after
+//! answered attempts write no mark.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -46,6 +60,98 @@ pub const SEMAPHORE_QUEUE_REFRESH: Duration = Duration::from_secs(10);
 /// take returned permits, so it must not leave them idle for a whole poll
 /// interval.
 const HEAD_POLL: Duration = Duration::from_millis(10);
+
+/// How long the release of an owner, one of whose attempts went
+/// unanswered, keeps attempts of that owner sent before the release from
+/// queueing or being granted (a late copy delayed in the network past the
+/// call timeout): far above any call timeout. A copy later than that is an
+/// ordinary attempt again. The mark (a row of `semaphore_left`) is then
+/// pruned by the next write on the name or swept after the idle grace.
+///
+/// ```
+/// assert_eq!(coord_postgres::SEMAPHORE_LEFT_TTL, std::time::Duration::from_secs(30));
+/// ```
+pub const SEMAPHORE_LEFT_TTL: Duration = Duration::from_secs(30);
+
+/// How many owners [`Unanswered`] holds before it drops those older than
+/// [`SEMAPHORE_LEFT_TTL`].
+const UNANSWERED_PRUNE_AT: usize = 1024;
+
+/// A stamp of this process's semaphore attempts and releases: the wall
+/// clock in µs, but strictly above every earlier stamp of the process, so
+/// an owner's calls are ordered by when they were made, whichever
+/// connection carries them.
+fn stamp() -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev.saturating_add(1));
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(p) => prev = p,
+        }
+    }
+}
+
+/// The semaphore owners (per name) one of whose attempts went unanswered:
+/// the client gave up on it, so it may still reach the server. The
+/// owner's next release marks it as left on the server and forgets it
+/// here. Owners never released (a permit leaked with `mem::forget`) are
+/// dropped once older than [`SEMAPHORE_LEFT_TTL`], whenever the set holds
+/// [`UNANSWERED_PRUNE_AT`] of them.
+#[derive(Debug, Default)]
+pub(super) struct Unanswered(Mutex<HashMap<(String, OwnerToken), Instant>>);
+
+impl Unanswered {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark(&self, name: &str, owner: OwnerToken) {
+        let mut map = self.map();
+        if map.len() >= UNANSWERED_PRUNE_AT {
+            map.retain(|_, at| at.elapsed() < SEMAPHORE_LEFT_TTL);
+        }
+        map.insert((name.to_string(), owner), Instant::now());
+    }
+
+    fn contains(&self, name: &str, owner: &OwnerToken) -> bool {
+        let map = self.map();
+        // Nearly always empty: no key to build.
+        !map.is_empty() && map.contains_key(&(name.to_string(), *owner))
+    }
+
+    fn forget(&self, name: &str, owner: &OwnerToken) {
+        self.map().remove(&(name.to_string(), *owner));
+    }
+}
+
+/// One attempt on its way: unless [`answered`](Pending::answered) is
+/// called, dropping it (an error, or the acquire cancelled mid-call)
+/// records its owner in [`Unanswered`].
+struct Pending<'a> {
+    set: &'a Unanswered,
+    name: &'a str,
+    owner: OwnerToken,
+    answered: bool,
+}
+
+impl Pending<'_> {
+    fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.set.mark(self.name, self.owner);
+        }
+    }
+}
 
 /// The wake-up key (and NOTIFY payload) of one owner's waiting acquire.
 pub(crate) fn waiter_key(name: &str, owner: &OwnerToken) -> String {
@@ -87,7 +193,14 @@ impl Semaphore for PostgresBackend {
         let queue_ttl = micros_ceil(SEMAPHORE_QUEUE_TTL);
         let refresh = micros_ceil(SEMAPHORE_QUEUE_REFRESH);
         let head_poll = micros_ceil(HEAD_POLL);
+        let at = stamp();
         let durable: &[(&(dyn ToSql + Sync), Type)] = &[(&n, Type::TEXT), (&o, Type::BYTEA)];
+        let pending = Pending {
+            set: &self.unanswered,
+            name,
+            owner: *owner,
+            answered: false,
+        };
         let rows = self
             .query_then(
                 OP,
@@ -104,10 +217,12 @@ impl Semaphore for PostgresBackend {
                     (&queue_ttl, Type::INT8),
                     (&refresh, Type::INT8),
                     (&head_poll, Type::INT8),
+                    (&at, Type::INT8),
                 ],
                 Some((&self.sql.semaphore_durable, durable)),
             )
             .await?;
+        pending.answered();
         let (rows, after) = rows;
         let flushed = !after.is_empty();
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
@@ -153,6 +268,9 @@ impl Semaphore for PostgresBackend {
         const OP: &str = "semaphore release";
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
+        // Stamped after every attempt of this owner was sent.
+        let left: Option<i64> = self.unanswered.contains(name, owner).then(stamp);
+        let left_ttl = micros_ceil(SEMAPHORE_LEFT_TTL);
         let rows = self
             .query(
                 OP,
@@ -161,9 +279,14 @@ impl Semaphore for PostgresBackend {
                     (&n, Type::TEXT),
                     (&o, Type::BYTEA),
                     (&self.channel, Type::TEXT),
+                    (&left, Type::INT8),
+                    (&left_ttl, Type::INT8),
                 ],
             )
             .await?;
+        if left.is_some() {
+            self.unanswered.forget(name, owner);
+        }
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         row.try_get(0).map_err(|e| map_pg(OP, e))
     }

@@ -109,3 +109,16 @@ CREATE TABLE IF NOT EXISTS @s@.semaphore_queue (
 );
 CREATE INDEX IF NOT EXISTS semaphore_queue_place ON @s@.semaphore_queue (name, place);
 CREATE SEQUENCE IF NOT EXISTS @s@.semaphore_places AS bigint;
+-- Owners that left while one of their attempts was unanswered (layout 6;
+-- see src/sql/semaphore.sql): the release of such an owner records its
+-- client's stamp of the release, so that attempt, landing after the
+-- release, changes nothing. A row lasts the left TTL (SEMAPHORE_LEFT_TTL);
+-- lapsed ones are pruned by the next write on the name or deleted by the
+-- sweep after the grace.
+CREATE TABLE IF NOT EXISTS @s@.semaphore_left (
+    name text NOT NULL,
+    owner bytea NOT NULL,
+    stamp bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (name, owner)
+);

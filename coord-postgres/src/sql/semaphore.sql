@@ -44,6 +44,23 @@
 -- waiter that can now be granted (the longest prefix of the queue that
 -- fits) and asked for it (`wake`: its client LISTENs). A release nobody
 -- waits for sends none.
+--
+-- Late attempts: an attempt whose client gave up on it (call timeout,
+-- cancellation) may still reach the server after its owner's release
+-- (the acquire timed out or was cancelled and left, or a retry was
+-- granted and the permits released). Applied then, it would queue a
+-- place nobody waits for (holding up every later waiter until it lapses)
+-- or take permits nobody releases. So every attempt and release carries
+-- its client's stamp (rising within a process), and the release of an
+-- owner one of whose attempts went unanswered writes a row in
+-- semaphore_left with its stamp, for p_left_ttl_us. An attempt of that
+-- owner stamped before it is refused and writes nothing (decided on the
+-- plain read too: the row, once there, only lapses). Attempts stamped
+-- after the release (an owner used again through the raw trait) are
+-- served as usual. Releases after answered attempts only (the common
+-- case) write no such row. The row is committed asynchronously like the
+-- release: a crash may forget it, and a late attempt landing after the
+-- crash (or more than the left TTL late) is an ordinary attempt again.
 
 -- Notify the queued waiters of p_name that can be granted now.
 CREATE OR REPLACE FUNCTION @s@.semaphore_wake(p_name text, p_channel text, p_t timestamptz)
@@ -66,11 +83,14 @@ $fn$;
 -- p_refresh_us, so a waiter renews its place in time; at most
 -- p_head_poll_us for a polling waiter among the first four in line that
 -- fits once the grants return). in_use: the total the name is in use
--- with, when it is not p_total (nothing changed).
+-- with, when it is not p_total (nothing changed). p_stamp: the client's
+-- stamp of this attempt; an attempt stamped before its owner left (see
+-- "Late attempts") is refused (held_us p_refresh_us) and changes nothing.
 CREATE OR REPLACE FUNCTION @s@.semaphore_acquire(
     p_name text, p_owner bytea, p_permits integer, p_total integer, p_ttl_us bigint,
     p_queue boolean, p_wake boolean, p_channel text, p_queue_ttl_us bigint, p_refresh_us bigint,
-    p_head_poll_us bigint, OUT granted bigint, OUT held_us bigint, OUT in_use integer)
+    p_head_poll_us bigint, p_stamp bigint,
+    OUT granted bigint, OUT held_us bigint, OUT in_use integer)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     t timestamptz;
@@ -105,6 +125,14 @@ BEGIN
             DELETE FROM @s@.semaphore_queue q WHERE q.name = p_name AND q.expires_at <= t;
             GET DIAGNOSTICS n = ROW_COUNT;
             pruned := pruned + n;
+            DELETE FROM @s@.semaphore_left l WHERE l.name = p_name AND l.expires_at <= t;
+        END IF;
+        -- A late copy of an attempt of an owner that left since: stale.
+        IF EXISTS (SELECT 1 FROM @s@.semaphore_left l
+                    WHERE l.name = p_name AND l.owner = p_owner AND l.stamp > p_stamp
+                      AND l.expires_at > t) THEN
+            held_us := p_refresh_us;
+            EXIT;
         END IF;
         -- The total binds while the name has live grants or places.
         SELECT x.total INTO in_use FROM (
@@ -186,7 +214,10 @@ $fn$;
 
 -- Compare-and-delete p_owner's grant (true iff it was live) and its
 -- place in the queue, if any; wakes the waiters that can now be granted.
-CREATE OR REPLACE FUNCTION @s@.semaphore_release(p_name text, p_owner bytea, p_channel text)
+-- With p_left_stamp (one of the owner's attempts went unanswered), marks
+-- the owner as left at that stamp for p_left_ttl_us (see "Late attempts").
+CREATE OR REPLACE FUNCTION @s@.semaphore_release(
+    p_name text, p_owner bytea, p_channel text, p_left_stamp bigint, p_left_ttl_us bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -211,6 +242,13 @@ BEGIN
     DELETE FROM @s@.semaphore_holders h WHERE h.name = p_name AND h.expires_at <= t;
     GET DIAGNOSTICS n = ROW_COUNT;
     changed := changed + n;
+    IF p_left_stamp IS NOT NULL THEN
+        INSERT INTO @s@.semaphore_left AS l (name, owner, stamp, expires_at)
+        VALUES (p_name, p_owner, p_left_stamp, t + p_left_ttl_us * interval '1 microsecond')
+        ON CONFLICT (name, owner) DO UPDATE
+           SET stamp = greatest(l.stamp, EXCLUDED.stamp),
+               expires_at = greatest(l.expires_at, EXCLUDED.expires_at);
+    END IF;
     IF changed > 0 THEN
         PERFORM @s@.semaphore_wake(p_name, p_channel, t);
     END IF;

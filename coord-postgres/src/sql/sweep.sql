@@ -14,8 +14,9 @@
 -- * barriers: no member (the last generation completed or every member
 --   withdrew) for the grace, or no arrival nor withdrawal for p_abandon_us
 --   (members that never came back).
--- * semaphore_holders, semaphore_queue: grants and queue places expired
---   more than the grace ago (a name has no other state).
+-- * semaphore_holders, semaphore_queue, semaphore_left: grants, queue
+--   places and marks of owners that left, expired more than the grace ago
+--   (a name has no other state).
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep.
 CREATE OR REPLACE FUNCTION @s@.sweep(p_grace_us bigint, p_abandon_us bigint, p_limit integer)
@@ -78,6 +79,13 @@ BEGIN
     DELETE FROM @s@.semaphore_queue WHERE ctid = ANY (ARRAY(
         SELECT q.ctid FROM @s@.semaphore_queue q
          WHERE q.expires_at < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.semaphore_left WHERE ctid = ANY (ARRAY(
+        SELECT l.ctid FROM @s@.semaphore_left l
+         WHERE l.expires_at < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
