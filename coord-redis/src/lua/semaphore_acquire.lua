@@ -20,8 +20,12 @@ if gone and tonumber(ARGV[10]) < tonumber(gone) then
   return {0, fmt(hint)}
 end
 local cur = redis.call('HGET', S, 'total')
-if not cur or (redis.call('EXISTS', GE) == 0 and redis.call('EXISTS', QO) == 0) then
+if redis.call('EXISTS', GE) == 0 and redis.call('EXISTS', QO) == 0 then
   redis.call('HSET', S, 'total', ARGV[5], 'held', '0', 'qsum', '0', 'wsum', '0')
+elseif not cur then
+  -- The state hash was lost while grants or places live: `repair`
+  -- counted the sums again; only the total is taken from this attempt.
+  redis.call('HSET', S, 'total', ARGV[5])
 elseif cur ~= ARGV[5] then
   return {-1, cur}
 end

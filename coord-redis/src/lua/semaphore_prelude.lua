@@ -48,9 +48,60 @@ local function leave(o)
   end
 end
 
+-- A name whose keys disagree (one was lost: evicted under a maxmemory
+-- policy, or deleted by hand) is rebuilt from what is left, as a lock
+-- whose key is lost just ends: a grant missing its expiry or its permits
+-- is dropped (its holder's extend then fails, so the guard reports it
+-- lost), a queue place missing any of its parts too, and the sums are
+-- counted again. O(1) while the keys agree (every key of a busy name
+-- lives as long as the others); O(grants + places) once when they do not.
+local function repair()
+  local ng, nh = redis.call('ZCARD', GE), redis.call('HLEN', GI)
+  local nq = redis.call('ZCARD', QO)
+  local has_s = redis.call('EXISTS', S) == 1
+  if ng == nh and nq == redis.call('ZCARD', QE) and nq == redis.call('HLEN', QI)
+    and (has_s or (ng == 0 and nq == 0)) then
+    return
+  end
+  local held, qsum, qseq = 0, 0, 0
+  for _, o in ipairs(redis.call('HKEYS', GI)) do
+    if not redis.call('ZSCORE', GE, o) then redis.call('HDEL', GI, o) end
+  end
+  for _, o in ipairs(redis.call('ZRANGE', GE, 0, -1)) do
+    local g = redis.call('HGET', GI, o)
+    if g then
+      held = held + tonumber(string.match(g, '^(%d+)'))
+    else
+      redis.call('ZREM', GE, o)
+    end
+  end
+  for _, o in ipairs(redis.call('HKEYS', QI)) do
+    if not (redis.call('ZSCORE', QO, o) and redis.call('ZSCORE', QE, o)) then
+      redis.call('HDEL', QI, o)
+    end
+  end
+  for _, z in ipairs({QO, QE}) do
+    for _, o in ipairs(redis.call('ZRANGE', z, 0, -1)) do
+      if not redis.call('HGET', QI, o) then
+        redis.call('ZREM', QO, o)
+        redis.call('ZREM', QE, o)
+      end
+    end
+  end
+  for _, p in ipairs(redis.call('HVALS', QI)) do qsum = qsum + tonumber(p) end
+  local top = redis.call('ZRANGE', QO, -1, -1, 'WITHSCORES')
+  if top[2] then qseq = tonumber(top[2]) end
+  qseq = math.max(qseq, num(redis.call('HGET', S, 'qseq')))
+  -- No place counts as woken: the next `wake` walks the queue from its
+  -- head again (a waiter woken twice only attempts once more).
+  redis.call('HSET', S, 'held', fmt(held), 'qsum', fmt(qsum), 'qseq', fmt(qseq),
+    'woke', '0', 'wsum', '0')
+end
+
 -- Drop expired grants, lapsed queue places and lapsed markers of left
 -- owners, keeping the sums exact.
 local function prune()
+  repair()
   for _, o in ipairs(redis.call('ZRANGEBYSCORE', GE, '-inf', fmt(now_ms))) do
     local g = redis.call('HGET', GI, o)
     if g then
