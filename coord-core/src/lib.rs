@@ -25,6 +25,7 @@ mod coord;
 mod election;
 mod error;
 mod fencing;
+pub mod late;
 mod lease;
 pub mod limit;
 mod limiter;

@@ -77,9 +77,9 @@ pub struct PostgresBackend {
     wakeups: Wakeups,
     /// Tells the listener to check its connection now (a call timed out).
     check_listener: Arc<Notify>,
-    /// Semaphore owners with an attempt that went unanswered (see
-    /// `semaphore::Unanswered`).
-    unanswered: semaphore::Unanswered,
+    /// Semaphore owners with an attempt that went unanswered
+    /// (`coord_core::late`).
+    unanswered: coord_core::late::Unanswered,
     _listener: Option<DropGuard>,
 }
 
@@ -244,7 +244,7 @@ impl PostgresBackend {
             tls,
             wakeups,
             check_listener,
-            unanswered: semaphore::Unanswered::default(),
+            unanswered: coord_core::late::Unanswered::default(),
             _listener: guard,
         }))
     }

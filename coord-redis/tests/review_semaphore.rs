@@ -229,7 +229,31 @@ async fn lost_grant_reply_then_retry_same_token_counted_once() {
     assert!(!again, "released twice");
     assert_eq!(hget(&server, state, "held").as_deref(), Some("1"));
     assert!(direct.release("lost", &other).await.unwrap());
-    assert_eq!(dbsize(&server), 0);
+    // `o` had unanswered calls, so its release left a marker against late
+    // copies of them (`coord_core::late`): only the marker and the state
+    // hash remain, and only while the marker lives (10 s).
+    let mut left: Vec<String> = match server.command(&["KEYS", "*"]) {
+        conformance::testkit::redis::Resp::Array(Some(v)) => {
+            v.iter().map(|k| k.as_str().unwrap().to_string()).collect()
+        }
+        v => panic!("KEYS answered {v:?}"),
+    };
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            state.to_string(),
+            format!("{state}:left"),
+            format!("{state}:left-at")
+        ]
+    );
+    for k in &left {
+        let pttl = server.command(&["PTTL", k]).as_int().unwrap();
+        assert!(
+            (1..=10_000).contains(&pttl),
+            "{k} lives {pttl} ms after the name went idle"
+        );
+    }
 }
 
 /// A lost reply of a refused, queued attempt: the retry keeps the same
@@ -860,6 +884,80 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
         p.is_some(),
         "every permit is free and nobody waits, yet a single attempt is refused \
          (queue entries: {zcard:?}: the timed-out waiter's place came back)"
+    );
+}
+
+/// The state hash of a busy name is lost, then the first script to run is
+/// an extend that finds nothing to extend: the hash it rebuilds must still
+/// get the name's lifetime, or it outlives every grant (a key with no TTL
+/// is never evicted under `volatile-*` either).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_hash_rebuilt_by_a_refused_extend_expires_with_the_name() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let h = OwnerToken::random();
+    granted(
+        b.try_acquire("rebuilt", &h, &req(1, 2, 10 * SEC, false))
+            .await
+            .unwrap(),
+    );
+    server.command(&["DEL", "coord:semaphore:{rebuilt}"]);
+    let stranger = OwnerToken::random();
+    assert!(!b.extend("rebuilt", &stranger, 10 * SEC).await.unwrap());
+    let pttl = server
+        .command(&["PTTL", "coord:semaphore:{rebuilt}"])
+        .as_int()
+        .unwrap();
+    assert!(
+        pttl > 0,
+        "the rebuilt state hash has PTTL {pttl} (-1: it never expires)"
+    );
+}
+
+/// An acquire's first attempt is delayed in the network past the call
+/// timeout; its retry is granted at once and the permit released right
+/// away; then the delayed attempt lands. It must not take the permit again
+/// for nobody (until its TTL, 60 s): its owner had an unanswered attempt,
+/// so its release leaves a mark that refuses attempts sent before it
+/// (`coord_core::late`). Failed before: the release found the owner
+/// holding, so it left no mark, and the late copy was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_release_takes_no_permit() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisBackend::connect(
+        RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(200 * MS),
+    )
+    .await
+    .unwrap()
+    .into_coord();
+    let sems = backend(&server.url())
+        .await
+        .into_coord()
+        .semaphores()
+        .unwrap();
+    // Warm the connection, so the delayed attempt is one message.
+    let warm = via.semaphores().unwrap();
+    drop(warm.try_acquire("warm", 1, SEC).await.unwrap());
+    proxy.latency(1500 * MS);
+    let acquire = tokio::spawn({
+        let s = via.semaphores().unwrap();
+        async move { s.acquire("late-grant", 1, 60 * SEC, 3 * SEC).await }
+    });
+    sleep(50 * MS).await;
+    proxy.latency(Duration::ZERO);
+    let permit = acquire.await.unwrap().expect("the retry was not granted");
+    permit.release().await.unwrap();
+    // Let the delayed attempt land.
+    sleep(1700 * MS).await;
+    let grants = server
+        .command(&["ZCARD", "coord:semaphore:{late-grant}:grants"])
+        .as_int();
+    let p = sems.try_acquire("late-grant", 1, 10 * SEC).await.unwrap();
+    assert!(
+        p.is_some(),
+        "the only permit is free and nobody waits, yet a single attempt is refused \
+         (grants: {grants:?}: the released owner's late attempt took it)"
     );
 }
 

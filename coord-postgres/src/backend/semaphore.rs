@@ -7,22 +7,22 @@
 //! to their owner token (`semaphore:<owner hex>:<name>`), sent by the
 //! release that makes them grantable.
 //!
-//! Late attempts: every attempt and release carries a [`stamp`] of this
-//! process. An attempt the client gave up on (call timeout, lost
-//! connection, cancelled mid-call) may still reach the server later, so
-//! its owner is remembered ([`Unanswered`]); that owner's release then
-//! marks it as left at its stamp for [`SEMAPHORE_LEFT_TTL`], and an
-//! attempt of the owner stamped before the release (that late copy) is
-//! refused on the server and changes nothing: no place in line nobody
+//! Late attempts (`coord_core::late`): every attempt and release carries
+//! a [`stamp`] of this process. An attempt the client gave up on (call
+//! timeout, lost connection, cancelled mid-call) may still reach the
+//! server later, so its owner is remembered ([`Unanswered`]); that owner's
+//! release then marks it as left at its stamp for [`SEMAPHORE_LEFT_TTL`],
+//! and an attempt of the owner stamped before the release (that late copy)
+//! is refused on the server and changes nothing: no place in line nobody
 //! waits for (it would hold up every later waiter until it lapsed,
 //! [`SEMAPHORE_QUEUE_TTL`]), no permits nobody releases. Releases after
 //! answered attempts write no mark.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+#[cfg(doc)]
+use coord_core::late::Unanswered;
+use coord_core::late::stamp;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
@@ -73,86 +73,6 @@ const HEAD_POLL: Duration = Duration::from_millis(10);
 /// ```
 pub const SEMAPHORE_LEFT_TTL: Duration = Duration::from_secs(30);
 
-/// How many owners [`Unanswered`] holds before it drops those older than
-/// [`SEMAPHORE_LEFT_TTL`].
-const UNANSWERED_PRUNE_AT: usize = 1024;
-
-/// A stamp of this process's semaphore attempts and releases: the wall
-/// clock in µs, but strictly above every earlier stamp of the process, so
-/// an owner's calls are ordered by when they were made, whichever
-/// connection carries them.
-fn stamp() -> i64 {
-    static LAST: AtomicI64 = AtomicI64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = now.max(prev.saturating_add(1));
-        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return next,
-            Err(p) => prev = p,
-        }
-    }
-}
-
-/// The semaphore owners (per name) one of whose attempts went unanswered:
-/// the client gave up on it, so it may still reach the server. The
-/// owner's next release marks it as left on the server and forgets it
-/// here. Owners never released (a permit leaked with `mem::forget`) are
-/// dropped once older than [`SEMAPHORE_LEFT_TTL`], whenever the set holds
-/// [`UNANSWERED_PRUNE_AT`] of them.
-#[derive(Debug, Default)]
-pub(super) struct Unanswered(Mutex<HashMap<(String, OwnerToken), Instant>>);
-
-impl Unanswered {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn mark(&self, name: &str, owner: OwnerToken) {
-        let mut map = self.map();
-        if map.len() >= UNANSWERED_PRUNE_AT {
-            map.retain(|_, at| at.elapsed() < SEMAPHORE_LEFT_TTL);
-        }
-        map.insert((name.to_string(), owner), Instant::now());
-    }
-
-    fn contains(&self, name: &str, owner: &OwnerToken) -> bool {
-        let map = self.map();
-        // Nearly always empty: no key to build.
-        !map.is_empty() && map.contains_key(&(name.to_string(), *owner))
-    }
-
-    fn forget(&self, name: &str, owner: &OwnerToken) {
-        self.map().remove(&(name.to_string(), *owner));
-    }
-}
-
-/// One attempt on its way: unless [`answered`](Pending::answered) is
-/// called, dropping it (an error, or the acquire cancelled mid-call)
-/// records its owner in [`Unanswered`].
-struct Pending<'a> {
-    set: &'a Unanswered,
-    name: &'a str,
-    owner: OwnerToken,
-    answered: bool,
-}
-
-impl Pending<'_> {
-    fn answered(mut self) {
-        self.answered = true;
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        if !self.answered {
-            self.set.mark(self.name, self.owner);
-        }
-    }
-}
-
 /// The wake-up key (and NOTIFY payload) of one owner's waiting acquire.
 pub(crate) fn waiter_key(name: &str, owner: &OwnerToken) -> String {
     format!("semaphore:{}:{name}", owner.to_hex())
@@ -195,12 +115,7 @@ impl Semaphore for PostgresBackend {
         let head_poll = micros_ceil(HEAD_POLL);
         let at = stamp();
         let durable: &[(&(dyn ToSql + Sync), Type)] = &[(&n, Type::TEXT), (&o, Type::BYTEA)];
-        let pending = Pending {
-            set: &self.unanswered,
-            name,
-            owner: *owner,
-            answered: false,
-        };
+        let pending = self.unanswered.attempt(name, *owner);
         let rows = self
             .query_then(
                 OP,

@@ -43,6 +43,9 @@ pub struct RedisBackend {
     idle_grace_ms: String,
     caps: Capabilities,
     wakeups: Wakeups,
+    /// Semaphore owners with an attempt that went unanswered
+    /// (`coord_core::late`).
+    unanswered: coord_core::late::Unanswered,
     scripts: Scripts,
     password: Option<Secret>,
     endpoint: String,
@@ -406,6 +409,7 @@ impl RedisBackend {
             idle_grace_ms: ms(opts.idle_grace).to_string(),
             caps: capabilities(),
             wakeups,
+            unanswered: Default::default(),
             scripts,
             password,
             endpoint,

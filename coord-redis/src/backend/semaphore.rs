@@ -15,22 +15,24 @@
 //! already-woken prefix of the queue, so neither a grant nor a renewal
 //! walks the places ahead.
 //!
-//! Attempts and releases carry a [`stamp`] of this process. A release that
-//! finds its owner not holding (an acquire leaving after a timeout or a
-//! cancellation) leaves a marker for [`LEFT_MARKER_TTL`]; an attempt of
-//! that owner stamped before it (a copy delayed in the network past the
-//! call timeout) is then refused and changes nothing, so it cannot bring
-//! back the place its owner left (which would block the name until the
-//! place lapsed, [`QUEUE_ENTRY_TTL`]) nor take permits nobody releases.
-//! An owner reused after its release (raw-trait callers) is not affected:
-//! its later attempts are stamped after the release. The marker lives no
-//! longer than the name's grants and places, so an idle name still
-//! leaves no keys; a late copy landing after that, or more than the
-//! marker TTL late, is an ordinary attempt again.
+//! Late copies of attempts (`coord_core::late`): attempts and releases
+//! carry a stamp of this process, and the backend remembers owners with an
+//! attempt that went unanswered (the call timed out or was cancelled, so a
+//! copy may still be on its way, delayed in the network). Such an owner's
+//! release leaves a marker for [`LEFT_MARKER_TTL`] (or twice the call
+//! timeout); an attempt of that owner stamped before it is then refused and
+//! changes nothing, so it cannot bring back the place its owner left (which
+//! would block the name until the place lapsed, [`QUEUE_ENTRY_TTL`]) nor
+//! take permits nobody releases. An owner reused after its release
+//! (raw-trait callers) is not affected: its later attempts are stamped
+//! after the release. Releases after answered attempts leave no marker, so
+//! an idle name leaves no keys; a marker keeps the name's state until it
+//! lapses. A copy more than the marker's TTL late is an ordinary attempt
+//! again.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use coord_core::late::stamp;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
@@ -59,31 +61,11 @@ impl RedisBackend {
     }
 }
 
-/// How long a release that found its owner not holding keeps attempts of
-/// that owner stamped before it from queueing or being granted: far above
-/// any call timeout a late copy of an attempt could have outlived.
+/// How long the release of an owner with an unanswered attempt keeps
+/// attempts of that owner stamped before it from queueing or being
+/// granted (at least; twice the call timeout if that is longer): far
+/// above any call timeout a late copy of an attempt could have outlived.
 const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
-
-/// A stamp of this process's semaphore attempts and releases: the wall
-/// clock in µs, but strictly above every earlier stamp of the process
-/// (so an owner's calls are ordered by when they were made, whichever
-/// connection carries them). Stamps of different processes compare by
-/// their clocks, which only matters for one owner token shared between
-/// processes.
-fn stamp() -> String {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = now.max(prev + 1);
-        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return next.to_string(),
-            Err(p) => prev = p,
-        }
-    }
-}
 
 /// The local wake-up key (and published payload) of `owner`'s waiting
 /// acquire on `name`: the owner first, since names may contain `:`.
@@ -138,7 +120,8 @@ impl coord_core::Semaphore for RedisBackend {
         owner: &OwnerToken,
         request: &PermitRequest,
     ) -> Result<Attempt> {
-        let (owner, at) = (owner.to_hex(), stamp());
+        let pending = self.unanswered.attempt(name, *owner);
+        let (owner, at) = (owner.to_hex(), stamp().to_string());
         let (permits, total) = (request.permits.to_string(), request.total.to_string());
         let ttl = ms(request.ttl).to_string();
         let queue: &[u8] = if request.queue { b"1" } else { b"0" };
@@ -160,16 +143,27 @@ impl coord_core::Semaphore for RedisBackend {
         let v = self
             .semaphore_eval("semaphore acquire", script, name, &args)
             .await?;
+        pending.answered();
         permit_attempt(&v, request)
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let (owner, at) = (owner.to_hex(), stamp());
-        let marker = ms(LEFT_MARKER_TTL).to_string();
+        // Stamped after every attempt of this owner was sent.
+        let left = self.unanswered.contains(name, owner);
+        let hex = owner.to_hex();
+        let at = stamp().to_string();
+        let marker = if left {
+            ms(LEFT_MARKER_TTL.max(self.timeout * 2)).to_string()
+        } else {
+            "0".to_string()
+        };
         let op = "semaphore release";
         let script = &self.scripts.semaphore_release;
-        let args = [owner.as_bytes(), at.as_bytes(), marker.as_bytes()];
+        let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
         let v = self.semaphore_eval(op, script, name, &args).await?;
+        if left {
+            self.unanswered.forget(name, owner);
+        }
         flag(op, &v)
     }
 

@@ -11,13 +11,14 @@
 --   4 queue: ZSET owner -> arrival number (FIFO order)
 --   5 queue expiry: ZSET owner -> expiry of the place (server ms)
 --   6 queue permits: hash owner -> permits asked for
---   7 left: ZSET owner -> expiry (server ms) of the marker that a release
---     found `owner` not holding (a timed-out or cancelled acquire)
+--   7 left: ZSET owner -> expiry (server ms) of the marker left by the
+--     release of an owner that had an unanswered attempt (a copy of it
+--     may still arrive)
 --   8 left at: hash owner -> the client stamp of that release
 -- ARGV[1]: the wake-up channel; ARGV[2]: the name.
 -- A grant is live while its expiry is above the server clock (ms), a
 -- queue place likewise. Every key lives exactly as long as the latest
--- grant or queue place (`keep`), so an idle name leaves nothing.
+-- grant, queue place or marker (`keep`), so an idle name leaves nothing.
 --
 -- Cost: every step is O(log n) in the queue length n plus O(1) per
 -- waiter it wakes or per grant or place that expired. The queue keeps
@@ -186,15 +187,17 @@ local function rescan(me, want)
   return ahead
 end
 
--- Let every key live until the latest grant or queue place ends. An idle
--- name is deleted, except the last token while it is ahead of the server
--- clock (so the next grant still rises above it).
+-- Let every key live until the latest grant, queue place or marker ends.
+-- An idle name is deleted, except the last token while it is ahead of the
+-- server clock (so the next grant still rises above it).
 local function keep()
   local h = 0
   local g = redis.call('ZRANGE', GE, -1, -1, 'WITHSCORES')
   if g[2] then h = tonumber(g[2]) end
   local q = redis.call('ZRANGE', QE, -1, -1, 'WITHSCORES')
   if q[2] and tonumber(q[2]) > h then h = tonumber(q[2]) end
+  local m = redis.call('ZRANGE', LE, -1, -1, 'WITHSCORES')
+  if m[2] and tonumber(m[2]) > h then h = tonumber(m[2]) end
   if h > now_ms then
     local left = fmt(h - now_ms)
     for i = 1, 8 do redis.call('PEXPIRE', KEYS[i], left) end

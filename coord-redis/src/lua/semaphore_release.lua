@@ -1,12 +1,12 @@
 -- Release. ARGV: channel, name, owner, the client's stamp of the release,
--- marker ttl ms. Returns 1 if `owner` held a live grant (now returned),
--- else 0; its queue place goes either way, and the waiters the freed
--- permits can serve are woken. A release that finds `owner` not holding
--- (an acquire that timed out or was cancelled, leaving) marks it as left
--- for the marker ttl, so a late copy of one of its attempts, stamped
--- before this release, cannot queue it again or be granted (see
--- `semaphore_acquire.lua`). The marker lives no longer than the name's
--- other keys (`keep`): an idle name still leaves nothing.
+-- marker ttl ms (0: none). Returns 1 if `owner` held a live grant (now
+-- returned), else 0; its queue place goes either way, and the waiters the
+-- freed permits can serve are woken. With a marker ttl (the owner had an
+-- attempt that went unanswered, so a copy of it may still arrive), the
+-- owner is marked as left for that long, so a late copy stamped before
+-- this release cannot queue it again or be granted (see
+-- `semaphore_acquire.lua`). The marker keeps the name's state alive until
+-- it lapses (`keep`).
 prune()
 local o = ARGV[3]
 local g = redis.call('HGET', GI, o)
@@ -14,7 +14,8 @@ if g then
   redis.call('HDEL', GI, o)
   redis.call('ZREM', GE, o)
   redis.call('HINCRBY', S, 'held', -tonumber(string.match(g, '^(%d+)')))
-else
+end
+if tonumber(ARGV[5]) > 0 then
   redis.call('HSET', LA, o, ARGV[4])
   redis.call('ZADD', LE, fmt(now_ms + tonumber(ARGV[5])), o)
 end

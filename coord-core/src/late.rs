@@ -1,0 +1,184 @@
+//! Late copies of attempts, for backend authors.
+//!
+//! An attempt the client gave up on (its call timed out on a slow network,
+//! its connection broke after the request left, or the acquire was
+//! cancelled mid-call) may still reach the store afterwards, when the
+//! acquire has ended and released. Landing then, it would queue a place
+//! nobody waits for (holding up every later waiter of a FIFO name until the
+//! place lapses) or take permits nobody releases (until their TTL).
+//!
+//! A backend that can refuse such a copy on the server does three things:
+//! - it sends a [`stamp`] with every attempt and every release: the stamps
+//!   of one process rise strictly, so an owner's calls are ordered by when
+//!   they were made, whichever connection carries them;
+//! - it wraps every attempt in [`Unanswered::attempt`] and calls
+//!   [`Pending::answered`] once the reply arrived, so the owners with an
+//!   attempt that may still be on its way are known;
+//! - the release of such an owner ([`Unanswered::contains`]) leaves a mark
+//!   with its stamp on the server for a while, and an attempt of that owner
+//!   stamped before the mark is refused there and changes nothing; after
+//!   the release the backend calls [`Unanswered::forget`].
+//!
+//! Releases after answered attempts (nearly all) leave no mark, so an idle
+//! name still leaves nothing behind. An owner token shared between
+//! processes is not covered (only the process that gave up knows); stamps
+//! of different processes compare by their wall clocks.
+//!
+//! ```
+//! use coord_core::OwnerToken;
+//! use coord_core::late::{Unanswered, stamp};
+//!
+//! let unanswered = Unanswered::default();
+//! let owner = OwnerToken::random();
+//! let (first, second) = (stamp(), stamp());
+//! assert!(second > first);
+//!
+//! // An attempt whose reply arrived.
+//! let pending = unanswered.attempt("jobs", owner);
+//! pending.answered();
+//! assert!(!unanswered.contains("jobs", &owner));
+//!
+//! // An attempt dropped before its reply (an error, a timeout, a cancel).
+//! drop(unanswered.attempt("jobs", owner));
+//! assert!(unanswered.contains("jobs", &owner));
+//! unanswered.forget("jobs", &owner);
+//! assert!(!unanswered.contains("jobs", &owner));
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::OwnerToken;
+
+/// How long an owner stays in [`Unanswered`] without being released
+/// (a permit leaked with `mem::forget`) before a sweep may drop it: far
+/// above the marks backends leave (10–30 s).
+pub const UNANSWERED_MEMORY: Duration = Duration::from_secs(300);
+
+/// How many owners [`Unanswered`] holds before it drops those older than
+/// [`UNANSWERED_MEMORY`].
+const PRUNE_AT: usize = 1024;
+
+/// A stamp for this process's attempts and releases: the wall clock in
+/// µs since the Unix epoch, but strictly above every earlier stamp of the
+/// process (so it rises even if the clock steps back).
+pub fn stamp() -> i64 {
+    static LAST: AtomicI64 = AtomicI64::new(0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let mut prev = LAST.load(Ordering::Relaxed);
+    loop {
+        let next = now.max(prev.saturating_add(1));
+        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return next,
+            Err(p) => prev = p,
+        }
+    }
+}
+
+/// The owners (per name) one of whose attempts went unanswered: the client
+/// gave up on it, so it may still reach the store. See the module docs.
+#[derive(Debug, Default)]
+pub struct Unanswered(Mutex<HashMap<(String, OwnerToken), Instant>>);
+
+impl Unanswered {
+    fn map(&self) -> MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark(&self, name: &str, owner: OwnerToken) {
+        let mut map = self.map();
+        if map.len() >= PRUNE_AT {
+            map.retain(|_, at| at.elapsed() < UNANSWERED_MEMORY);
+        }
+        map.insert((name.to_string(), owner), Instant::now());
+    }
+
+    /// An attempt of `owner` on `name` about to be sent: unless
+    /// [`Pending::answered`] is called, dropping the result records the
+    /// owner as having an unanswered attempt.
+    pub fn attempt<'a>(&'a self, name: &'a str, owner: OwnerToken) -> Pending<'a> {
+        Pending {
+            set: self,
+            name,
+            owner,
+            answered: false,
+        }
+    }
+
+    /// Whether an attempt of `owner` on `name` went unanswered (and the
+    /// owner was not [`forget`](Self::forget)-ten since).
+    pub fn contains(&self, name: &str, owner: &OwnerToken) -> bool {
+        let map = self.map();
+        // Nearly always empty: no key to build.
+        !map.is_empty() && map.contains_key(&(name.to_string(), *owner))
+    }
+
+    /// Forget `owner` on `name` (its release left its mark).
+    pub fn forget(&self, name: &str, owner: &OwnerToken) {
+        let mut map = self.map();
+        if !map.is_empty() {
+            map.remove(&(name.to_string(), *owner));
+        }
+    }
+}
+
+/// One attempt on its way (see [`Unanswered::attempt`]).
+#[derive(Debug)]
+#[must_use = "dropping it at once records the attempt as unanswered"]
+pub struct Pending<'a> {
+    set: &'a Unanswered,
+    name: &'a str,
+    owner: OwnerToken,
+    answered: bool,
+}
+
+impl Pending<'_> {
+    /// The attempt's reply arrived (whatever it said).
+    pub fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.set.mark(self.name, self.owner);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_rise_strictly_across_threads() {
+        let all: Vec<i64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (0..1000).map(|_| stamp()).collect::<Vec<_>>()))
+                .collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), all.len(), "a stamp repeated");
+    }
+
+    #[test]
+    fn only_dropped_attempts_are_remembered_per_name() {
+        let u = Unanswered::default();
+        let (a, b) = (OwnerToken::random(), OwnerToken::random());
+        u.attempt("n", a).answered();
+        drop(u.attempt("n", b));
+        assert!(!u.contains("n", &a));
+        assert!(u.contains("n", &b));
+        assert!(!u.contains("m", &b));
+        u.forget("n", &b);
+        assert!(!u.contains("n", &b));
+    }
+}
