@@ -102,6 +102,7 @@ async fn shared_watch_task(
     let mut kept_alive = Instant::now();
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut opened_before = false;
     loop {
         let mut opts = WatchOptions::new();
         if let Some(e) = &end {
@@ -110,7 +111,8 @@ async fn shared_watch_task(
         if start_rev > 0 {
             opts = opts.with_start_revision(start_rev);
         }
-        let resumed = start_rev > 0;
+        let resumed = opened_before;
+        opened_before = true;
         let mut wc = shared.client.watch_client();
         let opened = tokio::select! {
             _ = shutdown.changed() => return,
@@ -146,11 +148,15 @@ async fn shared_watch_task(
                             ready.send_replace(true);
                             backoff = Duration::from_millis(50);
                             if resumed {
-                                // A watch resumed from a past revision can
-                                // miss a deletion compacted away meanwhile
+                                // Every local waiter checks again now that
+                                // the watch is back: it may have missed a
+                                // change while it was down (one after a
+                                // compaction cancelled it, when it opens
+                                // at the current revision), and a watch
+                                // resumed from a past revision can miss a
+                                // deletion compacted away meanwhile
                                 // (etcd-io/etcd#18089, etcd before
-                                // 3.4.34/3.5.15): every local waiter checks
-                                // again now that the watch is established.
+                                // 3.4.34/3.5.15).
                                 shared.wakeups.notify_all(&wake);
                             }
                         }
