@@ -305,23 +305,49 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
     const OP: &str = "connect";
     bounded(BACKEND, OP, limit, async {
         let client = pool.get().await.map_err(|e| map_pool(OP, e))?;
-        match client.query_typed(&sql.check_version, &[]).await {
-            Ok(rows) => {
-                let v: Option<i32> = rows.first().and_then(|r| r.try_get(0).ok());
-                if v.is_some_and(|v| v >= SCHEMA_VERSION) {
-                    return Ok(());
+        let mut attempts = 0;
+        loop {
+            match client.query_typed(&sql.check_version, &[]).await {
+                Ok(rows) => {
+                    let v: Option<i32> = rows.first().and_then(|r| r.try_get(0).ok());
+                    if v.is_some_and(|v| v >= SCHEMA_VERSION) {
+                        return Ok(());
+                    }
                 }
+                Err(e) if e.as_db_error().is_some() => {}
+                Err(e) => return Err(map_pg(OP, e)),
             }
-            Err(e) if e.as_db_error().is_some() => {}
-            Err(e) => return Err(map_pg(OP, e)),
+            // The server gives up when we do (each statement of the batch,
+            // the advisory lock wait included, is bounded).
+            let ms = limit.as_millis().clamp(1, i32::MAX as u128);
+            attempts += 1;
+            match client
+                .batch_execute(&format!("SET LOCAL statement_timeout = {ms};\n{}", sql.ddl))
+                .await
+            {
+                Ok(()) => return Ok(()),
+                // Waiting for the advisory lock does not refresh the
+                // server session's catalog caches: a session that looked
+                // the schema up (and cached its absence) before another
+                // first user created it, as a PgBouncer server connection
+                // that served another client's version check may have,
+                // can miss what was created and fail on creating it again.
+                // Its next transaction sees it: check again.
+                Err(e) if attempts < 3 && duplicate(&e) => {}
+                Err(e) => return Err(map_pg(OP, e)),
+            }
         }
-        // The server gives up when we do (each statement of the batch,
-        // the advisory lock wait included, is bounded).
-        let ms = limit.as_millis().clamp(1, i32::MAX as u128);
-        client
-            .batch_execute(&format!("SET LOCAL statement_timeout = {ms};\n{}", sql.ddl))
-            .await
-            .map_err(|e| map_pg(OP, e))
     })
     .await
+}
+
+/// An error of creating what exists: a unique violation (on the catalogs)
+/// or a duplicate schema, table, object or function.
+fn duplicate(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        matches!(
+            db.code().code(),
+            "23505" | "42P06" | "42P07" | "42710" | "42723"
+        )
+    })
 }

@@ -20,21 +20,42 @@ fn unique(tag: &str) -> String {
 }
 
 /// 8 clients start together on an empty database: every one connects
-/// (creating the schema under the advisory lock) and works.
+/// (creating the schema under the advisory lock) and works. Directly (a
+/// fresh database each round), and through PgBouncer (a fresh schema each
+/// round in one database, so the clients' DDL runs on server connections
+/// that are open already and have looked the schema up, finding none,
+/// before the first client created it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_first_use_on_an_empty_database() {
-    for round in 0..3 {
-        let db = unique("empty");
-        let url = cluster().create_database(&db);
+    let shared = unique("bounced");
+    cluster().create_database(&shared);
+    for round in 0..8 {
+        let bounced = round % 2 == 1;
+        let (url, db, schema) = if bounced {
+            (
+                pgbouncer().url_for(&shared),
+                shared.clone(),
+                unique("first"),
+            )
+        } else {
+            let db = unique("empty");
+            (cluster().create_database(&db), db, "coord".to_string())
+        };
         let start = std::sync::Arc::new(tokio::sync::Barrier::new(8));
         let mut tasks = Vec::new();
         for i in 0..8 {
-            let (url, start) = (url.clone(), start.clone());
+            let (url, schema, start) = (url.clone(), schema.clone(), start.clone());
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
-                let coord = coord_postgres::connect(&url)
+                let coord = coord_postgres::builder(&url)
+                    .schema(schema)
+                    // No LISTEN probe through PgBouncer (it waits 2 s).
+                    .listen(!bounced)
+                    .connect()
                     .await
-                    .unwrap_or_else(|e| panic!("round {round} client {i}: {e}"));
+                    .unwrap_or_else(|e| {
+                        panic!("round {round} (via PgBouncer: {bounced}) client {i}: {e}")
+                    });
                 let g = coord
                     .locks()
                     .unwrap()
@@ -59,7 +80,7 @@ async fn concurrent_first_use_on_an_empty_database() {
         assert_eq!(tokens.len(), 8, "every grant got its own token");
         let tables = cluster().psql(
             &db,
-            "SELECT count(*) FROM pg_tables WHERE schemaname = 'coord'",
+            &format!("SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}'"),
         );
         assert_eq!(
             tables.trim(),
