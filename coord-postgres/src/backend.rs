@@ -267,7 +267,10 @@ impl PostgresBackend {
 
     /// The statement pool, for your own queries (for example with
     /// [`FencedTable`](crate::FencedTable)). Statements through it must not
-    /// rely on session state if you run behind PgBouncer.
+    /// rely on session state if you run behind PgBouncer, and must not
+    /// change `default_transaction_isolation` (coord's steps refuse to run
+    /// at another level than read committed; see the crate docs,
+    /// "Transaction isolation").
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
@@ -318,11 +321,20 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
                 Err(e) => return Err(map_pg(OP, e)),
             }
             // The server gives up when we do (each statement of the batch,
-            // the advisory lock wait included, is bounded).
+            // the advisory lock wait included, is bounded). Read committed
+            // whatever the session's default: the batch writes `meta` after
+            // waiting for the advisory lock, and an older snapshot would not
+            // see the row a concurrent first user wrote meanwhile (a
+            // serialization failure). Set before any statement takes a
+            // snapshot.
             let ms = limit.as_millis().clamp(1, i32::MAX as u128);
             attempts += 1;
             match client
-                .batch_execute(&format!("SET LOCAL statement_timeout = {ms};\n{}", sql.ddl))
+                .batch_execute(&format!(
+                    "SET LOCAL statement_timeout = {ms};\n\
+                     SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n{}",
+                    sql.ddl
+                ))
                 .await
             {
                 Ok(()) => return Ok(()),

@@ -81,7 +81,8 @@
 //! uncontended acquire + release is two statements, two round trips, two
 //! commits: the same as the bare lease-table cycle.
 //!
-//! Every statement runs in its own transaction with
+//! Every statement runs in its own transaction, at READ COMMITTED (see
+//! "Transaction isolation"), with
 //! `statement_timeout = <call timeout>` and `synchronous_commit` raised to
 //! `on` when the server's or the role's default is `off` or `local`. On a
 //! direct connection (see
@@ -89,8 +90,8 @@
 //! sent once when a pooled connection opens, together with
 //! `plan_cache_mode = force_generic_plan`, and each call is its one
 //! prepared statement alone (Bind/Execute, autocommit). Elsewhere (behind
-//! PgBouncer) every call is `BEGIN; SET LOCAL ...`, the statement and
-//! `COMMIT`, pipelined in one round trip. So grants (locks, leases, terms,
+//! PgBouncer) every call is `BEGIN ISOLATION LEVEL READ COMMITTED; SET
+//! LOCAL ...`, the statement and `COMMIT`, pipelined in one round trip. So grants (locks, leases, terms,
 //! barrier arrivals, fencing tokens) are durable whatever the defaults, and
 //! the server gives up when the client does. When the client's call
 //! timeout passes first, the connection is discarded and a cancel request
@@ -131,6 +132,42 @@
 //! no session settings, no named prepared statements: every statement goes
 //! out as one unnamed, typed Parse/Bind/Execute), so statements work
 //! through PgBouncer in transaction pooling mode.
+//!
+//! ## Transaction isolation
+//!
+//! coord's steps are correct only at READ COMMITTED. Each takes the
+//! name's lock (an advisory lock, or the row's) and then decides on the
+//! rows as the previous holder left them, which only a statement snapshot
+//! taken after the lock shows. At REPEATABLE READ or SERIALIZABLE the
+//! snapshot is taken before the lock is granted, so a step that waited for
+//! it would decide on rows that have changed since: a semaphore would
+//! grant the same permit again (up to all 16 of 16 concurrent attempts on
+//! one permit were granted in the test that found it), and the other
+//! primitives would fail under contention with serialization errors.
+//!
+//! So every step runs at read committed whatever the server's, the
+//! database's or the role's `default_transaction_isolation`, with no extra
+//! round trip: a call's `BEGIN` is `BEGIN ISOLATION LEVEL READ COMMITTED`
+//! (per transaction, so it holds through PgBouncer in transaction mode,
+//! where no session setting survives between transactions); on a direct
+//! connection with prepared statements the session settings include
+//! `default_transaction_isolation = 'read committed'` (so your own
+//! statements on connections of [`PostgresBackend::pool`] default to it
+//! too; `BEGIN ISOLATION LEVEL ...` still chooses another for your
+//! transaction); the first-use DDL sets it for its transaction. It is not
+//! a startup parameter (`options=-c ...`): PgBouncer refuses unknown
+//! startup parameters, or drops them silently when they are listed in its
+//! `ignore_startup_parameters`.
+//!
+//! As a last line, every function that decides (and the lock `INSERT`)
+//! checks `transaction_isolation` first and, at any other level, refuses
+//! and changes nothing: [`Error::Config`](coord_core::Error::Config),
+//! naming the fix. That only happens when something changes the session of
+//! one of coord's connections after it opened, with prepared statements
+//! on: `SET default_transaction_isolation` on a connection taken from
+//! [`PostgresBackend::pool`], or a pooler that does not keep one server
+//! session per client connection. Leave that setting alone on coord's
+//! connections, and turn prepared statements off behind such a pooler.
 //!
 //! ## Semaphores
 //!

@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 6;
+pub(crate) const SCHEMA_VERSION: i32 = 7;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -45,10 +45,14 @@ impl Sql {
             // the fencing token, so tokens rise in grant order although
             // rows come and go; the token is drawn only when the row is
             // absent from the snapshot, and nothing is written otherwise.
-            // When it returns no row, `claim_acquire` decides.
+            // When it returns no row, `claim_acquire` decides. Like the
+            // functions, it refuses to run at another isolation level than
+            // read committed, before it takes the lock (src/sql/schema.sql).
             claim_insert: format!(
                 "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
-                                                hashtext($1::text || ':' || $2::text))) \
+                                                hashtext($1::text || ':' || $2::text)) \
+                   WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
+                              ELSE {s}.not_read_committed() END) \
                  INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
                  SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
                         clock_timestamp() + $5::int8 * interval '1 microsecond' FROM l \

@@ -16,6 +16,18 @@ use super::{BACKEND, PostgresBackend};
 
 /// The text sent before every statement, in the same round trip.
 ///
+/// - `ISOLATION LEVEL READ COMMITTED`: every step decides on rows read
+///   after it took the name's lock, which only READ COMMITTED shows (each
+///   statement of the step's function takes a fresh snapshot); at
+///   REPEATABLE READ or SERIALIZABLE the snapshot predates the lock, and a
+///   step that waited for it would decide on rows the previous holder has
+///   since changed. Pinned here, per transaction, whatever the server's,
+///   database's or role's `default_transaction_isolation`, so it holds
+///   through PgBouncer in transaction mode as well (where no session
+///   setting survives between transactions). Not a startup parameter
+///   (`options=-c default_transaction_isolation=...`): PgBouncer refuses
+///   unknown startup parameters, or drops them silently when its
+///   `ignore_startup_parameters` lists them.
 /// - `statement_timeout`: the server gives up when the client does, even
 ///   if the cancel request cannot reach it.
 /// - `synchronous_commit`: grants (locks, leases, terms, barrier arrivals,
@@ -26,7 +38,7 @@ use super::{BACKEND, PostgresBackend};
 pub(super) fn begin_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
-        "BEGIN; SET LOCAL statement_timeout = {ms}; \
+        "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; \
          SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, true)"
@@ -34,7 +46,9 @@ pub(super) fn begin_text(call_timeout: Duration) -> String {
 }
 
 /// The session settings of a connection in `prepared` mode, sent once
-/// when it is opened: the same as [`begin_text`], for the session, and
+/// when it is opened: the same as [`begin_text`], for the session
+/// (`default_transaction_isolation` for the isolation level: each
+/// statement is its own implicit transaction), and
 /// `plan_cache_mode = force_generic_plan`: every statement is a primary-key
 /// lookup whatever its parameters, so it is planned once per connection,
 /// not on every call (the planner would otherwise keep re-planning the
@@ -42,7 +56,8 @@ pub(super) fn begin_text(call_timeout: Duration) -> String {
 pub(super) fn session_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
-        "SET statement_timeout = {ms}; SET plan_cache_mode = force_generic_plan; \
+        "SET default_transaction_isolation = 'read committed'; \
+         SET statement_timeout = {ms}; SET plan_cache_mode = force_generic_plan; \
          SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, false)"

@@ -6,12 +6,30 @@ use deadpool_postgres::PoolError;
 
 use super::BACKEND;
 
+/// The SQLSTATE coord's SQL raises when a step runs at another isolation
+/// level than READ COMMITTED (see `src/sql/schema.sql`).
+pub(crate) const NOT_READ_COMMITTED: &str = "RC001";
+
 /// Map an error the server answered with, by its SQLSTATE (shared by every
 /// driver): connection exceptions, shutdowns, too many connections,
 /// serialization failures and deadlocks, and cancelled statements are
-/// [`Error::Unavailable`] (retryable); the rest [`Error::Store`].
+/// [`Error::Unavailable`] (retryable); a step refused for running at
+/// another isolation level than read committed is [`Error::Config`]; the
+/// rest [`Error::Store`].
 pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -> Error {
     let message = redact_url_passwords(&format!("{message} (SQLSTATE {code})"));
+    if code == NOT_READ_COMMITTED {
+        return Error::Config(format!(
+            "{BACKEND} {operation}: {message}. coord-postgres pins read committed on every \
+             transaction it starts and, with prepared statements, on the session of every \
+             connection it opens; this step ran at another level, so the session of one of its \
+             connections was changed after it was opened (`SET default_transaction_isolation` \
+             on a connection taken from `PostgresBackend::pool()`, or a pooler that does not \
+             keep one server session per client connection while prepared statements are on). \
+             Leave default_transaction_isolation alone on coord's connections, and turn \
+             prepared statements off (`prepared_statements(false)`) behind a transaction pooler"
+        ));
+    }
     // 08: connection exceptions; 57P: shutdown / cannot connect now;
     // 53300: too many connections; 40001/40P01: serialization/deadlock;
     // 57014: cancelled, here by the statement timeout (= the call
@@ -134,5 +152,32 @@ pub(crate) fn with_target(e: Error, display: &str) -> Error {
             message: format!("{message} (connecting to {display})"),
         },
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_refused_at_another_isolation_level_is_a_configuration_error_naming_the_fix() {
+        let e = map_sqlstate(
+            "lock acquire",
+            NOT_READ_COMMITTED,
+            "coord: this transaction runs at serializable isolation",
+        );
+        let Error::Config(m) = &e else {
+            panic!("{e:?}");
+        };
+        assert!(!e.is_retryable());
+        for needle in [
+            "lock acquire",
+            "serializable",
+            "read committed",
+            "default_transaction_isolation",
+            "prepared_statements(false)",
+        ] {
+            assert!(m.contains(needle), "{needle} missing from: {m}");
+        }
     }
 }

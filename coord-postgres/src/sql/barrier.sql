@@ -11,6 +11,9 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     -- The sweep may delete an idle row between the insert and the lock:
     -- then insert again. A new row's generation comes from the fencing
     -- sequence, above every generation the name ever had.
@@ -68,6 +71,9 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
     IF NOT FOUND THEN
         RETURN true;

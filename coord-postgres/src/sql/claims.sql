@@ -51,6 +51,9 @@ DECLARE
     o record;
     t timestamptz;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     registered := false;
     t := clock_timestamp();
     SELECT c.fencing, c.owner, c.expires_at, c.waiting INTO o FROM @s@.claims c

@@ -46,6 +46,9 @@ DECLARE
     new_tat numeric;
     room bigint;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     IF p_algo NOT IN ('sliding_log', 'fixed_window', 'sliding_window', 'gcra') THEN
         RAISE EXCEPTION 'coord: unknown limiter algorithm %', p_algo;
     END IF;

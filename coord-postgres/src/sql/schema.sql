@@ -122,3 +122,24 @@ CREATE TABLE IF NOT EXISTS @s@.semaphore_left (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (name, owner)
 );
+-- Isolation (layout 7). Every step decides on rows it reads after taking
+-- the name's lock, which only READ COMMITTED shows (each statement takes
+-- a fresh snapshot). At REPEATABLE READ or SERIALIZABLE the snapshot is
+-- the transaction's, taken before the lock was granted: a step that waited
+-- for the lock would decide on rows the previous holder has since changed
+-- (a semaphore would grant the same permit again) or fail with
+-- serialization errors. The client pins read committed on every
+-- transaction it starts (and, with prepared statements, on the session of
+-- every connection it opens); each step still checks, first, and refuses
+-- to read or write anything at another level with SQLSTATE RC001, which
+-- the client reports as a configuration error naming the fix.
+CREATE OR REPLACE FUNCTION @s@.not_read_committed()
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'RC001',
+        MESSAGE = format('coord: this transaction runs at %s isolation, but coord''s steps '
+                         'must run at read committed; nothing was changed',
+                         current_setting('transaction_isolation'));
+END
+$fn$;

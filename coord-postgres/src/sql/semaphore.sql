@@ -108,6 +108,9 @@ DECLARE
     ahead_places bigint;
     ahead_until timestamptz;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     FOR pass IN 1..2 LOOP
         IF pass = 2 THEN
             -- Asynchronous commit: the lock is released without waiting
@@ -226,6 +229,9 @@ DECLARE
     n bigint;
     changed bigint;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     -- A release lost in a crash only returns the permits at their TTL:
     -- committed without waiting for the WAL flush (a grant that used them
     -- is flushed, and WAL is flushed in order).
@@ -267,6 +273,9 @@ DECLARE
     n bigint;
     changed bigint;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     PERFORM pg_advisory_xact_lock(hashtext('coord-semaphores:@schema@'), hashtext(p_name));
     t := clock_timestamp();
     WITH d AS (DELETE FROM @s@.semaphore_holders h WHERE h.name = p_name

@@ -29,6 +29,9 @@ DECLARE
     n bigint;
     total bigint := 0;
 BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM @s@.claims WHERE ctid = ANY (ARRAY(
         SELECT c.ctid FROM @s@.claims c
