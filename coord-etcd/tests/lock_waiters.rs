@@ -62,22 +62,38 @@ fn refused(a: Attempt) {
     assert!(matches!(a, Attempt::Held { .. }), "not refused: {a:?}");
 }
 
-/// The waiter's queueing attempt (its second) fails; its third must queue.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiter_whose_queueing_attempt_failed_queues_on_the_next() {
+/// Which of the waiter's attempts fails.
+#[derive(Clone, Copy, PartialEq)]
+enum Fails {
+    /// Its first, before it subscribed.
+    First,
+    /// Its second, the one that was to queue.
+    Queueing,
+}
+
+/// A holder holds `name`; a waiter behind a proxy attempts, subscribes
+/// and attempts again, one of its attempts failing as `fails` says, then
+/// attempts once more (refused); the holder releases. The waiter must be
+/// woken by the store within 3 s, and then be granted.
+async fn a_waiter_with_a_failed_attempt_is_woken(name: &str, fails: Fails) {
     let server = EtcdServer::start();
     let proxy = FaultProxy::start(server.client_port());
     let a = fast(server.client_port()).await;
     let b = fast(proxy.port()).await;
     let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
-    let name = "queue-after-error";
     granted(a.try_acquire(name, &oa, TTL).await.unwrap());
-    refused(b.try_acquire(name, &ob, TTL).await.unwrap());
+    if fails == Fails::First {
+        failed_attempt(&b, &proxy, name, &ob).await;
+    } else {
+        refused(b.try_acquire(name, &ob, TTL).await.unwrap());
+    }
     let w = b.subscribe(name).await.unwrap();
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    failed_attempt(&b, &proxy, name, &ob).await;
+    if fails == Fails::Queueing {
+        failed_attempt(&b, &proxy, name, &ob).await;
+    }
     refused(answered(&b, name, &ob).await);
     assert!(a.release(name, &oa).await.unwrap());
     tokio::time::timeout(Duration::from_secs(3), notified)
@@ -87,29 +103,17 @@ async fn a_waiter_whose_queueing_attempt_failed_queues_on_the_next() {
     assert!(b.release(name, &ob).await.unwrap());
 }
 
+/// The waiter's queueing attempt (its second) fails; its third must queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_queueing_attempt_failed_queues_on_the_next() {
+    a_waiter_with_a_failed_attempt_is_woken("queue-after-error", Fails::Queueing).await;
+}
+
 /// The waiter's first attempt fails; the one after it subscribed must
 /// queue.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_first_attempt_failed_queues_on_the_next() {
-    let server = EtcdServer::start();
-    let proxy = FaultProxy::start(server.client_port());
-    let a = fast(server.client_port()).await;
-    let b = fast(proxy.port()).await;
-    let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
-    let name = "first-error";
-    granted(a.try_acquire(name, &oa, TTL).await.unwrap());
-    failed_attempt(&b, &proxy, name, &ob).await;
-    let w = b.subscribe(name).await.unwrap();
-    let notified = w.notified();
-    tokio::pin!(notified);
-    notified.as_mut().enable();
-    refused(answered(&b, name, &ob).await);
-    assert!(a.release(name, &oa).await.unwrap());
-    tokio::time::timeout(Duration::from_secs(3), notified)
-        .await
-        .expect("the waiter was not woken within 3 s of the release: it did not queue");
-    granted(answered(&b, name, &ob).await);
-    assert!(b.release(name, &ob).await.unwrap());
+    a_waiter_with_a_failed_attempt_is_woken("first-error", Fails::First).await;
 }
 
 /// The holder releases while the waiter's watch of it is cut off, the
