@@ -163,6 +163,17 @@ impl Shared {
         let ttl_s = secs(ttl);
         let mut keeper = None;
         let new_lease = if ttl_s == lease_ttl {
+            // etcd takes a transaction of compares only for a serializable
+            // read (every op in it is a serializable range, vacuously:
+            // `isTxnSerializable`), and the member that gets it answers
+            // from its own state without asking the leader: one that has
+            // not applied the grant yet says the key is not ours (seen as
+            // "renew while live" failing on a loaded 3-node cluster). A
+            // range op that is not serializable makes it linearizable.
+            let check = check.and_then([TxnOp::get(
+                key.clone(),
+                Some(GetOptions::new().with_count_only()),
+            )]);
             let (resp, alive) = tokio::join!(self.txn(op, check), self.refresh(lease, kept, op));
             let (alive, k) = alive?;
             if !resp?.succeeded() || !alive {
