@@ -2,7 +2,9 @@
 //! loopback port to the store's port and, on command, adds latency, drops
 //! traffic one way or both (blackhole), freezes the connections that are
 //! open (half-open: they stay up but nothing passes, while new connections
-//! work), closes every open connection, and heals.
+//! work), closes every open connection, delivers one chosen request late
+//! after its client gave up on the connection
+//! ([`FaultProxy::deliver_late`]), and heals.
 //!
 //! Give each client its own proxy to cut one client off while the others
 //! keep working. Real sockets and real bytes; only the forwarding is
@@ -49,7 +51,42 @@ struct State {
     close_after_loss: AtomicBool,
     /// Open connections that lost bytes.
     lossy: Mutex<std::collections::HashSet<u64>>,
+    /// The request to deliver late, once one matches.
+    late: Mutex<Option<Late>>,
+    /// Requests held for late delivery so far.
+    held: AtomicU64,
+    /// Requests delivered late so far.
+    delivered: AtomicU64,
 }
+
+/// Which client bytes hold a request to deliver late.
+type Matcher = dyn Fn(&[u8]) -> bool + Send + Sync;
+
+/// A request to deliver late (see [`FaultProxy::deliver_late`]).
+struct Late {
+    matches: Box<Matcher>,
+    delay: Duration,
+    cut_after: Duration,
+}
+
+impl std::fmt::Debug for Late {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Late")
+            .field("delay", &self.delay)
+            .field("cut_after", &self.cut_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a connection that delivered a late request stays open to the
+/// store afterwards: a server may drop a request whose connection ends
+/// before it is applied (a gRPC server cancels its context).
+const LATE_LINGER: Duration = Duration::from_secs(1);
+/// How long more bytes of a held request are gathered (a request split
+/// over several reads is held whole).
+const LATE_GATHER: Duration = Duration::from_millis(30);
+/// How much of the previous read a match may span.
+const LATE_SPAN: usize = 1024;
 
 /// How a proxy reaches its target: called once per accepted connection,
 /// on that connection's own thread.
@@ -154,6 +191,46 @@ impl FaultProxy {
         }
     }
 
+    /// Deliver the next client -> store request that `matches` late, as a
+    /// request still in the network after its client gave up on the
+    /// connection: the first chunk of client bytes for which `matches` is
+    /// true (it sees that chunk with up to 1 KiB of the connection's
+    /// previous bytes before it, so a match may span two reads), with the
+    /// bytes following it at once, is held for `delay` and then written to
+    /// the store; the client's end of that connection passes nothing from
+    /// then on and is closed `cut_after` from the match (the client's call
+    /// fails or times out, and it reconnects: its new connections pass).
+    /// The store's end stays open 1 s after the delivery so the store
+    /// applies the request; its reply is dropped. One request at a time:
+    /// this replaces a hold not yet matched. See [`held`](Self::held) and
+    /// [`delivered`](Self::delivered).
+    ///
+    /// On one TCP connection (HTTP/2, a pipelined protocol) a request
+    /// delayed by [`latency`](Self::latency) holds up everything after it,
+    /// so a later request never overtakes it; this one is overtaken by the
+    /// client's next requests, on its next connection.
+    pub fn deliver_late<F>(&self, matches: F, delay: Duration, cut_after: Duration)
+    where
+        F: Fn(&[u8]) -> bool + Send + Sync + 'static,
+    {
+        *self.state.late.lock().unwrap_or_else(|p| p.into_inner()) = Some(Late {
+            matches: Box::new(matches),
+            delay,
+            cut_after,
+        });
+    }
+
+    /// How many requests were held for [`deliver_late`](Self::deliver_late)
+    /// so far.
+    pub fn held(&self) -> u64 {
+        self.state.held.load(Ordering::SeqCst)
+    }
+
+    /// How many held requests were written to the store so far.
+    pub fn delivered(&self) -> u64 {
+        self.state.delivered.load(Ordering::SeqCst)
+    }
+
     /// Forward everything again, with no latency, on every connection (but
     /// see [`close_after_loss`](FaultProxy::close_after_loss)).
     pub fn heal(&self) {
@@ -205,14 +282,68 @@ fn serve(st: Arc<State>, client: TcpStream, connect: &Connect) {
     pump(st, id, s2, c2, false);
 }
 
+/// Hold `first` (and what follows it at once on `from`, the client), cut
+/// the client off after `late.cut_after`, write the request to `to` (the
+/// store) after `late.delay`, then close the store's end after
+/// [`LATE_LINGER`].
+fn deliver_late(st: &State, late: Late, first: Vec<u8>, from: &mut TcpStream, to: &mut TcpStream) {
+    let start = std::time::Instant::now();
+    st.held.fetch_add(1, Ordering::SeqCst);
+    let mut held = first;
+    let mut buf = vec![0u8; 64 * 1024];
+    let _ = from.set_read_timeout(Some(LATE_GATHER));
+    while start.elapsed() < LATE_GATHER {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => held.extend_from_slice(&buf[..n]),
+        }
+    }
+    // Whatever the client sends from now on (its cancellation of the call,
+    // its next calls) never reaches the store.
+    let (cut, deliver) = (late.cut_after, late.delay);
+    let mut steps = [(cut, true), (deliver, false)];
+    steps.sort_by_key(|s| s.0);
+    for (at, is_cut) in steps {
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            thread::sleep(wait);
+        }
+        if is_cut {
+            let _ = from.shutdown(Shutdown::Both);
+        } else if to.write_all(&held).is_ok() {
+            st.delivered.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    thread::sleep(LATE_LINGER);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
 fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstream: bool) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut lost = false;
+    // The last bytes forwarded upstream, for a late request's match.
+    let mut tail: Vec<u8> = Vec::new();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if upstream {
+            let late = {
+                let mut slot = st.late.lock().unwrap_or_else(|p| p.into_inner());
+                let hit = slot.as_ref().is_some_and(|l| {
+                    tail.extend_from_slice(&buf[..n]);
+                    let hit = (l.matches)(&tail);
+                    let keep = tail.len().min(LATE_SPAN);
+                    tail.drain(..tail.len() - keep);
+                    hit
+                });
+                if hit { slot.take() } else { None }
+            };
+            if let Some(late) = late {
+                deliver_late(&st, late, buf[..n].to_vec(), &mut from, &mut to);
+                break;
+            }
+        }
         let latency = st.latency_ms.load(Ordering::SeqCst);
         if latency > 0 {
             thread::sleep(Duration::from_millis(latency));
@@ -285,7 +416,9 @@ mod tests {
         r: &mut std::io::BufReader<TcpStream>,
         msg: &str,
     ) -> Option<String> {
-        writeln!(s, "{msg}").ok()?;
+        // One write: a line split over two writes may wait for a delayed
+        // ACK between them (Nagle).
+        s.write_all(format!("{msg}\n").as_bytes()).ok()?;
         let mut line = String::new();
         r.read_line(&mut line).ok()?;
         (!line.is_empty()).then(|| line.trim_end().to_string())
@@ -323,6 +456,63 @@ mod tests {
         // Dropped replies: the request arrives, the reply does not.
         p.set(Mode::DropReplies);
         assert_eq!(roundtrip(&mut s3, &mut r3, "h"), None);
+    }
+
+    /// A server that records every line it receives, in order.
+    fn recorder() -> (u16, std::sync::mpsc::Receiver<String>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            for s in l.incoming().flatten() {
+                let tx = tx.clone();
+                thread::spawn(move || {
+                    let mut w = s.try_clone().unwrap();
+                    for line in std::io::BufReader::new(s).lines().map_while(Result::ok) {
+                        let _ = tx.send(line.clone());
+                        let _ = writeln!(w, "{line}");
+                    }
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[test]
+    fn a_late_request_is_overtaken_by_the_next_connection() {
+        let (port, seen) = recorder();
+        let p = FaultProxy::start(port);
+        let (mut s, mut r) = connect(&p);
+        assert_eq!(roundtrip(&mut s, &mut r, "a").as_deref(), Some("a"));
+        p.deliver_late(
+            |b| b.windows(4).any(|w| w == b"late"),
+            Duration::from_millis(600),
+            Duration::from_millis(100),
+        );
+        assert_eq!(
+            roundtrip(&mut s, &mut r, "b").as_deref(),
+            Some("b"),
+            "no match"
+        );
+        assert_eq!(roundtrip(&mut s, &mut r, "late"), None, "held");
+        assert_eq!(p.held(), 1);
+        // Nothing more passes on that connection, and it is closed soon.
+        assert_eq!(roundtrip(&mut s, &mut r, "after"), None);
+        thread::sleep(Duration::from_millis(150));
+        let mut rest = String::new();
+        assert!(matches!(r.read_line(&mut rest), Ok(0) | Err(_)), "cut off");
+        let (mut s2, mut r2) = connect(&p);
+        assert_eq!(roundtrip(&mut s2, &mut r2, "next").as_deref(), Some("next"));
+        assert_eq!(p.delivered(), 0);
+        thread::sleep(Duration::from_millis(600));
+        assert_eq!(p.delivered(), 1);
+        let mut got: Vec<String> = seen.try_iter().collect();
+        got.extend(seen.recv_timeout(Duration::from_millis(500)));
+        assert_eq!(
+            got,
+            ["a", "b", "next", "late"],
+            "the late request last, alone"
+        );
     }
 
     #[test]
