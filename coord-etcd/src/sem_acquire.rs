@@ -18,6 +18,21 @@
 //! nothing (every lost round is another grant made: the name is busy); a
 //! queued one keeps its place after a few rounds instead, and tries again
 //! soon.
+//!
+//! Late copies. A transaction the client gave up on (its call timed out,
+//! its connection broke, or the attempt was dropped mid-call) may still
+//! reach etcd later, after the acquire ended and released: it writes its
+//! keys on its lease, and etcd refuses a transaction whose lease is gone.
+//! So a lease whose write may still be on its way is never handed on as a
+//! spare, and is revoked when its claim ends without it: an unanswered
+//! write is recorded (a release, or the next grant, revokes its lease), a
+//! grant spares the owner's place lease only if its answered transaction
+//! deleted the place on it (else the place's write may be on its way: the
+//! lease is revoked), and a transaction dropped before its reply revokes
+//! its lease in the background at once (a grant found on that lease
+//! meanwhile is not adopted). A late copy then fails, or dies with its
+//! lease as soon as the revocation lands; only if every revocation fails
+//! (etcd unreachable) does it last, to its lease's TTL.
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -26,11 +41,12 @@ use std::time::Duration;
 
 use coord_core::{Attempt, Error, FencingToken, OwnerToken, PermitRequest, Result};
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, header_rev, is_lease_not_found, secs};
+use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::barrier::corrupt;
 use crate::keys::BACKEND;
 use crate::pool::Keeper;
@@ -191,6 +207,39 @@ fn choose(taken: &HashSet<u32>, total: u32, want: u32, dice: &mut Dice) -> Vec<u
 /// A lease held for a grant: (id, keeper, since).
 type Held = (i64, Option<Keeper>, Instant);
 
+/// A transaction writing on `lease`, on its way. Dropped before the call
+/// returned (the attempt was cancelled mid-call), it revokes the lease in
+/// the background, so the transaction, should it reach etcd later, fails
+/// or dies with the lease; a grant's lease is also marked doomed for as
+/// long as it could live, so that no attempt adopts a grant on it.
+struct OnItsWay<'a> {
+    shared: &'a Arc<Shared>,
+    sk: &'a SemKey,
+    lease: i64,
+    /// For a grant: the lease's TTL (it was last refreshed before the
+    /// drop).
+    grant_ttl: Option<Duration>,
+    returned: bool,
+}
+
+/// Beyond its TTL from its last refresh, how long a lease may still live
+/// (a leader change extends every lease by about an election timeout).
+const LEASE_SLACK: Duration = Duration::from_secs(2);
+
+impl Drop for OnItsWay<'_> {
+    fn drop(&mut self) {
+        if self.returned {
+            return;
+        }
+        if let Some(ttl) = self.grant_ttl {
+            let until = Instant::now() + ttl + LEASE_SLACK;
+            self.shared
+                .sem_local(self.sk, |s| s.doomed = Some((self.lease, until)));
+        }
+        self.shared.revoke_later(self.lease);
+    }
+}
+
 impl Shared {
     /// Read the name in one snapshot and check the total.
     async fn sem_view(&self, n: &Names, req: &PermitRequest, op: &'static str) -> Result<View> {
@@ -198,12 +247,53 @@ impl Shared {
         view_of(n, req, resp, op)
     }
 
-    /// The owner's waiter key is gone with an answered transaction: its
-    /// lease (without keys) serves the next key.
-    fn sem_place_done(self: &Arc<Self>, sk: &SemKey) {
+    /// Run `txn`, which writes on `lease` (for a grant: one of
+    /// `grant_ttl`), revoking the lease if this is dropped
+    /// before the call returns (see [`OnItsWay`]).
+    async fn sem_txn_on(
+        self: &Arc<Self>,
+        sk: &SemKey,
+        lease: i64,
+        grant_ttl: Option<Duration>,
+        op: &'static str,
+        txn: Txn,
+    ) -> Result<TxnResponse> {
+        let mut on_its_way = OnItsWay {
+            shared: self,
+            sk,
+            lease,
+            grant_ttl,
+            returned: false,
+        };
+        let r = self.txn(op, txn).await;
+        on_its_way.returned = true;
+        r
+    }
+
+    /// The owner is granted (on lease `grant`): its place in the queue is
+    /// gone. The place's lease serves the next key only if the answered
+    /// grant transaction deleted the place on it (`deleted`: the lease of
+    /// the place it deleted). Otherwise the place was never seen (its write
+    /// went unanswered and may still land) or lapsed: the lease is revoked,
+    /// so a late copy of that write fails instead of queueing the owner on
+    /// a spare that lives on.
+    fn sem_place_done(self: &Arc<Self>, sk: &SemKey, deleted: Option<i64>, grant: i64) {
         if let Some((w, at)) = self.sem_local(sk, |s| s.waiter.take()) {
-            self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
+            if deleted == Some(w) {
+                self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
+            } else if w != grant {
+                self.revoke_later(w);
+            }
         }
+    }
+
+    /// Whether `lease` is a dropped grant transaction's, being revoked.
+    fn sem_doomed(&self, sk: &SemKey, lease: i64) -> bool {
+        let now = Instant::now();
+        lock(&self.sems)
+            .get(sk)
+            .and_then(|s| s.doomed)
+            .is_some_and(|(l, until)| l == lease && until > now)
     }
 
     /// One attempt (see the module docs).
@@ -253,6 +343,17 @@ impl Shared {
                 // Ours already (a retry, or a lost reply's write landed):
                 // the same grant, refreshed.
                 spare(self, lease.take());
+                if self.sem_doomed(&sk, mine.lease()) {
+                    // A dropped attempt's write, landed late: it goes with
+                    // its lease, being revoked.
+                    return Err(Error::Unavailable {
+                        backend: BACKEND,
+                        operation: op,
+                        message: "an earlier attempt of this owner was dropped mid-call; \
+                                  the grant it wrote is being revoked"
+                            .into(),
+                    });
+                }
                 let since = Instant::now();
                 if !self.keepalive_once(mine.lease(), op).await? {
                     continue; // gone with its lease just now
@@ -270,7 +371,7 @@ impl Shared {
                     });
                     s.slots = slots_of(mine.value());
                 });
-                self.sem_place_done(&sk);
+                self.sem_place_done(&sk, None, mine.lease());
                 return Ok(Attempt::Granted(
                     FencingToken(mine.create_revision() as u64),
                 ));
@@ -288,7 +389,10 @@ impl Shared {
             let l = lease.as_ref().map_or(0, |l| l.0);
             let chosen = choose(&v.taken, req.total, req.permits, &mut dice);
             let txn = self.sem_grant_txn(&n, &value, &chosen, l, owner);
-            let resp = match self.txn(op, txn).await {
+            let resp = match self
+                .sem_txn_on(&sk, l, Some(Duration::from_secs(ttl_s)), op, txn)
+                .await
+            {
                 Ok(r) => r,
                 Err(e) if is_lease_not_found(&e) => {
                     lease = None;
@@ -339,7 +443,8 @@ impl Shared {
             if let Some(o) = old.filter(|o| o.lease != l) {
                 self.revoke_later(o.lease);
             }
-            self.sem_place_done(&sk);
+            let deleted = kvs(&resp, 1).first().map(KeyValue::lease);
+            self.sem_place_done(&sk, deleted, l);
             return Ok(Attempt::Granted(FencingToken(token as u64)));
         }
         spare(self, lease);
@@ -371,8 +476,9 @@ impl Shared {
 
     /// The grant: the owner's `h/` key (permits, total, slots) and one key
     /// per slot, all on `lease`, iff those slots are free and the owner has
-    /// no grant; the owner's place in the queue goes. Otherwise the name is
-    /// read as [`reads`] does.
+    /// no grant; the owner's place in the queue goes (its second answer:
+    /// the place deleted, if any). Otherwise the name is read as [`reads`]
+    /// does.
     fn sem_grant_txn(
         &self,
         n: &Names,
@@ -391,7 +497,10 @@ impl Shared {
             CompareOp::Equal,
             0,
         )];
-        let mut then = vec![put(n.hold.clone(), v), TxnOp::delete(n.wait.clone(), None)];
+        let mut then = vec![
+            put(n.hold.clone(), v),
+            TxnOp::delete(n.wait.clone(), Some(DeleteOptions::new().with_prev_key())),
+        ];
         for i in slots {
             when.push(Compare::create_revision(n.slot(*i), CompareOp::Equal, 0));
             then.push(put(n.slot(*i), owner.to_hex().into_bytes()));
@@ -439,9 +548,10 @@ impl Shared {
                 value.to_vec(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        // Recorded first: a release revokes it even if the reply is lost.
+        // Recorded first: a release revokes it even if the reply is lost
+        // (and a drop mid-call at once).
         let old = self.sem_local(sk, |s| s.waiter.replace((lease, since)));
-        let resp = self.txn(op, txn).await;
+        let resp = self.sem_txn_on(sk, lease, None, op, txn).await;
         if let Ok(r) = &resp {
             if !r.succeeded() {
                 // Our place exists already (a lost reply's write landed):

@@ -58,6 +58,10 @@ pub(crate) struct SemLocal {
     pub(crate) keeper: Option<Keeper>,
     /// The slots the grant holds.
     pub(crate) slots: Vec<u32>,
+    /// The lease of a grant transaction dropped on its way (the attempt
+    /// was cancelled mid-call), being revoked, and until when it could
+    /// live: a grant found on it is not adopted (it is going).
+    pub(crate) doomed: Option<(i64, Instant)>,
 }
 
 #[derive(Clone, Copy)]
@@ -133,6 +137,7 @@ impl Shared {
             m.retain(|_, s| {
                 s.grant.is_some_and(|g| g.deadline + old > now)
                     || s.waiter.is_some_and(|(_, at)| at + old > now)
+                    || s.doomed.is_some_and(|(_, until)| until > now)
             });
         }
         f(m.entry(sk.clone()).or_default())
