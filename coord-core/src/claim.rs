@@ -403,6 +403,13 @@ impl Guard {
     /// not renew in time, a renewal or extend found the claim gone, or the
     /// validity deadline passed without renewal. It does not complete on a
     /// voluntary release. Cancel-safe; owns what it needs (`'static`).
+    ///
+    /// For the deadline, it is a timer: it completes at or after
+    /// [`valid_until`](Guard::valid_until), as late as the runtime gets to
+    /// run it (on a loaded machine, milliseconds late or worse), while
+    /// [`is_valid`](Guard::is_valid) and [`remaining`](Guard::remaining)
+    /// turn at the deadline itself. Check those (and pass the fencing
+    /// token) before acting on the claim; do not count on the signal alone.
     pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
         self.inner.clone().lost()
     }

@@ -258,6 +258,46 @@ async fn ownership_follows_the_guard() {
     assert!(!g.is_valid());
 }
 
+/// A shortened extend whose reply is slow (applied on the store at once,
+/// answered 300 ms later): the new deadline counts from before the request
+/// was sent, not from the reply; the guard is valid up to it and invalid
+/// from it on; the lost signal, waiting on the old deadline, fires at it,
+/// before the store frees the lock. Time is paused, so timers are exact:
+/// on real servers a loaded machine only wakes the signal later.
+#[tokio::test(start_paused = true)]
+async fn a_shortened_extend_counts_from_before_its_request_was_sent() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks
+        .acquire("slow-extend", 30 * S, Duration::ZERO)
+        .await
+        .unwrap();
+    let lost = tokio::spawn(g.lost());
+    let token = g.lost_token();
+    tokio::time::sleep(200 * MS).await;
+    f.next("lock.extend", Fault::SlowReply(300 * MS), 1);
+    let sent = Instant::now();
+    g.extend(S).await.unwrap();
+    assert_eq!(sent.elapsed(), 300 * MS, "the reply was not slow");
+    let deadline = sent + S - coord_core::drift(S);
+    assert_eq!(
+        g.valid_until(),
+        deadline,
+        "the deadline is {:?} after the request was sent",
+        g.valid_until() - sent
+    );
+    tokio::time::sleep_until(deadline - MS).await;
+    assert!(g.is_valid(), "invalid before the deadline");
+    assert!(!token.is_cancelled(), "lost before the deadline");
+    lost.await.unwrap();
+    assert_eq!(Instant::now(), deadline, "lost fired off the deadline");
+    assert!(token.is_cancelled());
+    assert!(!g.is_valid(), "lost fired while the guard says valid");
+    assert!(!is_free(&f, "slow-extend").await, "freed before lost fired");
+    tokio::time::sleep_until(sent + S).await;
+    assert!(is_free(&f, "slow-extend").await, "not freed at its TTL");
+}
+
 // ---- observing an election ----
 
 fn info(candidate: &str, term: u64) -> Option<LeaderInfo> {
