@@ -183,7 +183,6 @@ async fn a_member_down_fails_no_connect_and_no_call() {
     .unwrap();
     let url = cluster.url();
     let mut failures = Vec::new();
-    let mut gone = Vec::new();
     for client in 0..20 {
         let coord = match coord_etcd::connect(&url).await {
             Ok(c) => c,
@@ -209,23 +208,19 @@ async fn a_member_down_fails_no_connect_and_no_call() {
             }
             match lock.extend(&name, &owner, ttl).await {
                 Ok(true) => {}
-                // Seen under a fully loaded machine on etcd 3.4 (2-5 of
-                // 200, also with the retries of NOT_FOUND_RETRIES): the
-                // server said the lease was gone. Not a reachability
-                // failure, which is what this test is about; counted and
-                // printed (see the session note), not judged here.
-                Ok(false) => gone.push(format!("{name}: extend found it gone")),
+                // The lock is held: "gone" is wrong. (It was 4 to 9 of
+                // 200 under a loaded machine while the ownership check
+                // read a member that had not applied the grant yet: see
+                // lagging_member.rs.)
+                Ok(false) => failures.push(format!("{name}: extend found it gone")),
                 Err(e) => failures.push(format!("{name} extend: {e}")),
             }
             match lock.release(&name, &owner).await {
                 Ok(true) => {}
-                Ok(false) => gone.push(format!("{name}: release found it gone")),
+                Ok(false) => failures.push(format!("{name}: release found it gone")),
                 Err(e) => failures.push(format!("{name} release: {e}")),
             }
         }
-    }
-    if !gone.is_empty() {
-        eprintln!("claims reported gone by the server: {gone:?}");
     }
     assert!(
         failures.is_empty(),
