@@ -16,6 +16,7 @@ use tracing::Instrument;
 use crate::backend::{Election, Lease, Lock, Semaphore};
 use crate::error::{Error, Result};
 use crate::metrics;
+use crate::queue_backend::{Lane, MessageId, Queue};
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::validate;
 
@@ -26,6 +27,22 @@ pub(crate) enum ClaimBackend {
     Lease(Arc<dyn Lease>),
     Election(Arc<dyn Election>),
     Semaphore(Arc<dyn Semaphore>),
+    /// A queue delivery: the claim is message `id` of `lane`, in flight to
+    /// the guard's owner token; release gives it back (a nack, no delay).
+    Delivery {
+        queue: Arc<dyn Queue>,
+        lane: Lane,
+        id: MessageId,
+    },
+}
+
+/// How a guard ends: released (a delivery: given back at once), or, for a
+/// delivery, acked or given back after a delay.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum End {
+    Release,
+    Ack,
+    Nack(Duration),
 }
 
 impl ClaimBackend {
@@ -38,6 +55,7 @@ impl ClaimBackend {
     pub(crate) fn metric_kind(&self) -> &'static str {
         match self {
             ClaimBackend::Semaphore(_) => "permit",
+            ClaimBackend::Delivery { .. } => "delivery",
             other => other.kind(),
         }
     }
@@ -48,6 +66,7 @@ impl ClaimBackend {
             ClaimBackend::Lease(_) => "lease",
             ClaimBackend::Election(_) => "leadership",
             ClaimBackend::Semaphore(_) => "semaphore permit",
+            ClaimBackend::Delivery { .. } => "queue delivery",
         }
     }
 
@@ -57,6 +76,7 @@ impl ClaimBackend {
             ClaimBackend::Lease(b) => b.capabilities(),
             ClaimBackend::Election(b) => b.capabilities(),
             ClaimBackend::Semaphore(b) => b.capabilities(),
+            ClaimBackend::Delivery { queue, .. } => queue.capabilities(),
         }
     }
 
@@ -66,15 +86,27 @@ impl ClaimBackend {
             ClaimBackend::Lease(b) => b.renew(name, owner, ttl).await,
             ClaimBackend::Election(b) => b.renew(name, owner, ttl).await,
             ClaimBackend::Semaphore(b) => b.extend(name, owner, ttl).await,
+            ClaimBackend::Delivery { queue, lane, id } => {
+                queue.extend(name, *lane, *id, owner, ttl).await
+            }
         }
     }
 
     pub(crate) async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.end(name, owner, End::Release).await
+    }
+
+    pub(crate) async fn end(&self, name: &str, owner: &OwnerToken, end: End) -> Result<bool> {
         match self {
             ClaimBackend::Lock(b) => b.release(name, owner).await,
             ClaimBackend::Lease(b) => b.revoke(name, owner).await,
             ClaimBackend::Election(b) => b.resign(name, owner).await,
             ClaimBackend::Semaphore(b) => b.release(name, owner).await,
+            ClaimBackend::Delivery { queue, lane, id } => match end {
+                End::Ack => queue.ack(name, *lane, *id, owner).await,
+                End::Release => queue.nack(name, *lane, *id, owner, Duration::ZERO).await,
+                End::Nack(delay) => queue.nack(name, *lane, *id, owner, delay).await,
+            },
         }
     }
 }
@@ -429,6 +461,20 @@ impl Guard {
         }
     }
 
+    /// The store's name, for metrics.
+    pub(crate) fn store(&self) -> &'static str {
+        self.inner.backend.store()
+    }
+
+    /// Stop the watchdog and let the claim end at its TTL, without a call
+    /// to the store (nor one on drop).
+    pub(crate) fn forget(mut self) {
+        self.stop_watchdog();
+        if !self.inner.released.swap(true, Ordering::AcqRel) {
+            self.inner.ended.notify_waiters();
+        }
+    }
+
     pub(crate) fn stop_watchdog(&mut self) {
         if let Some((stop, _handle)) = self.watchdog.take() {
             stop.cancel();
@@ -445,7 +491,12 @@ impl Guard {
     /// cancel-safe in the strict sense: if the future is dropped before the
     /// store answers, the guard counts as released and the claim may stay
     /// held until its TTL.
-    pub async fn release(mut self) -> Result<()> {
+    pub async fn release(self) -> Result<()> {
+        self.end(End::Release).await
+    }
+
+    /// End the claim as `end` says (see [`release`](Guard::release)).
+    pub(crate) async fn end(mut self, end: End) -> Result<()> {
         self.stop_watchdog();
         let inner = self.inner.clone();
         let span =
@@ -459,7 +510,7 @@ impl Guard {
             }
             inner.ended.notify_waiters();
             inner.record_release();
-            let r = inner.backend.release(&inner.name, &inner.owner).await;
+            let r = inner.backend.end(&inner.name, &inner.owner, end).await;
             metrics::observe(inner.backend.store(), &r);
             if r? {
                 Ok(())

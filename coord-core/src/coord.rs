@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Semaphore};
 use crate::error::{Error, Result};
+use crate::queue_backend::Queue;
 use crate::types::Capabilities;
 
 /// Settings shared by every primitive of one [`Coord`].
@@ -45,6 +46,7 @@ pub struct Coord {
     pub(crate) barrier: Option<Arc<dyn Barrier>>,
     pub(crate) limiter: Option<Arc<dyn Limiter>>,
     pub(crate) semaphore: Option<Arc<dyn Semaphore>>,
+    pub(crate) queue: Option<Arc<dyn Queue>>,
 }
 
 impl std::fmt::Debug for Coord {
@@ -70,6 +72,7 @@ impl Coord {
                 barrier: None,
                 limiter: None,
                 semaphore: None,
+                queue: None,
             },
         }
     }
@@ -215,6 +218,18 @@ impl CoordBuilder {
     /// ```
     pub fn semaphore(mut self, b: Arc<dyn Semaphore>) -> Self {
         self.coord.semaphore = Some(b);
+        self
+    }
+    /// Provide work queues.
+    ///
+    /// ```
+    /// # fn demo(caps: coord_core::Capabilities, q: std::sync::Arc<dyn coord_core::Queue>) {
+    /// let coord = coord_core::Coord::builder(caps).queue(q).build();
+    /// assert!(coord.queues().is_ok());
+    /// # }
+    /// ```
+    pub fn queue(mut self, b: Arc<dyn Queue>) -> Self {
+        self.coord.queue = Some(b);
         self
     }
     /// Override the settings.

@@ -93,6 +93,18 @@ pub enum Error {
     #[error("configuration error: {0}")]
     Config(String),
 
+    /// A queue message's payload is not what the caller asked to decode it
+    /// as (for example [`Delivery::json`](crate::Delivery::json) of bytes
+    /// that are not that JSON type). The message is still in flight and
+    /// unchanged: nack it, or ack it to drop it.
+    #[error("payload of message {id} cannot be decoded: {message}")]
+    Payload {
+        /// The message id.
+        id: u64,
+        /// What the decoder said.
+        message: String,
+    },
+
     /// The backend does not implement this primitive.
     #[error("the {backend} backend does not support {primitive}")]
     Unsupported {

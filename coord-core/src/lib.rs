@@ -6,13 +6,13 @@
 //!
 //! - Backends implement the small store-specific traits ([`Lock`], [`Lease`],
 //!   [`FencingSource`], [`Election`], [`Barrier`], [`Limiter`],
-//!   [`Semaphore`]) and hand a
+//!   [`Semaphore`], [`Queue`]) and hand a
 //!   [`Coord`] to users.
 //! - Users call the handles built here once for every backend: [`Locks`]
 //!   (with guards, waiting woken by the store, watchdog, lost-ownership
 //!   signal, [`Locks::with_lock`], [`Locks::acquire_all`]), [`Leases`],
-//!   [`Fencing`], [`Elections`], [`Barriers`], [`RateLimiter`] and
-//!   [`Semaphores`].
+//!   [`Fencing`], [`Elections`], [`Barriers`], [`RateLimiter`],
+//!   [`Semaphores`] and [`Queues`] (work queues with fenced deliveries).
 //! - Every input is checked here before any I/O ([`validate`]); a bad one is
 //!   an [`Error::InvalidArgument`] and changes nothing.
 #![deny(missing_docs)]
@@ -31,6 +31,8 @@ pub mod limit;
 mod limiter;
 mod lock;
 pub mod metrics;
+mod queue;
+pub mod queue_backend;
 mod rwlock;
 mod semaphore;
 mod types;
@@ -52,6 +54,10 @@ pub use fencing::{FencedRegister, Fencing};
 pub use lease::Leases;
 pub use limiter::RateLimiter;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
+pub use queue::{Delivery, MAX_BATCH, PopOptions, PushOptions, Queues};
+pub use queue_backend::{
+    Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue, QueueConfig, QueueStats,
+};
 pub use rwlock::{RW_PERMITS, RwGuard, RwLocks, RwMode};
 pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;

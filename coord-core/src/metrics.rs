@@ -71,6 +71,12 @@ pub(crate) fn limiter_check(store: &'static str, allowed: bool) {
         .increment(1);
 }
 
+/// `coord_queue_ops_total`: a queue message was pushed, delivered, acked
+/// or nacked (`op`).
+pub(crate) fn queue_op(store: &'static str, op: &'static str) {
+    metrics::counter!("coord_queue_ops_total", "store" => store, "op" => op).increment(1);
+}
+
 /// `coord_store_errors_total`, for an error that came from (or on the way
 /// to) the store; bad input and timeouts of a wait are not store errors.
 pub(crate) fn error(store: &'static str, e: &Error) {
@@ -80,7 +86,10 @@ pub(crate) fn error(store: &'static str, e: &Error) {
         Error::Lost { .. } => "lost",
         Error::Config(_) => "config",
         Error::Unsupported { .. } => "unsupported",
-        Error::InvalidArgument { .. } | Error::Timeout { .. } | Error::NotHeld { .. } => return,
+        Error::InvalidArgument { .. }
+        | Error::Timeout { .. }
+        | Error::NotHeld { .. }
+        | Error::Payload { .. } => return,
     };
     metrics::counter!("coord_store_errors_total", "store" => store, "kind" => kind).increment(1);
 }

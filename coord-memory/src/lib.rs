@@ -48,6 +48,8 @@ use coord_core::{
 };
 use tokio::time::Instant;
 
+mod queue;
+
 const SHARDS: usize = 32;
 const SWEEP_EVERY: u32 = 1024;
 
@@ -74,7 +76,9 @@ pub fn connect(url: &str) -> Result<Coord> {
 
 /// Every primitive of `backend`, semaphores included.
 fn coord_of(backend: Arc<MemoryBackend>) -> Coord {
-    Coord::from_backend(backend.clone()).with_semaphores(backend)
+    Coord::from_backend(backend.clone())
+        .with_semaphores(backend.clone())
+        .with_queues(backend)
 }
 
 /// The process-wide store with this name (created on first use).
@@ -245,7 +249,7 @@ struct Leader {
 }
 
 /// The in-memory backend. Implements every coord-core trait, semaphores
-/// (FIFO) included.
+/// (FIFO) and work queues included.
 pub struct MemoryBackend {
     caps: Capabilities,
     epoch: Instant,
@@ -256,10 +260,12 @@ pub struct MemoryBackend {
     barriers: Sharded<BarrierState>,
     limits: Sharded<LimitState>,
     semaphores: Sharded<Sem>,
+    queues: Sharded<queue::QueueState>,
     lock_wakeups: Wakeups,
     semaphore_wakeups: Wakeups,
     election_wakeups: Wakeups,
     barrier_wakeups: Wakeups,
+    queue_wakeups: Wakeups,
 }
 
 impl std::fmt::Debug for MemoryBackend {
@@ -296,10 +302,12 @@ impl MemoryBackend {
             barriers: Sharded::new(),
             limits: Sharded::new(),
             semaphores: Sharded::new(),
+            queues: Sharded::new(),
             lock_wakeups: Wakeups::new(),
             semaphore_wakeups: Wakeups::new(),
             election_wakeups: Wakeups::new(),
             barrier_wakeups: Wakeups::new(),
+            queue_wakeups: Wakeups::new(),
         }
     }
 
@@ -313,6 +321,7 @@ impl MemoryBackend {
             + self.barriers.len()
             + self.limits.len()
             + self.semaphores.len()
+            + self.queues.len()
     }
 
     /// A [`Coord`] handle over a fresh, private store.

@@ -1,0 +1,866 @@
+//! Work queues: at-least-once delivery with visibility timeouts, fenced
+//! deliveries, dead letters and fair sharing across groups (tenants).
+//!
+//! A delivery is a claim like a lock: it is held by a fresh owner token
+//! until its visibility deadline, carries a fencing token, and its guard is
+//! the same [`Guard`] locks use (extend, watchdog, lost signal, give-back on
+//! drop). Only the store-specific half ([`Queue`]) differs per backend; the
+//! rules it follows are in [`queue_backend`](crate::queue_backend).
+
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::backend::Attempt;
+use crate::claim::{ClaimBackend, End, Guard};
+use crate::coord::{Coord, Settings};
+use crate::error::{Error, Result};
+use crate::metrics;
+use crate::queue_backend::{
+    DEFAULT_DEDUP_WINDOW, Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue,
+    QueueConfig, QueueStats,
+};
+use crate::types::{Capabilities, OwnerToken};
+use crate::validate;
+use crate::wait;
+
+/// The most messages one `peek` or `redrive` call handles.
+pub const MAX_BATCH: usize = 1000;
+
+/// How to push a message: a delay, a group (tenant) key, a dedup id.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = coord_core::PushOptions::new()
+///     .group("tenant-7")
+///     .delay(Duration::from_secs(5))
+///     .dedup_id("order-1234");
+/// assert_eq!(opts.group.as_deref(), Some("tenant-7"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushOptions {
+    /// Not deliverable before now + `delay` (default zero).
+    pub delay: Duration,
+    /// The group (tenant) the message belongs to (default: the group `""`).
+    pub group: Option<String>,
+    /// A repeated push with this id within `dedup_window` of the first is a
+    /// no-op returning the first message's id.
+    pub dedup_id: Option<String>,
+    /// How long a dedup id is remembered (default
+    /// [`DEFAULT_DEDUP_WINDOW`], 5 minutes).
+    pub dedup_window: Duration,
+}
+
+impl Default for PushOptions {
+    fn default() -> Self {
+        PushOptions {
+            delay: Duration::ZERO,
+            group: None,
+            dedup_id: None,
+            dedup_window: DEFAULT_DEDUP_WINDOW,
+        }
+    }
+}
+
+impl PushOptions {
+    /// No delay, no group, no dedup id.
+    ///
+    /// ```
+    /// assert!(coord_core::PushOptions::new().group.is_none());
+    /// ```
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Deliverable only after `delay`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(coord_core::PushOptions::new().delay(Duration::from_secs(1)).delay, Duration::from_secs(1));
+    /// ```
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Put the message in `group` (FIFO within it, round-robin across
+    /// groups).
+    ///
+    /// ```
+    /// assert_eq!(coord_core::PushOptions::new().group("a").group.as_deref(), Some("a"));
+    /// ```
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Deduplicate on `id` within the dedup window.
+    ///
+    /// ```
+    /// assert_eq!(coord_core::PushOptions::new().dedup_id("x").dedup_id.as_deref(), Some("x"));
+    /// ```
+    pub fn dedup_id(mut self, id: impl Into<String>) -> Self {
+        self.dedup_id = Some(id.into());
+        self
+    }
+
+    /// Remember dedup ids for `window`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PushOptions::new().dedup_window(Duration::from_secs(60));
+    /// assert_eq!(o.dedup_window, Duration::from_secs(60));
+    /// ```
+    pub fn dedup_window(mut self, window: Duration) -> Self {
+        self.dedup_window = window;
+        self
+    }
+}
+
+/// How to pop: which lane, for how long a delivery stays invisible to
+/// others, how long to wait for one, whether the watchdog keeps it.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = coord_core::PopOptions::new(Duration::from_secs(30))
+///     .wait(Duration::from_secs(10))
+///     .watchdog(true);
+/// assert!(opts.watchdog);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PopOptions {
+    /// The lane to pop from (default [`Lane::Main`]).
+    pub lane: Lane,
+    /// How long the delivery is invisible to other consumers (and each
+    /// extension's length).
+    pub visibility: Duration,
+    /// How long to wait for a message; zero means one attempt.
+    pub wait: Duration,
+    /// Start the watchdog on the delivery (extends at a third of the
+    /// visibility until ack or nack).
+    pub watchdog: bool,
+}
+
+impl PopOptions {
+    /// Main lane, `visibility`, no waiting, no watchdog.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let o = coord_core::PopOptions::new(Duration::from_secs(30));
+    /// assert_eq!(o.wait, Duration::ZERO);
+    /// ```
+    pub fn new(visibility: Duration) -> Self {
+        PopOptions {
+            lane: Lane::Main,
+            visibility,
+            wait: Duration::ZERO,
+            watchdog: false,
+        }
+    }
+
+    /// Wait up to `wait` for a message.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(coord_core::PopOptions::new(Duration::from_secs(1)).wait(Duration::from_secs(2)).wait, Duration::from_secs(2));
+    /// ```
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Pop from `lane` (the dead letters, with [`Lane::Dead`]).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use coord_core::Lane;
+    /// assert_eq!(coord_core::PopOptions::new(Duration::from_secs(1)).lane(Lane::Dead).lane, Lane::Dead);
+    /// ```
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lane = lane;
+        self
+    }
+
+    /// Keep the delivery invisible with the watchdog until ack or nack.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert!(coord_core::PopOptions::new(Duration::from_secs(1)).watchdog(true).watchdog);
+    /// ```
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+}
+
+/// Work queues on one store.
+///
+/// - **At least once**: a message is delivered to one consumer at a time
+///   for a visibility period; if it is not acked in time (the consumer
+///   crashed, paused, or lost its connection) it is delivered again, its
+///   attempt count raised.
+/// - **Fenced**: every delivery carries a fencing token, higher than every
+///   earlier delivery's of the queue. Pass it to what the work writes
+///   (like a lock's token): a stale consumer whose visibility lapsed and
+///   whose message went to another is refused there, and its
+///   `ack`/`extend` report [`Error::NotHeld`] and change nothing.
+/// - **Fair**: FIFO within a group; groups with ready messages are served
+///   round-robin, one message each, so a tenant with a 100,000-message
+///   backlog does not delay one with 10. The exact rule is in
+///   [`queue_backend`](crate::queue_backend).
+/// - **Dead letters**: with [`QueueConfig::max_deliveries`], a message
+///   delivered that many times without an ack moves to the queue's dead
+///   lane, where it can be peeked, popped ([`Lane::Dead`]) and redriven.
+/// - Waiting pops are woken by the store when a message is pushed or given
+///   back, and retry when a delayed message or a lapsed delivery comes due.
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// let q = coord.queues()?;
+/// q.push("emails", b"welcome:42").await?;
+/// if let Some(delivery) = q.pop("emails", Duration::from_secs(30), Duration::from_secs(5)).await? {
+///     println!("sending {:?}, token {}", delivery.payload(), delivery.fencing_token());
+///     delivery.ack().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Queues {
+    backend: Arc<dyn Queue>,
+    settings: Settings,
+    config: QueueConfig,
+}
+
+impl std::fmt::Debug for Queues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queues")
+            .field("backend", &self.backend.capabilities().backend)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Coord {
+    /// Work queues on this store, with the default [`QueueConfig`].
+    ///
+    /// Errors: [`Error::Unsupported`] if the backend has no queues.
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// let queues = coord.queues()?;
+    /// println!("payloads up to {} bytes", queues.max_payload());
+    /// # Ok(()) }
+    /// ```
+    pub fn queues(&self) -> Result<Queues> {
+        let backend = self
+            .queue
+            .clone()
+            .ok_or_else(|| self.unsupported("queues"))?;
+        Ok(Queues {
+            backend,
+            settings: self.settings,
+            config: QueueConfig::default(),
+        })
+    }
+
+    /// The raw queue backend (no waiting, guards or validation): for
+    /// backend authors and tests. Users want [`Coord::queues`].
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord) {
+    /// if let Ok(raw) = coord.raw_queue() {
+    ///     println!("durable: {}", raw.durable());
+    /// }
+    /// # }
+    /// ```
+    pub fn raw_queue(&self) -> Result<Arc<dyn Queue>> {
+        self.queue.clone().ok_or_else(|| self.unsupported("queues"))
+    }
+
+    /// The same handle with work queues provided by `backend`.
+    ///
+    /// ```
+    /// # fn demo(coord: coord_core::Coord, q: std::sync::Arc<dyn coord_core::Queue>) {
+    /// assert!(coord.with_queues(q).queues().is_ok());
+    /// # }
+    /// ```
+    pub fn with_queues(mut self, backend: Arc<dyn Queue>) -> Coord {
+        self.queue = Some(backend);
+        self
+    }
+}
+
+fn check_limit(limit: usize) -> Result<()> {
+    if limit == 0 || limit > MAX_BATCH {
+        return Err(Error::invalid(
+            "limit",
+            format!("is {limit}; must be 1..={MAX_BATCH}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_delay(field: &'static str, d: Duration) -> Result<()> {
+    if d > validate::MAX_TTL {
+        return Err(Error::invalid(
+            field,
+            format!("is {d:?}; must be at most a year"),
+        ));
+    }
+    Ok(())
+}
+
+impl Queues {
+    /// The same queues with another delivery configuration (dead letters,
+    /// ordered groups). Every consumer of a queue should use the same one.
+    ///
+    /// ```
+    /// # fn demo(q: coord_core::Queues) {
+    /// let q = q.with_config(coord_core::QueueConfig::default().max_deliveries(3));
+    /// assert_eq!(q.config().max_deliveries, Some(3));
+    /// # }
+    /// ```
+    pub fn with_config(mut self, config: QueueConfig) -> Queues {
+        self.config = config;
+        self
+    }
+
+    /// The delivery configuration.
+    ///
+    /// ```
+    /// # fn demo(q: coord_core::Queues) { let _ = q.config().ordered_groups; }
+    /// ```
+    pub fn config(&self) -> QueueConfig {
+        self.config
+    }
+
+    /// What the backend promises.
+    ///
+    /// ```
+    /// # fn demo(q: coord_core::Queues) { println!("{}", q.capabilities().backend); }
+    /// ```
+    pub fn capabilities(&self) -> &Capabilities {
+        self.backend.capabilities()
+    }
+
+    /// The largest payload this store takes, in bytes.
+    ///
+    /// ```
+    /// # fn demo(q: coord_core::Queues) { assert!(q.max_payload() > 0); }
+    /// ```
+    pub fn max_payload(&self) -> usize {
+        self.backend.max_payload()
+    }
+
+    /// Push `payload` to `queue`: deliverable at once, in the group `""`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] (nothing sent) for a bad name or
+    /// a payload over [`max_payload`](Queues::max_payload); store errors
+    /// (a push whose reply was lost may or may not have landed: use a
+    /// dedup id to retry it safely). Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// let id = q.push("jobs", b"resize:1.png").await?;
+    /// println!("pushed message {id}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn push(&self, queue: &str, payload: impl AsRef<[u8]>) -> Result<MessageId> {
+        Ok(self
+            .push_with(queue, payload, &PushOptions::default())
+            .await?
+            .id)
+    }
+
+    /// Push with a delay, group or dedup id. A push repeating a dedup id
+    /// within its window changes nothing and returns the first message's
+    /// id with `duplicate: true`.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// use coord_core::PushOptions;
+    /// let opts = PushOptions::new().group("tenant-a").dedup_id("invoice-9");
+    /// let first = q.push_with("billing", b"invoice-9", &opts).await?;
+    /// let again = q.push_with("billing", b"invoice-9", &opts).await?;
+    /// assert_eq!((again.id, again.duplicate), (first.id, true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn push_with(
+        &self,
+        queue: &str,
+        payload: impl AsRef<[u8]>,
+        opts: &PushOptions,
+    ) -> Result<Pushed> {
+        let payload = payload.as_ref();
+        validate::name("queue", queue)?;
+        let max = self.backend.max_payload();
+        if payload.len() > max {
+            return Err(Error::invalid(
+                "payload",
+                format!(
+                    "is {} bytes; this store takes at most {max} bytes per message. Store the data elsewhere and push a reference to it",
+                    payload.len()
+                ),
+            ));
+        }
+        if let Some(g) = &opts.group {
+            validate::name("group", g)?;
+        }
+        check_delay("delay", opts.delay)?;
+        if let Some(d) = &opts.dedup_id {
+            validate::name("dedup_id", d)?;
+            if opts.dedup_window.is_zero() {
+                return Err(Error::invalid("dedup_window", "must be more than zero"));
+            }
+            check_delay("dedup_window", opts.dedup_window)?;
+        }
+        let message = NewMessage {
+            payload,
+            delay: opts.delay,
+            group: opts.group.as_deref(),
+            dedup_id: opts.dedup_id.as_deref(),
+            dedup_window: opts.dedup_window,
+        };
+        let span = tracing::debug_span!(
+            "coord.queue.push",
+            backend = self.backend.capabilities().backend,
+            queue,
+            bytes = payload.len()
+        );
+        let r = self.backend.push(queue, &message).instrument(span).await;
+        metrics::observe(self.backend.capabilities().backend, &r);
+        if r.is_ok() {
+            metrics::queue_op(self.backend.capabilities().backend, "push");
+        }
+        r
+    }
+
+    /// Push `value` as JSON (`serde_json`), with `opts`.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// use coord_core::PushOptions;
+    /// q.push_json("jobs", &("resize", 640), &PushOptions::new()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn push_json<T: serde::Serialize + ?Sized>(
+        &self,
+        queue: &str,
+        value: &T,
+        opts: &PushOptions,
+    ) -> Result<Pushed> {
+        let bytes = serde_json::to_vec(value)
+            .map_err(|e| Error::invalid("payload", format!("cannot be encoded as JSON: {e}")))?;
+        self.push_with(queue, bytes, opts).await
+    }
+
+    /// Take the next message of `queue` for `visibility`, waiting up to
+    /// `wait` for one. `Ok(None)`: none came within `wait`.
+    ///
+    /// Errors: [`Error::InvalidArgument`] (nothing sent); store errors. A
+    /// pop whose reply was lost may have delivered a message nobody
+    /// holds: it is delivered again once its visibility lapses.
+    /// Cost: one round trip when a message is ready.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// while let Some(d) = q.pop("jobs", Duration::from_secs(30), Duration::from_secs(1)).await? {
+    ///     // ... do the work, writing with d.fencing_token() ...
+    ///     d.ack().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn pop(
+        &self,
+        queue: &str,
+        visibility: Duration,
+        wait: Duration,
+    ) -> Result<Option<Delivery>> {
+        self.pop_with(queue, PopOptions::new(visibility).wait(wait))
+            .await
+    }
+
+    /// Pop as `opts` say (lane, visibility, wait, watchdog).
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::{Lane, PopOptions};
+    /// let opts = PopOptions::new(Duration::from_secs(30)).lane(Lane::Dead);
+    /// if let Some(dead) = q.pop_with("jobs", opts).await? {
+    ///     println!("dead letter {} after {} attempts", dead.id(), dead.attempts());
+    ///     dead.ack().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn pop_with(&self, queue: &str, opts: PopOptions) -> Result<Option<Delivery>> {
+        validate::name("queue", queue)?;
+        let visibility = validate::ttl("visibility", opts.visibility, self.capabilities())?;
+        if self.config.max_deliveries == Some(0) {
+            return Err(Error::invalid(
+                "max_deliveries",
+                "is 0; must be at least 1 (or None: never dead-letter)",
+            ));
+        }
+        let config = match opts.lane {
+            Lane::Main => self.config,
+            // Dead letters are not dead-lettered again.
+            Lane::Dead => QueueConfig {
+                max_deliveries: None,
+                ..self.config
+            },
+        };
+        let store = self.backend.capabilities().backend;
+        let span = tracing::debug_span!(
+            "coord.queue.pop",
+            backend = store,
+            queue,
+            lane = opts.lane.as_str(),
+            outcome = tracing::field::Empty,
+            waited_ms = tracing::field::Empty
+        );
+        let start = Instant::now();
+        let owner = OwnerToken::random();
+        let lane = opts.lane;
+        let got: Mutex<Option<(Message, Instant)>> = Mutex::new(None);
+        let outcome = wait::until(
+            || {
+                let b = self.backend.clone();
+                let got = &got;
+                async move {
+                    let sent = Instant::now();
+                    match b.try_pop(queue, lane, &owner, visibility, &config).await? {
+                        PopAttempt::Delivered { message, token } => {
+                            *got.lock().unwrap_or_else(|p| p.into_inner()) = Some((message, sent));
+                            Ok(Attempt::Granted(token))
+                        }
+                        PopAttempt::Empty { next_in } => Ok(Attempt::Held {
+                            expires_in: next_in,
+                        }),
+                    }
+                }
+            },
+            || {
+                let b = self.backend.clone();
+                async move { b.subscribe(queue, lane).await }
+            },
+            wait::deadline_in(opts.wait),
+            self.settings.poll_interval,
+        )
+        .instrument(span.clone())
+        .await;
+        span.record("waited_ms", start.elapsed().as_millis() as u64);
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                span.record("outcome", "error");
+                metrics::error(store, &e);
+                return Err(e);
+            }
+        };
+        let taken = got.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match (outcome.granted, taken) {
+            (Some(token), Some((message, sent_at))) => {
+                span.record("outcome", "delivered");
+                metrics::queue_op(store, "deliver");
+                let mut guard = Guard::new(
+                    ClaimBackend::Delivery {
+                        queue: self.backend.clone(),
+                        lane,
+                        id: message.id,
+                    },
+                    queue,
+                    owner,
+                    token,
+                    visibility,
+                    sent_at,
+                );
+                if opts.watchdog {
+                    guard.keep_alive();
+                }
+                Ok(Some(Delivery {
+                    guard,
+                    message,
+                    lane,
+                }))
+            }
+            _ => match outcome.last_error {
+                Some(e) => {
+                    span.record("outcome", "error");
+                    metrics::error(store, &e);
+                    Err(e)
+                }
+                None => {
+                    span.record("outcome", "empty");
+                    Ok(None)
+                }
+            },
+        }
+    }
+
+    /// Up to `limit` messages of `lane`, oldest first, whatever their
+    /// state, without taking them (an inspection tool).
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// use coord_core::Lane;
+    /// for m in q.peek("jobs", Lane::Dead, 10).await? {
+    ///     println!("dead: {} ({} attempts)", m.id, m.attempts);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
+        validate::name("queue", queue)?;
+        check_limit(limit)?;
+        self.backend.peek(queue, lane, limit).await
+    }
+
+    /// Move up to `limit` dead letters of `queue` back to its main lane,
+    /// oldest first, deliverable at once with their attempt count reset.
+    /// Returns how many moved.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// let moved = q.redrive("jobs", 100).await?;
+    /// println!("redrove {moved} dead letters");
+    /// # Ok(()) }
+    /// ```
+    pub async fn redrive(&self, queue: &str, limit: usize) -> Result<u64> {
+        validate::name("queue", queue)?;
+        check_limit(limit)?;
+        self.backend.redrive(queue, limit).await
+    }
+
+    /// How many messages `queue` holds, by state.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// let s = q.stats("jobs").await?;
+    /// println!("{} ready, {} in flight, {} dead", s.ready, s.in_flight, s.dead);
+    /// # Ok(()) }
+    /// ```
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        validate::name("queue", queue)?;
+        self.backend.stats(queue).await
+    }
+
+    /// Delete every message of `queue` (both lanes) and its dedup ids: an
+    /// operator's tool. Consumers holding deliveries get
+    /// [`Error::NotHeld`] from their ack. Returns how many were deleted.
+    ///
+    /// ```
+    /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+    /// println!("purged {}", q.purge("scratch").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn purge(&self, queue: &str) -> Result<u64> {
+        validate::name("queue", queue)?;
+        self.backend.purge(queue).await
+    }
+}
+
+/// A message delivered to this consumer: a [`Guard`] (through `Deref`, so
+/// [`fencing_token`](Guard::fencing_token), [`remaining`](Guard::remaining),
+/// [`extend`](Guard::extend) (the visibility), [`keep_alive`](Guard::keep_alive),
+/// [`lost`](Guard::lost) and [`lost_token`](Guard::lost_token) work as for
+/// locks), plus the message.
+///
+/// End it with [`ack`](Delivery::ack) (done: deleted) or
+/// [`nack`](Delivery::nack) (give it back, after a delay).
+///
+/// # Dropping
+/// Dropping a delivery without ack or nack stops its watchdog and gives it
+/// back at once in the background (a nack without delay) if a tokio
+/// runtime is available; otherwise it is delivered again when its
+/// visibility lapses.
+///
+/// ```
+/// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// if let Some(mut d) = q.pop("jobs", Duration::from_secs(10), Duration::from_secs(1)).await? {
+///     d.keep_alive(); // long work: extend the visibility until ack
+///     let stop = d.lost_token(); // cancelled if the delivery lapses
+///     // ... work, stopping if `stop` is cancelled ...
+///     # let _ = stop;
+///     d.ack().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[must_use = "dropping a delivery gives it back in the background; ack or nack it"]
+pub struct Delivery {
+    guard: Guard,
+    message: Message,
+    lane: Lane,
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("queue", &self.guard.name())
+            .field("lane", &self.lane)
+            .field("message", &self.message)
+            .field("fencing_token", &self.guard.fencing_token())
+            .field("remaining", &self.guard.remaining())
+            .finish()
+    }
+}
+
+impl Delivery {
+    /// The message id.
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{}", d.id()); }
+    /// ```
+    pub fn id(&self) -> MessageId {
+        self.message.id
+    }
+
+    /// The queue's name.
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{}", d.queue()); }
+    /// ```
+    pub fn queue(&self) -> &str {
+        self.guard.name()
+    }
+
+    /// The lane it was popped from.
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{:?}", d.lane()); }
+    /// ```
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    /// The payload bytes.
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{} bytes", d.payload().len()); }
+    /// ```
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// The payload decoded from JSON.
+    ///
+    /// Errors: [`Error::Payload`] if it is not a `T` (the delivery is
+    /// unchanged).
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) -> coord_core::Result<()> {
+    /// let (task, size): (String, u32) = d.json()?;
+    /// # let _ = (task, size); Ok(()) }
+    /// ```
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_slice(&self.message.payload).map_err(|e| Error::Payload {
+            id: self.message.id.0,
+            message: format!("not the JSON of {}: {e}", std::any::type_name::<T>()),
+        })
+    }
+
+    /// Its group (`None`: the group `""`).
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{:?}", d.group()); }
+    /// ```
+    pub fn group(&self) -> Option<&str> {
+        self.message.group.as_deref()
+    }
+
+    /// How many times it has been delivered, this time included (1 the
+    /// first time).
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { assert!(d.attempts() >= 1); }
+    /// ```
+    pub fn attempts(&self) -> u32 {
+        self.message.attempts
+    }
+
+    /// When it was pushed (the store's clock where it has one).
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { println!("{:?}", d.enqueued_at()); }
+    /// ```
+    pub fn enqueued_at(&self) -> SystemTime {
+        self.message.enqueued_at
+    }
+
+    /// The whole message.
+    ///
+    /// ```
+    /// # fn demo(d: coord_core::Delivery) { assert_eq!(d.message().id, d.id()); }
+    /// ```
+    pub fn message(&self) -> &Message {
+        &self.message
+    }
+
+    /// Done: delete the message iff this delivery still holds it, after
+    /// stopping the watchdog.
+    ///
+    /// Errors: [`Error::NotHeld`] if the visibility lapsed (it may have
+    /// been delivered to another consumer; nothing was changed); store
+    /// errors (then it is delivered again after its visibility).
+    /// Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(d: coord_core::Delivery) -> coord_core::Result<()> {
+    /// d.ack().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn ack(self) -> Result<()> {
+        let store = self.guard.store();
+        let r = self.guard.end(End::Ack).await;
+        if r.is_ok() {
+            metrics::queue_op(store, "ack");
+        }
+        r
+    }
+
+    /// Give the message back iff this delivery still holds it: deliverable
+    /// again after `delay` (zero: at once), attempt count kept.
+    ///
+    /// Errors: as for [`ack`](Delivery::ack); a delay over a year is
+    /// [`Error::InvalidArgument`]: nothing is sent, and the message is
+    /// delivered again when its visibility lapses. Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(d: coord_core::Delivery) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// d.nack(Duration::from_secs(30)).await?; // try again in 30 s
+    /// # Ok(()) }
+    /// ```
+    pub async fn nack(self, delay: Duration) -> Result<()> {
+        if let Err(e) = check_delay("delay", delay) {
+            // Nothing is sent, and nothing is given back on drop either:
+            // the message is delivered again when its visibility lapses.
+            self.guard.forget();
+            return Err(e);
+        }
+        let store = self.guard.store();
+        let r = self.guard.end(End::Nack(delay)).await;
+        if r.is_ok() {
+            metrics::queue_op(store, "nack");
+        }
+        r
+    }
+}
+
+impl Deref for Delivery {
+    type Target = Guard;
+    fn deref(&self) -> &Guard {
+        &self.guard
+    }
+}
+
+impl DerefMut for Delivery {
+    fn deref_mut(&mut self) -> &mut Guard {
+        &mut self.guard
+    }
+}
