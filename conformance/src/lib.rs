@@ -153,6 +153,19 @@ pub const CASES: &[&str] = &[
     "rwlock_stale_guard_cannot_release_or_extend",
     "rwlock_waiter_is_woken_by_notification",
     "rwlock_bad_input_is_rejected_and_writes_nothing",
+    "queue_each_message_is_delivered_once_among_16_consumers",
+    "queue_crashed_consumers_message_is_redelivered_after_visibility",
+    "queue_stale_consumer_is_refused_and_fenced_out",
+    "queue_nack_with_delay_redelivers_after_the_delay",
+    "queue_delayed_push_is_not_visible_early",
+    "queue_fifo_within_a_group_and_ordered_groups_one_at_a_time",
+    "queue_small_group_is_not_starved_by_a_big_backlog",
+    "queue_dead_letters_after_max_deliveries_and_redrive",
+    "queue_dedup_id_makes_a_repeated_push_a_no_op",
+    "queue_binary_payloads_round_trip",
+    "queue_blocked_pop_is_woken_by_a_push",
+    "queue_watchdog_keeps_the_delivery_until_ack",
+    "queue_bad_input_is_rejected_and_writes_nothing",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -228,6 +241,19 @@ macro_rules! suite {
             rwlock_stale_guard_cannot_release_or_extend,
             rwlock_waiter_is_woken_by_notification,
             rwlock_bad_input_is_rejected_and_writes_nothing,
+            queue_each_message_is_delivered_once_among_16_consumers,
+            queue_crashed_consumers_message_is_redelivered_after_visibility,
+            queue_stale_consumer_is_refused_and_fenced_out,
+            queue_nack_with_delay_redelivers_after_the_delay,
+            queue_delayed_push_is_not_visible_early,
+            queue_fifo_within_a_group_and_ordered_groups_one_at_a_time,
+            queue_small_group_is_not_starved_by_a_big_backlog,
+            queue_dead_letters_after_max_deliveries_and_redrive,
+            queue_dedup_id_makes_a_repeated_push_a_no_op,
+            queue_binary_payloads_round_trip,
+            queue_blocked_pop_is_woken_by_a_push,
+            queue_watchdog_keeps_the_delivery_until_ack,
+            queue_bad_input_is_rejected_and_writes_nothing,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

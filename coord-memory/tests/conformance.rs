@@ -40,3 +40,11 @@ async fn semaphore_cases_are_gated_on_a_store_without_semaphores() {
     semaphore_fifo_head_is_not_overtaken_by_smaller_requests(&f).await;
     semaphore_watchdog_keeps_permit_and_stops_at_release(&f).await;
 }
+
+/// The queue cases gate themselves on stores without queues; the reference
+/// model must never be one of them, or they would skip here.
+#[test]
+fn memory_provides_queues_so_no_queue_case_is_skipped() {
+    let coord = coord_memory::connect("memory://").expect("memory:// always connects");
+    assert!(coord.queues().is_ok());
+}

@@ -9,6 +9,7 @@ mod input;
 mod lease;
 mod limiter;
 mod lock;
+mod queue;
 mod rwlock;
 mod semaphore;
 
@@ -20,6 +21,7 @@ pub use input::*;
 pub use lease::*;
 pub use limiter::*;
 pub use lock::*;
+pub use queue::*;
 pub use rwlock::*;
 pub use semaphore::*;
 
