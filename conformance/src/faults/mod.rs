@@ -7,7 +7,7 @@
 //!
 //! Workloads: locks (here, checked by [`history`]), elections
 //! ([`election`]), barriers ([`barrier`]), limiters ([`limiter`]), and
-//! semaphores and read-write locks ([`permits`]), each
+//! semaphores and read-write locks ([`permits`]), work queues ([`queue`]), each
 //! with its checker, unit-tested on hand-made broken histories.
 //!
 //! Each run prints one line for `scripts/faults`' matrix:
@@ -19,6 +19,7 @@ pub mod history;
 pub mod limiter;
 pub mod permits;
 pub mod process;
+pub mod queue;
 pub mod report;
 pub mod scenarios;
 
@@ -37,6 +38,7 @@ pub use election::{ElectionWorkload, run_election_workload};
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
 pub use limiter::{LimiterWorkload, run_limiter_workload};
 pub use permits::{PermitKind, PermitWorkload, run_permit_workload};
+pub use queue::{QueueWorkload, run_queue_workload};
 pub use report::Report;
 pub use scenarios::{fault_for, proxies_for};
 

@@ -1,4 +1,4 @@
-//! The election, barrier, limiter, semaphore and read-write lock fault
+//! The election, barrier, limiter, semaphore, read-write lock and work queue fault
 //! scenarios that are the same on
 //! every networked store: the workloads' standard shapes, and the
 //! scenarios that cut clients off through their own
@@ -15,7 +15,8 @@ use tokio::time::{Instant, sleep};
 use super::election::candidate;
 use super::{
     BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, PermitKind, PermitWorkload,
-    Report, run_barrier_workload, run_election_workload, run_limiter_workload, run_permit_workload,
+    QueueWorkload, Report, run_barrier_workload, run_election_workload, run_limiter_workload,
+    run_permit_workload, run_queue_workload,
 };
 use crate::testkit::proxy::{FaultProxy, Mode};
 
@@ -244,4 +245,36 @@ pub async fn permit_client_cut_off(
     let cut = [&proxies[0]];
     let faults = proxies_for(&cut, mode, Duration::from_secs(1), hold);
     run_permit_workload(clients, name, w, faults).await
+}
+
+/// The work queue workload of the fault scenarios: `visibility` (the
+/// store's lock TTL), 20 ms of work under the watchdog, every 7th delivery nacked, a push
+/// every 5 ms, 1 s pop waits.
+pub fn queue(visibility: Duration, duration: Duration) -> QueueWorkload {
+    QueueWorkload {
+        visibility,
+        wait: Duration::from_secs(1),
+        work: Duration::from_millis(20),
+        watchdog: true,
+        nack_every: 7,
+        push_every: Duration::from_millis(5),
+        duration,
+        drain: Duration::from_secs(20),
+    }
+}
+
+/// Client 0's proxy set to `mode` (cut off, or its replies lost) 1 s into
+/// the queue workload, for `hold` (longer than the visibility, so its
+/// deliveries lapse and go to others), then healed.
+pub async fn queue_consumer_cut_off(
+    clients: Vec<Coord>,
+    proxies: &[FaultProxy],
+    queue: &str,
+    w: QueueWorkload,
+    mode: Mode,
+    hold: Duration,
+) -> (Report, FaultLog) {
+    let cut = [&proxies[0]];
+    let faults = proxies_for(&cut, mode, Duration::from_secs(1), hold);
+    run_queue_workload(clients, queue, w, faults).await
 }
