@@ -21,6 +21,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
     ("connection_cap", env!("CARGO_BIN_EXE_connection_cap")),
     ("config_reload", env!("CARGO_BIN_EXE_config_reload")),
+    ("work_queue", env!("CARGO_BIN_EXE_work_queue")),
 ];
 
 fn run_all(url: &str) {
