@@ -1,5 +1,5 @@
-//! A tour of every primitive: lock, fencing, lease, election, barrier and
-//! rate limiter. `cargo run -p coord-examples --bin quickstart`
+//! A tour of the primitives: lock, fencing, lease, election, barrier, rate
+//! limiter and work queue. `cargo run -p coord-examples --bin quickstart`
 //! (set COORD_URL to try another store).
 
 use std::time::Duration;
@@ -108,6 +108,23 @@ async fn main() -> coord::Result<()> {
         }
     }
     println!("limiter: admitted {admitted} of 5 allowed per second");
+
+    // 8. A work queue: push, pop with a visibility timeout, ack.
+    let queues = coord.queues()?;
+    let jobs = fresh("jobs");
+    queues.push(&jobs, b"resize:cat.png").await?;
+    if let Some(job) = queues
+        .pop(&jobs, Duration::from_secs(30), Duration::from_secs(1))
+        .await?
+    {
+        println!(
+            "queue: got {} (attempt {}, token {})",
+            String::from_utf8_lossy(job.payload()),
+            job.attempts(),
+            job.fencing_token()
+        );
+        job.ack().await?;
+    }
 
     println!("quickstart: done");
     Ok(())
