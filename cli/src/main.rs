@@ -9,6 +9,9 @@
 //! coord limit api:alice --limit 100 --window 1m
 //! coord barrier deploy-42 --parties 3 --id "$(hostname)"
 //! coord fence next orders-table
+//! coord queue push emails --group tenant-7 '{"to":"a@b.c"}'
+//! coord queue work emails --visibility 1m --wait 30s -- ./send-email.sh
+//! coord queue stats emails
 //! ```
 //!
 //! Exit codes: a command run under `lock` or `elect` exits with the
@@ -16,6 +19,7 @@
 //! [`exit`]. Errors are printed in plain words with what to do.
 
 mod exit;
+mod queue;
 mod run;
 
 use std::process::ExitCode;
@@ -46,10 +50,13 @@ const EXAMPLES: &str = "Examples:
   coord leader scheduler --watch
   coord limit api:alice --limit 100 --window 1m && curl ...
   coord release --force lock nightly --yes
+  echo 'hello' | coord queue push emails --group tenant-7
+  coord queue work emails --wait 30s -- ./send-email.sh   # payload on stdin; exit 0 acks
 
-Exit codes: the child's own under lock/elect; 75 busy (not acquired within
---wait, or a limit denied); 76 the lock or leadership was lost while the
-command ran (it was sent SIGTERM, then SIGKILL after --grace); 64 bad
+Exit codes: the child's own under lock/elect/queue work; 75 busy (not acquired
+within --wait, no message within --wait, or a limit denied); 76 the lock or leadership was lost while the
+command ran, or a queue delivery's visibility lapsed (it was sent SIGTERM,
+then SIGKILL after --grace); 64 bad
 input or configuration; 69 the store is unavailable; 70 other errors.";
 
 #[derive(Subcommand, Debug)]
@@ -145,6 +152,12 @@ enum Command {
         #[command(subcommand)]
         op: FenceOp,
     },
+    /// Work queues: push, work (run a command per message), stats, peek,
+    /// redrive, purge.
+    Queue {
+        #[command(subcommand)]
+        op: queue::QueueOp,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -236,7 +249,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             let token = guard.fencing_token().0.to_string();
             let env = [("COORD_FENCING_TOKEN", token.clone()), ("COORD_LOCK", name)];
             let lost = guard.lost();
-            let code = run::supervise(&command, &env, lost, hold.grace).await?;
+            let code = run::supervise(&command, &env, lost, hold.grace, None).await?;
             if let Err(e) = guard.release().await {
                 if !code.lost {
                     eprintln!("coord: the command ended but releasing the lock failed: {e}");
@@ -272,7 +285,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 ("COORD_ELECTION", name),
             ];
             let lost = leadership.lost();
-            let code = run::supervise(&command, &env, lost, hold.grace).await?;
+            let code = run::supervise(&command, &env, lost, hold.grace, None).await?;
             let _ = leadership.resign().await;
             Ok(code.exit())
         }
@@ -346,6 +359,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             }
             Err(e) => Err(e),
         },
+        Command::Queue { op } => queue::queue(&coord, op).await,
         Command::Fence {
             op: FenceOp::Next { resource },
         } => {

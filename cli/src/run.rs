@@ -30,20 +30,33 @@ impl Ended {
 /// Run `argv` with `env` added until it exits. If `lost` fires first, the
 /// command gets SIGTERM, then SIGKILL `grace` later. SIGINT or SIGTERM to
 /// this tool is passed on to the command (which decides when to stop).
+/// With `input`, the command reads it on its standard input (then end of
+/// file); else it inherits this tool's.
 pub async fn supervise(
     argv: &[String],
     env: &[(&str, String)],
     lost: impl Future<Output = ()>,
     grace: Duration,
+    input: Option<Vec<u8>>,
 ) -> Result<Ended, Error> {
     let mut cmd = Command::new(&argv[0]);
     cmd.args(&argv[1..]).kill_on_drop(true);
     for (k, v) in env {
         cmd.env(k, v);
     }
+    if input.is_some() {
+        cmd.stdin(std::process::Stdio::piped());
+    }
     let mut child = cmd
         .spawn()
         .map_err(|e| Error::Config(format!("cannot run `{}`: {e}", argv[0])))?;
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A command that does not read its input just gets EPIPE here.
+            let _ = stdin.write_all(&bytes).await;
+        });
+    }
     let pid = child.id().map(|p| Pid::from_raw(p as i32));
     let mut term = signal(SignalKind::terminate()).map_err(io)?;
     let mut int = signal(SignalKind::interrupt()).map_err(io)?;
