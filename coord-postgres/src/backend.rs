@@ -8,6 +8,7 @@ mod claims;
 mod election;
 pub(crate) mod errors;
 mod limiter;
+mod queue;
 mod semaphore;
 mod sweep;
 
@@ -29,6 +30,7 @@ use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
+pub use queue::QUEUE_POLL_WITHOUT_NOTIFICATIONS;
 pub use semaphore::{SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 
 pub(crate) const BACKEND: &str = "postgres";
@@ -48,8 +50,8 @@ fn token(v: i64) -> FencingToken {
 /// The PostgreSQL backend: implements [`Lock`](coord_core::Lock),
 /// [`Lease`](coord_core::Lease), [`FencingSource`](coord_core::FencingSource),
 /// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
-/// [`Limiter`](coord_core::Limiter) and [`Semaphore`](coord_core::Semaphore)
-/// (FIFO) on tables
+/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore)
+/// (FIFO) and [`Queue`](coord_core::Queue) (work queues) on tables
 /// of one schema. Build it with [`crate::builder`]`(url).connect_backend()`
 /// or get a [`Coord`] directly with [`crate::connect`].
 ///
@@ -249,10 +251,12 @@ impl PostgresBackend {
         }))
     }
 
-    /// A [`Coord`] over this backend (every primitive, semaphores
-    /// included).
+    /// A [`Coord`] over this backend (every primitive, semaphores and work
+    /// queues included).
     pub fn coord(self: &Arc<Self>) -> Coord {
-        Coord::from_backend(self.clone()).with_semaphores(self.clone())
+        Coord::from_backend(self.clone())
+            .with_semaphores(self.clone())
+            .with_queues(self.clone())
     }
 
     /// The schema holding coord's tables.

@@ -40,13 +40,19 @@ pub(crate) struct Listener {
 /// Dispatch one payload. Locks wake one local waiter per release;
 /// semaphores address one waiting acquire (`semaphore:<owner hex>:<name>`,
 /// its key as it is); elections and barriers wake every local waiter.
+/// Queues wake one local waiter of the lane (`queue:<lane>:<name>`: a
+/// push, a nack, an ack), or every one (`queue-all:<lane>:<name>`, a
+/// redrive; the key is `queue:<lane>:<name>`).
 pub(crate) fn dispatch(wakeups: &Wakeups, payload: &str) {
     match payload.split_once(':') {
-        Some(("lock" | "semaphore", _)) => {
+        Some(("lock" | "semaphore" | "queue", _)) => {
             wakeups.notify_one(payload);
         }
         Some(("election" | "barrier", _)) => {
             wakeups.notify_all(payload);
+        }
+        Some(("queue-all", rest)) => {
+            wakeups.notify_all(&format!("queue:{rest}"));
         }
         _ => {}
     }

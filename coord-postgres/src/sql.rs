@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 7;
+pub(crate) const SCHEMA_VERSION: i32 = 8;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -29,6 +29,17 @@ pub(crate) struct Sql {
     pub(crate) semaphore_release: String,
     pub(crate) semaphore_extend: String,
     pub(crate) semaphore_force_release: String,
+    pub(crate) queue_push: String,
+    pub(crate) queue_pop: String,
+    pub(crate) queue_pop_durable: String,
+    pub(crate) queue_durable: String,
+    pub(crate) queue_ack: String,
+    pub(crate) queue_nack: String,
+    pub(crate) queue_extend: String,
+    pub(crate) queue_peek: String,
+    pub(crate) queue_redrive: String,
+    pub(crate) queue_stats: String,
+    pub(crate) queue_purge: String,
     pub(crate) sweep: String,
 }
 
@@ -175,6 +186,75 @@ impl Sql {
             semaphore_force_release: format!(
                 "SELECT {s}.semaphore_force_release($1::text, $2::text)"
             ),
+            // $1 queue, $2 payload, $3 delay µs, $4 group, $5 dedup id,
+            // $6 dedup window µs, $7 channel. See src/sql/queue.sql; run
+            // with `queue_durable` after it in the same round trip.
+            queue_push: format!(
+                "SELECT o_id, o_duplicate FROM {s}.queue_push($1::text, $2::bytea, $3::int8, \
+                 $4::text, $5::text, $6::int8, $7::text)"
+            ),
+            // $1 queue, $2 lane, $3 owner, $4 visibility µs,
+            // $5 max deliveries (NULL: never), $6 ordered groups.
+            queue_pop: format!(
+                "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us \
+                 FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, $6::bool)"
+            ),
+            // $1 owner, $2 queue, $3 lane. Run after `queue_pop` in the
+            // same round trip, in a transaction of its own that commits
+            // durably: setval writes WAL and takes a transaction id, so
+            // its commit flushes the WAL up to here, the delivery's
+            // asynchronous commit (and its token) included. An empty pop
+            // (no message in flight to this owner): nothing, no write.
+            queue_pop_durable: format!(
+                "SELECT setval('{s}.queue_flush', 1) FROM {s}.queue_messages m \
+                  WHERE m.owner = $1::bytea AND m.queue = $2::text AND m.lane = $3::int2"
+            ),
+            // The same, unconditional: after a push, ack, nack, redrive
+            // or purge (their steps commit asynchronously).
+            queue_durable: format!("SELECT setval('{s}.queue_flush', 1)"),
+            // $1 queue, $2 lane, $3 id, $4 owner, $5 channel.
+            queue_ack: format!(
+                "SELECT {s}.queue_ack($1::text, $2::int2, $3::int8, $4::bytea, $5::text)"
+            ),
+            // $1 queue, $2 lane, $3 id, $4 owner, $5 delay µs, $6 channel.
+            queue_nack: format!(
+                "SELECT {s}.queue_nack($1::text, $2::int2, $3::int8, $4::bytea, $5::int8, $6::text)"
+            ),
+            // $1 queue, $2 lane, $3 id, $4 owner, $5 visibility µs.
+            // Compare-and-expire, as `claim_extend`: the row is locked
+            // first, the clock read only then, so an extend that waited
+            // past the deadline resurrects nothing. It takes no queue lock
+            // (no other step reads a live deadline) and commits durably.
+            queue_extend: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.queue_messages m \
+                   WHERE m.queue = $1::text AND m.lane = $2::int2 AND m.id = $3::int8 \
+                     AND m.owner = $4::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
+                 UPDATE {s}.queue_messages m SET due_at = n.t + $5::int8 * interval '1 microsecond' FROM n \
+                  WHERE m.queue = $1::text AND m.lane = $2::int2 AND m.id = $3::int8 \
+                    AND m.owner = $4::bytea AND m.due_at > n.t \
+                 RETURNING 1"
+            ),
+            // $1 queue, $2 lane, $3 limit.
+            queue_peek: format!(
+                "SELECT m.id, m.payload, m.grp, m.attempts, \
+                        floor(extract(epoch FROM m.enqueued_at) * 1000)::int8 \
+                   FROM {s}.queue_messages m WHERE m.queue = $1::text AND m.lane = $2::int2 \
+                  ORDER BY m.id LIMIT $3::int8"
+            ),
+            // $1 queue, $2 limit, $3 channel.
+            queue_redrive: format!("SELECT {s}.queue_redrive($1::text, $2::int4, $3::text)"),
+            // $1 queue. Ready counts lapsed deliveries and due delays.
+            queue_stats: format!(
+                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+                 SELECT count(*) FILTER (WHERE m.lane = 0 AND (m.due_at IS NULL OR m.due_at <= n.t)), \
+                        count(*) FILTER (WHERE m.lane = 0 AND m.due_at > n.t AND m.owner IS NULL), \
+                        count(*) FILTER (WHERE m.lane = 0 AND m.due_at > n.t AND m.owner IS NOT NULL), \
+                        count(*) FILTER (WHERE m.lane = 1) \
+                   FROM {s}.queue_messages m, n WHERE m.queue = $1::text"
+            ),
+            // $1 queue.
+            queue_purge: format!("SELECT {s}.queue_purge($1::text)"),
             // $1 grace µs, $2 abandon µs, $3 rows per table.
             sweep: format!("SELECT {s}.sweep($1::int8, $2::int8, $3::int4)"),
             // $1 algorithm, $2 key, $3 limit, $4 window µs, $5 cost.
@@ -195,12 +275,14 @@ fn ddl(s: &str, schema: &str) -> String {
     let mut text = format!("SELECT pg_advisory_xact_lock(hashtext('coord-schema:{schema}'));\n");
     let claims = include_str!("sql/claims.sql").replace("@schema@", schema);
     let semaphore = include_str!("sql/semaphore.sql").replace("@schema@", schema);
+    let queue = include_str!("sql/queue.sql").replace("@schema@", schema);
     for part in [
         include_str!("sql/schema.sql"),
         &claims,
         include_str!("sql/barrier.sql"),
         include_str!("sql/limiter.sql"),
         &semaphore,
+        &queue,
         include_str!("sql/sweep.sql"),
     ] {
         text.push_str(&part.replace("@s@", s));

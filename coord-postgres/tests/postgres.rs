@@ -84,9 +84,10 @@ async fn concurrent_first_use_on_an_empty_database() {
         );
         assert_eq!(
             tables.trim(),
-            "8",
+            "12",
             "meta, claims, barriers, limiter_state, limiter_log, semaphore_holders, \
-             semaphore_queue, semaphore_left"
+             semaphore_queue, semaphore_left, queue_messages, queue_groups, queue_lanes, \
+             queue_dedup"
         );
     }
 }

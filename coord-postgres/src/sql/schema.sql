@@ -143,3 +143,58 @@ BEGIN
                          current_setting('transaction_isolation'));
 END
 $fn$;
+-- Work queues (layout 8; see src/sql/queue.sql). queue_messages: one row
+-- per message of a lane (0 main, 1 dead); due_at NULL: ready, else
+-- delayed until it (owner NULL) or in flight to owner until it.
+-- queue_groups: one row per group with messages in a lane (its turn, its
+-- lowest id and lowest ready id); queue_lanes: a lane's clock while it has
+-- groups; queue_dedup: dedup ids until they expire. Message ids come from
+-- queue_ids; queue_flush is only ever set, to make a step durable.
+CREATE TABLE IF NOT EXISTS @s@.queue_messages (
+    queue text NOT NULL,
+    lane smallint NOT NULL,
+    id bigint NOT NULL,
+    grp text NOT NULL,
+    attempts integer NOT NULL,
+    enqueued_at timestamptz NOT NULL,
+    due_at timestamptz,
+    owner bytea,
+    payload bytea NOT NULL,
+    PRIMARY KEY (queue, lane, id)
+);
+CREATE INDEX IF NOT EXISTS queue_messages_group ON @s@.queue_messages (queue, lane, grp, id);
+CREATE INDEX IF NOT EXISTS queue_messages_ready ON @s@.queue_messages (queue, lane, grp, id)
+    WHERE due_at IS NULL;
+CREATE INDEX IF NOT EXISTS queue_messages_due ON @s@.queue_messages (queue, lane, due_at)
+    WHERE due_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS queue_messages_owner ON @s@.queue_messages (owner)
+    WHERE owner IS NOT NULL;
+CREATE TABLE IF NOT EXISTS @s@.queue_groups (
+    queue text NOT NULL,
+    lane smallint NOT NULL,
+    grp text NOT NULL,
+    turn bigint NOT NULL,
+    first_id bigint NOT NULL,
+    ready_id bigint,
+    PRIMARY KEY (queue, lane, grp)
+) WITH (fillfactor = 70);
+CREATE INDEX IF NOT EXISTS queue_groups_ready ON @s@.queue_groups (queue, lane, turn, ready_id)
+    WHERE ready_id IS NOT NULL;
+CREATE INDEX IF NOT EXISTS queue_groups_head ON @s@.queue_groups (queue, lane, turn, ready_id)
+    WHERE ready_id = first_id;
+CREATE TABLE IF NOT EXISTS @s@.queue_lanes (
+    queue text NOT NULL,
+    lane smallint NOT NULL,
+    clock bigint NOT NULL,
+    PRIMARY KEY (queue, lane)
+) WITH (fillfactor = 70);
+CREATE TABLE IF NOT EXISTS @s@.queue_dedup (
+    queue text NOT NULL,
+    dedup_id text NOT NULL,
+    id bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (queue, dedup_id)
+);
+CREATE INDEX IF NOT EXISTS queue_dedup_expires ON @s@.queue_dedup (expires_at);
+CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
+CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;

@@ -17,6 +17,8 @@
 -- * semaphore_holders, semaphore_queue, semaphore_left: grants, queue
 --   places and marks of owners that left, expired more than the grace ago
 --   (a name has no other state).
+-- * queue_dedup: dedup ids expired more than the grace ago (a queue's
+--   other rows go with its last message, under the queue's lock).
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep.
 CREATE OR REPLACE FUNCTION @s@.sweep(p_grace_us bigint, p_abandon_us bigint, p_limit integer)
@@ -89,6 +91,13 @@ BEGIN
     DELETE FROM @s@.semaphore_left WHERE ctid = ANY (ARRAY(
         SELECT l.ctid FROM @s@.semaphore_left l
          WHERE l.expires_at < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.queue_dedup WHERE ctid = ANY (ARRAY(
+        SELECT d.ctid FROM @s@.queue_dedup d
+         WHERE d.expires_at < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;

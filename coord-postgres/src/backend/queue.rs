@@ -1,0 +1,378 @@
+//! Work queues (`src/sql/queue.sql`): the delivery rule of
+//! [`coord_core::queue_backend`] in one function call per step, under a
+//! per-queue advisory lock.
+//!
+//! Each step is one round trip: push, pop, ack, nack, redrive and purge
+//! call their function (committed asynchronously, so the queue's lock is
+//! never held across a WAL flush), pipelined with a second transaction
+//! that commits durably and so flushes the step before it is reported
+//! (for a pop, only when it delivered); extend is one compare-and-expire
+//! `UPDATE`; peek and stats one `SELECT`. No session state, so it works
+//! through PgBouncer in transaction mode, where waiters poll: an empty
+//! pop tells them to come back within [`QUEUE_POLL_WITHOUT_NOTIFICATIONS`].
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::wake::Waiter;
+use coord_core::{
+    Capabilities, Error, Lane, Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed,
+    Queue, QueueConfig, QueueStats, Result, async_trait,
+};
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::errors::{map_pg, unexpected};
+use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
+
+/// The longest an empty pop tells a waiter to sleep when this client gets
+/// no notifications (behind PgBouncer in transaction mode): a push by
+/// another client wakes nobody there, so a blocked pop looks again this
+/// often whatever its poll interval. Such a poll is one plain read: no
+/// lock, no transaction id, no write.
+///
+/// ```
+/// assert_eq!(coord_postgres::QUEUE_POLL_WITHOUT_NOTIFICATIONS, std::time::Duration::from_millis(100));
+/// ```
+pub const QUEUE_POLL_WITHOUT_NOTIFICATIONS: Duration = Duration::from_millis(100);
+
+/// The lane as stored: 0 main, 1 dead.
+fn lane_code(lane: Lane) -> i16 {
+    match lane {
+        Lane::Main => 0,
+        Lane::Dead => 1,
+    }
+}
+
+/// A stored count or id as `u64` (never negative in the store).
+fn unsigned(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn epoch_ms(ms: i64) -> SystemTime {
+    UNIX_EPOCH
+        .checked_add(Duration::from_millis(unsigned(ms)))
+        .unwrap_or(UNIX_EPOCH)
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    op: &'static str,
+    row: &'a Row,
+    i: usize,
+) -> Result<T> {
+    row.try_get(i).map_err(|e| map_pg(op, e))
+}
+
+/// A message from columns id, payload, grp, attempts, enqueued ms.
+fn message(op: &'static str, row: &Row) -> Result<Message> {
+    let id: i64 = get(op, row, 0)?;
+    let payload: Vec<u8> = get(op, row, 1)?;
+    let group: String = get(op, row, 2)?;
+    let attempts: i32 = get(op, row, 3)?;
+    let enqueued: i64 = get(op, row, 4)?;
+    Ok(Message {
+        id: MessageId(unsigned(id)),
+        payload,
+        group: (!group.is_empty()).then_some(group),
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        enqueued_at: epoch_ms(enqueued),
+    })
+}
+
+fn limit_of(op: &'static str, limit: usize) -> Result<i32> {
+    i32::try_from(limit).map_err(|_| Error::Store {
+        backend: BACKEND,
+        operation: op,
+        message: format!("limit {limit} out of range"),
+    })
+}
+
+impl PostgresBackend {
+    /// Run a step's function, then make it durable in the same round trip.
+    async fn queue_step(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Row> {
+        let (rows, _) = self
+            .query_then(op, sql, params, Some((&self.sql.queue_durable, &[])))
+            .await?;
+        rows.into_iter().next().ok_or_else(|| unexpected(op))
+    }
+
+    /// A one-boolean step (ack, nack).
+    async fn queue_flag(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<bool> {
+        let row = self.queue_step(op, sql, params).await?;
+        let done: Option<bool> = get(op, &row, 0)?;
+        Ok(done.unwrap_or(false))
+    }
+}
+
+/// Work queues on PostgreSQL: every step of a queue under its advisory
+/// lock (exact delivery order across groups, distinct messages for
+/// concurrent consumers), fencing tokens from the schema's sequence,
+/// messages and tokens durable before they are reported, NOTIFY on push,
+/// nack, redrive and ack.
+#[async_trait]
+impl Queue for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    async fn push(&self, queue: &str, message: &NewMessage<'_>) -> Result<Pushed> {
+        const OP: &str = "queue push";
+        let q = queue.to_string();
+        let payload: &[u8] = message.payload;
+        let delay = micros_ceil(message.delay);
+        let group = message.group.unwrap_or("").to_string();
+        let dedup: Option<String> = message.dedup_id.map(str::to_string);
+        let window = micros_ceil(message.dedup_window);
+        let row = self
+            .queue_step(
+                OP,
+                &self.sql.queue_push,
+                &[
+                    (&q, Type::TEXT),
+                    (&payload, Type::BYTEA),
+                    (&delay, Type::INT8),
+                    (&group, Type::TEXT),
+                    (&dedup, Type::TEXT),
+                    (&window, Type::INT8),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
+            .await?;
+        let id: Option<i64> = get(OP, &row, 0)?;
+        let duplicate: Option<bool> = get(OP, &row, 1)?;
+        let id = id.ok_or_else(|| unexpected(OP))?;
+        self.after_write();
+        Ok(Pushed {
+            id: MessageId(unsigned(id)),
+            duplicate: duplicate.unwrap_or(false),
+        })
+    }
+
+    async fn try_pop(
+        &self,
+        queue: &str,
+        lane: Lane,
+        consumer: &OwnerToken,
+        visibility: Duration,
+        config: &QueueConfig,
+    ) -> Result<PopAttempt> {
+        const OP: &str = "queue pop";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let o: &[u8] = consumer.as_bytes();
+        let vis = micros_ceil(visibility);
+        let max: Option<i64> = config.max_deliveries.map(i64::from);
+        let durable: &[(&(dyn ToSql + Sync), Type)] =
+            &[(&o, Type::BYTEA), (&q, Type::TEXT), (&l, Type::INT2)];
+        let (rows, flushed) = self
+            .query_then(
+                OP,
+                &self.sql.queue_pop,
+                &[
+                    (&q, Type::TEXT),
+                    (&l, Type::INT2),
+                    (&o, Type::BYTEA),
+                    (&vis, Type::INT8),
+                    (&max, Type::INT8),
+                    (&config.ordered_groups, Type::BOOL),
+                ],
+                Some((&self.sql.queue_pop_durable, durable)),
+            )
+            .await?;
+        let row = rows.first().ok_or_else(|| unexpected(OP))?;
+        let id: Option<i64> = get(OP, row, 0)?;
+        if id.is_none() {
+            let next: Option<i64> = get(OP, row, 6)?;
+            let mut next_in = next.map(from_micros);
+            if !self.caps.notifications {
+                next_in = Some(next_in.map_or(QUEUE_POLL_WITHOUT_NOTIFICATIONS, |d| {
+                    d.min(QUEUE_POLL_WITHOUT_NOTIFICATIONS)
+                }));
+            }
+            return Ok(PopAttempt::Empty { next_in });
+        }
+        if flushed.is_empty() {
+            // The durable statement ran before the delivery was visible
+            // to it (another server connection behind a pooler): flush
+            // now, before anybody relies on the token.
+            self.query(OP, &self.sql.queue_durable, &[]).await?;
+        }
+        let message = message(OP, row)?;
+        let tok: Option<i64> = get(OP, row, 5)?;
+        let tok = tok.ok_or_else(|| unexpected(OP))?;
+        self.after_write();
+        Ok(PopAttempt::Delivered {
+            message,
+            token: token(tok),
+        })
+    }
+
+    async fn ack(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+    ) -> Result<bool> {
+        const OP: &str = "queue ack";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let Ok(i) = i64::try_from(id.0) else {
+            return Ok(false);
+        };
+        let o: &[u8] = consumer.as_bytes();
+        self.queue_flag(
+            OP,
+            &self.sql.queue_ack,
+            &[
+                (&q, Type::TEXT),
+                (&l, Type::INT2),
+                (&i, Type::INT8),
+                (&o, Type::BYTEA),
+                (&self.channel, Type::TEXT),
+            ],
+        )
+        .await
+    }
+
+    async fn nack(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+        delay: Duration,
+    ) -> Result<bool> {
+        const OP: &str = "queue nack";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let Ok(i) = i64::try_from(id.0) else {
+            return Ok(false);
+        };
+        let o: &[u8] = consumer.as_bytes();
+        let d = micros_ceil(delay);
+        self.queue_flag(
+            OP,
+            &self.sql.queue_nack,
+            &[
+                (&q, Type::TEXT),
+                (&l, Type::INT2),
+                (&i, Type::INT8),
+                (&o, Type::BYTEA),
+                (&d, Type::INT8),
+                (&self.channel, Type::TEXT),
+            ],
+        )
+        .await
+    }
+
+    async fn extend(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+        visibility: Duration,
+    ) -> Result<bool> {
+        const OP: &str = "queue extend";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let Ok(i) = i64::try_from(id.0) else {
+            return Ok(false);
+        };
+        let o: &[u8] = consumer.as_bytes();
+        let vis = micros_ceil(visibility);
+        let rows = self
+            .query(
+                OP,
+                &self.sql.queue_extend,
+                &[
+                    (&q, Type::TEXT),
+                    (&l, Type::INT2),
+                    (&i, Type::INT8),
+                    (&o, Type::BYTEA),
+                    (&vis, Type::INT8),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
+        const OP: &str = "queue peek";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let n = i64::from(limit_of(OP, limit)?);
+        let rows = self
+            .query(
+                OP,
+                &self.sql.queue_peek,
+                &[(&q, Type::TEXT), (&l, Type::INT2), (&n, Type::INT8)],
+            )
+            .await?;
+        rows.iter().map(|r| message(OP, r)).collect()
+    }
+
+    async fn redrive(&self, queue: &str, limit: usize) -> Result<u64> {
+        const OP: &str = "queue redrive";
+        let q = queue.to_string();
+        let n = limit_of(OP, limit)?;
+        let row = self
+            .queue_step(
+                OP,
+                &self.sql.queue_redrive,
+                &[
+                    (&q, Type::TEXT),
+                    (&n, Type::INT4),
+                    (&self.channel, Type::TEXT),
+                ],
+            )
+            .await?;
+        let moved: Option<i64> = get(OP, &row, 0)?;
+        Ok(unsigned(moved.unwrap_or(0)))
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        const OP: &str = "queue stats";
+        let q = queue.to_string();
+        let rows = self
+            .query(OP, &self.sql.queue_stats, &[(&q, Type::TEXT)])
+            .await?;
+        let row = rows.first().ok_or_else(|| unexpected(OP))?;
+        let count = |i: usize| -> Result<u64> { Ok(unsigned(get::<i64>(OP, row, i)?)) };
+        Ok(QueueStats {
+            ready: count(0)?,
+            delayed: count(1)?,
+            in_flight: count(2)?,
+            dead: count(3)?,
+        })
+    }
+
+    async fn purge(&self, queue: &str) -> Result<u64> {
+        const OP: &str = "queue purge";
+        let q = queue.to_string();
+        let row = self
+            .queue_step(OP, &self.sql.queue_purge, &[(&q, Type::TEXT)])
+            .await?;
+        let n: Option<i64> = get(OP, &row, 0)?;
+        Ok(unsigned(n.unwrap_or(0)))
+    }
+
+    async fn subscribe(&self, queue: &str, lane: Lane) -> Result<Waiter> {
+        // The key is the NOTIFY payload `queue:<lane>:<queue>`.
+        Ok(self.waiter("queue", &format!("{}:{queue}", lane.as_str())))
+    }
+}
