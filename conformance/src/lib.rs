@@ -166,6 +166,10 @@ pub const CASES: &[&str] = &[
     "queue_blocked_pop_is_woken_by_a_push",
     "queue_watchdog_keeps_the_delivery_until_ack",
     "queue_bad_input_is_rejected_and_writes_nothing",
+    "inspect_lock_shows_the_holder_and_its_metadata",
+    "inspect_semaphore_lists_each_grant",
+    "inspect_lease_shows_the_holder",
+    "inspect_oversized_metadata_is_rejected_and_writes_nothing",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -254,6 +258,10 @@ macro_rules! suite {
             queue_blocked_pop_is_woken_by_a_push,
             queue_watchdog_keeps_the_delivery_until_ack,
             queue_bad_input_is_rejected_and_writes_nothing,
+            inspect_lock_shows_the_holder_and_its_metadata,
+            inspect_semaphore_lists_each_grant,
+            inspect_lease_shows_the_holder,
+            inspect_oversized_metadata_is_rejected_and_writes_nothing,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -27,9 +27,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::inspect::ClaimRecord;
 use crate::types::{Arrival, Capabilities, Decision, FencingToken, LeaderInfo, OwnerToken, Quota};
 use crate::wake::Waiter;
+
+/// The error of a default method a backend did not override.
+fn unsupported(caps: &Capabilities, what: &'static str) -> Error {
+    Error::Unsupported {
+        backend: caps.backend,
+        primitive: what,
+    }
+}
 
 /// The outcome of one attempt to take a claim (lock, lease, leadership).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,6 +89,28 @@ pub trait Lock: Send + Sync + 'static {
     /// wakes: waiting then relies on polling alone.
     async fn subscribe(&self, _name: &str) -> Result<Waiter> {
         Ok(Waiter::never())
+    }
+
+    /// [`try_acquire`](Lock::try_acquire), storing `metadata` (JSON bytes,
+    /// at most [`MAX_METADATA_BYTES`](crate::inspect::MAX_METADATA_BYTES),
+    /// checked by the core) with the grant, for [`inspect`](Lock::inspect).
+    /// A retry by the same owner keeps the grant as it is. The default is
+    /// [`Error::Unsupported`].
+    async fn try_acquire_with_metadata(
+        &self,
+        _name: &str,
+        _owner: &OwnerToken,
+        _ttl: Duration,
+        _metadata: &[u8],
+    ) -> Result<Attempt> {
+        Err(unsupported(self.capabilities(), "holder metadata"))
+    }
+
+    /// The live holder of `name` (none, or one), as the store records it;
+    /// `waiters` where the store queues them. The default is
+    /// [`Error::Unsupported`].
+    async fn inspect(&self, _name: &str) -> Result<ClaimRecord> {
+        Err(unsupported(self.capabilities(), "inspect"))
     }
 }
 
@@ -210,6 +241,27 @@ pub trait Semaphore: Send + Sync + 'static {
     async fn subscribe(&self, _name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(Waiter::never())
     }
+
+    /// [`try_acquire`](Semaphore::try_acquire), storing `metadata` (JSON
+    /// bytes, checked by the core) with the grant, for
+    /// [`inspect`](Semaphore::inspect). The default is
+    /// [`Error::Unsupported`].
+    async fn try_acquire_with_metadata(
+        &self,
+        _name: &str,
+        _owner: &OwnerToken,
+        _request: &PermitRequest,
+        _metadata: &[u8],
+    ) -> Result<Attempt> {
+        Err(unsupported(self.capabilities(), "holder metadata"))
+    }
+
+    /// The live grants of `name` (each with its permits), as the store
+    /// records them; `waiters`: how many requests are queued, where the
+    /// store can tell. The default is [`Error::Unsupported`].
+    async fn inspect(&self, _name: &str) -> Result<ClaimRecord> {
+        Err(unsupported(self.capabilities(), "inspect"))
+    }
 }
 
 /// A named, time-bounded claim: membership, heartbeats ("is worker 7
@@ -235,6 +287,25 @@ pub trait Lease: Send + Sync + 'static {
     /// The remaining time of the live lease on `name`, whoever holds it, as
     /// the store sees it; `None` when there is none.
     async fn remaining(&self, name: &str) -> Result<Option<Duration>>;
+
+    /// [`grant`](Lease::grant), storing `metadata` (JSON bytes, checked by
+    /// the core) with the lease, for [`inspect`](Lease::inspect). The
+    /// default is [`Error::Unsupported`].
+    async fn grant_with_metadata(
+        &self,
+        _name: &str,
+        _owner: &OwnerToken,
+        _ttl: Duration,
+        _metadata: &[u8],
+    ) -> Result<Attempt> {
+        Err(unsupported(self.capabilities(), "holder metadata"))
+    }
+
+    /// The live holder of `name` (none, or one), as the store records it.
+    /// The default is [`Error::Unsupported`].
+    async fn inspect(&self, _name: &str) -> Result<ClaimRecord> {
+        Err(unsupported(self.capabilities(), "inspect"))
+    }
 }
 
 /// A source of fencing tokens per resource, independent of any lock.

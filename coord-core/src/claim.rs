@@ -328,6 +328,17 @@ impl Guard {
         &self.inner.name
     }
 
+    /// A fingerprint of this grant's owner token (16 hex digits): what
+    /// `inspect` shows as the holder's `owner_id`, so a process can tell
+    /// its own grant. It cannot release or extend anything.
+    ///
+    /// ```
+    /// # fn demo(g: coord_core::Guard) { assert_eq!(g.owner_id().len(), 16); }
+    /// ```
+    pub fn owner_id(&self) -> String {
+        crate::inspect::owner_id(&self.inner.owner)
+    }
+
     /// The fencing token of this grant (the term, for a leadership).
     pub fn fencing_token(&self) -> FencingToken {
         self.inner.token

@@ -62,6 +62,56 @@ impl Leases {
     /// it (`Ok(None)`). The guard's fencing token rises with every grant of
     /// the name. Cost: one round trip.
     pub async fn grant(&self, name: &str, ttl: Duration) -> Result<Option<Guard>> {
+        self.grant_inner(name, ttl, None).await
+    }
+
+    /// [`grant`](Leases::grant), storing `metadata` (who, why) with the
+    /// lease for [`inspect`](Leases::inspect) to show; at most
+    /// [`MAX_METADATA_BYTES`](crate::inspect::MAX_METADATA_BYTES) as JSON,
+    /// checked before any I/O.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// let leases = coord.leases()?;
+    /// let me = serde_json::json!({"host": "worker-7", "version": "1.4.2"});
+    /// if let Some(lease) = leases.grant_with_metadata("worker:7", Duration::from_secs(10), &me).await? {
+    ///     assert_eq!(leases.inspect("worker:7").await?.holders[0].metadata.as_ref(), Some(&me));
+    ///     lease.revoke().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn grant_with_metadata(
+        &self,
+        name: &str,
+        ttl: Duration,
+        metadata: &serde_json::Value,
+    ) -> Result<Option<Guard>> {
+        let meta = crate::inspect::metadata_bytes(metadata)?;
+        self.grant_inner(name, ttl, Some(meta.into())).await
+    }
+
+    /// Who holds `name`, as the store records it (none when no lease is
+    /// live). Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// for h in coord.leases()?.inspect("worker:7").await?.holders {
+    ///     println!("{} until {:?}: {:?}", h.owner_id, h.remaining, h.metadata);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
+        validate::name("name", name)?;
+        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+    }
+
+    async fn grant_inner(
+        &self,
+        name: &str,
+        ttl: Duration,
+        meta: Option<Arc<[u8]>>,
+    ) -> Result<Option<Guard>> {
         validate::name("name", name)?;
         let ttl = validate::ttl("ttl", ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
@@ -80,8 +130,13 @@ impl Leases {
             self.settings.poll_interval,
             Queueing::No,
             |owner| {
-                let b = self.backend.clone();
-                async move { b.grant(name, &owner, ttl).await }
+                let (b, meta) = (self.backend.clone(), meta.clone());
+                async move {
+                    match meta {
+                        Some(m) => b.grant_with_metadata(name, &owner, ttl, &m).await,
+                        None => b.grant(name, &owner, ttl).await,
+                    }
+                }
             },
             |_| async { Ok(crate::wake::Waiter::never()) },
         )

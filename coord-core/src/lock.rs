@@ -133,6 +133,62 @@ impl Locks {
 
     /// Take `name` as `opts` say. See [`acquire`](Locks::acquire).
     pub async fn acquire_with(&self, name: &str, opts: LockOptions) -> Result<Guard> {
+        self.acquire_inner(name, opts, None).await
+    }
+
+    /// Take `name` as `opts` say, storing `metadata` (who, why) with the
+    /// grant for [`inspect`](Locks::inspect) to show. At most
+    /// [`MAX_METADATA_BYTES`](crate::inspect::MAX_METADATA_BYTES) as JSON,
+    /// checked before any I/O.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::LockOptions;
+    /// let locks = coord.locks()?;
+    /// let who = serde_json::json!({"host": "web-3", "pid": 4242, "job": "nightly"});
+    /// let guard = locks
+    ///     .acquire_with_metadata("nightly", LockOptions::new(Duration::from_secs(30)), &who)
+    ///     .await?;
+    /// let info = locks.inspect("nightly").await?;
+    /// assert_eq!(info.holders[0].metadata.as_ref(), Some(&who));
+    /// assert_eq!(info.holders[0].owner_id, guard.owner_id());
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_with_metadata(
+        &self,
+        name: &str,
+        opts: LockOptions,
+        metadata: &serde_json::Value,
+    ) -> Result<Guard> {
+        let meta = crate::inspect::metadata_bytes(metadata)?;
+        self.acquire_inner(name, opts, Some(meta.into())).await
+    }
+
+    /// Who holds `name`, as the store records it: the holder's
+    /// [`owner_id`](Guard::owner_id), fencing token, remaining time and
+    /// metadata (none when it is free), and queued waiters where the store
+    /// can tell. An operator's view: by the time it is read it may have
+    /// changed. Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// let info = coord.locks()?.inspect("nightly").await?;
+    /// println!("{} holder(s), waiters {:?}", info.holders.len(), info.waiters);
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
+        validate::name("name", name)?;
+        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        opts: LockOptions,
+        meta: Option<Arc<[u8]>>,
+    ) -> Result<Guard> {
         validate::name("name", name)?;
         let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
@@ -151,8 +207,13 @@ impl Locks {
             self.settings.poll_interval,
             Queueing::once_subscribed(self.backend.capabilities().fair),
             |owner| {
-                let b = self.backend.clone();
-                async move { b.try_acquire(name, &owner, ttl).await }
+                let (b, meta) = (self.backend.clone(), meta.clone());
+                async move {
+                    match meta {
+                        Some(m) => b.try_acquire_with_metadata(name, &owner, ttl, &m).await,
+                        None => b.try_acquire(name, &owner, ttl).await,
+                    }
+                }
             },
             |_| self.backend.subscribe(name),
         )

@@ -348,9 +348,60 @@ impl Semaphores {
         self.acquire_checked(name, opts).await
     }
 
+    /// [`acquire_with`](Semaphores::acquire_with), storing `metadata` (who,
+    /// why) with the grant for [`inspect`](Semaphores::inspect) to show; at
+    /// most [`MAX_METADATA_BYTES`](crate::inspect::MAX_METADATA_BYTES) as
+    /// JSON, checked before any I/O.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::PermitOptions;
+    /// let who = serde_json::json!({"host": "gpu-node-2"});
+    /// let p = sem.acquire_with_metadata("gpus", PermitOptions::new(4, Duration::from_secs(30)), &who).await?;
+    /// assert_eq!(sem.inspect("gpus").await?.holders.len(), 1);
+    /// p.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_with_metadata(
+        &self,
+        name: &str,
+        opts: PermitOptions,
+        metadata: &serde_json::Value,
+    ) -> Result<Permit> {
+        validate::name("name", name)?;
+        let meta = crate::inspect::metadata_bytes(metadata)?;
+        self.acquire_meta(name, opts, Some(meta.into())).await
+    }
+
+    /// The live grants of `name` (holder fingerprint, permits, fencing
+    /// token, remaining time, metadata) and queued waiters where the store
+    /// can tell. Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
+    /// let info = sem.inspect("gpus").await?;
+    /// let taken: u32 = info.holders.iter().map(|h| h.permits).sum();
+    /// println!("{taken} permits taken, {:?} waiting", info.waiters);
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
+        validate::name("name", name)?;
+        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+    }
+
     /// [`Self::acquire_with`] on a name already checked (or made by coord
     /// itself, as the read-write locks' internal names are).
     pub(crate) async fn acquire_checked(&self, name: &str, opts: PermitOptions) -> Result<Permit> {
+        self.acquire_meta(name, opts, None).await
+    }
+
+    async fn acquire_meta(
+        &self,
+        name: &str,
+        opts: PermitOptions,
+        meta: Option<Arc<[u8]>>,
+    ) -> Result<Permit> {
         validate::permits(opts.permits, opts.permits_total)?;
         let most = self.backend.max_permits_per_request();
         if opts.permits > most {
@@ -393,8 +444,16 @@ impl Semaphores {
             self.settings.poll_interval,
             queueing,
             |owner| {
-                let b = self.backend.clone();
-                async move { b.try_acquire(name, &owner, &request).await }
+                let (b, meta) = (self.backend.clone(), meta.clone());
+                async move {
+                    match meta {
+                        Some(m) => {
+                            b.try_acquire_with_metadata(name, &owner, &request, &m)
+                                .await
+                        }
+                        None => b.try_acquire(name, &owner, &request).await,
+                    }
+                }
             },
             |owner| {
                 let b = self.backend.clone();

@@ -43,8 +43,9 @@ use coord_core::barrier_state::BarrierState;
 use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
-    Algorithm, Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingDurability,
-    FencingToken, LeaderInfo, OwnerToken, PermitRequest, Quota, Result, async_trait,
+    Algorithm, Arrival, Attempt, Capabilities, ClaimRecord, Coord, Decision, Error,
+    FencingDurability, FencingToken, HolderRecord, LeaderInfo, OwnerToken, PermitRequest, Quota,
+    Result, async_trait,
 };
 use tokio::time::Instant;
 
@@ -161,6 +162,7 @@ struct Claim {
     owner: OwnerToken,
     token: u64,
     expires: Instant,
+    meta: Option<Arc<[u8]>>,
 }
 
 impl Claim {
@@ -193,6 +195,7 @@ struct SemHolder {
     permits: u32,
     token: u64,
     expires: Instant,
+    meta: Option<Arc<[u8]>>,
 }
 
 /// One waiter in a semaphore's queue.
@@ -346,6 +349,7 @@ impl MemoryBackend {
         name: &str,
         owner: &OwnerToken,
         ttl: Duration,
+        meta: Option<&[u8]>,
     ) -> Attempt {
         let now = Instant::now();
         let mut shard = map.shard(name);
@@ -353,6 +357,7 @@ impl MemoryBackend {
             owner: *owner,
             token: 0,
             expires: now,
+            meta: None,
         };
         let c = shard.entry(name, fresh, |c| !c.live(now));
         if c.live(now) && c.owner != *owner {
@@ -363,9 +368,32 @@ impl MemoryBackend {
         if !(c.live(now) && c.owner == *owner) {
             c.owner = *owner;
             c.token = self.next_token();
+            c.meta = meta.map(Arc::from);
         }
         c.expires = now + ttl;
         Attempt::Granted(FencingToken(c.token))
+    }
+
+    fn claim_inspect(map: &Sharded<Claim>, name: &str) -> ClaimRecord {
+        let now = Instant::now();
+        let shard = map.shard(name);
+        let holders = shard
+            .map
+            .get(name)
+            .filter(|c| c.live(now))
+            .map(|c| HolderRecord {
+                owner: c.owner,
+                token: FencingToken(c.token),
+                remaining: Some(c.expires - now),
+                metadata: c.meta.as_ref().map(|m| m.to_vec()),
+                permits: 1,
+            })
+            .into_iter()
+            .collect();
+        ClaimRecord {
+            holders,
+            waiters: None,
+        }
     }
 
     fn claim_extend(map: &Sharded<Claim>, name: &str, owner: &OwnerToken, ttl: Duration) -> bool {
@@ -405,7 +433,7 @@ impl coord_core::Lock for MemoryBackend {
     }
 
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        Ok(self.claim_attempt(&self.locks, name, owner, ttl))
+        Ok(self.claim_attempt(&self.locks, name, owner, ttl, None))
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
@@ -431,6 +459,20 @@ impl coord_core::Lock for MemoryBackend {
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
         Ok(self.lock_wakeups.subscribe(name))
     }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        Ok(self.claim_attempt(&self.locks, name, owner, ttl, Some(metadata)))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        Ok(Self::claim_inspect(&self.locks, name))
+    }
 }
 
 #[async_trait]
@@ -440,7 +482,7 @@ impl coord_core::Lease for MemoryBackend {
     }
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        Ok(self.claim_attempt(&self.leases, name, owner, ttl))
+        Ok(self.claim_attempt(&self.leases, name, owner, ttl, None))
     }
 
     async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
@@ -459,6 +501,20 @@ impl coord_core::Lease for MemoryBackend {
             .get(name)
             .filter(|c| c.live(now))
             .map(|c| c.expires - now))
+    }
+
+    async fn grant_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        Ok(self.claim_attempt(&self.leases, name, owner, ttl, Some(metadata)))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        Ok(Self::claim_inspect(&self.leases, name))
     }
 }
 
@@ -663,82 +719,46 @@ impl coord_core::Semaphore for MemoryBackend {
         owner: &OwnerToken,
         req: &PermitRequest,
     ) -> Result<Attempt> {
+        self.sem_attempt(name, owner, req, None)
+    }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.sem_attempt(name, owner, req, Some(metadata))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
         let now = Instant::now();
-        let (attempt, wake) = {
-            let mut shard = self.semaphores.shard(name);
-            let s = shard.entry(
-                name,
-                || Sem {
-                    total: req.total,
-                    holders: Vec::new(),
-                    queue: VecDeque::new(),
-                },
-                |s| s.idle(now),
-            );
-            s.prune(now);
-            if s.holders.is_empty() && s.queue.is_empty() {
-                s.total = req.total;
-            } else if s.total != req.total {
-                return Err(Error::invalid(
-                    "permits_total",
-                    format!(
-                        "is {}, but the semaphore is in use with permits_total {}; \
-                         the total binds while the name has holders or waiters",
-                        req.total, s.total
-                    ),
-                ));
-            }
-            if let Some(h) = s.holders.iter_mut().find(|h| h.owner == *owner) {
-                // A retry of a grant whose reply was lost: the same grant.
-                h.expires = now + req.ttl;
-                return Ok(Attempt::Granted(FencingToken(h.token)));
-            }
-            let pos = s.queue.iter().position(|w| w.owner == *owner);
-            let ahead: u32 = s
-                .queue
-                .iter()
-                .take(pos.unwrap_or(s.queue.len()))
-                .map(|w| w.permits)
-                .sum();
-            let attempt = if ahead.saturating_add(req.permits) <= s.free() {
-                if let Some(i) = pos {
-                    s.queue.remove(i);
-                }
-                let token = self.next_token();
-                s.holders.push(SemHolder {
-                    owner: *owner,
-                    permits: req.permits,
-                    token,
-                    expires: now + req.ttl,
-                });
-                Attempt::Granted(FencingToken(token))
-            } else {
-                let mut until = now + QUEUE_REFRESH;
-                for h in &s.holders {
-                    until = until.min(h.expires);
-                }
-                if req.queue {
-                    match pos {
-                        Some(i) => s.queue[i].expires = now + QUEUE_ENTRY_TTL,
-                        None => s.queue.push_back(SemWaiter {
-                            owner: *owner,
-                            permits: req.permits,
-                            expires: now + QUEUE_ENTRY_TTL,
-                        }),
-                    }
-                }
-                for w in s.queue.iter().take(pos.unwrap_or(s.queue.len())) {
-                    until = until.min(w.expires);
-                }
-                Attempt::Held {
-                    expires_in: Some(until - now),
-                }
-            };
-            // Pruning may have freed permits for waiters queued elsewhere.
-            (attempt, s.grantable())
+        let shard = self.semaphores.shard(name);
+        let Some(s) = shard.map.get(name) else {
+            return Ok(ClaimRecord {
+                holders: Vec::new(),
+                waiters: Some(0),
+            });
         };
-        self.wake_grantable(name, wake);
-        Ok(attempt)
+        let mut holders: Vec<HolderRecord> = s
+            .holders
+            .iter()
+            .filter(|h| h.expires > now)
+            .map(|h| HolderRecord {
+                owner: h.owner,
+                token: FencingToken(h.token),
+                remaining: Some(h.expires - now),
+                metadata: h.meta.as_ref().map(|m| m.to_vec()),
+                permits: h.permits,
+            })
+            .collect();
+        holders.sort_by_key(|h| h.token);
+        let waiters = s.queue.iter().filter(|w| w.expires > now).count() as u64;
+        Ok(ClaimRecord {
+            holders,
+            waiters: Some(waiters),
+        })
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
@@ -810,6 +830,95 @@ fn algorithm_tag(a: Algorithm) -> &'static str {
         Algorithm::FixedWindow => "fw:",
         Algorithm::Gcra => "gcra:",
         _ => "other:",
+    }
+}
+
+impl MemoryBackend {
+    /// One semaphore attempt, storing `meta` with a new grant.
+    fn sem_attempt(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+        meta: Option<&[u8]>,
+    ) -> Result<Attempt> {
+        let now = Instant::now();
+        let (attempt, wake) = {
+            let mut shard = self.semaphores.shard(name);
+            let s = shard.entry(
+                name,
+                || Sem {
+                    total: req.total,
+                    holders: Vec::new(),
+                    queue: VecDeque::new(),
+                },
+                |s| s.idle(now),
+            );
+            s.prune(now);
+            if s.holders.is_empty() && s.queue.is_empty() {
+                s.total = req.total;
+            } else if s.total != req.total {
+                return Err(Error::invalid(
+                    "permits_total",
+                    format!(
+                        "is {}, but the semaphore is in use with permits_total {}; \
+                         the total binds while the name has holders or waiters",
+                        req.total, s.total
+                    ),
+                ));
+            }
+            if let Some(h) = s.holders.iter_mut().find(|h| h.owner == *owner) {
+                // A retry of a grant whose reply was lost: the same grant.
+                h.expires = now + req.ttl;
+                return Ok(Attempt::Granted(FencingToken(h.token)));
+            }
+            let pos = s.queue.iter().position(|w| w.owner == *owner);
+            let ahead: u32 = s
+                .queue
+                .iter()
+                .take(pos.unwrap_or(s.queue.len()))
+                .map(|w| w.permits)
+                .sum();
+            let attempt = if ahead.saturating_add(req.permits) <= s.free() {
+                if let Some(i) = pos {
+                    s.queue.remove(i);
+                }
+                let token = self.next_token();
+                s.holders.push(SemHolder {
+                    owner: *owner,
+                    permits: req.permits,
+                    token,
+                    expires: now + req.ttl,
+                    meta: meta.map(Arc::from),
+                });
+                Attempt::Granted(FencingToken(token))
+            } else {
+                let mut until = now + QUEUE_REFRESH;
+                for h in &s.holders {
+                    until = until.min(h.expires);
+                }
+                if req.queue {
+                    match pos {
+                        Some(i) => s.queue[i].expires = now + QUEUE_ENTRY_TTL,
+                        None => s.queue.push_back(SemWaiter {
+                            owner: *owner,
+                            permits: req.permits,
+                            expires: now + QUEUE_ENTRY_TTL,
+                        }),
+                    }
+                }
+                for w in s.queue.iter().take(pos.unwrap_or(s.queue.len())) {
+                    until = until.min(w.expires);
+                }
+                Attempt::Held {
+                    expires_in: Some(until - now),
+                }
+            };
+            // Pruning may have freed permits for waiters queued elsewhere.
+            (attempt, s.grantable())
+        };
+        self.wake_grantable(name, wake);
+        Ok(attempt)
     }
 }
 

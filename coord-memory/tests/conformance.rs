@@ -48,3 +48,13 @@ fn memory_provides_queues_so_no_queue_case_is_skipped() {
     let coord = coord_memory::connect("memory://").expect("memory:// always connects");
     assert!(coord.queues().is_ok());
 }
+
+/// The inspection cases gate themselves on stores without inspect; the
+/// reference model must never be one of them.
+#[tokio::test]
+async fn memory_inspects_so_no_inspect_case_is_skipped() {
+    let coord = coord_memory::connect("memory://").expect("memory:// always connects");
+    assert!(coord.locks().unwrap().inspect("x").await.is_ok());
+    assert!(coord.leases().unwrap().inspect("x").await.is_ok());
+    assert!(coord.semaphores().unwrap().inspect("x").await.is_ok());
+}

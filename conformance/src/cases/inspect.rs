@@ -1,0 +1,212 @@
+//! Holder metadata and inspection: a grant carries a small JSON value,
+//! stored with it; `inspect` shows every live holder (fingerprint, fencing
+//! token, remaining time, metadata, permits) to any client.
+//!
+//! A store without inspection (yet) skips these cases with the reason
+//! [`INSPECT_GATE`] on stderr, never a silent pass.
+
+use std::time::Duration;
+
+use coord_core::{ClaimInfo, Coord, Error, LockOptions, PermitOptions, Result};
+use serde_json::json;
+
+use crate::{Factory, unique};
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// Why every inspection case skips on a store without it.
+pub const INSPECT_GATE: &str = "holder metadata and inspect not implemented on this store yet";
+
+/// `Some(info)`, or `None` (the reason on stderr) when the store does not
+/// inspect yet. Any other error fails the case.
+fn gated(r: Result<ClaimInfo>) -> Option<ClaimInfo> {
+    match r {
+        Ok(i) => Some(i),
+        Err(Error::Unsupported { backend, .. }) => {
+            eprintln!("skipped: {INSPECT_GATE} ({backend})");
+            None
+        }
+        Err(e) => panic!("inspect: expected information or Unsupported, got {e:?}"),
+    }
+}
+
+fn metadata_field<T: std::fmt::Debug>(r: Result<T>, what: &str) {
+    match r {
+        Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "metadata", "{what}"),
+        other => panic!("{what}: expected InvalidArgument {{ metadata }}, got {other:?}"),
+    }
+}
+
+/// A lock taken with metadata: another client's `inspect` shows exactly one
+/// holder with the guard's owner id, fencing token, metadata and a
+/// remaining time within the TTL; a lock taken without metadata shows none;
+/// a free or released lock shows no holder.
+pub async fn inspect_lock_shows_the_holder_and_its_metadata(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let (la, lb) = (a.locks().unwrap(), b.locks().unwrap());
+    let name = unique("inspect-lock");
+    let Some(free) = gated(lb.inspect(&name).await) else {
+        return;
+    };
+    assert!(
+        free.holders.is_empty(),
+        "a free lock has a holder: {free:?}"
+    );
+    let who = json!({"host": "web-3", "pid": 4242, "why": "nightly report", "é": [1, 2.5, null]});
+    let guard = la
+        .acquire_with_metadata(&name, LockOptions::new(LONG), &who)
+        .await
+        .unwrap();
+    let info = lb.inspect(&name).await.unwrap();
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    let h = &info.holders[0];
+    assert_eq!(h.owner_id, guard.owner_id());
+    assert_eq!(h.fencing_token, guard.fencing_token());
+    assert_eq!(h.metadata.as_ref(), Some(&who));
+    assert_eq!(h.permits, 1);
+    if let Some(r) = h.remaining {
+        assert!(
+            r <= LONG && r > LONG / 2,
+            "remaining {r:?} of a {LONG:?} lock"
+        );
+    }
+    guard.release().await.unwrap();
+    assert!(
+        lb.inspect(&name).await.unwrap().holders.is_empty(),
+        "released, still shown"
+    );
+
+    let plain = la.acquire(&name, LONG, Duration::ZERO).await.unwrap();
+    let info = lb.inspect(&name).await.unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(
+        info.holders[0].metadata, None,
+        "metadata of an earlier grant was kept"
+    );
+    assert_eq!(info.holders[0].fencing_token, plain.fencing_token());
+    plain.release().await.unwrap();
+}
+
+/// Two grants of a semaphore, with metadata: `inspect` lists both with
+/// their permits, tokens and metadata; after one is released, one is left.
+pub async fn inspect_semaphore_lists_each_grant(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let (Ok(sa), Ok(sb)) = (a.semaphores(), b.semaphores()) else {
+        eprintln!("skipped: no semaphores on this store");
+        return;
+    };
+    let name = unique("inspect-sem");
+    let Some(free) = gated(sb.inspect(&name).await) else {
+        return;
+    };
+    assert!(free.holders.is_empty(), "{free:?}");
+    let p1 = sa
+        .acquire_with_metadata(
+            &name,
+            PermitOptions::new(5, LONG).permits(2),
+            &json!({"n": 1}),
+        )
+        .await
+        .unwrap();
+    let p2 = sb
+        .acquire_with_metadata(&name, PermitOptions::new(5, LONG), &json!("second"))
+        .await
+        .unwrap();
+    let mut info = sa.inspect(&name).await.unwrap();
+    info.holders.sort_by_key(|h| h.fencing_token);
+    assert_eq!(info.holders.len(), 2, "{info:?}");
+    assert_eq!(
+        (info.holders[0].permits, &info.holders[0].owner_id),
+        (2, &p1.owner_id())
+    );
+    assert_eq!(info.holders[0].metadata, Some(json!({"n": 1})));
+    assert_eq!(
+        (info.holders[1].permits, info.holders[1].fencing_token),
+        (1, p2.fencing_token())
+    );
+    assert_eq!(info.holders[1].metadata, Some(json!("second")));
+    p1.release().await.unwrap();
+    let info = sb.inspect(&name).await.unwrap();
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner_id, p2.owner_id());
+    p2.release().await.unwrap();
+}
+
+/// A lease with metadata is shown by `inspect` while live, and not after
+/// it was revoked.
+pub async fn inspect_lease_shows_the_holder(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let (la, lb) = (a.leases().unwrap(), b.leases().unwrap());
+    let name = unique("inspect-lease");
+    let Some(_) = gated(lb.inspect(&name).await) else {
+        return;
+    };
+    let me = json!({"worker": 7, "version": "1.4.2"});
+    let lease = la
+        .grant_with_metadata(&name, LONG, &me)
+        .await
+        .unwrap()
+        .expect("a free lease");
+    let info = lb.inspect(&name).await.unwrap();
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].metadata.as_ref(), Some(&me));
+    assert_eq!(info.holders[0].owner_id, lease.owner_id());
+    assert_eq!(info.holders[0].fencing_token, lease.fencing_token());
+    lease.revoke().await.unwrap();
+    assert!(lb.inspect(&name).await.unwrap().holders.is_empty());
+}
+
+/// Metadata over 1 KiB as JSON is `InvalidArgument { metadata }` before
+/// any I/O: nothing is held afterwards.
+pub async fn inspect_oversized_metadata_is_rejected_and_writes_nothing(f: &Factory) {
+    let c: Coord = f.client().await;
+    let locks = c.locks().unwrap();
+    let name = unique("inspect-big");
+    let Some(_) = gated(locks.inspect(&name).await) else {
+        return;
+    };
+    let big = json!({"blob": "x".repeat(2000)});
+    metadata_field(
+        locks
+            .acquire_with_metadata(&name, LockOptions::new(LONG), &big)
+            .await,
+        "lock",
+    );
+    metadata_field(
+        c.leases()
+            .unwrap()
+            .grant_with_metadata(&name, LONG, &big)
+            .await,
+        "lease",
+    );
+    if let Ok(sem) = c.semaphores() {
+        metadata_field(
+            sem.acquire_with_metadata(&name, PermitOptions::new(2, LONG), &big)
+                .await,
+            "semaphore",
+        );
+        assert!(sem.inspect(&name).await.unwrap().holders.is_empty());
+    }
+    assert!(locks.inspect(&name).await.unwrap().holders.is_empty());
+    assert!(
+        c.leases()
+            .unwrap()
+            .inspect(&name)
+            .await
+            .unwrap()
+            .holders
+            .is_empty()
+    );
+    // Exactly at the limit is fine.
+    let s = "y".repeat(coord_core::inspect::MAX_METADATA_BYTES - 2);
+    let at_limit = json!(s);
+    let g = locks
+        .acquire_with_metadata(&name, LockOptions::new(LONG), &at_limit)
+        .await
+        .expect("metadata of exactly 1 KiB");
+    assert_eq!(
+        locks.inspect(&name).await.unwrap().holders[0].metadata,
+        Some(at_limit)
+    );
+    g.release().await.unwrap();
+}
