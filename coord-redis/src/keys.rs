@@ -16,6 +16,14 @@ const KINDS: [Kind; 6] = [
 /// The key segment of a semaphore (coord-core has no [`Kind`] for it).
 pub(crate) const SEMAPHORE: &str = "semaphore";
 
+/// The key segment of a work queue (coord-core has no [`Kind`] for it).
+pub(crate) const QUEUE: &str = "queue";
+
+/// The suffixes of one lane's keys (see [`Keys::queue`]).
+const QUEUE_LANE: [&str; 9] = [
+    ":meta", ":ids", ":all", ":ready", ":delayed", ":flight", ":groups", ":turns", ":ordered",
+];
+
 /// The seed's fencing counter of a lock: `fencing_token_<name>`.
 const SEED_COUNTER: &str = "fencing_token_";
 
@@ -145,7 +153,7 @@ impl Keys {
             if let Some(kind) = KINDS
                 .iter()
                 .map(|k| k.as_str())
-                .chain([SEMAPHORE])
+                .chain([SEMAPHORE, QUEUE])
                 .find(|k| rest.starts_with(&format!("{k}:{{")))
             {
                 return Err(Error::invalid(
@@ -239,6 +247,25 @@ impl Keys {
         .map(|suffix| self.segment_key(SEMAPHORE, name, suffix))
     }
 
+    /// A work queue (every layout uses these keys, as leases do), in the
+    /// order `lua/queue_prelude.lua` describes them: its state hash (last
+    /// id, last token, the lanes' clocks and waiting marks), the bodies,
+    /// the dedup ids and their expiry, then nine keys per lane (`:main...`
+    /// and `:dead...`): meta, ids, all and ready (by group), delayed, in
+    /// flight, groups, turns and ordered turns.
+    pub fn queue(&self, name: &str) -> Vec<String> {
+        let mut keys: Vec<String> = ["", ":bodies", ":dedup", ":dedup-expiry"]
+            .iter()
+            .map(|suffix| self.segment_key(QUEUE, name, suffix))
+            .collect();
+        for lane in [":main", ":dead"] {
+            for suffix in QUEUE_LANE {
+                keys.push(self.segment_key(QUEUE, name, &format!("{lane}{suffix}")));
+            }
+        }
+        keys
+    }
+
     /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`). In
     /// [`Layout::Seed`], the sliding log is the bare key, and keys that would
     /// collide are refused (see there).
@@ -282,6 +309,16 @@ mod tests {
         let sem = k.semaphore("pool");
         assert_eq!(sem[0], "coord:semaphore:{pool}");
         assert_eq!(sem[5], "coord:semaphore:{pool}:queue-permits");
+        let q = k.queue("a{b}:c");
+        assert_eq!(q.len(), 22);
+        assert_eq!(q[0], "coord:queue:{a%7Bb%7D:c}");
+        assert_eq!(q[4], "coord:queue:{a%7Bb%7D:c}:main:meta");
+        assert_eq!(q[21], "coord:queue:{a%7Bb%7D:c}:dead:ordered");
+        for key in &q {
+            assert!(key.starts_with("coord:queue:{a%7Bb%7D:c}"), "{key}");
+        }
+        let unique: std::collections::HashSet<&String> = q.iter().collect();
+        assert_eq!(unique.len(), 22);
     }
 
     #[test]
@@ -300,6 +337,7 @@ mod tests {
         assert!(k.lock("fencing_token_x").is_err());
         assert!(k.limiter("coord:lock:{x}", "log").is_err());
         assert!(k.lock("coord:semaphore:{x}").is_err());
+        assert!(k.lock("coord:queue:{x}").is_err());
         assert!(k.lock("coord:locks").is_ok());
         assert_eq!(
             k.limiter("api:user1", "gcra").unwrap(),

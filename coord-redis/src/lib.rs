@@ -2,7 +2,7 @@
 //!
 //! The Redis backend of [coord](coord_core): every primitive (locks,
 //! leases, fencing tokens, elections, barriers, rate limiters, FIFO
-//! semaphores) on one Redis server, with the seed PHP `RedisLock`'s scheme corrected:
+//! semaphores, work queues) on one Redis server, with the seed PHP `RedisLock`'s scheme corrected:
 //!
 //! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
 //!   and issues the fencing token from a counter beside the lock in the same
@@ -30,6 +30,9 @@
 //! - **Semaphore**: FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)
 //!   is true): one script per step on six keys of one hash slot (state
 //!   hash, grants, queue), see "Semaphores" below.
+//! - **Work queue**: one script per step (push, pop, ack, nack, extend,
+//!   peek, redrive, stats, purge) on 22 keys of one hash slot, O(log n) in
+//!   the queue's size; see "Work queues" below.
 //! - **Election, lease, barrier**: the same pieces (keys with `PX`, owner
 //!   checks in scripts, `PUBLISH` on change). A barrier arrival carries the
 //!   wait's arrival id, so a retried completing arrival is recognised.
@@ -141,11 +144,41 @@
 //! Read-write locks built on these semaphores get a starvation-free
 //! queue: a waiting writer (all permits) blocks every later reader.
 //!
+//! ## Work queues
+//!
+//! A queue's keys are `<prefix>queue:{name}` (a hash: last id, last
+//! fencing token, each lane's virtual clock and waiting mark) and, with
+//! suffixes, `:bodies` (hash id -> payload, binary-safe), `:dedup` and
+//! `:dedup-expiry` (dedup id -> message id, and -> expiry), and nine keys
+//! per lane (`:main:*`, `:dead:*`): message metadata (hash id ->
+//! attempts, enqueue time, deadline, owner, group), every id (ZSET), all
+//! messages and the ready ones by group (lex ZSETs of `group \0 id`), the
+//! delayed and in-flight timelines (ZSETs by time), the groups' turns and
+//! candidates (hash), and the candidates by turn, plain and for ordered
+//! groups (ZSETs whose first member is the next delivery). Every layout
+//! uses them. Each step is one script on the server clock and follows
+//! `coord_core::queue_backend`'s rule exactly, with one bound: a step
+//! makes at most 256 due delayed messages and 256 lapsed deliveries ready,
+//! so after a larger mass lapse the next few steps finish the job (and may
+//! meanwhile deliver out of the rule's order among those). Ids and
+//! fencing tokens are max(last + 1, server µs), as for locks, so both keep
+//! rising after an idle queue's keys were deleted or the data was lost.
+//! A push or a nack without delay, a redrive, an ack that unblocks an
+//! ordered group and a dead-lettering publish `queue:<lane>:<name>`, but
+//! only while somebody waits on that lane: an attempt of a client with a
+//! waiter on it marks the lane for a minute (each such attempt renews
+//! it), so producers on a queue nobody waits on publish nothing. Payloads
+//! are at most 256 KiB (the default); [`Queue::durable`](coord_core::Queue::durable)
+//! is false (the server's persistence decides). Run Redis with
+//! `maxmemory-policy noeviction` for queues: an evicted index key leaves
+//! messages undeliverable until purged (the scripts never fail on it).
+//!
 //! ## Costs
 //!
 //! An uncontended acquire + release (lock or semaphore permit) is exactly
-//! 2 requests (`EVALSHA` twice); a limiter check, a fencing token, a campaign, a barrier arrival
-//! are 1 each. The tests count them through a counting proxy.
+//! 2 requests (`EVALSHA` twice); a limiter check, a fencing token, a campaign, a barrier arrival,
+//! a queue push, pop, ack, nack or extend are 1 each. The tests count them
+//! through a counting proxy.
 //!
 //! ## What stays in Redis
 //!
@@ -158,6 +191,10 @@
 //!   fencing token lives in the claim, so a grant costs one read and one
 //!   write, like the raw `SET NX`;
 //! - a semaphore's keys live until its latest grant or queue place ends;
+//! - a work queue's keys live while it holds messages; once it holds none
+//!   (acked or purged), only its dedup ids stay, until their windows end,
+//!   and on a TTL its last id and token while ahead of the server clock
+//!   and its lanes' waiting marks (at most a minute);
 //! - an election is one hash on the leader's TTL (after a resignation, just
 //!   the last term until then);
 //! - a limiter key expires with its window;

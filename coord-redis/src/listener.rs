@@ -8,8 +8,9 @@
 //! `connect` returns), and the subscriber connection never changes its
 //! subscriptions, so a reconnect only has to subscribe one channel again.
 //! The price is that every client of a prefix receives every wake-up of
-//! that prefix (small messages, only on release, resignation, election and
-//! barrier completion) and drops those nobody waits for locally.
+//! that prefix (small messages, only on release, resignation, election,
+//! barrier completion, and queue pushes and give-backs while somebody waits
+//! on the queue) and drops those nobody waits for locally.
 
 use std::time::Duration;
 
@@ -53,6 +54,15 @@ fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
         }
         Some(("election" | "barrier" | "lease", _)) => {
             wakeups.notify_all(payload);
+        }
+        // A work queue's lane: `queue:<lane>:<name>` wakes one local waiter
+        // (one message came), `queue-all:<lane>:<name>` every one (a
+        // redrive may bring many).
+        Some(("queue", _)) => {
+            wakeups.notify_one(payload);
+        }
+        Some(("queue-all", rest)) => {
+            wakeups.notify_all(&format!("queue:{rest}"));
         }
         _ => {}
     }
@@ -142,6 +152,14 @@ mod tests {
         tokio::pin!(f);
         f.as_mut().enable();
         dispatch(&w, b"lock:a:b");
+        tokio::time::timeout(Duration::from_millis(100), f)
+            .await
+            .expect("woken");
+        let queue = w.subscribe("queue:main:a:b");
+        let f = queue.notified();
+        tokio::pin!(f);
+        f.as_mut().enable();
+        dispatch(&w, b"queue-all:main:a:b");
         tokio::time::timeout(Duration::from_millis(100), f)
             .await
             .expect("woken");

@@ -420,6 +420,37 @@ const SEMAPHORE_EXTEND: &str = include_str!("lua/semaphore_extend.lua");
 /// Remove every grant of a semaphore (see the file).
 const SEMAPHORE_FORCE_RELEASE: &str = include_str!("lua/semaphore_force_release.lua");
 
+/// What every queue script shares: its keys, the delivery index and its
+/// upkeep, wake-ups and the cleanup of an idle queue (see the file).
+const QUEUE_PRELUDE: &str = include_str!("lua/queue_prelude.lua");
+
+/// Push a message, deduplicated (see the file).
+const QUEUE_PUSH: &str = include_str!("lua/queue_push.lua");
+
+/// One delivery attempt (see the file).
+const QUEUE_POP: &str = include_str!("lua/queue_pop.lua");
+
+/// Owner-checked ack (see the file).
+const QUEUE_ACK: &str = include_str!("lua/queue_ack.lua");
+
+/// Owner-checked nack (see the file).
+const QUEUE_NACK: &str = include_str!("lua/queue_nack.lua");
+
+/// Owner-checked extend of a delivery (see the file).
+const QUEUE_EXTEND: &str = include_str!("lua/queue_extend.lua");
+
+/// Read a lane's first messages (see the file).
+const QUEUE_PEEK: &str = include_str!("lua/queue_peek.lua");
+
+/// Move dead letters back to the main lane (see the file).
+const QUEUE_REDRIVE: &str = include_str!("lua/queue_redrive.lua");
+
+/// Count a queue's messages (see the file).
+const QUEUE_STATS: &str = include_str!("lua/queue_stats.lua");
+
+/// Delete a queue's messages and dedup ids (see the file).
+const QUEUE_PURGE: &str = include_str!("lua/queue_purge.lua");
+
 /// Every script of the backend, compiled once per client.
 pub(crate) struct Scripts {
     pub acquire: Script,
@@ -446,6 +477,15 @@ pub(crate) struct Scripts {
     pub semaphore_release: Script,
     pub semaphore_extend: Script,
     pub semaphore_force_release: Script,
+    pub queue_push: Script,
+    pub queue_pop: Script,
+    pub queue_ack: Script,
+    pub queue_nack: Script,
+    pub queue_extend: Script,
+    pub queue_peek: Script,
+    pub queue_redrive: Script,
+    pub queue_stats: Script,
+    pub queue_purge: Script,
     /// The source of each, for `SCRIPT LOAD` at connect time.
     pub sources: Vec<String>,
 }
@@ -489,6 +529,15 @@ impl Scripts {
                 SEMAPHORE_PRELUDE,
                 SEMAPHORE_FORCE_RELEASE,
             ]),
+            queue_push: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PUSH]),
+            queue_pop: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_POP]),
+            queue_ack: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_ACK]),
+            queue_nack: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_NACK]),
+            queue_extend: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_EXTEND]),
+            queue_peek: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PEEK]),
+            queue_redrive: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_REDRIVE]),
+            queue_stats: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_STATS]),
+            queue_purge: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PURGE]),
             sources,
         }
     }

@@ -24,7 +24,8 @@ pub(crate) const BACKEND: &str = "redis";
 /// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
 /// [`FencingSource`](coord_core::FencingSource),
 /// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
-/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore)).
+/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore),
+/// [`Queue`](coord_core::Queue)).
 ///
 /// Holds one multiplexed command connection that reconnects by itself
 /// (`redis::aio::ConnectionManager`) and one dedicated subscriber
@@ -418,10 +419,12 @@ impl RedisBackend {
     }
 
     /// Wrap this backend in a [`Coord`](coord_core::Coord) handle, with
-    /// every primitive, semaphores included.
+    /// every primitive, semaphores and work queues included.
     pub fn into_coord(self) -> coord_core::Coord {
         let backend = Arc::new(self);
-        coord_core::Coord::from_backend(backend.clone()).with_semaphores(backend)
+        coord_core::Coord::from_backend(backend.clone())
+            .with_semaphores(backend.clone())
+            .with_queues(backend)
     }
 
     /// The key layout in use.
@@ -510,4 +513,5 @@ mod barrier;
 mod claims;
 mod election;
 mod limiter;
+mod queue;
 mod semaphore;
