@@ -12,6 +12,7 @@
 //! coord queue push emails --group tenant-7 '{"to":"a@b.c"}'
 //! coord queue work emails --visibility 1m --wait 30s -- ./send-email.sh
 //! coord queue stats emails
+//! coord inspect lock nightly-report --json
 //! ```
 //!
 //! Exit codes: a command run under `lock` or `elect` exits with the
@@ -19,6 +20,7 @@
 //! [`exit`]. Errors are printed in plain words with what to do.
 
 mod exit;
+mod inspect;
 mod queue;
 mod run;
 
@@ -50,6 +52,7 @@ const EXAMPLES: &str = "Examples:
   coord leader scheduler --watch
   coord limit api:alice --limit 100 --window 1m && curl ...
   coord release --force lock nightly --yes
+  coord inspect lock nightly --json        # holder: owner id, token, remaining, host, pid, since
   echo 'hello' | coord queue push emails --group tenant-7
   coord queue work emails --wait 30s -- ./send-email.sh   # payload on stdin; exit 0 acks
 
@@ -68,6 +71,11 @@ enum Command {
         name: String,
         #[command(flatten)]
         hold: Hold,
+        /// A JSON object stored with the grant beside host, pid, since_ms
+        /// and command (what `coord inspect lock` shows), e.g.
+        /// '{"why":"backfill"}'.
+        #[arg(long)]
+        meta: Option<String>,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -152,6 +160,18 @@ enum Command {
         #[command(subcommand)]
         op: FenceOp,
     },
+    /// What the store records about a lock, lease, election, semaphore or
+    /// queue: holders (owner id, fencing token, remaining time, metadata
+    /// such as host, pid and since), waiters where the store can tell.
+    Inspect {
+        /// What to inspect.
+        kind: inspect::Kind,
+        /// Its name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Work queues: push, work (run a command per message), stats, peek,
     /// redrive, purge.
     Queue {
@@ -229,13 +249,24 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
         Command::Lock {
             name,
             hold,
+            meta,
             command,
         } => {
             let locks = coord.locks()?;
             let opts = coord::LockOptions::new(hold.ttl)
                 .wait(hold.wait)
                 .watchdog(true);
-            let guard = match locks.acquire_with(&name, opts).await {
+            let metadata = inspect::holder_metadata(&command, meta.as_deref())?;
+            let taken = match locks.acquire_with_metadata(&name, opts, &metadata).await {
+                Err(Error::Unsupported { backend, .. }) => {
+                    eprintln!(
+                        "coord: the {backend} store keeps no holder metadata; locking without it"
+                    );
+                    locks.acquire_with(&name, opts).await
+                }
+                other => other,
+            };
+            let guard = match taken {
                 Ok(g) => g,
                 Err(Error::Timeout { .. }) => {
                     eprintln!(
@@ -360,6 +391,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             Err(e) => Err(e),
         },
         Command::Queue { op } => queue::queue(&coord, op).await,
+        Command::Inspect { kind, name, json } => inspect::inspect(&coord, kind, &name, json).await,
         Command::Fence {
             op: FenceOp::Next { resource },
         } => {

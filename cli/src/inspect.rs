@@ -1,0 +1,154 @@
+//! `coord inspect KIND NAME`: what the store records about a lock, lease,
+//! election, semaphore or queue; and the metadata `coord lock` stores with
+//! its grant (host, pid, since, command).
+
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use clap::ValueEnum;
+use coord::{ClaimInfo, Coord, Error};
+use serde_json::{Value, json};
+
+/// What to inspect.
+#[derive(ValueEnum, Clone, Copy, Debug)]
+pub enum Kind {
+    /// A lock: its holder.
+    Lock,
+    /// A lease: its holder.
+    Lease,
+    /// An election: its leader and term.
+    Election,
+    /// A semaphore: every grant and its permits.
+    Semaphore,
+    /// A work queue: its counts and oldest messages.
+    Queue,
+}
+
+/// The metadata `coord lock` and `coord elect` store with their grant, with
+/// the user's `--meta` object merged in (its keys win).
+pub fn holder_metadata(command: &[String], extra: Option<&str>) -> Result<Value, Error> {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let mut v = json!({
+        "host": host,
+        "pid": std::process::id(),
+        "since_ms": since,
+        "command": command.first().cloned().unwrap_or_default(),
+    });
+    if let Some(extra) = extra {
+        let Value::Object(extra) = serde_json::from_str::<Value>(extra).map_err(|e| {
+            Error::invalid(
+                "--meta",
+                format!("is not JSON: {e}; write an object such as '{{\"why\":\"backfill\"}}'"),
+            )
+        })?
+        else {
+            return Err(Error::invalid(
+                "--meta",
+                "must be a JSON object, such as '{\"why\":\"backfill\"}'",
+            ));
+        };
+        if let Value::Object(m) = &mut v {
+            m.extend(extra);
+        }
+    }
+    Ok(v)
+}
+
+pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Result<ExitCode, Error> {
+    let out = match kind {
+        Kind::Lock => claim(coord.locks()?.inspect(name).await?),
+        Kind::Lease => claim(coord.leases()?.inspect(name).await?),
+        Kind::Semaphore => claim(coord.semaphores()?.inspect(name).await?),
+        Kind::Election => match coord.elections()?.leader(name).await? {
+            Some(l) => json!({"leader": l.candidate, "term": l.term.0}),
+            None => json!({"leader": null}),
+        },
+        Kind::Queue => {
+            let q = coord.queues()?;
+            let s = q.stats(name).await?;
+            let oldest = q.peek(name, coord::Lane::Main, 5).await?;
+            json!({
+                "ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight, "dead": s.dead,
+                "oldest": oldest.iter().map(|m| json!({
+                    "id": m.id.0, "group": m.group, "attempts": m.attempts,
+                    "enqueued_at_ms": m.enqueued_at.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+                    "bytes": m.payload.len(),
+                })).collect::<Vec<_>>(),
+            })
+        }
+    };
+    if json {
+        println!("{out}");
+    } else {
+        print!("{}", plain(kind, &out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn claim(info: ClaimInfo) -> Value {
+    json!({
+        "holders": info.holders.iter().map(|h| json!({
+            "owner_id": h.owner_id,
+            "fencing_token": h.fencing_token.0,
+            "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
+            "permits": h.permits,
+            "metadata": h.metadata,
+        })).collect::<Vec<_>>(),
+        "waiters": info.waiters,
+    })
+}
+
+/// The same, for people.
+fn plain(kind: Kind, v: &Value) -> String {
+    let mut s = String::new();
+    match kind {
+        Kind::Election => match v["leader"].as_str() {
+            Some(l) => s.push_str(&format!("leader {l} (term {})\n", v["term"])),
+            None => s.push_str("no leader\n"),
+        },
+        Kind::Queue => {
+            s.push_str(&format!(
+                "ready {}  delayed {}  in flight {}  dead {}\n",
+                v["ready"], v["delayed"], v["in_flight"], v["dead"]
+            ));
+            for m in v["oldest"].as_array().into_iter().flatten() {
+                s.push_str(&format!(
+                    "  message {}  group {}  attempts {}  {} bytes\n",
+                    m["id"], m["group"], m["attempts"], m["bytes"]
+                ));
+            }
+        }
+        Kind::Lock | Kind::Lease | Kind::Semaphore => {
+            let holders = v["holders"].as_array().cloned().unwrap_or_default();
+            if holders.is_empty() {
+                s.push_str("not held\n");
+            }
+            for h in holders {
+                s.push_str(&format!(
+                    "held by {}  token {}  remaining {}  permits {}",
+                    h["owner_id"].as_str().unwrap_or("?"),
+                    h["fencing_token"],
+                    h["remaining_ms"]
+                        .as_u64()
+                        .map_or("?".to_string(), |ms| format!("{ms} ms")),
+                    h["permits"]
+                ));
+                if !h["metadata"].is_null() {
+                    s.push_str(&format!("  {}", h["metadata"]));
+                }
+                s.push('\n');
+            }
+            if let Some(w) = v["waiters"].as_u64() {
+                s.push_str(&format!("{w} waiting\n"));
+            }
+        }
+    }
+    s
+}

@@ -1,0 +1,190 @@
+//! `coord inspect` run as a user runs it, against real Redis, PostgreSQL
+//! and etcd servers started by the test kit: the holder of a lock taken by
+//! `coord lock` with its metadata (host, pid, since, command, `--meta`),
+//! semaphores, leases, elections and queues.
+
+use std::process::{Output, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use conformance::testkit::{etcd, postgres, redis};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+fn stores() -> Vec<String> {
+    vec![
+        redis::server().url(),
+        postgres::cluster().url(),
+        etcd::shared().url(),
+    ]
+}
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "clii-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn coord(url: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_coord"));
+    c.env("COORD_URL", url)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+async fn run(url: &str, args: &[&str]) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), coord(url).args(args).output())
+        .await
+        .expect("coord did not finish in 60 s")
+        .expect("run coord")
+}
+
+async fn inspect(url: &str, kind: &str, name: &str) -> Value {
+    let out = run(url, &["inspect", kind, name, "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("inspect JSON")
+}
+
+/// While `coord lock` runs a command, `coord inspect lock` shows its holder:
+/// the token the command got, a remaining time within the TTL, and the
+/// metadata (host, pid, since_ms, command, and the `--meta` keys). Once it
+/// ended, the lock shows no holder; plain output says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_holder_of_a_cli_lock_with_its_metadata() {
+    for url in stores() {
+        let name = unique("lock");
+        let mut child = coord(&url)
+            .args([
+                "lock",
+                &name,
+                "--ttl",
+                "20s",
+                "--meta",
+                r#"{"why":"backfill","ticket":42}"#,
+                "--",
+                "sh",
+                "-c",
+                "echo $COORD_FENCING_TOKEN; exec sleep 30",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let token: u64 = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the command did not start")
+            .unwrap()
+            .expect("a token")
+            .parse()
+            .expect("a numeric token");
+        let v = inspect(&url, "lock", &name).await;
+        let h = &v["holders"][0];
+        assert_eq!(h["fencing_token"], token, "{url}: {v}");
+        let m = &h["metadata"];
+        assert_eq!(
+            (&m["why"], &m["ticket"]),
+            (&json!("backfill"), &json!(42)),
+            "{url}: {v}"
+        );
+        assert_eq!(m["command"], "sh", "{url}: {v}");
+        assert!(m["pid"].as_u64().is_some_and(|p| p > 0), "{url}: {v}");
+        assert!(m["since_ms"].as_u64().is_some_and(|p| p > 0), "{url}: {v}");
+        assert!(m["host"].as_str().is_some(), "{url}: {v}");
+        if let Some(ms) = h["remaining_ms"].as_u64() {
+            assert!(ms <= 20_000, "{url}: {v}");
+        }
+        assert!(
+            h["owner_id"].as_str().is_some_and(|s| s.len() == 16),
+            "{url}: {v}"
+        );
+        let out = run(&url, &["inspect", "lock", &name]).await;
+        let plain = String::from_utf8_lossy(&out.stdout);
+        assert!(plain.contains(&format!("token {token}")), "{url}: {plain}");
+        assert!(plain.contains("backfill"), "{url}: {plain}");
+        child.start_kill().unwrap();
+        child.wait().await.unwrap();
+        // The killed `coord lock` released nothing; force-release it.
+        run(&url, &["release", "--force", "lock", &name, "--yes"]).await;
+        let v = inspect(&url, "lock", &name).await;
+        assert_eq!(v["holders"], json!([]), "{url}: {v}");
+        let out = run(&url, &["inspect", "lock", &name]).await;
+        assert!(String::from_utf8_lossy(&out.stdout).contains("not held"));
+    }
+}
+
+/// Semaphore grants (each with its permits), a lease, an election's leader
+/// and a queue's counts, as library clients left them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_semaphores_leases_elections_and_queues() {
+    for url in stores() {
+        let c = coord::connect(&url).await.unwrap();
+        let ttl = Duration::from_secs(20);
+        let sem = unique("sem");
+        let s = c.semaphores().unwrap();
+        let p = s
+            .acquire_with_metadata(
+                &sem,
+                coord::PermitOptions::new(4, ttl).permits(3),
+                &json!({"who": "batch"}),
+            )
+            .await
+            .unwrap();
+        let v = inspect(&url, "semaphore", &sem).await;
+        assert_eq!(v["holders"][0]["permits"], 3, "{url}: {v}");
+        assert_eq!(v["holders"][0]["metadata"]["who"], "batch", "{url}: {v}");
+        assert_eq!(v["holders"][0]["owner_id"], p.owner_id(), "{url}: {v}");
+        p.release().await.unwrap();
+
+        let lease = unique("lease");
+        let l = c
+            .leases()
+            .unwrap()
+            .grant_with_metadata(&lease, ttl, &json!({"worker": 7}))
+            .await
+            .unwrap()
+            .unwrap();
+        let v = inspect(&url, "lease", &lease).await;
+        assert_eq!(v["holders"][0]["metadata"]["worker"], 7, "{url}: {v}");
+        assert_eq!(
+            v["holders"][0]["fencing_token"],
+            l.fencing_token().0,
+            "{url}: {v}"
+        );
+        l.revoke().await.unwrap();
+
+        let election = unique("election");
+        let leader = c
+            .elections()
+            .unwrap()
+            .campaign(&election, "alpha", ttl, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let v = inspect(&url, "election", &election).await;
+        assert_eq!(
+            (&v["leader"], &v["term"]),
+            (&json!("alpha"), &json!(leader.term().0)),
+            "{url}: {v}"
+        );
+        leader.resign().await.unwrap();
+
+        let queue = unique("queue");
+        let q = c.queues().unwrap();
+        q.push(&queue, b"one").await.unwrap();
+        q.push(&queue, b"two").await.unwrap();
+        let d = q.pop(&queue, ttl, Duration::ZERO).await.unwrap().unwrap();
+        let v = inspect(&url, "queue", &queue).await;
+        assert_eq!(
+            (&v["ready"], &v["in_flight"]),
+            (&json!(1), &json!(1)),
+            "{url}: {v}"
+        );
+        assert_eq!(v["oldest"].as_array().map(Vec::len), Some(2), "{url}: {v}");
+        d.ack().await.unwrap();
+        q.purge(&queue).await.unwrap();
+    }
+}
