@@ -1,0 +1,774 @@
+//! Work queues on the real server: what they leave in the store (nothing
+//! once a queue is acked or purged and its dedup ids expired), pops that
+//! find nothing write nothing, payloads as they are, wake-ups from other
+//! clients, the exact delivery order against a model of the rule,
+//! messages and tokens through a crash, and the upgrade of a layout 7
+//! schema. The cases run one after the other (one counts transaction ids
+//! server-wide, one crashes the cluster).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use conformance::testkit::postgres::{cluster, pgbouncer};
+use coord_core::{
+    FencingToken, Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue,
+    QueueConfig,
+};
+use coord_postgres::PostgresBackend;
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{tag}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A client on a schema of its own (so its rows can be counted), without
+/// the background sweep.
+async fn backend(url: &str, schema: &str, grace: Duration) -> Arc<PostgresBackend> {
+    coord_postgres::builder(url)
+        .schema(schema)
+        .idle_grace(grace)
+        .sweep_every(None)
+        .connect_backend()
+        .await
+        .expect("connect to the test cluster")
+}
+
+/// Rows of (queue_messages, queue_groups, queue_lanes, queue_dedup).
+async fn rows(b: &PostgresBackend) -> [i64; 4] {
+    let c = b.pool().get().await.unwrap();
+    let s = b.schema();
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM \"{s}\".queue_messages), \
+                        (SELECT count(*) FROM \"{s}\".queue_groups), \
+                        (SELECT count(*) FROM \"{s}\".queue_lanes), \
+                        (SELECT count(*) FROM \"{s}\".queue_dedup)"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    [row.get(0), row.get(1), row.get(2), row.get(3)]
+}
+
+/// The server's next transaction id (the query takes one itself).
+fn next_xid() -> u64 {
+    cluster()
+        .psql("postgres", "SELECT pg_current_xact_id()::text")
+        .trim()
+        .parse()
+        .expect("a transaction id")
+}
+
+fn msg<'a>(payload: &'a [u8], group: Option<&'a str>) -> NewMessage<'a> {
+    NewMessage {
+        payload,
+        delay: Duration::ZERO,
+        group,
+        dedup_id: None,
+        dedup_window: Duration::ZERO,
+    }
+}
+
+async fn pop(b: &PostgresBackend, q: &str, lane: Lane, cfg: &QueueConfig) -> PopAttempt {
+    b.try_pop(q, lane, &OwnerToken::random(), LONG, cfg)
+        .await
+        .unwrap()
+}
+
+/// Acked messages (of groups, delayed, nacked, dead-lettered and
+/// redriven) leave no message, group or clock row; dedup ids stay until
+/// they expire and the sweep deletes them after the grace. A purge
+/// deletes every row of the queue at once. Ids keep rising for the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acked_or_purged_queue_leaves_no_rows() {
+    let _serial = SERIAL.lock().await;
+    let grace = Duration::from_millis(200);
+    let b = backend(&cluster().url(), &unique("qrows"), grace).await;
+    let coord = b.coord().with_poll_interval(Duration::from_secs(60));
+    let q = coord
+        .queues()
+        .unwrap()
+        .with_config(QueueConfig::default().max_deliveries(1));
+    let name = unique("rows");
+    let window = Duration::from_secs(3);
+    let pushed = Instant::now();
+    let mut last = MessageId(0);
+    for i in 0..6 {
+        let mut opts = PushOptions::new()
+            .dedup_id(format!("d{i}"))
+            .dedup_window(window);
+        if i % 3 != 0 {
+            opts = opts.group(format!("g{}", i % 3));
+        }
+        if i == 5 {
+            opts = opts.delay(Duration::from_millis(200));
+        }
+        last = q.push_with(&name, [i as u8], &opts).await.unwrap().id;
+    }
+    assert_eq!(rows(&b).await, [6, 3, 1, 6]);
+    // One nacked (to the dead lane at its next delivery), then redriven.
+    let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    d.nack(Duration::ZERO).await.unwrap();
+    let mut acked = 0;
+    while let Some(d) = q.pop(&name, LONG, Duration::from_secs(1)).await.unwrap() {
+        d.ack().await.unwrap();
+        acked += 1;
+    }
+    assert_eq!(acked, 5);
+    assert_eq!(rows(&b).await, [1, 1, 1, 6], "only the dead letter is left");
+    assert_eq!(q.redrive(&name, 10).await.unwrap(), 1);
+    let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    d.ack().await.unwrap();
+    assert_eq!(rows(&b).await, [0, 0, 0, 6], "acked messages left rows");
+    b.sweep().await.unwrap();
+    assert_eq!(rows(&b).await[3], 6, "the sweep deleted live dedup ids");
+    tokio::time::sleep_until((pushed + window + grace + Duration::from_millis(100)).into()).await;
+    assert!(b.sweep().await.unwrap() >= 6);
+    assert_eq!(rows(&b).await, [0, 0, 0, 0], "expired dedup ids were kept");
+
+    // A purge: every row at once, whatever the messages' state.
+    for i in 0..50u8 {
+        let opts = PushOptions::new()
+            .group(format!("g{}", i % 4))
+            .dedup_id(format!("p{i}"));
+        q.push_with(&name, [i], &opts).await.unwrap();
+    }
+    let held = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(q.purge(&name).await.unwrap(), 50);
+    assert_eq!(rows(&b).await, [0, 0, 0, 0], "a purge left rows");
+    assert!(held.ack().await.is_err(), "an ack after the purge");
+    let again = q.push(&name, b"again").await.unwrap();
+    assert!(
+        again > last,
+        "ids rise for a queue name whose rows went away"
+    );
+    q.purge(&name).await.unwrap();
+    assert_eq!(rows(&b).await, [0, 0, 0, 0]);
+}
+
+/// A pop that finds nothing deliverable (an unknown queue, messages only
+/// in flight or delayed, an ordered group waiting for its head, an empty
+/// dead lane) takes no lock, no transaction id and writes nothing: 400
+/// such pops use no transaction id and leave the rows as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_pop_writes_nothing() {
+    let _serial = SERIAL.lock().await;
+    let b = backend(&cluster().url(), &unique("qempty"), LONG).await;
+    let unknown = unique("unknown");
+    let name = unique("busy");
+    let ordered = QueueConfig::default().ordered_groups(true);
+    let plain = QueueConfig::default();
+    b.push(&name, &msg(b"a1", Some("a"))).await.unwrap();
+    b.push(&name, &msg(b"a2", Some("a"))).await.unwrap();
+    let delayed = NewMessage {
+        delay: LONG,
+        ..msg(b"later", None)
+    };
+    b.push(&name, &delayed).await.unwrap();
+    assert!(matches!(
+        pop(&b, &name, Lane::Main, &ordered).await,
+        PopAttempt::Delivered { .. }
+    ));
+    assert!(matches!(
+        pop(&b, &name, Lane::Main, &plain).await,
+        PopAttempt::Delivered { .. }
+    ));
+    let before_rows = rows(&b).await;
+    let before = next_xid();
+    for i in 0..100 {
+        for (q, lane, cfg) in [
+            (&unknown, Lane::Main, &plain),
+            (&name, Lane::Main, &plain),
+            (&name, Lane::Main, &ordered),
+            (&name, Lane::Dead, &plain),
+        ] {
+            match pop(&b, q, lane, cfg).await {
+                PopAttempt::Empty { .. } => {}
+                other => panic!("pop {i} of {q} ({lane:?}, {cfg:?}): {other:?}"),
+            }
+        }
+    }
+    let used = next_xid() - before;
+    assert!(used <= 3, "400 empty pops used {used} transaction ids");
+    assert_eq!(rows(&b).await, before_rows, "empty pops changed rows");
+    match pop(&b, &name, Lane::Main, &plain).await {
+        PopAttempt::Empty { next_in } => {
+            let next_in = next_in.expect("the delayed message's time");
+            assert!(next_in > LONG / 2 && next_in <= LONG, "{next_in:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    b.purge(&name).await.unwrap();
+    assert_eq!(rows(&b).await, [0, 0, 0, 0]);
+}
+
+/// Payloads are stored as they are: every byte value (NUL included), an
+/// empty one, and one of the maximum size of random bytes, on a direct
+/// connection and through PgBouncer, by pop and by peek; odd queue and
+/// group names (quotes, colons, unicode, SQL) are ordinary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_of_every_byte_value_round_trip() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("qbytes");
+    let direct = backend(&cluster().url(), &schema, LONG).await;
+    let bounced = coord_postgres::builder(&pgbouncer().url())
+        .schema(&schema)
+        .listen(false)
+        .sweep_every(None)
+        .connect_backend()
+        .await
+        .expect("connect through pgbouncer");
+    assert_eq!(direct.max_payload(), 256 * 1024);
+    assert!(direct.durable());
+    let every: Vec<u8> = (0..=255u8).cycle().take(4096).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let random: Vec<u8> = (0..direct.max_payload())
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    for (b, name, group) in [
+        (&direct, "q'\"; DROP TABLE x; --", "g:1:é"),
+        (&bounced, "q:dead:ü\\", "'); --"),
+    ] {
+        for payload in [&every[..], &[][..], &random[..], &[0u8][..]] {
+            let id = b.push(name, &msg(payload, Some(group))).await.unwrap().id;
+            let peeked = b.peek(name, Lane::Main, 10).await.unwrap();
+            assert_eq!(peeked.len(), 1);
+            assert!(peeked[0].payload == payload, "peek changed the payload");
+            let owner = OwnerToken::random();
+            match b
+                .try_pop(name, Lane::Main, &owner, LONG, &QueueConfig::default())
+                .await
+                .unwrap()
+            {
+                PopAttempt::Delivered { message, .. } => {
+                    assert_eq!(message.id, id);
+                    assert_eq!(message.group.as_deref(), Some(group));
+                    assert!(
+                        message.payload == payload,
+                        "a {}-byte payload came back changed",
+                        payload.len()
+                    );
+                    let age = message.enqueued_at.elapsed().unwrap_or_default();
+                    assert!(age < Duration::from_secs(10), "enqueued {age:?} ago");
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(b.ack(name, Lane::Main, id, &owner).await.unwrap());
+        }
+    }
+}
+
+/// A pop blocked on an empty queue (polling every 60 s) is woken by a push
+/// from another client; a redrive wakes every waiter of the main lane; an
+/// ack of an ordered group's head wakes a waiter for its next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blocked_pops_are_woken_by_other_clients() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("qwake");
+    let waiter = backend(&cluster().url(), &schema, LONG).await;
+    let other = backend(&cluster().url(), &schema, LONG).await;
+    assert!(waiter.capabilities().notifications);
+    let poll = Duration::from_secs(60);
+    let qw = waiter.coord().with_poll_interval(poll).queues().unwrap();
+    let qo = other.coord().queues().unwrap();
+    let prompt = Duration::from_secs(1);
+
+    let name = unique("push");
+    let (q, n) = (qw.clone(), name.clone());
+    let task = tokio::spawn(async move { q.pop(&n, LONG, Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pushed = Instant::now();
+    qo.push(&name, b"wake").await.unwrap();
+    let d = task.await.unwrap().unwrap().expect("the pushed message");
+    assert!(
+        pushed.elapsed() <= prompt,
+        "woken after {:?}",
+        pushed.elapsed()
+    );
+    d.ack().await.unwrap();
+
+    // Two dead letters, two waiters on one client: a redrive wakes both.
+    let name = unique("redrive");
+    let dead = qo
+        .clone()
+        .with_config(QueueConfig::default().max_deliveries(1));
+    for p in [b"x", b"y"] {
+        dead.push(&name, p).await.unwrap();
+        let d = dead
+            .pop(&name, LONG, Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        d.nack(Duration::ZERO).await.unwrap();
+    }
+    assert!(
+        dead.pop(&name, LONG, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(qo.stats(&name).await.unwrap().dead, 2);
+    let mut tasks = Vec::new();
+    for _ in 0..2 {
+        let (q, n) = (qw.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            q.pop(&n, LONG, Duration::from_secs(20)).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let redriven = Instant::now();
+    assert_eq!(qo.redrive(&name, 10).await.unwrap(), 2);
+    for t in tasks {
+        let d = t.await.unwrap().unwrap().expect("a redriven message");
+        d.ack().await.unwrap();
+    }
+    assert!(
+        redriven.elapsed() <= prompt,
+        "woken after {:?}",
+        redriven.elapsed()
+    );
+
+    // Ordered: the group's second message waits for the first's ack.
+    let name = unique("ordered");
+    let cfg = QueueConfig::default().ordered_groups(true);
+    let (ow, oo) = (qw.clone().with_config(cfg), qo.clone().with_config(cfg));
+    let g = PushOptions::new().group("g");
+    oo.push_with(&name, b"1", &g).await.unwrap();
+    let second = oo.push_with(&name, b"2", &g).await.unwrap().id;
+    let first = oo.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    let n = name.clone();
+    let task = tokio::spawn(async move { ow.pop(&n, LONG, Duration::from_secs(20)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let acked = Instant::now();
+    first.ack().await.unwrap();
+    let d = task
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the group's next message");
+    assert_eq!(d.id(), second);
+    assert!(
+        acked.elapsed() <= prompt,
+        "woken after {:?}",
+        acked.elapsed()
+    );
+    d.ack().await.unwrap();
+}
+
+/// The rule of `coord_core::queue_backend`, as coord-memory implements it,
+/// for steps that involve no time (visibility far longer than the test).
+#[derive(Default)]
+struct Model {
+    lanes: [ModelLane; 2],
+}
+
+#[derive(Default)]
+struct ModelLane {
+    msgs: BTreeMap<u64, (String, u32, bool)>,
+    groups: HashMap<String, ModelGroup>,
+    clock: u64,
+}
+
+#[derive(Default)]
+struct ModelGroup {
+    all: BTreeSet<u64>,
+    ready: BTreeSet<u64>,
+    turn: u64,
+}
+
+impl ModelLane {
+    fn insert(&mut self, id: u64, group: &str, attempts: u32) {
+        let clock = self.clock;
+        let g = self.groups.entry(group.to_string()).or_default();
+        if g.all.is_empty() {
+            g.turn = g.turn.max(clock);
+        }
+        g.all.insert(id);
+        g.ready.insert(id);
+        self.msgs.insert(id, (group.to_string(), attempts, false));
+    }
+
+    fn remove(&mut self, id: u64) -> Option<(String, u32, bool)> {
+        let m = self.msgs.remove(&id)?;
+        if let Some(g) = self.groups.get_mut(&m.0) {
+            g.all.remove(&id);
+            g.ready.remove(&id);
+            if g.all.is_empty() {
+                self.groups.remove(&m.0);
+            }
+        }
+        Some(m)
+    }
+}
+
+impl Model {
+    fn pop(&mut self, lane: usize, cfg: &QueueConfig) -> Option<(u64, u32)> {
+        loop {
+            let l = &mut self.lanes[lane];
+            let (_, id, group) = l
+                .groups
+                .iter()
+                .filter_map(|(name, g)| {
+                    let cand = if cfg.ordered_groups {
+                        g.all
+                            .first()
+                            .filter(|a| g.ready.first() == Some(*a))
+                            .copied()
+                    } else {
+                        g.ready.first().copied()
+                    };
+                    cand.map(|id| (g.turn, id, name.clone()))
+                })
+                .min()?;
+            let attempts = l.msgs[&id].1;
+            if lane == 0 && cfg.max_deliveries.is_some_and(|max| attempts >= max) {
+                let (group, attempts, _) = l.remove(id)?;
+                self.lanes[1].insert(id, &group, attempts);
+                continue;
+            }
+            let g = l.groups.get_mut(&group)?;
+            l.clock = g.turn;
+            g.turn += 1;
+            g.ready.remove(&id);
+            let m = l.msgs.get_mut(&id)?;
+            m.1 += 1;
+            m.2 = true;
+            return Some((id, m.1));
+        }
+    }
+
+    fn nack(&mut self, lane: usize, id: u64) {
+        let l = &mut self.lanes[lane];
+        if let Some(m) = l.msgs.get_mut(&id) {
+            m.2 = false;
+            if let Some(g) = l.groups.get_mut(&m.0) {
+                g.ready.insert(id);
+            }
+        }
+    }
+
+    fn redrive(&mut self, limit: usize) -> u64 {
+        let ids: Vec<u64> = self.lanes[1]
+            .msgs
+            .iter()
+            .filter(|(_, m)| !m.2)
+            .take(limit)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &ids {
+            if let Some((group, _, _)) = self.lanes[1].remove(*id) {
+                self.lanes[0].insert(*id, &group, 0);
+            }
+        }
+        ids.len() as u64
+    }
+}
+
+/// 2,000 random steps (pushes to five groups of uneven sizes, pops of
+/// both lanes, acks, nacks, redrives) under four configurations: every
+/// delivery is the one the rule picks (id and attempts), tokens rise, and
+/// the lanes end as the model's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_follow_the_rule_exactly() {
+    let _serial = SERIAL.lock().await;
+    let b = backend(&cluster().url(), &unique("qrule"), LONG).await;
+    let groups = ["big", "big", "big", "big", "", "a", "b", "c"];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let configs = [
+        QueueConfig::default(),
+        QueueConfig::default().ordered_groups(true),
+        QueueConfig::default().max_deliveries(2),
+        QueueConfig::default()
+            .max_deliveries(1)
+            .ordered_groups(true),
+    ];
+    for cfg in configs {
+        let name = unique("rule");
+        let mut model = Model::default();
+        let mut held: Vec<(usize, u64, OwnerToken)> = Vec::new();
+        let mut last_token = FencingToken(0);
+        for step in 0..500 {
+            let roll = next(100);
+            if roll < 35 {
+                let group = groups[next(groups.len() as u64) as usize];
+                let g = (!group.is_empty()).then_some(group);
+                let id = b.push(&name, &msg(b"m", g)).await.unwrap().id.0;
+                model.lanes[0].insert(id, group, 0);
+            } else if roll < 75 {
+                let lane = usize::from(roll >= 72);
+                let lane_cfg = if lane == 1 {
+                    QueueConfig {
+                        max_deliveries: None,
+                        ..cfg
+                    }
+                } else {
+                    cfg
+                };
+                let owner = OwnerToken::random();
+                let which = if lane == 0 { Lane::Main } else { Lane::Dead };
+                let got = b
+                    .try_pop(&name, which, &owner, LONG, &lane_cfg)
+                    .await
+                    .unwrap();
+                let want = model.pop(lane, &lane_cfg);
+                match got {
+                    PopAttempt::Delivered { message, token } => {
+                        assert_eq!(
+                            Some((message.id.0, message.attempts)),
+                            want,
+                            "step {step} ({cfg:?}, lane {lane})"
+                        );
+                        assert!(token > last_token, "step {step}: tokens must rise");
+                        last_token = token;
+                        held.push((lane, message.id.0, owner));
+                    }
+                    PopAttempt::Empty { .. } => {
+                        assert_eq!(want, None, "step {step} ({cfg:?}, lane {lane})")
+                    }
+                }
+            } else if roll < 97 {
+                if held.is_empty() {
+                    continue;
+                }
+                let (lane, id, owner) = held.swap_remove(next(held.len() as u64) as usize);
+                let which = if lane == 0 { Lane::Main } else { Lane::Dead };
+                if roll < 88 {
+                    assert!(b.ack(&name, which, MessageId(id), &owner).await.unwrap());
+                    model.lanes[lane].remove(id);
+                } else {
+                    let nacked = b
+                        .nack(&name, which, MessageId(id), &owner, Duration::ZERO)
+                        .await
+                        .unwrap();
+                    assert!(nacked, "step {step}: nack of a live delivery");
+                    model.nack(lane, id);
+                }
+            } else {
+                let limit = 1 + next(3) as usize;
+                let moved = b.redrive(&name, limit).await.unwrap();
+                assert_eq!(moved, model.redrive(limit), "step {step}: redrive");
+            }
+        }
+        for (lane, which) in [(0, Lane::Main), (1, Lane::Dead)] {
+            let stored: Vec<(u64, u32)> = b
+                .peek(&name, which, 1000)
+                .await
+                .unwrap()
+                .iter()
+                .map(|m| (m.id.0, m.attempts))
+                .collect();
+            let want: Vec<(u64, u32)> = model.lanes[lane]
+                .msgs
+                .iter()
+                .map(|(id, m)| (*id, m.1))
+                .collect();
+            assert_eq!(stored, want, "{cfg:?}: lane {lane} at the end");
+        }
+        b.purge(&name).await.unwrap();
+    }
+    assert_eq!(rows(&b).await, [0, 0, 0, 0]);
+}
+
+/// Pushes, deliveries and acks survive a crash although their steps
+/// commit asynchronously: a role whose default is `synchronous_commit =
+/// off` and a WAL writer that flushes only every 10 s, then a crash
+/// (`pg_ctl stop -m immediate`) right after. After the restart the pushed
+/// messages are there (a dedup id still remembered), the delivered one is
+/// still in flight, the acked one is gone, and the next token is above
+/// every token issued before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_and_tokens_survive_a_crash() {
+    let _serial = SERIAL.lock().await;
+    let db = unique("qdurable");
+    cluster().create_database(&db);
+    let user = unique("q_async_role");
+    let url = cluster().create_role(&user, "Async-pw1", &db);
+    cluster().psql(
+        "postgres",
+        &format!("ALTER ROLE \"{user}\" SET synchronous_commit = off"),
+    );
+    cluster().psql("postgres", "ALTER SYSTEM SET wal_writer_delay = '10s'");
+    cluster().psql("postgres", "SELECT pg_reload_conf()");
+    let b = coord_postgres::builder(&url)
+        .listen(false)
+        .connect_backend()
+        .await
+        .expect("connect as the role");
+    cluster().psql(&db, "CHECKPOINT");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let name = unique("durable");
+    let cfg = QueueConfig::default();
+    let acked = b.push(&name, &msg(b"acked", None)).await.unwrap().id;
+    let held = b.push(&name, &msg(b"held", None)).await.unwrap().id;
+    let dedup = NewMessage {
+        dedup_id: Some("once"),
+        dedup_window: LONG,
+        ..msg(b"kept", None)
+    };
+    let kept = b.push(&name, &dedup).await.unwrap().id;
+    let mut tokens = Vec::new();
+    for want in [acked, held] {
+        let owner = OwnerToken::random();
+        match b
+            .try_pop(&name, Lane::Main, &owner, LONG, &cfg)
+            .await
+            .unwrap()
+        {
+            PopAttempt::Delivered { message, token } => {
+                assert_eq!(message.id, want);
+                tokens.push(token);
+            }
+            other => panic!("{other:?}"),
+        }
+        if want == acked {
+            assert!(b.ack(&name, Lane::Main, acked, &owner).await.unwrap());
+        }
+    }
+    drop(b);
+    tokio::task::spawn_blocking(|| {
+        cluster().crash();
+        cluster().start();
+    })
+    .await
+    .unwrap();
+    cluster().psql("postgres", "ALTER SYSTEM RESET wal_writer_delay");
+    cluster().psql("postgres", "SELECT pg_reload_conf()");
+
+    let b = coord_postgres::builder(&url)
+        .listen(false)
+        .connect_backend()
+        .await
+        .expect("connect after the restart");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        match b.stats(&name).await {
+            Ok(s) => break s,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(
+        (stats.ready, stats.in_flight),
+        (1, 1),
+        "after the crash: {stats:?}"
+    );
+    let again = b.push(&name, &dedup).await.unwrap();
+    assert_eq!((again.id, again.duplicate), (kept, true), "the dedup id");
+    let peeked: Vec<(MessageId, u32)> = b
+        .peek(&name, Lane::Main, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| (m.id, m.attempts))
+        .collect();
+    assert_eq!(
+        peeked,
+        [(held, 1), (kept, 0)],
+        "the acked message came back"
+    );
+    let max = tokens.iter().max().copied().unwrap();
+    match b
+        .try_pop(&name, Lane::Main, &OwnerToken::random(), LONG, &cfg)
+        .await
+        .unwrap()
+    {
+        PopAttempt::Delivered { message, token } => {
+            assert_eq!(message.id, kept);
+            assert!(
+                token > max,
+                "a token after the crash ({token:?}) is not above those before it ({tokens:?})"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A database whose schema is at layout 7 (every object of that layout,
+/// no queue table, version 7 in `meta`) gets the queue tables from the
+/// next client that connects, keeping what it holds: a lock held before
+/// the upgrade still excludes, the version becomes 8, queues and the sweep
+/// work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("qlayout");
+    let old = backend(&cluster().url(), &schema, LONG).await;
+    let lock = old
+        .coord()
+        .locks()
+        .unwrap()
+        .try_acquire("kept", LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    // Back to layout 7: what layout 8 added is gone.
+    cluster().psql(
+        "postgres",
+        &format!(
+            "DROP TABLE \"{schema}\".queue_messages, \"{schema}\".queue_groups, \
+               \"{schema}\".queue_lanes, \"{schema}\".queue_dedup; \
+             DROP SEQUENCE \"{schema}\".queue_ids, \"{schema}\".queue_flush; \
+             DROP FUNCTION \"{schema}\".queue_enter, \"{schema}\".queue_leave, \
+               \"{schema}\".queue_advance, \"{schema}\".queue_next_us, \"{schema}\".queue_push, \
+               \"{schema}\".queue_pop, \"{schema}\".queue_ack, \"{schema}\".queue_nack, \
+               \"{schema}\".queue_redrive, \"{schema}\".queue_purge; \
+             UPDATE \"{schema}\".meta SET version = 7"
+        ),
+    );
+    let tables = format!("SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}'");
+    assert_eq!(cluster().psql("postgres", &tables).trim(), "8");
+
+    let new = backend(&cluster().url(), &schema, LONG).await;
+    assert_eq!(cluster().psql("postgres", &tables).trim(), "12");
+    let version = format!("SELECT version FROM \"{schema}\".meta");
+    assert_eq!(cluster().psql("postgres", &version).trim(), "8");
+    let coord = new.coord();
+    assert!(
+        coord
+            .locks()
+            .unwrap()
+            .try_acquire("kept", LONG)
+            .await
+            .unwrap()
+            .is_none(),
+        "a lock held before the upgrade was lost"
+    );
+    let q = coord.queues().unwrap();
+    let id = q.push("upgraded", b"job").await.unwrap();
+    let d = q
+        .pop("upgraded", LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.id(), id);
+    d.ack().await.unwrap();
+    new.sweep().await.unwrap();
+    lock.release().await.unwrap();
+    assert_eq!(rows(&new).await, [0, 0, 0, 0]);
+}
