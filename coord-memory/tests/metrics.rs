@@ -183,3 +183,62 @@ fn leases_and_leaderships_carry_their_kind() {
         );
     }
 }
+
+/// Queue pushes, deliveries, acks and nacks are counted by `op`; a
+/// delivery's hold time and its lost ownership carry `kind=delivery`.
+#[test]
+fn queue_operations_are_recorded() {
+    let snap = recorded(|| async {
+        let coord = coord_memory::MemoryBackend::coord();
+        let q = coord.queues().unwrap();
+        for _ in 0..3 {
+            q.push("jobs", b"x").await.unwrap();
+        }
+        let d = q
+            .pop("jobs", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        d.ack().await.unwrap();
+        let d = q
+            .pop("jobs", Duration::from_secs(5), Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        d.nack(Duration::ZERO).await.unwrap();
+        // A delivery whose visibility lapses under it is lost.
+        let d = q
+            .pop("jobs", Duration::from_millis(30), Duration::ZERO)
+            .await
+            .unwrap()
+            .unwrap();
+        d.lost().await;
+        // The lost signal fires at the local deadline, a drift margin
+        // before the store's; past that the ack is refused.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(d.ack().await.is_err());
+    });
+    let ops = |op| {
+        counter(
+            &snap,
+            "coord_queue_ops_total",
+            &[("store", "memory"), ("op", op)],
+        )
+    };
+    assert_eq!(
+        (ops("push"), ops("deliver"), ops("ack"), ops("nack")),
+        (3, 3, 1, 1)
+    );
+    assert_eq!(
+        counter(
+            &snap,
+            "coord_lost_total",
+            &[("store", "memory"), ("kind", "delivery")]
+        ),
+        1
+    );
+    assert_eq!(
+        samples(&snap, "coord_hold_seconds", &[("kind", "delivery")]).len(),
+        3
+    );
+}
