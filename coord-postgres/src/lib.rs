@@ -1,8 +1,8 @@
 //! # coord-postgres
 //!
 //! The PostgreSQL backend of coord: locks, leases, fencing tokens, leader
-//! election, barriers, rate limiters and FIFO semaphores on ordinary
-//! tables, with expiry
+//! election, barriers, rate limiters, FIFO semaphores and work queues on
+//! ordinary tables, with expiry
 //! measured on the DATABASE clock (`clock_timestamp()`), fencing tokens
 //! issued in the same statement as the grant, and waiters woken by
 //! `LISTEN`/`NOTIFY`.
@@ -58,6 +58,7 @@
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
+//! | `queue_messages (queue, lane, id, grp, attempts, enqueued_at, due_at, owner, payload)`, `queue_groups (queue, lane, grp, turn, first_id, ready_id)`, `queue_lanes (queue, lane, clock)`, `queue_dedup (queue, dedup_id, id, expires_at)`, sequences `queue_ids` and `queue_flush`, functions `queue_push`, `queue_pop`, `queue_ack`, `queue_nack`, `queue_redrive`, `queue_purge` (and their helpers) | work queues: a row per message, per group with messages in a lane, per lane with groups, per live dedup id (see "Work queues") |
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
@@ -113,6 +114,7 @@
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
 //! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE` |
+//! | [`Queue`](coord_core::Queue) | `push`, `try_pop`, `ack`, `nack`, `redrive`, `purge`: one function call each, pipelined with the statement that makes it durable (see "Work queues"); an empty pop is one plain read; `extend`: one compare-and-expire `UPDATE`; `peek`, `stats`: one `SELECT` |
 //!
 //! Rate limiting: every algorithm decides on the database clock, read
 //! AFTER the key's row lock is taken, so a check that waited for the lock
@@ -218,6 +220,52 @@
 //! that fit once the grants return are told to come back within 10 ms
 //! rather than a poll interval: only they may take the returned permits.
 //!
+//! ## Work queues
+//!
+//! The delivery rule is coord-core's
+//! ([`queue_backend`](coord_core::queue_backend)), exactly: FIFO by id
+//! within a group, the group with the lowest turn (a virtual clock) first
+//! across groups, ordered groups one message at a time, dead letters at
+//! the next delivery after `max_deliveries`, one rising token sequence
+//! over both lanes. Every step of a queue that writes runs under the
+//! queue's lock (a transaction-scoped advisory lock on the queue name),
+//! with the database clock read after it: pushes, pops of both lanes,
+//! acks, nacks, redrives and purges of one queue are serialized, so the
+//! turn order across groups holds exactly and concurrent consumers always
+//! get distinct messages. (`FOR UPDATE SKIP LOCKED` would let a consumer
+//! pass a candidate another is taking and deliver a later one, which the
+//! rule forbids.) A pop costs a few index probes whatever the backlog: a
+//! message's readiness is a column (`due_at` NULL) brought up to date by
+//! the lane's next step when its delay or visibility runs out, and each
+//! group's row carries its lowest id and its lowest ready id, so the next
+//! delivery is the first row of a partial index on `(turn, ready_id)`.
+//! Fencing tokens come from the `fencing` sequence, drawn under the lock;
+//! message ids from `queue_ids`, so both keep rising for a queue whose
+//! rows went away.
+//!
+//! A pop first decides on a plain read: when nothing in the lane is due
+//! and no group has a candidate, it is empty and takes no lock, no
+//! transaction id and writes nothing, so polling consumers cost no WAL.
+//! The steps under the lock commit asynchronously (the lock is never held
+//! across a WAL flush; a busy queue would otherwise take one step per
+//! flush); in the same round trip a second transaction sets the sequence
+//! `queue_flush` (one WAL record and a transaction id) and commits
+//! durably, flushing the step with it, before the step is reported. For a
+//! pop it finds the delivery by its owner, so an empty pop flushes
+//! nothing. So an acknowledged push, delivery (and its token), ack, nack,
+//! redrive or purge survives a crash. Extend (the message's row lock
+//! only, no queue lock) commits durably itself.
+//!
+//! Wake-ups: a push or nack without delay, and an ack whose group still
+//! has messages in the lane (an ordered group may deliver its next one),
+//! send `queue:<lane>:<queue>` (one waiter per client); a redrive sends
+//! `queue-all:main:<queue>` (every waiter). Without notifications (behind
+//! PgBouncer) an empty pop tells its waiter to look again within
+//! [`QUEUE_POLL_WITHOUT_NOTIFICATIONS`] (100 ms), whatever its poll
+//! interval: nobody else wakes it. Payloads up to 256 KiB
+//! ([`DEFAULT_MAX_PAYLOAD`](coord_core::queue_backend::DEFAULT_MAX_PAYLOAD)),
+//! stored as `bytea`.
+//!
 //! ## Bounded state
 //!
 //! The state of a name that went idle costs nothing in the store once its
@@ -237,6 +285,12 @@
 //!   when granted or when its wait times out); expired ones, and lapsed
 //!   marks of owners that left, are pruned by the next write on the name
 //!   or deleted by the sweep after the grace.
+//! - a queue's message rows are deleted at ack and purge; its group and
+//!   clock rows go with the last message of their group or lane, in the
+//!   same step; dedup ids stay until their window ends and are deleted by
+//!   the sweep after the grace. So a queue with no message and no live
+//!   dedup id has no row at all; what stays is schema-wide: the sequences
+//!   `queue_ids` (so ids keep rising for the name) and `fencing`.
 //! - a barrier row is deleted once it has had no member for the grace
 //!   (its last generation completed, or every member withdrew), or no
 //!   arrival nor withdrawal for [`PostgresBuilder::barrier_abandon_after`]
@@ -271,7 +325,9 @@
 //! `<schema>_wake`; payloads are `<kind>:<name>` and are dispatched to the
 //! local waiters through [`Wakeups`](coord_core::wake::Wakeups) (one waiter
 //! per lock release, every waiter for elections and barriers; semaphore
-//! payloads `semaphore:<owner hex>:<name>` address one waiting acquire). At start the
+//! payloads `semaphore:<owner hex>:<name>` address one waiting acquire;
+//! queue payloads `queue:<lane>:<queue>` wake one waiter of the lane,
+//! `queue-all:<lane>:<queue>` every one). At start the
 //! connection sends itself a probe notification; if it does not come back
 //! (PgBouncer in transaction mode) or LISTEN fails for good (a refused
 //! password, say), [`Capabilities::notifications`](coord_core::Capabilities)
