@@ -5,7 +5,7 @@
 //!
 //! Every metric carries `store` (the backend: `memory`, `redis`, `etcd`,
 //! `postgres`) and, for claims, `kind` (`lock`, `lease`, `leadership`,
-//! `permit`).
+//! `permit`, `delivery`: a queue message in flight).
 //! Owner tokens, passwords and names are never labels (names would make
 //! the label set unbounded).
 //!
@@ -18,6 +18,7 @@
 //! | `coord_lost_total` | counter | store, kind | ownership lost (the [`lost`](crate::Guard::lost) signal fired) |
 //! | `coord_watchdog_renewals_total` | counter | store, kind, outcome | watchdog renewals: `ok`, `failed` (each failed try) |
 //! | `coord_limiter_checks_total` | counter | store, outcome | rate-limit checks: `allowed`, `denied` |
+//! | `coord_queue_ops_total` | counter | store, op | queue messages `push`ed, `deliver`ed, `ack`ed, `nack`ed |
 //! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, … |
 //! | `coord_reconnects_total` | counter | store, what | a backend's connection or subscription re-established |
 //!
