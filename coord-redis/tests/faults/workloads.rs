@@ -1,5 +1,5 @@
-//! The election, barrier, limiter, semaphore and read-write lock
-//! workloads of `conformance::faults`
+//! The election, barrier, limiter, semaphore, read-write lock and work
+//! queue workloads of `conformance::faults`
 //! on Redis, under real faults: one client cut off (or its replies lost)
 //! by its proxy and healed, and the server frozen with `SIGSTOP` past the
 //! TTL and resumed. Each asserts 0 violations and progress after the heal.
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance::faults::{
     FaultLog, PermitKind, Report, fault_for, run_barrier_workload, run_election_workload,
-    run_limiter_workload, run_permit_workload, scenarios, schedule,
+    run_limiter_workload, run_permit_workload, run_queue_workload, scenarios, schedule,
 };
 use conformance::testkit::proxy::{FaultProxy, Mode};
 use conformance::testkit::redis::RedisServer;
@@ -179,4 +179,36 @@ async fn rwlock_server_paused() {
     let w = scenarios::permits(PermitKind::RwLock { write_every: 3 }, TTL, run_for());
     let (report, log) = run_permit_workload(cs, "rw-paused", w, paused(&server)).await;
     judge(&report, &log, "rwlock-server-paused", TTL + SLACK + w.work);
+}
+
+/// 5 consumers of a work queue, each behind its own proxy; consumer 0 is
+/// cut off for 2 visibilities (its deliveries lapse and go to others), or
+/// its replies are lost (pops, acks and nacks applied but unheard): no
+/// message lost or acked twice, no two valid deliveries of one message,
+/// tokens unique and rising, progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_consumer_cut_off_or_replies_lost() {
+    for (mode, scenario) in [
+        (Mode::Blackhole, "queue-consumer-cut-off"),
+        (Mode::DropReplies, "queue-consumer-replies-lost"),
+    ] {
+        let server = RedisServer::start();
+        let (proxies, cs) = proxied(&server, 5).await;
+        let w = scenarios::queue(TTL, run_for());
+        let (report, log) =
+            scenarios::queue_consumer_cut_off(cs, &proxies, scenario, w, mode, TTL * 2).await;
+        judge(&report, &log, scenario, TTL + SLACK + w.work);
+    }
+}
+
+/// 5 consumers of a work queue while the server is frozen past the
+/// visibility: deliveries lapse on the server's clock, nothing is lost or
+/// delivered twice at once, tokens rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_server_paused() {
+    let server = Arc::new(RedisServer::start());
+    let cs = clients(&[server.port(); 5]).await;
+    let w = scenarios::queue(TTL, run_for());
+    let (report, log) = run_queue_workload(cs, "queue-paused", w, paused(&server)).await;
+    judge(&report, &log, "queue-server-paused", TTL + SLACK + w.work);
 }
