@@ -163,8 +163,9 @@
 //! meanwhile deliver out of the rule's order among those). Ids and
 //! fencing tokens are max(last + 1, server µs), as for locks, so both keep
 //! rising after an idle queue's keys were deleted or the data was lost.
-//! A push or a nack without delay, a redrive, an ack that unblocks an
-//! ordered group and a dead-lettering publish `queue:<lane>:<name>`, but
+//! A push or a nack (without delay, or with one that ends before anything
+//! else the lane waits for), a redrive, an ack that unblocks an ordered
+//! group and a dead-lettering publish `queue:<lane>:<name>`, but
 //! only while somebody waits on that lane: an attempt of a client with a
 //! waiter on it marks the lane for a minute (each such attempt renews
 //! it), so producers on a queue nobody waits on publish nothing. Payloads

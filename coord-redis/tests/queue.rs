@@ -3,7 +3,8 @@
 //! and ack, binary payloads, names with braces, a pop woken by another
 //! client's push (and no `PUBLISH` while nobody waits), fencing tokens and
 //! ids after the server lost its data, a mass lapse larger than one step's
-//! batch, lost keys, and the delivery rule against a model of it.
+//! batch, lost keys, the delivery rule against a model of it, and some
+//! shared queue cases in the seed layout.
 
 mod common;
 
@@ -307,6 +308,25 @@ async fn a_pop_is_woken_by_another_clients_push_and_nobody_waiting_costs_no_publ
         d.ack().await.unwrap();
     }
     assert!(calls(&server, "publish") > pubs);
+
+    // A delayed push wakes a waiter only when it comes due before anything
+    // else the waiter was told of.
+    let (w, n) = (waiter.clone(), name.clone());
+    let task = tokio::spawn(async move { w.pop(&n, LONG, 1500 * MS).await });
+    sleep(300 * MS).await;
+    let pubs = calls(&server, "publish");
+    let later = PushOptions::new().delay(20 * SEC);
+    pusher.push_with(&name, b"in 20 s", &later).await.unwrap();
+    assert_eq!(
+        calls(&server, "publish"),
+        pubs + 1,
+        "the soonest delayed push"
+    );
+    let latest = PushOptions::new().delay(30 * SEC);
+    pusher.push_with(&name, b"in 30 s", &latest).await.unwrap();
+    assert_eq!(calls(&server, "publish"), pubs + 1, "a later delayed push");
+    assert!(task.await.unwrap().unwrap().is_none());
+    assert_eq!(pusher.purge(&name).await.unwrap(), 2);
 }
 
 #[tokio::test]
@@ -381,7 +401,7 @@ async fn a_lapse_larger_than_one_steps_batch_redelivers_everything() {
 }
 
 #[tokio::test]
-async fn a_queue_whose_keys_were_lost_is_not_wedged() {
+async fn a_queue_whose_keys_were_lost_never_fails_and_works_after_a_purge() {
     let server = RedisServer::start();
     let b = backend(&server.url()).await;
     let name = "lost";
@@ -638,3 +658,35 @@ async fn deliveries_follow_the_rule_as_the_model_does() {
     assert!(!p.duplicate);
     q.purge(&name).await.unwrap();
 }
+
+async fn seed_coord() -> coord_core::Coord {
+    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(coord_redis::Layout::Seed))
+        .await
+        .expect("connect")
+        .into_coord()
+}
+
+/// Queues are offered in [`Layout::Seed`](coord_redis::Layout::Seed) too
+/// (the seed has no queue keys; they live under the prefix, as leases
+/// do): some of the shared queue cases run there as well.
+macro_rules! seed_layout_cases {
+    ($($case:ident),* $(,)?) => {
+        mod seed_layout {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let f = conformance::Factory::new(super::seed_coord);
+                    conformance::cases::$case(&f).await;
+                }
+            )*
+        }
+    };
+}
+
+seed_layout_cases!(
+    queue_stale_consumer_is_refused_and_fenced_out,
+    queue_fifo_within_a_group_and_ordered_groups_one_at_a_time,
+    queue_dead_letters_after_max_deliveries_and_redrive,
+    queue_binary_payloads_round_trip,
+    queue_blocked_pop_is_woken_by_a_push,
+);

@@ -20,9 +20,11 @@
 //! after an idle queue's state was deleted or the server lost its data.
 //!
 //! Wake-ups (`queue:<lane>:<name>` on the client's channel) are published
-//! on a push without delay, a nack without delay, a redrive (to every
-//! waiter), an ack that made the acked message's ordered group deliverable
-//! again, and a dead-lettering, but only while somebody waits on the lane:
+//! on a push or nack without delay, a delayed push or nack that comes due
+//! before anything else on the lane's timelines (so a waiter learns when,
+//! instead of at its next poll), a redrive (to every waiter), an ack that
+//! made the acked message's ordered group deliverable again, and a
+//! dead-lettering, but only while somebody waits on the lane:
 //! an attempt from a client with a waiter on the lane leaves a mark for
 //! [`WAIT_MARK`], refreshed by each of its attempts, so a queue nobody
 //! waits on costs no `PUBLISH`.

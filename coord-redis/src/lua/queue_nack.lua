@@ -1,7 +1,8 @@
 -- Nack. ARGV: channel, name, lane, id, owner, delay µs ('0': at once).
 -- Gives the message back iff it is in flight to `owner` and its deadline
--- has not passed (attempts kept): ready at once, waking the lane's
--- waiters, or delayed. Returns 1, else 0.
+-- has not passed (attempts kept): ready at once, waking a waiter of the
+-- lane, or delayed (waking a waiter if it comes due before anything else
+-- on the lane's timelines). Returns 1, else 0.
 local L = LANES[tonumber(ARGV[3])]
 local id = ARGV[4]
 local m = held(L, id, ARGV[5])
@@ -11,6 +12,7 @@ local delay = tonumber(ARGV[6])
 m.owner = ''
 if delay > 0 then
   m.at = fmt(now_us + delay)
+  wake_if_sooner(L, m.at, earliest(L))
   redis.call('ZADD', L.TD, m.at, id)
 else
   m.at = ''

@@ -163,6 +163,25 @@ local function wake(L, all)
   end
 end
 
+-- The lane's next time something comes due (a delayed message or a
+-- delivery's deadline), in server µs, or nil.
+local function earliest(L)
+  local t
+  for _, z in ipairs({ L.TD, L.TF }) do
+    local f = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+    if f[2] and (not t or tonumber(f[2]) < t) then t = tonumber(f[2]) end
+  end
+  return t
+end
+
+-- A message that comes due at `at` (server µs): wake a waiter if that is
+-- sooner than anything on the lane's timelines before (`before`), so it
+-- attempts again and learns when (`next_in`) instead of at its next poll.
+-- (A waiter that was told a time keeps it until something sooner comes.)
+local function wake_if_sooner(L, at, before)
+  if not before or tonumber(at) < before then wake(L, false) end
+end
+
 -- A queue without messages keeps only what must outlive them, on a TTL:
 -- the last id and token while they are ahead of the server clock (so the
 -- next ones still rise above them), and live waiting marks. Dedup ids

@@ -1,7 +1,9 @@
 -- Push. ARGV: channel, name, payload, delay µs ('0': ready at once),
 -- group ('' for none), dedup id ('' for none), dedup window µs.
 -- Returns {1, id} for a new message, {0, id} for a duplicate of a dedup id
--- pushed within its window (nothing changed).
+-- pushed within its window (nothing changed). Wakes a waiter of the main
+-- lane for a message ready at once, or for a delayed one that comes due
+-- before anything else on the lane's timelines.
 --
 -- Ids are max(last id + 1, server µs), so they rise in push order and
 -- keep rising after the queue's state was deleted (an idle queue) or lost.
@@ -29,10 +31,17 @@ if dedup ~= '' then
 end
 local delay = tonumber(ARGV[4])
 local L = LANES[0]
-local at = ''
-if delay > 0 then at = fmt(now_us + delay) end
+local at, before = '', nil
+if delay > 0 then
+  at = fmt(now_us + delay)
+  before = earliest(L)
+end
 redis.call('HSET', B, id, ARGV[3])
 insert(L, id, { attempts = 0, enq = fmt(math.floor(now_us / 1000)), at = at, owner = '',
   group = ARGV[5] })
-if delay == 0 then wake(L, false) end
+if delay == 0 then
+  wake(L, false)
+else
+  wake_if_sooner(L, at, before)
+end
 return {1, id}
