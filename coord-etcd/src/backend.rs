@@ -26,7 +26,8 @@ use crate::watch::WatchSlot;
 /// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
 /// [`FencingSource`](coord_core::FencingSource),
 /// [`Election`](coord_core::Election), [`Barrier`](coord_core::Barrier),
-/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore)).
+/// [`Limiter`](coord_core::Limiter), [`Semaphore`](coord_core::Semaphore),
+/// [`Queue`](coord_core::Queue)).
 ///
 /// Most users want [`connect`](crate::connect), which wraps it in a
 /// [`Coord`]. Background tasks (keepalives of queued waiters, watches,
@@ -81,6 +82,8 @@ pub(crate) struct Shared {
     pub(crate) sems: Mutex<HashMap<crate::semaphore::SemKey, crate::semaphore::SemLocal>>,
     /// Leases of claims that ended cleanly, for the next claims.
     pub(crate) pool: Mutex<Pool>,
+    /// This client's work queue state (dedup leases, hints).
+    pub(crate) wq: crate::work_queue::Local,
     pub(crate) shutdown: watch::Receiver<()>,
 }
 
@@ -204,6 +207,7 @@ impl EtcdBackend {
             limiter_leases: Mutex::new(HashMap::new()),
             sems: Mutex::new(HashMap::new()),
             pool: Mutex::new(Pool::default()),
+            wq: crate::work_queue::Local::default(),
             shutdown: rx,
         });
         shared.revoke_later(grant.id());
@@ -214,9 +218,11 @@ impl EtcdBackend {
     }
 
     /// A [`Coord`] handle over this backend (every primitive, FIFO
-    /// semaphores included).
+    /// semaphores and work queues included).
     pub fn coord(self: &Arc<Self>) -> Coord {
-        Coord::from_backend(self.clone()).with_semaphores(self.clone())
+        Coord::from_backend(self.clone())
+            .with_semaphores(self.clone())
+            .with_queues(self.clone())
     }
 
     /// What this backend promises.

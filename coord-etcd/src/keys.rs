@@ -12,7 +12,9 @@ pub(crate) const BACKEND: &str = "etcd";
 /// - leases, barriers, fencing: `<prefix><kind>/<escaped name>`;
 /// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`;
 /// - semaphores: `<prefix>sem/<escaped name>/h/<owner hex>` (grants) and
-///   `<prefix>sem/<escaped name>/w/<owner hex>` (queued waiters).
+///   `<prefix>sem/<escaped name>/w/<owner hex>` (queued waiters);
+/// - work queues: everything under `<prefix>wq/<escaped name>/` (see
+///   `wq_keys.rs`).
 ///
 /// Names are escaped (`%` -> `%25`, `/` -> `%2F`) so that the queue of
 /// `a` never contains the keys of `a/b`.
@@ -66,6 +68,11 @@ impl Keys {
     /// for grants, `w/<owner hex>` for queued waiters).
     pub(crate) fn sem(&self, name: &str) -> Vec<u8> {
         format!("{}sem/{}/", self.prefix, escape(name)).into_bytes()
+    }
+
+    /// `<prefix>wq/<name>/`: every key of a work queue.
+    pub(crate) fn wq(&self, name: &str) -> String {
+        format!("{}wq/{}/", self.prefix, escape(name))
     }
 
     /// `<prefix>limiter/<tag>/<key>`.

@@ -1,8 +1,8 @@
 //! # coord-etcd
 //!
 //! The etcd v3 backend of coord: every primitive (locks, leases, fencing
-//! tokens, elections, barriers, rate limiters, FIFO semaphores) on etcd's leases,
-//! transactions, revisions and watches.
+//! tokens, elections, barriers, rate limiters, FIFO semaphores, work queues) on
+//! etcd's leases, transactions, revisions and watches.
 //!
 //! ```no_run
 //! # async fn demo() -> coord_core::Result<()> {
@@ -66,6 +66,21 @@
 //!   name's keys and wakes exactly the local waiters that can be granted
 //!   when a grant or place ends. `permits_total` binds while any key of
 //!   the name lives.
+//! - **Work queues** live under `<prefix>wq/<name>/`: a record and a
+//!   payload key per message, per-group lists (all messages, ready ones),
+//!   a record per group (its turn, head and lowest ready id), two
+//!   candidate indexes keyed by (turn, id) whose first key is the next
+//!   delivery (one for ordered groups), and a timeline of delayed messages
+//!   and delivery deadlines. Every operation is a read or two and one
+//!   transaction comparing what it read; a pop's transaction offers the
+//!   next few deliveries as nested levels, so racing consumers mostly win
+//!   one each. Message ids and delivery fencing tokens are revisions (the
+//!   id: of a put to the fencing key; the token: of the delivering
+//!   transaction), so both rise across the whole store and survive
+//!   restarts. Delays, visibility deadlines and dedup windows run on the
+//!   clients' clocks; dedup ids are on a lease outliving their window. One
+//!   watch per queue, lane and client wakes waiters when a message becomes
+//!   deliverable or a delayed one is added. See `work_queue.rs`.
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -103,10 +118,13 @@
 //! a semaphore waiter's place 30 s after its last attempt; limiter state
 //! within 2 x its retention (the window, two for the sliding window) + the
 //! call timeout + 2 s after its last admitted check; barriers 30 s after
-//! nobody waits on them; fencing keeps one key in all. Leases follow: one
-//! per live claim or barrier, a few per limiter retention in use (each
-//! lives at most 2 x retention + call timeout + 2 s), and the spare leases
-//! of ended claims, revoked after 5 s unused.
+//! nobody waits on them; fencing keeps one key in all (message ids come
+//! from it too); a work queue keeps nothing once its messages are acked
+//! (or purged) and its dedup ids' leases ended (their window plus 2-3 s).
+//! Leases follow: one per live claim or barrier, a few per limiter
+//! retention in use (each lives at most 2 x retention + call timeout +
+//! 2 s), one per dedup window in use (granted anew each second of pushes),
+//! and the spare leases of ended claims, revoked after 5 s unused.
 //!
 //! What etcd itself keeps is its **history**: every write (each admitted
 //! limiter check, each grant and release, each fencing token) is a new
@@ -142,6 +160,11 @@ mod sem_hold;
 mod sem_watch;
 mod semaphore;
 mod watch;
+mod work_queue;
+mod wq_keys;
+mod wq_ops;
+mod wq_plan;
+mod wq_pop;
 
 use std::time::Duration;
 

@@ -38,6 +38,11 @@ pub(crate) enum WatchKind {
     AnyChange,
     /// Wake every local waiter when the barrier's generation changes.
     BarrierGeneration,
+    /// A work queue lane (`i/<lane>/` of `work_queue.rs`): wake every local
+    /// waiter when a key is put into a candidate index (a message became
+    /// deliverable) or a delayed message joins the timeline (the waiters
+    /// learn when it comes due); not for delivery deadlines or deletions.
+    QueueLane,
 }
 
 impl Shared {
@@ -173,6 +178,16 @@ async fn shared_watch_task(
                                 start_rev = start_rev.max(kv.mod_revision() + 1);
                                 match kind {
                                     WatchKind::AnyChange => wake_all = true,
+                                    WatchKind::QueueLane => {
+                                        let put = ev.event_type() == EventType::Put;
+                                        let rest = kv.key().get(key.len()..).unwrap_or_default();
+                                        if put
+                                            && (!rest.starts_with(b"t/")
+                                                || kv.value().first() == Some(&b'D'))
+                                        {
+                                            wake_all = true;
+                                        }
+                                    }
                                     WatchKind::BarrierGeneration => {
                                         let g = if ev.event_type() == EventType::Delete {
                                             None

@@ -1,0 +1,401 @@
+//! Work queues on etcd: [`coord_core::Queue`] for [`EtcdBackend`],
+//! following the delivery rule of `coord_core::queue_backend` (the model
+//! is coord-memory's `queue.rs`).
+//!
+//! # Keys
+//!
+//! Under `<prefix>wq/<escaped queue>/` (`L`: the lane, `M` or `D`; `G`: the
+//! group as `_<escaped group>`; numbers are 20-digit decimals):
+//!
+//! - `m/L/<id>`: the message's record (group, attempts, enqueue time,
+//!   payload length, state: ready, delayed until T, or in flight to an
+//!   owner until T); `p/L/<id>`: its payload, as it is;
+//! - `g/L/G`: the group's record while it has messages in the lane: its
+//!   turn, its lowest id (head) and its lowest ready id;
+//! - `a/L/G/<id>`: the group's messages by id; `r/L/G/<id>`: its ready
+//!   ones, each with a copy of its record (which does not change while it
+//!   is ready);
+//! - `i/L/u/<turn>/<id>` and `i/L/o/<turn>/<id>` (value: the group): the
+//!   candidate indexes, one entry per group with a candidate: its lowest
+//!   ready message, and (for ordered groups) its head if that is ready. The
+//!   first key of an index is the next delivery (lowest turn, then lowest
+//!   id);
+//! - `i/L/t/<unix ms>/<id>` (value: `D` or `F`, then the group): the
+//!   timeline of delayed messages and delivery deadlines;
+//! - `c/L`: the lane's virtual clock, while the lane has groups;
+//! - `d/<dedup id>`: the first message's id and when the window ends, on a
+//!   lease that outlives the window.
+//!
+//! # Steps
+//!
+//! Every operation reads (one read-only transaction, or two when the
+//! second depends on the first) and then sends one transaction whose
+//! compares hold what it read still true (`wq_plan.rs`); one that lost a
+//! race changes nothing and is tried again on fresh reads, with a random
+//! backoff, for up to the call timeout (then `Error::Unavailable`).
+//!
+//! - **push**: a put to the fencing key with the reads of the group record
+//!   (and the dedup key) in one transaction; **the message id is its
+//!   revision**. Then the insert: record, payload, the group's lists and
+//!   (when its candidate changes) its index entries, comparing the group
+//!   record unchanged (or absent, then the lane clock). A push whose id is
+//!   below its group's head (a later push of the group landed first) takes
+//!   a new id, so a message never overtakes its group's in-flight head.
+//!   Ids rise in push order across the whole store, purges included.
+//! - **pop** (`wq_pop.rs`): the timeline and the index's first keys, the
+//!   groups found there, then one transaction offering the next few
+//!   deliveries as nested levels, so racing consumers do not all lose to
+//!   the winner. A delivery moves the message in flight (attempts + 1,
+//!   deadline, owner), the group's index entries to its next turn and next
+//!   ready message, sets the lane's clock and reads the payload; **its
+//!   revision is the fencing token**, so tokens rise over every delivery
+//!   of both lanes (and across restarts). Due timeline entries (delayed
+//!   messages, lapsed deliveries) are made ready first, up to 8 per
+//!   transaction; a candidate delivered `max_deliveries` times moves to
+//!   the dead lane in a transaction of its own.
+//! - **ack, nack, extend**: the record (owner and deadline checked on this
+//!   client's clock) with the group's reads when this client made the
+//!   delivery, then one transaction comparing the record.
+//! - **peek** reads records then payloads; **redrive** moves one dead
+//!   letter per transaction; **stats** is one read (counts of the ready
+//!   lists and dead records, the timeline); **purge** one transaction.
+//!
+//! # Clocks
+//!
+//! etcd has no clock for data without a TTL, so delays, visibility
+//! deadlines and dedup windows are measured on the **clients' clocks**
+//! ([`Capabilities::server_clock`](coord_core::Capabilities) is false): a
+//! consumer whose clock runs ahead by `d` takes over a lapsed delivery `d`
+//! early (fencing tokens still order the two consumers), and an owner whose
+//! clock runs behind may ack up to `d` late. Keep clocks in sync (NTP).
+//!
+//! # Wake-ups
+//!
+//! One shared watch per queue, lane and client on `i/L/` wakes the
+//! client's waiters when a key is put into a candidate index (a push, a
+//! nack, a redrive, an ack letting an ordered group go on, a lapsed or
+//! delayed message made ready) and when a delayed message joins the
+//! timeline (a delayed push or nack: the waiters learn when it is due).
+//! A lapsing delivery wakes nobody: an empty pop reports when the next
+//! timeline entry is due (`next_in`).
+//!
+//! # State
+//!
+//! An acked message leaves nothing; a lane without messages leaves
+//! nothing (its groups and clock go with their last message); dedup ids
+//! stay until their lease ends (the window plus 2 to 3 s). So an idle
+//! queue holds no keys once its dedup windows passed. `purge` deletes
+//! every key of the queue in one transaction.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, UNIX_EPOCH};
+
+use coord_core::util::Kind;
+use coord_core::wake::Waiter;
+use coord_core::{
+    Capabilities, Lane, Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed,
+    QueueConfig, QueueStats, Result, async_trait,
+};
+use etcd_client::{Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::backend::{EtcdBackend, Shared, is_lease_not_found, lock, secs};
+use crate::barrier::corrupt;
+use crate::keys::prefix_end;
+use crate::watch::WatchKind;
+use crate::wq_keys::{Group, Meta, QKeys, State};
+use crate::wq_plan::{Landing, Plan, Retry, Snap, deadline_ms, get, insert, landing_ops, now_ms};
+
+/// How many entries each map of [`Local`] holds at most (it is emptied
+/// when it would hold more: only hints are lost).
+const LOCAL_CAP: usize = 4096;
+
+/// This client's work queue state: the leases dedup ids go on, the group of
+/// each delivery it made (so an ack, nack or extend reads the message and
+/// its group at once) and the groups its last pop of each lane saw (so the
+/// next pop reads them with its first read). Only hints: a wrong one costs
+/// a read.
+#[derive(Default)]
+pub(crate) struct Local {
+    /// Per TTL (seconds): (lease id, when it was granted).
+    leases: Mutex<HashMap<u64, (i64, Instant)>>,
+    /// (queue, lane, id) -> group.
+    groups: Mutex<HashMap<(String, Lane, u64), String>>,
+    /// (queue, lane, ordered) -> groups.
+    seen: Mutex<HashMap<(String, Lane, bool), Vec<String>>>,
+}
+
+fn capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
+    if m.len() >= LOCAL_CAP {
+        m.clear();
+    }
+}
+
+impl Local {
+    /// The group of this client's delivery `id`, if it remembers it.
+    pub(crate) fn group_of(&self, queue: &str, lane: Lane, id: u64) -> Option<String> {
+        lock(&self.groups)
+            .get(&(queue.to_string(), lane, id))
+            .cloned()
+    }
+
+    /// Remember (`Some`) or forget the group of delivery `id`.
+    pub(crate) fn set_group_of(&self, queue: &str, lane: Lane, id: u64, g: Option<&str>) {
+        let mut m = lock(&self.groups);
+        let key = (queue.to_string(), lane, id);
+        match g {
+            Some(g) => {
+                capped(&mut m);
+                m.insert(key, g.to_string());
+            }
+            None => {
+                m.remove(&key);
+            }
+        }
+    }
+
+    /// The groups the last pop of this lane saw.
+    pub(crate) fn seen(&self, queue: &str, lane: Lane, ordered: bool) -> Vec<String> {
+        lock(&self.seen)
+            .get(&(queue.to_string(), lane, ordered))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn set_seen(&self, queue: &str, lane: Lane, ordered: bool, groups: &[String]) {
+        let mut m = lock(&self.seen);
+        capped(&mut m);
+        m.insert((queue.to_string(), lane, ordered), groups.to_vec());
+    }
+}
+
+impl Shared {
+    pub(crate) fn qkeys(&self, queue: &str) -> QKeys {
+        QKeys::new(self.keys.wq(queue))
+    }
+
+    /// The lease dedup ids of `window` are put on: one per TTL, granted
+    /// anew after a second, living at least `window` past any put on it.
+    async fn dedup_lease(&self, window: Duration, fresh: bool) -> Result<i64> {
+        let ttl = secs(window) + 2;
+        {
+            let mut leases = lock(&self.wq.leases);
+            leases.retain(|_, (_, at)| at.elapsed() < Duration::from_secs(1));
+            if let (false, Some((id, _))) = (fresh, leases.get(&ttl)) {
+                return Ok(*id);
+            }
+        }
+        let id = self.grant_lease(ttl, "queue push").await?;
+        lock(&self.wq.leases).insert(ttl, (id, Instant::now()));
+        Ok(id)
+    }
+}
+
+pub(crate) fn message_of(id: u64, meta: &Meta, payload: Vec<u8>) -> Message {
+    Message {
+        id: MessageId(id),
+        payload,
+        group: (!meta.group.is_empty()).then(|| meta.group.clone()),
+        attempts: meta.attempts,
+        enqueued_at: UNIX_EPOCH + Duration::from_millis(meta.enqueued_ms),
+    }
+}
+
+impl Shared {
+    async fn queue_push(&self, queue: &str, msg: &NewMessage<'_>) -> Result<Pushed> {
+        let op = "queue push";
+        let k = self.qkeys(queue);
+        let g = msg.group.unwrap_or("");
+        // The id is this put's revision; the reads see the group then.
+        let mut alloc = vec![TxnOp::put(
+            self.keys.single(Kind::Fence, ""),
+            Vec::new(),
+            None,
+        )];
+        alloc.extend(landing_ops(&k, Lane::Main, g));
+        if let Some(d) = msg.dedup_id {
+            alloc.push(get(k.dedup(d)));
+        }
+        let mut lease = match msg.dedup_id {
+            Some(_) => Some(self.dedup_lease(msg.dedup_window, false).await?),
+            None => None,
+        };
+        let mut retry = Retry::new(self, op);
+        let mut s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+        loop {
+            let id = u64::try_from(s.rev)
+                .ok()
+                .filter(|r| *r > 0)
+                .ok_or_else(|| corrupt(op, "revision"))?;
+            let now = now_ms();
+            let dedup = msg.dedup_id.and_then(|_| s.one(3));
+            if let Some(kv) = dedup {
+                let v = std::str::from_utf8(kv.value()).ok();
+                let parsed = v
+                    .and_then(|v| v.split_once(' '))
+                    .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+                if let Some((first, until)) = parsed {
+                    if until > now {
+                        return Ok(Pushed {
+                            id: MessageId(first),
+                            duplicate: true,
+                        });
+                    }
+                }
+            }
+            let state = if msg.delay.is_zero() {
+                State::Ready
+            } else {
+                State::Delayed(deadline_ms(msg.delay))
+            };
+            let meta = Meta {
+                group: g.to_string(),
+                attempts: 0,
+                enqueued_ms: now,
+                len: msg.payload.len() as u64,
+                state,
+            };
+            let head = s.one(1).and_then(|kv| Group::decode(kv.value()));
+            if head.is_some_and(|g| g.head > id) {
+                // A later id of the group landed first: this one would
+                // overtake a message that may be in flight in an ordered
+                // group. Take a new id.
+                retry.again().await?;
+                s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+                continue;
+            }
+            let mut p = Plan::new();
+            insert(
+                &mut p,
+                &k,
+                Lane::Main,
+                id,
+                &meta,
+                msg.payload,
+                &Landing::of(&s, 1),
+                op,
+            )?;
+            if let (Some(d), Some(lease)) = (msg.dedup_id, lease) {
+                match dedup {
+                    Some(kv) => p.same(kv),
+                    None => p.absent(k.dedup(d)),
+                }
+                let until = deadline_ms(msg.dedup_window);
+                p.put_leased(k.dedup(d), format!("{id} {until}"), lease);
+            }
+            let resp = match self.txn(op, p.into_txn(vec![], alloc.clone())).await {
+                Ok(r) => r,
+                Err(e) if lease.is_some() && is_lease_not_found(&e) => {
+                    // The cached lease ended: take a new one, and a new id.
+                    lease = Some(self.dedup_lease(msg.dedup_window, true).await?);
+                    retry.again().await?;
+                    s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if resp.succeeded() {
+                return Ok(Pushed {
+                    id: MessageId(id),
+                    duplicate: false,
+                });
+            }
+            s = Snap::of(&resp);
+            retry.again().await?;
+        }
+    }
+}
+
+/// The wake-up key of a lane's local waiters.
+fn wake(queue: &str, lane: Lane) -> String {
+    format!("wq\u{0}{}\u{0}{queue}", lane.as_str())
+}
+
+#[async_trait]
+impl coord_core::Queue for EtcdBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.shared.caps
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+
+    async fn push(&self, queue: &str, message: &NewMessage<'_>) -> Result<Pushed> {
+        self.shared.queue_push(queue, message).await
+    }
+
+    async fn try_pop(
+        &self,
+        queue: &str,
+        lane: Lane,
+        consumer: &OwnerToken,
+        visibility: Duration,
+        config: &QueueConfig,
+    ) -> Result<PopAttempt> {
+        self.shared
+            .queue_pop(queue, lane, consumer, visibility, config)
+            .await
+    }
+
+    async fn ack(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+    ) -> Result<bool> {
+        self.shared.queue_ack(queue, lane, id.0, consumer).await
+    }
+
+    async fn nack(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+        delay: Duration,
+    ) -> Result<bool> {
+        self.shared
+            .queue_give_back(queue, lane, id.0, consumer, delay)
+            .await
+    }
+
+    async fn extend(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: MessageId,
+        consumer: &OwnerToken,
+        visibility: Duration,
+    ) -> Result<bool> {
+        self.shared
+            .queue_extend(queue, lane, id.0, consumer, visibility)
+            .await
+    }
+
+    async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
+        self.shared.queue_peek(queue, lane, limit).await
+    }
+
+    async fn redrive(&self, queue: &str, limit: usize) -> Result<u64> {
+        self.shared.queue_redrive(queue, limit).await
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        self.shared.queue_stats(queue).await
+    }
+
+    async fn purge(&self, queue: &str) -> Result<u64> {
+        self.shared.queue_purge(queue).await
+    }
+
+    async fn subscribe(&self, queue: &str, lane: Lane) -> Result<Waiter> {
+        let start = self.shared.qkeys(queue).indexes(lane);
+        let end = prefix_end(&start);
+        self.shared
+            .subscribe_watch(wake(queue, lane), start, Some(end), WatchKind::QueueLane)
+            .await
+    }
+}

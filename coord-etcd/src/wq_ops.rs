@@ -1,0 +1,398 @@
+//! Work queue operations on one delivered message (ack, nack, extend) and
+//! on a whole queue (peek, redrive, stats, purge); see `work_queue.rs`.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use coord_core::{Lane, Message, OwnerToken, QueueStats, Result};
+use etcd_client::{DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+
+use crate::backend::Shared;
+use crate::barrier::corrupt;
+use crate::keys::prefix_end;
+use crate::work_queue::message_of;
+use crate::wq_keys::{Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id};
+use crate::wq_plan::{
+    Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, id_in, insert, landing_ops,
+    now_ms, read, remove, set_group,
+};
+
+/// At most this many payload bytes per read of a peek.
+const PEEK_BYTES: u64 = 2 * 1024 * 1024;
+
+/// Dead letters read per page by a redrive.
+const REDRIVE_PAGE: i64 = 64;
+
+fn meta_of(kv: &KeyValue, op: &'static str) -> Result<Meta> {
+    Meta::decode(kv.value()).ok_or_else(|| corrupt(op, "work queue message"))
+}
+
+fn count_only(prefix: Vec<u8>) -> TxnOp {
+    let end = prefix_end(&prefix);
+    TxnOp::get(
+        prefix,
+        Some(GetOptions::new().with_range(end).with_count_only()),
+    )
+}
+
+fn count_in(r: Option<&TxnOpResponse>) -> u64 {
+    match r {
+        Some(TxnOpResponse::Get(g)) => u64::try_from(g.count()).unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// What [`Shared::held`] found.
+struct Held {
+    kv: KeyValue,
+    meta: Meta,
+    deadline: u64,
+    /// The reads of `around_ops` for the message's group, and where they
+    /// start.
+    around: Option<(Snap, usize)>,
+}
+
+impl Shared {
+    /// Message `id`'s record, if it is in flight to `consumer` and its
+    /// deadline has not passed on this client's clock; with `around`, also
+    /// the reads of [`around_ops`] for its group (made with the record's
+    /// read when this client remembers the group of its delivery).
+    #[allow(clippy::too_many_arguments)]
+    async fn held(
+        &self,
+        k: &QKeys,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+        around: bool,
+        op: &'static str,
+    ) -> Result<Option<Held>> {
+        let hint = if around {
+            self.wq.group_of(queue, lane, id)
+        } else {
+            None
+        };
+        let mut ops = vec![get(k.meta(lane, id))];
+        if let Some(g) = &hint {
+            ops.extend(around_ops(k, lane, g, id));
+        }
+        let s = read(self, op, ops).await?;
+        let Some(kv) = s.one(0).cloned() else {
+            self.wq.set_group_of(queue, lane, id, None);
+            return Ok(None);
+        };
+        let meta = meta_of(&kv, op)?;
+        let deadline = match meta.state {
+            State::InFlight(t, o) if o == *consumer && t > now_ms() => t,
+            _ => {
+                self.wq.set_group_of(queue, lane, id, None);
+                return Ok(None);
+            }
+        };
+        let around = match hint {
+            _ if !around => None,
+            Some(g) if g == meta.group => Some((s, 1)),
+            _ => {
+                let ops = around_ops(k, lane, &meta.group, id);
+                Some((read(self, op, ops).await?, 0))
+            }
+        };
+        Ok(Some(Held {
+            kv,
+            meta,
+            deadline,
+            around,
+        }))
+    }
+
+    /// Delete message `id` iff held by `consumer`.
+    pub(crate) async fn queue_ack(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+    ) -> Result<bool> {
+        let op = "queue ack";
+        let k = self.qkeys(queue);
+        let mut retry = Retry::new(self, op);
+        loop {
+            let Some(h) = self.held(&k, queue, lane, id, consumer, true, op).await? else {
+                return Ok(false);
+            };
+            let Some((s, at)) = &h.around else {
+                return Ok(false);
+            };
+            let mut p = Plan::new();
+            p.same(&h.kv);
+            if remove(&mut p, &k, lane, id, &h.meta, &Around::of(s, *at), op)?
+                && self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded()
+            {
+                self.wq.set_group_of(queue, lane, id, None);
+                return Ok(true);
+            }
+            retry.again().await?;
+        }
+    }
+
+    /// Give message `id` back iff held by `consumer`: ready at once (zero
+    /// `delay`) or delayed.
+    pub(crate) async fn queue_give_back(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+        delay: Duration,
+    ) -> Result<bool> {
+        let op = "queue nack";
+        let k = self.qkeys(queue);
+        let mut retry = Retry::new(self, op);
+        let now = delay.is_zero();
+        loop {
+            let Some(h) = self.held(&k, queue, lane, id, consumer, now, op).await? else {
+                return Ok(false);
+            };
+            let mut p = Plan::new();
+            p.same(&h.kv);
+            p.del(k.time_entry(lane, h.deadline, id));
+            let mut m = h.meta;
+            if let Some((s, at)) = &h.around {
+                // Ready at once: the group's lowest ready id may change.
+                let Some(gkv) = s.one(*at) else {
+                    retry.again().await?;
+                    continue;
+                };
+                let old =
+                    Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
+                p.same(gkv);
+                m.state = State::Ready;
+                p.put(with_id(&k.readies(lane, &m.group), id), m.encode());
+                let ready = match old.ready {
+                    0 => id,
+                    r => r.min(id),
+                };
+                let new = Group { ready, ..old };
+                set_group(&mut p, &k, lane, &m.group, Some(old), Some(new));
+            } else {
+                let at = deadline_ms(delay);
+                m.state = State::Delayed(at);
+                p.put(k.time_entry(lane, at, id), m.time_value());
+            }
+            p.put(k.meta(lane, id), m.encode());
+            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                self.wq.set_group_of(queue, lane, id, None);
+                return Ok(true);
+            }
+            retry.again().await?;
+        }
+    }
+
+    /// Move message `id`'s deadline to now + `visibility` iff held by
+    /// `consumer`.
+    pub(crate) async fn queue_extend(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+        visibility: Duration,
+    ) -> Result<bool> {
+        let op = "queue extend";
+        let k = self.qkeys(queue);
+        let mut retry = Retry::new(self, op);
+        loop {
+            let Some(h) = self.held(&k, queue, lane, id, consumer, false, op).await? else {
+                return Ok(false);
+            };
+            let mut m = h.meta;
+            let mut p = Plan::new();
+            p.same(&h.kv);
+            p.del(k.time_entry(lane, h.deadline, id));
+            let at = deadline_ms(visibility);
+            m.state = State::InFlight(at, *consumer);
+            p.put(k.time_entry(lane, at, id), m.time_value());
+            p.put(k.meta(lane, id), m.encode());
+            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                return Ok(true);
+            }
+            retry.again().await?;
+        }
+    }
+
+    /// Up to `limit` messages of `lane`, lowest id first. The payloads are
+    /// read after the records, a few at a time (a message acked between the
+    /// two reads is left out).
+    pub(crate) async fn queue_peek(
+        &self,
+        queue: &str,
+        lane: Lane,
+        limit: usize,
+    ) -> Result<Vec<Message>> {
+        let op = "queue peek";
+        let k = self.qkeys(queue);
+        let m = k.metas(lane);
+        let opts = GetOptions::new()
+            .with_range(prefix_end(&m))
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let mut metas = Vec::new();
+        for kv in self.get(op, m, Some(opts)).await? {
+            metas.push((id_in(&kv, op)?, meta_of(&kv, op)?));
+        }
+        let mut out = Vec::with_capacity(metas.len());
+        let mut i = 0;
+        while i < metas.len() {
+            let mut j = i;
+            let mut bytes = 0u64;
+            while j < metas.len() && (j == i || bytes.saturating_add(metas[j].1.len) <= PEEK_BYTES)
+            {
+                bytes = bytes.saturating_add(metas[j].1.len);
+                j += 1;
+            }
+            let start = k.payload(lane, metas[i].0);
+            let end = after(&k.payload(lane, metas[j - 1].0));
+            let got = self
+                .get(op, start, Some(GetOptions::new().with_range(end)))
+                .await?;
+            let mut payloads = HashMap::new();
+            for kv in got {
+                payloads.insert(id_in(&kv, op)?, kv.value().to_vec());
+            }
+            for (id, meta) in &metas[i..j] {
+                if let Some(p) = payloads.remove(id) {
+                    out.push(message_of(*id, meta, p));
+                }
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    /// Move up to `limit` dead letters that are not in flight back to the
+    /// main lane, lowest id first, one transaction each.
+    pub(crate) async fn queue_redrive(&self, queue: &str, limit: usize) -> Result<u64> {
+        let op = "queue redrive";
+        let k = self.qkeys(queue);
+        let dead = k.metas(Lane::Dead);
+        let end = prefix_end(&dead);
+        let mut from = dead;
+        let mut moved = 0usize;
+        'pages: while moved < limit {
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(REDRIVE_PAGE);
+            let page = self.get(op, from.clone(), Some(opts)).await?;
+            for kv in &page {
+                if moved >= limit {
+                    break 'pages;
+                }
+                from = after(kv.key());
+                if self.redrive_one(&k, id_in(kv, op)?, kv.clone(), op).await? {
+                    moved += 1;
+                }
+            }
+            if (page.len() as i64) < REDRIVE_PAGE {
+                break;
+            }
+        }
+        Ok(moved as u64)
+    }
+
+    /// Move dead letter `id` (its record as read: `kv`) to the main lane,
+    /// ready with attempts reset, unless it is in flight. `Ok(false)`: not
+    /// moved.
+    async fn redrive_one(
+        &self,
+        k: &QKeys,
+        id: u64,
+        mut kv: KeyValue,
+        op: &'static str,
+    ) -> Result<bool> {
+        let mut retry = Retry::new(self, op);
+        loop {
+            let meta = meta_of(&kv, op)?;
+            if matches!(meta.state, State::InFlight(t, _) if t > now_ms()) {
+                return Ok(false);
+            }
+            let g = meta.group.as_str();
+            let mut ops = around_ops(k, Lane::Dead, g, id);
+            ops.push(get(k.payload(Lane::Dead, id)));
+            ops.extend(landing_ops(k, Lane::Main, g));
+            let s = read(self, op, ops).await?;
+            if let Some(payload) = s.one(4) {
+                let mut p = Plan::new();
+                p.same(&kv);
+                if remove(&mut p, k, Lane::Dead, id, &meta, &Around::of(&s, 0), op)? {
+                    let back = Meta {
+                        attempts: 0,
+                        state: State::Ready,
+                        ..meta.clone()
+                    };
+                    let v = Landing::of(&s, 5);
+                    insert(&mut p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
+                    if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                        return Ok(true);
+                    }
+                }
+            }
+            retry.again().await?;
+            match self.get(op, k.meta(Lane::Dead, id), None).await?.pop() {
+                Some(fresh) => kv = fresh,
+                None => return Ok(false),
+            }
+        }
+    }
+
+    /// Counts by state, in one snapshot: the main lane's ready lists, its
+    /// timeline (due entries count as ready), the dead lane's records.
+    pub(crate) async fn queue_stats(&self, queue: &str) -> Result<QueueStats> {
+        let op = "queue stats";
+        let k = self.qkeys(queue);
+        let t = k.timeline(Lane::Main);
+        let ops = vec![
+            count_only(k.readies_all(Lane::Main)),
+            TxnOp::get(
+                t.clone(),
+                Some(GetOptions::new().with_range(prefix_end(&t))),
+            ),
+            count_only(k.metas(Lane::Dead)),
+        ];
+        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
+        let rs = resp.op_responses();
+        let mut s = QueueStats {
+            ready: count_in(rs.first()),
+            dead: count_in(rs.get(2)),
+            ..QueueStats::default()
+        };
+        let now = now_ms();
+        if let Some(TxnOpResponse::Get(g)) = rs.get(1) {
+            for kv in g.kvs() {
+                let (at, _) =
+                    pair_of(kv.key()).ok_or_else(|| corrupt(op, "work queue timeline"))?;
+                let (in_flight, _) = parse_time_value(kv.value())
+                    .ok_or_else(|| corrupt(op, "work queue timeline"))?;
+                match (at > now, in_flight) {
+                    (false, _) => s.ready += 1,
+                    (true, true) => s.in_flight += 1,
+                    (true, false) => s.delayed += 1,
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// Delete every key of the queue in one transaction; returns how many
+    /// messages there were.
+    pub(crate) async fn queue_purge(&self, queue: &str) -> Result<u64> {
+        let op = "queue purge";
+        let k = self.qkeys(queue);
+        let (start, end) = k.all();
+        let ops = vec![
+            count_only(k.metas_both()),
+            TxnOp::delete(start, Some(DeleteOptions::new().with_range(end))),
+        ];
+        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
+        Ok(count_in(resp.op_responses().first()))
+    }
+}

@@ -1,0 +1,518 @@
+//! One step of a work queue operation, and the two changes every operation
+//! is made of.
+//!
+//! A step reads what it needs (one read-only transaction, or two when a
+//! read depends on another), then sends ONE transaction: its compares hold
+//! every read it relied on still true (each key seen has the same mod
+//! revision, nothing was written into a range it read since its revision,
+//! a key it found missing is still missing), its writes are coalesced (a
+//! key is written at most once). A transaction whose compares fail changed
+//! nothing: the step is tried again on fresh reads ([`Retry`]).
+//!
+//! The changes: [`remove`] takes a message out of its lane, [`insert`]
+//! puts one into a lane; both keep the group's record and its entries in
+//! the candidate indexes right ([`set_group`]).
+
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::{Error, Lane, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use tokio::time::{Instant, sleep};
+
+use crate::backend::{Shared, header_rev};
+use crate::barrier::corrupt;
+use crate::keys::{BACKEND, prefix_end};
+use crate::wq_keys::{Group, Meta, QKeys, after, id_of, with_id};
+
+/// The answers of one transaction's reads, in order, and its revision.
+pub(crate) struct Snap {
+    pub(crate) rev: i64,
+    lists: Vec<Vec<KeyValue>>,
+}
+
+impl Snap {
+    /// The answers of `resp`'s operations (those that were not reads
+    /// answer nothing).
+    pub(crate) fn of(resp: &TxnResponse) -> Snap {
+        Self::at(resp, header_rev(resp))
+    }
+
+    /// The answers of `resp` (a nested transaction's, which carries no
+    /// revision of its own) read at revision `rev`.
+    pub(crate) fn at(resp: &TxnResponse, rev: i64) -> Snap {
+        let lists = resp
+            .op_responses()
+            .into_iter()
+            .map(|r| match r {
+                etcd_client::TxnOpResponse::Get(mut g) => g.take_kvs(),
+                _ => Vec::new(),
+            })
+            .collect();
+        Snap { rev, lists }
+    }
+
+    /// The keys read by operation `i`.
+    pub(crate) fn list(&self, i: usize) -> &[KeyValue] {
+        self.lists.get(i).map_or(&[], |l| l.as_slice())
+    }
+
+    /// The first key read by operation `i`.
+    pub(crate) fn one(&self, i: usize) -> Option<&KeyValue> {
+        self.list(i).first()
+    }
+}
+
+/// Read `ops` in one snapshot.
+pub(crate) async fn read(sh: &Shared, op: &'static str, ops: Vec<TxnOp>) -> Result<Snap> {
+    Ok(Snap::of(&sh.txn(op, Txn::new().and_then(ops)).await?))
+}
+
+/// Read one key.
+pub(crate) fn get(key: Vec<u8>) -> TxnOp {
+    TxnOp::get(key, None)
+}
+
+/// Read up to `limit` keys of `[start, end)` with their values.
+pub(crate) fn range(start: Vec<u8>, end: Vec<u8>, limit: i64) -> TxnOp {
+    TxnOp::get(
+        start,
+        Some(GetOptions::new().with_range(end).with_limit(limit)),
+    )
+}
+
+/// Milliseconds since the Unix epoch on this client's clock, rounded down.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis().min(u128::from(u64::MAX)) as u64)
+}
+
+/// This client's clock `d` from now, in Unix ms, rounded up (a deadline is
+/// never earlier than the caller's own reckoning of it).
+pub(crate) fn deadline_ms(d: Duration) -> u64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let ceil = |x: Duration| x.as_nanos().div_ceil(1_000_000).min(u128::from(u64::MAX)) as u64;
+    ceil(now).saturating_add(ceil(d))
+}
+
+/// The time from now until Unix ms `at` (zero if it passed).
+pub(crate) fn until_ms(at: u64) -> Duration {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Duration::from_millis(at).saturating_sub(now)
+}
+
+/// The compares and coalesced writes of one transaction.
+#[derive(Default)]
+pub(crate) struct Plan {
+    cmp: Vec<Compare>,
+    /// Key -> (value, lease) to put, or `None` to delete.
+    writes: BTreeMap<Vec<u8>, Option<(Vec<u8>, i64)>>,
+}
+
+impl Plan {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    pub(crate) fn put(&mut self, key: Vec<u8>, value: impl Into<Vec<u8>>) {
+        self.writes.insert(key, Some((value.into(), 0)));
+    }
+
+    pub(crate) fn put_leased(&mut self, key: Vec<u8>, value: impl Into<Vec<u8>>, lease: i64) {
+        self.writes.insert(key, Some((value.into(), lease)));
+    }
+
+    pub(crate) fn del(&mut self, key: Vec<u8>) {
+        self.writes.insert(key, None);
+    }
+
+    /// `kv` is unchanged (and still there).
+    pub(crate) fn same(&mut self, kv: &KeyValue) {
+        self.cmp.push(Compare::mod_revision(
+            kv.key(),
+            CompareOp::Equal,
+            kv.mod_revision(),
+        ));
+    }
+
+    /// `kv` is still there (whatever was written to it since).
+    pub(crate) fn exists_as(&mut self, kv: &KeyValue) {
+        self.cmp.push(Compare::create_revision(
+            kv.key(),
+            CompareOp::Equal,
+            kv.create_revision(),
+        ));
+    }
+
+    /// `key` exists.
+    pub(crate) fn exists(&mut self, key: Vec<u8>) {
+        self.cmp.push(Compare::version(key, CompareOp::Greater, 0));
+    }
+
+    /// `key`'s value is `value`.
+    pub(crate) fn value_is(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.cmp.push(Compare::value(key, CompareOp::Equal, value));
+    }
+
+    /// `key` does not exist.
+    pub(crate) fn absent(&mut self, key: Vec<u8>) {
+        self.cmp.push(Compare::version(key, CompareOp::Equal, 0));
+    }
+
+    /// No key exists in `[start, end)`.
+    pub(crate) fn none_in(&mut self, start: &[u8], end: &[u8]) {
+        if start < end {
+            self.cmp
+                .push(Compare::create_revision(start, CompareOp::Less, 1).with_range(end));
+        }
+    }
+
+    /// No key in `[start, end)` was written after revision `rev`.
+    fn unchanged_since(&mut self, start: &[u8], end: &[u8], rev: i64) {
+        if start < end {
+            self.cmp.push(
+                Compare::mod_revision(start, CompareOp::Less, rev.saturating_add(1))
+                    .with_range(end),
+            );
+        }
+    }
+
+    /// A read of up to `limit` keys of `[start, end)` at `rev` that found
+    /// `kvs` still finds them: each is unchanged and nothing was written
+    /// into the part of the range it covered.
+    pub(crate) fn still(
+        &mut self,
+        start: &[u8],
+        end: &[u8],
+        limit: usize,
+        kvs: &[KeyValue],
+        rev: i64,
+    ) {
+        for kv in kvs {
+            self.same(kv);
+        }
+        let covered = match kvs.last() {
+            Some(last) if kvs.len() >= limit => after(last.key()),
+            _ => end.to_vec(),
+        };
+        self.unchanged_since(start, &covered, rev);
+    }
+
+    /// The transaction: if every compare holds, `first` and then the
+    /// writes; else `failure`.
+    pub(crate) fn into_txn(self, first: Vec<TxnOp>, failure: Vec<TxnOp>) -> Txn {
+        let mut ops = first;
+        for (k, w) in self.writes {
+            ops.push(match w {
+                Some((v, 0)) => TxnOp::put(k, v, None),
+                Some((v, lease)) => TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease))),
+                None => TxnOp::delete(k, None),
+            });
+        }
+        Txn::new().when(self.cmp).and_then(ops).or_else(failure)
+    }
+}
+
+/// Bounded retries of a step whose transaction lost a race: a random
+/// backoff growing to 40 ms, for at most the call timeout.
+pub(crate) struct Retry {
+    started: Instant,
+    limit: Duration,
+    round: u32,
+    op: &'static str,
+}
+
+impl Retry {
+    pub(crate) fn new(sh: &Shared, op: &'static str) -> Self {
+        Retry {
+            started: Instant::now(),
+            limit: sh.timeout,
+            round: 0,
+            op,
+        }
+    }
+
+    /// Wait before the next try; `Error::Unavailable` once the time is up.
+    pub(crate) async fn again(&mut self) -> Result<()> {
+        self.round += 1;
+        if self.started.elapsed() >= self.limit {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                operation: self.op,
+                message: format!(
+                    "gave up after {} attempts in {:?}, each losing a race with another \
+                     client's change of the queue",
+                    self.round,
+                    self.started.elapsed()
+                ),
+            });
+        }
+        let cap = (1u64 << self.round.min(6)).min(40);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(self.round);
+        sleep(Duration::from_micros(h.finish() % (cap * 1000 + 1))).await;
+        Ok(())
+    }
+}
+
+/// Write group `g`'s record as `new` (`None`: delete it), and move its
+/// entries in both candidate indexes from where `old` had them.
+pub(crate) fn set_group(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    g: &str,
+    old: Option<Group>,
+    new: Option<Group>,
+) {
+    match new {
+        Some(n) if old != Some(n) => p.put(k.group(l, g), n.encode()),
+        None if old.is_some() => p.del(k.group(l, g)),
+        _ => {}
+    }
+    for ordered in [false, true] {
+        let entry = |x: Option<Group>| {
+            x.and_then(|x| x.entry(ordered))
+                .map(|(turn, id)| k.index_entry(l, ordered, turn, id))
+        };
+        let (o, n) = (entry(old), entry(new));
+        if o != n {
+            if let Some(o) = o {
+                p.del(o);
+            }
+            if let Some(n) = n {
+                p.put(n, g.as_bytes().to_vec());
+            }
+        }
+    }
+}
+
+fn group_of(kv: &KeyValue, op: &'static str) -> Result<Group> {
+    Group::decode(kv.value()).ok_or_else(|| corrupt(op, "work queue group"))
+}
+
+/// The id at the end of `kv`'s key.
+pub(crate) fn id_in(kv: &KeyValue, op: &'static str) -> Result<u64> {
+    id_of(kv.key()).ok_or_else(|| corrupt(op, "work queue key"))
+}
+
+/// What taking message `id` out of its group needs: the group's record,
+/// its messages and its ready messages from `id` (two each), and the
+/// lane's first two groups (keys only). Four reads, for [`Around::of`].
+pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
+    let members = k.members(l, g);
+    let readies = k.readies(l, g);
+    let groups = k.groups(l);
+    vec![
+        get(k.group(l, g)),
+        range(with_id(&members, id), prefix_end(&members), 2),
+        range(with_id(&readies, id), prefix_end(&readies), 2),
+        TxnOp::get(
+            groups.clone(),
+            Some(
+                GetOptions::new()
+                    .with_range(prefix_end(&groups))
+                    .with_limit(2)
+                    .with_keys_only(),
+            ),
+        ),
+    ]
+}
+
+/// The answers of [`around_ops`] from operation `at` on.
+pub(crate) struct Around<'a> {
+    group: Option<&'a KeyValue>,
+    members: &'a [KeyValue],
+    readies: &'a [KeyValue],
+    groups: &'a [KeyValue],
+    rev: i64,
+}
+
+impl<'a> Around<'a> {
+    pub(crate) fn of(s: &'a Snap, at: usize) -> Around<'a> {
+        Around {
+            group: s.one(at),
+            members: s.list(at + 1),
+            readies: s.list(at + 2),
+            groups: s.list(at + 3),
+            rev: s.rev,
+        }
+    }
+}
+
+/// Take message `id` (record `meta`, compared by the caller) out of lane
+/// `l`: its keys, its place in its group (the next message becomes the
+/// group's head or lowest ready one), the group when it was its last
+/// message, and the lane's clock when that was the lane's last group.
+/// `Ok(false)`: the reads do not agree with each other (a concurrent
+/// change); try again.
+pub(crate) fn remove(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    id: u64,
+    meta: &Meta,
+    a: &Around<'_>,
+    op: &'static str,
+) -> Result<bool> {
+    let g = meta.group.as_str();
+    let Some(gkv) = a.group else {
+        return Ok(false);
+    };
+    let old = group_of(gkv, op)?;
+    p.same(gkv);
+    p.del(k.meta(l, id));
+    p.del(k.payload(l, id));
+    let members = k.members(l, g);
+    let mine = with_id(&members, id);
+    p.del(mine.clone());
+    if let Some(t) = meta.at() {
+        p.del(k.time_entry(l, t, id));
+    }
+    let mut new = old;
+    if old.head == id {
+        if a.members.first().map(|kv| kv.key()) != Some(&mine[..]) {
+            return Ok(false);
+        }
+        p.still(&mine, &prefix_end(&members), 2, a.members, a.rev);
+        new.head = match a.members.get(1) {
+            Some(kv) => id_in(kv, op)?,
+            None => 0,
+        };
+    }
+    if meta.ready() {
+        let readies = k.readies(l, g);
+        let rk = with_id(&readies, id);
+        p.del(rk.clone());
+        if old.ready == id {
+            if a.readies.first().map(|kv| kv.key()) != Some(&rk[..]) {
+                return Ok(false);
+            }
+            p.still(&rk, &prefix_end(&readies), 2, a.readies, a.rev);
+            new.ready = match a.readies.get(1) {
+                Some(kv) => id_in(kv, op)?,
+                None => 0,
+            };
+        }
+    }
+    if new.head != 0 {
+        set_group(p, k, l, g, Some(old), Some(new));
+        return Ok(true);
+    }
+    if new.ready != 0 {
+        return Ok(false);
+    }
+    set_group(p, k, l, g, Some(old), None);
+    let gk = k.group(l, g);
+    match a.groups.iter().find(|kv| kv.key() != gk) {
+        // Another group keeps the lane (and its clock) alive.
+        Some(other) => p.exists_as(other),
+        None => {
+            // The lane's last group: its clock goes too (a lane without
+            // groups starts again at 0, which orders nothing differently).
+            let groups = k.groups(l);
+            p.none_in(&groups, &gk);
+            p.none_in(&after(&gk), &prefix_end(&groups));
+            p.del(k.clock(l));
+        }
+    }
+    Ok(true)
+}
+
+/// What putting a message into group `g` of lane `l` needs: the group's
+/// record and the lane's clock. Two reads, for [`Landing::of`].
+pub(crate) fn landing_ops(k: &QKeys, l: Lane, g: &str) -> Vec<TxnOp> {
+    vec![get(k.group(l, g)), get(k.clock(l))]
+}
+
+/// The answers of [`landing_ops`] from operation `at` on.
+pub(crate) struct Landing<'a> {
+    group: Option<&'a KeyValue>,
+    clock: Option<&'a KeyValue>,
+}
+
+impl<'a> Landing<'a> {
+    pub(crate) fn of(s: &'a Snap, at: usize) -> Landing<'a> {
+        Landing {
+            group: s.one(at),
+            clock: s.one(at + 1),
+        }
+    }
+}
+
+/// Put message `id` (record `meta`, `payload`) into lane `l`: ready, or
+/// on the timeline; a group new to the lane starts at the lane's clock.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn insert(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    id: u64,
+    meta: &Meta,
+    payload: &[u8],
+    v: &Landing<'_>,
+    op: &'static str,
+) -> Result<()> {
+    let g = meta.group.as_str();
+    p.put(k.meta(l, id), meta.encode());
+    p.put(k.payload(l, id), payload.to_vec());
+    p.put(with_id(&k.members(l, g), id), Vec::new());
+    let ready = match meta.at() {
+        None => {
+            p.put(with_id(&k.readies(l, g), id), meta.encode());
+            id
+        }
+        Some(t) => {
+            p.put(k.time_entry(l, t, id), meta.time_value());
+            0
+        }
+    };
+    let (old, new) = match v.group {
+        Some(kv) => {
+            let o = group_of(kv, op)?;
+            p.same(kv);
+            let lowest = match (o.ready, ready) {
+                (0, r) | (r, 0) => r,
+                (a, b) => a.min(b),
+            };
+            let n = Group {
+                turn: o.turn,
+                head: o.head.min(id),
+                ready: lowest,
+            };
+            (Some(o), n)
+        }
+        None => {
+            p.absent(k.group(l, g));
+            let turn = match v.clock {
+                Some(kv) => {
+                    p.same(kv);
+                    std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| corrupt(op, "work queue clock"))?
+                }
+                None => {
+                    p.absent(k.clock(l));
+                    0
+                }
+            };
+            (
+                None,
+                Group {
+                    turn,
+                    head: id,
+                    ready,
+                },
+            )
+        }
+    };
+    set_group(p, k, l, g, old, Some(new));
+    Ok(())
+}

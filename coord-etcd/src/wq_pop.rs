@@ -1,0 +1,497 @@
+//! Deliveries (see `work_queue.rs`): a pop reads the timeline and the
+//! first entries of the candidate index, then the record and first ready
+//! messages of each group found there, and from these predicts the next
+//! few deliveries (the rule applied to what it read). It sends one
+//! transaction holding each of them as a level: level 1 delivers the next
+//! message if the queue is still as read; if not, level 2 delivers the one
+//! after it if exactly that one is next now (another consumer took the
+//! first), and so on; the last level's else branch reads the queue again.
+//! So consumers racing for one queue do not all lose to the one that wins
+//! (up to [`LEVELS`] of them win each round), and a loser has what it needs
+//! for its next try without reading.
+//!
+//! A level's compares hold exactly what its delivery relies on: the
+//! group's record has the value predicted, the candidate index's first key
+//! is the message's entry, and the message and the next ready message of
+//! its group are unchanged (a ready message's list entry carries its
+//! record, so the record itself needs no read).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use coord_core::{FencingToken, Lane, OwnerToken, PopAttempt, QueueConfig, Result};
+use etcd_client::{KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+
+use crate::backend::{Shared, header_rev};
+use crate::barrier::corrupt;
+use crate::keys::prefix_end;
+use crate::work_queue::message_of;
+use crate::wq_keys::{Group, Meta, QKeys, State, id_of, pair_of, parse_time_value, with_id};
+use crate::wq_plan::{
+    Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, id_in, insert, landing_ops,
+    now_ms, range, read, remove, set_group, until_ms,
+};
+
+/// How many timeline entries a pop reads (and makes ready at most, when
+/// due) at a time.
+const TIMELINE_READ: i64 = 8;
+
+/// How many deliveries one pop transaction offers (its levels).
+pub(crate) const LEVELS: usize = 8;
+
+/// The reads a pop starts from: the timeline's first entries and the
+/// candidate index's first [`LEVELS`] keys.
+fn scan_ops(k: &QKeys, l: Lane, ordered: bool) -> Vec<TxnOp> {
+    let t = k.timeline(l);
+    let i = k.index(l, ordered);
+    vec![
+        range(t.clone(), prefix_end(&t), TIMELINE_READ),
+        range(i.clone(), prefix_end(&i), LEVELS as i64),
+    ]
+}
+
+/// The reads of a group a pop needs: its record and its first ready
+/// messages.
+fn detail_ops(k: &QKeys, l: Lane, g: &str) -> [TxnOp; 2] {
+    let r = k.readies(l, g);
+    let end = prefix_end(&r);
+    [get(k.group(l, g)), range(r, end, LEVELS as i64 + 1)]
+}
+
+/// A timeline entry that is due.
+struct Due {
+    kv: KeyValue,
+    at: u64,
+    id: u64,
+    group: String,
+}
+
+/// The due entries of the timeline read first in `s`, and the time of the
+/// first one not due.
+fn due_of(s: &Snap, now: u64, op: &'static str) -> Result<(Vec<Due>, Option<u64>)> {
+    let mut due = Vec::new();
+    for kv in s.list(0) {
+        let (at, id) = pair_of(kv.key()).ok_or_else(|| corrupt(op, "work queue timeline"))?;
+        if at > now {
+            return Ok((due, Some(at)));
+        }
+        let (_, group) =
+            parse_time_value(kv.value()).ok_or_else(|| corrupt(op, "work queue timeline"))?;
+        due.push(Due {
+            kv: kv.clone(),
+            at,
+            id,
+            group,
+        });
+    }
+    Ok((due, None))
+}
+
+/// What a pop read of one group.
+struct Detail {
+    grp: Group,
+    /// Its first ready messages (keys with the records).
+    ready: Vec<KeyValue>,
+    /// Whether that is all of them.
+    complete: bool,
+}
+
+/// One predicted delivery.
+struct Step {
+    g: String,
+    before: Group,
+    after: Group,
+    /// The message's ready entry, and the group's next one if any.
+    ready: Vec<KeyValue>,
+    meta: Meta,
+}
+
+/// The next deliveries, in order, as far as the reads tell (`entries`: the
+/// index keys read as (turn, id, group), `more`: whether the index may hold
+/// more). `None`: the reads disagree (the queue changed between them).
+fn predict(
+    entries: &[(u64, u64, String)],
+    more: bool,
+    details: &HashMap<String, Detail>,
+    ordered: bool,
+    op: &'static str,
+) -> Result<Option<Vec<Step>>> {
+    struct Cand<'a> {
+        g: &'a str,
+        state: Group,
+        pos: usize,
+        original: bool,
+    }
+    let mut cands: Vec<Cand<'_>> = Vec::new();
+    for (turn, id, g) in entries {
+        let Some(d) = details.get(g) else {
+            return Ok(None);
+        };
+        let first = d.ready.first().and_then(|kv| id_of(kv.key()));
+        if d.grp.entry(ordered) != Some((*turn, *id))
+            || first != Some(*id)
+            || cands.iter().any(|c| c.g == g)
+        {
+            return Ok(None);
+        }
+        cands.push(Cand {
+            g,
+            state: d.grp,
+            pos: 0,
+            original: true,
+        });
+    }
+    let mut out = Vec::new();
+    while out.len() < LEVELS {
+        // Keys not read sort after every key read: the lowest candidate is
+        // known while one read from the index is left.
+        if more && !cands.iter().any(|c| c.original) {
+            break;
+        }
+        let Some(best) =
+            (0..cands.len()).min_by_key(|&i| (cands[i].state.turn, cands[i].state.ready))
+        else {
+            break;
+        };
+        let c = &cands[best];
+        let Some(d) = details.get(c.g) else {
+            return Ok(None);
+        };
+        let Some(rkv) = d.ready.get(c.pos) else {
+            break;
+        };
+        if id_of(rkv.key()) != Some(c.state.ready) {
+            return Ok(None);
+        }
+        let meta = Meta::decode(rkv.value()).ok_or_else(|| corrupt(op, "work queue message"))?;
+        if meta.group != c.g || !meta.ready() {
+            return Ok(None);
+        }
+        let (next, ready) = match d.ready.get(c.pos + 1) {
+            Some(n) => (id_in(n, op)?, vec![rkv.clone(), n.clone()]),
+            None if d.complete => (0, vec![rkv.clone()]),
+            None => break,
+        };
+        let after = Group {
+            turn: c.state.turn.saturating_add(1),
+            head: c.state.head,
+            ready: next,
+        };
+        out.push(Step {
+            g: c.g.to_string(),
+            before: c.state,
+            after,
+            ready,
+            meta,
+        });
+        if after.entry(ordered).is_none() {
+            cands.swap_remove(best);
+        } else if let Some(c) = cands.get_mut(best) {
+            c.state = after;
+            c.pos += 1;
+            c.original = false;
+        }
+    }
+    Ok(Some(out))
+}
+
+/// What every level of one pop transaction shares.
+struct Take<'a> {
+    k: &'a QKeys,
+    lane: Lane,
+    ordered: bool,
+    /// The revision of the details read.
+    rev: i64,
+    deadline: u64,
+    consumer: &'a OwnerToken,
+}
+
+/// The transaction of one level: deliver `st` if the queue is exactly as
+/// predicted for it, else `failure`.
+fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
+    let (k, l, ordered) = (t.k, t.lane, t.ordered);
+    let id = st.before.ready;
+    let index = k.index(l, ordered);
+    let entry = k.index_entry(l, ordered, st.before.turn, id);
+    let readies = k.readies(l, &st.g);
+    let mut p = Plan::new();
+    p.value_is(k.group(l, &st.g), st.before.encode());
+    p.none_in(&index, &entry);
+    p.exists(entry);
+    let start = with_id(&readies, id);
+    p.still(&start, &prefix_end(&readies), 2, &st.ready, t.rev);
+    let mut m = st.meta.clone();
+    m.attempts = m.attempts.saturating_add(1);
+    m.state = State::InFlight(t.deadline, *t.consumer);
+    p.put(k.meta(l, id), m.encode());
+    p.del(start);
+    p.put(k.time_entry(l, t.deadline, id), m.time_value());
+    p.put(k.clock(l), st.before.turn.to_string());
+    set_group(&mut p, k, l, &st.g, Some(st.before), Some(st.after));
+    p.into_txn(vec![get(k.payload(l, id))], failure)
+}
+
+/// Make the due messages ready. `Ok(false)`: lost a race (nothing done).
+async fn advance(sh: &Shared, k: &QKeys, l: Lane, due: &[Due], op: &'static str) -> Result<bool> {
+    let mut ops: Vec<TxnOp> = due.iter().map(|d| get(k.meta(l, d.id))).collect();
+    let mut groups: Vec<&str> = Vec::new();
+    for d in due {
+        if !groups.contains(&d.group.as_str()) {
+            groups.push(&d.group);
+        }
+    }
+    ops.extend(groups.iter().map(|g| get(k.group(l, g))));
+    let s = read(sh, op, ops).await?;
+    let mut p = Plan::new();
+    // Group -> (its record as read, as read, as changed).
+    let mut changed: HashMap<&str, (&KeyValue, Group, Group)> = HashMap::new();
+    for (i, d) in due.iter().enumerate() {
+        p.same(&d.kv);
+        p.del(d.kv.key().to_vec());
+        let Some(mkv) = s.one(i) else {
+            // An entry without its message: only the entry goes.
+            p.absent(k.meta(l, d.id));
+            continue;
+        };
+        p.same(mkv);
+        let mut meta =
+            Meta::decode(mkv.value()).ok_or_else(|| corrupt(op, "work queue message"))?;
+        if meta.at() != Some(d.at) || meta.group != d.group {
+            continue;
+        }
+        meta.state = State::Ready;
+        p.put(k.meta(l, d.id), meta.encode());
+        p.put(with_id(&k.readies(l, &d.group), d.id), meta.encode());
+        let at = groups.iter().position(|g| *g == d.group).unwrap_or(0);
+        let Some(gkv) = s.one(due.len() + at) else {
+            return Ok(false);
+        };
+        let old = Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
+        let e = changed.entry(d.group.as_str()).or_insert((gkv, old, old));
+        e.2.ready = match e.2.ready {
+            0 => d.id,
+            r => r.min(d.id),
+        };
+    }
+    for (g, (kv, old, new)) in changed {
+        p.same(kv);
+        set_group(&mut p, k, l, g, Some(old), Some(new));
+    }
+    Ok(sh.txn(op, p.into_txn(vec![], vec![])).await?.succeeded())
+}
+
+/// Move the main lane's next message `id` (its ready entry as read: `rkv`)
+/// to the dead lane, attempts kept, ready. `Ok(false)`: lost a race.
+async fn dead_letter(
+    sh: &Shared,
+    k: &QKeys,
+    id: u64,
+    meta: &Meta,
+    rkv: &KeyValue,
+    op: &'static str,
+) -> Result<bool> {
+    let g = meta.group.as_str();
+    let mut ops = around_ops(k, Lane::Main, g, id);
+    ops.push(get(k.payload(Lane::Main, id)));
+    ops.extend(landing_ops(k, Lane::Dead, g));
+    let s = read(sh, op, ops).await?;
+    let Some(payload) = s.one(4) else {
+        return Ok(false);
+    };
+    let mut p = Plan::new();
+    p.same(rkv);
+    if !remove(&mut p, k, Lane::Main, id, meta, &Around::of(&s, 0), op)? {
+        return Ok(false);
+    }
+    let mut dead = meta.clone();
+    dead.state = State::Ready;
+    let v = Landing::of(&s, 5);
+    insert(&mut p, k, Lane::Dead, id, &dead, payload.value(), &v, op)?;
+    Ok(sh.txn(op, p.into_txn(vec![], vec![])).await?.succeeded())
+}
+
+impl Shared {
+    pub(crate) async fn queue_pop(
+        &self,
+        queue: &str,
+        lane: Lane,
+        consumer: &OwnerToken,
+        visibility: Duration,
+        config: &QueueConfig,
+    ) -> Result<PopAttempt> {
+        let op = "queue pop";
+        let k = self.qkeys(queue);
+        let ordered = config.ordered_groups;
+        let scan = scan_ops(&k, lane, ordered);
+        let mut retry = Retry::new(self, op);
+        // A lost delivery's fresh reads: the scan, then the details of
+        // these groups.
+        let mut carried: Option<(Snap, Vec<String>)> = None;
+        // The groups likely to be found: their details are read with the
+        // scan.
+        let mut hint = self.wq.seen(queue, lane, ordered);
+        loop {
+            let (s1, known) = match carried.take() {
+                Some(c) => c,
+                None => {
+                    let mut ops = scan.clone();
+                    for g in &hint {
+                        ops.extend(detail_ops(&k, lane, g));
+                    }
+                    (read(self, op, ops).await?, std::mem::take(&mut hint))
+                }
+            };
+            let (due, next_at) = due_of(&s1, now_ms(), op)?;
+            if !due.is_empty() {
+                if !advance(self, &k, lane, &due, op).await? {
+                    retry.again().await?;
+                }
+                continue;
+            }
+            let mut entries = Vec::new();
+            for kv in s1.list(1) {
+                let (turn, id) =
+                    pair_of(kv.key()).ok_or_else(|| corrupt(op, "work queue index"))?;
+                let g =
+                    std::str::from_utf8(kv.value()).map_err(|_| corrupt(op, "work queue index"))?;
+                entries.push((turn, id, g.to_string()));
+            }
+            if entries.is_empty() {
+                self.wq.set_seen(queue, lane, ordered, &[]);
+                return Ok(PopAttempt::Empty {
+                    next_in: next_at.map(until_ms),
+                });
+            }
+            let more = entries.len() >= LEVELS;
+            let mut groups: Vec<String> = Vec::new();
+            for (_, _, g) in &entries {
+                if !groups.contains(g) {
+                    groups.push(g.clone());
+                }
+            }
+            hint.clone_from(&groups);
+            // The details: from the lost transaction if it read them all.
+            let (ds, at) = if groups.iter().all(|g| known.contains(g)) {
+                (s1, 2)
+            } else {
+                let ops = groups
+                    .iter()
+                    .flat_map(|g| detail_ops(&k, lane, g))
+                    .collect();
+                (read(self, op, ops).await?, 0)
+            };
+            let names = if at == 2 { &known } else { &groups };
+            let mut details = HashMap::new();
+            for (i, g) in names.iter().enumerate() {
+                let Some(gkv) = ds.one(at + 2 * i) else {
+                    continue;
+                };
+                let grp =
+                    Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
+                let ready = ds.list(at + 2 * i + 1).to_vec();
+                let complete = ready.len() <= LEVELS;
+                details.insert(
+                    g.clone(),
+                    Detail {
+                        grp,
+                        ready,
+                        complete,
+                    },
+                );
+            }
+            let mut steps = match predict(&entries, more, &details, ordered, op)? {
+                Some(s) if !s.is_empty() => s,
+                _ => {
+                    retry.again().await?;
+                    continue;
+                }
+            };
+            if lane == Lane::Main {
+                if let Some(max) = config.max_deliveries {
+                    if let Some(pos) = steps.iter().position(|s| s.meta.attempts >= max) {
+                        if pos == 0 {
+                            let st = &steps[0];
+                            let id = st.before.ready;
+                            if !dead_letter(self, &k, id, &st.meta, &st.ready[0], op).await? {
+                                retry.again().await?;
+                            }
+                            continue;
+                        }
+                        steps.truncate(pos);
+                    }
+                }
+            }
+            let take = Take {
+                k: &k,
+                lane,
+                ordered,
+                rev: ds.rev,
+                deadline: deadline_ms(visibility),
+                consumer,
+            };
+            let mut reread = scan.clone();
+            for g in &groups {
+                reread.extend(detail_ops(&k, lane, g));
+            }
+            let mut txn: Option<Txn> = None;
+            for st in steps.iter().rev() {
+                let failure = match txn.take() {
+                    Some(t) => vec![TxnOp::txn(t)],
+                    None => std::mem::take(&mut reread),
+                };
+                txn = Some(level_txn(&take, st, failure));
+            }
+            let Some(txn) = txn else {
+                continue;
+            };
+            let resp = self.txn(op, txn).await?;
+            let rev = header_rev(&resp);
+            let (level, inner) = took(resp, steps.len());
+            let Some(level) = level else {
+                carried = Some((Snap::at(&inner, rev), groups));
+                retry.again().await?;
+                continue;
+            };
+            let st = &steps[level];
+            let payload = match inner.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Get(mut g)) => g.take_kvs().into_iter().next(),
+                _ => None,
+            }
+            .map(|kv| kv.value().to_vec())
+            .ok_or_else(|| corrupt(op, "work queue payload"))?;
+            let token = u64::try_from(rev)
+                .ok()
+                .filter(|t| *t > 0)
+                .ok_or_else(|| corrupt(op, "revision"))?;
+            let mut meta = st.meta.clone();
+            meta.attempts = meta.attempts.saturating_add(1);
+            self.wq.set_seen(queue, lane, ordered, &groups);
+            self.wq
+                .set_group_of(queue, lane, st.before.ready, Some(&st.g));
+            return Ok(PopAttempt::Delivered {
+                message: message_of(st.before.ready, &meta, payload),
+                token: FencingToken(token),
+            });
+        }
+    }
+}
+
+/// Which level of a pop transaction of `levels` levels delivered, and the
+/// response of that level (or of the last one's else branch: the fresh
+/// reads).
+fn took(resp: TxnResponse, levels: usize) -> (Option<usize>, TxnResponse) {
+    let mut cur = resp;
+    let mut level = 0;
+    loop {
+        if cur.succeeded() {
+            return (Some(level), cur);
+        }
+        match cur.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(inner)) if level + 1 < levels => {
+                cur = inner;
+                level += 1;
+            }
+            _ => return (None, cur),
+        }
+    }
+}
