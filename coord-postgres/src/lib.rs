@@ -58,7 +58,7 @@
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
-//! | `queue_messages (queue, lane, id, grp, attempts, enqueued_at, due_at, owner, payload)`, `queue_groups (queue, lane, grp, turn, first_id, ready_id)`, `queue_lanes (queue, lane, clock)`, `queue_dedup (queue, dedup_id, id, expires_at)`, sequences `queue_ids` and `queue_flush`, functions `queue_push`, `queue_pop`, `queue_ack`, `queue_nack`, `queue_redrive`, `queue_purge` (and their helpers) | work queues: a row per message, per group with messages in a lane, per lane with groups, per live dedup id (see "Work queues") |
+//! | `queue_messages (queue, lane, id, grp, attempts, enqueued_at, due_at, owner, payload)`, `queue_groups (queue, lane, grp, turn, first_id, ready_id)`, `queue_lanes (queue, lane, clock, groups)`, `queue_dedup (queue, dedup_id, id, expires_at)`, sequences `queue_ids` and `queue_flush`, functions `queue_push`, `queue_pop`, `queue_ack`, `queue_nack`, `queue_extend`, `queue_redrive`, `queue_purge` (and their helpers) | work queues: a row per message, per group with messages in a lane, per lane with groups, per live dedup id (see "Work queues") |
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
@@ -114,7 +114,7 @@
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
 //! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE` |
-//! | [`Queue`](coord_core::Queue) | `push`, `try_pop`, `ack`, `nack`, `redrive`, `purge`: one function call each, pipelined with the statement that makes it durable (see "Work queues"); an empty pop is one plain read; `extend`: one compare-and-expire `UPDATE`; `peek`, `stats`: one `SELECT` |
+//! | [`Queue`](coord_core::Queue) | `push`, `try_pop`, `ack`, `nack`, `redrive`, `purge`: one function call each, pipelined with the statement that makes it durable (see "Work queues"); an empty pop is one plain read; `extend`: one call of `queue_extend` (compare-and-expire under the message's row lock); `peek`, `stats`: one `SELECT` |
 //!
 //! Rate limiting: every algorithm decides on the database clock, read
 //! AFTER the key's row lock is taken, so a check that waited for the lock
@@ -241,7 +241,20 @@
 //! delivery is the first row of a partial index on `(turn, ready_id)`.
 //! Fencing tokens come from the `fencing` sequence, drawn under the lock;
 //! message ids from `queue_ids`, so both keep rising for a queue whose
-//! rows went away.
+//! rows went away. The indexes are shaped so that every statement has one
+//! index that fits, and the batch statements pick rows by `ctid`, so the
+//! plans are right before the tables have statistics too (a plan cached
+//! then is kept until the next `ANALYZE`).
+//!
+//! No step grows with the backlog beyond its batch: a pop makes at most
+//! 5,000 messages ready whose time came (delays, lapsed deliveries); when
+//! more came due at once, it makes that many ready, delivers nothing and
+//! tells the consumer to come back at once (a single attempt may then
+//! find nothing), so it never runs into the call timeout, which would
+//! roll it back every time. `purge` deletes 10,000 messages (then dedup
+//! ids) per transaction until none is left: atomic for a smaller queue; a
+//! message pushed while a larger one is purged may or may not be deleted.
+//! `stats` counts the queue's rows.
 //!
 //! A pop first decides on a plain read: when nothing in the lane is due
 //! and no group has a candidate, it is empty and takes no lock, no

@@ -194,20 +194,23 @@ impl Sql {
                  $4::text, $5::text, $6::int8, $7::text)"
             ),
             // $1 queue, $2 lane, $3 owner, $4 visibility µs,
-            // $5 max deliveries (NULL: never), $6 ordered groups.
+            // $5 max deliveries (NULL: never), $6 ordered groups, $7 the
+            // most messages made ready in one step.
             queue_pop: format!(
                 "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us \
-                 FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, $6::bool)"
+                 FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, $6::bool, \
+                 $7::int4)"
             ),
-            // $1 owner, $2 queue, $3 lane. Run after `queue_pop` in the
-            // same round trip, in a transaction of its own that commits
-            // durably: setval writes WAL and takes a transaction id, so
-            // its commit flushes the WAL up to here, the delivery's
-            // asynchronous commit (and its token) included. An empty pop
-            // (no message in flight to this owner): nothing, no write.
+            // $1 owner. Run after `queue_pop` in the same round trip, in a
+            // transaction of its own that commits durably: setval writes
+            // WAL and takes a transaction id, so its commit flushes the
+            // WAL up to here, the delivery's asynchronous commit (and its
+            // token) included. An empty pop (no message in flight to this
+            // owner, a fresh random token): nothing, no write. The owner
+            // alone, so the only index that fits is the one on owners.
             queue_pop_durable: format!(
                 "SELECT setval('{s}.queue_flush', 1) FROM {s}.queue_messages m \
-                  WHERE m.owner = $1::bytea AND m.queue = $2::text AND m.lane = $3::int2"
+                  WHERE m.owner = $1::bytea"
             ),
             // The same, unconditional: after a push, ack, nack, redrive
             // or purge (their steps commit asynchronously).
@@ -221,19 +224,10 @@ impl Sql {
                 "SELECT {s}.queue_nack($1::text, $2::int2, $3::int8, $4::bytea, $5::int8, $6::text)"
             ),
             // $1 queue, $2 lane, $3 id, $4 owner, $5 visibility µs.
-            // Compare-and-expire, as `claim_extend`: the row is locked
-            // first, the clock read only then, so an extend that waited
-            // past the deadline resurrects nothing. It takes no queue lock
-            // (no other step reads a live deadline) and commits durably.
+            // Compare-and-expire under the message's row lock, durable
+            // (see src/sql/queue.sql).
             queue_extend: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.queue_messages m \
-                   WHERE m.queue = $1::text AND m.lane = $2::int2 AND m.id = $3::int8 \
-                     AND m.owner = $4::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
-                 UPDATE {s}.queue_messages m SET due_at = n.t + $5::int8 * interval '1 microsecond' FROM n \
-                  WHERE m.queue = $1::text AND m.lane = $2::int2 AND m.id = $3::int8 \
-                    AND m.owner = $4::bytea AND m.due_at > n.t \
-                 RETURNING 1"
+                "SELECT {s}.queue_extend($1::text, $2::int2, $3::int8, $4::bytea, $5::int8)"
             ),
             // $1 queue, $2 lane, $3 limit.
             queue_peek: format!(
@@ -253,8 +247,10 @@ impl Sql {
                         count(*) FILTER (WHERE m.lane = 1) \
                    FROM {s}.queue_messages m, n WHERE m.queue = $1::text"
             ),
-            // $1 queue.
-            queue_purge: format!("SELECT {s}.queue_purge($1::text)"),
+            // $1 queue, $2 the most rows deleted per step.
+            queue_purge: format!(
+                "SELECT o_deleted, o_done FROM {s}.queue_purge($1::text, $2::int4)"
+            ),
             // $1 grace µs, $2 abandon µs, $3 rows per table.
             sweep: format!("SELECT {s}.sweep($1::int8, $2::int8, $3::int4)"),
             // $1 algorithm, $2 key, $3 limit, $4 window µs, $5 cost.

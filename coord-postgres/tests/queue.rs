@@ -62,6 +62,41 @@ async fn rows(b: &PostgresBackend) -> [i64; 4] {
     [row.get(0), row.get(1), row.get(2), row.get(3)]
 }
 
+/// Whether the bookkeeping of `queue` matches its messages: a group row
+/// per (lane, group) with messages, with their lowest id and lowest ready
+/// id, and a lane row per lane with groups, counting them.
+async fn check_bookkeeping(b: &PostgresBackend, queue: &str) {
+    let c = b.pool().get().await.unwrap();
+    let s = b.schema();
+    let row = c
+        .query_one(
+            &format!(
+                "WITH want AS (SELECT m.lane, m.grp, min(m.id) AS first_id, \
+                                      min(m.id) FILTER (WHERE m.due_at IS NULL) AS ready_id \
+                                 FROM \"{s}\".queue_messages m WHERE m.queue = $1 \
+                                GROUP BY m.lane, m.grp), \
+                      have AS (SELECT g.lane, g.grp, g.first_id, g.ready_id \
+                                 FROM \"{s}\".queue_groups g WHERE g.queue = $1), \
+                      lanes AS (SELECT l.lane, l.groups::int8 AS n FROM \"{s}\".queue_lanes l \
+                                 WHERE l.queue = $1), \
+                      counted AS (SELECT w.lane, count(*) AS n FROM want w GROUP BY w.lane) \
+                 SELECT (SELECT count(*) FROM ((SELECT * FROM want EXCEPT SELECT * FROM have) \
+                                        UNION ALL (SELECT * FROM have EXCEPT SELECT * FROM want)) x), \
+                        (SELECT count(*) FROM ((SELECT * FROM lanes EXCEPT SELECT * FROM counted) \
+                                        UNION ALL (SELECT * FROM counted EXCEPT SELECT * FROM lanes)) y)"
+            ),
+            &[&queue],
+        )
+        .await
+        .unwrap();
+    let (groups, lanes): (i64, i64) = (row.get(0), row.get(1));
+    assert_eq!(
+        (groups, lanes),
+        (0, 0),
+        "{queue}: group or lane rows disagree with the messages"
+    );
+}
+
 /// The server's next transaction id (the query takes one itself).
 fn next_xid() -> u64 {
     cluster()
@@ -103,7 +138,6 @@ async fn an_acked_or_purged_queue_leaves_no_rows() {
         .with_config(QueueConfig::default().max_deliveries(1));
     let name = unique("rows");
     let window = Duration::from_secs(3);
-    let pushed = Instant::now();
     let mut last = MessageId(0);
     for i in 0..6 {
         let mut opts = PushOptions::new()
@@ -117,6 +151,8 @@ async fn an_acked_or_purged_queue_leaves_no_rows() {
         }
         last = q.push_with(&name, [i as u8], &opts).await.unwrap().id;
     }
+    // Every dedup id expires by then.
+    let pushed = Instant::now();
     assert_eq!(rows(&b).await, [6, 3, 1, 6]);
     // One nacked (to the dead lane at its next delivery), then redriven.
     let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
@@ -571,6 +607,9 @@ async fn deliveries_follow_the_rule_exactly() {
                 let moved = b.redrive(&name, limit).await.unwrap();
                 assert_eq!(moved, model.redrive(limit), "step {step}: redrive");
             }
+            if step % 50 == 49 {
+                check_bookkeeping(&b, &name).await;
+            }
         }
         for (lane, which) in [(0, Lane::Main), (1, Lane::Dead)] {
             let stored: Vec<(u64, u32)> = b
@@ -590,6 +629,67 @@ async fn deliveries_follow_the_rule_exactly() {
         b.purge(&name).await.unwrap();
     }
     assert_eq!(rows(&b).await, [0, 0, 0, 0]);
+}
+
+/// 12,000 deliveries that lapsed at once (the earliest id lapsing last)
+/// are made ready in bounded steps, and the pop that follows still
+/// delivers what the rule picks (the lowest id), with its attempts kept;
+/// a purge of more than one step's worth of messages and dedup ids
+/// deletes them all and leaves no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
+    let _serial = SERIAL.lock().await;
+    let b = backend(&cluster().url(), &unique("qburst"), LONG).await;
+    let s = b.schema().to_string();
+    let name = unique("burst");
+    let n = 12_000;
+    let first = b.push(&name, &msg(b"seed", Some("g0"))).await.unwrap().id.0;
+    let owner = OwnerToken::random();
+    let cfg = QueueConfig::default();
+    assert!(matches!(
+        b.try_pop(&name, Lane::Main, &owner, LONG, &cfg)
+            .await
+            .unwrap(),
+        PopAttempt::Delivered { .. }
+    ));
+    let c = b.pool().get().await.unwrap();
+    c.batch_execute(&format!(
+        "INSERT INTO \"{s}\".queue_messages (queue, lane, id, grp, attempts, enqueued_at, due_at, owner, payload) \
+         SELECT '{name}', 0, {first} + i, 'g' || (i % 4), 1, now(), \
+                now() - interval '1 second' - (i * interval '1 millisecond'), '\\x01', 'x' \
+           FROM generate_series(1, {n}) i; \
+         INSERT INTO \"{s}\".queue_groups (queue, lane, grp, turn, first_id, ready_id) \
+         SELECT '{name}', 0, 'g' || k, 0, {first} + k, NULL FROM generate_series(1, 3) k; \
+         UPDATE \"{s}\".queue_lanes SET groups = 4 WHERE queue = '{name}'; \
+         INSERT INTO \"{s}\".queue_dedup (queue, dedup_id, id, expires_at) \
+         SELECT '{name}', 'd' || i, i, now() + interval '1 hour' FROM generate_series(1, {n}) i"
+    ))
+    .await
+    .unwrap();
+    check_bookkeeping(&b, &name).await;
+    // The seed delivery is still live: group g0's turn is 1, the others'
+    // 0, so the rule picks the lowest id of g1..g3 (due the latest).
+    let q = b.coord().queues().unwrap();
+    let d = q
+        .pop(&name, LONG, Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("a lapsed delivery");
+    assert_eq!((d.id().0, d.attempts()), (first + 1, 2));
+    check_bookkeeping(&b, &name).await;
+    let due = c
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM \"{s}\".queue_messages WHERE queue = $1 AND due_at <= now()"
+            ),
+            &[&name],
+        )
+        .await
+        .unwrap();
+    assert_eq!(due.get::<_, i64>(0), 0, "due messages were left behind");
+    std::mem::forget(d);
+    assert_eq!(q.purge(&name).await.unwrap(), n as u64 + 1);
+    assert_eq!(rows(&b).await, [0, 0, 0, 0], "a large purge left rows");
 }
 
 /// Pushes, deliveries and acks survive a crash although their steps
@@ -737,7 +837,8 @@ async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
              DROP FUNCTION \"{schema}\".queue_enter, \"{schema}\".queue_leave, \
                \"{schema}\".queue_advance, \"{schema}\".queue_next_us, \"{schema}\".queue_push, \
                \"{schema}\".queue_pop, \"{schema}\".queue_ack, \"{schema}\".queue_nack, \
-               \"{schema}\".queue_redrive, \"{schema}\".queue_purge; \
+               \"{schema}\".queue_redrive, \"{schema}\".queue_purge, \"{schema}\".queue_held, \
+               \"{schema}\".queue_extend; \
              UPDATE \"{schema}\".meta SET version = 7"
         ),
     );

@@ -6,8 +6,9 @@
 //! call their function (committed asynchronously, so the queue's lock is
 //! never held across a WAL flush), pipelined with a second transaction
 //! that commits durably and so flushes the step before it is reported
-//! (for a pop, only when it delivered); extend is one compare-and-expire
-//! `UPDATE`; peek and stats one `SELECT`. No session state, so it works
+//! (for a pop, only when it delivered); extend is one function call
+//! under the message's row lock, committed durably; peek and stats one
+//! `SELECT`. No session state, so it works
 //! through PgBouncer in transaction mode, where waiters poll: an empty
 //! pop tells them to come back within [`QUEUE_POLL_WITHOUT_NOTIFICATIONS`].
 
@@ -34,6 +35,15 @@ use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
 /// assert_eq!(coord_postgres::QUEUE_POLL_WITHOUT_NOTIFICATIONS, std::time::Duration::from_millis(100));
 /// ```
 pub const QUEUE_POLL_WITHOUT_NOTIFICATIONS: Duration = Duration::from_millis(100);
+
+/// The most messages one step makes ready (delayed messages and lapsed
+/// deliveries whose time came): when more came due at once, a pop makes
+/// this many ready and tells the consumer to come back at once, so no
+/// step runs into the call timeout (which would roll it back, for ever).
+const ADVANCE_BATCH: i32 = 5000;
+
+/// The most rows one purge step deletes (it repeats until done).
+const PURGE_BATCH: i32 = 10_000;
 
 /// The lane as stored: 0 main, 1 dead.
 fn lane_code(lane: Lane) -> i16 {
@@ -175,8 +185,7 @@ impl Queue for PostgresBackend {
         let o: &[u8] = consumer.as_bytes();
         let vis = micros_ceil(visibility);
         let max: Option<i64> = config.max_deliveries.map(i64::from);
-        let durable: &[(&(dyn ToSql + Sync), Type)] =
-            &[(&o, Type::BYTEA), (&q, Type::TEXT), (&l, Type::INT2)];
+        let durable: &[(&(dyn ToSql + Sync), Type)] = &[(&o, Type::BYTEA)];
         let (rows, flushed) = self
             .query_then(
                 OP,
@@ -188,6 +197,7 @@ impl Queue for PostgresBackend {
                     (&vis, Type::INT8),
                     (&max, Type::INT8),
                     (&config.ordered_groups, Type::BOOL),
+                    (&ADVANCE_BATCH, Type::INT4),
                 ],
                 Some((&self.sql.queue_pop_durable, durable)),
             )
@@ -308,7 +318,9 @@ impl Queue for PostgresBackend {
                 ],
             )
             .await?;
-        Ok(!rows.is_empty())
+        let row = rows.first().ok_or_else(|| unexpected(OP))?;
+        let done: Option<bool> = get(OP, row, 0)?;
+        Ok(done.unwrap_or(false))
     }
 
     async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
@@ -361,14 +373,29 @@ impl Queue for PostgresBackend {
         })
     }
 
+    /// In steps of up to 10,000 messages (then dedup ids), each its own
+    /// transaction under the queue's lock, until the queue has none: a
+    /// queue with fewer is purged atomically; a message pushed while a
+    /// larger one is purged may or may not be deleted.
     async fn purge(&self, queue: &str) -> Result<u64> {
         const OP: &str = "queue purge";
         let q = queue.to_string();
-        let row = self
-            .queue_step(OP, &self.sql.queue_purge, &[(&q, Type::TEXT)])
-            .await?;
-        let n: Option<i64> = get(OP, &row, 0)?;
-        Ok(unsigned(n.unwrap_or(0)))
+        let mut total = 0;
+        loop {
+            let row = self
+                .queue_step(
+                    OP,
+                    &self.sql.queue_purge,
+                    &[(&q, Type::TEXT), (&PURGE_BATCH, Type::INT4)],
+                )
+                .await?;
+            let n: Option<i64> = get(OP, &row, 0)?;
+            let done: Option<bool> = get(OP, &row, 1)?;
+            total += unsigned(n.unwrap_or(0));
+            if done.unwrap_or(true) {
+                return Ok(total);
+            }
+        }
     }
 
     async fn subscribe(&self, queue: &str, lane: Lane) -> Result<Waiter> {

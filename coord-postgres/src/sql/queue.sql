@@ -16,9 +16,10 @@
 --   (ordered groups: among those whose ready_id is their first_id), one
 --   index probe. The row is deleted when the group's last message leaves
 --   the lane, so the group comes back at the lane's clock.
--- * queue_lanes: the lane's clock V, while the lane has groups (deleted
---   with its last group: with no group left, V only shifts every later
---   turn by the same amount, which changes no decision).
+-- * queue_lanes: the lane's clock V and how many groups it has, while it
+--   has any (deleted with its last group: with no group left, V only
+--   shifts every later turn by the same amount, which changes no
+--   decision).
 -- * queue_dedup: dedup ids until they expire (the sweep deletes expired
 --   ones after the grace).
 -- Message ids come from the sequence queue_ids and fencing tokens from
@@ -34,8 +35,9 @@
 -- distinct messages. Tokens are drawn under it, so they rise per queue
 -- over deliveries of both lanes. (FOR UPDATE SKIP LOCKED would let
 -- consumers pass a locked candidate and take a later one: not the rule.)
--- Extend does not take it: it only moves a live delivery's deadline,
--- under the message's row lock, and no other step reads a live deadline.
+-- Extend does not take it: it only moves a live delivery's deadline
+-- later, under the message's row lock (no other step changes a live
+-- delivery without the queue lock).
 --
 -- A pop first decides on a plain read, without the lock: when nothing in
 -- the lane is due and no group has a candidate, it is empty and takes no
@@ -75,7 +77,10 @@ BEGIN
          WHERE l.queue = p_queue AND l.lane = p_lane;
         IF NOT FOUND THEN
             v_clock := 0;
-            INSERT INTO @s@.queue_lanes (queue, lane, clock) VALUES (p_queue, p_lane, 0);
+            INSERT INTO @s@.queue_lanes (queue, lane, clock, groups) VALUES (p_queue, p_lane, 0, 1);
+        ELSE
+            UPDATE @s@.queue_lanes l SET groups = l.groups + 1
+             WHERE l.queue = p_queue AND l.lane = p_lane;
         END IF;
         INSERT INTO @s@.queue_groups (queue, lane, grp, turn, first_id, ready_id)
         VALUES (p_queue, p_lane, p_grp, v_clock, p_id, CASE WHEN p_ready THEN p_id END);
@@ -104,10 +109,10 @@ BEGIN
     IF v_first IS NULL THEN
         DELETE FROM @s@.queue_groups g
          WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = p_grp;
-        IF NOT EXISTS (SELECT 1 FROM @s@.queue_groups g
-                        WHERE g.queue = p_queue AND g.lane = p_lane) THEN
-            DELETE FROM @s@.queue_lanes l WHERE l.queue = p_queue AND l.lane = p_lane;
-        END IF;
+        UPDATE @s@.queue_lanes l SET groups = l.groups - 1
+         WHERE l.queue = p_queue AND l.lane = p_lane;
+        DELETE FROM @s@.queue_lanes l
+         WHERE l.queue = p_queue AND l.lane = p_lane AND l.groups <= 0;
         RETURN false;
     END IF;
     SELECT m.id INTO v_ready FROM @s@.queue_messages m
@@ -122,20 +127,44 @@ $fn$;
 
 -- Make the messages of lane p_lane whose time came by p_t ready (a
 -- delayed message, a lapsed delivery: its owner is cleared, its attempts
--- kept), and their groups' ready_id with them.
-CREATE OR REPLACE FUNCTION @s@.queue_advance(p_queue text, p_lane smallint, p_t timestamptz)
-RETURNS void
-LANGUAGE plpgsql AS $fn$
+-- kept), and their groups' ready_id with them: at most p_limit of them,
+-- the earliest due first, so one step stays short however many came due
+-- at once. Returns whether none is left due. Rows are picked by ctid (a
+-- TID scan: sequential scans are off in here, or a table without
+-- statistics yet, taken for a few rows, is scanned whole filtering each
+-- row against the batch) and groups updated one by one by key: plans
+-- that stay linear whatever the planner estimates (a join of the batch
+-- with the table was a quadratic nested loop before statistics). A row
+-- rewritten meanwhile (by an extend, which takes no queue lock) is no
+-- longer at its ctid and is left alone, as it should be: it was extended
+-- while live.
+CREATE OR REPLACE FUNCTION @s@.queue_advance(
+    p_queue text, p_lane smallint, p_t timestamptz, p_limit integer)
+RETURNS boolean
+LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+DECLARE
+    v_grps text[];
+    v_ids bigint[];
+    n bigint;
 BEGIN
     WITH a AS (
         UPDATE @s@.queue_messages m SET due_at = NULL, owner = NULL
-         WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at <= p_t
-        RETURNING m.grp, m.id),
-    b AS (SELECT a.grp, min(a.id) AS id FROM a GROUP BY a.grp)
-    UPDATE @s@.queue_groups g SET ready_id = least(g.ready_id, b.id)
-      FROM b
-     WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = b.grp
-       AND (g.ready_id IS NULL OR g.ready_id > b.id);
+         WHERE m.ctid = ANY (ARRAY(
+               SELECT x.ctid FROM @s@.queue_messages x
+                WHERE x.queue = p_queue AND x.lane = p_lane AND x.due_at <= p_t
+                ORDER BY x.due_at LIMIT p_limit))
+        RETURNING m.grp, m.id)
+    SELECT array_agg(x.grp), array_agg(x.id), coalesce(sum(x.n), 0)::int8
+      INTO v_grps, v_ids, n
+      FROM (SELECT a.grp, min(a.id) AS id, count(*) AS n FROM a GROUP BY a.grp) x;
+    FOR i IN 1..coalesce(cardinality(v_grps), 0) LOOP
+        UPDATE @s@.queue_groups g SET ready_id = least(g.ready_id, v_ids[i])
+         WHERE g.queue = p_queue AND g.grp = v_grps[i] AND g.lane = p_lane
+           AND (g.ready_id IS NULL OR g.ready_id > v_ids[i]);
+    END LOOP;
+    RETURN n < p_limit OR NOT EXISTS (
+        SELECT 1 FROM @s@.queue_messages m
+         WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at <= p_t);
 END
 $fn$;
 
@@ -144,9 +173,10 @@ $fn$;
 CREATE OR REPLACE FUNCTION @s@.queue_next_us(p_queue text, p_lane smallint, p_t timestamptz)
 RETURNS bigint
 LANGUAGE sql STABLE AS $fn$
-    SELECT greatest(0, ceil(extract(epoch FROM (min(m.due_at) - p_t)) * 1000000))::int8
+    SELECT greatest(0, ceil(extract(epoch FROM (m.due_at - p_t)) * 1000000))::int8
       FROM @s@.queue_messages m
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at IS NOT NULL;
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at IS NOT NULL
+     ORDER BY m.due_at LIMIT 1;
 $fn$;
 
 -- Push a message to the main lane. A live dedup id (pushed within its
@@ -195,10 +225,13 @@ $fn$;
 -- p_vis_us (the rule in the header). Delivered: o_id and the rest, and
 -- o_token. Empty: o_id NULL, o_next_us the time until the lane's next
 -- due time, if any. p_max: dead-letter (main lane only) a candidate
--- delivered that many times; NULL: never.
+-- delivered that many times; NULL: never. p_advance: the most messages
+-- made ready in one step; when more than that came due, the step makes
+-- that many ready and delivers nothing (o_next_us 0: come back at once),
+-- since one of those left might be the one the rule picks.
 CREATE OR REPLACE FUNCTION @s@.queue_pop(
     p_queue text, p_lane smallint, p_owner bytea, p_vis_us bigint, p_max bigint,
-    p_ordered boolean,
+    p_ordered boolean, p_advance integer,
     OUT o_id bigint, OUT o_payload bytea, OUT o_grp text, OUT o_attempts integer,
     OUT o_enqueued_ms bigint, OUT o_token bigint, OUT o_next_us bigint)
 LANGUAGE plpgsql AS $fn$
@@ -215,8 +248,9 @@ BEGIN
     END IF;
     -- The plain read: nothing due and no candidate is final.
     t := clock_timestamp();
-    SELECT min(m.due_at) INTO v_due FROM @s@.queue_messages m
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at IS NOT NULL;
+    SELECT m.due_at INTO v_due FROM @s@.queue_messages m
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at IS NOT NULL
+     ORDER BY m.due_at LIMIT 1;
     IF (v_due IS NULL OR v_due > t) AND NOT (CASE WHEN p_ordered
             THEN EXISTS (SELECT 1 FROM @s@.queue_groups g
                           WHERE g.queue = p_queue AND g.lane = p_lane AND g.ready_id = g.first_id)
@@ -229,7 +263,10 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
     t := clock_timestamp();
-    PERFORM @s@.queue_advance(p_queue, p_lane, t);
+    IF NOT @s@.queue_advance(p_queue, p_lane, t, p_advance) THEN
+        o_next_us := 0;
+        RETURN;
+    END IF;
     LOOP
         IF p_ordered THEN
             SELECT g.grp, g.turn, g.ready_id INTO v_grp, v_turn, v_id FROM @s@.queue_groups g
@@ -278,6 +315,57 @@ BEGIN
 END
 $fn$;
 
+-- The group of message p_id if it is in flight to p_owner and not lapsed
+-- at p_t, else NULL. Looked up by the primary key alone (the checks are
+-- made here, not in the statement's WHERE, so no other index fits it).
+-- Under the queue's lock a message so held stays so until the step ends:
+-- only an extend changes it meanwhile, moving its deadline later.
+CREATE OR REPLACE FUNCTION @s@.queue_held(
+    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_t timestamptz)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    v_grp text;
+    v_owner bytea;
+    v_due timestamptz;
+BEGIN
+    SELECT m.grp, m.owner, m.due_at INTO v_grp, v_owner, v_due FROM @s@.queue_messages m
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
+    IF v_owner IS DISTINCT FROM p_owner OR v_due IS NULL OR v_due <= p_t THEN
+        RETURN NULL;
+    END IF;
+    RETURN v_grp;
+END
+$fn$;
+
+-- Set the deadline of message p_id to now + p_vis_us iff it is in flight
+-- to p_owner and not lapsed. No queue lock: the message's row lock is
+-- taken first and the clock read only then, so an extend that waited for
+-- it past the deadline resurrects nothing. Commits durably.
+CREATE OR REPLACE FUNCTION @s@.queue_extend(
+    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_vis_us bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t timestamptz;
+    v_due timestamptz;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
+    SELECT m.due_at INTO v_due FROM @s@.queue_messages m
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id AND m.owner = p_owner
+       FOR UPDATE;
+    t := clock_timestamp();
+    IF NOT FOUND OR v_due IS NULL OR v_due <= t THEN
+        RETURN false;
+    END IF;
+    UPDATE @s@.queue_messages m SET due_at = t + p_vis_us * interval '1 microsecond'
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
+    RETURN true;
+END
+$fn$;
+
 -- Delete message p_id iff it is in flight to p_owner and not lapsed.
 CREATE OR REPLACE FUNCTION @s@.queue_ack(
     p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_channel text)
@@ -293,13 +381,12 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
     t := clock_timestamp();
-    DELETE FROM @s@.queue_messages m
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id
-       AND m.owner = p_owner AND m.due_at > t
-    RETURNING m.grp INTO v_grp;
-    IF NOT FOUND THEN
+    v_grp := @s@.queue_held(p_queue, p_lane, p_id, p_owner, t);
+    IF v_grp IS NULL THEN
         RETURN false;
     END IF;
+    DELETE FROM @s@.queue_messages m
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
     IF @s@.queue_leave(p_queue, p_lane, v_grp) THEN
         PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
                                      || ':' || p_queue);
@@ -324,15 +411,14 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
     t := clock_timestamp();
+    v_grp := @s@.queue_held(p_queue, p_lane, p_id, p_owner, t);
+    IF v_grp IS NULL THEN
+        RETURN false;
+    END IF;
     UPDATE @s@.queue_messages m
        SET owner = NULL,
            due_at = CASE WHEN p_delay_us > 0 THEN t + p_delay_us * interval '1 microsecond' END
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id
-       AND m.owner = p_owner AND m.due_at > t
-    RETURNING m.grp INTO v_grp;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
     IF p_delay_us <= 0 THEN
         PERFORM @s@.queue_enter(p_queue, p_lane, v_grp, p_id, true);
         PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
@@ -346,7 +432,7 @@ $fn$;
 -- main lane: ready at once, attempts reset, ids kept. Returns how many.
 CREATE OR REPLACE FUNCTION @s@.queue_redrive(p_queue text, p_limit integer, p_channel text)
 RETURNS bigint
-LANGUAGE plpgsql AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 DECLARE
     t timestamptz;
     v_grps text[];
@@ -359,13 +445,14 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
     t := clock_timestamp();
-    PERFORM @s@.queue_advance(p_queue, 1::smallint, t);
+    -- Lapsed deliveries are not in flight any more (not yet made ready
+    -- by a pop of the dead lane, perhaps).
     WITH moved AS (
         UPDATE @s@.queue_messages m SET lane = 0, attempts = 0, due_at = NULL, owner = NULL
-         WHERE m.queue = p_queue AND m.lane = 1 AND m.id IN (
-               SELECT x.id FROM @s@.queue_messages x
-                WHERE x.queue = p_queue AND x.lane = 1 AND x.owner IS NULL
-                ORDER BY x.id LIMIT p_limit)
+         WHERE m.ctid = ANY (ARRAY(
+               SELECT x.ctid FROM @s@.queue_messages x
+                WHERE x.queue = p_queue AND x.lane = 1 AND (x.owner IS NULL OR x.due_at <= t)
+                ORDER BY x.id LIMIT p_limit))
         RETURNING m.grp, m.id),
     per AS (SELECT moved.grp, min(moved.id) AS id, count(*) AS n FROM moved GROUP BY moved.grp)
     SELECT array_agg(per.grp), array_agg(per.id), coalesce(sum(per.n), 0)::int8
@@ -381,23 +468,44 @@ BEGIN
 END
 $fn$;
 
--- Delete every message of both lanes, the groups, clocks and dedup ids.
-CREATE OR REPLACE FUNCTION @s@.queue_purge(p_queue text)
-RETURNS bigint
-LANGUAGE plpgsql AS $fn$
+-- Delete up to p_limit messages of the queue (both lanes), or, once it
+-- has none, up to p_limit of its dedup ids; the client calls it again
+-- until o_done, so each step stays short whatever the queue holds. A
+-- queue with fewer than p_limit of each is purged in one step (groups
+-- and clocks go with their last message).
+CREATE OR REPLACE FUNCTION @s@.queue_purge(
+    p_queue text, p_limit integer, OUT o_deleted bigint, OUT o_done boolean)
+LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
 DECLARE
-    n bigint;
+    v_lanes smallint[];
+    v_grps text[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
-    DELETE FROM @s@.queue_messages m WHERE m.queue = p_queue;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    DELETE FROM @s@.queue_groups g WHERE g.queue = p_queue;
-    DELETE FROM @s@.queue_lanes l WHERE l.queue = p_queue;
-    DELETE FROM @s@.queue_dedup d WHERE d.queue = p_queue;
-    RETURN n;
+    WITH d AS (
+        DELETE FROM @s@.queue_messages m
+         WHERE m.ctid = ANY (ARRAY(
+               SELECT x.ctid FROM @s@.queue_messages x WHERE x.queue = p_queue LIMIT p_limit))
+        RETURNING m.lane, m.grp),
+    per AS (SELECT DISTINCT d.lane, d.grp FROM d)
+    SELECT array_agg(per.lane), array_agg(per.grp), (SELECT count(*) FROM d)
+      INTO v_lanes, v_grps, o_deleted FROM per;
+    FOR i IN 1..coalesce(cardinality(v_grps), 0) LOOP
+        PERFORM @s@.queue_leave(p_queue, v_lanes[i], v_grps[i]);
+    END LOOP;
+    -- (A row an extend rewrote meanwhile is not at its ctid any more: it
+    -- is left for the next step, so "done" is what is left, not a count.)
+    IF o_deleted < p_limit AND NOT EXISTS (
+            SELECT 1 FROM @s@.queue_messages m WHERE m.queue = p_queue) THEN
+        DELETE FROM @s@.queue_dedup d
+         WHERE d.ctid = ANY (ARRAY(
+               SELECT x.ctid FROM @s@.queue_dedup x WHERE x.queue = p_queue LIMIT p_limit));
+        o_done := NOT EXISTS (SELECT 1 FROM @s@.queue_dedup d WHERE d.queue = p_queue);
+    ELSE
+        o_done := false;
+    END IF;
 END
 $fn$;

@@ -148,8 +148,12 @@ $fn$;
 -- delayed until it (owner NULL) or in flight to owner until it.
 -- queue_groups: one row per group with messages in a lane (its turn, its
 -- lowest id and lowest ready id); queue_lanes: a lane's clock while it has
--- groups; queue_dedup: dedup ids until they expire. Message ids come from
--- queue_ids; queue_flush is only ever set, to make a step durable.
+-- groups (and how many); queue_dedup: dedup ids until they expire.
+-- Message ids come from queue_ids; queue_flush is only ever set, to make
+-- a step durable. The indexes are shaped so that each statement has one
+-- index that fits (a look-up by id only the primary key, a group's
+-- messages only the (queue, grp, ...) ones), so plans made before the
+-- planner has statistics are already the right ones.
 CREATE TABLE IF NOT EXISTS @s@.queue_messages (
     queue text NOT NULL,
     lane smallint NOT NULL,
@@ -162,8 +166,8 @@ CREATE TABLE IF NOT EXISTS @s@.queue_messages (
     payload bytea NOT NULL,
     PRIMARY KEY (queue, lane, id)
 );
-CREATE INDEX IF NOT EXISTS queue_messages_group ON @s@.queue_messages (queue, lane, grp, id);
-CREATE INDEX IF NOT EXISTS queue_messages_ready ON @s@.queue_messages (queue, lane, grp, id)
+CREATE INDEX IF NOT EXISTS queue_messages_group ON @s@.queue_messages (queue, grp, lane, id);
+CREATE INDEX IF NOT EXISTS queue_messages_ready ON @s@.queue_messages (queue, grp, lane, id)
     WHERE due_at IS NULL;
 CREATE INDEX IF NOT EXISTS queue_messages_due ON @s@.queue_messages (queue, lane, due_at)
     WHERE due_at IS NOT NULL;
@@ -176,7 +180,7 @@ CREATE TABLE IF NOT EXISTS @s@.queue_groups (
     turn bigint NOT NULL,
     first_id bigint NOT NULL,
     ready_id bigint,
-    PRIMARY KEY (queue, lane, grp)
+    PRIMARY KEY (queue, grp, lane)
 ) WITH (fillfactor = 70);
 CREATE INDEX IF NOT EXISTS queue_groups_ready ON @s@.queue_groups (queue, lane, turn, ready_id)
     WHERE ready_id IS NOT NULL;
@@ -186,6 +190,7 @@ CREATE TABLE IF NOT EXISTS @s@.queue_lanes (
     queue text NOT NULL,
     lane smallint NOT NULL,
     clock bigint NOT NULL,
+    groups integer NOT NULL,
     PRIMARY KEY (queue, lane)
 ) WITH (fillfactor = 70);
 CREATE TABLE IF NOT EXISTS @s@.queue_dedup (
