@@ -68,7 +68,7 @@
 //!   the name lives.
 //! - **Work queues** live under `<prefix>wq/<name>/`: a record and a
 //!   payload key per message, per-group lists (all messages, ready ones),
-//!   a record per group (its turn, head and lowest ready id), two
+//!   two keys per group (its turn and lowest ready id; its head), two
 //!   candidate indexes keyed by (turn, id) whose first key is the next
 //!   delivery (one for ordered groups), and a timeline of delayed messages
 //!   and delivery deadlines. Every operation is a read or two and one

@@ -10,8 +10,10 @@
 //! - `m/L/<id>`: the message's record (group, attempts, enqueue time,
 //!   payload length, state: ready, delayed until T, or in flight to an
 //!   owner until T); `p/L/<id>`: its payload, as it is;
-//! - `g/L/G`: the group's record while it has messages in the lane: its
-//!   turn, its lowest id (head) and its lowest ready id;
+//! - `g/L/G` and `h/L/G`, while the group has messages in the lane: its
+//!   record (its turn and lowest ready id: what deliveries change) and its
+//!   head (its lowest id: what acks of its oldest message change), apart
+//!   so that an ack and a delivery in one group do not collide;
 //! - `a/L/G/<id>`: the group's messages by id; `r/L/G/<id>`: its ready
 //!   ones, each with a copy of its record (which does not change while it
 //!   is ready);
@@ -45,7 +47,8 @@
 //! - **pop** (`wq_pop.rs`): the timeline and the index's first keys, the
 //!   groups found there, then one transaction offering the next few
 //!   deliveries as nested levels, so racing consumers do not all lose to
-//!   the winner. A delivery moves the message in flight (attempts + 1,
+//!   the winner; it compares the group's record, not its head. A delivery
+//!   moves the message in flight (attempts + 1,
 //!   deadline, owner), the group's index entries to its next turn and next
 //!   ready message, sets the lane's clock and reads the payload; **its
 //!   revision is the fencing token**, so tokens rise over every delivery
@@ -53,9 +56,12 @@
 //!   messages, lapsed deliveries) are made ready first, up to 8 per
 //!   transaction; a candidate delivered `max_deliveries` times moves to
 //!   the dead lane in a transaction of its own.
-//! - **ack, nack, extend**: the record (owner and deadline checked on this
-//!   client's clock) with the group's reads when this client made the
-//!   delivery, then one transaction comparing the record.
+//! - **ack, nack, extend**: for a delivery this client made, one
+//!   transaction comparing the record's mod revision as the delivery left
+//!   it (an ack also compares that the message is not its group's head,
+//!   and then deletes only its own keys); otherwise, or if that fails, the
+//!   record (owner and deadline checked on this client's clock) and the
+//!   group's keys, then one transaction comparing what it relies on.
 //! - **peek** reads records then payloads; **redrive** moves one dead
 //!   letter per transaction; **stats** is one read (counts of the ready
 //!   lists and dead records, the timeline); **purge** one transaction.
@@ -104,26 +110,34 @@ use crate::backend::{EtcdBackend, Shared, is_lease_not_found, lock, secs};
 use crate::barrier::corrupt;
 use crate::keys::prefix_end;
 use crate::watch::WatchKind;
-use crate::wq_keys::{Group, Meta, QKeys, State};
+use crate::wq_keys::{Meta, QKeys, State};
 use crate::wq_plan::{Landing, Plan, Retry, Snap, deadline_ms, get, insert, landing_ops, now_ms};
 
 /// How many entries each map of [`Local`] holds at most (it is emptied
 /// when it would hold more: only hints are lost).
 const LOCAL_CAP: usize = 4096;
 
-/// This client's work queue state: the leases dedup ids go on, the group of
-/// each delivery it made (so an ack, nack or extend reads the message and
-/// its group at once) and the groups its last pop of each lane saw (so the
-/// next pop reads them with its first read). Only hints: a wrong one costs
-/// a read.
+/// This client's work queue state: the leases dedup ids go on, what it
+/// knows of each delivery it made (so an ack, nack or extend is one
+/// transaction, or reads the message and its group at once), and the
+/// groups its last pop of each lane saw (so the next pop reads them with
+/// its first read). Only hints: a wrong one costs a read.
 #[derive(Default)]
 pub(crate) struct Local {
     /// Per TTL (seconds): (lease id, when it was granted).
     leases: Mutex<HashMap<u64, (i64, Instant)>>,
-    /// (queue, lane, id) -> group.
-    groups: Mutex<HashMap<(String, Lane, u64), String>>,
+    /// (queue, lane, id) -> the delivery.
+    mine: Mutex<HashMap<(String, Lane, u64), Mine>>,
     /// (queue, lane, ordered) -> groups.
     seen: Mutex<HashMap<(String, Lane, bool), Vec<String>>>,
+}
+
+/// A delivery this client made, as it left it: the message's record and
+/// that record's mod revision.
+#[derive(Clone)]
+pub(crate) struct Mine {
+    pub(crate) rev: i64,
+    pub(crate) meta: Meta,
 }
 
 fn capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
@@ -133,21 +147,21 @@ fn capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>) {
 }
 
 impl Local {
-    /// The group of this client's delivery `id`, if it remembers it.
-    pub(crate) fn group_of(&self, queue: &str, lane: Lane, id: u64) -> Option<String> {
-        lock(&self.groups)
+    /// What this client knows of its delivery `id`.
+    pub(crate) fn mine(&self, queue: &str, lane: Lane, id: u64) -> Option<Mine> {
+        lock(&self.mine)
             .get(&(queue.to_string(), lane, id))
             .cloned()
     }
 
-    /// Remember (`Some`) or forget the group of delivery `id`.
-    pub(crate) fn set_group_of(&self, queue: &str, lane: Lane, id: u64, g: Option<&str>) {
-        let mut m = lock(&self.groups);
+    /// Remember (`Some`) or forget delivery `id`.
+    pub(crate) fn set_mine(&self, queue: &str, lane: Lane, id: u64, mine: Option<Mine>) {
+        let mut m = lock(&self.mine);
         let key = (queue.to_string(), lane, id);
-        match g {
-            Some(g) => {
+        match mine {
+            Some(d) => {
                 capped(&mut m);
-                m.insert(key, g.to_string());
+                m.insert(key, d);
             }
             None => {
                 m.remove(&key);
@@ -229,7 +243,7 @@ impl Shared {
                 .filter(|r| *r > 0)
                 .ok_or_else(|| corrupt(op, "revision"))?;
             let now = now_ms();
-            let dedup = msg.dedup_id.and_then(|_| s.one(3));
+            let dedup = msg.dedup_id.and_then(|_| s.one(4));
             if let Some(kv) = dedup {
                 let v = std::str::from_utf8(kv.value()).ok();
                 let parsed = v
@@ -256,8 +270,11 @@ impl Shared {
                 len: msg.payload.len() as u64,
                 state,
             };
-            let head = s.one(1).and_then(|kv| Group::decode(kv.value()));
-            if head.is_some_and(|g| g.head > id) {
+            let head = s.one(2).and_then(|kv| {
+                let v = std::str::from_utf8(kv.value()).ok()?;
+                v.parse::<u64>().ok()
+            });
+            if head.is_some_and(|h| h > id) {
                 // A later id of the group landed first: this one would
                 // overtake a message that may be in flight in an ordered
                 // group. Take a new id.

@@ -88,9 +88,14 @@ impl QKeys {
         self.k(&format!("g/{}/", tag(l)))
     }
 
-    /// `g/<lane>/_<group>`.
+    /// `g/<lane>/_<group>`: the group's record (turn, lowest ready id).
     pub(crate) fn group(&self, l: Lane, g: &str) -> Vec<u8> {
         self.k(&format!("g/{}/_{}", tag(l), escape(g)))
+    }
+
+    /// `h/<lane>/_<group>`: the group's head (lowest id).
+    pub(crate) fn head(&self, l: Lane, g: &str) -> Vec<u8> {
+        self.k(&format!("h/{}/_{}", tag(l), escape(g)))
     }
 
     /// `a/<lane>/_<group>/`: every message of the group in the lane.
@@ -269,8 +274,10 @@ pub(crate) fn parse_time_value(v: &[u8]) -> Option<(bool, String)> {
     }
 }
 
-/// A group's record in one lane (`g/<lane>/_<group>`). It exists while the
-/// group has a message in the lane.
+/// A group of one lane, kept in two keys while it has a message in the
+/// lane: its record `g/<lane>/_<group>` (turn and lowest ready id: what a
+/// delivery changes) and its head `h/<lane>/_<group>` (its lowest id: what
+/// an ack of its oldest message changes), so that the two do not collide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Group {
     /// The group's turn (virtual clock).
@@ -282,19 +289,28 @@ pub(crate) struct Group {
 }
 
 impl Group {
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        format!("{} {} {}", self.turn, self.head, self.ready).into_bytes()
+    /// The record's value: `<turn> <ready>`.
+    pub(crate) fn record(turn: u64, ready: u64) -> Vec<u8> {
+        format!("{turn} {ready}").into_bytes()
     }
 
-    pub(crate) fn decode(b: &[u8]) -> Option<Group> {
-        let s = std::str::from_utf8(b).ok()?;
-        let mut it = s.split(' ');
-        let g = Group {
-            turn: it.next()?.parse().ok()?,
-            head: it.next()?.parse().ok()?,
-            ready: it.next()?.parse().ok()?,
-        };
-        (it.next().is_none() && g.head > 0).then_some(g)
+    /// The head's value: the id as a 20-digit decimal, so that values
+    /// compare as the numbers do.
+    pub(crate) fn head_value(head: u64) -> Vec<u8> {
+        num(head).into_bytes()
+    }
+
+    /// (turn, ready) from a record.
+    pub(crate) fn parse_record(b: &[u8]) -> Option<(u64, u64)> {
+        let (t, r) = std::str::from_utf8(b).ok()?.split_once(' ')?;
+        Some((t.parse().ok()?, r.parse().ok()?))
+    }
+
+    /// The group from its record and its head.
+    pub(crate) fn of(record: &[u8], head: &[u8]) -> Option<Group> {
+        let (turn, ready) = Self::parse_record(record)?;
+        let head: u64 = std::str::from_utf8(head).ok()?.parse().ok()?;
+        (head > 0).then_some(Group { turn, head, ready })
     }
 
     /// The group's entry in a candidate index, as (turn, id): unordered,
@@ -336,8 +352,10 @@ mod tests {
             head: 2,
             ready: 0,
         };
-        assert_eq!(Group::decode(&g.encode()), Some(g));
-        assert_eq!(Group::decode(b"1 0 0"), None);
+        let (r, h) = (Group::record(4, 0), Group::head_value(2));
+        assert_eq!(Group::of(&r, &h), Some(g));
+        assert_eq!(Group::of(&r, b"0"), None);
+        assert!(Group::head_value(9) < Group::head_value(10));
     }
 
     #[test]

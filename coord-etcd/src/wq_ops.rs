@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use coord_core::{Lane, Message, OwnerToken, QueueStats, Result};
-use etcd_client::{DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
-use crate::backend::Shared;
+use crate::backend::{Shared, header_rev};
 use crate::barrier::corrupt;
 use crate::keys::prefix_end;
-use crate::work_queue::message_of;
+use crate::work_queue::{Mine, message_of};
 use crate::wq_keys::{Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id};
 use crate::wq_plan::{
-    Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, id_in, insert, landing_ops,
-    now_ms, read, remove, set_group,
+    AROUND, Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, group_of, id_in,
+    insert, landing_ops, now_ms, read, remove, set_group,
 };
 
 /// At most this many payload bytes per read of a peek.
@@ -52,11 +52,20 @@ struct Held {
     around: Option<(Snap, usize)>,
 }
 
+/// The deadline of `meta` if it is in flight to `consumer` and its
+/// deadline has not passed on this client's clock.
+fn held_by(meta: &Meta, consumer: &OwnerToken) -> Option<u64> {
+    match meta.state {
+        State::InFlight(t, o) if o == *consumer && t > now_ms() => Some(t),
+        _ => None,
+    }
+}
+
 impl Shared {
     /// Message `id`'s record, if it is in flight to `consumer` and its
     /// deadline has not passed on this client's clock; with `around`, also
     /// the reads of [`around_ops`] for its group (made with the record's
-    /// read when this client remembers the group of its delivery).
+    /// read when this client made the delivery).
     #[allow(clippy::too_many_arguments)]
     async fn held(
         &self,
@@ -68,27 +77,24 @@ impl Shared {
         around: bool,
         op: &'static str,
     ) -> Result<Option<Held>> {
-        let hint = if around {
-            self.wq.group_of(queue, lane, id)
-        } else {
-            None
+        let hint = match around {
+            true => self.wq.mine(queue, lane, id).map(|m| m.meta.group),
+            false => None,
         };
         let mut ops = vec![get(k.meta(lane, id))];
         if let Some(g) = &hint {
             ops.extend(around_ops(k, lane, g, id));
         }
         let s = read(self, op, ops).await?;
-        let Some(kv) = s.one(0).cloned() else {
-            self.wq.set_group_of(queue, lane, id, None);
-            return Ok(None);
+        let found = match s.one(0) {
+            Some(kv) => Some((kv.clone(), meta_of(kv, op)?)),
+            None => None,
         };
-        let meta = meta_of(&kv, op)?;
-        let deadline = match meta.state {
-            State::InFlight(t, o) if o == *consumer && t > now_ms() => t,
-            _ => {
-                self.wq.set_group_of(queue, lane, id, None);
-                return Ok(None);
-            }
+        let Some((kv, meta, deadline)) =
+            found.and_then(|(kv, m)| held_by(&m, consumer).map(|t| (kv, m, t)))
+        else {
+            self.wq.set_mine(queue, lane, id, None);
+            return Ok(None);
         };
         let around = match hint {
             _ if !around => None,
@@ -106,7 +112,24 @@ impl Shared {
         }))
     }
 
-    /// Delete message `id` iff held by `consumer`.
+    /// This client's delivery `id` if it is still held by `consumer` as
+    /// far as this client knows: (its record's mod revision, the record,
+    /// the deadline).
+    fn mine_held(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+    ) -> Option<(i64, Meta, u64)> {
+        let m = self.wq.mine(queue, lane, id)?;
+        let t = held_by(&m.meta, consumer)?;
+        Some((m.rev, m.meta, t))
+    }
+
+    /// Delete message `id` iff held by `consumer`. A delivery this client
+    /// made that is not its group's head (the common case) goes in one
+    /// transaction that touches nothing shared.
     pub(crate) async fn queue_ack(
         &self,
         queue: &str,
@@ -116,6 +139,20 @@ impl Shared {
     ) -> Result<bool> {
         let op = "queue ack";
         let k = self.qkeys(queue);
+        if let Some((rev, meta, deadline)) = self.mine_held(queue, lane, id, consumer) {
+            let mut p = Plan::new();
+            p.rev_is(k.meta(lane, id), rev);
+            let head = Group::head_value(id);
+            p.value_cmp(k.head(lane, &meta.group), CompareOp::NotEqual, head);
+            p.del(k.meta(lane, id));
+            p.del(k.payload(lane, id));
+            p.del(with_id(&k.members(lane, &meta.group), id));
+            p.del(k.time_entry(lane, deadline, id));
+            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                self.wq.set_mine(queue, lane, id, None);
+                return Ok(true);
+            }
+        }
         let mut retry = Retry::new(self, op);
         loop {
             let Some(h) = self.held(&k, queue, lane, id, consumer, true, op).await? else {
@@ -129,7 +166,7 @@ impl Shared {
             if remove(&mut p, &k, lane, id, &h.meta, &Around::of(s, *at), op)?
                 && self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded()
             {
-                self.wq.set_group_of(queue, lane, id, None);
+                self.wq.set_mine(queue, lane, id, None);
                 return Ok(true);
             }
             retry.again().await?;
@@ -137,7 +174,8 @@ impl Shared {
     }
 
     /// Give message `id` back iff held by `consumer`: ready at once (zero
-    /// `delay`) or delayed.
+    /// `delay`) or delayed (then in one transaction, for a delivery this
+    /// client made).
     pub(crate) async fn queue_give_back(
         &self,
         queue: &str,
@@ -148,8 +186,23 @@ impl Shared {
     ) -> Result<bool> {
         let op = "queue nack";
         let k = self.qkeys(queue);
-        let mut retry = Retry::new(self, op);
         let now = delay.is_zero();
+        if !now {
+            if let Some((rev, mut m, deadline)) = self.mine_held(queue, lane, id, consumer) {
+                let mut p = Plan::new();
+                p.rev_is(k.meta(lane, id), rev);
+                p.del(k.time_entry(lane, deadline, id));
+                let at = deadline_ms(delay);
+                m.state = State::Delayed(at);
+                p.put(k.time_entry(lane, at, id), m.time_value());
+                p.put(k.meta(lane, id), m.encode());
+                if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                    self.wq.set_mine(queue, lane, id, None);
+                    return Ok(true);
+                }
+            }
+        }
+        let mut retry = Retry::new(self, op);
         loop {
             let Some(h) = self.held(&k, queue, lane, id, consumer, now, op).await? else {
                 return Ok(false);
@@ -159,14 +212,16 @@ impl Shared {
             p.del(k.time_entry(lane, h.deadline, id));
             let mut m = h.meta;
             if let Some((s, at)) = &h.around {
-                // Ready at once: the group's lowest ready id may change.
-                let Some(gkv) = s.one(*at) else {
+                // Ready at once: the group's lowest ready id (and so its
+                // entries) may change.
+                let a = Around::of(s, *at);
+                let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
                     retry.again().await?;
                     continue;
                 };
-                let old =
-                    Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
+                let old = group_of(gkv, hkv, op)?;
                 p.same(gkv);
+                p.same(hkv);
                 m.state = State::Ready;
                 p.put(with_id(&k.readies(lane, &m.group), id), m.encode());
                 let ready = match old.ready {
@@ -182,7 +237,7 @@ impl Shared {
             }
             p.put(k.meta(lane, id), m.encode());
             if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
-                self.wq.set_group_of(queue, lane, id, None);
+                self.wq.set_mine(queue, lane, id, None);
                 return Ok(true);
             }
             retry.again().await?;
@@ -190,7 +245,7 @@ impl Shared {
     }
 
     /// Move message `id`'s deadline to now + `visibility` iff held by
-    /// `consumer`.
+    /// `consumer` (one transaction for a delivery this client made).
     pub(crate) async fn queue_extend(
         &self,
         queue: &str,
@@ -201,20 +256,30 @@ impl Shared {
     ) -> Result<bool> {
         let op = "queue extend";
         let k = self.qkeys(queue);
+        let mut known = self.mine_held(queue, lane, id, consumer);
         let mut retry = Retry::new(self, op);
         loop {
-            let Some(h) = self.held(&k, queue, lane, id, consumer, false, op).await? else {
-                return Ok(false);
+            let (rev, mut m, deadline) = match known.take() {
+                Some(k) => k,
+                None => {
+                    let Some(h) = self.held(&k, queue, lane, id, consumer, false, op).await? else {
+                        return Ok(false);
+                    };
+                    (h.kv.mod_revision(), h.meta, h.deadline)
+                }
             };
-            let mut m = h.meta;
             let mut p = Plan::new();
-            p.same(&h.kv);
-            p.del(k.time_entry(lane, h.deadline, id));
+            p.rev_is(k.meta(lane, id), rev);
+            p.del(k.time_entry(lane, deadline, id));
             let at = deadline_ms(visibility);
             m.state = State::InFlight(at, *consumer);
             p.put(k.time_entry(lane, at, id), m.time_value());
             p.put(k.meta(lane, id), m.encode());
-            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+            let resp = self.txn(op, p.into_txn(vec![], vec![])).await?;
+            if resp.succeeded() {
+                let rev = header_rev(&resp);
+                self.wq
+                    .set_mine(queue, lane, id, Some(Mine { rev, meta: m }));
                 return Ok(true);
             }
             retry.again().await?;
@@ -320,7 +385,7 @@ impl Shared {
             ops.push(get(k.payload(Lane::Dead, id)));
             ops.extend(landing_ops(k, Lane::Main, g));
             let s = read(self, op, ops).await?;
-            if let Some(payload) = s.one(4) {
+            if let Some(payload) = s.one(AROUND) {
                 let mut p = Plan::new();
                 p.same(&kv);
                 if remove(&mut p, k, Lane::Dead, id, &meta, &Around::of(&s, 0), op)? {
@@ -329,7 +394,7 @@ impl Shared {
                         state: State::Ready,
                         ..meta.clone()
                     };
-                    let v = Landing::of(&s, 5);
+                    let v = Landing::of(&s, AROUND + 1);
                     insert(&mut p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
                     if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
                         return Ok(true);

@@ -141,6 +141,12 @@ impl Plan {
         ));
     }
 
+    /// `key`'s mod revision is `rev` (it is still as written then).
+    pub(crate) fn rev_is(&mut self, key: Vec<u8>, rev: i64) {
+        self.cmp
+            .push(Compare::mod_revision(key, CompareOp::Equal, rev));
+    }
+
     /// `kv` is still there (whatever was written to it since).
     pub(crate) fn exists_as(&mut self, kv: &KeyValue) {
         self.cmp.push(Compare::create_revision(
@@ -155,9 +161,10 @@ impl Plan {
         self.cmp.push(Compare::version(key, CompareOp::Greater, 0));
     }
 
-    /// `key`'s value is `value`.
-    pub(crate) fn value_is(&mut self, key: Vec<u8>, value: Vec<u8>) {
-        self.cmp.push(Compare::value(key, CompareOp::Equal, value));
+    /// `key` exists and its value compares to `value` as `op` says
+    /// (bytewise: fixed-width decimals compare as their numbers).
+    pub(crate) fn value_cmp(&mut self, key: Vec<u8>, op: CompareOp, value: Vec<u8>) {
+        self.cmp.push(Compare::value(key, op, value));
     }
 
     /// `key` does not exist.
@@ -261,8 +268,8 @@ impl Retry {
     }
 }
 
-/// Write group `g`'s record as `new` (`None`: delete it), and move its
-/// entries in both candidate indexes from where `old` had them.
+/// Write group `g` as `new` (`None`: delete it) where it differs from
+/// `old`: its record, its head, and its entries in both candidate indexes.
 pub(crate) fn set_group(
     p: &mut Plan,
     k: &QKeys,
@@ -272,9 +279,20 @@ pub(crate) fn set_group(
     new: Option<Group>,
 ) {
     match new {
-        Some(n) if old != Some(n) => p.put(k.group(l, g), n.encode()),
-        None if old.is_some() => p.del(k.group(l, g)),
-        _ => {}
+        None => {
+            if old.is_some() {
+                p.del(k.group(l, g));
+                p.del(k.head(l, g));
+            }
+        }
+        Some(n) => {
+            if old.map(|o| (o.turn, o.ready)) != Some((n.turn, n.ready)) {
+                p.put(k.group(l, g), Group::record(n.turn, n.ready));
+            }
+            if old.map(|o| o.head) != Some(n.head) {
+                p.put(k.head(l, g), Group::head_value(n.head));
+            }
+        }
     }
     for ordered in [false, true] {
         let entry = |x: Option<Group>| {
@@ -293,8 +311,9 @@ pub(crate) fn set_group(
     }
 }
 
-fn group_of(kv: &KeyValue, op: &'static str) -> Result<Group> {
-    Group::decode(kv.value()).ok_or_else(|| corrupt(op, "work queue group"))
+/// The group read from its record and head.
+pub(crate) fn group_of(record: &KeyValue, head: &KeyValue, op: &'static str) -> Result<Group> {
+    Group::of(record.value(), head.value()).ok_or_else(|| corrupt(op, "work queue group"))
 }
 
 /// The id at the end of `kv`'s key.
@@ -302,15 +321,17 @@ pub(crate) fn id_in(kv: &KeyValue, op: &'static str) -> Result<u64> {
     id_of(kv.key()).ok_or_else(|| corrupt(op, "work queue key"))
 }
 
-/// What taking message `id` out of its group needs: the group's record,
-/// its messages and its ready messages from `id` (two each), and the
-/// lane's first two groups (keys only). Four reads, for [`Around::of`].
+/// What taking message `id` out of its group needs: the group's record
+/// and head, its messages and its ready messages from `id` (two each), and
+/// the lane's first two groups (keys only). Five reads, for
+/// [`Around::of`].
 pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
     let members = k.members(l, g);
     let readies = k.readies(l, g);
     let groups = k.groups(l);
     vec![
         get(k.group(l, g)),
+        get(k.head(l, g)),
         range(with_id(&members, id), prefix_end(&members), 2),
         range(with_id(&readies, id), prefix_end(&readies), 2),
         TxnOp::get(
@@ -325,9 +346,13 @@ pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
     ]
 }
 
+/// How many reads [`around_ops`] makes.
+pub(crate) const AROUND: usize = 5;
+
 /// The answers of [`around_ops`] from operation `at` on.
 pub(crate) struct Around<'a> {
-    group: Option<&'a KeyValue>,
+    pub(crate) group: Option<&'a KeyValue>,
+    pub(crate) head: Option<&'a KeyValue>,
     members: &'a [KeyValue],
     readies: &'a [KeyValue],
     groups: &'a [KeyValue],
@@ -338,9 +363,10 @@ impl<'a> Around<'a> {
     pub(crate) fn of(s: &'a Snap, at: usize) -> Around<'a> {
         Around {
             group: s.one(at),
-            members: s.list(at + 1),
-            readies: s.list(at + 2),
-            groups: s.list(at + 3),
+            head: s.one(at + 1),
+            members: s.list(at + 2),
+            readies: s.list(at + 3),
+            groups: s.list(at + 4),
             rev: s.rev,
         }
     }
@@ -349,7 +375,9 @@ impl<'a> Around<'a> {
 /// Take message `id` (record `meta`, compared by the caller) out of lane
 /// `l`: its keys, its place in its group (the next message becomes the
 /// group's head or lowest ready one), the group when it was its last
-/// message, and the lane's clock when that was the lane's last group.
+/// message, and the lane's clock when that was the lane's last group. A
+/// message that is neither its group's head nor ready (an ack's, mostly)
+/// changes nothing shared and compares only that it is not the head.
 /// `Ok(false)`: the reads do not agree with each other (a concurrent
 /// change); try again.
 pub(crate) fn remove(
@@ -362,11 +390,10 @@ pub(crate) fn remove(
     op: &'static str,
 ) -> Result<bool> {
     let g = meta.group.as_str();
-    let Some(gkv) = a.group else {
+    let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
         return Ok(false);
     };
-    let old = group_of(gkv, op)?;
-    p.same(gkv);
+    let old = group_of(gkv, hkv, op)?;
     p.del(k.meta(l, id));
     p.del(k.payload(l, id));
     let members = k.members(l, g);
@@ -375,21 +402,12 @@ pub(crate) fn remove(
     if let Some(t) = meta.at() {
         p.del(k.time_entry(l, t, id));
     }
+    let readies = k.readies(l, g);
     let mut new = old;
-    if old.head == id {
-        if a.members.first().map(|kv| kv.key()) != Some(&mine[..]) {
-            return Ok(false);
-        }
-        p.still(&mine, &prefix_end(&members), 2, a.members, a.rev);
-        new.head = match a.members.get(1) {
-            Some(kv) => id_in(kv, op)?,
-            None => 0,
-        };
-    }
     if meta.ready() {
-        let readies = k.readies(l, g);
         let rk = with_id(&readies, id);
         p.del(rk.clone());
+        p.same(gkv);
         if old.ready == id {
             if a.readies.first().map(|kv| kv.key()) != Some(&rk[..]) {
                 return Ok(false);
@@ -401,13 +419,37 @@ pub(crate) fn remove(
             };
         }
     }
+    if old.head != id {
+        // The group keeps its head (older than this message), so its
+        // ordered entry stays as it is.
+        p.value_cmp(k.head(l, g), CompareOp::NotEqual, Group::head_value(id));
+        set_group(p, k, l, g, Some(old), Some(new));
+        return Ok(true);
+    }
+    p.same(hkv);
+    if a.members.first().map(|kv| kv.key()) != Some(&mine[..]) {
+        return Ok(false);
+    }
+    p.still(&mine, &prefix_end(&members), 2, a.members, a.rev);
+    new.head = match a.members.get(1) {
+        Some(kv) => id_in(kv, op)?,
+        None => 0,
+    };
     if new.head != 0 {
+        // The next message is the head now: its ordered entry appears if
+        // it is ready (it is then the lowest ready one).
+        if new.ready == new.head {
+            p.same(gkv);
+        } else {
+            p.absent(with_id(&readies, new.head));
+        }
         set_group(p, k, l, g, Some(old), Some(new));
         return Ok(true);
     }
     if new.ready != 0 {
         return Ok(false);
     }
+    p.same(gkv);
     set_group(p, k, l, g, Some(old), None);
     let gk = k.group(l, g);
     match a.groups.iter().find(|kv| kv.key() != gk) {
@@ -426,14 +468,16 @@ pub(crate) fn remove(
 }
 
 /// What putting a message into group `g` of lane `l` needs: the group's
-/// record and the lane's clock. Two reads, for [`Landing::of`].
+/// record and head and the lane's clock. Three reads, for
+/// [`Landing::of`].
 pub(crate) fn landing_ops(k: &QKeys, l: Lane, g: &str) -> Vec<TxnOp> {
-    vec![get(k.group(l, g)), get(k.clock(l))]
+    vec![get(k.group(l, g)), get(k.head(l, g)), get(k.clock(l))]
 }
 
 /// The answers of [`landing_ops`] from operation `at` on.
 pub(crate) struct Landing<'a> {
-    group: Option<&'a KeyValue>,
+    pub(crate) group: Option<&'a KeyValue>,
+    pub(crate) head: Option<&'a KeyValue>,
     clock: Option<&'a KeyValue>,
 }
 
@@ -441,7 +485,8 @@ impl<'a> Landing<'a> {
     pub(crate) fn of(s: &'a Snap, at: usize) -> Landing<'a> {
         Landing {
             group: s.one(at),
-            clock: s.one(at + 1),
+            head: s.one(at + 1),
+            clock: s.one(at + 2),
         }
     }
 }
@@ -473,23 +518,30 @@ pub(crate) fn insert(
             0
         }
     };
-    let (old, new) = match v.group {
-        Some(kv) => {
-            let o = group_of(kv, op)?;
-            p.same(kv);
-            let lowest = match (o.ready, ready) {
+    match (v.group, v.head) {
+        (Some(gkv), Some(hkv)) => {
+            let old = group_of(gkv, hkv, op)?;
+            p.same(gkv);
+            if id < old.head {
+                p.same(hkv);
+            } else {
+                // Behind the head, whoever it is by then.
+                p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
+            }
+            let lowest = match (old.ready, ready) {
                 (0, r) | (r, 0) => r,
                 (a, b) => a.min(b),
             };
-            let n = Group {
-                turn: o.turn,
-                head: o.head.min(id),
+            let new = Group {
+                turn: old.turn,
+                head: old.head.min(id),
                 ready: lowest,
             };
-            (Some(o), n)
+            set_group(p, k, l, g, Some(old), Some(new));
         }
-        None => {
+        (None, None) => {
             p.absent(k.group(l, g));
+            p.absent(k.head(l, g));
             let turn = match v.clock {
                 Some(kv) => {
                     p.same(kv);
@@ -503,16 +555,19 @@ pub(crate) fn insert(
                     0
                 }
             };
-            (
-                None,
-                Group {
-                    turn,
-                    head: id,
-                    ready,
-                },
-            )
+            let new = Group {
+                turn,
+                head: id,
+                ready,
+            };
+            set_group(p, k, l, g, None, Some(new));
         }
-    };
-    set_group(p, k, l, g, old, Some(new));
+        _ => {
+            return Err(corrupt(
+                op,
+                "work queue group (its record without its head)",
+            ));
+        }
+    }
     Ok(())
 }

@@ -20,16 +20,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use coord_core::{FencingToken, Lane, OwnerToken, PopAttempt, QueueConfig, Result};
-use etcd_client::{KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use crate::backend::{Shared, header_rev};
 use crate::barrier::corrupt;
 use crate::keys::prefix_end;
-use crate::work_queue::message_of;
+use crate::work_queue::{Mine, message_of};
 use crate::wq_keys::{Group, Meta, QKeys, State, id_of, pair_of, parse_time_value, with_id};
 use crate::wq_plan::{
-    Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, id_in, insert, landing_ops,
-    now_ms, range, read, remove, set_group, until_ms,
+    AROUND, Around, Landing, Plan, Retry, Snap, around_ops, deadline_ms, get, group_of, id_in,
+    insert, landing_ops, now_ms, range, read, remove, set_group, until_ms,
 };
 
 /// How many timeline entries a pop reads (and makes ready at most, when
@@ -87,20 +87,24 @@ fn due_of(s: &Snap, now: u64, op: &'static str) -> Result<(Vec<Due>, Option<u64>
     Ok((due, None))
 }
 
-/// What a pop read of one group.
+/// What a pop read of one group: its record (turn, lowest ready id) and
+/// its first ready messages.
 struct Detail {
-    grp: Group,
+    turn: u64,
+    ready_id: u64,
     /// Its first ready messages (keys with the records).
     ready: Vec<KeyValue>,
     /// Whether that is all of them.
     complete: bool,
 }
 
-/// One predicted delivery.
+/// One predicted delivery: message `id`, the lowest ready one of group `g`
+/// at `turn`, after which the group's lowest ready one is `next` (0: none).
 struct Step {
     g: String,
-    before: Group,
-    after: Group,
+    turn: u64,
+    id: u64,
+    next: u64,
     /// The message's ready entry, and the group's next one if any.
     ready: Vec<KeyValue>,
     meta: Meta,
@@ -118,7 +122,8 @@ fn predict(
 ) -> Result<Option<Vec<Step>>> {
     struct Cand<'a> {
         g: &'a str,
-        state: Group,
+        turn: u64,
+        id: u64,
         pos: usize,
         original: bool,
     }
@@ -128,7 +133,7 @@ fn predict(
             return Ok(None);
         };
         let first = d.ready.first().and_then(|kv| id_of(kv.key()));
-        if d.grp.entry(ordered) != Some((*turn, *id))
+        if (d.turn, d.ready_id) != (*turn, *id)
             || first != Some(*id)
             || cands.iter().any(|c| c.g == g)
         {
@@ -136,7 +141,8 @@ fn predict(
         }
         cands.push(Cand {
             g,
-            state: d.grp,
+            turn: *turn,
+            id: *id,
             pos: 0,
             original: true,
         });
@@ -148,9 +154,7 @@ fn predict(
         if more && !cands.iter().any(|c| c.original) {
             break;
         }
-        let Some(best) =
-            (0..cands.len()).min_by_key(|&i| (cands[i].state.turn, cands[i].state.ready))
-        else {
+        let Some(best) = (0..cands.len()).min_by_key(|&i| (cands[i].turn, cands[i].id)) else {
             break;
         };
         let c = &cands[best];
@@ -160,7 +164,7 @@ fn predict(
         let Some(rkv) = d.ready.get(c.pos) else {
             break;
         };
-        if id_of(rkv.key()) != Some(c.state.ready) {
+        if id_of(rkv.key()) != Some(c.id) {
             return Ok(None);
         }
         let meta = Meta::decode(rkv.value()).ok_or_else(|| corrupt(op, "work queue message"))?;
@@ -172,22 +176,20 @@ fn predict(
             None if d.complete => (0, vec![rkv.clone()]),
             None => break,
         };
-        let after = Group {
-            turn: c.state.turn.saturating_add(1),
-            head: c.state.head,
-            ready: next,
-        };
         out.push(Step {
             g: c.g.to_string(),
-            before: c.state,
-            after,
+            turn: c.turn,
+            id: c.id,
+            next,
             ready,
             meta,
         });
-        if after.entry(ordered).is_none() {
+        // Ordered, the group's head is in flight now: it has no candidate.
+        if ordered || next == 0 {
             cands.swap_remove(best);
         } else if let Some(c) = cands.get_mut(best) {
-            c.state = after;
+            c.turn = c.turn.saturating_add(1);
+            c.id = next;
             c.pos += 1;
             c.original = false;
         }
@@ -207,15 +209,21 @@ struct Take<'a> {
 }
 
 /// The transaction of one level: deliver `st` if the queue is exactly as
-/// predicted for it, else `failure`.
+/// predicted for it, else `failure`. It compares the group's record, not
+/// its head: the head is older than or the message itself, and either way
+/// its ordered entry (if any) is this message's, which goes.
 fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
     let (k, l, ordered) = (t.k, t.lane, t.ordered);
-    let id = st.before.ready;
+    let id = st.id;
     let index = k.index(l, ordered);
-    let entry = k.index_entry(l, ordered, st.before.turn, id);
+    let entry = k.index_entry(l, ordered, st.turn, id);
     let readies = k.readies(l, &st.g);
     let mut p = Plan::new();
-    p.value_is(k.group(l, &st.g), st.before.encode());
+    p.value_cmp(
+        k.group(l, &st.g),
+        CompareOp::Equal,
+        Group::record(st.turn, id),
+    );
     p.none_in(&index, &entry);
     p.exists(entry);
     let start = with_id(&readies, id);
@@ -226,8 +234,17 @@ fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
     p.put(k.meta(l, id), m.encode());
     p.del(start);
     p.put(k.time_entry(l, t.deadline, id), m.time_value());
-    p.put(k.clock(l), st.before.turn.to_string());
-    set_group(&mut p, k, l, &st.g, Some(st.before), Some(st.after));
+    p.put(k.clock(l), st.turn.to_string());
+    let turn = st.turn.saturating_add(1);
+    p.put(k.group(l, &st.g), Group::record(turn, st.next));
+    p.del(k.index_entry(l, false, st.turn, id));
+    p.del(k.index_entry(l, true, st.turn, id));
+    if st.next != 0 {
+        p.put(
+            k.index_entry(l, false, turn, st.next),
+            st.g.as_bytes().to_vec(),
+        );
+    }
     p.into_txn(vec![get(k.payload(l, id))], failure)
 }
 
@@ -240,11 +257,15 @@ async fn advance(sh: &Shared, k: &QKeys, l: Lane, due: &[Due], op: &'static str)
             groups.push(&d.group);
         }
     }
-    ops.extend(groups.iter().map(|g| get(k.group(l, g))));
+    for g in &groups {
+        ops.push(get(k.group(l, g)));
+        ops.push(get(k.head(l, g)));
+    }
     let s = read(sh, op, ops).await?;
     let mut p = Plan::new();
-    // Group -> (its record as read, as read, as changed).
-    let mut changed: HashMap<&str, (&KeyValue, Group, Group)> = HashMap::new();
+    // Group -> (its record and head as read, the group as read, changed).
+    type Changed<'a> = HashMap<&'a str, (&'a KeyValue, &'a KeyValue, Group, Group)>;
+    let mut changed: Changed<'_> = HashMap::new();
     for (i, d) in due.iter().enumerate() {
         p.same(&d.kv);
         p.del(d.kv.key().to_vec());
@@ -262,19 +283,22 @@ async fn advance(sh: &Shared, k: &QKeys, l: Lane, due: &[Due], op: &'static str)
         meta.state = State::Ready;
         p.put(k.meta(l, d.id), meta.encode());
         p.put(with_id(&k.readies(l, &d.group), d.id), meta.encode());
-        let at = groups.iter().position(|g| *g == d.group).unwrap_or(0);
-        let Some(gkv) = s.one(due.len() + at) else {
+        let at = due.len() + 2 * groups.iter().position(|g| *g == d.group).unwrap_or(0);
+        let (Some(gkv), Some(hkv)) = (s.one(at), s.one(at + 1)) else {
             return Ok(false);
         };
-        let old = Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
-        let e = changed.entry(d.group.as_str()).or_insert((gkv, old, old));
-        e.2.ready = match e.2.ready {
+        let old = group_of(gkv, hkv, op)?;
+        let e = changed
+            .entry(d.group.as_str())
+            .or_insert((gkv, hkv, old, old));
+        e.3.ready = match e.3.ready {
             0 => d.id,
             r => r.min(d.id),
         };
     }
-    for (g, (kv, old, new)) in changed {
-        p.same(kv);
+    for (g, (gkv, hkv, old, new)) in changed {
+        p.same(gkv);
+        p.same(hkv);
         set_group(&mut p, k, l, g, Some(old), Some(new));
     }
     Ok(sh.txn(op, p.into_txn(vec![], vec![])).await?.succeeded())
@@ -295,7 +319,7 @@ async fn dead_letter(
     ops.push(get(k.payload(Lane::Main, id)));
     ops.extend(landing_ops(k, Lane::Dead, g));
     let s = read(sh, op, ops).await?;
-    let Some(payload) = s.one(4) else {
+    let Some(payload) = s.one(AROUND) else {
         return Ok(false);
     };
     let mut p = Plan::new();
@@ -305,7 +329,7 @@ async fn dead_letter(
     }
     let mut dead = meta.clone();
     dead.state = State::Ready;
-    let v = Landing::of(&s, 5);
+    let v = Landing::of(&s, AROUND + 1);
     insert(&mut p, k, Lane::Dead, id, &dead, payload.value(), &v, op)?;
     Ok(sh.txn(op, p.into_txn(vec![], vec![])).await?.succeeded())
 }
@@ -386,14 +410,15 @@ impl Shared {
                 let Some(gkv) = ds.one(at + 2 * i) else {
                     continue;
                 };
-                let grp =
-                    Group::decode(gkv.value()).ok_or_else(|| corrupt(op, "work queue group"))?;
+                let (turn, ready_id) = Group::parse_record(gkv.value())
+                    .ok_or_else(|| corrupt(op, "work queue group"))?;
                 let ready = ds.list(at + 2 * i + 1).to_vec();
                 let complete = ready.len() <= LEVELS;
                 details.insert(
                     g.clone(),
                     Detail {
-                        grp,
+                        turn,
+                        ready_id,
                         ready,
                         complete,
                     },
@@ -411,8 +436,7 @@ impl Shared {
                     if let Some(pos) = steps.iter().position(|s| s.meta.attempts >= max) {
                         if pos == 0 {
                             let st = &steps[0];
-                            let id = st.before.ready;
-                            if !dead_letter(self, &k, id, &st.meta, &st.ready[0], op).await? {
+                            if !dead_letter(self, &k, st.id, &st.meta, &st.ready[0], op).await? {
                                 retry.again().await?;
                             }
                             continue;
@@ -466,10 +490,14 @@ impl Shared {
             let mut meta = st.meta.clone();
             meta.attempts = meta.attempts.saturating_add(1);
             self.wq.set_seen(queue, lane, ordered, &groups);
+            let mut mine = st.meta.clone();
+            mine.attempts = mine.attempts.saturating_add(1);
+            mine.state = State::InFlight(take.deadline, *consumer);
+            let rev = i64::try_from(token).unwrap_or(0);
             self.wq
-                .set_group_of(queue, lane, st.before.ready, Some(&st.g));
+                .set_mine(queue, lane, st.id, Some(Mine { rev, meta: mine }));
             return Ok(PopAttempt::Delivered {
-                message: message_of(st.before.ready, &meta, payload),
+                message: message_of(st.id, &meta, payload),
                 token: FencingToken(token),
             });
         }

@@ -80,6 +80,7 @@ async fn layout_is_records_lists_and_indexes_and_the_token_is_the_revision() {
         vec![
             format!("wq/jobs/a/M/_/{i}"),
             "wq/jobs/g/M/_".to_string(),
+            "wq/jobs/h/M/_".to_string(),
             format!("wq/jobs/i/M/o/{z}/{i}"),
             format!("wq/jobs/i/M/u/{z}/{i}"),
             format!("wq/jobs/m/M/{i}"),
@@ -88,6 +89,18 @@ async fn layout_is_records_lists_and_indexes_and_the_token_is_the_revision() {
         ],
         "a ready message in the group \"\" of a new lane (turn 0)"
     );
+    let value = |kvs: &[KeyValue], tail: &str| {
+        kvs.iter()
+            .find(|kv| kv.key_str().unwrap().ends_with(tail))
+            .map(|kv| kv.value_str().unwrap().to_string())
+    };
+    let kvs = keys(&format!("{prefix}wq/")).await;
+    assert_eq!(
+        value(&kvs, "g/M/_").as_deref(),
+        Some(format!("0 {id}").as_str()),
+        "the group record: turn, lowest ready id"
+    );
+    assert_eq!(value(&kvs, "h/M/_"), Some(i.clone()), "the group's head");
     let me = OwnerToken::random();
     let got = raw
         .try_pop("jobs", Lane::Main, &me, LONG, &QueueConfig::default())
