@@ -5,7 +5,9 @@
 //! index of ready ids (and of every id, for ordered groups), the groups'
 //! turns and the lane's virtual clock, and one timeline of the messages
 //! waiting for a time (delayed ones and deliveries' deadlines), which each
-//! step first brings up to date.
+//! step first brings up to date. Message ids come from the store's one
+//! counter (the fencing tokens'), so they keep rising after a purge or
+//! after an idle queue's entry is swept.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -142,7 +144,6 @@ impl LaneState {
 pub(crate) struct QueueState {
     main: LaneState,
     dead: LaneState,
-    next_id: u64,
     dedup: HashMap<Box<str>, (u64, Instant)>,
 }
 
@@ -206,8 +207,7 @@ impl coord_core::Queue for MemoryBackend {
                     }
                 }
             }
-            q.next_id += 1;
-            let id = q.next_id;
+            let id = self.next_token();
             if let Some(d) = message.dedup_id {
                 q.dedup.insert(d.into(), (id, now + message.dedup_window));
             }
@@ -228,9 +228,9 @@ impl coord_core::Queue for MemoryBackend {
                 duplicate: false,
             }
         };
-        if message.delay.is_zero() {
-            self.queue_wakeups.notify_one(&wake_key(queue, Lane::Main));
-        }
+        // A delayed push wakes a waiter too: its next attempt learns when
+        // the message comes due (`next_in`) instead of at its next poll.
+        self.queue_wakeups.notify_one(&wake_key(queue, Lane::Main));
         Ok(pushed)
     }
 
@@ -353,9 +353,8 @@ impl coord_core::Queue for MemoryBackend {
                 }
             }
         }
-        if delay.is_zero() {
-            self.queue_wakeups.notify_one(&wake_key(queue, lane));
-        }
+        // With a delay too, so a waiter learns when it comes due.
+        self.queue_wakeups.notify_one(&wake_key(queue, lane));
         Ok(true)
     }
 
