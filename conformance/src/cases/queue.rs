@@ -6,11 +6,13 @@
 //! [`QUEUE_GATE`] on stderr, never a silent pass.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_core::{
-    Coord, Error, FencedRegister, FencingToken, Lane, PopOptions, PushOptions, QueueConfig, Queues,
+    Coord, Delivery, Error, FencedRegister, FencingToken, Lane, Message, NewMessage, OwnerToken,
+    PopAttempt, PopOptions, PushOptions, QueueConfig, Queues,
 };
 use tokio::time::{Instant, sleep, timeout};
 
@@ -38,6 +40,35 @@ fn field_of<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) -> &'stati
     match r {
         Err(Error::InvalidArgument { field, .. }) => field,
         other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    }
+}
+
+/// The polling fallback for a case that proves a wake-up: 10 s, or 200 ms
+/// on a store without notifications (which then passes on polling).
+fn wake_poll(c: &Coord) -> Duration {
+    if c.capabilities().notifications {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(200)
+    }
+}
+
+/// A message for the raw trait: no delay, group or dedup id.
+fn raw_message(payload: &[u8]) -> NewMessage<'_> {
+    NewMessage {
+        payload,
+        delay: Duration::ZERO,
+        group: None,
+        dedup_id: None,
+        dedup_window: Duration::ZERO,
+    }
+}
+
+/// The delivery of a raw `try_pop`, or a panic saying `what` expected one.
+fn delivered(attempt: PopAttempt, what: &str) -> (Message, FencingToken) {
+    match attempt {
+        PopAttempt::Delivered { message, token } => (message, token),
+        other => panic!("{what}: expected a delivery, got {other:?}"),
     }
 }
 
@@ -199,6 +230,136 @@ pub async fn queue_stale_consumer_is_refused_and_fenced_out(f: &Factory) {
     assert_eq!(qa.stats(&name).await.unwrap().in_flight, 0);
 }
 
+/// Deliveries whose visibility lapsed (their consumer paused; nothing was
+/// sent), on the raw trait. `stats`, `ack`, `extend` and `nack` are each
+/// tried first thing after the lapse, on a queue of their own (a store that
+/// notices lapses only when something touches the queue must still get
+/// them right): `stats` counts the lapsed delivery ready, not in flight;
+/// the others return false and change nothing (the extend resurrects
+/// nothing). Each lapsed message is delivered again in its place, before
+/// one pushed after it, with attempts 2 and a higher token. While it is in
+/// flight to the new consumer, the old owner's calls still change nothing,
+/// nor does the new owner's ack on the other lane; the new owner's extend
+/// keeps the attempt count (given back, the next delivery has attempts 3).
+pub async fn queue_lapsed_delivery_is_refused_and_redelivered_in_place(f: &Factory) {
+    let c = f.client().await;
+    if queues(&c).is_none() {
+        return;
+    }
+    let raw = c.raw_queue().unwrap();
+    let cfg = QueueConfig::default();
+    let main = Lane::Main;
+    let vis = ttl(&c, Duration::from_millis(800));
+    let (a, b, c2) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let names: Vec<String> = ["stats", "ack", "extend", "nack"]
+        .iter()
+        .map(|op| unique(&format!("q-lapse-{op}")))
+        .collect();
+    let mut lapsing = Vec::new();
+    for name in &names {
+        let id = raw.push(name, &raw_message(b"lapsing")).await.unwrap().id;
+        raw.push(name, &raw_message(b"later")).await.unwrap();
+        let (m, t) = delivered(
+            raw.try_pop(name, main, &a, vis, &cfg).await.unwrap(),
+            "a first delivery",
+        );
+        assert_eq!((m.id, m.attempts), (id, 1));
+        lapsing.push((id, t));
+    }
+    sleep(vis + Duration::from_millis(500)).await;
+    let s = raw.stats(&names[0]).await.unwrap();
+    assert_eq!(
+        (s.ready, s.in_flight),
+        (2, 0),
+        "a delivery whose visibility lapsed still counted as in flight: {s:?}"
+    );
+    assert!(
+        !raw.ack(&names[1], main, lapsing[1].0, &a).await.unwrap(),
+        "an ack after the visibility lapsed was accepted"
+    );
+    assert!(
+        !raw.extend(&names[2], main, lapsing[2].0, &a, LONG)
+            .await
+            .unwrap(),
+        "an extend after the visibility lapsed was accepted (it must never resurrect a delivery)"
+    );
+    assert!(
+        !raw.nack(&names[3], main, lapsing[3].0, &a, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        "a nack after the visibility lapsed was accepted"
+    );
+    let mut again = Vec::new();
+    for (name, &(id, t1)) in names.iter().zip(&lapsing) {
+        let s = raw.stats(name).await.unwrap();
+        assert_eq!(
+            (s.ready, s.delayed, s.in_flight),
+            (2, 0, 0),
+            "after a refused call on a lapsed delivery: {s:?}"
+        );
+        let (m, t2) = delivered(
+            raw.try_pop(name, main, &b, LONG, &cfg).await.unwrap(),
+            "the pop after the lapse",
+        );
+        assert_eq!(
+            m.id, id,
+            "a lapsed delivery must be delivered again in its place, before later messages"
+        );
+        assert_eq!(m.attempts, 2, "the lapsed delivery counts as an attempt");
+        assert!(t2 > t1, "redelivery token {t2} not above {t1}");
+        again.push(t2);
+    }
+    let (name, first, t2) = (&names[0], lapsing[0].0, again[0]);
+    assert!(
+        !raw.ack(name, main, first, &a).await.unwrap(),
+        "the old owner acked a message in flight to another"
+    );
+    assert!(
+        !raw.nack(name, main, first, &a, Duration::ZERO)
+            .await
+            .unwrap(),
+        "the old owner gave back a message in flight to another"
+    );
+    assert!(
+        !raw.extend(name, main, first, &a, LONG).await.unwrap(),
+        "the old owner extended a message in flight to another"
+    );
+    assert!(
+        !raw.ack(name, Lane::Dead, first, &b).await.unwrap(),
+        "an ack on the dead lane took a message of the main lane"
+    );
+    let s = raw.stats(name).await.unwrap();
+    assert_eq!(
+        (s.ready, s.in_flight),
+        (1, 1),
+        "refused calls changed the queue: {s:?}"
+    );
+    assert!(raw.extend(name, main, first, &b, LONG).await.unwrap());
+    assert!(
+        raw.nack(name, main, first, &b, Duration::ZERO)
+            .await
+            .unwrap()
+    );
+    let (m, t3) = delivered(
+        raw.try_pop(name, main, &c2, LONG, &cfg).await.unwrap(),
+        "the pop after the nack",
+    );
+    assert_eq!(
+        (m.id, m.attempts),
+        (first, 3),
+        "an extend must not change the attempt count"
+    );
+    assert!(t3 > t2);
+    assert!(raw.ack(name, main, first, &c2).await.unwrap());
+    for name in &names {
+        assert!(raw.purge(name).await.unwrap() >= 1);
+    }
+}
+
 /// `nack(delay)` gives the message back: not deliverable before the delay,
 /// then delivered again (to a waiter polling only every 10 s) with its
 /// attempt count kept and raised. A zero-delay nack is deliverable at once.
@@ -282,9 +443,12 @@ pub async fn queue_delayed_push_is_not_visible_early(f: &Factory) {
 }
 
 /// FIFO within a group: one consumer gets a group's messages in push
-/// order. With ordered groups, a group's next message is not delivered
-/// while its previous one is in flight (or nacked with a delay), while
-/// another group's is.
+/// order, each delivery's fencing token above the one before; a message
+/// given back keeps its place (delivered again before the group's later
+/// messages) and its new token is above every earlier delivery's, other
+/// messages' included. With ordered groups, a group's next message is not
+/// delivered while its previous one is in flight, nacked with a delay, or
+/// pushed with a delay, while another group's is.
 pub async fn queue_fifo_within_a_group_and_ordered_groups_one_at_a_time(f: &Factory) {
     let c = f.client().await;
     let Some(q) = queues(&c) else {
@@ -303,7 +467,40 @@ pub async fn queue_fifo_within_a_group_and_ordered_groups_one_at_a_time(f: &Fact
         held.push(d);
     }
     assert_eq!(got, ids, "a group's messages out of push order");
+    let tokens: Vec<FencingToken> = held.iter().map(|d| d.fencing_token()).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens of successive deliveries did not rise: {tokens:?}"
+    );
     for d in held {
+        d.ack().await.unwrap();
+    }
+
+    let name = unique("q-retry");
+    let x1 = q.push(&name, b"x1").await.unwrap();
+    let x2 = q.push(&name, b"x2").await.unwrap();
+    let x3 = q.push(&name, b"x3").await.unwrap();
+    let d1 = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    let d2 = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!((d1.id(), d2.id()), (x1, x2));
+    let t2 = d2.fencing_token();
+    d1.nack(Duration::ZERO).await.unwrap();
+    let again = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(
+        again.id(),
+        x1,
+        "a message given back must keep its place, before the group's later messages"
+    );
+    assert_eq!(again.attempts(), 2);
+    assert!(
+        again.fencing_token() > t2,
+        "a redelivery's token {} is not above the token {t2} of a delivery before it",
+        again.fencing_token()
+    );
+    let d3 = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(d3.id(), x3);
+    assert!(d3.fencing_token() > again.fencing_token());
+    for d in [again, d2, d3] {
         d.ack().await.unwrap();
     }
 
@@ -352,6 +549,84 @@ pub async fn queue_fifo_within_a_group_and_ordered_groups_one_at_a_time(f: &Fact
     assert_eq!(next.id(), a2);
     next.ack().await.unwrap();
     second.ack().await.unwrap();
+
+    // A head pushed with a delay holds its group back too.
+    let name = unique("q-ordered-delay");
+    let a1 = q
+        .push_with(&name, b"a1", &a.clone().delay(Duration::from_millis(1200)))
+        .await
+        .unwrap()
+        .id;
+    let a2 = q.push_with(&name, b"a2", &a).await.unwrap().id;
+    let b1 = q
+        .push_with(&name, b"b1", &PushOptions::new().group("b"))
+        .await
+        .unwrap()
+        .id;
+    // b1 now, a1 after its delay, in whichever order they come: never a2
+    // before a1 is acked.
+    let x = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    let y = q
+        .pop(&name, LONG, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the delayed head after its delay");
+    let mut both = [x.id(), y.id()];
+    both.sort();
+    assert_eq!(
+        both,
+        [a1, b1],
+        "with ordered groups, group a's second message came while its first was still delayed"
+    );
+    assert!(
+        q.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
+        "group a's second message came while its delayed head was in flight"
+    );
+    let (head, other) = if x.id() == a1 { (x, y) } else { (y, x) };
+    head.ack().await.unwrap();
+    let next = q
+        .pop(&name, LONG, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("group a's second message after its head was acked");
+    assert_eq!(next.id(), a2);
+    next.ack().await.unwrap();
+    other.ack().await.unwrap();
+}
+
+/// A group that gets its first message after another group has been served
+/// for a while joins the round at once, not at turn zero: from then on the
+/// two alternate, one message each, instead of the newcomer being served
+/// for as long as the other was before it came.
+pub async fn queue_a_group_arriving_late_takes_turns_at_once(f: &Factory) {
+    let Some(q) = queues(&f.client().await) else {
+        return;
+    };
+    let name = unique("q-late-group");
+    let old = PushOptions::new().group("old");
+    for i in 0..40 {
+        q.push_with(&name, format!("old{i}"), &old).await.unwrap();
+    }
+    for _ in 0..20 {
+        let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(d.group(), Some("old"));
+        d.ack().await.unwrap();
+    }
+    let new = PushOptions::new().group("new");
+    for i in 0..20 {
+        q.push_with(&name, format!("new{i}"), &new).await.unwrap();
+    }
+    let mut order = Vec::new();
+    for _ in 0..20 {
+        let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+        order.push(d.group().unwrap_or("").to_string());
+        d.ack().await.unwrap();
+    }
+    assert!(
+        order.windows(2).all(|w| w[0] != w[1]),
+        "two groups with ready messages were not served one message each: {order:?}"
+    );
+    assert_eq!(q.purge(&name).await.unwrap(), 20);
 }
 
 /// Fairness across groups: a group of 10 messages pushed after a group of
@@ -476,6 +751,114 @@ pub async fn queue_dead_letters_after_max_deliveries_and_redrive(f: &Factory) {
     assert_eq!(q.stats(&name).await.unwrap(), Default::default());
 }
 
+/// Dead letters, peek, redrive and purge by lane and limit. With
+/// `max_deliveries = 1`, three messages given back once each move to the
+/// dead lane at their next delivery, keeping their group and attempts;
+/// `peek` shows the lowest ids first, up to its limit, in flight or not,
+/// without claiming them; a dead-lane delivery's token is above every
+/// earlier token of the queue (one sequence for both lanes); `redrive`
+/// moves at most its limit, lowest ids first; `purge` deletes both lanes,
+/// in-flight messages included (their ack is then `NotHeld`); and ids keep
+/// rising after a purge.
+pub async fn queue_peek_redrive_and_purge_honour_lanes_and_limits(f: &Factory) {
+    let Some(q) = queues(&f.client().await) else {
+        return;
+    };
+    let q = q.with_config(QueueConfig::default().max_deliveries(1));
+    let name = unique("q-lanes");
+    let g = PushOptions::new().group("g");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(q.push_with(&name, format!("p{i}"), &g).await.unwrap().id);
+    }
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap());
+    }
+    let top = held.iter().map(|d| d.fencing_token()).max().unwrap();
+    let peeked = q.peek(&name, Lane::Main, 2).await.unwrap();
+    let shown: Vec<_> = peeked.iter().map(|m| (m.id, m.attempts)).collect();
+    assert_eq!(
+        shown,
+        vec![(ids[0], 1), (ids[1], 1)],
+        "peek of the main lane, limit 2, while all three are in flight"
+    );
+    for d in held {
+        d.nack(Duration::ZERO).await.unwrap();
+    }
+    assert!(
+        q.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
+        "a message delivered max_deliveries times was delivered again"
+    );
+    let s = q.stats(&name).await.unwrap();
+    assert_eq!((s.ready, s.in_flight, s.dead), (0, 0, 3), "{s:?}");
+    let dead = q.peek(&name, Lane::Dead, 2).await.unwrap();
+    let shown: Vec<_> = dead.iter().map(|m| (m.id, m.attempts)).collect();
+    assert_eq!(
+        shown,
+        vec![(ids[0], 1), (ids[1], 1)],
+        "peek of the dead lane, limit 2"
+    );
+    assert_eq!(
+        dead[0].group.as_deref(),
+        Some("g"),
+        "a dead letter lost its group"
+    );
+    let d = q
+        .pop_with(&name, PopOptions::new(LONG).lane(Lane::Dead))
+        .await
+        .unwrap()
+        .expect("a dead letter (peek must not have claimed it)");
+    assert_eq!((d.id(), d.group()), (ids[0], Some("g")));
+    assert!(
+        d.fencing_token() > top,
+        "a dead-lane delivery's token {} is not above the main lane's {top}: \
+         both lanes share one sequence",
+        d.fencing_token()
+    );
+    d.nack(Duration::ZERO).await.unwrap();
+    assert_eq!(
+        q.redrive(&name, 2).await.unwrap(),
+        2,
+        "redrive with limit 2 of 3 dead letters"
+    );
+    let back: Vec<_> = q
+        .peek(&name, Lane::Main, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| (m.id, m.attempts, m.group.clone()))
+        .collect();
+    let g = Some("g".to_string());
+    assert_eq!(
+        back,
+        vec![(ids[0], 0, g.clone()), (ids[1], 0, g)],
+        "redrive moves the lowest ids first, attempts reset, group kept"
+    );
+    let s = q.stats(&name).await.unwrap();
+    assert_eq!((s.ready, s.dead), (2, 1), "{s:?}");
+    let inflight = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!((inflight.id(), inflight.attempts()), (ids[0], 1));
+    assert_eq!(
+        q.purge(&name).await.unwrap(),
+        3,
+        "purge counts both lanes, in-flight messages included"
+    );
+    assert_eq!(q.stats(&name).await.unwrap(), Default::default());
+    assert!(q.peek(&name, Lane::Dead, 10).await.unwrap().is_empty());
+    assert!(
+        matches!(inflight.ack().await, Err(Error::NotHeld { .. })),
+        "an ack of a purged message must be NotHeld"
+    );
+    let after = q.push(&name, b"after").await.unwrap();
+    assert!(
+        after > ids[2],
+        "after a purge a push got id {after}, not above the earlier {}: ids rise in push order",
+        ids[2]
+    );
+    assert_eq!(q.purge(&name).await.unwrap(), 1);
+}
+
 /// A push repeating a dedup id within the window is a no-op returning the
 /// first id (even after the first was acked); another id is a new message;
 /// the same id after the window is a new message.
@@ -506,10 +889,24 @@ pub async fn queue_dedup_id_makes_a_repeated_push_a_no_op(f: &Factory) {
         (first.id, true),
         "a dedup id is remembered for its window, not while the message lives"
     );
+    let elsewhere = unique("q-dedup-other");
+    let there = q.push_with(&elsewhere, b"1", &opts).await.unwrap();
+    assert!(
+        !there.duplicate,
+        "a dedup id of one queue made a push to another queue a duplicate"
+    );
+    q.purge(&elsewhere).await.unwrap();
     sleep(window + Duration::from_millis(300)).await;
     let later = q.push_with(&name, b"1 next", &opts).await.unwrap();
     assert!(!later.duplicate, "a dedup id is forgotten after its window");
     assert!(later.id > other.id);
+    let kept = PushOptions::new().dedup_id("order-3");
+    assert!(!q.push_with(&name, b"3", &kept).await.unwrap().duplicate);
+    q.purge(&name).await.unwrap();
+    assert!(
+        !q.push_with(&name, b"3", &kept).await.unwrap().duplicate,
+        "purge must delete the queue's dedup ids"
+    );
     q.purge(&name).await.unwrap();
 }
 
@@ -544,10 +941,12 @@ pub async fn queue_binary_payloads_round_trip(f: &Factory) {
     d.ack().await.unwrap();
 }
 
-/// A pop blocked on an empty queue (polling set to 10 s) is woken by a push
-/// from another client within a second.
+/// A pop blocked on an empty queue (polling set to 10 s; 200 ms on a store
+/// without notifications) is woken by a push from another client within a
+/// second.
 pub async fn queue_blocked_pop_is_woken_by_a_push(f: &Factory) {
-    let waiter = f.client().await.with_poll_interval(Duration::from_secs(10));
+    let waiter = f.client().await;
+    let waiter = waiter.clone().with_poll_interval(wake_poll(&waiter));
     let pusher = f.client().await;
     let (Some(qw), Some(qp)) = (queues(&waiter), pusher.queues().ok()) else {
         return;
@@ -569,6 +968,140 @@ pub async fn queue_blocked_pop_is_woken_by_a_push(f: &Factory) {
         took <= PROMPT,
         "a blocked pop got the push after {took:?}: not woken by the store"
     );
+    d.ack().await.unwrap();
+}
+
+/// Start a pop of `name` on `waiter` (waiting up to 8 s), let it settle
+/// into its sleep, run `act`, and return the delivery the pop got. It must
+/// come within [`PROMPT`] of `act` finishing (of `due` after it, for a
+/// message that is not deliverable before `due`), and not before `due`.
+async fn woken_by<Fut: Future<Output = ()>>(
+    waiter: &Queues,
+    name: &str,
+    what: &str,
+    due: Duration,
+    act: Fut,
+) -> Delivery {
+    let (qw, n) = (waiter.clone(), name.to_string());
+    let task = tokio::spawn(async move { qw.pop(&n, LONG, Duration::from_secs(8)).await });
+    sleep(Duration::from_millis(500)).await;
+    let before = Instant::now();
+    act.await;
+    let at = Instant::now();
+    let d = timeout(Duration::from_secs(9), task)
+        .await
+        .expect("the pop returned")
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|| panic!("after {what}, a waiting pop got nothing"));
+    let (since_before, took) = (before.elapsed(), at.elapsed());
+    assert!(
+        since_before + Duration::from_millis(50) >= due,
+        "after {what}, a waiting pop got the message {since_before:?} later, before it was due ({due:?})"
+    );
+    assert!(
+        took <= due + PROMPT,
+        "after {what}, a waiting pop got the message only {took:?} later (due after {due:?}): \
+         not woken by the store"
+    );
+    d
+}
+
+/// A pop blocked on a queue whose only message is in flight, held back or
+/// dead (polling 10 s; 200 ms on a store without notifications) is woken
+/// within a second when the message is given back with `nack`, when its
+/// delivery is dropped (given back in the background), when the head of
+/// its ordered group is acked, and when it is redriven; and gets a message
+/// pushed with a delay while it waits when the delay is over (not at its
+/// next poll).
+pub async fn queue_blocked_pop_is_woken_by_nack_drop_ack_and_redrive(f: &Factory) {
+    let a = f.client().await;
+    let b = f.client().await;
+    let b = b.clone().with_poll_interval(wake_poll(&b));
+    let (Some(qa), Some(qb)) = (queues(&a), b.queues().ok()) else {
+        return;
+    };
+    let name = unique("q-wake-nack");
+    qa.push(&name, b"job").await.unwrap();
+    let held = qa.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    let d = woken_by(&qb, &name, "a nack", Duration::ZERO, async move {
+        held.nack(Duration::ZERO).await.unwrap()
+    })
+    .await;
+    assert_eq!(d.attempts(), 2);
+    let d = woken_by(
+        &qb,
+        &name,
+        "dropping the delivery",
+        Duration::ZERO,
+        async move { drop(d) },
+    )
+    .await;
+    assert_eq!(d.attempts(), 3);
+    d.ack().await.unwrap();
+
+    let ordered = QueueConfig::default().ordered_groups(true);
+    let (qa_o, qb_o) = (
+        qa.clone().with_config(ordered),
+        qb.clone().with_config(ordered),
+    );
+    let name = unique("q-wake-ordered");
+    let g = PushOptions::new().group("g");
+    qa_o.push_with(&name, b"g1", &g).await.unwrap();
+    let g2 = qa_o.push_with(&name, b"g2", &g).await.unwrap().id;
+    let head = qa_o
+        .pop(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let d = woken_by(
+        &qb_o,
+        &name,
+        "the ack of its ordered group's head",
+        Duration::ZERO,
+        async move { head.ack().await.unwrap() },
+    )
+    .await;
+    assert_eq!(d.id(), g2);
+    d.ack().await.unwrap();
+
+    let qa_dead = qa
+        .clone()
+        .with_config(QueueConfig::default().max_deliveries(1));
+    let name = unique("q-wake-redrive");
+    let id = qa_dead.push(&name, b"poison").await.unwrap();
+    let d = qa_dead
+        .pop(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    d.nack(Duration::ZERO).await.unwrap();
+    assert!(
+        qa_dead
+            .pop(&name, LONG, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(qa.stats(&name).await.unwrap().dead, 1);
+    let (qa2, n2) = (qa.clone(), name.clone());
+    let d = woken_by(&qb, &name, "a redrive", Duration::ZERO, async move {
+        assert_eq!(qa2.redrive(&n2, 10).await.unwrap(), 1)
+    })
+    .await;
+    assert_eq!((d.id(), d.attempts()), (id, 1));
+    d.ack().await.unwrap();
+
+    let name = unique("q-wake-delayed");
+    let delay = Duration::from_millis(1200);
+    let (qa2, n2) = (qa.clone(), name.clone());
+    let d = woken_by(&qb, &name, "a delayed push", delay, async move {
+        qa2.push_with(&n2, b"later", &PushOptions::new().delay(delay))
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(d.payload(), b"later");
     d.ack().await.unwrap();
 }
 
@@ -660,7 +1193,70 @@ pub async fn queue_bad_input_is_rejected_and_writes_nothing(f: &Factory) {
         field_of(q.redrive(&name, 1_000_000).await, "limit"),
         "limit"
     );
+    let zero_window = PushOptions::new()
+        .dedup_id("d")
+        .dedup_window(Duration::ZERO);
+    assert_eq!(
+        field_of(
+            q.push_with(&name, b"x", &zero_window).await,
+            "zero dedup window"
+        ),
+        "dedup_window"
+    );
+    let long_window = PushOptions::new()
+        .dedup_id("d")
+        .dedup_window(Duration::from_secs(400 * 24 * 3600));
+    assert_eq!(
+        field_of(
+            q.push_with(&name, b"x", &long_window).await,
+            "dedup window over a year"
+        ),
+        "dedup_window"
+    );
+    let long_group = PushOptions::new().group("g".repeat(600));
+    assert_eq!(
+        field_of(q.push_with(&name, b"x", &long_group).await, "long group"),
+        "group"
+    );
+    assert_eq!(
+        field_of(
+            q.pop(&name, Duration::from_secs(400 * 24 * 3600), Duration::ZERO)
+                .await,
+            "visibility over a year"
+        ),
+        "visibility"
+    );
+    let long_name = "q".repeat(600);
+    assert_eq!(
+        field_of(q.stats(&long_name).await, "long queue name"),
+        "queue"
+    );
+    assert_eq!(
+        field_of(q.purge("").await, "purge of an empty name"),
+        "queue"
+    );
+    assert_eq!(
+        field_of(
+            q.peek(&name, Lane::Dead, coord_core::MAX_BATCH + 1).await,
+            "limit over MAX_BATCH"
+        ),
+        "limit"
+    );
     assert_eq!(q.stats(&name).await.unwrap(), Default::default());
+    // A zero extend is refused before I/O and leaves the delivery as it was.
+    q.push(&name, b"x").await.unwrap();
+    let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert!(
+        matches!(
+            d.extend(Duration::ZERO).await,
+            Err(Error::InvalidArgument { .. })
+        ),
+        "a zero extend must be InvalidArgument"
+    );
+    assert!(d.is_valid(), "a refused extend ended the delivery");
+    d.ack()
+        .await
+        .expect("the delivery still holds after a refused extend");
     // A nack with a bad delay sends nothing and gives nothing back.
     q.push(&name, b"x").await.unwrap();
     let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
