@@ -53,7 +53,7 @@ pub enum Layout {
     ///   so the seed's PHP, which counts members, counts it as 1.
     ///
     /// What the seed has no key for (the grant's fencing token kept beside a
-    /// lock, leases, elections, barriers, the other limiter algorithms, the
+    /// lock, with the grant's holder metadata if any, leases, elections, barriers, the other limiter algorithms, the
     /// sliding log's cost bookkeeping) uses the [`Layout::Coord`] keys under
     /// the prefix. These keys have no common hash tag: this layout is for a
     /// single Redis server, not a Cluster.
@@ -79,11 +79,13 @@ pub enum Layout {
 /// Where a claim (lock or lease) lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ClaimKeys {
-    /// One key holding `<owner>:<token>` while held and `=<token>` for the
-    /// rest of the TTL after a release (see `scripts::ACQUIRE`).
+    /// One key holding `<owner>:<token>` (`<owner>:<token>~<metadata>~`
+    /// with holder metadata) while held and `=<token>` for the rest of the
+    /// TTL after a release (see `scripts::ACQUIRE`).
     One(String),
     /// [`Layout::Seed`]: the claim holding the bare owner token, the
-    /// grant's token beside it, and the seed's fencing counter.
+    /// grant's token beside it (`<token>~<owner>~<metadata>~` with holder
+    /// metadata), and the seed's fencing counter.
     Seed([String; 3]),
 }
 

@@ -117,7 +117,8 @@
 //! A name's keys are `<prefix>semaphore:{name}` (a hash: `total`, `held`
 //! permits, `qsum` permits queued, `last` token, `qseq` arrival counter,
 //! `woke` highest arrival woken) and, with suffixes `:grants` (ZSET owner
-//! -> expiry ms), `:holders` (hash owner -> `<permits>:<token>`), `:queue`
+//! -> expiry ms), `:holders` (hash owner -> `<permits>:<token>`, and
+//! `:<metadata>` after it for a grant with holder metadata), `:queue`
 //! (ZSET owner -> arrival number), `:queue-expiry` (ZSET owner -> expiry
 //! ms) and `:queue-permits` (hash owner -> permits); every layout uses
 //! them. Each step (attempt, release, extend, force release) is one
@@ -174,11 +175,38 @@
 //! `maxmemory-policy noeviction` for queues: an evicted index key leaves
 //! messages undeliverable until purged (the scripts never fail on it).
 //!
+//! ## Holder metadata and inspect
+//!
+//! A grant's holder metadata (`Locks::acquire_with_metadata` and friends:
+//! at most 1 KiB of JSON, checked by the core) is stored IN the grant, so
+//! it ends exactly when the grant does (release, expiry, force release)
+//! and no key is written for it:
+//! - a lock or lease ([`Layout::Coord`]): after the token in the claim's
+//!   value, `<owner>:<token>~<metadata>~` (the waiting mark `*` still comes
+//!   last); extend is the same `PEXPIRE` of the one key;
+//! - a [`Layout::Seed`] lock: the claim keeps the bare owner token the PHP
+//!   class compares; the metadata goes in coord's grant key beside it,
+//!   `<token>~<owner>~<metadata>~` (the owner, so a grant key left behind
+//!   by a claim deleted under it is never shown for the next holder);
+//! - a semaphore grant: after its token in the holders hash,
+//!   `<permits>:<token>:<metadata>`.
+//!
+//! Only a new grant stores metadata; a retry by the holder keeps its grant
+//! as it is. An acquire without metadata runs the same scripts' commands
+//! as before metadata existed (`tests/inspect.rs` counts every command
+//! the server runs). `inspect` is one read-only script: the holder's owner
+//! token (the core shows only its fingerprint), fencing token, `PTTL` (or
+//! the grant's expiry on the server clock) and metadata; for a semaphore
+//! every live grant with its permits, and `waiters`, the queue places that
+//! have not lapsed. A [`Layout::Seed`] lock held by the PHP class shows
+//! the PHP token as owner and fencing token 0 (the PHP class records
+//! none).
+//!
 //! ## Costs
 //!
 //! An uncontended acquire + release (lock or semaphore permit) is exactly
-//! 2 requests (`EVALSHA` twice); a limiter check, a fencing token, a campaign, a barrier arrival,
-//! a queue push, pop, ack, nack or extend are 1 each. The tests count them
+//! 2 requests (`EVALSHA` twice), with or without holder metadata; a limiter check, a fencing token, a campaign, a barrier arrival,
+//! a queue push, pop, ack, nack or extend, an inspect are 1 each. The tests count them
 //! through a counting proxy.
 //!
 //! ## What stays in Redis

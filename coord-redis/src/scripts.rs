@@ -72,9 +72,11 @@ end
 "#;
 
 /// A claim (lock or lease) of the default layout is ONE key:
-/// - held: `<owner>:<token>`, with `*` appended once somebody waits (a
-///   refused attempt from a client that has local waiters on the name
-///   marks it), on the claim's TTL;
+/// - held: `<owner>:<token>`, or `<owner>:<token>~<metadata>~` for a grant
+///   made with holder metadata (stored in the claim itself, so it ends
+///   exactly when the claim does: release, expiry, force release), with `*`
+///   appended once somebody waits (a refused attempt from a client that has
+///   local waiters on the name marks it), on the claim's TTL;
 /// - released: deleted, once the server clock has passed the token (so
 ///   any later grant, issued at a later µs, rises above it); otherwise
 ///   (a release within the µs of its grant, or a token issued ahead of the
@@ -93,9 +95,22 @@ local mark = ARGV[3] == '2' and '*' or ''
 if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now .. mark, 'NX', 'PX', ARGV[2]) then
   return {1, now}
 end
+local tail = ''
 "#;
 
-/// The rest of acquire, when the key exists (see [`ACQUIRE_FREE`]).
+/// [`ACQUIRE_FREE`] for a grant with holder metadata. `ARGV[4]`: the
+/// metadata, stored as `~<metadata>~` after the token (`tail`). Only a new
+/// grant writes it: a retry by the holder keeps its grant as it is.
+const ACQUIRE_FREE_META: &str = r#"
+local mark = ARGV[3] == '2' and '*' or ''
+local tail = '~' .. ARGV[4] .. '~'
+if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now .. tail .. mark, 'NX', 'PX', ARGV[2]) then
+  return {1, now}
+end
+"#;
+
+/// The rest of acquire, when the key exists (see [`ACQUIRE_FREE`]); a
+/// new grant gets `tail` (the metadata, or nothing) after its token.
 const ACQUIRE: &str = r#"
 local v = redis.call('GET', KEYS[1])
 local prev = nil
@@ -114,6 +129,7 @@ if v then
       else
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
       end
+      if string.byte(tok, -1) == 126 then tok = string.match(tok, '^%d+') end
       return {1, tok}
     end
     if ARGV[3] ~= '0' and string.byte(v, -1) ~= 42 then
@@ -123,12 +139,13 @@ if v then
   end
 end
 local tok = next_token(prev)
-redis.call('SET', KEYS[1], ARGV[1] .. ':' .. tok .. mark, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. tok .. tail .. mark, 'PX', ARGV[2])
 return {1, tok}
 "#;
 
 /// The owner's token of a held claim value, and whether somebody waits;
-/// nil when `v` is not held by `owner`.
+/// nil when `v` is not held by `owner`. (Metadata after the token, which
+/// ends with `~`, is skipped.)
 const HELD_BY: &str = r#"
 local function held_by(v, owner)
   local n = #owner
@@ -136,8 +153,10 @@ local function held_by(v, owner)
     return nil
   end
   local tok = string.sub(v, n + 2)
-  if string.byte(tok, -1) == 42 then return string.sub(tok, 1, -2), true end
-  return tok, false
+  local waited = string.byte(tok, -1) == 42
+  if waited then tok = string.sub(tok, 1, -2) end
+  if string.byte(tok, -1) == 126 then tok = string.match(tok, '^%d+') end
+  return tok, waited
 end
 "#;
 
@@ -197,27 +216,96 @@ if not v or string.byte(v, 1) == 61 then return -2 end
 return redis.call('PTTL', KEYS[1])
 "#;
 
+/// Who holds a claim (read only). KEYS: claim. Returns `{}` when not held
+/// (missing, or a released marker), else `{owner, token, pttl}` with the
+/// metadata as a fourth item when the grant carries some; `{-1}` when the
+/// key holds a value coord does not write.
+const INSPECT: &str = r#"
+local v = redis.call('GET', KEYS[1])
+if not v or string.byte(v, 1) == 61 then return {} end
+local i = string.find(v, ':', 1, true)
+if not i then return {-1} end
+local rest = string.sub(v, i + 1)
+if string.byte(rest, -1) == 42 then rest = string.sub(rest, 1, -2) end
+local tok = string.match(rest, '^%d+')
+if not tok then return {-1} end
+local out = {string.sub(v, 1, i - 1), tok, redis.call('PTTL', KEYS[1])}
+if #rest > #tok then
+  -- `~<metadata>~` after the token.
+  if #rest < #tok + 2 or string.byte(rest, #tok + 1) ~= 126
+    or string.byte(rest, -1) ~= 126 then
+    return {-1}
+  end
+  out[4] = string.sub(rest, #tok + 2, -2)
+end
+return out
+"#;
+
 /// [`Layout::Seed`](crate::Layout::Seed) locks keep the seed's keys: the
 /// claim holds the bare owner token (as the PHP class writes it), the
 /// grant's token sits in a second key of the same TTL, and the counter
 /// `fencing_token_<name>` is the seed's, kept for the PHP side (which
 /// `INCR`s it).
 ///
-/// Acquire. KEYS: claim, grant, counter. ARGV: owner, ttl ms.
+/// A grant with holder metadata keeps it in the grant key, after the
+/// token: `<token>~<owner>~<metadata>~` (the owner, so that a grant key
+/// left behind by a claim deleted under it is never shown for another
+/// holder). The PHP class never reads that key.
+///
+/// Acquire (this, then [`SEED_ACQUIRE_REST`]). KEYS: claim, grant,
+/// counter. ARGV: owner, ttl ms.
 const SEED_ACQUIRE: &str = r#"
+local tail = ''
+"#;
+
+/// [`SEED_ACQUIRE`] with holder metadata. ARGV: owner, ttl ms, metadata.
+const SEED_ACQUIRE_META: &str = r#"
+local tail = '~' .. ARGV[1] .. '~' .. ARGV[3] .. '~'
+"#;
+
+/// The rest of a seed-layout acquire: a new grant writes `tail` after its
+/// token; a retry by the holder keeps its grant (and metadata) as it is.
+const SEED_ACQUIRE_REST: &str = r#"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local tok = issue(KEYS[3])
-  redis.call('SET', KEYS[2], tok, 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
   return {1, tok}
 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local tok = redis.call('GET', KEYS[2])
-  if not tok then tok = issue(KEYS[3]) end
+  local g = redis.call('GET', KEYS[2])
+  local tok = g and string.match(g, '^%d+')
+  if tok then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  else
+    tok = issue(KEYS[3])
+    redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('SET', KEYS[2], tok, 'PX', ARGV[2])
   return {1, tok}
 end
 return {0, redis.call('PTTL', KEYS[1])}
+"#;
+
+/// Seed layout: who holds a lock (read only). KEYS: claim, grant.
+/// Returns `{}` when free, else `{owner, token, pttl}` (token `''` when
+/// the holder has no grant key: a PHP holder), with the metadata as a
+/// fourth item when the grant carries some.
+const SEED_INSPECT: &str = r#"
+local o = redis.call('GET', KEYS[1])
+if not o then return {} end
+local out = {o, '', redis.call('PTTL', KEYS[1])}
+local g = redis.call('GET', KEYS[2])
+local tok = g and string.match(g, '^%d+')
+if not tok then return out end
+local rest = string.sub(g, #tok + 1)
+if rest == '' then
+  out[2] = tok
+elseif string.sub(rest, 1, #o + 2) == '~' .. o .. '~' and #rest >= #o + 3
+  and string.byte(rest, -1) == 126 then
+  out[2] = tok
+  out[4] = string.sub(rest, #o + 3, -2)
+end
+return out
 "#;
 
 /// Seed layout: compare-and-delete, then publish a wake-up.
@@ -420,6 +508,9 @@ const SEMAPHORE_EXTEND: &str = include_str!("lua/semaphore_extend.lua");
 /// Remove every grant of a semaphore (see the file).
 const SEMAPHORE_FORCE_RELEASE: &str = include_str!("lua/semaphore_force_release.lua");
 
+/// Every live grant of a semaphore and how many wait (see the file).
+const SEMAPHORE_INSPECT: &str = include_str!("lua/semaphore_inspect.lua");
+
 /// What every queue script shares: its keys, the delivery index and its
 /// upkeep, wake-ups and the cleanup of an idle queue (see the file).
 const QUEUE_PRELUDE: &str = include_str!("lua/queue_prelude.lua");
@@ -458,7 +549,11 @@ pub(crate) struct Scripts {
     pub extend: Script,
     pub force_release: Script,
     pub remaining: Script,
+    pub acquire_meta: Script,
+    pub inspect: Script,
     pub seed_acquire: Script,
+    pub seed_acquire_meta: Script,
+    pub seed_inspect: Script,
     pub seed_release: Script,
     pub seed_extend: Script,
     pub seed_force_release: Script,
@@ -477,6 +572,7 @@ pub(crate) struct Scripts {
     pub semaphore_release: Script,
     pub semaphore_extend: Script,
     pub semaphore_force_release: Script,
+    pub semaphore_inspect: Script,
     pub queue_push: Script,
     pub queue_pop: Script,
     pub queue_ack: Script,
@@ -505,7 +601,11 @@ impl Scripts {
             extend: mk(&[HELD_BY, EXTEND]),
             force_release: mk(&[FREE, FORCE_RELEASE]),
             remaining: mk(&[REMAINING]),
-            seed_acquire: mk(&[ISSUE, SEED_ACQUIRE]),
+            acquire_meta: mk(&[NOW, ACQUIRE_FREE_META, NEXT_TOKEN, ACQUIRE]),
+            inspect: mk(&[INSPECT]),
+            seed_acquire: mk(&[ISSUE, SEED_ACQUIRE, SEED_ACQUIRE_REST]),
+            seed_acquire_meta: mk(&[ISSUE, SEED_ACQUIRE_META, SEED_ACQUIRE_REST]),
+            seed_inspect: mk(&[SEED_INSPECT]),
             seed_release: mk(&[SEED_RELEASE]),
             seed_extend: mk(&[SEED_EXTEND]),
             seed_force_release: mk(&[SEED_FORCE_RELEASE]),
@@ -529,6 +629,7 @@ impl Scripts {
                 SEMAPHORE_PRELUDE,
                 SEMAPHORE_FORCE_RELEASE,
             ]),
+            semaphore_inspect: mk(&[NOW, NEXT_TOKEN, SEMAPHORE_PRELUDE, SEMAPHORE_INSPECT]),
             queue_push: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PUSH]),
             queue_pop: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_POP]),
             queue_ack: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_ACK]),

@@ -1,12 +1,15 @@
-//! Locks, leases and fencing sources: claims with a fencing token.
+//! Locks, leases and fencing sources: claims with a fencing token, and
+//! the holder metadata stored in a claim (see the crate docs).
 
 use std::time::Duration;
 
+use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
+use redis::Value;
 
-use super::{RedisBackend, attempt, flag, int, ms, unexpected};
+use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, unexpected};
 use crate::keys::{ClaimKeys, Keys, Layout};
 
 impl RedisBackend {
@@ -25,6 +28,9 @@ impl RedisBackend {
         }
     }
 
+    /// One attempt on a claim; `meta`, if any, is stored with a new grant
+    /// (after its token, in the claim's value; in the seed layout, in the
+    /// grant key). Without metadata the scripts are the plain ones.
     async fn claim_acquire(
         &self,
         operation: &'static str,
@@ -32,6 +38,7 @@ impl RedisBackend {
         wake: &str,
         owner: &OwnerToken,
         ttl: Duration,
+        meta: Option<&[u8]>,
     ) -> Result<Attempt> {
         let owner = owner.to_hex();
         let ttl = ms(ttl).to_string();
@@ -47,25 +54,58 @@ impl RedisBackend {
                     1 => b"1",
                     _ => b"2",
                 };
-                self.eval(
-                    operation,
-                    &self.scripts.acquire,
-                    &[claim],
-                    &[owner.as_bytes(), ttl.as_bytes(), flag],
-                )
-                .await?
+                let args = [owner.as_bytes(), ttl.as_bytes(), flag];
+                match meta {
+                    None => {
+                        let script = &self.scripts.acquire;
+                        self.eval(operation, script, &[claim], &args).await?
+                    }
+                    Some(m) => {
+                        let script = &self.scripts.acquire_meta;
+                        let args = [args[0], args[1], args[2], m];
+                        self.eval(operation, script, &[claim], &args).await?
+                    }
+                }
             }
             ClaimKeys::Seed(k) => {
-                self.eval(
-                    operation,
-                    &self.scripts.seed_acquire,
-                    &[&k[0], &k[1], &k[2]],
-                    &[owner.as_bytes(), ttl.as_bytes()],
-                )
-                .await?
+                let keys = [k[0].as_str(), &k[1], &k[2]];
+                let args = [owner.as_bytes(), ttl.as_bytes()];
+                match meta {
+                    None => {
+                        let script = &self.scripts.seed_acquire;
+                        self.eval(operation, script, &keys, &args).await?
+                    }
+                    Some(m) => {
+                        let script = &self.scripts.seed_acquire_meta;
+                        self.eval(operation, script, &keys, &[args[0], args[1], m])
+                            .await?
+                    }
+                }
             }
         };
         attempt(operation, &v)
+    }
+
+    /// The live holder of a claim (one read-only script).
+    async fn claim_inspect(
+        &self,
+        operation: &'static str,
+        keys: &ClaimKeys,
+    ) -> Result<ClaimRecord> {
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                let script = &self.scripts.inspect;
+                self.eval(operation, script, &[claim], &[]).await?
+            }
+            ClaimKeys::Seed(k) => {
+                let script = &self.scripts.seed_inspect;
+                self.eval(operation, script, &[&k[0], &k[1]], &[]).await?
+            }
+        };
+        Ok(ClaimRecord {
+            holders: claim_holder(operation, &v)?.into_iter().collect(),
+            waiters: None,
+        })
     }
 
     async fn claim_release(
@@ -107,7 +147,7 @@ impl coord_core::Lock for RedisBackend {
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lock, name);
         let keys = self.keys.lock(name)?;
-        self.claim_acquire("lock acquire", &keys, &wake, owner, ttl)
+        self.claim_acquire("lock acquire", &keys, &wake, owner, ttl, None)
             .await
     }
 
@@ -139,6 +179,25 @@ impl coord_core::Lock for RedisBackend {
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
         Ok(self.wakeups.subscribe(&Keys::wake(Kind::Lock, name)))
     }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        let wake = Keys::wake(Kind::Lock, name);
+        let keys = self.keys.lock(name)?;
+        let op = "lock acquire";
+        self.claim_acquire(op, &keys, &wake, owner, ttl, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.claim_inspect("lock inspect", &self.keys.lock(name)?)
+            .await
+    }
 }
 
 #[async_trait]
@@ -149,7 +208,27 @@ impl coord_core::Lease for RedisBackend {
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lease, name);
-        self.claim_acquire("lease grant", &self.keys.lease(name), &wake, owner, ttl)
+        let keys = self.keys.lease(name);
+        self.claim_acquire("lease grant", &keys, &wake, owner, ttl, None)
+            .await
+    }
+
+    async fn grant_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        let wake = Keys::wake(Kind::Lease, name);
+        let keys = self.keys.lease(name);
+        let op = "lease grant";
+        self.claim_acquire(op, &keys, &wake, owner, ttl, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.claim_inspect("lease inspect", &self.keys.lease(name))
             .await
     }
 
@@ -204,4 +283,57 @@ impl coord_core::FencingSource for RedisBackend {
             _ => Err(unexpected("fencing next", &v)),
         }
     }
+}
+
+/// Parse an inspect script's reply: `{}` (free), or `{owner, token, pttl
+/// [, metadata]}` (token `''`: a seed-layout holder coord did not grant,
+/// shown with token 0). Errors never show the reply (it holds the owner
+/// token).
+fn claim_holder(operation: &'static str, v: &Value) -> Result<Option<HolderRecord>> {
+    let Value::Array(items) = v else {
+        return Err(malformed(operation, "not a list"));
+    };
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.len() < 3 || items.len() > 4 {
+        return Err(malformed(
+            operation,
+            "the claim's key holds a value coord does not write",
+        ));
+    }
+    let owner = bytes(&items[0])
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(OwnerToken::from_hex)
+        .ok_or_else(|| {
+            malformed(
+                operation,
+                "the claim is held by a token that is not 32 hex digits",
+            )
+        })?;
+    let token = match bytes(&items[1]) {
+        Some(b"") => FencingToken(0),
+        Some(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .map(FencingToken)
+            .ok_or_else(|| malformed(operation, "a fencing token that is not a number"))?,
+        None => return Err(malformed(operation, "no fencing token")),
+    };
+    let pttl = int(&items[2]).ok_or_else(|| malformed(operation, "no remaining time"))?;
+    let metadata = match items.get(3) {
+        None => None,
+        Some(m) => Some(
+            bytes(m)
+                .ok_or_else(|| malformed(operation, "metadata that is not a string"))?
+                .to_vec(),
+        ),
+    };
+    Ok(Some(HolderRecord {
+        owner,
+        token,
+        remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+        metadata,
+        permits: 1,
+    }))
 }

@@ -212,6 +212,25 @@ pub(crate) fn unexpected(operation: &'static str, v: &Value) -> Error {
     }
 }
 
+/// A store error for a reply of an unexpected shape, saying `what` is
+/// wrong without showing the reply (an inspect reply holds owner tokens).
+pub(crate) fn malformed(operation: &'static str, what: &str) -> Error {
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message: format!("unexpected reply from Redis: {what}"),
+    }
+}
+
+/// The bytes of a string reply.
+pub(crate) fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),

@@ -32,6 +32,7 @@
 
 use std::time::Duration;
 
+use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::late::stamp;
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -39,7 +40,7 @@ use coord_core::{
 };
 use redis::Value;
 
-use super::{RedisBackend, flag, int, ms, unexpected};
+use super::{RedisBackend, bytes, flag, int, malformed, ms, unexpected};
 use crate::{QUEUE_ENTRY_TTL, QUEUE_REFRESH};
 
 impl RedisBackend {
@@ -58,6 +59,44 @@ impl RedisBackend {
         let mut all: Vec<&[u8]> = vec![channel.as_bytes(), name.as_bytes()];
         all.extend_from_slice(args);
         self.eval(operation, script, &keys, &all).await
+    }
+
+    /// One attempt; `meta`, if any, is stored with a new grant.
+    async fn semaphore_attempt(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+        meta: Option<&[u8]>,
+    ) -> Result<Attempt> {
+        let pending = self.unanswered.attempt(name, *owner);
+        let (owner, at) = (owner.to_hex(), stamp().to_string());
+        let (permits, total) = (request.permits.to_string(), request.total.to_string());
+        let ttl = ms(request.ttl).to_string();
+        let queue: &[u8] = if request.queue { b"1" } else { b"0" };
+        let (place, hint) = (
+            ms(QUEUE_ENTRY_TTL).to_string(),
+            ms(QUEUE_REFRESH).to_string(),
+        );
+        let all = [
+            owner.as_bytes(),
+            permits.as_bytes(),
+            total.as_bytes(),
+            ttl.as_bytes(),
+            queue,
+            place.as_bytes(),
+            hint.as_bytes(),
+            at.as_bytes(),
+            meta.unwrap_or_default(),
+        ];
+        // The metadata, if any, is the last argument.
+        let args = if meta.is_some() { &all[..] } else { &all[..8] };
+        let script = &self.scripts.semaphore_acquire;
+        let v = self
+            .semaphore_eval("semaphore acquire", script, name, args)
+            .await?;
+        pending.answered();
+        permit_attempt(&v, request)
     }
 }
 
@@ -120,31 +159,7 @@ impl coord_core::Semaphore for RedisBackend {
         owner: &OwnerToken,
         request: &PermitRequest,
     ) -> Result<Attempt> {
-        let pending = self.unanswered.attempt(name, *owner);
-        let (owner, at) = (owner.to_hex(), stamp().to_string());
-        let (permits, total) = (request.permits.to_string(), request.total.to_string());
-        let ttl = ms(request.ttl).to_string();
-        let queue: &[u8] = if request.queue { b"1" } else { b"0" };
-        let (place, hint) = (
-            ms(QUEUE_ENTRY_TTL).to_string(),
-            ms(QUEUE_REFRESH).to_string(),
-        );
-        let args = [
-            owner.as_bytes(),
-            permits.as_bytes(),
-            total.as_bytes(),
-            ttl.as_bytes(),
-            queue,
-            place.as_bytes(),
-            hint.as_bytes(),
-            at.as_bytes(),
-        ];
-        let script = &self.scripts.semaphore_acquire;
-        let v = self
-            .semaphore_eval("semaphore acquire", script, name, &args)
-            .await?;
-        pending.answered();
-        permit_attempt(&v, request)
+        self.semaphore_attempt(name, owner, request, None).await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
@@ -187,4 +202,81 @@ impl coord_core::Semaphore for RedisBackend {
     async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
         Ok(self.wakeups.subscribe(&waiter_key(name, owner)))
     }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.semaphore_attempt(name, owner, request, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        let op = "semaphore inspect";
+        let script = &self.scripts.semaphore_inspect;
+        let v = self.semaphore_eval(op, script, name, &[]).await?;
+        permit_holders(op, &v)
+    }
+}
+
+/// Parse the inspect script's reply: `{waiters, {owner, permits, token, ms
+/// left[, metadata]}...}`, holders in token order. Errors never show the
+/// reply (it holds owner tokens).
+fn permit_holders(op: &'static str, v: &Value) -> Result<ClaimRecord> {
+    let Value::Array(items) = v else {
+        return Err(malformed(op, "not a list"));
+    };
+    let Some((waiters, grants)) = items.split_first() else {
+        return Err(malformed(op, "an empty list"));
+    };
+    let waiters = int(waiters)
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| malformed(op, "no count of waiters"))?;
+    let mut holders = grants
+        .iter()
+        .map(|g| permit_holder(op, g))
+        .collect::<Result<Vec<_>>>()?;
+    holders.sort_by_key(|h| h.token);
+    Ok(ClaimRecord {
+        holders,
+        waiters: Some(waiters),
+    })
+}
+
+fn permit_holder(op: &'static str, v: &Value) -> Result<HolderRecord> {
+    let bad = || malformed(op, "a grant that coord did not write");
+    let Value::Array(f) = v else {
+        return Err(bad());
+    };
+    if f.len() < 4 || f.len() > 5 {
+        return Err(bad());
+    }
+    let owner = bytes(&f[0])
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(OwnerToken::from_hex)
+        .ok_or_else(bad)?;
+    let permits = int(&f[1])
+        .and_then(|p| u32::try_from(p).ok())
+        .ok_or_else(bad)?;
+    let token = int(&f[2])
+        .and_then(|t| u64::try_from(t).ok())
+        .filter(|t| *t > 0)
+        .ok_or_else(bad)?;
+    let left = int(&f[3])
+        .and_then(|t| u64::try_from(t).ok())
+        .ok_or_else(bad)?;
+    let metadata = match f.get(4) {
+        None => None,
+        Some(m) => Some(bytes(m).ok_or_else(bad)?.to_vec()),
+    };
+    Ok(HolderRecord {
+        owner,
+        token: FencingToken(token),
+        remaining: Some(Duration::from_millis(left)),
+        metadata,
+        permits,
+    })
 }

@@ -1,6 +1,8 @@
 -- One attempt. ARGV: channel, name, owner, permits, total, ttl ms, '1' to
 -- queue when refused, queue place ttl ms, longest hint ms, the client's
--- stamp of the attempt.
+-- stamp of the attempt, and optionally the holder metadata to store with a
+-- new grant (after its token: `<permits>:<token>:<metadata>`; a holder's
+-- retry keeps its grant as it is).
 -- Returns {1, token} granted (a holder's retry: the same token, TTL
 -- refreshed), {0, ms until the next holder or queue place ends (at most
 -- the hint)} refused, {-1, total} when the name is in use with another total.
@@ -33,7 +35,7 @@ local g = redis.call('HGET', GI, o)
 if g then
   redis.call('ZADD', GE, fmt(now_ms + ttl), o)
   keep()
-  return {1, string.match(g, ':(%d+)$')}
+  return {1, string.match(g, '^%d+:(%d+)')}
 end
 -- Pruning may have freed permits: wake who fits now (so `woke` ends the
 -- longest prefix of the queue that fits), then decide.
@@ -56,7 +58,9 @@ if fits then
   local tok = next_token(redis.call('HGET', S, 'last'))
   redis.call('HSET', S, 'last', tok)
   redis.call('HINCRBY', S, 'held', p)
-  redis.call('HSET', GI, o, ARGV[4] .. ':' .. tok)
+  local grant = ARGV[4] .. ':' .. tok
+  if ARGV[11] then grant = grant .. ':' .. ARGV[11] end
+  redis.call('HSET', GI, o, grant)
   redis.call('ZADD', GE, fmt(now_ms + ttl), o)
   -- A grant of what every place ahead leaves free never makes another
   -- place fit or stop fitting, except a resized one's.

@@ -7,7 +7,10 @@
 --     woke (the highest arrival number already sent a wake-up), wsum
 --     (permits queued at arrival numbers up to `woke`)
 --   2 grants: ZSET owner -> expiry (server ms)
---   3 holders: hash owner -> '<permits>:<token>'
+--   3 holders: hash owner -> '<permits>:<token>', or
+--     '<permits>:<token>:<metadata>' for a grant with holder metadata (so
+--     the metadata goes wherever the grant goes: release, expiry, repair,
+--     force release)
 --   4 queue: ZSET owner -> arrival number (FIFO order)
 --   5 queue expiry: ZSET owner -> expiry of the place (server ms)
 --   6 queue permits: hash owner -> permits asked for
