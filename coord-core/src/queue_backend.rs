@@ -26,8 +26,13 @@
 //! 3. Across groups, the candidate of the group with the lowest **turn** is
 //!    delivered (ties: the lowest message id). A group's turn is a virtual
 //!    clock: delivering from group `g` sets the lane's clock `V` to
-//!    `turn(g)` and then `turn(g) += 1`; a group that had no message in the
-//!    lane and gets one starts at `turn = max(turn, V)`. So groups with
+//!    `max(V, turn(g))` and then `turn(g)` to `V + 1`; a group that had no
+//!    message in the lane and gets one starts at `turn = V` (a group's turn
+//!    is kept only while it has messages in the lane). `V` never goes
+//!    back, and a group whose turn fell behind it (it waited on an
+//!    in-flight or delayed message while others were served) gets one
+//!    delivery and then queues behind the others, instead of a burst that
+//!    makes up for the time it waited. So groups with
 //!    ready messages are served round-robin, one message each, and a group
 //!    with a 100,000-message backlog delays a group with 10 by at most one
 //!    delivery per other busy group.
@@ -308,8 +313,9 @@ pub trait Queue: Send + Sync + 'static {
 
     /// Give message `id` back iff it is in flight to `consumer` (as `ack`
     /// checks): it becomes visible again after `delay`, keeping its attempt
-    /// count, and wakes a waiter when `delay` is zero. With ordered groups
-    /// its group waits for it. `Ok(false)`: nothing changed.
+    /// count, and wakes a waiter (with a delay: so that it learns when the
+    /// message comes due). With ordered groups its group waits for it.
+    /// `Ok(false)`: nothing changed.
     async fn nack(
         &self,
         queue: &str,

@@ -268,8 +268,8 @@ impl coord_core::Queue for MemoryBackend {
             let (Some(g), true) = (l.groups.get_mut(&group), l.msgs.contains_key(&id)) else {
                 return Ok(PopAttempt::Empty { next_in: None });
             };
-            let clock = g.turn;
-            g.turn += 1;
+            let clock = l.clock.max(g.turn);
+            g.turn = clock + 1;
             g.ready.remove(&id);
             l.clock = clock;
             let deadline = now + visibility;

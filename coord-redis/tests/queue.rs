@@ -578,8 +578,8 @@ async fn deliveries_follow_the_rule_as_the_model_does() {
                             let l = &mut lanes[li];
                             let group = l.msgs[&id].0.clone();
                             let g = l.groups.get_mut(&group).unwrap();
-                            l.clock = g.2;
-                            g.2 += 1;
+                            l.clock = l.clock.max(g.2);
+                            g.2 = l.clock + 1;
                             g.1.remove(&id);
                             let m = l.msgs.get_mut(&id).unwrap();
                             m.1 += 1;

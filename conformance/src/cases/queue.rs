@@ -629,6 +629,57 @@ pub async fn queue_a_group_arriving_late_takes_turns_at_once(f: &Factory) {
     assert_eq!(q.purge(&name).await.unwrap(), 20);
 }
 
+/// A group that waited on its one in-flight message while another was
+/// served many times has no stored-up credit: when it then pushes a
+/// backlog, the two alternate (the waiting group gets one delivery first),
+/// so the other group's new messages are not held behind a burst as long
+/// as the wait.
+pub async fn queue_a_group_that_waited_gets_no_burst_of_credit(f: &Factory) {
+    const SERVED: usize = 120;
+    const SMALL: usize = 10;
+    let Some(q) = queues(&f.client().await) else {
+        return;
+    };
+    let name = unique("q-credit");
+    let (a, b) = (PushOptions::new().group("a"), PushOptions::new().group("b"));
+    q.push_with(&name, b"a-long", &a).await.unwrap();
+    let held = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    assert_eq!(held.group(), Some("a"));
+    for i in 0..SERVED {
+        q.push_with(&name, format!("b{i}"), &b).await.unwrap();
+    }
+    for _ in 0..SERVED {
+        let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+        d.ack().await.unwrap();
+    }
+    // Group a (its one message still in flight) now pushes a backlog, then
+    // group b a few more.
+    for i in 0..SERVED {
+        q.push_with(&name, format!("a{i}"), &a).await.unwrap();
+    }
+    for i in 0..SMALL {
+        q.push_with(&name, format!("b-late{i}"), &b).await.unwrap();
+    }
+    let mut order = Vec::new();
+    let mut b_done = 0;
+    while b_done < SMALL {
+        let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+        if d.group() == Some("b") {
+            b_done += 1;
+        }
+        order.push(d.group().unwrap_or("").to_string());
+        d.ack().await.unwrap();
+        assert!(
+            order.len() <= 2 * SMALL + 1,
+            "group b's {SMALL} late messages waited behind a burst of group a \
+             (after {} deliveries only {b_done} of them): {order:?}",
+            order.len()
+        );
+    }
+    held.ack().await.unwrap();
+    q.purge(&name).await.unwrap();
+}
+
 /// Fairness across groups: a group of 10 messages pushed after a group of
 /// 10,000 finishes while the big one is still draining: one consumer needs
 /// at most 2 deliveries per small message (round-robin, one each), and the

@@ -6,7 +6,8 @@
 -- or {0, µs until the next delayed message or deadline (-1: none)}.
 --
 -- The rule of `coord_core::queue_backend`: the candidate of the group
--- with the lowest turn (ties: the lowest id), a group's candidate being
+-- with the lowest turn (ties: the lowest id; the lane's clock rises to the
+-- delivered group's turn, which becomes the clock + 1), a group's candidate being
 -- its lowest ready id (ordered: its lowest id, if ready); a candidate
 -- delivered max-deliveries times goes to the dead lane and the next is
 -- considered.
@@ -39,8 +40,12 @@ for _ = 1, MOVES do
     insert(DL, id, m)
     dead = dead + 1
   else
+    -- The rule's clock: V = max(V, turn(g)), then turn(g) = V + 1.
     local cur = redis.call('HGET', L.G, g)
-    local turn = (cur and string.match(cur, '^(%d+):')) or redis.call('HGET', S, L.v) or '0'
+    local clock = tonumber(redis.call('HGET', S, L.v) or '0')
+    local turn = tonumber((cur and string.match(cur, '^(%d+):')) or clock)
+    if clock > turn then turn = clock end
+    turn = fmt(turn)
     redis.call('HSET', S, L.v, turn)
     redis.call('ZREM', L.R, member(g, id))
     m.attempts = m.attempts + 1
