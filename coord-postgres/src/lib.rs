@@ -269,7 +269,8 @@
 //! redrive or purge survives a crash. Extend (the message's row lock
 //! only, no queue lock) commits durably itself.
 //!
-//! Wake-ups: a push or nack without delay, and an ack whose group still
+//! Wake-ups: a push without delay, a nack (with a delay too, so a waiter
+//! learns when the message comes due), and an ack whose group still
 //! has messages in the lane (an ordered group may deliver its next one),
 //! send `queue:<lane>:<queue>` (one waiter per client); a redrive sends
 //! `queue-all:main:<queue>` (every waiter). Without notifications (behind

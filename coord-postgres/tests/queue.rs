@@ -480,8 +480,8 @@ impl Model {
                 continue;
             }
             let g = l.groups.get_mut(&group)?;
-            l.clock = g.turn;
-            g.turn += 1;
+            l.clock = l.clock.max(g.turn);
+            g.turn = l.clock + 1;
             g.ready.remove(&id);
             let m = l.msgs.get_mut(&id)?;
             m.1 += 1;

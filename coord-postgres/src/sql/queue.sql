@@ -54,7 +54,8 @@
 -- does nothing for an empty pop. Extend commits durably itself.
 --
 -- Wake-ups (NOTIFY on the schema's channel): `queue:<lane>:<queue>` (one
--- waiter per client) on a push without delay, a nack without delay, and
+-- waiter per client) on a push without delay, a nack (with a delay too:
+-- the waiter learns when the message comes due), and
 -- an ack whose group still has messages in the lane (an ordered group may
 -- deliver its next one); `queue-all:main:<queue>` (every waiter) on a
 -- redrive that moved messages.
@@ -141,7 +142,7 @@ $fn$;
 CREATE OR REPLACE FUNCTION @s@.queue_advance(
     p_queue text, p_lane smallint, p_t timestamptz, p_limit integer)
 RETURNS boolean
-LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     v_grps text[];
     v_ids bigint[];
@@ -172,7 +173,7 @@ $fn$;
 -- delayed message, a delivery's deadline); NULL when it waits for none.
 CREATE OR REPLACE FUNCTION @s@.queue_next_us(p_queue text, p_lane smallint, p_t timestamptz)
 RETURNS bigint
-LANGUAGE sql STABLE AS $fn$
+LANGUAGE sql AS $fn$
     SELECT greatest(0, ceil(extract(epoch FROM (m.due_at - p_t)) * 1000000))::int8
       FROM @s@.queue_messages m
      WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at IS NOT NULL
@@ -301,15 +302,17 @@ BEGIN
         RETURNING m.id, m.payload, m.grp, m.attempts,
                   floor(extract(epoch FROM m.enqueued_at) * 1000)::int8
              INTO o_id, o_payload, o_grp, o_attempts, o_enqueued_ms;
+        -- V := max(V, turn(g)); turn(g) := V + 1.
+        UPDATE @s@.queue_lanes l SET clock = greatest(l.clock, v_turn)
+         WHERE l.queue = p_queue AND l.lane = p_lane
+        RETURNING l.clock INTO v_turn;
         UPDATE @s@.queue_groups g
-           SET turn = g.turn + 1,
+           SET turn = v_turn + 1,
                ready_id = (SELECT m.id FROM @s@.queue_messages m
                             WHERE m.queue = p_queue AND m.lane = p_lane AND m.grp = v_grp
                               AND m.due_at IS NULL
                             ORDER BY m.id LIMIT 1)
          WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = v_grp;
-        UPDATE @s@.queue_lanes l SET clock = v_turn
-         WHERE l.queue = p_queue AND l.lane = p_lane;
         RETURN;
     END LOOP;
 END
@@ -323,7 +326,7 @@ $fn$;
 CREATE OR REPLACE FUNCTION @s@.queue_held(
     p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_t timestamptz)
 RETURNS text
-LANGUAGE plpgsql STABLE AS $fn$
+LANGUAGE plpgsql AS $fn$
 DECLARE
     v_grp text;
     v_owner bytea;
@@ -421,9 +424,10 @@ BEGIN
      WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
     IF p_delay_us <= 0 THEN
         PERFORM @s@.queue_enter(p_queue, p_lane, v_grp, p_id, true);
-        PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
-                                     || ':' || p_queue);
     END IF;
+    -- With a delay too: a waiter learns when the message comes due.
+    PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
+                                 || ':' || p_queue);
     RETURN true;
 END
 $fn$;
@@ -432,7 +436,7 @@ $fn$;
 -- main lane: ready at once, attempts reset, ids kept. Returns how many.
 CREATE OR REPLACE FUNCTION @s@.queue_redrive(p_queue text, p_limit integer, p_channel text)
 RETURNS bigint
-LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     t timestamptz;
     v_grps text[];
@@ -475,7 +479,7 @@ $fn$;
 -- and clocks go with their last message).
 CREATE OR REPLACE FUNCTION @s@.queue_purge(
     p_queue text, p_limit integer, OUT o_deleted bigint, OUT o_done boolean)
-LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     v_lanes smallint[];
     v_grps text[];

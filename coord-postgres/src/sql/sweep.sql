@@ -28,7 +28,7 @@
 -- sequential scan is still used.
 CREATE OR REPLACE FUNCTION @s@.sweep(p_grace_us bigint, p_abandon_us bigint, p_limit integer)
 RETURNS bigint
-LANGUAGE plpgsql SET enable_seqscan = off AS $fn$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     now_ts timestamptz := clock_timestamp();
     now_us bigint := (extract(epoch FROM clock_timestamp()) * 1000000)::bigint;
