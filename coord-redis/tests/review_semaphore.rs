@@ -159,7 +159,34 @@ async fn many_clients_mixed_sizes_with_cancellations_stay_within_total() {
         .unwrap()
         .expect("all permits should be free once everyone finished");
     all.release().await.unwrap();
-    assert_eq!(dbsize(&server), 0, "keys left behind");
+    // A cancelled acquire whose attempt was in flight leaves a marker (so
+    // its late copy takes nothing) for 10 s, and the name's state hash with
+    // it; nothing else, and nothing without a TTL. Under load many
+    // cancellations land mid-call; on an idle machine few do.
+    let left = server.command(&["KEYS", "*"]);
+    let conformance::testkit::redis::Resp::Array(Some(keys)) = left else {
+        panic!("KEYS: {left:?}")
+    };
+    for k in keys {
+        let conformance::testkit::redis::Resp::Bulk(Some(k)) = k else {
+            panic!("a key: {k:?}")
+        };
+        let k = String::from_utf8_lossy(&k).to_string();
+        assert!(
+            [
+                "coord:semaphore:{mixed}",
+                "coord:semaphore:{mixed}:left",
+                "coord:semaphore:{mixed}:left-at"
+            ]
+            .contains(&k.as_str()),
+            "key left behind: {k}"
+        );
+        let ttl = server.command(&["PTTL", &k]).as_int().unwrap();
+        assert!(
+            ttl > 0 && ttl <= 10_000,
+            "{k} left behind with PTTL {ttl} ms (only late-attempt markers, for at most 10 s)"
+        );
+    }
     eprintln!(
         "mixed: {} grants, {} cancels in {took:?}",
         grants.load(Ordering::SeqCst),
