@@ -47,10 +47,11 @@
 //! - **pop** (`wq_pop.rs`): the timeline and the index's first keys, the
 //!   groups found there, then one transaction offering the next few
 //!   deliveries as nested levels, so racing consumers do not all lose to
-//!   the winner; it compares the group's record, not its head. A delivery
-//!   moves the message in flight (attempts + 1,
-//!   deadline, owner), the group's index entries to its next turn and next
-//!   ready message, sets the lane's clock and reads the payload; **its
+//!   the winner; it compares the group's record and the lane's clock, not
+//!   the group's head. A delivery moves the message in flight (attempts +
+//!   1, deadline, owner), the lane's clock to `max(clock, turn)` and the
+//!   group to the turn after that with its next ready message (its index
+//!   entries move with it), and reads the payload; **its
 //!   revision is the fencing token**, so tokens rise over every delivery
 //!   of both lanes (and across restarts). Due timeline entries (delayed
 //!   messages, lapsed deliveries) are made ready first, up to 8 per

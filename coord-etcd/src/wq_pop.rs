@@ -39,16 +39,20 @@ const TIMELINE_READ: i64 = 8;
 /// How many deliveries one pop transaction offers (its levels).
 pub(crate) const LEVELS: usize = 8;
 
-/// The reads a pop starts from: the timeline's first entries and the
-/// candidate index's first [`LEVELS`] keys.
+/// The reads a pop starts from: the timeline's first entries, the
+/// candidate index's first [`LEVELS`] keys and the lane's clock.
 fn scan_ops(k: &QKeys, l: Lane, ordered: bool) -> Vec<TxnOp> {
     let t = k.timeline(l);
     let i = k.index(l, ordered);
     vec![
         range(t.clone(), prefix_end(&t), TIMELINE_READ),
         range(i.clone(), prefix_end(&i), LEVELS as i64),
+        get(k.clock(l)),
     ]
 }
+
+/// How many reads [`scan_ops`] makes.
+const SCAN: usize = 3;
 
 /// The reads of a group a pop needs: its record and its first ready
 /// messages.
@@ -99,12 +103,15 @@ struct Detail {
 }
 
 /// One predicted delivery: message `id`, the lowest ready one of group `g`
-/// at `turn`, after which the group's lowest ready one is `next` (0: none).
+/// at `turn`, after which the group's lowest ready one is `next` (0: none);
+/// the lane's clock goes from `clock` (`None`: no clock key) to `max(clock,
+/// turn)`, and the group's turn to one more than that.
 struct Step {
     g: String,
     turn: u64,
     id: u64,
     next: u64,
+    clock: Option<u64>,
     /// The message's ready entry, and the group's next one if any.
     ready: Vec<KeyValue>,
     meta: Meta,
@@ -115,6 +122,7 @@ struct Step {
 /// more). `None`: the reads disagree (the queue changed between them).
 fn predict(
     entries: &[(u64, u64, String)],
+    clock: Option<u64>,
     more: bool,
     details: &HashMap<String, Detail>,
     ordered: bool,
@@ -148,6 +156,7 @@ fn predict(
         });
     }
     let mut out = Vec::new();
+    let mut clock = clock;
     while out.len() < LEVELS {
         // Keys not read sort after every key read: the lowest candidate is
         // known while one read from the index is left.
@@ -181,14 +190,17 @@ fn predict(
             turn: c.turn,
             id: c.id,
             next,
+            clock,
             ready,
             meta,
         });
+        let now = clock.unwrap_or(0).max(c.turn);
+        clock = Some(now);
         // Ordered, the group's head is in flight now: it has no candidate.
         if ordered || next == 0 {
             cands.swap_remove(best);
         } else if let Some(c) = cands.get_mut(best) {
-            c.turn = c.turn.saturating_add(1);
+            c.turn = now.saturating_add(1);
             c.id = next;
             c.pos += 1;
             c.original = false;
@@ -234,8 +246,16 @@ fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
     p.put(k.meta(l, id), m.encode());
     p.del(start);
     p.put(k.time_entry(l, t.deadline, id), m.time_value());
-    p.put(k.clock(l), st.turn.to_string());
-    let turn = st.turn.saturating_add(1);
+    // The clock moves to the turn served, never back; the group queues
+    // behind it (a group that fell behind gets one delivery, no burst).
+    let clock = k.clock(l);
+    match st.clock {
+        Some(v) => p.value_cmp(clock.clone(), CompareOp::Equal, v.to_string().into_bytes()),
+        None => p.absent(clock.clone()),
+    }
+    let now = st.clock.unwrap_or(0).max(st.turn);
+    p.put(clock, now.to_string());
+    let turn = now.saturating_add(1);
     p.put(k.group(l, &st.g), Group::record(turn, st.next));
     p.del(k.index_entry(l, false, st.turn, id));
     p.del(k.index_entry(l, true, st.turn, id));
@@ -386,6 +406,15 @@ impl Shared {
                     next_in: next_at.map(until_ms),
                 });
             }
+            let clock = match s1.one(2) {
+                Some(kv) => Some(
+                    std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .ok_or_else(|| corrupt(op, "work queue clock"))?,
+                ),
+                None => None,
+            };
             let more = entries.len() >= LEVELS;
             let mut groups: Vec<String> = Vec::new();
             for (_, _, g) in &entries {
@@ -396,7 +425,7 @@ impl Shared {
             hint.clone_from(&groups);
             // The details: from the lost transaction if it read them all.
             let (ds, at) = if groups.iter().all(|g| known.contains(g)) {
-                (s1, 2)
+                (s1, SCAN)
             } else {
                 let ops = groups
                     .iter()
@@ -404,7 +433,7 @@ impl Shared {
                     .collect();
                 (read(self, op, ops).await?, 0)
             };
-            let names = if at == 2 { &known } else { &groups };
+            let names = if at == SCAN { &known } else { &groups };
             let mut details = HashMap::new();
             for (i, g) in names.iter().enumerate() {
                 let Some(gkv) = ds.one(at + 2 * i) else {
@@ -424,7 +453,7 @@ impl Shared {
                     },
                 );
             }
-            let mut steps = match predict(&entries, more, &details, ordered, op)? {
+            let mut steps = match predict(&entries, clock, more, &details, ordered, op)? {
                 Some(s) if !s.is_empty() => s,
                 _ => {
                     retry.again().await?;
