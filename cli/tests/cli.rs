@@ -1,54 +1,13 @@
 //! The `coord` binary run as a user runs it, against real Redis, PostgreSQL
 //! and etcd servers started by the test kit.
 
-use std::process::{Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use common::*;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use conformance::testkit::{etcd, postgres, redis};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
-
-const BUSY: i32 = 75;
-const LOST: i32 = 76;
-const USAGE: i32 = 64;
-const UNAVAILABLE: i32 = 69;
-
-fn stores() -> Vec<String> {
-    vec![
-        redis::server().url(),
-        postgres::cluster().url(),
-        etcd::shared().url(),
-    ]
-}
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "cli-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn coord(url: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_coord"));
-    c.env("COORD_URL", url)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    c
-}
-
-async fn run(url: &str, args: &[&str]) -> Output {
-    tokio::time::timeout(Duration::from_secs(60), coord(url).args(args).output())
-        .await
-        .expect("coord did not finish in 60 s")
-        .expect("run coord")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim().to_string()
-}
 
 /// The command runs with the lock's fencing token in its environment, its
 /// exit code is passed through, and each run's token is above the last.
@@ -297,7 +256,7 @@ async fn release_limit_fence_and_barrier() {
 /// Bad input is exit 64 with the fix in words; an unreachable store 69.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_and_unreachable_stores() {
-    let url = redis::server().url();
+    let url = conformance::testkit::redis::server().url();
     let out = run(&url, &["lock", "x", "--ttl", "5", "--", "true"]).await;
     assert_eq!(out.status.code(), Some(USAGE), "{out:?}");
     assert!(

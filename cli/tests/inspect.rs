@@ -3,46 +3,14 @@
 //! `coord lock` with its metadata (host, pid, since, command, `--meta`),
 //! semaphores, leases, elections and queues.
 
-use std::process::{Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use common::*;
+use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::testkit::{etcd, postgres, redis};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
-
-fn stores() -> Vec<String> {
-    vec![
-        redis::server().url(),
-        postgres::cluster().url(),
-        etcd::shared().url(),
-    ]
-}
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "clii-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn coord(url: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_coord"));
-    c.env("COORD_URL", url)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    c
-}
-
-async fn run(url: &str, args: &[&str]) -> Output {
-    tokio::time::timeout(Duration::from_secs(60), coord(url).args(args).output())
-        .await
-        .expect("coord did not finish in 60 s")
-        .expect("run coord")
-}
 
 async fn inspect(url: &str, kind: &str, name: &str) -> Value {
     let out = run(url, &["inspect", kind, name, "--json"]).await;

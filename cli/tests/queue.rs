@@ -1,52 +1,13 @@
 //! `coord queue ...` run as a user runs it, against real Redis, PostgreSQL
 //! and etcd servers started by the test kit.
 
-use std::process::{Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use common::*;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use conformance::testkit::{etcd, postgres, redis};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::Command;
-
-const BUSY: i32 = 75;
-const LOST: i32 = 76;
-
-fn stores() -> Vec<String> {
-    vec![
-        redis::server().url(),
-        postgres::cluster().url(),
-        etcd::shared().url(),
-    ]
-}
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "cliq-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-fn coord(url: &str) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_coord"));
-    c.env("COORD_URL", url)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    c
-}
-
-async fn run(url: &str, args: &[&str]) -> Output {
-    tokio::time::timeout(Duration::from_secs(60), coord(url).args(args).output())
-        .await
-        .expect("coord did not finish in 60 s")
-        .expect("run coord")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).trim().to_string()
-}
 
 async fn stats(url: &str, queue: &str) -> serde_json::Value {
     let out = run(url, &["queue", "stats", queue, "--json"]).await;
