@@ -53,11 +53,11 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release |
+//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release; `metadata`: the holder metadata of its grant, if any |
 //! | sequence `fencing` | every fencing token and election term; WAL-logged, so tokens never repeat across restarts or crashes |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
-//! | `semaphore_holders (name, owner, permits, total, fencing, expires_at)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
+//! | `semaphore_holders (name, owner, permits, total, fencing, expires_at, metadata)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
 //! | `queue_messages (queue, lane, id, grp, attempts, enqueued_at, due_at, owner, payload)`, `queue_groups (queue, lane, grp, turn, first_id, ready_id)`, `queue_lanes (queue, lane, clock, groups)`, `queue_dedup (queue, dedup_id, id, expires_at)`, sequences `queue_ids` and `queue_flush`, functions `queue_push`, `queue_pop`, `queue_ack`, `queue_nack`, `queue_extend`, `queue_redrive`, `queue_purge` (and their helpers) | work queues: a row per message, per group with messages in a lane, per lane with groups, per live dedup id (see "Work queues") |
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
@@ -107,13 +107,13 @@
 //!
 //! | trait | statements (one round trip each) |
 //! |---|---|
-//! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE` |
-//! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`: one `SELECT` |
+//! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: the same, the metadata stored by the statement that makes a new grant; `inspect`: one `SELECT` |
+//! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`, `inspect`: one `SELECT` each |
 //! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT` |
 //! | [`FencingSource`](coord_core::FencingSource) | `SELECT nextval(...)` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
-//! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE` |
+//! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: as `try_acquire`, the metadata stored with a new grant; `inspect`: one `SELECT` (live grants with permits, live queued waiters counted) |
 //! | [`Queue`](coord_core::Queue) | `push`, `try_pop`, `ack`, `nack`, `redrive`, `purge`: one function call each, pipelined with the statement that makes it durable (see "Work queues"); an empty pop is one plain read; `extend`: one call of `queue_extend` (compare-and-expire under the message's row lock); `peek`, `stats`: one `SELECT` |
 //!
 //! Rate limiting: every algorithm decides on the database clock, read

@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 8;
+pub(crate) const SCHEMA_VERSION: i32 = 9;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -13,11 +13,13 @@ pub(crate) struct Sql {
     pub(crate) check_version: String,
     pub(crate) ddl: String,
     pub(crate) claim_insert: String,
+    pub(crate) claim_insert_meta: String,
     pub(crate) claim_acquire: String,
     pub(crate) claim_release: String,
     pub(crate) claim_extend: String,
     pub(crate) claim_force_release: String,
     pub(crate) claim_remaining: String,
+    pub(crate) claim_inspect: String,
     pub(crate) leader: String,
     pub(crate) fencing_next: String,
     pub(crate) barrier_arrive: String,
@@ -29,6 +31,7 @@ pub(crate) struct Sql {
     pub(crate) semaphore_release: String,
     pub(crate) semaphore_extend: String,
     pub(crate) semaphore_force_release: String,
+    pub(crate) semaphore_inspect: String,
     pub(crate) queue_push: String,
     pub(crate) queue_pop: String,
     pub(crate) queue_pop_durable: String,
@@ -59,23 +62,18 @@ impl Sql {
             // When it returns no row, `claim_acquire` decides. Like the
             // functions, it refuses to run at another isolation level than
             // read committed, before it takes the lock (src/sql/schema.sql).
-            claim_insert: format!(
-                "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
-                                                hashtext($1::text || ':' || $2::text)) \
-                   WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
-                              ELSE {s}.not_read_committed() END) \
-                 INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
-                 SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
-                        clock_timestamp() + $5::int8 * interval '1 microsecond' FROM l \
-                  WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
-                 ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
-            ),
+            claim_insert: claim_insert(&s, schema, false),
+            // The same, $6 the grant's metadata (layout 9). A separate
+            // text, so the attempt without metadata sends what it sent
+            // before (its new row has none).
+            claim_insert_meta: claim_insert(&s, schema, true),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
             // $6 channel, $7 notify on a fresh grant, $8 this client has
-            // waiters on the name. See src/sql/claims.sql.
+            // waiters on the name, $9 metadata of a new grant (NULL: none).
+            // See src/sql/claims.sql.
             claim_acquire: format!(
                 "SELECT granted, held_us, registered FROM {s}.claim_acquire($1::text, $2::text, \
-                 $3::bytea, $4::text, $5::int8, $6::text, $7::bool, $8::bool)"
+                 $3::bytea, $4::text, $5::int8, $6::text, $7::bool, $8::bool, $9::bytea)"
             ),
             // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always
             // (elections: observers learn of every resignation).
@@ -126,6 +124,15 @@ impl Sql {
                    FROM {s}.claims c, n \
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t"
             ),
+            // $1 kind, $2 name. The live holder (no row, or one): owner,
+            // fencing token, remaining µs, metadata. Read only.
+            claim_inspect: format!(
+                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+                 SELECT c.owner, c.fencing, (extract(epoch FROM (c.expires_at - n.t)) * 1000000)::int8, \
+                        c.metadata \
+                   FROM {s}.claims c, n \
+                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t"
+            ),
             // $1 name.
             leader: format!(
                 "SELECT c.candidate, c.fencing FROM {s}.claims c \
@@ -148,12 +155,12 @@ impl Sql {
             // $1 name, $2 owner, $3 permits, $4 total, $5 ttl µs, $6 queue,
             // $7 wake by NOTIFY, $8 channel, $9 queue place TTL µs,
             // $10 longest hint µs, $11 hint µs of a polling waiter near the
-            // head, $12 the client's stamp of the attempt. See
-            // src/sql/semaphore.sql.
+            // head, $12 the client's stamp of the attempt, $13 metadata of
+            // a new grant (NULL: none). See src/sql/semaphore.sql.
             semaphore_acquire: format!(
                 "SELECT granted, held_us, in_use FROM {s}.semaphore_acquire($1::text, $2::bytea, \
                  $3::int4, $4::int4, $5::int8, $6::bool, $7::bool, $8::text, $9::int8, $10::int8, \
-                 $11::int8, $12::int8)"
+                 $11::int8, $12::int8, $13::bytea)"
             ),
             // $1 name, $2 owner. Run after `semaphore_acquire` in the same
             // round trip, in a transaction of its own that commits
@@ -185,6 +192,19 @@ impl Sql {
             // $1 name, $2 channel.
             semaphore_force_release: format!(
                 "SELECT {s}.semaphore_force_release($1::text, $2::text)"
+            ),
+            // $1 name. One row per live grant (owner, fencing token,
+            // remaining µs, metadata, permits; all NULL when there is
+            // none), each with the name's count of live queued waiters:
+            // one snapshot, one clock reading, read only.
+            semaphore_inspect: format!(
+                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+                 SELECT h.owner, h.fencing, (extract(epoch FROM (h.expires_at - n.t)) * 1000000)::int8, \
+                        h.metadata, h.permits, \
+                        (SELECT count(*) FROM {s}.semaphore_queue q \
+                          WHERE q.name = $1::text AND q.expires_at > n.t) \
+                   FROM n LEFT JOIN {s}.semaphore_holders h ON h.name = $1::text AND h.expires_at > n.t \
+                  ORDER BY h.fencing"
             ),
             // $1 queue, $2 payload, $3 delay µs, $4 group, $5 dedup id,
             // $6 dedup window µs, $7 channel. See src/sql/queue.sql; run
@@ -259,6 +279,27 @@ impl Sql {
             ),
         }
     }
+}
+
+/// The plain attempt on a claim (see `Sql::claim_insert`); with
+/// `metadata`, the new row takes `$6` as its metadata.
+fn claim_insert(s: &str, schema: &str, metadata: bool) -> String {
+    let (column, value) = if metadata {
+        (", metadata", ", $6::bytea")
+    } else {
+        ("", "")
+    };
+    format!(
+        "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
+                                        hashtext($1::text || ':' || $2::text)) \
+           WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
+                      ELSE {s}.not_read_committed() END) \
+         INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at{column}) \
+         SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
+                clock_timestamp() + $5::int8 * interval '1 microsecond'{value} FROM l \
+          WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
+         ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
+    )
 }
 
 /// The whole layout, created in one transaction (one simple-query message:

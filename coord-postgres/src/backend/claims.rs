@@ -2,15 +2,16 @@
 
 use std::time::Duration;
 
+use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
+    Attempt, Capabilities, Error, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
     async_trait,
 };
 use tokio_postgres::types::Type;
 
 use super::errors::{map_pg, unexpected};
-use super::{PostgresBackend, from_micros, micros_ceil, token};
+use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
 
 pub(super) const KIND_LOCK: &str = "lock";
 pub(super) const KIND_LEASE: &str = "lease";
@@ -18,7 +19,10 @@ pub(super) const KIND_ELECTION: &str = "election";
 
 impl PostgresBackend {
     /// One attempt on a claim. `notify`: send a NOTIFY when this starts a
-    /// new grant (elections: observers learn of the new term).
+    /// new grant (elections: observers learn of the new term). `metadata`
+    /// is stored with a new grant only (a retry by the live owner keeps
+    /// the grant as it is).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn claim_acquire(
         &self,
         operation: &'static str,
@@ -27,6 +31,7 @@ impl PostgresBackend {
         owner: &OwnerToken,
         candidate: Option<&str>,
         ttl: Duration,
+        metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
         let owner: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
@@ -42,19 +47,38 @@ impl PostgresBackend {
         // where the row is likely there (this client waits on it) and for
         // elections (a new term notifies).
         if !waiting && !notify {
-            let rows = self
-                .query(
-                    operation,
-                    &self.sql.claim_insert,
-                    &[
-                        (&kind, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&owner, Type::BYTEA),
-                        (&candidate, Type::TEXT),
-                        (&ttl, Type::INT8),
-                    ],
-                )
-                .await?;
+            let rows = match metadata {
+                // The attempt without metadata sends what it always has.
+                None => {
+                    self.query(
+                        operation,
+                        &self.sql.claim_insert,
+                        &[
+                            (&kind, Type::TEXT),
+                            (&name, Type::TEXT),
+                            (&owner, Type::BYTEA),
+                            (&candidate, Type::TEXT),
+                            (&ttl, Type::INT8),
+                        ],
+                    )
+                    .await?
+                }
+                Some(m) => {
+                    self.query(
+                        operation,
+                        &self.sql.claim_insert_meta,
+                        &[
+                            (&kind, Type::TEXT),
+                            (&name, Type::TEXT),
+                            (&owner, Type::BYTEA),
+                            (&candidate, Type::TEXT),
+                            (&ttl, Type::INT8),
+                            (&m, Type::BYTEA),
+                        ],
+                    )
+                    .await?
+                }
+            };
             if let Some(row) = rows.first() {
                 let f: i64 = row.try_get(0).map_err(|e| map_pg(operation, e))?;
                 self.after_write();
@@ -74,6 +98,7 @@ impl PostgresBackend {
                     (&self.channel, Type::TEXT),
                     (&notify, Type::BOOL),
                     (&waiting, Type::BOOL),
+                    (&metadata, Type::BYTEA),
                 ],
             )
             .await?;
@@ -134,6 +159,42 @@ impl PostgresBackend {
         Ok(held)
     }
 
+    /// The live holder of a claim, if any: one read statement.
+    pub(super) async fn claim_inspect(
+        &self,
+        operation: &'static str,
+        kind: &'static str,
+        name: &str,
+    ) -> Result<ClaimRecord> {
+        let kind = kind.to_string();
+        let name = name.to_string();
+        let rows = self
+            .query(
+                operation,
+                &self.sql.claim_inspect,
+                &[(&kind, Type::TEXT), (&name, Type::TEXT)],
+            )
+            .await?;
+        let mut holders = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let owner: Vec<u8> = r.try_get(0).map_err(|e| map_pg(operation, e))?;
+            let fencing: i64 = r.try_get(1).map_err(|e| map_pg(operation, e))?;
+            let us: i64 = r.try_get(2).map_err(|e| map_pg(operation, e))?;
+            let metadata: Option<Vec<u8>> = r.try_get(3).map_err(|e| map_pg(operation, e))?;
+            holders.push(HolderRecord {
+                owner: owner_token(operation, &owner)?,
+                token: token(fencing),
+                remaining: Some(from_micros(us)),
+                metadata,
+                permits: 1,
+            });
+        }
+        Ok(ClaimRecord {
+            holders,
+            waiters: None,
+        })
+    }
+
     pub(super) async fn claim_extend(
         &self,
         operation: &'static str,
@@ -169,8 +230,39 @@ impl Lock for PostgresBackend {
     }
 
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.claim_acquire("lock acquire", (KIND_LOCK, false), name, owner, None, ttl)
-            .await
+        self.claim_acquire(
+            "lock acquire",
+            (KIND_LOCK, false),
+            name,
+            owner,
+            None,
+            ttl,
+            None,
+        )
+        .await
+    }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.claim_acquire(
+            "lock acquire",
+            (KIND_LOCK, false),
+            name,
+            owner,
+            None,
+            ttl,
+            Some(metadata),
+        )
+        .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.claim_inspect("lock inspect", KIND_LOCK, name).await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
@@ -216,8 +308,39 @@ impl Lease for PostgresBackend {
     }
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.claim_acquire("lease grant", (KIND_LEASE, false), name, owner, None, ttl)
-            .await
+        self.claim_acquire(
+            "lease grant",
+            (KIND_LEASE, false),
+            name,
+            owner,
+            None,
+            ttl,
+            None,
+        )
+        .await
+    }
+
+    async fn grant_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.claim_acquire(
+            "lease grant",
+            (KIND_LEASE, false),
+            name,
+            owner,
+            None,
+            ttl,
+            Some(metadata),
+        )
+        .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.claim_inspect("lease inspect", KIND_LEASE, name).await
     }
 
     async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
@@ -266,4 +389,18 @@ impl FencingSource for PostgresBackend {
         let v: i64 = row.try_get(0).map_err(|e| map_pg("fencing next", e))?;
         Ok(token(v))
     }
+}
+
+/// An owner token read back from the store: 16 bytes, or a store error
+/// (that names neither the value nor its length's source).
+pub(super) fn owner_token(operation: &'static str, bytes: &[u8]) -> Result<OwnerToken> {
+    let raw: [u8; 16] = bytes.try_into().map_err(|_| Error::Store {
+        backend: BACKEND,
+        operation,
+        message: format!(
+            "a holder's owner token is {} bytes, not 16: the row was not written by coord",
+            bytes.len()
+        ),
+    })?;
+    Ok(OwnerToken::from_bytes(raw))
 }

@@ -30,6 +30,7 @@ impl Election for PostgresBackend {
             owner,
             Some(candidate),
             ttl,
+            None,
         )
         .await
     }

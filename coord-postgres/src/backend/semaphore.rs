@@ -20,6 +20,7 @@
 
 use std::time::Duration;
 
+use coord_core::inspect::{ClaimRecord, HolderRecord};
 #[cfg(doc)]
 use coord_core::late::Unanswered;
 use coord_core::late::stamp;
@@ -29,6 +30,7 @@ use coord_core::{
 };
 use tokio_postgres::types::{ToSql, Type};
 
+use super::claims::owner_token;
 use super::errors::{map_pg, unexpected};
 use super::{PostgresBackend, from_micros, micros_ceil, token};
 
@@ -78,27 +80,14 @@ pub(crate) fn waiter_key(name: &str, owner: &OwnerToken) -> String {
     format!("semaphore:{}:{name}", owner.to_hex())
 }
 
-/// Semaphores on PostgreSQL: FIFO. A request is granted only if it and
-/// every live request queued ahead of it fit into the free permits
-/// together; a single attempt counts the whole queue as ahead of it and
-/// leaves nothing behind. Releases wake exactly the queued waiters they
-/// make grantable (by NOTIFY, when their client listens).
-/// `permits_total` binds while the name has live grants or places.
-#[async_trait]
-impl Semaphore for PostgresBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
-    fn fifo(&self) -> bool {
-        true
-    }
-
-    async fn try_acquire(
+impl PostgresBackend {
+    /// One semaphore attempt; `metadata` is stored with a new grant only.
+    async fn semaphore_attempt(
         &self,
         name: &str,
         owner: &OwnerToken,
         req: &PermitRequest,
+        metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
         const OP: &str = "semaphore acquire";
         let n = name.to_string();
@@ -133,6 +122,7 @@ impl Semaphore for PostgresBackend {
                     (&refresh, Type::INT8),
                     (&head_poll, Type::INT8),
                     (&at, Type::INT8),
+                    (&metadata, Type::BYTEA),
                 ],
                 Some((&self.sql.semaphore_durable, durable)),
             )
@@ -176,6 +166,79 @@ impl Semaphore for PostgresBackend {
                     .unwrap_or(SEMAPHORE_QUEUE_REFRESH)
                     .max(Duration::from_millis(1)),
             ),
+        })
+    }
+}
+
+/// Semaphores on PostgreSQL: FIFO. A request is granted only if it and
+/// every live request queued ahead of it fit into the free permits
+/// together; a single attempt counts the whole queue as ahead of it and
+/// leaves nothing behind. Releases wake exactly the queued waiters they
+/// make grantable (by NOTIFY, when their client listens).
+/// `permits_total` binds while the name has live grants or places.
+#[async_trait]
+impl Semaphore for PostgresBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn fifo(&self) -> bool {
+        true
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+    ) -> Result<Attempt> {
+        self.semaphore_attempt(name, owner, req, None).await
+    }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        req: &PermitRequest,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.semaphore_attempt(name, owner, req, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        const OP: &str = "semaphore inspect";
+        let n = name.to_string();
+        let rows = self
+            .query(OP, &self.sql.semaphore_inspect, &[(&n, Type::TEXT)])
+            .await?;
+        let mut holders = Vec::with_capacity(rows.len());
+        let mut waiters = 0;
+        for r in &rows {
+            let queued: i64 = r.try_get(5).map_err(|e| map_pg(OP, e))?;
+            waiters = u64::try_from(queued).unwrap_or(0);
+            // No grant: the one row of the outer join, all NULL.
+            let Some(owner) = r
+                .try_get::<_, Option<Vec<u8>>>(0)
+                .map_err(|e| map_pg(OP, e))?
+            else {
+                continue;
+            };
+            let fencing: i64 = r.try_get(1).map_err(|e| map_pg(OP, e))?;
+            let us: i64 = r.try_get(2).map_err(|e| map_pg(OP, e))?;
+            let metadata: Option<Vec<u8>> = r.try_get(3).map_err(|e| map_pg(OP, e))?;
+            let permits: i32 = r.try_get(4).map_err(|e| map_pg(OP, e))?;
+            holders.push(HolderRecord {
+                owner: owner_token(OP, &owner)?,
+                token: token(fencing),
+                remaining: Some(from_micros(us)),
+                metadata,
+                permits: u32::try_from(permits).unwrap_or(0),
+            });
+        }
+        Ok(ClaimRecord {
+            holders,
+            waiters: Some(waiters),
         })
     }
 

@@ -42,9 +42,13 @@
 -- p_notify: send NOTIFY when this starts a new grant (elections: observers
 -- learn of each new term). Neither granted nor held_us: the row changed
 -- under the attempt (taken or freed by another meanwhile); retry at once.
+--
+-- p_metadata (layout 9): stored with a new grant (NULL: none, which also
+-- clears an expired holder's); a repeat by the same live owner keeps the
+-- grant's metadata as it is.
 CREATE OR REPLACE FUNCTION @s@.claim_acquire(
     p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_channel text, p_notify boolean, p_wait boolean,
+    p_channel text, p_notify boolean, p_wait boolean, p_metadata bytea,
     OUT granted bigint, OUT held_us bigint, OUT registered boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -70,13 +74,15 @@ BEGIN
     END IF;
     -- The grant lock of the name, then the token (see above).
     PERFORM pg_advisory_xact_lock(hashtext('coord-claims:@schema@'), hashtext(p_kind || ':' || p_name));
-    INSERT INTO @s@.claims AS c (kind, name, owner, candidate, fencing, expires_at, waiting)
+    INSERT INTO @s@.claims AS c (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)
     VALUES (p_kind, p_name, p_owner, p_candidate, nextval('@s@.fencing'),
-            clock_timestamp() + p_ttl_us * interval '1 microsecond', p_wait)
+            clock_timestamp() + p_ttl_us * interval '1 microsecond', p_wait, p_metadata)
     ON CONFLICT (kind, name) DO UPDATE
       SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate,
           fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
                          THEN c.fencing ELSE nextval('@s@.fencing') END,
+          metadata = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
+                          THEN c.metadata ELSE EXCLUDED.metadata END,
           expires_at = clock_timestamp() + p_ttl_us * interval '1 microsecond',
           waiting = c.waiting OR EXCLUDED.waiting
       WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= clock_timestamp()
@@ -85,4 +91,17 @@ BEGIN
         PERFORM pg_notify(p_channel, p_kind || ':' || p_name);
     END IF;
 END
+$fn$;
+
+-- The layout-8 signature, for clients of that layout still running while
+-- a schema is upgraded (they accept any later layout): the same attempt
+-- without metadata, so a grant they make never keeps an earlier holder's.
+CREATE OR REPLACE FUNCTION @s@.claim_acquire(
+    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
+    p_channel text, p_notify boolean, p_wait boolean,
+    OUT granted bigint, OUT held_us bigint, OUT registered boolean)
+LANGUAGE sql AS $fn$
+    SELECT a.granted, a.held_us, a.registered
+      FROM @s@.claim_acquire(p_kind, p_name, p_owner, p_candidate, p_ttl_us,
+                             p_channel, p_notify, p_wait, NULL::bytea) a
 $fn$;

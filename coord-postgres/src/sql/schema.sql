@@ -203,3 +203,11 @@ CREATE TABLE IF NOT EXISTS @s@.queue_dedup (
 CREATE INDEX IF NOT EXISTS queue_dedup_expires ON @s@.queue_dedup (expires_at);
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
+-- Holder metadata (layout 9): the JSON value a lock, lease or semaphore
+-- grant was made with (at most 1 KiB, checked by the client), NULL when
+-- none. Only the statement that makes a new grant writes it (a retry by
+-- the live owner keeps the grant as it is, metadata included; a takeover
+-- of an expired row replaces it), and it goes with the row at release,
+-- force release, pruning or the sweep: it never outlives its grant.
+ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS metadata bytea;
+ALTER TABLE @s@.semaphore_holders ADD COLUMN IF NOT EXISTS metadata bytea;

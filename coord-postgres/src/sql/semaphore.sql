@@ -86,10 +86,13 @@ $fn$;
 -- with, when it is not p_total (nothing changed). p_stamp: the client's
 -- stamp of this attempt; an attempt stamped before its owner left (see
 -- "Late attempts") is refused (held_us p_refresh_us) and changes nothing.
+-- p_metadata (layout 9): stored with a new grant (NULL: none); a retry of
+-- a live grant keeps it as it is. The layout-8 overload (without it) stays
+-- in upgraded schemas for clients of that layout: its grants have none.
 CREATE OR REPLACE FUNCTION @s@.semaphore_acquire(
     p_name text, p_owner bytea, p_permits integer, p_total integer, p_ttl_us bigint,
     p_queue boolean, p_wake boolean, p_channel text, p_queue_ttl_us bigint, p_refresh_us bigint,
-    p_head_poll_us bigint, p_stamp bigint,
+    p_head_poll_us bigint, p_stamp bigint, p_metadata bytea,
     OUT granted bigint, OUT held_us bigint, OUT in_use integer)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -178,8 +181,10 @@ BEGIN
             IF my_place IS NOT NULL THEN
                 DELETE FROM @s@.semaphore_queue q WHERE q.name = p_name AND q.owner = p_owner;
             END IF;
-            INSERT INTO @s@.semaphore_holders (name, owner, permits, total, fencing, expires_at)
-            VALUES (p_name, p_owner, p_permits, p_total, nextval('@s@.fencing'), t + ttl)
+            INSERT INTO @s@.semaphore_holders (name, owner, permits, total, fencing, expires_at,
+                                               metadata)
+            VALUES (p_name, p_owner, p_permits, p_total, nextval('@s@.fencing'), t + ttl,
+                    p_metadata)
             RETURNING fencing INTO granted;
             EXIT;
         END IF;
