@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs, lock, secs};
 use crate::claims::{Entry, EntryState, entry_key, first_sorted};
-use crate::keys::prefix_end;
+use crate::keys::{prefix_end, split_lease_value};
 
 impl Shared {
     /// Release (or resign, or leave the queue, or revoke a named lease):
@@ -49,7 +49,7 @@ impl Shared {
         let (key, head) = if kind == Kind::Lease {
             let key = self.keys.single(kind, name);
             let kv = self.get(op, key, None).await?.into_iter().next();
-            let kv = kv.filter(|kv| kv.value() == hex.as_bytes());
+            let kv = kv.filter(|kv| split_lease_value(kv.value()).0 == hex.as_bytes());
             (kv.clone(), kv)
         } else {
             let queue = self.keys.queue(kind, name);

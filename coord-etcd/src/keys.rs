@@ -88,6 +88,26 @@ impl Keys {
     }
 }
 
+/// A named lease's value: `<owner hex>`, then ` <metadata>` if the grant
+/// carries metadata (JSON, never empty). A value of the hex alone (written
+/// before metadata existed, or without it) decodes as having none.
+pub(crate) fn lease_value(hex: &str, metadata: Option<&[u8]>) -> Vec<u8> {
+    let mut v = hex.as_bytes().to_vec();
+    if let Some(m) = metadata {
+        v.push(b' ');
+        v.extend_from_slice(m);
+    }
+    v
+}
+
+/// A named lease's value split into the owner's hex and the metadata.
+pub(crate) fn split_lease_value(v: &[u8]) -> (&[u8], Option<&[u8]>) {
+    match v.iter().position(|b| *b == b' ') {
+        Some(i) => (&v[..i], Some(&v[i + 1..]).filter(|m| !m.is_empty())),
+        None => (v, None),
+    }
+}
+
 /// Map an etcd client error to coord's error kinds: transport trouble and
 /// timeouts are [`Error::Unavailable`] (retryable), everything else the
 /// server said is [`Error::Store`]. Messages are passed through
@@ -168,6 +188,13 @@ mod tests {
             b"coord:limiter/gcra/u%2F1".to_vec()
         );
         assert_eq!(prefix_end(b"ab/"), b"ab0".to_vec());
+        assert_eq!(split_lease_value(b"ab12"), (&b"ab12"[..], None));
+        let v = lease_value("ab12", Some(b"{\"a\": 1}"));
+        assert_eq!(
+            split_lease_value(&v),
+            (&b"ab12"[..], Some(&b"{\"a\": 1}"[..]))
+        );
+        assert_eq!(lease_value("ab12", None), b"ab12".to_vec());
         assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
     }
 }

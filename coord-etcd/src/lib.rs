@@ -81,6 +81,17 @@
 //!   clients' clocks; dedup ids are on a lease outliving their window. One
 //!   watch per queue, lane and client wakes waiters when a message becomes
 //!   deliverable or a delayed one is added. See `work_queue.rs`.
+//! - **Holder metadata and inspection.** Metadata (JSON, at most 1 KiB)
+//!   is stored in the grant's own key, so it ends exactly with the grant
+//!   and costs no call: a lock key's value (empty without metadata); a
+//!   named lease's value after the owner's hex and a space; a semaphore
+//!   grant's value after its slots and a space. Only a new key stores it
+//!   (a retry of an owner whose key exists keeps that key as it is).
+//!   `inspect` is one range read (a lock: its queue's first key, and the
+//!   count of the keys behind it as `waiters`; a semaphore: its grants,
+//!   and its waiters counted) plus a `LeaseTimeToLive` per holder (at most
+//!   32 for a semaphore) for the remaining time etcd reports; the fencing
+//!   token shown is the key's create revision.
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -149,6 +160,7 @@ mod backend;
 mod barrier;
 mod claims;
 mod holding;
+mod inspect;
 mod keys;
 mod limiter;
 mod named_lease;
@@ -168,6 +180,7 @@ mod wq_pop;
 
 use std::time::Duration;
 
+use coord_core::inspect::ClaimRecord;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -210,6 +223,29 @@ impl coord_core::Lock for EtcdBackend {
             op: "lock try_acquire",
         };
         self.shared.try_claim(spec, name, owner, ttl).await
+    }
+
+    /// As `try_acquire`; the owner's key is written with `metadata` as its
+    /// value (a lock key's value is otherwise empty), so it ends with the
+    /// key. An owner whose key exists already keeps it as it is.
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        let spec = ClaimSpec {
+            kind: Kind::Lock,
+            value: metadata,
+            fair: true,
+            op: "lock try_acquire",
+        };
+        self.shared.try_claim(spec, name, owner, ttl).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.shared.lock_inspect(name).await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {

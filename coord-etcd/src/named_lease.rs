@@ -1,9 +1,11 @@
-//! Named leases: `<prefix>lease/<name>`, valued with the owner's token,
-//! attached to an etcd lease of its own (`remaining` is what the server
+//! Named leases: `<prefix>lease/<name>`, valued with the owner's token
+//! (then ` <metadata>` for a grant made with metadata: see
+//! `keys::lease_value`), attached to an etcd lease of its own (`remaining` is what the server
 //! says; `revoke` ends it at once).
 
 use std::time::Duration;
 
+use coord_core::inspect::ClaimRecord;
 use coord_core::util::Kind;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
@@ -12,6 +14,7 @@ use tokio::time::Instant;
 use crate::EtcdBackend;
 use crate::backend::{header_rev, kvs, lock, secs};
 use crate::claims::{Entry, EntryState, entry_key};
+use crate::keys::{lease_value, split_lease_value};
 
 #[async_trait]
 impl coord_core::Lease for EtcdBackend {
@@ -20,6 +23,51 @@ impl coord_core::Lease for EtcdBackend {
     }
 
     async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.grant_lease_named(name, owner, ttl, None).await
+    }
+
+    async fn grant_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.grant_lease_named(name, owner, ttl, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.shared.lease_inspect(name).await
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.shared
+            .extend_claim(Kind::Lease, name, owner, ttl, "lease renew")
+            .await
+    }
+
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.shared
+            .release_claim(Kind::Lease, name, owner, "lease revoke")
+            .await
+    }
+
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+        self.lease_remaining(name).await
+    }
+}
+
+impl EtcdBackend {
+    /// A grant of a named lease: a live one of the owner's is renewed and
+    /// kept as it is (metadata too); a new one stores `metadata`.
+    async fn grant_lease_named(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: Option<&[u8]>,
+    ) -> Result<Attempt> {
         let op = "lease grant";
         let start = Instant::now();
         let shared = &self.shared;
@@ -52,7 +100,7 @@ impl coord_core::Lease for EtcdBackend {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
                 key.clone(),
-                hex.clone(),
+                lease_value(&hex, metadata),
                 Some(PutOptions::new().with_lease(id)),
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
@@ -71,7 +119,7 @@ impl coord_core::Lease for EtcdBackend {
         let Some(kv) = kvs(&resp, 0).into_iter().next() else {
             return Ok(Attempt::Held { expires_in: None });
         };
-        if kv.value() == hex.as_bytes() {
+        if split_lease_value(kv.value()).0 == hex.as_bytes() {
             // Ours already (a retry after a lost reply): adopt and refresh.
             if shared.keepalive_once(kv.lease(), op).await? {
                 // Its lease's TTL is that of the attempt that wrote it,
@@ -101,19 +149,9 @@ impl coord_core::Lease for EtcdBackend {
         })
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.shared
-            .extend_claim(Kind::Lease, name, owner, ttl, "lease renew")
-            .await
-    }
-
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.shared
-            .release_claim(Kind::Lease, name, owner, "lease revoke")
-            .await
-    }
-
-    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+    /// What the server says of a named lease's remaining time (this
+    /// client's own deadline for a lease it holds).
+    async fn lease_remaining(&self, name: &str) -> Result<Option<Duration>> {
         let op = "lease remaining";
         let shared = &self.shared;
         let key = shared.keys.single(Kind::Lease, name);
@@ -121,7 +159,7 @@ impl coord_core::Lease for EtcdBackend {
             return Ok(None);
         };
         // Held by this client: its own deadline is exact.
-        if let Some(owner) = std::str::from_utf8(kv.value())
+        if let Some(owner) = std::str::from_utf8(split_lease_value(kv.value()).0)
             .ok()
             .and_then(OwnerToken::from_hex)
         {

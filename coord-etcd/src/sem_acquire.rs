@@ -296,12 +296,14 @@ impl Shared {
             .is_some_and(|(l, until)| l == lease && until > now)
     }
 
-    /// One attempt (see the module docs).
+    /// One attempt (see the module docs). A new grant stores `metadata`
+    /// in its `h/` key; a grant the owner has already is kept as it is.
     pub(crate) async fn sem_try_acquire(
         self: &Arc<Self>,
         name: &str,
         owner: &OwnerToken,
         req: &PermitRequest,
+        metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
         let op = "semaphore try_acquire";
         let sk: SemKey = (name.into(), *owner.as_bytes());
@@ -388,7 +390,7 @@ impl Shared {
             }
             let l = lease.as_ref().map_or(0, |l| l.0);
             let chosen = choose(&v.taken, req.total, req.permits, &mut dice);
-            let txn = self.sem_grant_txn(&n, &value, &chosen, l, owner);
+            let txn = self.sem_grant_txn(&n, &value, &chosen, l, owner, metadata);
             let resp = match self
                 .sem_txn_on(&sk, l, Some(Duration::from_secs(ttl_s)), op, txn)
                 .await
@@ -474,7 +476,8 @@ impl Shared {
         })
     }
 
-    /// The grant: the owner's `h/` key (permits, total, slots) and one key
+    /// The grant: the owner's `h/` key (permits, total, slots, metadata)
+    /// and one key
     /// per slot, all on `lease`, iff those slots are free and the owner has
     /// no grant; the owner's place in the queue goes (its second answer:
     /// the place deleted, if any). Otherwise the name is read as [`reads`]
@@ -486,10 +489,15 @@ impl Shared {
         slots: &[u32],
         lease: i64,
         owner: &OwnerToken,
+        metadata: Option<&[u8]>,
     ) -> Txn {
         let list: Vec<String> = slots.iter().map(u32::to_string).collect();
         let mut v = value.to_vec();
         v.extend_from_slice(format!(" {}", list.join(",")).as_bytes());
+        if let Some(m) = metadata {
+            v.push(b' ');
+            v.extend_from_slice(m);
+        }
         let put =
             |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
         let mut when = vec![Compare::create_revision(

@@ -1,8 +1,9 @@
 //! FIFO semaphores. Every key of a name lives under `<prefix>sem/<name>/`:
 //!
-//! - `h/<owner hex>`: a grant, value `"<permits> <total> <slot>,<slot>.."`,
-//!   on an etcd lease of the grant's TTL (one lease per grant, as for lock
-//!   claims; spare leases are reused); its create revision is the fencing
+//! - `h/<owner hex>`: a grant, value `"<permits> <total> <slot>,<slot>.."`
+//!   (then ` <metadata>` for a grant made with metadata: see
+//!   [`split_value`]), on an etcd lease of the grant's TTL (one lease per
+//!   grant, as for lock claims; spare leases are reused); its create revision is the fencing
 //!   token (as for locks: etcd's revision, durable and rising across
 //!   restarts, never repeated).
 //! - `s/<i>` (`0 <= i < total`): permit slot `i`, taken by a grant, on the
@@ -27,6 +28,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use coord_core::inspect::ClaimRecord;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Result, async_trait};
 use tokio::time::Instant;
@@ -73,15 +75,34 @@ pub(crate) struct Grant {
     pub(crate) deadline: Instant,
 }
 
+/// A grant's or waiter's value split into its fields (`"<permits> <total>"`,
+/// a grant's `" <slot>,<slot>.."` after them) and the grant's metadata:
+/// whatever follows the third space (`"<permits> <total> <slots> <json>"`).
+/// A value without it (written before metadata existed, or without any)
+/// has none; a reader that knows only the first three fields still reads
+/// them.
+pub(crate) fn split_value(v: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let third = v
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| **b == b' ')
+        .nth(2)
+        .map(|(i, _)| i);
+    match third {
+        Some(i) => (&v[..i], Some(&v[i + 1..]).filter(|m| !m.is_empty())),
+        None => (v, None),
+    }
+}
+
 /// `(permits, total)` of a grant's or waiter's value.
 pub(crate) fn parse(v: &[u8]) -> Option<(u32, u32)> {
-    let mut it = std::str::from_utf8(v).ok()?.split(' ');
+    let mut it = std::str::from_utf8(split_value(v).0).ok()?.split(' ');
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
 /// The slots of a grant's value (`"<permits> <total> <slot>,<slot>.."`).
 pub(crate) fn slots_of(v: &[u8]) -> Vec<u32> {
-    let s = std::str::from_utf8(v).unwrap_or("");
+    let s = std::str::from_utf8(split_value(v).0).unwrap_or("");
     s.split(' ')
         .nth(2)
         .map(|l| l.split(',').filter_map(|i| i.parse().ok()).collect())
@@ -200,7 +221,25 @@ impl coord_core::Semaphore for EtcdBackend {
         owner: &OwnerToken,
         request: &PermitRequest,
     ) -> Result<Attempt> {
-        self.shared.sem_try_acquire(name, owner, request).await
+        self.shared
+            .sem_try_acquire(name, owner, request, None)
+            .await
+    }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.shared
+            .sem_try_acquire(name, owner, request, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.shared.sem_inspect(name).await
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
@@ -217,5 +256,28 @@ impl coord_core::Semaphore for EtcdBackend {
 
     async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
         self.shared.subscribe_sem(name, owner).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grant_values_with_and_without_metadata_decode() {
+        assert_eq!(parse(b"2 5 0,3"), Some((2, 5)));
+        assert_eq!(slots_of(b"2 5 0,3"), vec![0, 3]);
+        assert_eq!(split_value(b"2 5 0,3"), (&b"2 5 0,3"[..], None));
+        assert_eq!(split_value(b"1 5"), (&b"1 5"[..], None));
+        let v = br#"2 5 0,3 {"job": "a b", "n": [1, 2]}"#;
+        assert_eq!(parse(v), Some((2, 5)));
+        assert_eq!(slots_of(v), vec![0, 3]);
+        assert_eq!(
+            split_value(v).1,
+            Some(&br#"{"job": "a b", "n": [1, 2]}"#[..])
+        );
+        // Not coord's: no panic.
+        assert_eq!(parse(b"\xff \xfe"), None);
+        assert!(slots_of(b"\xff").is_empty());
     }
 }
