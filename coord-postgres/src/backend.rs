@@ -30,7 +30,6 @@ use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
-pub use queue::QUEUE_POLL_WITHOUT_NOTIFICATIONS;
 pub use semaphore::{SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 
 pub(crate) const BACKEND: &str = "postgres";

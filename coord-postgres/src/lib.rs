@@ -274,9 +274,9 @@
 //! has messages in the lane (an ordered group may deliver its next one),
 //! send `queue:<lane>:<queue>` (one waiter per client); a redrive sends
 //! `queue-all:main:<queue>` (every waiter). Without notifications (behind
-//! PgBouncer) an empty pop tells its waiter to look again within
-//! [`QUEUE_POLL_WITHOUT_NOTIFICATIONS`] (100 ms), whatever its poll
-//! interval: nobody else wakes it. Payloads up to 256 KiB
+//! PgBouncer) waiters poll, at their poll interval or when the lane's next
+//! delay or visibility deadline runs out if that is sooner (an empty pop
+//! reports it); such a poll is one plain read. Payloads up to 256 KiB
 //! ([`DEFAULT_MAX_PAYLOAD`](coord_core::queue_backend::DEFAULT_MAX_PAYLOAD)),
 //! stored as `bytea`.
 //!
@@ -411,8 +411,7 @@ mod sqlx_support;
 use std::sync::Arc;
 
 pub use backend::{
-    PostgresBackend, QUEUE_POLL_WITHOUT_NOTIFICATIONS, SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH,
-    SEMAPHORE_QUEUE_TTL,
+    PostgresBackend, SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL,
 };
 pub use builder::{
     DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,

@@ -9,8 +9,8 @@
 //! (for a pop, only when it delivered); extend is one function call
 //! under the message's row lock, committed durably; peek and stats one
 //! `SELECT`. No session state, so it works
-//! through PgBouncer in transaction mode, where waiters poll: an empty
-//! pop tells them to come back within [`QUEUE_POLL_WITHOUT_NOTIFICATIONS`].
+//! through PgBouncer in transaction mode, where waiters poll (an empty pop
+//! tells them when the lane's next delay or deadline runs out).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -24,17 +24,6 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::errors::{map_pg, unexpected};
 use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
-
-/// The longest an empty pop tells a waiter to sleep when this client gets
-/// no notifications (behind PgBouncer in transaction mode): a push by
-/// another client wakes nobody there, so a blocked pop looks again this
-/// often whatever its poll interval. Such a poll is one plain read: no
-/// lock, no transaction id, no write.
-///
-/// ```
-/// assert_eq!(coord_postgres::QUEUE_POLL_WITHOUT_NOTIFICATIONS, std::time::Duration::from_millis(100));
-/// ```
-pub const QUEUE_POLL_WITHOUT_NOTIFICATIONS: Duration = Duration::from_millis(100);
 
 /// The most messages one step makes ready (delayed messages and lapsed
 /// deliveries whose time came): when more came due at once, a pop makes
@@ -206,13 +195,9 @@ impl Queue for PostgresBackend {
         let id: Option<i64> = get(OP, row, 0)?;
         if id.is_none() {
             let next: Option<i64> = get(OP, row, 6)?;
-            let mut next_in = next.map(from_micros);
-            if !self.caps.notifications {
-                next_in = Some(next_in.map_or(QUEUE_POLL_WITHOUT_NOTIFICATIONS, |d| {
-                    d.min(QUEUE_POLL_WITHOUT_NOTIFICATIONS)
-                }));
-            }
-            return Ok(PopAttempt::Empty { next_in });
+            return Ok(PopAttempt::Empty {
+                next_in: next.map(from_micros),
+            });
         }
         if flushed.is_empty() {
             // The durable statement ran before the delivery was visible
