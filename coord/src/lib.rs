@@ -1,7 +1,8 @@
 //! # coord
 //!
 //! Distributed coordination for Rust: locks, leases, fencing tokens, leader
-//! election, barriers and rate limiters, with one API on every store. Pick a
+//! election, barriers, rate limiters, semaphores, read-write locks and work
+//! queues, with one API on every store. Pick a
 //! backend with a cargo feature and a URL; swapping stores is a URL change.
 //!
 //! | URL | cargo feature | store |
@@ -28,7 +29,8 @@
 //! ```
 //!
 //! Every primitive is documented on its handle: [`Locks`], [`Leases`],
-//! [`Fencing`], [`Elections`], [`Barriers`], [`RateLimiter`]. Errors are one
+//! [`Fencing`], [`Elections`], [`Barriers`], [`RateLimiter`],
+//! [`Semaphores`], [`RwLocks`], [`Queues`]. Errors are one
 //! enum, [`Error`], that tells bad input, timeouts, lost ownership and store
 //! trouble apart.
 #![deny(missing_docs)]
