@@ -173,6 +173,8 @@ mod sem_watch;
 mod semaphore;
 mod watch;
 mod work_queue;
+mod wq_due;
+mod wq_group;
 mod wq_keys;
 mod wq_ops;
 mod wq_plan;

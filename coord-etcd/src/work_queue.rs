@@ -111,8 +111,9 @@ use crate::backend::{EtcdBackend, Shared, is_lease_not_found, lock, secs};
 use crate::barrier::corrupt;
 use crate::keys::prefix_end;
 use crate::watch::WatchKind;
+use crate::wq_group::{Landing, insert, landing_ops};
 use crate::wq_keys::{Meta, QKeys, State};
-use crate::wq_plan::{Landing, Plan, Retry, Snap, deadline_ms, get, insert, landing_ops, now_ms};
+use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
 
 /// How many entries each map of [`Local`] holds at most (it is emptied
 /// when it would hold more: only hints are lost).

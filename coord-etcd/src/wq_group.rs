@@ -1,0 +1,317 @@
+//! The two changes every work queue operation is made of (see
+//! `work_queue.rs`): [`remove`] takes a message out of its lane, [`insert`]
+//! puts one into a lane; both keep the group's record, head and candidate
+//! index entries right ([`set_group`]), and add to a [`Plan`] the compares
+//! that what they read still holds.
+
+use coord_core::{Lane, Result};
+use etcd_client::{CompareOp, GetOptions, KeyValue, TxnOp};
+
+use crate::barrier::corrupt;
+use crate::keys::prefix_end;
+use crate::wq_keys::{Group, Meta, QKeys, after, id_of, with_id};
+use crate::wq_plan::{Plan, Snap, get, range};
+
+/// Write group `g` as `new` (`None`: delete it) where it differs from
+/// `old`: its record, its head, and its entries in both candidate indexes.
+pub(crate) fn set_group(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    g: &str,
+    old: Option<Group>,
+    new: Option<Group>,
+) {
+    match new {
+        None => {
+            if old.is_some() {
+                p.del(k.group(l, g));
+                p.del(k.head(l, g));
+            }
+        }
+        Some(n) => {
+            if old.map(|o| (o.turn, o.ready)) != Some((n.turn, n.ready)) {
+                p.put(k.group(l, g), Group::record(n.turn, n.ready));
+            }
+            if old.map(|o| o.head) != Some(n.head) {
+                p.put(k.head(l, g), Group::head_value(n.head));
+            }
+        }
+    }
+    for ordered in [false, true] {
+        let entry = |x: Option<Group>| {
+            x.and_then(|x| x.entry(ordered))
+                .map(|(turn, id)| k.index_entry(l, ordered, turn, id))
+        };
+        let (o, n) = (entry(old), entry(new));
+        if o != n {
+            if let Some(o) = o {
+                p.del(o);
+            }
+            if let Some(n) = n {
+                p.put(n, g.as_bytes().to_vec());
+            }
+        }
+    }
+}
+
+/// The group read from its record and head.
+pub(crate) fn group_of(record: &KeyValue, head: &KeyValue, op: &'static str) -> Result<Group> {
+    Group::of(record.value(), head.value()).ok_or_else(|| corrupt(op, "work queue group"))
+}
+
+/// The id at the end of `kv`'s key.
+pub(crate) fn id_in(kv: &KeyValue, op: &'static str) -> Result<u64> {
+    id_of(kv.key()).ok_or_else(|| corrupt(op, "work queue key"))
+}
+
+/// What taking message `id` out of its group needs: the group's record
+/// and head, its messages and its ready messages from `id` (two each), and
+/// the lane's first two groups (keys only). Five reads, for
+/// [`Around::of`].
+pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
+    let members = k.members(l, g);
+    let readies = k.readies(l, g);
+    let groups = k.groups(l);
+    vec![
+        get(k.group(l, g)),
+        get(k.head(l, g)),
+        range(with_id(&members, id), prefix_end(&members), 2),
+        range(with_id(&readies, id), prefix_end(&readies), 2),
+        TxnOp::get(
+            groups.clone(),
+            Some(
+                GetOptions::new()
+                    .with_range(prefix_end(&groups))
+                    .with_limit(2)
+                    .with_keys_only(),
+            ),
+        ),
+    ]
+}
+
+/// How many reads [`around_ops`] makes.
+pub(crate) const AROUND: usize = 5;
+
+/// The answers of [`around_ops`] from operation `at` on.
+pub(crate) struct Around<'a> {
+    pub(crate) group: Option<&'a KeyValue>,
+    pub(crate) head: Option<&'a KeyValue>,
+    members: &'a [KeyValue],
+    readies: &'a [KeyValue],
+    groups: &'a [KeyValue],
+    rev: i64,
+}
+
+impl<'a> Around<'a> {
+    pub(crate) fn of(s: &'a Snap, at: usize) -> Around<'a> {
+        Around {
+            group: s.one(at),
+            head: s.one(at + 1),
+            members: s.list(at + 2),
+            readies: s.list(at + 3),
+            groups: s.list(at + 4),
+            rev: s.rev,
+        }
+    }
+}
+
+/// Take message `id` (record `meta`, compared by the caller) out of lane
+/// `l`: its keys, its place in its group (the next message becomes the
+/// group's head or lowest ready one), the group when it was its last
+/// message, and the lane's clock when that was the lane's last group. A
+/// message that is neither its group's head nor ready (an ack's, mostly)
+/// changes nothing shared and compares only that it is not the head.
+/// `Ok(false)`: the reads do not agree with each other (a concurrent
+/// change); try again.
+pub(crate) fn remove(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    id: u64,
+    meta: &Meta,
+    a: &Around<'_>,
+    op: &'static str,
+) -> Result<bool> {
+    let g = meta.group.as_str();
+    let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
+        return Ok(false);
+    };
+    let old = group_of(gkv, hkv, op)?;
+    p.del(k.meta(l, id));
+    p.del(k.payload(l, id));
+    let members = k.members(l, g);
+    let mine = with_id(&members, id);
+    p.del(mine.clone());
+    if let Some(t) = meta.at() {
+        p.del(k.time_entry(l, t, id));
+    }
+    let readies = k.readies(l, g);
+    let mut new = old;
+    if meta.ready() {
+        let rk = with_id(&readies, id);
+        p.del(rk.clone());
+        p.same(gkv);
+        if old.ready == id {
+            if a.readies.first().map(|kv| kv.key()) != Some(&rk[..]) {
+                return Ok(false);
+            }
+            p.still(&rk, &prefix_end(&readies), 2, a.readies, a.rev);
+            new.ready = match a.readies.get(1) {
+                Some(kv) => id_in(kv, op)?,
+                None => 0,
+            };
+        }
+    }
+    if old.head != id {
+        // The group keeps its head (older than this message), so its
+        // ordered entry stays as it is.
+        p.value_cmp(k.head(l, g), CompareOp::NotEqual, Group::head_value(id));
+        set_group(p, k, l, g, Some(old), Some(new));
+        return Ok(true);
+    }
+    p.same(hkv);
+    if a.members.first().map(|kv| kv.key()) != Some(&mine[..]) {
+        return Ok(false);
+    }
+    p.still(&mine, &prefix_end(&members), 2, a.members, a.rev);
+    new.head = match a.members.get(1) {
+        Some(kv) => id_in(kv, op)?,
+        None => 0,
+    };
+    if new.head != 0 {
+        // The next message is the head now: its ordered entry appears if
+        // it is ready (it is then the lowest ready one).
+        if new.ready == new.head {
+            p.same(gkv);
+        } else {
+            p.absent(with_id(&readies, new.head));
+        }
+        set_group(p, k, l, g, Some(old), Some(new));
+        return Ok(true);
+    }
+    if new.ready != 0 {
+        return Ok(false);
+    }
+    p.same(gkv);
+    set_group(p, k, l, g, Some(old), None);
+    let gk = k.group(l, g);
+    match a.groups.iter().find(|kv| kv.key() != gk) {
+        // Another group keeps the lane (and its clock) alive.
+        Some(other) => p.exists_as(other),
+        None => {
+            // The lane's last group: its clock goes too (a lane without
+            // groups starts again at 0, which orders nothing differently).
+            let groups = k.groups(l);
+            p.none_in(&groups, &gk);
+            p.none_in(&after(&gk), &prefix_end(&groups));
+            p.del(k.clock(l));
+        }
+    }
+    Ok(true)
+}
+
+/// What putting a message into group `g` of lane `l` needs: the group's
+/// record and head and the lane's clock. Three reads, for
+/// [`Landing::of`].
+pub(crate) fn landing_ops(k: &QKeys, l: Lane, g: &str) -> Vec<TxnOp> {
+    vec![get(k.group(l, g)), get(k.head(l, g)), get(k.clock(l))]
+}
+
+/// The answers of [`landing_ops`] from operation `at` on.
+pub(crate) struct Landing<'a> {
+    pub(crate) group: Option<&'a KeyValue>,
+    pub(crate) head: Option<&'a KeyValue>,
+    clock: Option<&'a KeyValue>,
+}
+
+impl<'a> Landing<'a> {
+    pub(crate) fn of(s: &'a Snap, at: usize) -> Landing<'a> {
+        Landing {
+            group: s.one(at),
+            head: s.one(at + 1),
+            clock: s.one(at + 2),
+        }
+    }
+}
+
+/// Put message `id` (record `meta`, `payload`) into lane `l`: ready, or
+/// on the timeline; a group new to the lane starts at the lane's clock.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn insert(
+    p: &mut Plan,
+    k: &QKeys,
+    l: Lane,
+    id: u64,
+    meta: &Meta,
+    payload: &[u8],
+    v: &Landing<'_>,
+    op: &'static str,
+) -> Result<()> {
+    let g = meta.group.as_str();
+    p.put(k.meta(l, id), meta.encode());
+    p.put(k.payload(l, id), payload.to_vec());
+    p.put(with_id(&k.members(l, g), id), Vec::new());
+    let ready = match meta.at() {
+        None => {
+            p.put(with_id(&k.readies(l, g), id), meta.encode());
+            id
+        }
+        Some(t) => {
+            p.put(k.time_entry(l, t, id), meta.time_value());
+            0
+        }
+    };
+    match (v.group, v.head) {
+        (Some(gkv), Some(hkv)) => {
+            let old = group_of(gkv, hkv, op)?;
+            p.same(gkv);
+            if id < old.head {
+                p.same(hkv);
+            } else {
+                // Behind the head, whoever it is by then.
+                p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
+            }
+            let lowest = match (old.ready, ready) {
+                (0, r) | (r, 0) => r,
+                (a, b) => a.min(b),
+            };
+            let new = Group {
+                turn: old.turn,
+                head: old.head.min(id),
+                ready: lowest,
+            };
+            set_group(p, k, l, g, Some(old), Some(new));
+        }
+        (None, None) => {
+            p.absent(k.group(l, g));
+            p.absent(k.head(l, g));
+            let turn = match v.clock {
+                Some(kv) => {
+                    p.same(kv);
+                    std::str::from_utf8(kv.value())
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .ok_or_else(|| corrupt(op, "work queue clock"))?
+                }
+                None => {
+                    p.absent(k.clock(l));
+                    0
+                }
+            };
+            let new = Group {
+                turn,
+                head: id,
+                ready,
+            };
+            set_group(p, k, l, g, None, Some(new));
+        }
+        _ => {
+            return Err(corrupt(
+                op,
+                "work queue group (its record without its head)",
+            ));
+        }
+    }
+    Ok(())
+}
