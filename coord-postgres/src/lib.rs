@@ -251,7 +251,8 @@
 //! more came due at once, it makes that many ready, delivers nothing and
 //! tells the consumer to come back at once (a single attempt may then
 //! find nothing), so it never runs into the call timeout, which would
-//! roll it back every time. `purge` deletes 10,000 messages (then dedup
+//! roll it back every time; it moves at most 200 dead letters per
+//! step, the same way. `purge` deletes 5,000 messages (then dedup
 //! ids) per transaction until none is left: atomic for a smaller queue; a
 //! message pushed while a larger one is purged may or may not be deleted.
 //! `stats` counts the queue's rows.

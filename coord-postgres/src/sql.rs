@@ -215,11 +215,12 @@ impl Sql {
             ),
             // $1 queue, $2 lane, $3 owner, $4 visibility µs,
             // $5 max deliveries (NULL: never), $6 ordered groups, $7 the
-            // most messages made ready in one step.
+            // most messages made ready, $8 moved to the dead lane, in one
+            // step.
             queue_pop: format!(
                 "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us \
                  FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, $6::bool, \
-                 $7::int4)"
+                 $7::int4, $8::int4)"
             ),
             // $1 owner. Run after `queue_pop` in the same round trip, in a
             // transaction of its own that commits durably: setval writes

@@ -635,7 +635,8 @@ async fn deliveries_follow_the_rule_exactly() {
 /// are made ready in bounded steps, and the pop that follows still
 /// delivers what the rule picks (the lowest id), with its attempts kept;
 /// a purge of more than one step's worth of messages and dedup ids
-/// deletes them all and leaves no row.
+/// deletes them all and leaves no row; 6,000 messages due for the dead
+/// lane are moved in bounded steps before the next good one is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
     let _serial = SERIAL.lock().await;
@@ -690,6 +691,34 @@ async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
     std::mem::forget(d);
     assert_eq!(q.purge(&name).await.unwrap(), n as u64 + 1);
     assert_eq!(rows(&b).await, [0, 0, 0, 0], "a large purge left rows");
+
+    // 6,000 messages delivered too often, then a good one: a pop moves
+    // them to the dead lane in bounded steps and then delivers it.
+    let last = b.push(&name, &msg(b"good", Some("p"))).await.unwrap().id.0;
+    let dead = 6_000;
+    c.batch_execute(&format!(
+        "INSERT INTO \"{s}\".queue_messages (queue, lane, id, grp, attempts, enqueued_at, payload) \
+         SELECT '{name}', 0, {last} - i, 'p', 3, now(), 'x' FROM generate_series(1, {dead}) i; \
+         UPDATE \"{s}\".queue_groups SET first_id = {last} - {dead}, ready_id = {last} - {dead} \
+          WHERE queue = '{name}'"
+    ))
+    .await
+    .unwrap();
+    check_bookkeeping(&b, &name).await;
+    let q3 = q
+        .clone()
+        .with_config(QueueConfig::default().max_deliveries(3));
+    let d = q3
+        .pop(&name, LONG, Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("the good message, after the dead letters");
+    assert_eq!(d.id().0, last);
+    d.ack().await.unwrap();
+    check_bookkeeping(&b, &name).await;
+    assert_eq!(q.stats(&name).await.unwrap().dead, dead as u64);
+    assert_eq!(q.purge(&name).await.unwrap(), dead as u64);
+    assert_eq!(rows(&b).await, [0, 0, 0, 0]);
 }
 
 /// Pushes, deliveries and acks survive a crash although their steps

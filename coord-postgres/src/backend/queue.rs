@@ -26,13 +26,16 @@ use super::errors::{map_pg, unexpected};
 use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
 
 /// The most messages one step makes ready (delayed messages and lapsed
-/// deliveries whose time came): when more came due at once, a pop makes
-/// this many ready and tells the consumer to come back at once, so no
-/// step runs into the call timeout (which would roll it back, for ever).
+/// deliveries whose time came): when more came due, a pop makes this many
+/// ready and tells the consumer to come back at once, so no step runs
+/// into the call timeout (which would roll it back, for ever).
 const ADVANCE_BATCH: i32 = 5000;
 
+/// The most messages one pop moves to the dead lane, the same way.
+const DEAD_BATCH: i32 = 200;
+
 /// The most rows one purge step deletes (it repeats until done).
-const PURGE_BATCH: i32 = 10_000;
+const PURGE_BATCH: i32 = 5000;
 
 /// The lane as stored: 0 main, 1 dead.
 fn lane_code(lane: Lane) -> i16 {
@@ -187,6 +190,7 @@ impl Queue for PostgresBackend {
                     (&max, Type::INT8),
                     (&config.ordered_groups, Type::BOOL),
                     (&ADVANCE_BATCH, Type::INT4),
+                    (&DEAD_BATCH, Type::INT4),
                 ],
                 Some((&self.sql.queue_pop_durable, durable)),
             )
@@ -358,7 +362,7 @@ impl Queue for PostgresBackend {
         })
     }
 
-    /// In steps of up to 10,000 messages (then dedup ids), each its own
+    /// In steps of up to 5,000 messages (then dedup ids), each its own
     /// transaction under the queue's lock, until the queue has none: a
     /// queue with fewer is purged atomically; a message pushed while a
     /// larger one is purged may or may not be deleted.

@@ -94,34 +94,55 @@ BEGIN
 END
 $fn$;
 
--- A message of group p_grp left lane p_lane (deleted or moved): bring the
--- group's row up to date, or delete it (and the lane's clock with the
--- lane's last group). Returns whether the group still has messages there.
-CREATE OR REPLACE FUNCTION @s@.queue_leave(p_queue text, p_lane smallint, p_grp text)
+-- Messages of group p_grp left lane p_lane (deleted or moved), the lowest
+-- of them p_after: bring the group's row up to date, or delete it (and
+-- the lane's clock with the lane's last group). Returns whether the group
+-- still has messages there. Ids below p_after did not change, so a new
+-- lowest id (or lowest ready id) is searched for above it only: the
+-- index entries of the rows that left in this same transaction (not yet
+-- dead to other scans) are below or at it when one message leaves, so a
+-- long run of dead letters moved in one step costs no rescan of them.
+CREATE OR REPLACE FUNCTION @s@.queue_leave(
+    p_queue text, p_lane smallint, p_grp text, p_after bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_first bigint;
     v_ready bigint;
+    v_new_first bigint;
+    v_new_ready bigint;
 BEGIN
-    SELECT m.id INTO v_first FROM @s@.queue_messages m
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.grp = p_grp
-     ORDER BY m.id LIMIT 1;
-    IF v_first IS NULL THEN
+    SELECT g.first_id, g.ready_id INTO v_first, v_ready FROM @s@.queue_groups g
+     WHERE g.queue = p_queue AND g.grp = p_grp AND g.lane = p_lane;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    v_new_first := v_first;
+    IF v_first >= p_after THEN
+        SELECT m.id INTO v_new_first FROM @s@.queue_messages m
+         WHERE m.queue = p_queue AND m.grp = p_grp AND m.lane = p_lane AND m.id > p_after
+         ORDER BY m.id LIMIT 1;
+    END IF;
+    IF v_new_first IS NULL THEN
         DELETE FROM @s@.queue_groups g
-         WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = p_grp;
+         WHERE g.queue = p_queue AND g.grp = p_grp AND g.lane = p_lane;
         UPDATE @s@.queue_lanes l SET groups = l.groups - 1
          WHERE l.queue = p_queue AND l.lane = p_lane;
         DELETE FROM @s@.queue_lanes l
          WHERE l.queue = p_queue AND l.lane = p_lane AND l.groups <= 0;
         RETURN false;
     END IF;
-    SELECT m.id INTO v_ready FROM @s@.queue_messages m
-     WHERE m.queue = p_queue AND m.lane = p_lane AND m.grp = p_grp AND m.due_at IS NULL
-     ORDER BY m.id LIMIT 1;
-    UPDATE @s@.queue_groups g SET first_id = v_first, ready_id = v_ready
-     WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = p_grp
-       AND (g.first_id, g.ready_id) IS DISTINCT FROM (v_first, v_ready);
+    v_new_ready := v_ready;
+    IF v_ready >= p_after THEN
+        SELECT m.id INTO v_new_ready FROM @s@.queue_messages m
+         WHERE m.queue = p_queue AND m.grp = p_grp AND m.lane = p_lane AND m.due_at IS NULL
+           AND m.id > p_after
+         ORDER BY m.id LIMIT 1;
+    END IF;
+    IF (v_new_first, v_new_ready) IS DISTINCT FROM (v_first, v_ready) THEN
+        UPDATE @s@.queue_groups g SET first_id = v_new_first, ready_id = v_new_ready
+         WHERE g.queue = p_queue AND g.grp = p_grp AND g.lane = p_lane;
+    END IF;
     RETURN true;
 END
 $fn$;
@@ -229,10 +250,11 @@ $fn$;
 -- delivered that many times; NULL: never. p_advance: the most messages
 -- made ready in one step; when more than that came due, the step makes
 -- that many ready and delivers nothing (o_next_us 0: come back at once),
--- since one of those left might be the one the rule picks.
+-- since one of those left might be the one the rule picks. p_dead: the
+-- most dead letters moved in one step, the same way.
 CREATE OR REPLACE FUNCTION @s@.queue_pop(
     p_queue text, p_lane smallint, p_owner bytea, p_vis_us bigint, p_max bigint,
-    p_ordered boolean, p_advance integer,
+    p_ordered boolean, p_advance integer, p_dead integer,
     OUT o_id bigint, OUT o_payload bytea, OUT o_grp text, OUT o_attempts integer,
     OUT o_enqueued_ms bigint, OUT o_token bigint, OUT o_next_us bigint)
 LANGUAGE plpgsql AS $fn$
@@ -243,6 +265,7 @@ DECLARE
     v_turn bigint;
     v_id bigint;
     v_attempts integer;
+    v_moved integer := 0;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -286,11 +309,18 @@ BEGIN
          WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = v_id;
         IF p_lane = 0 AND p_max IS NOT NULL AND v_attempts >= p_max THEN
             -- Dead-lettered (ready there, id, group, attempts kept); the
-            -- next candidate is considered.
+            -- next candidate is considered, but after p_dead of them
+            -- the step ends (committing those) and the consumer comes
+            -- back at once, so a long run of them stays in short steps.
             UPDATE @s@.queue_messages m SET lane = 1
              WHERE m.queue = p_queue AND m.lane = 0 AND m.id = v_id;
-            PERFORM @s@.queue_leave(p_queue, 0::smallint, v_grp);
+            PERFORM @s@.queue_leave(p_queue, 0::smallint, v_grp, v_id);
             PERFORM @s@.queue_enter(p_queue, 1::smallint, v_grp, v_id, true);
+            v_moved := v_moved + 1;
+            IF v_moved >= p_dead THEN
+                o_next_us := 0;
+                RETURN;
+            END IF;
             CONTINUE;
         END IF;
         o_token := nextval('@s@.fencing');
@@ -310,7 +340,7 @@ BEGIN
            SET turn = v_turn + 1,
                ready_id = (SELECT m.id FROM @s@.queue_messages m
                             WHERE m.queue = p_queue AND m.lane = p_lane AND m.grp = v_grp
-                              AND m.due_at IS NULL
+                              AND m.due_at IS NULL AND m.id > v_id
                             ORDER BY m.id LIMIT 1)
          WHERE g.queue = p_queue AND g.lane = p_lane AND g.grp = v_grp;
         RETURN;
@@ -390,7 +420,7 @@ BEGIN
     END IF;
     DELETE FROM @s@.queue_messages m
      WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
-    IF @s@.queue_leave(p_queue, p_lane, v_grp) THEN
+    IF @s@.queue_leave(p_queue, p_lane, v_grp, p_id) THEN
         PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
                                      || ':' || p_queue);
     END IF;
@@ -462,7 +492,7 @@ BEGIN
     SELECT array_agg(per.grp), array_agg(per.id), coalesce(sum(per.n), 0)::int8
       INTO v_grps, v_ids, v_n FROM per;
     FOR i IN 1..coalesce(cardinality(v_grps), 0) LOOP
-        PERFORM @s@.queue_leave(p_queue, 1::smallint, v_grps[i]);
+        PERFORM @s@.queue_leave(p_queue, 1::smallint, v_grps[i], v_ids[i]);
         PERFORM @s@.queue_enter(p_queue, 0::smallint, v_grps[i], v_ids[i], true);
     END LOOP;
     IF v_n > 0 THEN
@@ -483,6 +513,7 @@ LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
     v_lanes smallint[];
     v_grps text[];
+    v_ids bigint[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -493,12 +524,12 @@ BEGIN
         DELETE FROM @s@.queue_messages m
          WHERE m.ctid = ANY (ARRAY(
                SELECT x.ctid FROM @s@.queue_messages x WHERE x.queue = p_queue LIMIT p_limit))
-        RETURNING m.lane, m.grp),
-    per AS (SELECT DISTINCT d.lane, d.grp FROM d)
-    SELECT array_agg(per.lane), array_agg(per.grp), (SELECT count(*) FROM d)
-      INTO v_lanes, v_grps, o_deleted FROM per;
+        RETURNING m.lane, m.grp, m.id),
+    per AS (SELECT d.lane, d.grp, min(d.id) AS id FROM d GROUP BY d.lane, d.grp)
+    SELECT array_agg(per.lane), array_agg(per.grp), array_agg(per.id), (SELECT count(*) FROM d)
+      INTO v_lanes, v_grps, v_ids, o_deleted FROM per;
     FOR i IN 1..coalesce(cardinality(v_grps), 0) LOOP
-        PERFORM @s@.queue_leave(p_queue, v_lanes[i], v_grps[i]);
+        PERFORM @s@.queue_leave(p_queue, v_lanes[i], v_grps[i], v_ids[i]);
     END LOOP;
     -- (A row an extend rewrote meanwhile is not at its ctid any more: it
     -- is left for the next step, so "done" is what is left, not a count.)
