@@ -239,6 +239,22 @@ impl Retry {
         }
     }
 
+    /// `Error::Unavailable` once the time is up, for a step that made
+    /// progress but has more to do (what it did stays done).
+    pub(crate) fn within(&self, what: &str) -> Result<()> {
+        if self.started.elapsed() < self.limit {
+            return Ok(());
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation: self.op,
+            message: format!(
+                "still {what} after {:?}; the next call goes on from there",
+                self.started.elapsed()
+            ),
+        })
+    }
+
     /// Wait before the next try; `Error::Unavailable` once the time is up.
     pub(crate) async fn again(&mut self) -> Result<()> {
         self.round += 1;

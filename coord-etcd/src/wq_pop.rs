@@ -271,7 +271,9 @@ impl Shared {
             };
             let (due, next_at) = due_of(&s1, now_ms(), op)?;
             if !due.is_empty() {
-                if !advance(self, &k, lane, &due, op).await? {
+                if advance(self, &k, lane, &due, op).await? {
+                    retry.within("making due messages ready")?;
+                } else {
                     retry.again().await?;
                 }
                 continue;
@@ -347,9 +349,12 @@ impl Shared {
             if lane == Lane::Main {
                 if let Some(max) = config.max_deliveries {
                     if let Some(pos) = steps.iter().position(|s| s.meta.attempts >= max) {
-                        if pos == 0 {
-                            let st = &steps[0];
-                            if !dead_letter(self, &k, st.id, &st.meta, &st.ready[0], op).await? {
+                        if let Some((st, rkv)) = steps
+                            .first()
+                            .filter(|_| pos == 0)
+                            .and_then(|st| Some((st, st.ready.first()?)))
+                        {
+                            if !dead_letter(self, &k, st.id, &st.meta, rkv, op).await? {
                                 retry.again().await?;
                             }
                             continue;
@@ -379,6 +384,7 @@ impl Shared {
                 txn = Some(level_txn(&take, st, failure));
             }
             let Some(txn) = txn else {
+                retry.again().await?;
                 continue;
             };
             let resp = self.txn(op, txn).await?;
