@@ -1165,14 +1165,18 @@ pub async fn queue_watchdog_keeps_the_delivery_until_ack(f: &Factory) {
     };
     let name = unique("q-watchdog");
     qa.push(&name, b"long job").await.unwrap();
-    let vis = ttl(&a, Duration::from_millis(900));
+    // 2 s: the watchdog renews every 667 ms and has 1.3 s for a renewal,
+    // enough for an etcd round trip while the suite's 10,000-message
+    // fairness case runs beside it on a loaded machine (900 ms, which
+    // rounds to 1 s there, failed once at load 17).
+    let vis = ttl(&a, Duration::from_secs(2));
     let d = qa
         .pop_with(&name, PopOptions::new(vis).watchdog(true))
         .await
         .unwrap()
         .unwrap();
     let token = d.fencing_token();
-    sleep(vis * 3).await;
+    sleep(vis * 2 + vis / 2).await;
     assert!(d.is_valid(), "the watchdog let the delivery lapse");
     assert!(
         qb.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
