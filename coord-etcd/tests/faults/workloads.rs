@@ -1,4 +1,4 @@
-//! The election, barrier and limiter workloads of `conformance::faults`
+//! The election, barrier, limiter, semaphore, read-write lock and work queue workloads of `conformance::faults`
 //! on etcd, under real faults: one client cut off (or its replies lost)
 //! by its proxy and healed, on one server; and the leader of a 3-node
 //! cluster killed and restarted later. Each asserts 0 violations and
@@ -174,6 +174,43 @@ async fn rwlock_cluster_leader_killed() {
         &report,
         &log,
         "rwlock-cluster-leader-killed",
+        TTL + CLUSTER_SLACK + w.work,
+    );
+}
+
+/// 5 consumers of a work queue on one server, each behind its own proxy;
+/// consumer 0 cut off for 2 visibilities, or its replies lost: no message
+/// lost or acked twice, no two valid deliveries of one message, tokens
+/// unique and rising, progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_consumer_cut_off_or_replies_lost() {
+    for (mode, scenario) in [
+        (Mode::Blackhole, "queue-consumer-cut-off"),
+        (Mode::DropReplies, "queue-consumer-replies-lost"),
+    ] {
+        let server = EtcdServer::start();
+        let (proxies, cs) = proxied(&server, 5).await;
+        let w = scenarios::queue(TTL, run_for());
+        let (report, log) =
+            scenarios::queue_consumer_cut_off(cs, &proxies, scenario, w, mode, TTL * 2).await;
+        judge(&report, &log, scenario, TTL + SLACK + w.work);
+    }
+}
+
+/// A work queue on the 3-node cluster while its leader is killed and
+/// restarted: nothing lost or acked twice, tokens rise, progress after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_cluster_leader_killed() {
+    let c = cluster().await;
+    let l = leader(&c).await;
+    let cs = clients(&c.endpoints(), 5).await;
+    let w = scenarios::queue(TTL, run_for());
+    let (report, log) =
+        conformance::faults::run_queue_workload(cs, "queue-killed", w, leader_killed(&c, l)).await;
+    judge(
+        &report,
+        &log,
+        "queue-cluster-leader-killed",
         TTL + CLUSTER_SLACK + w.work,
     );
 }

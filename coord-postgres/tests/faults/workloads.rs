@@ -1,4 +1,4 @@
-//! The election, barrier and limiter workloads of `conformance::faults`
+//! The election, barrier, limiter, semaphore, read-write lock and work queue workloads of `conformance::faults`
 //! on PostgreSQL, under real faults: one client cut off (or its replies
 //! lost) by its proxy and healed, and the whole server frozen with
 //! `SIGSTOP` past the TTL and resumed. Each asserts 0 violations and
@@ -188,4 +188,24 @@ async fn rwlock_replies_lost() {
         scenarios::permit_client_cut_off(cs, &proxies, "rw-lost", w, Mode::DropReplies, TTL * 2)
             .await;
     judge(&report, &log, "rwlock-replies-lost", TTL + SLACK + w.work);
+}
+
+/// 5 consumers of a work queue, each behind its own proxy; consumer 0 is
+/// cut off for 2 visibilities (its deliveries lapse and go to others), or
+/// its replies are lost (pushes, pops, acks and nacks applied but unheard):
+/// no message lost or acked twice, no two valid deliveries of one message,
+/// tokens unique and rising, progress after the heal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_consumer_cut_off_or_replies_lost() {
+    let _serial = SERIAL.lock().await;
+    for (mode, scenario) in [
+        (Mode::Blackhole, "queue-consumer-cut-off"),
+        (Mode::DropReplies, "queue-consumer-replies-lost"),
+    ] {
+        let (proxies, cs, _) = proxied(scenario, 5).await;
+        let w = scenarios::queue(TTL, run_for());
+        let (report, log) =
+            scenarios::queue_consumer_cut_off(cs, &proxies, scenario, w, mode, TTL * 2).await;
+        judge(&report, &log, scenario, TTL + SLACK + w.work);
+    }
 }
