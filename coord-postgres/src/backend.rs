@@ -349,11 +349,24 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
                 // can miss what was created and fail on creating it again.
                 // Its next transaction sees it: check again.
                 Err(e) if attempts < 3 && duplicate(&e) => {}
+                // Clients already past their setup use the tables while a
+                // late first user's DDL (run after its version check raced
+                // the schema's creation) locks them: the server may break
+                // such a cycle by aborting the DDL (seen in CI: two `coord`
+                // processes connecting at once to a fresh database). The
+                // schema is there by then: check again.
+                Err(e) if attempts < 3 && deadlock(&e) => {}
                 Err(e) => return Err(map_pg(OP, e)),
             }
         }
     })
     .await
+}
+
+/// The server aborted the transaction to break a deadlock (`40P01`).
+fn deadlock(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.code().code() == "40P01")
 }
 
 /// An error of creating what exists: a unique violation (on the catalogs)
