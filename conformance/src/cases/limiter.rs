@@ -10,14 +10,40 @@ use tokio::time::sleep;
 use crate::{Factory, unique};
 
 /// Sleep, if needed, so that a burst starting now fits inside one aligned
-/// window (fixed windows reset on boundaries): probe a scratch key and use
-/// its `reset_after`; up to 10 s of room is enough for any burst here.
+/// window: fixed windows reset on boundaries, and a sliding window
+/// counter's estimate starts to decay at one (both align windows on
+/// multiples of the window length since the epoch). Probe a scratch key
+/// with a fixed window of the same length and use its `reset_after` (the
+/// time to the next boundary); half the window, up to 10 s, of room is
+/// enough for any burst here.
 async fn early_in_window(c: &Coord, quota: Quota) {
+    if !matches!(
+        quota.algorithm,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow
+    ) {
+        return;
+    }
     let probe = unique("probe");
-    let d = c.limiter().unwrap().check(&probe, quota).await.unwrap();
+    let aligned = Quota::new(quota.limit, quota.window, Algorithm::FixedWindow);
+    let d = c.limiter().unwrap().check(&probe, aligned).await.unwrap();
     let room = (quota.window / 2).min(Duration::from_secs(10));
-    if quota.algorithm == Algorithm::FixedWindow && d.reset_after < room {
+    if d.reset_after < room {
         sleep(d.reset_after + Duration::from_millis(50)).await;
+    }
+}
+
+/// The window of the sequential countdown: short, so that honouring a
+/// denial's `retry_after` is quick, but long enough that the `limit + 1`
+/// sequential checks fit in 2 s before any refill can admit one more. A
+/// sliding log refills a whole window after its first entry, the windowed
+/// algorithms have 2 s of room after [`early_in_window`]; GCRA refills
+/// one request every window / limit, so its window is 20 s (one request per
+/// 2 s; with 4 s it was one per 400 ms, which a loaded 3-node etcd cluster
+/// took to serve the 11 checks, and the 11th was rightly admitted).
+fn countdown_window(alg: Algorithm) -> Duration {
+    match alg {
+        Algorithm::Gcra => Duration::from_secs(20),
+        _ => Duration::from_secs(4),
     }
 }
 
@@ -63,7 +89,7 @@ pub async fn limiter_admits_exactly_limit_of_concurrent_requests(f: &Factory) {
         );
 
         // remaining counts down on a fresh key, with a short window.
-        let quota = Quota::new(LIMIT, Duration::from_secs(4), alg);
+        let quota = Quota::new(LIMIT, countdown_window(alg), alg);
         let key2 = unique(&format!("countdown-{alg:?}"));
         early_in_window(&clients[0], quota).await;
         let lim = clients[1].limiter().unwrap();
@@ -198,6 +224,7 @@ pub async fn limiter_quota_change_grants_no_fresh_allowance(f: &Factory) {
         let key = unique("quota-lowered");
         let big = Quota::new(20, BURST_WINDOW, algorithm);
         let small = Quota::new(10, BURST_WINDOW, algorithm);
+        early_in_window(&c, big).await;
         for _ in 0..15 {
             assert!(lim.check(&key, big).await.unwrap().allowed, "{algorithm:?}");
         }
