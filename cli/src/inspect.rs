@@ -24,8 +24,9 @@ pub enum Kind {
     Queue,
 }
 
-/// The metadata `coord lock` and `coord elect` store with their grant, with
-/// the user's `--meta` object merged in (its keys win).
+/// The metadata `coord lock` stores with its grant, with the user's
+/// `--meta` object merged in (its keys win). (An election's candidate id is
+/// its holder's identity; `coord elect` stores nothing more.)
 pub fn holder_metadata(command: &[String], extra: Option<&str>) -> Result<Value, Error> {
     let host = nix::unistd::gethostname()
         .ok()
@@ -103,6 +104,23 @@ fn claim(info: ClaimInfo) -> Value {
         })).collect::<Vec<_>>(),
         "waiters": info.waiters,
     })
+}
+
+/// The holder of a refused lock, for the busy message: `; held by …`
+/// with its owner id, remaining time and metadata, or nothing when the
+/// store cannot tell or the holder left meanwhile.
+pub fn held_by(info: Option<&ClaimInfo>) -> String {
+    let Some(h) = info.and_then(|i| i.holders.first()) else {
+        return String::new();
+    };
+    let mut s = format!("; held by {}", h.owner_id);
+    if let Some(r) = h.remaining {
+        s.push_str(&format!(" for {} ms more", r.as_millis()));
+    }
+    if let Some(m) = &h.metadata {
+        s.push_str(&format!(" ({m})"));
+    }
+    s
 }
 
 /// The same, for people.

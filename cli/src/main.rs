@@ -257,25 +257,25 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
                 .wait(hold.wait)
                 .watchdog(true);
             let metadata = inspect::holder_metadata(&command, meta.as_deref())?;
-            let taken = match locks.acquire_with_metadata(&name, opts, &metadata).await {
+            let taken = match locks.acquire_or_holders(&name, opts, Some(&metadata)).await {
                 Err(Error::Unsupported { backend, .. }) => {
                     eprintln!(
                         "coord: the {backend} store keeps no holder metadata; locking without it"
                     );
-                    locks.acquire_with(&name, opts).await
+                    locks.acquire_or_holders(&name, opts, None).await
                 }
                 other => other,
-            };
+            }?;
             let guard = match taken {
-                Ok(g) => g,
-                Err(Error::Timeout { .. }) => {
+                coord::Acquired::Granted(g) => g,
+                coord::Acquired::Held(info) => {
                     eprintln!(
-                        "coord: lock `{name}` is held by another; not acquired within {:?}",
-                        hold.wait
+                        "coord: lock `{name}` is held by another; not acquired within {:?}{}",
+                        hold.wait,
+                        inspect::held_by(info.as_ref())
                     );
                     return Ok(ExitCode::from(BUSY));
                 }
-                Err(e) => return Err(e),
             };
             let token = guard.fencing_token().0.to_string();
             let env = [("COORD_FENCING_TOKEN", token.clone()), ("COORD_LOCK", name)];
@@ -303,7 +303,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             let mut leadership = match elections.campaign(&name, &id, hold.ttl, wait).await {
                 Ok(l) => l,
                 Err(Error::Timeout { .. }) => {
-                    eprintln!("coord: not elected leader of `{name}` within {wait:?}");
+                    let leader = match elections.leader(&name).await {
+                        Ok(Some(l)) => format!("; the leader is {} (term {})", l.candidate, l.term),
+                        _ => String::new(),
+                    };
+                    eprintln!("coord: not elected leader of `{name}` within {wait:?}{leader}");
                     return Ok(ExitCode::from(BUSY));
                 }
                 Err(e) => return Err(e),

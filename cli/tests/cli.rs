@@ -43,19 +43,23 @@ async fn lock_runs_the_command_with_its_token_and_exit_code() {
 }
 
 /// A held lock: `--wait` passes and the tool exits 75 without running the
-/// command.
+/// command, saying who holds it (owner id and metadata).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_lock_exits_75_without_running_the_command() {
     for url in stores() {
         let name = unique("busy");
         let c = coord::connect(&url).await.unwrap();
+        let who = serde_json::json!({"host": "batch-9", "job": "backfill"});
         let held = c
             .locks()
             .unwrap()
-            .try_acquire(&name, Duration::from_secs(30))
+            .acquire_with_metadata(
+                &name,
+                coord::LockOptions::new(Duration::from_secs(30)),
+                &who,
+            )
             .await
-            .unwrap()
-            .expect("free");
+            .unwrap();
         let started = Instant::now();
         let out = run(
             &url,
@@ -65,6 +69,12 @@ async fn a_busy_lock_exits_75_without_running_the_command() {
         assert_eq!(out.status.code(), Some(BUSY), "{url}: {out:?}");
         assert!(text(&out.stdout).is_empty(), "{url}: the command ran");
         assert!(started.elapsed() >= Duration::from_millis(300));
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("held by {}", held.owner_id()))
+                && err.contains(r#""job":"backfill""#),
+            "{url}: the busy message does not name the holder: {err}"
+        );
         held.release().await.unwrap();
     }
 }
@@ -129,7 +139,7 @@ async fn elect_and_leader() {
             .args([
                 "elect", &name, "--id", "alpha", "--ttl", "5s", "--", "sh", "-c",
             ])
-            .arg("echo $COORD_TERM; sleep 2")
+            .arg("echo $COORD_TERM; sleep 4")
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -148,6 +158,19 @@ async fn elect_and_leader() {
         assert_eq!(v["term"], term, "{url}: {v}");
         let out = run(&url, &["leader", &name]).await;
         assert_eq!(text(&out.stdout), format!("alpha (term {term})"));
+        // A second candidate gives up at --wait, naming the leader.
+        let out = run(
+            &url,
+            &[
+                "elect", &name, "--id", "beta", "--wait", "200ms", "--", "true",
+            ],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(BUSY), "{url}: {out:?}");
+        assert!(
+            text(&out.stderr).contains(&format!("the leader is alpha (term {term})")),
+            "{url}: {out:?}"
+        );
         assert_eq!(child.wait().await.unwrap().code(), Some(0));
         // It resigned when the command ended.
         let out = run(&url, &["leader", &name, "--json"]).await;

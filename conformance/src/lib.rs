@@ -175,6 +175,7 @@ pub const CASES: &[&str] = &[
     "inspect_semaphore_lists_each_grant",
     "inspect_lease_shows_the_holder",
     "inspect_oversized_metadata_is_rejected_and_writes_nothing",
+    "inspect_refused_attempt_names_the_holder",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -272,6 +273,7 @@ macro_rules! suite {
             inspect_semaphore_lists_each_grant,
             inspect_lease_shows_the_holder,
             inspect_oversized_metadata_is_rejected_and_writes_nothing,
+            inspect_refused_attempt_names_the_holder,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -142,3 +142,68 @@ pub(crate) fn info(record: ClaimRecord) -> ClaimInfo {
         waiters: record.waiters,
     }
 }
+
+/// The outcome of an attempt that says who is in the way: the grant, or,
+/// when it was not taken within the wait, the name's holders.
+///
+/// Returned by [`Locks::acquire_or_holders`](crate::Locks::acquire_or_holders),
+/// [`Leases::grant_or_holders`](crate::Leases::grant_or_holders) and
+/// [`Semaphores::acquire_or_holders`](crate::Semaphores::acquire_or_holders).
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// use std::time::Duration;
+/// use coord_core::{Acquired, LockOptions};
+/// let me = serde_json::json!({"host": "web-3", "job": "nightly"});
+/// let opts = LockOptions::new(Duration::from_secs(30));
+/// match coord.locks()?.acquire_or_holders("nightly", opts, Some(&me)).await? {
+///     Acquired::Granted(guard) => guard.release().await?,
+///     Acquired::Held(Some(info)) => {
+///         for h in &info.holders {
+///             println!("busy: held by {} ({:?}), {:?} left", h.owner_id, h.metadata, h.remaining);
+///         }
+///     }
+///     Acquired::Held(None) => println!("busy; this store cannot tell by whom"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub enum Acquired<G> {
+    /// Taken.
+    Granted(G),
+    /// Not taken within the wait. The holders as the store records them,
+    /// read by one more round trip right after the last refused attempt:
+    /// by then the holder may have left (`holders` empty) or another may
+    /// hold it. `None` where the store keeps no holder record (a backend
+    /// without `inspect`).
+    Held(Option<ClaimInfo>),
+}
+
+impl<G> Acquired<G> {
+    /// The grant, if it was taken.
+    pub fn granted(self) -> Option<G> {
+        match self {
+            Acquired::Granted(g) => Some(g),
+            Acquired::Held(_) => None,
+        }
+    }
+
+    /// Whether it was taken.
+    pub fn is_granted(&self) -> bool {
+        matches!(self, Acquired::Granted(_))
+    }
+}
+
+/// The holders to report for a refused attempt: `inspect`'s answer, or
+/// `None` where the backend does not implement it. Any other error of the
+/// read is returned: the attempt itself left nothing behind.
+pub(crate) async fn after_refusal<G, F>(read: F) -> Result<Acquired<G>>
+where
+    F: std::future::Future<Output = Result<ClaimInfo>>,
+{
+    match read.await {
+        Ok(info) => Ok(Acquired::Held(Some(info))),
+        Err(Error::Unsupported { .. }) => Ok(Acquired::Held(None)),
+        Err(e) => Err(e),
+    }
+}

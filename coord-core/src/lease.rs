@@ -91,6 +91,28 @@ impl Leases {
         self.grant_inner(name, ttl, Some(meta.into())).await
     }
 
+    /// [`grant`](Leases::grant) (with `metadata`, if given, as
+    /// [`grant_with_metadata`](Leases::grant_with_metadata) stores it), or,
+    /// if another owner holds a live lease, say who:
+    /// [`Acquired::Held`](crate::Acquired::Held) with the holder's
+    /// fingerprint, fencing token, remaining time and metadata, read right
+    /// after the refusal. Cost: one round trip, two when refused.
+    pub async fn grant_or_holders(
+        &self,
+        name: &str,
+        ttl: Duration,
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<crate::Acquired<Guard>> {
+        let meta = match metadata {
+            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
+            None => None,
+        };
+        match self.grant_inner(name, ttl, meta).await? {
+            Some(g) => Ok(crate::Acquired::Granted(g)),
+            None => crate::inspect::after_refusal(self.inspect(name)).await,
+        }
+    }
+
     /// Who holds `name`, as the store records it (none when no lease is
     /// live). Cost: one round trip.
     ///

@@ -166,6 +166,34 @@ impl Locks {
         self.acquire_inner(name, opts, Some(meta.into())).await
     }
 
+    /// Take `name` as `opts` say (with `metadata`, if given, as
+    /// [`acquire_with_metadata`](Locks::acquire_with_metadata) stores it),
+    /// or, if it stayed busy for `opts.wait`, say who holds it:
+    /// [`Acquired::Held`](crate::Acquired::Held) with the holder's
+    /// [`owner_id`](Guard::owner_id), fencing token, remaining time and
+    /// metadata, read right after the last refused attempt. What a CLI or an
+    /// operator page shows instead of a bare "busy".
+    ///
+    /// Errors: as [`acquire_with`](Locks::acquire_with), except that a
+    /// lock that stayed busy is not an error. Cost: as `acquire_with`, plus
+    /// one round trip when refused.
+    pub async fn acquire_or_holders(
+        &self,
+        name: &str,
+        opts: LockOptions,
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<crate::Acquired<Guard>> {
+        let meta = match metadata {
+            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
+            None => None,
+        };
+        match self.acquire_inner(name, opts, meta).await {
+            Ok(g) => Ok(crate::Acquired::Granted(g)),
+            Err(Error::Timeout { .. }) => crate::inspect::after_refusal(self.inspect(name)).await,
+            Err(e) => Err(e),
+        }
+    }
+
     /// Who holds `name`, as the store records it: the holder's
     /// [`owner_id`](Guard::owner_id), fencing token, remaining time and
     /// metadata (none when it is free), and queued waiters where the store

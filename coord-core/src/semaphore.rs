@@ -374,6 +374,35 @@ impl Semaphores {
         self.acquire_meta(name, opts, Some(meta.into())).await
     }
 
+    /// [`acquire_with`](Semaphores::acquire_with) (with `metadata`, if
+    /// given, as [`acquire_with_metadata`](Semaphores::acquire_with_metadata)
+    /// stores it), or, if not enough permits were free within `opts.wait`,
+    /// say who holds them: [`Acquired::Held`](crate::Acquired::Held) with
+    /// every live grant (fingerprint, permits, fencing token, remaining
+    /// time, metadata) and the queued waiters where the store can tell,
+    /// read right after the last refused attempt.
+    ///
+    /// Errors: as `acquire_with`, except that a semaphore that stayed full
+    /// is not an error. Cost: as `acquire_with`, plus one round trip when
+    /// refused.
+    pub async fn acquire_or_holders(
+        &self,
+        name: &str,
+        opts: PermitOptions,
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<crate::Acquired<Permit>> {
+        validate::name("name", name)?;
+        let meta = match metadata {
+            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
+            None => None,
+        };
+        match self.acquire_meta(name, opts, meta).await {
+            Ok(p) => Ok(crate::Acquired::Granted(p)),
+            Err(Error::Timeout { .. }) => crate::inspect::after_refusal(self.inspect(name)).await,
+            Err(e) => Err(e),
+        }
+    }
+
     /// The live grants of `name` (holder fingerprint, permits, fencing
     /// token, remaining time, metadata) and queued waiters where the store
     /// can tell. Cost: one round trip.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use coord_core::{ClaimInfo, Coord, Error, LockOptions, PermitOptions, Result};
+use coord_core::{Acquired, ClaimInfo, Coord, Error, LockOptions, PermitOptions, Result};
 use serde_json::json;
 
 use crate::{Factory, unique};
@@ -209,4 +209,126 @@ pub async fn inspect_oversized_metadata_is_rejected_and_writes_nothing(f: &Facto
         Some(at_limit)
     );
     g.release().await.unwrap();
+}
+
+/// A refused attempt says who is in the way: a lock, a lease and a full
+/// semaphore held by one client with metadata; another client's
+/// `acquire_or_holders` / `grant_or_holders` (with its own metadata) is
+/// `Held` with the holder's owner id, fencing token and metadata, writes
+/// nothing (the holder is unchanged and its own metadata is not stored),
+/// and once the holder is gone the same call is `Granted`.
+pub async fn inspect_refused_attempt_names_the_holder(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let (la, lb) = (a.locks().unwrap(), b.locks().unwrap());
+    let name = unique("held-by");
+    if gated(lb.inspect(&name).await).is_none() {
+        return;
+    }
+    let holder = json!({"host": "web-3", "job": "nightly"});
+    let other = json!({"host": "web-4"});
+    let opts = LockOptions::new(LONG).wait(Duration::from_millis(200));
+
+    // A lock.
+    let guard = la
+        .acquire_with_metadata(&name, LockOptions::new(LONG), &holder)
+        .await
+        .unwrap();
+    let info = match lb
+        .acquire_or_holders(&name, opts, Some(&other))
+        .await
+        .unwrap()
+    {
+        Acquired::Held(Some(info)) => info,
+        other => panic!("a held lock: expected Held with its holder, got {other:?}"),
+    };
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    assert_eq!(info.holders[0].owner_id, guard.owner_id());
+    assert_eq!(info.holders[0].fencing_token, guard.fencing_token());
+    assert_eq!(info.holders[0].metadata.as_ref(), Some(&holder));
+    let after = lb.inspect(&name).await.unwrap();
+    assert_eq!(
+        after,
+        info_without_remaining(&info, &after),
+        "the refusal changed the holder"
+    );
+    guard.release().await.unwrap();
+    let g = lb
+        .acquire_or_holders(&name, opts, Some(&other))
+        .await
+        .unwrap()
+        .granted()
+        .expect("a released lock: Granted");
+    assert_eq!(
+        la.inspect(&name).await.unwrap().holders[0]
+            .metadata
+            .as_ref(),
+        Some(&other)
+    );
+    g.release().await.unwrap();
+
+    // A lease.
+    if let (Ok(ea), Ok(eb)) = (a.leases(), b.leases()) {
+        let lname = unique("held-by-lease");
+        let lease = ea
+            .grant_with_metadata(&lname, LONG, &holder)
+            .await
+            .unwrap()
+            .expect("a free lease");
+        match eb.grant_or_holders(&lname, LONG, None).await.unwrap() {
+            Acquired::Held(Some(info)) => {
+                assert_eq!(info.holders.len(), 1, "{info:?}");
+                assert_eq!(info.holders[0].owner_id, lease.owner_id());
+                assert_eq!(info.holders[0].metadata.as_ref(), Some(&holder));
+            }
+            other => panic!("a live lease: expected Held with its holder, got {other:?}"),
+        }
+        lease.revoke().await.unwrap();
+        let l = eb.grant_or_holders(&lname, LONG, None).await.unwrap();
+        assert!(
+            l.is_granted(),
+            "a revoked lease: expected Granted, got {l:?}"
+        );
+        l.granted().unwrap().revoke().await.unwrap();
+    }
+
+    // A full semaphore: every grant is named.
+    if let (Ok(sa), Ok(sb)) = (a.semaphores(), b.semaphores()) {
+        let sname = unique("held-by-sem");
+        let full = PermitOptions::new(2, LONG).permits(2);
+        let p = sa
+            .acquire_with_metadata(&sname, full, &holder)
+            .await
+            .unwrap();
+        let one = PermitOptions::new(2, LONG).wait(Duration::from_millis(200));
+        match sb
+            .acquire_or_holders(&sname, one, Some(&other))
+            .await
+            .unwrap()
+        {
+            Acquired::Held(Some(info)) => {
+                assert_eq!(info.holders.len(), 1, "{info:?}");
+                assert_eq!(info.holders[0].owner_id, p.owner_id());
+                assert_eq!(info.holders[0].permits, 2);
+                assert_eq!(info.holders[0].metadata.as_ref(), Some(&holder));
+            }
+            other => panic!("a full semaphore: expected Held with its grants, got {other:?}"),
+        }
+        p.release().await.unwrap();
+        let q = sb.acquire_or_holders(&sname, one, None).await.unwrap();
+        assert!(
+            q.is_granted(),
+            "a free semaphore: expected Granted, got {q:?}"
+        );
+        q.granted().unwrap().release().await.unwrap();
+    }
+}
+
+/// `after` with `info`'s remaining times (which move on between reads):
+/// equal to `info` iff nothing else changed.
+fn info_without_remaining(info: &ClaimInfo, after: &ClaimInfo) -> ClaimInfo {
+    let mut v = info.clone();
+    for (h, a) in v.holders.iter_mut().zip(&after.holders) {
+        h.remaining = a.remaining;
+    }
+    v
 }
