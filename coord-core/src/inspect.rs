@@ -174,8 +174,10 @@ pub enum Acquired<G> {
     /// Not taken within the wait. The holders as the store records them,
     /// read by one more round trip right after the last refused attempt:
     /// by then the holder may have left (`holders` empty) or another may
-    /// hold it. `None` where the store keeps no holder record (a backend
-    /// without `inspect`).
+    /// hold it. Its `waiters` may still count this attempt's own place in
+    /// a queueing store's line, which is withdrawn in the background.
+    /// `None` where the store keeps no holder record (a backend without
+    /// `inspect`).
     Held(Option<ClaimInfo>),
 }
 

@@ -341,6 +341,9 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
                 .await
             {
                 Ok(()) => return Ok(()),
+                // Another first user created the current schema while we
+                // waited for the lock: nothing to do.
+                Err(e) if schema_current(&e) => return Ok(()),
                 // Waiting for the advisory lock does not refresh the
                 // server session's catalog caches: a session that looked
                 // the schema up (and cached its absence) before another
@@ -361,6 +364,13 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
         }
     })
     .await
+}
+
+/// The layout's DDL stopped because the schema is current (see
+/// [`crate::sql::SCHEMA_CURRENT`]).
+fn schema_current(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.code().code() == crate::sql::SCHEMA_CURRENT)
 }
 
 /// The server aborted the transaction to break a deadlock (`40P01`).

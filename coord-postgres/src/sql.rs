@@ -303,6 +303,10 @@ fn claim_insert(s: &str, schema: &str, metadata: bool) -> String {
     )
 }
 
+/// The SQLSTATE with which the layout's DDL stops when a concurrent first
+/// user created the current schema while this one waited for the lock.
+pub(crate) const SCHEMA_CURRENT: &str = "C0D01";
+
 /// The whole layout, created in one transaction (one simple-query message:
 /// an implicit transaction that leaves no state behind on error) under a transaction-scoped
 /// advisory lock so that clients starting together on an empty database
@@ -311,6 +315,22 @@ fn ddl(s: &str, schema: &str) -> String {
     // `schema` is a checked identifier (letters, digits, `_`), so it is
     // safe inside the string literal of the advisory lock key as well.
     let mut text = format!("SELECT pg_advisory_xact_lock(hashtext('coord-schema:{schema}'));\n");
+    // A first user whose version check raced another's creation of the
+    // schema finds it current once it holds the lock: it stops here
+    // (SQLSTATE `SCHEMA_CURRENT`, taken as success) instead of running DDL
+    // that would lock tables other clients are already working on (they
+    // would wait behind it, or be aborted as a deadlock with it). A
+    // session that still caches the schema's absence does not find it and
+    // runs the DDL as before (see `ensure_schema`).
+    text.push_str(&format!(
+        "DO $current$ BEGIN\n\
+           IF to_regclass('{s}.meta') IS NOT NULL THEN\n\
+             IF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) >= {SCHEMA_VERSION} THEN\n\
+               RAISE EXCEPTION 'coord: the schema is current' USING ERRCODE = '{SCHEMA_CURRENT}';\n\
+             END IF;\n\
+           END IF;\n\
+         END $current$;\n"
+    ));
     let claims = include_str!("sql/claims.sql").replace("@schema@", schema);
     let semaphore = include_str!("sql/semaphore.sql").replace("@schema@", schema);
     let queue = include_str!("sql/queue.sql").replace("@schema@", schema);

@@ -594,3 +594,106 @@ async fn url_options_take_effect() {
         }
     }
 }
+
+/// A first user whose version check raced the schema's creation (it found
+/// no schema, then waited for the schema lock while another first user
+/// created it) runs no DDL once it holds the lock: clients already at work
+/// on the tables never wait behind it, and are never aborted as a deadlock
+/// with it (seen in the suite: a semaphore acquire failed with 40P01
+/// against a late first user's DDL).
+///
+/// Deterministic: a session holds the schema lock while first user A,
+/// then session R (a session-level lock on the same key), then first user
+/// B queue on it. When R gets it, A's DDL is committed; R locks every table
+/// of the schema in ACCESS SHARE mode, as any client at work does, and lets
+/// B in. B must connect while R still holds its table locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_first_user_runs_no_ddl_on_a_current_schema() {
+    use coord_postgres::tokio_postgres::{self, NoTls};
+    async fn session() -> tokio_postgres::Client {
+        let (c, conn) = tokio_postgres::connect(&cluster().url(), NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    }
+    let schema = unique("late");
+    let key = format!("hashtext('coord-schema:{schema}')::int8");
+    let probe = session().await;
+    let queued = |n: i64| {
+        let (probe, key) = (&probe, key.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let sql = format!(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                     AND objid = (({key}) & 4294967295)::oid"
+                );
+                if probe.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) >= n {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{n} never queued on the schema lock"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let connect = |url: String| {
+        tokio::spawn(async move {
+            coord_postgres::builder(&url)
+                .listen(false)
+                .connect()
+                .await
+                .map(|_| ())
+        })
+    };
+    let url = format!("{}&schema={schema}&timeout=20s", cluster().url());
+
+    let holder = session().await;
+    holder
+        .batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})"))
+        .await
+        .unwrap();
+    let a = connect(url.clone());
+    queued(1).await;
+    let (locked_tx, locked_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let r = {
+        let (key, schema) = (key.clone(), schema.clone());
+        tokio::spawn(async move {
+            let r = session().await;
+            r.batch_execute(&format!("SELECT pg_advisory_lock({key})"))
+                .await
+                .unwrap();
+            r.batch_execute(&format!(
+                "BEGIN; DO $$ DECLARE t record; BEGIN \
+                   FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = '{schema}' LOOP \
+                     EXECUTE format('LOCK TABLE %I.%I IN ACCESS SHARE MODE', '{schema}', t.tablename); \
+                   END LOOP; END $$; SELECT pg_advisory_unlock({key})"
+            ))
+            .await
+            .unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = done_rx.await;
+            r.batch_execute("COMMIT").await.unwrap();
+        })
+    };
+    queued(2).await;
+    let b = connect(url.clone());
+    queued(3).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    a.await.unwrap().expect("first user A connects");
+    locked_rx.await.expect("R took its table locks");
+    let b = tokio::time::timeout(Duration::from_secs(5), b).await;
+    let _ = done_tx.send(());
+    r.await.unwrap();
+    match b {
+        Ok(joined) => joined.unwrap().expect("late first user B connects"),
+        Err(_) => panic!(
+            "the late first user B waited 5 s behind a session that only reads the tables: \
+             it ran the schema's DDL again"
+        ),
+    }
+}
