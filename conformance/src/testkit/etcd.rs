@@ -64,7 +64,7 @@ pub fn etcd_binary() -> PathBuf {
 
 fn temp_dir(tag: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
+    let d = super::scratch_dir().join(format!(
         "coord-etcd-{}-{}-{}",
         std::process::id(),
         tag,

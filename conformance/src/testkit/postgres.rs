@@ -114,7 +114,7 @@ fn run_as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
 /// A folder under the temp dir, owned by `postgres` when we are root.
 fn temp_folder(tag: &str) -> PathBuf {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
+    let dir = super::scratch_dir().join(format!(
         "coord-{tag}-{}-{}",
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)

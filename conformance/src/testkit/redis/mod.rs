@@ -116,7 +116,7 @@ impl RedisServer {
         for _ in 0..5 {
             let port = free_port();
             static SEQ: AtomicU64 = AtomicU64::new(0);
-            let dir = std::env::temp_dir().join(format!(
+            let dir = crate::testkit::scratch_dir().join(format!(
                 "coord-redis-{}-{port}-{}",
                 std::process::id(),
                 SEQ.fetch_add(1, Ordering::Relaxed)
