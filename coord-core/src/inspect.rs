@@ -120,6 +120,13 @@ pub fn metadata_bytes(value: &serde_json::Value) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// [`metadata_bytes`] of an optional value, as the grant paths take it.
+pub(crate) fn optional_metadata(
+    value: Option<&serde_json::Value>,
+) -> Result<Option<std::sync::Arc<[u8]>>> {
+    value.map(|v| metadata_bytes(v).map(Into::into)).transpose()
+}
+
 /// Turn a backend's record into what users see.
 pub(crate) fn info(record: ClaimRecord) -> ClaimInfo {
     ClaimInfo {

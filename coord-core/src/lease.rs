@@ -103,10 +103,7 @@ impl Leases {
         ttl: Duration,
         metadata: Option<&serde_json::Value>,
     ) -> Result<crate::Acquired<Guard>> {
-        let meta = match metadata {
-            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
-            None => None,
-        };
+        let meta = crate::inspect::optional_metadata(metadata)?;
         match self.grant_inner(name, ttl, meta).await? {
             Some(g) => Ok(crate::Acquired::Granted(g)),
             None => crate::inspect::after_refusal(self.inspect(name)).await,

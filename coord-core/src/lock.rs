@@ -183,10 +183,7 @@ impl Locks {
         opts: LockOptions,
         metadata: Option<&serde_json::Value>,
     ) -> Result<crate::Acquired<Guard>> {
-        let meta = match metadata {
-            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
-            None => None,
-        };
+        let meta = crate::inspect::optional_metadata(metadata)?;
         match self.acquire_inner(name, opts, meta).await {
             Ok(g) => Ok(crate::Acquired::Granted(g)),
             Err(Error::Timeout { .. }) => crate::inspect::after_refusal(self.inspect(name)).await,

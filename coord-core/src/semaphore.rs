@@ -392,10 +392,7 @@ impl Semaphores {
         metadata: Option<&serde_json::Value>,
     ) -> Result<crate::Acquired<Permit>> {
         validate::name("name", name)?;
-        let meta = match metadata {
-            Some(m) => Some(crate::inspect::metadata_bytes(m)?.into()),
-            None => None,
-        };
+        let meta = crate::inspect::optional_metadata(metadata)?;
         match self.acquire_meta(name, opts, meta).await {
             Ok(p) => Ok(crate::Acquired::Granted(p)),
             Err(Error::Timeout { .. }) => crate::inspect::after_refusal(self.inspect(name)).await,
