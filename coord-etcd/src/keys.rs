@@ -122,11 +122,12 @@ pub(crate) fn map_err(operation: &'static str, e: etcd_client::Error) -> Error {
             matches!(
                 code,
                 UNAVAILABLE | DEADLINE_EXCEEDED | CANCELLED | ABORTED | RESOURCE_EXHAUSTED
-            ) || (code == UNKNOWN
-                && (message.contains("transport")
-                    || message.contains("connection")
-                    || message.contains("leader")
-                    || message.contains("timed out")))
+            ) || (code == INTERNAL && message.contains("h2 protocol error"))
+                || (code == UNKNOWN
+                    && (message.contains("transport")
+                        || message.contains("connection")
+                        || message.contains("leader")
+                        || message.contains("timed out")))
         }
         E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
         E::LeaseKeepAliveError(m) => !m.contains("not found"),
@@ -170,6 +171,7 @@ mod tonic_code {
     pub const DEADLINE_EXCEEDED: i32 = 4;
     pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const ABORTED: i32 = 10;
+    pub const INTERNAL: i32 = 13;
     pub const UNAVAILABLE: i32 = 14;
 }
 
@@ -196,5 +198,28 @@ mod tests {
         );
         assert_eq!(lease_value("ab12", None), b"ab12".to_vec());
         assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+    }
+
+    /// The client's own HTTP/2 connection broke (tonic reports it as
+    /// `Internal`, "h2 protocol error": seen in the queue fault workload
+    /// when the proxy dropped part of a reply, a GOAWAY PROTOCOL_ERROR):
+    /// transport trouble, retryable. An `Internal` status from the server
+    /// stays a store error.
+    #[test]
+    fn a_broken_http2_connection_is_unavailable() {
+        use tonic::{Code, Status};
+        let broken = etcd_client::Error::GRpcStatus(Status::new(
+            Code::Internal,
+            "h2 protocol error: http2 error",
+        ));
+        assert!(
+            matches!(map_err("queue pop", broken), Error::Unavailable { .. }),
+            "a broken HTTP/2 connection is not retryable"
+        );
+        let server = etcd_client::Error::GRpcStatus(Status::new(
+            Code::Internal,
+            "etcdserver: unexpected error",
+        ));
+        assert!(matches!(map_err("queue pop", server), Error::Store { .. }));
     }
 }
