@@ -43,7 +43,7 @@ fn shm_has_room() -> bool {
     const ROOM: u64 = 2 << 30;
     match nix::sys::statvfs::statvfs("/dev/shm") {
         Ok(s) => {
-            let free = u64::from(s.blocks_available()) * u64::from(s.fragment_size());
+            let free = s.blocks_available().saturating_mul(s.fragment_size());
             free >= ROOM && nix::unistd::access("/dev/shm", nix::unistd::AccessFlags::W_OK).is_ok()
         }
         Err(_) => false,
