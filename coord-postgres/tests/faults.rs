@@ -52,14 +52,24 @@ fn workload(watchdog: bool) -> LockWorkload {
 /// that times out (a loaded machine: 2 cores, a server log-in takes a
 /// fork) is tried again, three times in all.
 async fn client(url: &str) -> Coord {
+    client_with(url, |b| b).await
+}
+
+/// [`client`], with `tune` applied to the builder.
+async fn client_with(
+    url: &str,
+    tune: impl Fn(coord_postgres::PostgresBuilder) -> coord_postgres::PostgresBuilder,
+) -> Coord {
     let mut attempt = 0;
     loop {
-        let c = coord_postgres::builder(url)
-            .call_timeout(Duration::from_millis(400))
-            .connect_timeout(Duration::from_millis(500))
-            .pool_size(4)
-            .connect()
-            .await;
+        let c = tune(
+            coord_postgres::builder(url)
+                .call_timeout(Duration::from_millis(400))
+                .connect_timeout(Duration::from_millis(500))
+                .pool_size(4),
+        )
+        .connect()
+        .await;
         match c {
             Ok(c) => return c,
             Err(e) if attempt < 2 && e.is_retryable() => {
@@ -204,10 +214,15 @@ async fn dropped_replies_for_one_client() {
     let (url, pg) = database("dropped-replies");
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
-    let victim = client(&urls[4]).await;
     // A client that has been working: its pooled connection has the
     // statements prepared (else the first Parse's reply is lost and the
-    // statement itself is never sent).
+    // statement itself is never sent). ONE pooled connection and no
+    // background sweep, so the attempt runs on the connection the warm-up
+    // prepared: with more, a sweep started by the warm-up's write could
+    // hold it, and the attempt would open a new one that never logs in or
+    // take one on which only the release was prepared (it failed 2 runs in
+    // 8 so).
+    let victim = client_with(&urls[4], |b| b.pool_size(1).sweep_every(None)).await;
     let warm = victim.locks().unwrap();
     warm.acquire("dropped-replies", TTL, TTL)
         .await
