@@ -6,7 +6,9 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::util::{Secret, parse_bool, parse_duration, redact_url_passwords};
+use coord_core::util::{
+    Secret, parse_bool, parse_duration, redact_url_passwords, split_url_options,
+};
 use coord_core::{Error, Result};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -140,13 +142,21 @@ impl fmt::Debug for ParsedUrl {
 pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let raw = url.expose();
     let display = redact_url_passwords(raw);
-    let mut parsed = url::Url::parse(raw)
-        .map_err(|e| Error::Config(format!("invalid PostgreSQL URL `{display}`: {e}")))?;
-    match parsed.scheme() {
-        "postgres" | "postgresql" => {}
-        other => {
+    // Not `url::Url`: it takes the authority for one host and port, and
+    // refuses the host lists libpq and tokio-postgres take
+    // (`postgres://h1:5432,h2:5432/db`). The query is split off here and
+    // the rest left to tokio-postgres.
+    let (base, options) = split_url_options(raw);
+    match base.split_once("://").map(|(scheme, _)| scheme) {
+        Some("postgres" | "postgresql") => {}
+        Some(other) => {
             return Err(Error::Config(format!(
                 "`{display}`: the scheme is `{other}`; the PostgreSQL backend takes postgres:// or postgresql:// URLs"
+            )));
+        }
+        None => {
+            return Err(Error::Config(format!(
+                "invalid PostgreSQL URL `{display}`: write postgres://[user[:password]@]host[:port][,host[:port]...]/database[?options]"
             )));
         }
     }
@@ -161,8 +171,19 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let mut barrier_abandon_after = None;
     let mut prepared = None;
     let mut rest: Vec<(String, String)> = Vec::new();
-    for (k, v) in parsed.query_pairs() {
+    let mut session_attrs_given = false;
+    for (k, v) in options {
         match &*k {
+            "target_session_attrs" => {
+                if v == "read-only" {
+                    return Err(Error::Config(format!(
+                        "`{display}`: target_session_attrs=read-only cannot work: every coord \
+                         call writes; use read-write (the default with several hosts) or any"
+                    )));
+                }
+                session_attrs_given = true;
+                rest.push((k, v));
+            }
             "sslmode" => {
                 tls = match &*v {
                     "disable" | "allow" => TlsMode::Disable,
@@ -233,11 +254,11 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
                     ))
                 })?)
             }
-            _ => rest.push((k.into_owned(), v.into_owned())),
+            _ => rest.push((k, v)),
         }
     }
-    if rest.is_empty() {
-        parsed.set_query(None);
+    let for_driver = if rest.is_empty() {
+        base
     } else {
         // Percent-encoded (a space as %20, not the `+` of form encoding:
         // tokio-postgres does not read `+` as a space).
@@ -246,14 +267,21 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
             .map(|(k, v)| format!("{}={}", percent_encode(k), percent_encode(v)))
             .collect::<Vec<_>>()
             .join("&");
-        parsed.set_query(Some(&query));
-    }
-    let mut pg = tokio_postgres::Config::from_str(parsed.as_str()).map_err(|e| {
+        format!("{base}?{query}")
+    };
+    let mut pg = tokio_postgres::Config::from_str(&for_driver).map_err(|e| {
         Error::Config(format!(
             "invalid PostgreSQL URL `{display}`: {}",
             redact_url_passwords(&e.to_string())
         ))
     })?;
+    // Several hosts (a primary and its standbys): the session must be
+    // writable, so connections skip a standby (or a server fenced
+    // read-only) and find the primary after a failover. libpq's default
+    // (`any`) would stay on a standby listed first, where every call fails.
+    if pg.get_hosts().len() > 1 && !session_attrs_given {
+        pg.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    }
     pg.ssl_mode(tls.pg_ssl_mode());
     if pg.get_application_name().is_none() {
         pg.application_name("coord");
@@ -503,6 +531,49 @@ mod tests {
         let b = crate::PostgresBuilder::new("postgres://h/db?coord_sweep_every=30s");
         assert_eq!(b.sweep_every, Some(Duration::from_secs(30)));
         assert_eq!(b.call_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn multi_host_urls_keep_every_host_and_ask_for_a_writable_server() {
+        use tokio_postgres::config::{Host, TargetSessionAttrs};
+        let p = parse_url(&Secret::new(
+            "postgres://alice:hunter2@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write&coord_pool_size=3",
+        ))
+        .unwrap();
+        let hosts: Vec<String> =
+            p.pg.get_hosts()
+                .iter()
+                .map(|h| match h {
+                    Host::Tcp(h) => h.clone(),
+                    #[cfg(unix)]
+                    Host::Unix(p) => p.display().to_string(),
+                })
+                .collect();
+        assert_eq!(hosts, ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(p.pg.get_ports(), [5432, 5433]);
+        assert_eq!(p.pg.get_dbname(), Some("app"));
+        assert_eq!(p.pool_size, Some(3));
+        assert_eq!(
+            p.pg.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        assert!(!format!("{p:?}").contains("hunter2"));
+        // Several hosts and no choice: the writable one (coord writes on
+        // every call; a standby first in the list would refuse them all).
+        let p = parse_url(&Secret::new("postgres://h1,h2:5433/app")).unwrap();
+        assert_eq!(
+            p.pg.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+        // One host: as libpq.
+        let p = parse_url(&Secret::new("postgres://h1/app")).unwrap();
+        assert_eq!(p.pg.get_target_session_attrs(), TargetSessionAttrs::Any);
+        // coord cannot work on a read-only session.
+        let e = parse_url(&Secret::new(
+            "postgres://h1,h2/app?target_session_attrs=read-only",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("target_session_attrs"), "{e}");
     }
 
     #[test]
