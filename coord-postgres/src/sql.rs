@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 9;
+pub(crate) const SCHEMA_VERSION: i32 = 10;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -139,7 +139,7 @@ impl Sql {
                   WHERE c.kind = 'election' AND c.name = $1::text AND c.owner IS NOT NULL \
                     AND c.expires_at > clock_timestamp()"
             ),
-            fencing_next: format!("SELECT nextval('{s}.fencing')"),
+            fencing_next: format!("SELECT {s}.fencing_next()"),
             // $1 name, $2 parties, $3 participant, $4 channel.
             barrier_arrive: format!(
                 "SELECT generation, complete, started_with FROM {s}.barrier_arrive($1::text, $2::int4, $3::text, $4::text, $5::text)"
@@ -296,7 +296,7 @@ fn claim_insert(s: &str, schema: &str, metadata: bool) -> String {
            WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
                       ELSE {s}.not_read_committed() END) \
          INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at{column}) \
-         SELECT $1::text, $2::text, $3::bytea, $4::text, nextval('{s}.fencing'), \
+         SELECT $1::text, $2::text, $3::bytea, $4::text, {s}.fencing_next(), \
                 clock_timestamp() + $5::int8 * interval '1 microsecond'{value} FROM l \
           WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
          ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
@@ -335,7 +335,7 @@ fn ddl(s: &str, schema: &str) -> String {
     let semaphore = include_str!("sql/semaphore.sql").replace("@schema@", schema);
     let queue = include_str!("sql/queue.sql").replace("@schema@", schema);
     for part in [
-        include_str!("sql/schema.sql"),
+        &include_str!("sql/schema.sql").replace("@schema@", schema),
         &claims,
         include_str!("sql/barrier.sql"),
         include_str!("sql/limiter.sql"),

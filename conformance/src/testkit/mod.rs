@@ -4,6 +4,7 @@
 pub mod etcd;
 pub mod port;
 pub mod postgres;
+pub mod postgres_failover;
 pub mod proxy;
 pub mod redis;
 

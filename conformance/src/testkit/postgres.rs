@@ -95,7 +95,7 @@ fn as_postgres() -> Vec<String> {
     }
 }
 
-fn run_as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
+pub(super) fn run_as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
     let prefix = as_postgres();
     let mut cmd = match prefix.split_first() {
         Some((first, rest)) => {
@@ -112,7 +112,7 @@ fn run_as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
 }
 
 /// A folder under the temp dir, owned by `postgres` when we are root.
-fn temp_folder(tag: &str) -> PathBuf {
+pub(super) fn temp_folder(tag: &str) -> PathBuf {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = super::scratch_dir().join(format!(
         "coord-{tag}-{}-{}",
@@ -204,7 +204,7 @@ pub fn url() -> String {
 impl PgCluster {
     /// `initdb` a new cluster in a temp folder and start it on a free port.
     pub fn create() -> PgCluster {
-        Self::create_with(false)
+        Self::create_with(false, false)
     }
 
     /// Like [`create`](Self::create), with TLS: a fresh test CA signs a
@@ -213,10 +213,18 @@ impl PgCluster {
     /// [`ca_cert`](Self::ca_cert) is the CA to trust. Needs `openssl`
     /// (Debian package `openssl`).
     pub fn create_tls() -> PgCluster {
-        Self::create_with(true)
+        Self::create_with(true, false)
     }
 
-    fn create_with(tls: bool) -> PgCluster {
+    /// Like [`create`](Self::create), set up to be the primary of a
+    /// streaming standby: `postgres` may open replication connections
+    /// over TCP without a password, WAL is kept for a standby, and its
+    /// settings (copied by `pg_basebackup`) suit a standby too.
+    pub(super) fn create_primary() -> PgCluster {
+        Self::create_with(false, true)
+    }
+
+    fn create_with(tls: bool, replication: bool) -> PgCluster {
         let bin = pg_bin();
         let dir = temp_folder("pg");
         let data = dir.join("data");
@@ -255,6 +263,16 @@ impl PgCluster {
                         shared_buffers = 64MB\n\
                         log_min_messages = warning\n"
             .to_string();
+        if replication {
+            hba.push_str("host replication postgres 127.0.0.1/32 trust\n");
+            conf.push_str(
+                "wal_level = replica\n\
+                 max_wal_senders = 4\n\
+                 wal_keep_size = 256MB\n\
+                 hot_standby = on\n\
+                 wal_receiver_status_interval = 1s\n",
+            );
+        }
         if tls {
             let certs = make_test_certificates(&dir.join("tls"));
             hba = "local all all trust\n\
@@ -281,7 +299,14 @@ impl PgCluster {
         };
         write("pg_hba.conf", &hba, false);
         write("postgresql.conf", &conf, true);
+        Self::launch(dir)
+    }
 
+    /// Run the server of the data directory `dir/data` (made by `initdb`
+    /// or `pg_basebackup`) under the control wrapper, on a free port.
+    /// Panics with the log if it does not start.
+    pub(super) fn launch(dir: PathBuf) -> PgCluster {
+        let bin = pg_bin();
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(CLUSTER_WRAPPER)
@@ -514,7 +539,7 @@ impl PgCluster {
 
 /// Send `sig` to `pid` with `kill` (a process that already exited is
 /// ignored).
-fn signal(pid: u32, sig: &str) {
+pub(super) fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())

@@ -20,7 +20,7 @@ BEGIN
     LOOP
         INSERT INTO @s@.barriers AS x (name, parties, generation, born, updated_at)
         SELECT p_name, p_parties, g.v, g.v, clock_timestamp()
-          FROM (SELECT nextval('@s@.fencing') AS v
+          FROM (SELECT @s@.fencing_next() AS v
                  WHERE NOT EXISTS (SELECT 1 FROM @s@.barriers y WHERE y.name = p_name)) g
         ON CONFLICT (name) DO NOTHING;
         SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
@@ -31,6 +31,15 @@ BEGIN
         generation := b.passed_generation;
         complete := true;
         RETURN;
+    END IF;
+    -- An open generation with nobody in it that was drawn on an earlier
+    -- timeline (this server is a promoted standby) may have completed on
+    -- the old primary in WAL this one never got: it gets a number of this
+    -- timeline, so no generation is reported twice. Nobody waits on it,
+    -- and a wait on an older generation still finds it complete (layout 10).
+    IF cardinality(b.members) = 0 AND b.generation < @s@.fencing_floor() THEN
+        b.generation := @s@.fencing_next();
+        UPDATE @s@.barriers x SET generation = b.generation WHERE x.name = p_name;
     END IF;
     generation := b.generation;
     complete := false;
@@ -45,7 +54,7 @@ BEGIN
     b.member_ids := array_append(b.member_ids, p_arrival);
     IF cardinality(b.members) >= p_parties THEN
         UPDATE @s@.barriers x
-           SET generation = nextval('@s@.fencing'), members = '{}', member_ids = '{}',
+           SET generation = @s@.fencing_next(), members = '{}', member_ids = '{}',
                passed = b.members, passed_ids = b.member_ids,
                passed_generation = b.generation, parties = p_parties,
                updated_at = clock_timestamp()

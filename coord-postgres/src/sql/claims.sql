@@ -75,12 +75,12 @@ BEGIN
     -- The grant lock of the name, then the token (see above).
     PERFORM pg_advisory_xact_lock(hashtext('coord-claims:@schema@'), hashtext(p_kind || ':' || p_name));
     INSERT INTO @s@.claims AS c (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)
-    VALUES (p_kind, p_name, p_owner, p_candidate, nextval('@s@.fencing'),
+    VALUES (p_kind, p_name, p_owner, p_candidate, @s@.fencing_next(),
             clock_timestamp() + p_ttl_us * interval '1 microsecond', p_wait, p_metadata)
     ON CONFLICT (kind, name) DO UPDATE
       SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate,
           fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
-                         THEN c.fencing ELSE nextval('@s@.fencing') END,
+                         THEN c.fencing ELSE @s@.fencing_next() END,
           metadata = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
                           THEN c.metadata ELSE EXCLUDED.metadata END,
           expires_at = clock_timestamp() + p_ttl_us * interval '1 microsecond',

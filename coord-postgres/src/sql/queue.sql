@@ -323,7 +323,7 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        o_token := nextval('@s@.fencing');
+        o_token := @s@.fencing_next();
         UPDATE @s@.queue_messages m
            SET attempts = least(m.attempts, 2147483646) + 1,
                due_at = t + p_vis_us * interval '1 microsecond',

@@ -211,3 +211,54 @@ CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
 -- force release, pruning or the sweep: it never outlives its grant.
 ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS metadata bytea;
 ALTER TABLE @s@.semaphore_holders ADD COLUMN IF NOT EXISTS metadata bytea;
+-- Fencing tokens across a failover (layout 10). Every token, term and
+-- barrier generation comes from `fencing_next()`, never from the sequence
+-- directly. A standby fed by asynchronous streaming replication may miss
+-- the newest WAL of its primary, the sequence's included: once promoted,
+-- `nextval` alone would hand out again tokens the old primary issued in
+-- the tail the standby never got. A promotion starts a new timeline (as
+-- does the end of a point-in-time recovery), so each timeline gets a range
+-- of its own above every earlier one: tokens of timeline T are above
+-- T * 2^48. The first draw on a timeline (on an upgraded schema: the
+-- first draw of this layout) moves the sequence up to its range, under a
+-- transaction-scoped advisory lock, checked again once held; later draws
+-- are a plain `nextval` and a look at the timeline. The sequence only ever
+-- moves up, so clients of an older layout, whose statements call
+-- `nextval` themselves, stay monotonic beside newer ones (they are not
+-- safe across a failover themselves: upgrade every client first).
+CREATE OR REPLACE FUNCTION @s@.fencing_floor()
+RETURNS bigint
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    -- The first 8 hex digits of a WAL file name are its timeline; this
+    -- one is the file being written now (an error on a standby, which
+    -- cannot write anyway).
+    tli bigint := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint;
+BEGIN
+    IF tli >= 32768 THEN
+        RAISE EXCEPTION 'coord: timeline % is past the 32767 that fencing tokens have room for', tli;
+    END IF;
+    RETURN tli << 48;
+END
+$fn$;
+CREATE OR REPLACE FUNCTION @s@.fencing_next()
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v bigint := nextval('@s@.fencing');
+    lowest bigint := @s@.fencing_floor();
+BEGIN
+    IF v > lowest THEN
+        RETURN v;
+    END IF;
+    -- Below this timeline's range: move the sequence up, once. A second
+    -- drawer that got a low value waits here and then draws above it.
+    PERFORM pg_advisory_xact_lock(hashtext('coord-fencing:@schema@'), 0);
+    v := nextval('@s@.fencing');
+    IF v <= lowest THEN
+        PERFORM setval('@s@.fencing', lowest);
+        v := nextval('@s@.fencing');
+    END IF;
+    RETURN v;
+END
+$fn$;

@@ -183,7 +183,7 @@ BEGIN
             END IF;
             INSERT INTO @s@.semaphore_holders (name, owner, permits, total, fencing, expires_at,
                                                metadata)
-            VALUES (p_name, p_owner, p_permits, p_total, nextval('@s@.fencing'), t + ttl,
+            VALUES (p_name, p_owner, p_permits, p_total, @s@.fencing_next(), t + ttl,
                     p_metadata)
             RETURNING fencing INTO granted;
             EXIT;
