@@ -123,6 +123,21 @@ pub struct Capabilities {
     pub server_clock: bool,
     /// Waiters are woken by notifications from the store (false: polling only).
     pub notifications: bool,
+    /// The kind of deployment this client reaches: `"embedded"` (memory),
+    /// `"single"` (one server), `"cluster"` (Redis Cluster), `"raft"`
+    /// (etcd, one node or a cluster).
+    pub deployment: &'static str,
+    /// An acknowledged grant stays exclusive when the store machine that
+    /// granted it is lost and another takes over (true where a grant is
+    /// on a majority or a synchronous standby before it is acknowledged:
+    /// etcd's raft). False where replication is asynchronous (Redis
+    /// replicas, Redis Cluster): the new primary may never have seen a
+    /// grant, so a second client can be granted the same name while the
+    /// first still holds it, until the first's TTL runs out. Fencing tokens
+    /// still rise (see [`FencingDurability`]), so a resource that checks
+    /// them refuses the older holder's writes; fence every write where this
+    /// is false.
+    pub exclusive_across_failover: bool,
 }
 
 impl Capabilities {
@@ -137,6 +152,8 @@ impl Capabilities {
             fencing: FencingDurability::Process,
             server_clock: false,
             notifications: false,
+            deployment: "single",
+            exclusive_across_failover: false,
         }
     }
 }

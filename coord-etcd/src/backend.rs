@@ -190,6 +190,10 @@ impl EtcdBackend {
         caps.fencing = FencingDurability::Durable;
         caps.server_clock = false;
         caps.notifications = true;
+        // One node or a cluster: a grant is on a majority before it is
+        // acknowledged, so a new leader has it.
+        caps.deployment = "raft";
+        caps.exclusive_across_failover = true;
         let (tx, rx) = watch::channel(());
         let shared = Arc::new(Shared {
             client,

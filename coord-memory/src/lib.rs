@@ -295,6 +295,7 @@ impl MemoryBackend {
         caps.fencing = FencingDurability::Process;
         caps.server_clock = true;
         caps.notifications = true;
+        caps.deployment = "embedded";
         MemoryBackend {
             caps,
             epoch: Instant::now(),

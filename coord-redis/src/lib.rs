@@ -245,7 +245,7 @@ mod listener;
 mod options;
 mod scripts;
 
-pub use backend::{RedisBackend, capabilities};
+pub use backend::{RedisBackend, capabilities, cluster_capabilities};
 pub use keys::Layout;
 pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;

@@ -43,6 +43,25 @@ pub(crate) async fn subscribe(
     .await
 }
 
+/// [`subscribe`] on the first of `clients` that answers, trying each once
+/// (a cluster's seeds: any node will do). Returns its index and the
+/// subscription, or the last error.
+pub(crate) async fn subscribe_any(
+    clients: &[redis::Client],
+    channel: &str,
+    limit: Duration,
+    password: Option<&Secret>,
+) -> Result<(usize, PubSub)> {
+    let mut last = None;
+    for (i, c) in clients.iter().enumerate() {
+        match subscribe(c, channel, limit, password).await {
+            Ok(ps) => return Ok((i, ps)),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| coord_core::Error::Config("no Redis server to subscribe on".into())))
+}
+
 fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
     let Ok(payload) = std::str::from_utf8(payload) else {
         return;
@@ -79,18 +98,24 @@ pub const HEALTH_CHECK: Duration = Duration::from_secs(10);
 /// (a command call timed out: the network path may be dead for this
 /// connection too); after each reconnect every local waiter is woken
 /// once, since wake-ups may have been missed meanwhile.
+///
+/// `clients` are the servers it may subscribe on: one, or a cluster's
+/// seeds (a `PUBLISH` on any cluster node reaches every node). `pubsub`
+/// is subscribed on `clients[on]`; each reconnect attempt tries the next,
+/// so a node that went away is left for one that answers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
-    client: redis::Client,
+    clients: Vec<redis::Client>,
     channel: String,
     wakeups: Wakeups,
     cancel: CancellationToken,
-    pubsub: PubSub,
+    (on, pubsub): (usize, PubSub),
     limit: Duration,
     password: Option<Secret>,
     check_now: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut pubsub = pubsub;
+    let mut next = on;
     loop {
         {
             let (mut sink, mut messages) = pubsub.split();
@@ -122,11 +147,12 @@ pub(crate) async fn run(
         );
         let mut backoff = Duration::from_millis(50);
         pubsub = loop {
+            next = (next + 1) % clients.len();
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            match subscribe(&client, &channel, limit, password.as_ref()).await {
+            match subscribe(&clients[next], &channel, limit, password.as_ref()).await {
                 Ok(ps) => break ps,
                 Err(e) => {
                     tracing::debug!(backend = BACKEND, error = %e, "resubscribe failed");

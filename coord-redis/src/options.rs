@@ -40,6 +40,10 @@ pub struct RedisOptions {
     pub(crate) idle_grace: Duration,
     pub(crate) tls_root: Option<Vec<u8>>,
     pub(crate) tls_client: Option<(Vec<u8>, Secret)>,
+    /// For a `redis+cluster://` URL: one `redis://` (or `rediss://`) URL
+    /// per seed node, each with the URL's credentials and client options;
+    /// `url` is then the first of them.
+    pub(crate) cluster: Option<Vec<Secret>>,
     /// A malformed or unknown URL option, reported by `connect`.
     pub(crate) url_error: Option<String>,
 }
@@ -53,7 +57,11 @@ impl RedisOptions {
     pub const DEFAULT_IDLE_GRACE: Duration = Duration::from_secs(60);
 
     /// Options for `url`: `redis://[user][:password@]host[:port][/db][?options]`
-    /// or `rediss://...` for TLS. Defaults: prefix [`DEFAULT_PREFIX`],
+    /// or `rediss://...` for TLS; for a Redis Cluster,
+    /// `redis+cluster://[user][:password@]host1:port1,host2:port2[?options]`
+    /// (or `rediss+cluster://`), listing some or all nodes as seeds (the
+    /// client discovers the rest; list several, so it can start while one
+    /// is down). Defaults: prefix [`DEFAULT_PREFIX`],
     /// layout [`Layout::Coord`], timeout [`Self::DEFAULT_TIMEOUT`], connect
     /// timeout [`Self::DEFAULT_CONNECT_TIMEOUT`], idle grace
     /// [`Self::DEFAULT_IDLE_GRACE`].
@@ -89,6 +97,7 @@ impl RedisOptions {
             idle_grace: Self::DEFAULT_IDLE_GRACE,
             tls_root: None,
             tls_client: None,
+            cluster: None,
             url_error: None,
         };
         let mut passed = Vec::new();
@@ -109,7 +118,14 @@ impl RedisOptions {
                 u.push_str(&passed.join("&"));
             }
             u.push_str(fragment);
-            opts.url = Secret::new(u);
+            match cluster_seeds(&u) {
+                None => opts.url = Secret::new(u),
+                Some(Ok(seeds)) => {
+                    opts.url = Secret::new(seeds[0].clone());
+                    opts.cluster = Some(seeds.into_iter().map(Secret::new).collect());
+                }
+                Some(Err(e)) => opts.url_error = Some(e),
+            }
         }
         opts
     }
@@ -234,6 +250,49 @@ impl RedisOptions {
     }
 }
 
+/// For a `redis+cluster://` or `rediss+cluster://` URL, one plain
+/// `redis://` (or `rediss://`) URL per host of its comma-separated host
+/// list, each with the URL's user, password, query and fragment; `None` for
+/// any other URL. A cluster has database 0 only: another database in the
+/// path is an error, as is an empty host. Errors never contain the
+/// credentials.
+fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("redis+cluster://") {
+        ("redis", r)
+    } else if let Some(r) = url.strip_prefix("rediss+cluster://") {
+        ("rediss", r)
+    } else {
+        return None;
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => authority.split_at(i + 1),
+        None => ("", authority),
+    };
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, suffix) = tail.split_at(path_end);
+    if !matches!(path, "" | "/" | "/0") {
+        return Some(Err(format!(
+            "Redis Cluster URL: database `{}` in the path, but a cluster has database 0 \
+             only; remove the path (redis+cluster://host1:port1,host2:port2)",
+            path.trim_start_matches('/')
+        )));
+    }
+    let mut seeds = Vec::new();
+    for host in hosts.split(',') {
+        if host.trim().is_empty() {
+            return Some(Err(
+                "Redis Cluster URL: an empty host in the host list; write \
+                 redis+cluster://host1:port1,host2:port2"
+                    .to_string(),
+            ));
+        }
+        seeds.push(format!("{scheme}://{userinfo}{}{suffix}", host.trim()));
+    }
+    Some(Ok(seeds))
+}
+
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
@@ -247,6 +306,7 @@ impl fmt::Debug for RedisOptions {
             .field("idle_grace", &self.idle_grace)
             .field("tls_root_certificate", &self.tls_root.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
+            .field("cluster_seeds", &self.cluster.as_ref().map(Vec::len))
             .finish()
     }
 }
@@ -282,6 +342,49 @@ mod tests {
         let o = RedisOptions::parse("redis://127.0.0.1").unwrap();
         assert_eq!(o.url.expose(), "redis://127.0.0.1");
         assert_eq!(o.timeout, RedisOptions::DEFAULT_TIMEOUT);
+    }
+
+    #[test]
+    fn a_cluster_url_names_every_seed_with_the_credentials_and_client_options() {
+        let o = RedisOptions::parse(
+            "redis+cluster://u:pw@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002?prefix=b:&protocol=resp3",
+        )
+        .unwrap();
+        let seeds: Vec<&str> = o
+            .cluster
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|s| s.expose())
+            .collect();
+        assert_eq!(
+            seeds,
+            [
+                "redis://u:pw@10.0.0.1:7000?protocol=resp3",
+                "redis://u:pw@10.0.0.2:7001?protocol=resp3",
+                "redis://u:pw@[::1]:7002?protocol=resp3",
+            ]
+        );
+        assert_eq!(o.prefix, "b:");
+        assert_eq!(o.url.expose(), seeds[0]);
+        assert!(!format!("{o:?}").contains("pw@"));
+        let o = RedisOptions::parse("rediss+cluster://h1:1,h2:2/0").unwrap();
+        assert_eq!(o.cluster.unwrap()[1].expose(), "rediss://h2:2");
+        // A plain URL is one server.
+        assert!(
+            RedisOptions::parse("redis://h:1")
+                .unwrap()
+                .cluster
+                .is_none()
+        );
+        for bad in [
+            "redis+cluster://:hunter2@h1:1,,h2:2",
+            "redis+cluster://:hunter2@h1:1/3",
+        ] {
+            let e = RedisOptions::parse(bad).unwrap_err();
+            assert!(matches!(e, coord_core::Error::Config(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
     }
 
     #[test]

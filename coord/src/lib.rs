@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `memory://` or `memory://NAME` | `memory` (default) | in-process, embedded |
 //! | `redis://`, `rediss://` | `redis` | Redis |
+//! | `redis+cluster://h1:port,h2:port`, `rediss+cluster://` | `redis` | Redis Cluster |
 //! | `etcd://host:2379,host2:2379`, `etcds://` | `etcd` | etcd v3 |
 //! | `postgres://`, `postgresql://` | `postgres` | PostgreSQL |
 //!
@@ -60,7 +61,7 @@ pub use coord_redis as redis;
 pub async fn connect(url: &str) -> Result<Coord> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::Config(format!(
-            "`{}` has no scheme; use memory://, redis://, rediss://, etcd://, etcds:// or postgres://",
+            "`{}` has no scheme; use memory://, redis://, rediss://, redis+cluster://, etcd://, etcds:// or postgres://",
             util::redact_url_passwords(url)
         )));
     };
@@ -71,7 +72,7 @@ pub async fn connect(url: &str) -> Result<Coord> {
             #[cfg(not(feature = "memory"))]
             return Err(feature_off("memory", url));
         }
-        "redis" | "rediss" => {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
             #[cfg(feature = "redis")]
             return coord_redis::connect(url).await;
             #[cfg(not(feature = "redis"))]
@@ -90,7 +91,7 @@ pub async fn connect(url: &str) -> Result<Coord> {
             return Err(feature_off("postgres", url));
         }
         other => Err(Error::Config(format!(
-            "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, etcd://, etcds:// or postgres://",
+            "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, redis+cluster://, etcd://, etcds:// or postgres://",
             util::redact_url_passwords(url)
         ))),
     }
@@ -137,6 +138,21 @@ mod tests {
             assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
         }
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn a_redis_cluster_url_goes_to_the_redis_backend() {
+        // The Redis backend's own check (a cluster has database 0 only),
+        // not "unknown scheme".
+        let e = connect("redis+cluster://:hunter2@127.0.0.1:1,127.0.0.1:2/5")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Config(m) if m.contains("database 0")),
+            "{e:?}"
+        );
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 
     #[cfg(not(feature = "redis"))]

@@ -9,10 +9,11 @@ use std::time::Duration;
 use coord_core::util::{Kind, Secret, bounded, redact_url_passwords};
 use coord_core::wake::Wakeups;
 use coord_core::{Attempt, Capabilities, Error, FencingDurability, FencingToken, Result};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use self::connection::{CommandConnection, Source};
 use crate::keys::{Keys, Layout};
 use crate::listener;
 use crate::options::RedisOptions;
@@ -53,52 +54,6 @@ pub struct RedisBackend {
     _listener: DropGuard,
 }
 
-/// The command connection, replaced by a fresh one after a call times out.
-///
-/// Replies on a multiplexed connection are matched to requests in order.
-/// After a call gets no answer in time, that connection cannot be trusted:
-/// its reply may have been lost (a proxy or middlebox dropped it, so every
-/// later reply would be matched to the request before it), or the
-/// connection may be silently dead (half-open: a NAT or firewall dropped
-/// its state, and no error comes for many minutes). `redis-rs` reconnects
-/// only on errors that close the connection, not on timeouts, so a client
-/// would stay stuck on it for good; we start a new one instead (lazily: the
-/// next call connects), and the old one closes when its last in-flight call
-/// ends.
-struct CommandConnection {
-    client: redis::Client,
-    config: ConnectionManagerConfig,
-    /// (generation, connection): a call that timed out replaces the
-    /// connection only if it is still the one the call used.
-    current: std::sync::Mutex<(u64, ConnectionManager)>,
-    /// Asks the wake-up listener to PING its connection at once.
-    check_listener: Arc<tokio::sync::Notify>,
-}
-
-impl CommandConnection {
-    fn get(&self) -> (u64, ConnectionManager) {
-        self.current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn replace(&self, generation: u64) {
-        let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if cur.0 != generation {
-            return;
-        }
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone()) {
-            Ok(fresh) => *cur = (generation + 1, fresh),
-            Err(e) => tracing::debug!(error = %e, "could not replace the command connection"),
-        }
-        // The wake-up connection may be dead the same way: check it now
-        // rather than at its next periodic PING (waiters would be left on
-        // the polling fallback, and lose every race to the woken ones).
-        self.check_listener.notify_one();
-    }
-}
-
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
@@ -127,6 +82,10 @@ impl fmt::Debug for RedisBackend {
 /// before, and fewer than one token per µs is issued for one name on
 /// average (else tokens run ahead of the clock, and a lost counter can
 /// repeat the tokens issued ahead).
+///
+/// Not [`exclusive_across_failover`](Capabilities::exclusive_across_failover):
+/// Redis replicates asynchronously, so a replica promoted after its
+/// primary died may never have seen a grant; fence every write.
 pub fn capabilities() -> Capabilities {
     let mut caps = Capabilities::new(BACKEND);
     caps.min_ttl = Duration::from_millis(1);
@@ -135,6 +94,20 @@ pub fn capabilities() -> Capabilities {
     caps.fencing = FencingDurability::ClockSeeded;
     caps.server_clock = true;
     caps.notifications = true;
+    caps
+}
+
+/// What this backend promises on a Redis Cluster (`redis+cluster://`):
+/// [`capabilities`], with deployment `"cluster"`. Each name's state lives
+/// on the master of its hash slot, and its tokens come from that master's
+/// clock (after a failover, the promoted replica's). For tokens to keep
+/// rising across a failover, the promoted replica's clock must not be
+/// behind the dead master's by more than the failover took (at least
+/// `cluster-node-timeout`, seconds; NTP keeps clocks within
+/// milliseconds). Asynchronous replication: see [`capabilities`].
+pub fn cluster_capabilities() -> Capabilities {
+    let mut caps = capabilities();
+    caps.deployment = "cluster";
     caps
 }
 
@@ -297,6 +270,58 @@ fn endpoint(info: &redis::ConnectionInfo) -> String {
     format!("{addr}/{}", settings.db())
 }
 
+/// The connection settings of one server's URL, with the user and
+/// password of `opts` when set there.
+fn connection_info(url: &str, opts: &RedisOptions) -> Result<redis::ConnectionInfo> {
+    let info = url.into_connection_info().map_err(|e| {
+        let mut msg = redact_url_passwords(&e.to_string());
+        if let Some(pw) = &opts.password {
+            if !pw.expose().is_empty() {
+                msg = msg.replace(pw.expose(), "<redacted>");
+            }
+        }
+        Error::Config(format!(
+            "invalid Redis URL `{}`: {msg}",
+            redact_url_passwords(url)
+        ))
+    })?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &opts.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(pw) = &opts.password {
+        settings = settings.set_password(pw.expose());
+    }
+    Ok(info.set_redis_settings(settings))
+}
+
+/// The TLS certificates given in `opts`.
+fn certificates(opts: &RedisOptions) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: opts
+            .tls_client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.expose().as_bytes().to_vec(),
+            }),
+        root_cert: opts.tls_root.clone(),
+    }
+}
+
+/// A client of one server, with the certificates of `opts` if `custom_tls`.
+fn single_client(
+    info: redis::ConnectionInfo,
+    opts: &RedisOptions,
+    custom_tls: bool,
+) -> redis::RedisResult<redis::Client> {
+    if custom_tls {
+        redis::Client::build_with_tls(info, certificates(opts))
+    } else {
+        redis::Client::open(info)
+    }
+}
+
 impl RedisBackend {
     /// Connect: parse the URL, open the command connection, load every
     /// script once (`SCRIPT LOAD`), and subscribe the wake-up channel on a
@@ -310,28 +335,20 @@ impl RedisBackend {
         if let Some(e) = &opts.url_error {
             return Err(Error::Config(e.clone()));
         }
-        let mut info = opts.url.expose().into_connection_info().map_err(|e| {
-            let mut msg = redact_url_passwords(&e.to_string());
-            if let Some(pw) = &opts.password {
-                if !pw.expose().is_empty() {
-                    msg = msg.replace(pw.expose(), "<redacted>");
-                }
-            }
-            Error::Config(format!(
-                "invalid Redis URL `{}`: {msg}",
-                redact_url_passwords(opts.url.expose())
-            ))
-        })?;
-        let mut settings = info.redis_settings().clone();
-        if let Some(user) = &opts.username {
-            settings = settings.set_username(user);
-        }
-        if let Some(pw) = &opts.password {
-            settings = settings.set_password(pw.expose());
-        }
-        info = info.set_redis_settings(settings);
+        let seeds: Vec<&str> = match &opts.cluster {
+            Some(seeds) => seeds.iter().map(|s| s.expose()).collect(),
+            None => vec![opts.url.expose()],
+        };
+        let infos = seeds
+            .iter()
+            .map(|u| connection_info(u, &opts))
+            .collect::<Result<Vec<_>>>()?;
+        let info = infos[0].clone();
         let password = info.redis_settings().password().map(Secret::new);
-        let endpoint = endpoint(&info);
+        let endpoint = match &opts.cluster {
+            Some(_) => format!("{} (Redis Cluster, {} seeds)", endpoint(&info), infos.len()),
+            None => endpoint(&info),
+        };
         let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
         if tls {
             // rustls needs a process-wide crypto provider; install ring's
@@ -339,58 +356,84 @@ impl RedisBackend {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let custom_tls = opts.tls_root.is_some() || opts.tls_client.is_some();
-        let client = if custom_tls {
-            if !tls {
-                return Err(Error::Config(
-                    "TLS certificates were given for a plain `redis://` URL; \
-                     use `rediss://` to connect with TLS"
-                        .into(),
-                ));
-            }
-            let certs = redis::TlsCertificates {
-                client_tls: opts
-                    .tls_client
-                    .as_ref()
-                    .map(|(cert, key)| redis::ClientTlsConfig {
-                        client_cert: cert.clone(),
-                        client_key: key.expose().as_bytes().to_vec(),
-                    }),
-                root_cert: opts.tls_root.clone(),
-            };
-            redis::Client::build_with_tls(info, certs)
-        } else {
-            redis::Client::open(info)
+        if custom_tls && !tls {
+            return Err(Error::Config(
+                "TLS certificates were given for a plain `redis://` URL; \
+                 use `rediss://` (or `rediss+cluster://`) to connect with TLS"
+                    .into(),
+            ));
         }
-        .map_err(|e| match map_err("connect", &e, password.as_ref()) {
+        let config_error = |e: RedisError| match map_err("connect", &e, password.as_ref()) {
             Error::Store { message, .. } => Error::Config(message),
             other => other,
-        })?;
-
-        let command_client = client.clone();
+        };
+        // One client per seed for the wake-up subscription: on a cluster,
+        // `PUBLISH` reaches every node, so any one will do, and the
+        // listener moves to the next when its node goes away.
+        let subscribers = infos
+            .iter()
+            .map(|i| single_client(i.clone(), &opts, custom_tls).map_err(config_error))
+            .collect::<Result<Vec<_>>>()?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let pw = password.clone();
-        let mut conn = bounded(BACKEND, "connect", opts.connect_timeout, async {
-            client
-                .get_connection_manager_with_config(config.clone())
-                .await
-                .map_err(|e| map_err("connect", &e, pw.as_ref()))
-        })
-        .await?;
+        let source = if opts.cluster.is_some() {
+            if opts.layout == Layout::Seed {
+                return Err(Error::Config(
+                    "Layout::Seed is for a single Redis server: its keys share no hash tag, \
+                     so one lock's keys may sit on different cluster nodes. Use the default \
+                     Layout::Coord on a Redis Cluster"
+                        .into(),
+                ));
+            }
+            let mut builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
+                .connection_timeout(opts.connect_timeout)
+                .response_timeout(opts.timeout)
+                .retries(2)
+                .max_retry_wait(500);
+            if custom_tls {
+                builder = builder.certs(certificates(&opts));
+            }
+            Source::Cluster {
+                client: builder.build().map_err(config_error)?,
+                connect_timeout: opts.connect_timeout,
+                password: password.clone(),
+            }
+        } else {
+            Source::Single {
+                client: subscribers[0].clone(),
+                config,
+            }
+        };
+        let mut conn = source.open(opts.connect_timeout, password.as_ref()).await?;
 
-        // Register every script once, in one round trip.
+        // Register every script once: in one round trip on one server; on
+        // a cluster one `SCRIPT LOAD` each, which the client sends to every
+        // node (replicas too, so a promoted one has them).
         let scripts = Scripts::new();
-        let mut pipe = redis::pipe();
-        for src in &scripts.sources {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(src);
-        }
         let pw = password.clone();
+        let cluster = opts.cluster.is_some();
         bounded(BACKEND, "connect", opts.connect_timeout, async {
+            if cluster {
+                for src in &scripts.sources {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(src)
+                        .query_async::<Value>(&mut conn)
+                        .await
+                        .map_err(|e| map_err("script load", &e, pw.as_ref()))?;
+                }
+                return Ok(());
+            }
+            let mut pipe = redis::pipe();
+            for src in &scripts.sources {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(src);
+            }
             pipe.query_async::<Vec<String>>(&mut conn)
                 .await
+                .map(drop)
                 .map_err(|e| map_err("script load", &e, pw.as_ref()))
         })
         .await?;
@@ -403,10 +446,15 @@ impl RedisBackend {
         let wakeups = Wakeups::new();
         let cancel = CancellationToken::new();
         let check_listener = Arc::new(tokio::sync::Notify::new());
-        let pubsub =
-            listener::subscribe(&client, &channel, opts.connect_timeout, password.as_ref()).await?;
+        let pubsub = listener::subscribe_any(
+            &subscribers,
+            &channel,
+            opts.connect_timeout,
+            password.as_ref(),
+        )
+        .await?;
         tokio::spawn(listener::run(
-            client,
+            subscribers,
             channel.clone(),
             wakeups.clone(),
             cancel.clone(),
@@ -417,17 +465,16 @@ impl RedisBackend {
         ));
 
         Ok(RedisBackend {
-            conn: CommandConnection {
-                client: command_client,
-                config,
-                current: std::sync::Mutex::new((0, conn)),
-                check_listener,
-            },
+            conn: CommandConnection::new(source, conn, check_listener),
             keys,
             channel,
             timeout: opts.timeout,
             idle_grace_ms: ms(opts.idle_grace).to_string(),
-            caps: capabilities(),
+            caps: if cluster {
+                cluster_capabilities()
+            } else {
+                capabilities()
+            },
             wakeups,
             unanswered: Default::default(),
             scripts,
@@ -530,6 +577,7 @@ impl RedisBackend {
 
 mod barrier;
 mod claims;
+mod connection;
 mod election;
 mod limiter;
 mod queue;

@@ -9,6 +9,7 @@
 //!   class would send) on a short-lived connection of its own.
 //! - [`RedisServer::pipeline`] sends many commands in one pipeline (a
 //!   burst the server runs back to back).
+//! - [`RedisCluster`] is a real 3-master, 3-replica Redis Cluster.
 //! - [`CountingProxy`] forwards a TCP port to a server and counts the
 //!   commands clients send through it (round-trip tests count, never time),
 //!   and keeps the last one (to replay it).
@@ -66,6 +67,8 @@ pub struct RedisServer {
     shared: bool,
     /// Append-only file with `appendfsync always` (survives kill -9).
     aof: bool,
+    /// More configuration lines (e.g. cluster mode), appended last.
+    extra_conf: String,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
     /// The `redis-server` process id, read with `INFO server` at start.
@@ -110,7 +113,23 @@ impl RedisServer {
         Self::start_inner(None, true, false, false)
     }
 
+    /// Start a private server with `conf` (redis.conf lines) appended to
+    /// the kit's configuration; later lines override earlier ones.
+    pub fn start_with_config(conf: &str) -> RedisServer {
+        Self::start_full(None, false, false, false, conf)
+    }
+
     fn start_inner(password: Option<String>, tls: bool, shared: bool, aof: bool) -> RedisServer {
+        Self::start_full(password, tls, shared, aof, "")
+    }
+
+    fn start_full(
+        password: Option<String>,
+        tls: bool,
+        shared: bool,
+        aof: bool,
+        extra_conf: &str,
+    ) -> RedisServer {
         let binary = redis_server_binary();
         let mut last_err = String::new();
         for _ in 0..5 {
@@ -128,6 +147,7 @@ impl RedisServer {
                 tls,
                 shared,
                 aof,
+                extra_conf: extra_conf.to_string(),
                 dir,
                 child: Mutex::new(None),
                 pid: Mutex::new(None),
@@ -166,6 +186,7 @@ impl RedisServer {
             // Later lines override the `appendonly no` above.
             text.push_str("appendonly yes\nappendfsync always\n");
         }
+        text.push_str(&self.extra_conf);
         std::fs::write(&conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
         let log = self.dir.join("redis.log");
         let child = Command::new("sh")
@@ -544,6 +565,8 @@ fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
     })
 }
 
+mod cluster;
+pub use cluster::{NODE_TIMEOUT, RedisCluster, cluster, redis_cli_binary};
 mod proxy;
 pub use proxy::CountingProxy;
 mod signals;

@@ -1,0 +1,216 @@
+//! Redis Cluster beyond the conformance suite (`conformance_cluster`): the
+//! names really spread over every master, what a cluster cannot take is
+//! refused up front, and a master killed mid-workload (its replica
+//! promoted) keeps fencing safe while coord follows the new master, its
+//! commands and its wake-up subscription.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::faults::{FaultLog, LockWorkload, run_lock_workload};
+use conformance::testkit::redis::{self as kit, RedisCluster};
+use coord_core::{Coord, Error};
+use coord_redis::{Layout, RedisOptions};
+use tokio::time::{Instant, sleep};
+
+const TTL: Duration = Duration::from_secs(1);
+
+/// A client of `url` with short call timeouts, as a service with a 1 s
+/// lock TTL would configure it.
+async fn client(url: &str) -> Coord {
+    RedisOptions::new(url)
+        .timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect to the test Redis Cluster")
+}
+
+/// Run `f` (a blocking kit call) off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f)
+        .await
+        .expect("a kit call panicked")
+}
+
+/// The keys of each running master, by `DBSIZE`.
+fn keys_per_master(c: &RedisCluster) -> Vec<i64> {
+    c.masters()
+        .iter()
+        .map(|m| m.command(&["DBSIZE"]).as_int().unwrap_or(-1))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_spread_over_every_master_and_each_lock_is_one_key() {
+    let prefix = conformance::unique("spread") + ":";
+    let c = RedisOptions::new(&kit::cluster().url())
+        .prefix(prefix.clone())
+        .connect()
+        .await
+        .unwrap();
+    let locks = c.locks().unwrap();
+    let before = blocking(|| keys_per_master(kit::cluster())).await;
+    let mut guards = Vec::new();
+    for i in 0..48 {
+        guards.push(
+            locks
+                .try_acquire(&format!("order:{i}"), Duration::from_secs(30))
+                .await
+                .unwrap()
+                .expect("a free name"),
+        );
+    }
+    let during = blocking(|| keys_per_master(kit::cluster())).await;
+    assert_eq!(during.len(), 3, "three masters: {during:?}");
+    let added: Vec<i64> = during.iter().zip(&before).map(|(d, b)| d - b).collect();
+    assert!(
+        added.iter().all(|&n| n >= 5),
+        "48 names should land on every master (the shared cluster may hold other tests' keys): {added:?}"
+    );
+    // Each held lock is exactly one key, on the master of its slot.
+    let key = format!("{prefix}lock:{{order:7}}");
+    let k = key.clone();
+    let value = blocking(move || kit::cluster().master_of(&k).command(&["GET", &k])).await;
+    assert!(value.as_str().is_some(), "`{key}` on its master: {value:?}");
+    for g in guards {
+        g.release().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn what_a_cluster_cannot_take_is_a_config_error() {
+    let url = kit::cluster().url();
+    let e = RedisOptions::new(&url)
+        .layout(Layout::Seed)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("Layout::Coord")),
+        "{e:?}"
+    );
+    let e = coord_redis::connect(&format!("{url}/2")).await.unwrap_err();
+    assert!(
+        matches!(&e, Error::Config(m) if m.contains("database 0")),
+        "{e:?}"
+    );
+}
+
+/// A lock name whose slot the master `port` serves.
+fn name_on(c: &RedisCluster, port: u16) -> String {
+    (0..)
+        .map(|i| format!("failover-{i}"))
+        .find(|n| c.master_of(&format!("coord:lock:{{{n}}}")).port() == port)
+        .expect("some name hashes to every master")
+}
+
+/// The master serving the workload's lock is killed (`SIGKILL`) 2 s into
+/// a 5-client lock workload and its replica takes over (cluster node
+/// timeout 1 s). It is also the first node of the URL, where every
+/// client's wake-up subscription is, so the subscriptions must move too.
+///
+/// What Redis's asynchronous replication cannot keep: a lock granted after
+/// the replica's last sync is gone on the promoted replica while its guard
+/// is still valid, so two guards may be valid at once (waived and counted;
+/// this is what fencing is for). What coord must keep, and the checker
+/// judges: tokens rise in grant order and never repeat (server µs, so the
+/// promoted replica's older state does not matter), the fenced resource
+/// never goes back or loses an update, and every client goes on after the
+/// failover; then a waiter is woken by a release through its moved
+/// subscription (not by its 30 s poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_killed_mid_workload_keeps_fencing_and_coord_follows_its_replica() {
+    let cluster = Arc::new(blocking(RedisCluster::start).await);
+    let first = cluster.nodes()[0].port();
+    assert_eq!(
+        blocking({
+            let c = cluster.clone();
+            move || c.nodes()[0].info("replication", "role")
+        })
+        .await,
+        "master",
+        "redis-cli made the first node a master"
+    );
+    let name = blocking({
+        let c = cluster.clone();
+        move || name_on(&c, first)
+    })
+    .await;
+    let url = cluster.url();
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        clients.push(client(&url).await);
+    }
+    let waiter = client(&url).await;
+    let c = cluster.clone();
+    let workload = LockWorkload {
+        ttl: TTL,
+        wait: Duration::from_secs(3),
+        watchdog: true,
+        work: Duration::from_millis(20),
+        duration: Duration::from_secs(10),
+    };
+    let (mut report, log) = run_lock_workload(clients, &name, workload, async move {
+        sleep(Duration::from_secs(2)).await;
+        let took = blocking(move || {
+            let master = &c.nodes()[0];
+            c.fail_over(master)
+        })
+        .await;
+        println!("cluster failover: the replica took over {took:?} after the kill");
+        FaultLog::healed_now(1)
+    })
+    .await;
+    let waived = report.waive("one valid holder at a time");
+    println!("cluster failover: {waived} overlapping validity windows waived");
+    report.assert_ok(
+        "cluster-master-killed",
+        "redis-cluster",
+        log.injected,
+        TTL * 4,
+    );
+    report.assert_every_client_recovered("cluster-master-killed", "redis-cluster", TTL * 4);
+    assert_woken_by_notification(&url, waiter).await;
+}
+
+/// `waiter` (subscribed before the failover) is woken by a release through
+/// its subscription, not by its 30 s poll.
+async fn assert_woken_by_notification(url: &str, waiter: Coord) {
+    let holder = client(url).await;
+    let name = conformance::unique("wake-probe");
+    let long = Duration::from_secs(30);
+    let held = holder
+        .locks()
+        .unwrap()
+        .acquire(&name, long, TTL * 3)
+        .await
+        .unwrap();
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .with_poll_interval(long)
+            .locks()
+            .unwrap()
+            .acquire(&n, long, long)
+            .await;
+        (g, Instant::now())
+    });
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (g, at) = waiting.await.unwrap();
+    g.expect("the waiter acquires once the holder released")
+        .release()
+        .await
+        .unwrap();
+    println!(
+        "cluster failover: waiter woken {:?} after the release",
+        at - released
+    );
+    assert!(
+        at - released < Duration::from_secs(1),
+        "the waiter was woken {:?} after the release: its subscription did not move",
+        at - released
+    );
+}
