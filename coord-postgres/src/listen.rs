@@ -206,12 +206,29 @@ impl Listener {
         }
     }
 
-    /// Whether the session answers an empty query within the connect
-    /// timeout.
+    /// Whether the session answers within the connect timeout, on a
+    /// writable server. A server that went read-only (a primary fenced in
+    /// a failover) still answers and keeps the LISTEN, but the new
+    /// primary's notifications never come there: reconnect, and with
+    /// every host of the URL and target_session_attrs read-write the new
+    /// connection finds the writable server.
     async fn alive(&self, session: &mut Session) -> bool {
-        let answer =
-            tokio::time::timeout(self.connect_timeout, session.client.simple_query("")).await;
-        matches!(answer, Ok(Ok(_)))
+        let answer = tokio::time::timeout(
+            self.connect_timeout,
+            session.client.simple_query("SHOW transaction_read_only"),
+        )
+        .await;
+        let Ok(Ok(messages)) = answer else {
+            return false;
+        };
+        let read_only = messages.iter().any(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0) == Some("on"),
+            _ => false,
+        });
+        if read_only {
+            tracing::debug!("coord-postgres: the LISTEN connection's server is read-only now");
+        }
+        !read_only
     }
 
     /// Dispatch the notifications of one session until it is lost (false:
@@ -233,12 +250,7 @@ impl Listener {
                     }
                 }
                 _ = ping.tick() => {
-                    let alive = tokio::time::timeout(
-                        self.connect_timeout,
-                        session.client.simple_query(""),
-                    )
-                    .await;
-                    if !matches!(alive, Ok(Ok(_))) {
+                    if !self.alive(session).await {
                         return true;
                     }
                 }

@@ -46,6 +46,8 @@ conformance::suite!(make_coord);
 /// assume the other is not also starting servers).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+const TTL: Duration = Duration::from_secs(1);
+
 /// Run `f` (a blocking kit call) off the async workers.
 async fn blocking<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(f: F) -> T {
     tokio::task::spawn_blocking(f)
@@ -158,4 +160,93 @@ async fn tokens_never_repeat_across_a_failover_that_lost_the_tail() {
         repeated.is_empty(),
         "tokens went back after the failover: {repeated:?}"
     );
+}
+
+/// A waiter of `waiter` (a client connected before the failover) is woken
+/// by a release of another client through its LISTEN connection, now on
+/// the new primary, not by its 30 s poll.
+async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
+    let holder = client(url).await;
+    let name = conformance::unique("wake-probe");
+    let long = Duration::from_secs(30);
+    let held = holder.locks().unwrap().acquire(&name, long, TTL).await;
+    let held = held.expect("the probe lock is free");
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let locks = waiter.with_poll_interval(long).locks().unwrap();
+        let g = locks.acquire(&n, long, long).await;
+        (g, Instant::now())
+    });
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (g, at) = waiting.await.unwrap();
+    let g = g.expect("the waiter acquires once the holder released");
+    g.release().await.unwrap();
+    println!(
+        "{scenario}: waiter woken {:?} after the release",
+        at - released
+    );
+    assert!(
+        at - released < Duration::from_secs(1),
+        "{scenario}: the waiter was woken {:?} after the release: its LISTEN connection did not move to the new primary",
+        at - released
+    );
+}
+
+/// The old primary is not killed but fenced read-only (as failover
+/// managers do to a primary they cannot stop: `default_transaction_read_only`),
+/// and the standby promoted. A client whose pooled connections and LISTEN
+/// connection are on the old primary gets "read-only transaction"
+/// (SQLSTATE 25006) there: that must be a retryable `Unavailable`, the
+/// connection dropped, the next call on the new primary, and its LISTEN
+/// connection must move too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_primary_fenced_read_only_is_left_for_the_promoted_standby() {
+    let _serial = SERIAL.lock().await;
+    let pair = std::sync::Arc::new(blocking(PgFailover::start).await);
+    let url = {
+        let p = pair.clone();
+        blocking(move || p.create_database("fenced")).await
+    };
+    let c = client(&url).await;
+    let locks = c.locks().unwrap();
+    let g = locks.try_acquire("fenced", TTL).await.unwrap().unwrap();
+    g.release().await.unwrap();
+    let p = pair.clone();
+    blocking(move || {
+        p.wait_caught_up();
+        let primary = p.primary();
+        primary.psql(
+            "postgres",
+            "ALTER SYSTEM SET default_transaction_read_only = on",
+        );
+        primary.psql("postgres", "SELECT pg_reload_conf()");
+        p.promote_standby();
+    })
+    .await;
+    // Every pooled connection on the old primary fails once at most.
+    let mut failures = Vec::new();
+    let got = loop {
+        match locks.try_acquire("fenced", TTL).await {
+            Ok(g) => break g,
+            Err(e) => {
+                assert!(
+                    e.is_retryable(),
+                    "a read-only server must be a retryable error: {e}"
+                );
+                failures.push(e.to_string());
+                assert!(
+                    failures.len() <= 4,
+                    "still failing after every pooled connection failed once: {failures:?}"
+                );
+            }
+        }
+    };
+    println!("failed {} times first: {failures:?}", failures.len());
+    got.expect("the lock is free on the new primary")
+        .release()
+        .await
+        .unwrap();
+    assert_woken_by_notify(&url, c, "fenced-read-only").await;
 }

@@ -11,7 +11,7 @@ use deadpool_postgres::Object;
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::errors::{map_pg, map_pool};
+use super::errors::{map_pg, map_pool, read_only_server};
 use super::{BACKEND, PostgresBackend};
 
 /// The text sent before every statement, in the same round trip.
@@ -162,7 +162,18 @@ impl PostgresBackend {
             Ok::<_, tokio_postgres::Error>((rows, Vec::new()))
         };
         match tokio::time::timeout(left, run).await {
-            Ok(r) => r.map_err(|e| map_pg(operation, e)),
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                if read_only_server(&e) {
+                    // A standby, or a primary fenced read-only in a
+                    // failover: never hand this connection out again (a
+                    // new one goes to the writable server), and have the
+                    // listening connection checked, which may be there too.
+                    drop(Object::take(client));
+                    self.check_listener.notify_one();
+                }
+                Err(map_pg(operation, e))
+            }
             Err(_) => {
                 // Its state is unknown: never hand this connection out again.
                 let cancel = client.cancel_token();

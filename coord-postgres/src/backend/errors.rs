@@ -12,7 +12,8 @@ pub(crate) const NOT_READ_COMMITTED: &str = "RC001";
 
 /// Map an error the server answered with, by its SQLSTATE (shared by every
 /// driver): connection exceptions, shutdowns, too many connections,
-/// serialization failures and deadlocks, and cancelled statements are
+/// serialization failures and deadlocks, cancelled statements and writes
+/// refused by a read-only server (a standby) are
 /// [`Error::Unavailable`] (retryable); a step refused for running at
 /// another isolation level than read committed is [`Error::Config`]; the
 /// rest [`Error::Store`].
@@ -43,6 +44,24 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
             ),
         };
     }
+    // 25006: a write in a read-only transaction. coord's transactions are
+    // never read-only themselves, so the server is: a standby, or a
+    // primary fenced read-only (`default_transaction_read_only`) during a
+    // failover. The call's connection is dropped (see `read_only_server`);
+    // a new one, with every host of the URL and target_session_attrs
+    // read-write, finds the writable server.
+    if code == READ_ONLY {
+        return Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "{message}: the server is read-only (a standby, or a primary being failed \
+                 over); the connection was dropped, and the next call opens a new one. List \
+                 every server in the URL (postgres://h1:5432,h2:5432/db) so that new \
+                 connections find the writable one"
+            ),
+        };
+    }
     if code.starts_with("08")
         || code.starts_with("57P")
         || code == "53300"
@@ -60,6 +79,16 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
         operation,
         message,
     }
+}
+
+/// SQLSTATE `read_only_sql_transaction`.
+const READ_ONLY: &str = "25006";
+
+/// The server refused a write because it is read-only (SQLSTATE 25006):
+/// the connection is on the wrong server for good, and is not reused.
+pub(crate) fn read_only_server(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.code().code() == READ_ONLY)
 }
 
 /// An error and its sources in one line (each source once), passwords
@@ -158,6 +187,20 @@ pub(crate) fn with_target(e: Error, display: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_refused_by_a_read_only_server_is_retryable_and_says_why() {
+        let e = map_sqlstate(
+            "lock acquire",
+            "25006",
+            "cannot execute INSERT in a read-only transaction",
+        );
+        assert!(e.is_retryable(), "{e:?}");
+        let m = e.to_string();
+        for needle in ["read-only", "25006", "postgres://h1:5432,h2:5432/db"] {
+            assert!(m.contains(needle), "{needle} missing from: {m}");
+        }
+    }
 
     #[test]
     fn a_step_refused_at_another_isolation_level_is_a_configuration_error_naming_the_fix() {
