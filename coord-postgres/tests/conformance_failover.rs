@@ -24,6 +24,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use conformance::faults::{FaultLog, LockWorkload, run_lock_workload};
 use conformance::testkit::postgres_failover::{PgFailover, failover_pair};
 use coord_core::{Coord, OwnerToken};
 use tokio::time::{Instant, sleep};
@@ -47,6 +48,13 @@ conformance::suite!(make_coord);
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const TTL: Duration = Duration::from_secs(1);
+/// How long after the promotion the workload (and every client) may take
+/// to make progress, beyond the TTL: a call on a dead pooled connection
+/// fails (500 ms call timeout), a new connection tries the dead primary
+/// (refused) and logs in to the new one (500 ms connect timeout), and a
+/// waiter is woken by its poll or by its LISTEN connection, which
+/// reconnects with a backoff of up to 2 s.
+const SLACK: Duration = Duration::from_secs(2);
 
 /// Run `f` (a blocking kit call) off the async workers.
 async fn blocking<T: Send + 'static, F: FnOnce() -> T + Send + 'static>(f: F) -> T {
@@ -249,4 +257,60 @@ async fn a_primary_fenced_read_only_is_left_for_the_promoted_standby() {
         .await
         .unwrap();
     assert_woken_by_notify(&url, c, "fenced-read-only").await;
+}
+
+/// A lock workload (4 clients, 1 s TTL, watchdog on, fenced register)
+/// while the primary fails: the replication link is cut (the standby
+/// misses every grant from then on), another client draws 100 tokens, and
+/// 500 ms later the primary is killed
+/// with SIGKILL, and the standby is promoted one TTL later (with
+/// asynchronous replication, promoting no sooner than the longest TTL after
+/// the old primary stopped is what keeps locks exclusive: every guard it
+/// acknowledged has lapsed by then, lost grants and extends included).
+/// Locks exclude throughout, tokens rise, every client works on the new
+/// primary within TTL + 2 s, and a client connected before the failover
+/// is woken by NOTIFY on the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn locks_exclude_and_clients_follow_a_failover() {
+    let _serial = SERIAL.lock().await;
+    let pair = std::sync::Arc::new(blocking(PgFailover::start).await);
+    let url = {
+        let p = pair.clone();
+        blocking(move || p.create_database("failover")).await
+    };
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    let waiter = client(&url).await;
+    let other = client(&url).await;
+    let workload = LockWorkload {
+        ttl: TTL,
+        wait: Duration::from_secs(3),
+        watchdog: true,
+        work: Duration::from_millis(20),
+        duration: Duration::from_secs(9),
+    };
+    let p = pair.clone();
+    let fault = async move {
+        sleep(Duration::from_secs(2)).await;
+        p.cut_replication();
+        // More tokens than the sequence logs ahead (32), so the standby's
+        // copy of it is behind for sure; then grants of the workload.
+        let fencing = other.fencing().unwrap();
+        for _ in 0..100 {
+            fencing.next("side").await.expect("a token before the kill");
+        }
+        sleep(Duration::from_millis(500)).await;
+        let k = p.clone();
+        blocking(move || k.kill_primary()).await;
+        sleep(TTL + Duration::from_millis(100)).await;
+        let k = p.clone();
+        blocking(move || k.promote_standby()).await;
+        FaultLog::healed_now(1)
+    };
+    let (report, log) = run_lock_workload(clients, "failover", workload, fault).await;
+    report.assert_ok("primary-failover", "postgres", log.injected, TTL + SLACK);
+    report.assert_every_client_recovered("primary-failover", "postgres", TTL + SLACK);
+    assert_woken_by_notify(&url, waiter, "primary-failover").await;
 }
