@@ -2,7 +2,8 @@
 //!
 //! The Redis backend of [coord](coord_core): every primitive (locks,
 //! leases, fencing tokens, elections, barriers, rate limiters, FIFO
-//! semaphores, work queues) on one Redis server, with the seed PHP `RedisLock`'s scheme corrected:
+//! semaphores, work queues) on one Redis server or a Redis Cluster (see
+//! "Redis Cluster" below), with the seed PHP `RedisLock`'s scheme corrected:
 //!
 //! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
 //!   and issues the fencing token from a counter beside the lock in the same
@@ -85,6 +86,49 @@
 //!     .connect()
 //!     .await?;
 //! # let _ = shared;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Redis Cluster
+//!
+//! `redis+cluster://[user][:password@]host1:port1,host2:port2[?options]`
+//! (`rediss+cluster://` for TLS) lists seed nodes; the client discovers
+//! the rest (`redis`'s async cluster client) and follows `MOVED` and `ASK`
+//! redirections (slot moves) and failovers by itself. List several seeds,
+//! so a client can start while one is down. Every option of a plain URL
+//! works; the path may only be empty or `/0` (a cluster has database 0
+//! only).
+//!
+//! - Every key one script touches hashes to one slot ([`Layout::Coord`]
+//!   puts the name in the hash tag), so every primitive works unchanged,
+//!   and names spread over the masters. [`Layout::Seed`] (no common hash
+//!   tag) is refused with [`Error::Config`](coord_core::Error::Config).
+//! - Scripts are loaded on every node, replicas included.
+//! - Wake-ups: one subscription per client on any node (a `PUBLISH` on a
+//!   cluster reaches every node), moved to the next seed when its node
+//!   goes away; waiters poll meanwhile.
+//! - A call that gets no answer in time rebuilds the cluster connection in
+//!   the background, as on one server.
+//! - Failover: Redis replicates asynchronously, so a master killed right
+//!   after a grant may have a replica that never saw it; a second client
+//!   can then be granted the same lock while the first still holds it
+//!   ([`Capabilities::exclusive_across_failover`](coord_core::Capabilities::exclusive_across_failover)
+//!   is false). Fencing tokens keep rising (server µs on the promoted
+//!   replica, whose clock must not be behind by more than the failover
+//!   took), so fence every write. See [`cluster_capabilities`].
+//!
+//! Tested against a real 3-master, 3-replica cluster: the whole
+//! conformance suite (`tests/conformance_cluster.rs`), a master killed
+//! mid-workload and a slot moved mid-workload (`tests/cluster.rs`).
+//!
+//! ```no_run
+//! # async fn demo() -> coord_core::Result<()> {
+//! let coord = coord_redis::connect(
+//!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000?prefix=billing:",
+//! )
+//! .await?;
+//! assert_eq!(coord.capabilities().deployment, "cluster");
 //! # Ok(())
 //! # }
 //! ```

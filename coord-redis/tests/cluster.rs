@@ -49,6 +49,8 @@ async fn names_spread_over_every_master_and_each_lock_is_one_key() {
         .connect()
         .await
         .unwrap();
+    assert_eq!(c.capabilities().deployment, "cluster");
+    assert!(!c.capabilities().exclusive_across_failover);
     let locks = c.locks().unwrap();
     let before = blocking(|| keys_per_master(kit::cluster())).await;
     let mut guards = Vec::new();
@@ -213,4 +215,53 @@ async fn assert_woken_by_notification(url: &str, waiter: Coord) {
         "the waiter was woken {:?} after the release: its subscription did not move",
         at - released
     );
+}
+
+/// The slot of the workload's lock moves to another master while 5
+/// clients work on it, at once (the held claim itself is `MIGRATE`d), and
+/// back again slowly (500 ms in the ASK phase, where the claim is created
+/// on the importing master by `ASKING` clients), then `MOVED`: no data is
+/// lost in a slot move, so every rule holds, mutual exclusion included,
+/// and every client goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_mid_workload_keeps_every_rule() {
+    let name = conformance::unique("resharded");
+    let key = format!("coord:lock:{{{name}}}");
+    let url = kit::cluster().url();
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        clients.push(client(&url).await);
+    }
+    let workload = LockWorkload {
+        ttl: TTL,
+        wait: Duration::from_secs(3),
+        watchdog: true,
+        work: Duration::from_millis(20),
+        duration: Duration::from_secs(7),
+    };
+    let (report, log) = run_lock_workload(clients, &name, workload, async move {
+        sleep(Duration::from_millis(1500)).await;
+        let (moved, from, to) = blocking(move || {
+            let c = kit::cluster();
+            let from = c.master_of(&key).port();
+            let to = c
+                .masters()
+                .into_iter()
+                .find(|m| m.port() != from)
+                .expect("another master");
+            let there = c.migrate_slot(&key, to, Duration::ZERO);
+            assert_eq!(c.master_of(&key).port(), to.port(), "the slot moved");
+            std::thread::sleep(Duration::from_millis(1000));
+            let back = c.nodes().iter().find(|n| n.port() == from).unwrap();
+            let returned = c.migrate_slot(&key, back, Duration::from_millis(500));
+            assert_eq!(c.master_of(&key).port(), from, "the slot moved back");
+            ((there, returned), from, to.port())
+        })
+        .await;
+        println!("resharding: slot moved from port {from} to {to} and back, keys moved {moved:?}");
+        FaultLog::healed_now(1)
+    })
+    .await;
+    report.assert_ok("cluster-slot-moved", "redis-cluster", log.injected, TTL * 2);
+    report.assert_every_client_recovered("cluster-slot-moved", "redis-cluster", TTL * 2);
 }

@@ -168,6 +168,70 @@ impl RedisCluster {
         }
     }
 
+    /// Move the slot of `key` to master `to`, as `redis-cli --cluster
+    /// reshard` does, one slot only: `to` imports it, its master migrates
+    /// it, then its keys move (`MIGRATE`, 100 at a time, `pause` before
+    /// each batch and after the last, so clients meet the ASK phase), then
+    /// every master is told `to` owns it. Clients see `ASK` redirections
+    /// for keys already moved (or new) during the move and `MOVED` after.
+    /// Returns the number of keys moved.
+    pub fn migrate_slot(&self, key: &str, to: &RedisServer, pause: Duration) -> usize {
+        let from = self.master_of(key);
+        assert_ne!(from.port(), to.port(), "`{key}` is on that master already");
+        let slot = from
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .as_int()
+            .expect("CLUSTER KEYSLOT answers an integer")
+            .to_string();
+        let id = |n: &RedisServer| {
+            n.command(&["CLUSTER", "MYID"])
+                .as_str()
+                .expect("CLUSTER MYID answers a string")
+                .to_string()
+        };
+        let (from_id, to_id) = (id(from), id(to));
+        let ok = |r: Resp, what: &str| assert_eq!(r, Resp::Simple("OK".into()), "{what}");
+        ok(
+            to.command(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]),
+            "SETSLOT IMPORTING",
+        );
+        ok(
+            from.command(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]),
+            "SETSLOT MIGRATING",
+        );
+        let mut moved = 0;
+        loop {
+            std::thread::sleep(pause);
+            let Resp::Array(Some(keys)) = from.command(&["CLUSTER", "GETKEYSINSLOT", &slot, "100"])
+            else {
+                panic!("CLUSTER GETKEYSINSLOT did not answer an array");
+            };
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.port().to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            let names: Vec<String> = keys
+                .iter()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect();
+            args.extend(names.iter().map(String::as_str));
+            let reply = from.command(&args);
+            assert!(
+                matches!(&reply, Resp::Simple(s) if s == "OK" || s == "NOKEY"),
+                "MIGRATE: {reply:?}"
+            );
+            moved += names.len();
+        }
+        for m in self.masters() {
+            ok(
+                m.command(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]),
+                "SETSLOT NODE",
+            );
+        }
+        moved
+    }
+
     /// Wait until every running node reports `cluster_state:ok`, sees
     /// every slot served, and every running replica has synced.
     pub fn wait_healthy(&self, within: Duration) {
