@@ -270,7 +270,8 @@ impl PgCluster {
                  max_wal_senders = 4\n\
                  wal_keep_size = 256MB\n\
                  hot_standby = on\n\
-                 wal_receiver_status_interval = 1s\n",
+                 wal_receiver_status_interval = 1s\n\
+                 dynamic_shared_memory_type = mmap\n",
             );
         }
         if tls {

@@ -194,9 +194,20 @@ impl PgFailover {
 
     /// Kill the primary's postmaster and every one of its processes with
     /// `SIGKILL`, and wait until its port refuses connections.
+    ///
+    /// A killed postmaster cannot remove its shared memory: the kit then
+    /// removes its System V segment (its id is in `postmaster.pid`); its
+    /// dynamic shared memory is in the data directory
+    /// (`dynamic_shared_memory_type = mmap`), which goes with the folder.
     pub fn kill_primary(&self) {
         let pids = self.primary.pids();
         assert!(!pids.is_empty(), "kill_primary: the primary is not running");
+        let pidfile = self.primary.dir().join("data").join("postmaster.pid");
+        // Line 7: the shared memory key and id.
+        let shmid = std::fs::read_to_string(pidfile).ok().and_then(|s| {
+            let line = s.lines().nth(6)?.to_string();
+            line.split_whitespace().nth(1).map(str::to_string)
+        });
         for pid in &pids {
             signal(*pid, "KILL");
         }
@@ -205,6 +216,13 @@ impl PgFailover {
             || TcpStream::connect(("127.0.0.1", port)).is_err(),
             "the killed primary's port to refuse connections",
         );
+        if let Some(id) = shmid {
+            // Removed once the last killed process has let go of it.
+            let _ = std::process::Command::new("ipcrm")
+                .args(["-m", &id])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
     }
 
     /// Promote the standby (`SELECT pg_promote()`: it replays what it has
