@@ -93,7 +93,10 @@ pub enum FencingDurability {
     /// Tokens rise only while the process lives (the in-memory backend).
     Process,
     /// Tokens are stored durably and keep rising across server restarts
-    /// (PostgreSQL rows, etcd revisions).
+    /// (PostgreSQL rows, etcd revisions). On PostgreSQL also across a
+    /// failover to a streaming standby that missed the newest WAL: each
+    /// timeline (a promotion starts one) issues tokens above every earlier
+    /// timeline's.
     Durable,
     /// Tokens are issued as max(stored + 1, server clock in µs), so they
     /// keep rising across data loss of any kind (a restart without
@@ -125,7 +128,9 @@ pub struct Capabilities {
     pub notifications: bool,
     /// The kind of deployment this client reaches: `"embedded"` (memory),
     /// `"single"` (one server), `"cluster"` (Redis Cluster), `"raft"`
-    /// (etcd, one node or a cluster).
+    /// (etcd, one node or a cluster), `"primary-standby"` (PostgreSQL
+    /// with several hosts in the URL: a primary and its standbys, the
+    /// client follows a failover).
     pub deployment: &'static str,
     /// An acknowledged grant stays exclusive when the store machine that
     /// granted it is lost and another takes over (true where a grant is

@@ -222,6 +222,17 @@ impl PostgresBackend {
         caps.fencing = FencingDurability::Durable;
         caps.server_clock = true;
         caps.notifications = notifications;
+        // Several hosts: a primary and its standbys, followed through a
+        // failover (see the crate docs, "Failover"). Streaming replication
+        // acknowledges a grant before a standby has it unless it is
+        // synchronous and only a synchronous standby is promoted, which
+        // coord cannot check: not promised.
+        caps.deployment = if parsed.pg.get_hosts().len() > 1 {
+            "primary-standby"
+        } else {
+            "single"
+        };
+        caps.exclusive_across_failover = false;
         // Named statements only where nothing in between can route the next
         // call to another server connection (see `prepared_statements`).
         let prepared = b.prepared.unwrap_or(probed && b.listen_url.is_none());

@@ -44,6 +44,41 @@
 //! [`Secret`](coord_core::util::Secret) and never appears in `Debug`,
 //! `Display`, errors or logs.
 //!
+//! Several hosts, as libpq takes them, for a primary and its standbys:
+//! `postgres://app@db1:5432,db2:5432/app?target_session_attrs=read-write`
+//! (or `?host=db1,db2&port=5432,5432`). Every connection coord opens (the
+//! pool's, the LISTEN connection, the first-use DDL's) tries the hosts in
+//! order and keeps the first whose session is writable; with several
+//! hosts and no `target_session_attrs`, coord asks for `read-write`
+//! (libpq's default, `any`, would stay on a standby listed first, where
+//! every call fails); `read-only` is refused. See "Failover".
+//!
+//! ## Failover
+//!
+//! With every server of a primary and its streaming standbys in the URL,
+//! clients follow a promotion by themselves (tested with the primary
+//! killed and with it fenced read-only, a lock workload running:
+//! `tests/conformance_failover.rs`). Calls on connections to the dead
+//! server fail with [`Error::Unavailable`](coord_core::Error::Unavailable)
+//! (retryable), as do writes refused by a read-only server (SQLSTATE
+//! 25006), whose connection is dropped; new connections find the new
+//! primary, within about a call and a connect timeout of the promotion.
+//! The LISTEN connection reconnects there (backoff up to 2 s; its check
+//! also leaves a server that went read-only) and wakes every local waiter
+//! once. Fencing tokens, terms, permits, deliveries and barrier
+//! generations keep rising per name even when the standby missed the
+//! newest WAL: timeline `T` issues tokens above `T * 2^48`, and a
+//! promotion starts a new timeline (`fencing_next`, `src/sql/schema.sql`).
+//! What the standby never received is lost (with asynchronous
+//! replication: grants, extends and releases acknowledged just before the
+//! failure), so promote no sooner than the longest TTL in use after the
+//! old primary stopped, or promote only a synchronous standby; see
+//! `docs/operating.md`. [`Capabilities`](coord_core::Capabilities) say
+//! `deployment: "primary-standby"` and `exclusive_across_failover: false`
+//! (coord cannot see how the standbys replicate). Clients of an older
+//! coord-postgres (layout 9 and before) stay monotonic beside upgraded
+//! ones but are not safe across a failover: upgrade every client first.
+//!
 //! ## Layout
 //!
 //! Everything lives in one schema (default `coord`; it plays the role of
@@ -54,7 +89,7 @@
 //! | object | what |
 //! |---|---|
 //! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release; `metadata`: the holder metadata of its grant, if any |
-//! | sequence `fencing` | every fencing token and election term; WAL-logged, so tokens never repeat across restarts or crashes |
+//! | sequence `fencing` and functions `fencing_next`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next`; WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `semaphore_holders (name, owner, permits, total, fencing, expires_at, metadata)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |
@@ -110,7 +145,7 @@
 //! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: the same, the metadata stored by the statement that makes a new grant; `inspect`: one `SELECT` |
 //! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`, `inspect`: one `SELECT` each |
 //! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT` |
-//! | [`FencingSource`](coord_core::FencingSource) | `SELECT nextval(...)` |
+//! | [`FencingSource`](coord_core::FencingSource) | `SELECT fencing_next()` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |
 //! | [`Semaphore`](coord_core::Semaphore) | `try_acquire`: one call of `semaphore_acquire`, pipelined with the update that makes a grant durable (see "Semaphores"); `release` / `force_release`: one function call each, NOTIFY to the waiters made grantable; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: as `try_acquire`, the metadata stored with a new grant; `inspect`: one `SELECT` (live grants with permits, live queued waiters counted) |
@@ -290,7 +325,8 @@
 //! - release, revoke and resign delete the claim row; an expired row is
 //!   taken over by the next grant of its name, or deleted by the sweep.
 //!   Fencing stays monotonic: every token and term comes from the `fencing`
-//!   sequence, drawn in the grant's own transaction, never from the row.
+//!   sequence (through `fencing_next`), drawn in the grant's own
+//!   transaction, never from the row.
 //! - a limiter key's state (and its sliding-log entries) is deleted once it
 //!   decides exactly like no state: fixed window ended, sliding-window
 //!   counter two windows on, GCRA's theoretical arrival time passed, no

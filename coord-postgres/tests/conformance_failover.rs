@@ -38,6 +38,7 @@ async fn make_coord() -> Coord {
         coord.capabilities().notifications,
         "a direct connection must LISTEN"
     );
+    assert_eq!(coord.capabilities().deployment, "primary-standby");
     coord.with_poll_interval(Duration::from_secs(60))
 }
 
@@ -313,4 +314,49 @@ async fn locks_exclude_and_clients_follow_a_failover() {
     report.assert_ok("primary-failover", "postgres", log.injected, TTL + SLACK);
     report.assert_every_client_recovered("primary-failover", "postgres", TTL + SLACK);
     assert_woken_by_notify(&url, waiter, "primary-failover").await;
+}
+
+/// A schema of layout 9 (tokens straight from the sequence, small
+/// numbers) is upgraded by a newer client; the first token it draws is in
+/// its timeline's range, above every old token, and a client still on
+/// layout 9 (whose lock grant is `INSERT ... nextval('<schema>.fencing')`)
+/// beside it draws above that, and the new client above that again: one
+/// rising sequence whichever draws.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_schema_keeps_old_and_new_clients_tokens_rising() {
+    let schema = conformance::unique("layout9").replace('-', "_");
+    let pair = blocking(failover_pair).await;
+    let url = format!("{}&coord_schema={schema}", pair.url());
+    let b = coord_postgres::builder(&url).listen(false).connect().await;
+    drop(b.expect("create the schema"));
+    let sql = |q: String| blocking(move || failover_pair().primary().psql("postgres", &q));
+    // Back to layout 9, with 40 tokens issued by its clients.
+    sql(format!(
+        "SELECT nextval('\"{schema}\".fencing') FROM generate_series(1, 40); \
+         DROP FUNCTION \"{schema}\".fencing_next(); DROP FUNCTION \"{schema}\".fencing_floor(); \
+         UPDATE \"{schema}\".meta SET version = 9"
+    ))
+    .await;
+    let old_draw = || sql(format!("SELECT nextval('\"{schema}\".fencing')"));
+    let new = coord_postgres::builder(&url).listen(false).connect().await;
+    let new = new.expect("upgrade the schema");
+    let version = sql(format!("SELECT version FROM \"{schema}\".meta")).await;
+    assert_eq!(version.trim(), "10");
+    let locks = new.locks().unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let g = locks.try_acquire("upgraded", TTL).await.unwrap().unwrap();
+        tokens.push(g.fencing_token().get());
+        g.release().await.unwrap();
+        tokens.push(old_draw().await.trim().parse::<u64>().unwrap());
+    }
+    println!("tokens: {tokens:?}");
+    assert!(
+        tokens[0] > 1 << 48,
+        "not in the timeline's range: {tokens:?}"
+    );
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens went back: {tokens:?}"
+    );
 }
