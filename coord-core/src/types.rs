@@ -127,7 +127,8 @@ pub struct Capabilities {
     /// Waiters are woken by notifications from the store (false: polling only).
     pub notifications: bool,
     /// The kind of deployment this client reaches: `"embedded"` (memory),
-    /// `"single"` (one server), `"cluster"` (Redis Cluster), `"raft"`
+    /// `"single"` (one server), `"cluster"` (Redis Cluster), `"sentinel"`
+    /// (the master Redis Sentinel names), `"raft"`
     /// (etcd, one node or a cluster), `"primary-standby"` (PostgreSQL
     /// with several hosts in the URL: a primary and its standbys, the
     /// client follows a failover).

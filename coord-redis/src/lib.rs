@@ -2,8 +2,9 @@
 //!
 //! The Redis backend of [coord](coord_core): every primitive (locks,
 //! leases, fencing tokens, elections, barriers, rate limiters, FIFO
-//! semaphores, work queues) on one Redis server or a Redis Cluster (see
-//! "Redis Cluster" below), with the seed PHP `RedisLock`'s scheme corrected:
+//! semaphores, work queues) on one Redis server, a Redis Cluster or the
+//! master Redis Sentinel names (see "Redis Cluster" and "Redis Sentinel"
+//! below), with the seed PHP `RedisLock`'s scheme corrected:
 //!
 //! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
 //!   and issues the fencing token from a counter beside the lock in the same
@@ -132,6 +133,31 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Redis Sentinel
+//!
+//! `redis+sentinel://[user][:password@]s1:26379,s2:26379/<master name>[/<db>][?options]`
+//! (`rediss+sentinel://` for TLS to the master and the sentinels) lists
+//! the sentinels and names the master they watch; the credentials are the
+//! master's (sentinels without a password of their own).
+//!
+//! - coord asks the sentinels in turn for the master's address
+//!   (`SENTINEL get-master-addr-by-name`) and uses it once the server
+//!   there says it is a master (`ROLE`), as the Sentinel client protocol
+//!   asks.
+//! - It asks again, in the background, when a call times out, the master
+//!   stops answering, or it answers `READONLY` (it was demoted: a
+//!   failover, or `SENTINEL FAILOVER`, which keeps the old master's
+//!   connections open); calls fail with a retryable
+//!   [`Error::Unavailable`](coord_core::Error::Unavailable) meanwhile.
+//! - The wake-up subscription is on the master, and moves with it: each
+//!   reconnect asks the sentinels again; waiters poll meanwhile.
+//! - Failover: as on a Cluster (above), asynchronous replication may lose
+//!   a grant; see [`sentinel_capabilities`].
+//!
+//! Tested against a real master, replica and three sentinels: the whole
+//! conformance suite (`tests/conformance_sentinel.rs`), the master killed
+//! mid-workload and a switch-over mid-workload (`tests/sentinel.rs`).
 //!
 //! ## Wake-ups
 //!
@@ -289,7 +315,7 @@ mod listener;
 mod options;
 mod scripts;
 
-pub use backend::{RedisBackend, capabilities, cluster_capabilities};
+pub use backend::{RedisBackend, capabilities, cluster_capabilities, sentinel_capabilities};
 pub use keys::Layout;
 pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;

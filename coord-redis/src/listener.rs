@@ -21,7 +21,7 @@ use futures::StreamExt;
 use redis::aio::PubSub;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BACKEND, map_err};
+use crate::backend::{BACKEND, Targets, map_err};
 
 /// Open a pub/sub connection and subscribe `channel`.
 pub(crate) async fn subscribe(
@@ -43,19 +43,26 @@ pub(crate) async fn subscribe(
     .await
 }
 
-/// [`subscribe`] on the first of `clients` that answers, trying each once
-/// (a cluster's seeds: any node will do). Returns its index and the
-/// subscription, or the last error.
+/// [`subscribe`] on the first of `targets` that answers, trying each once
+/// (a cluster's seeds: any node will do; with Sentinel, the master it
+/// names). Returns the try that worked and the subscription, or the last
+/// error.
 pub(crate) async fn subscribe_any(
-    clients: &[redis::Client],
+    targets: &Targets,
     channel: &str,
     limit: Duration,
     password: Option<&Secret>,
-) -> Result<(usize, PubSub)> {
+) -> Result<(usize, redis::Client, PubSub)> {
     let mut last = None;
-    for (i, c) in clients.iter().enumerate() {
-        match subscribe(c, channel, limit, password).await {
-            Ok(ps) => return Ok((i, ps)),
+    for attempt in 0..targets.len() {
+        let tried = match targets.client(attempt).await {
+            Ok(c) => subscribe(&c, channel, limit, password)
+                .await
+                .map(|ps| (c, ps)),
+            Err(e) => Err(e),
+        };
+        match tried {
+            Ok((c, ps)) => return Ok((attempt, c, ps)),
             Err(e) => last = Some(e),
         }
     }
@@ -99,22 +106,28 @@ pub const HEALTH_CHECK: Duration = Duration::from_secs(10);
 /// connection too); after each reconnect every local waiter is woken
 /// once, since wake-ups may have been missed meanwhile.
 ///
-/// `clients` are the servers it may subscribe on: one, or a cluster's
-/// seeds (a `PUBLISH` on any cluster node reaches every node). `pubsub`
-/// is subscribed on `clients[on]`; each reconnect attempt tries the next,
-/// so a node that went away is left for one that answers.
+/// `targets` are the servers it may subscribe on: one, a cluster's seeds
+/// (a `PUBLISH` on any cluster node reaches every node), or the master
+/// the sentinels name. `pubsub` came from try `on`; each reconnect
+/// attempt tries the next, so a node that went away is left for one that
+/// answers (with Sentinel: the sentinels are asked again). With Sentinel
+/// each check also asks the sentinels where the master is, and
+/// resubscribes there if it moved: a demoted master keeps its clients'
+/// connections and answers PING, but a partitioned one would never pass
+/// the new master's wake-ups on.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
-    clients: Vec<redis::Client>,
+    targets: Targets,
     channel: String,
     wakeups: Wakeups,
     cancel: CancellationToken,
-    (on, pubsub): (usize, PubSub),
+    (on, on_client, pubsub): (usize, redis::Client, PubSub),
     limit: Duration,
     password: Option<Secret>,
     check_now: std::sync::Arc<tokio::sync::Notify>,
 ) {
     let mut pubsub = pubsub;
+    let mut subscribed = on_client;
     let mut next = on;
     loop {
         {
@@ -139,6 +152,19 @@ pub(crate) async fn run(
                     tracing::warn!(backend = BACKEND, "wake-up connection did not answer PING");
                     break;
                 }
+                if let Targets::Sentinel(_) = &targets {
+                    if let Ok(master) = targets.client(0).await {
+                        if master.get_connection_info().addr()
+                            != subscribed.get_connection_info().addr()
+                        {
+                            tracing::warn!(
+                                backend = BACKEND,
+                                "the master moved; moving the wake-up subscription"
+                            );
+                            break;
+                        }
+                    }
+                }
             }
         }
         tracing::warn!(
@@ -147,13 +173,22 @@ pub(crate) async fn run(
         );
         let mut backoff = Duration::from_millis(50);
         pubsub = loop {
-            next = (next + 1) % clients.len();
+            next = next.wrapping_add(1);
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            match subscribe(&clients[next], &channel, limit, password.as_ref()).await {
-                Ok(ps) => break ps,
+            let tried = match targets.client(next).await {
+                Ok(c) => subscribe(&c, &channel, limit, password.as_ref())
+                    .await
+                    .map(|ps| (c, ps)),
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok((c, ps)) => {
+                    subscribed = c;
+                    break ps;
+                }
                 Err(e) => {
                     tracing::debug!(backend = BACKEND, error = %e, "resubscribe failed");
                     backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -44,6 +44,11 @@ pub struct RedisOptions {
     /// per seed node, each with the URL's credentials and client options;
     /// `url` is then the first of them.
     pub(crate) cluster: Option<Vec<Secret>>,
+    /// For a `redis+sentinel://` URL: the sentinels' URLs (no credentials)
+    /// and the master's name; `url` then carries the master's credentials,
+    /// database and client options (its host is the first sentinel's, to
+    /// be replaced by the master's address the sentinels name).
+    pub(crate) sentinel: Option<(Vec<String>, String)>,
     /// A malformed or unknown URL option, reported by `connect`.
     pub(crate) url_error: Option<String>,
 }
@@ -61,7 +66,11 @@ impl RedisOptions {
     /// `redis+cluster://[user][:password@]host1:port1,host2:port2[?options]`
     /// (or `rediss+cluster://`), listing some or all nodes as seeds (the
     /// client discovers the rest; list several, so it can start while one
-    /// is down). Defaults: prefix [`DEFAULT_PREFIX`],
+    /// is down); for Redis Sentinel,
+    /// `redis+sentinel://[user][:password@]s1:26379,s2:26379/<master name>[/<db>][?options]`
+    /// (or `rediss+sentinel://`), listing the sentinels (without a
+    /// password of their own) and naming the master they watch; the
+    /// credentials are the master's. Defaults: prefix [`DEFAULT_PREFIX`],
     /// layout [`Layout::Coord`], timeout [`Self::DEFAULT_TIMEOUT`], connect
     /// timeout [`Self::DEFAULT_CONNECT_TIMEOUT`], idle grace
     /// [`Self::DEFAULT_IDLE_GRACE`].
@@ -98,6 +107,7 @@ impl RedisOptions {
             tls_root: None,
             tls_client: None,
             cluster: None,
+            sentinel: None,
             url_error: None,
         };
         let mut passed = Vec::new();
@@ -118,6 +128,16 @@ impl RedisOptions {
                 u.push_str(&passed.join("&"));
             }
             u.push_str(fragment);
+            if let Some(parsed) = sentinel_target(&u) {
+                match parsed {
+                    Ok((template, sentinels, master)) => {
+                        opts.url = Secret::new(template);
+                        opts.sentinel = Some((sentinels, master));
+                    }
+                    Err(e) => opts.url_error = Some(e),
+                }
+                return opts;
+            }
             match cluster_seeds(&u) {
                 None => opts.url = Secret::new(u),
                 Some(Ok(seeds)) => {
@@ -293,6 +313,67 @@ fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
     Some(Ok(seeds))
 }
 
+/// The master's URL template, the sentinels' URLs, the master's name.
+type SentinelTarget = (String, Vec<String>, String);
+
+/// For a `redis+sentinel://[user][:password@]s1:port,s2:port/<master>[/<db>]`
+/// (or `rediss+sentinel://`) URL: the master's URL template (credentials,
+/// database, query and fragment, on the first sentinel's address), the
+/// sentinels' URLs (no credentials: sentinels without `requirepass`), and
+/// the master's name; `None` for any other URL. Errors never contain the
+/// credentials.
+fn sentinel_target(url: &str) -> Option<Result<SentinelTarget, String>> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("redis+sentinel://") {
+        ("redis", r)
+    } else if let Some(r) = url.strip_prefix("rediss+sentinel://") {
+        ("rediss", r)
+    } else {
+        return None;
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => authority.split_at(i + 1),
+        None => ("", authority),
+    };
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, suffix) = tail.split_at(path_end);
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let master = parts.next().unwrap_or_default();
+    let db = parts.next().unwrap_or_default();
+    let usage = "write redis+sentinel://host1:26379,host2:26379/<master name>[/<db>]";
+    if master.is_empty() {
+        return Some(Err(format!(
+            "Redis Sentinel URL: no master name in the path; {usage}"
+        )));
+    }
+    if !db.is_empty() && db.parse::<u32>().is_err() {
+        return Some(Err(format!(
+            "Redis Sentinel URL: database `{db}` is not a number; {usage}"
+        )));
+    }
+    let mut sentinels = Vec::new();
+    for host in hosts.split(',') {
+        if host.trim().is_empty() {
+            return Some(Err(format!(
+                "Redis Sentinel URL: an empty host in the sentinel list; {usage}"
+            )));
+        }
+        sentinels.push(format!("{scheme}://{}", host.trim()));
+    }
+    let db = if db.is_empty() {
+        String::new()
+    } else {
+        format!("/{db}")
+    };
+    let first = sentinels[0]
+        .split_once("://")
+        .map(|(_, h)| h)
+        .unwrap_or_default();
+    let template = format!("{scheme}://{userinfo}{first}{db}{suffix}");
+    Some(Ok((template, sentinels, master.to_string())))
+}
+
 impl fmt::Debug for RedisOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisOptions")
@@ -307,6 +388,7 @@ impl fmt::Debug for RedisOptions {
             .field("tls_root_certificate", &self.tls_root.is_some())
             .field("tls_client_certificate", &self.tls_client.is_some())
             .field("cluster_seeds", &self.cluster.as_ref().map(Vec::len))
+            .field("sentinel", &self.sentinel)
             .finish()
     }
 }
@@ -380,6 +462,38 @@ mod tests {
         for bad in [
             "redis+cluster://:hunter2@h1:1,,h2:2",
             "redis+cluster://:hunter2@h1:1/3",
+        ] {
+            let e = RedisOptions::parse(bad).unwrap_err();
+            assert!(matches!(e, coord_core::Error::Config(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_sentinel_url_names_the_sentinels_the_master_and_its_settings() {
+        let o = RedisOptions::parse(
+            "redis+sentinel://u:pw@10.0.0.1:26379,10.0.0.2:26380/mymaster/3?timeout=2s&protocol=resp3",
+        )
+        .unwrap();
+        let (sentinels, master) = o.sentinel.clone().unwrap();
+        assert_eq!(
+            sentinels,
+            ["redis://10.0.0.1:26379", "redis://10.0.0.2:26380"]
+        );
+        assert_eq!(master, "mymaster");
+        assert_eq!(
+            o.url.expose(),
+            "redis://u:pw@10.0.0.1:26379/3?protocol=resp3"
+        );
+        assert_eq!(o.timeout, Duration::from_secs(2));
+        assert!(!format!("{o:?}").contains("pw@"));
+        let o = RedisOptions::parse("rediss+sentinel://s:1/m").unwrap();
+        assert_eq!(o.url.expose(), "rediss://s:1");
+        for bad in [
+            "redis+sentinel://:hunter2@s1:1",
+            "redis+sentinel://:hunter2@s1:1/",
+            "redis+sentinel://:hunter2@s1:1,,s2:2/m",
+            "redis+sentinel://:hunter2@s1:1/m/x",
         ] {
             let e = RedisOptions::parse(bad).unwrap_err();
             assert!(matches!(e, coord_core::Error::Config(_)), "{bad}: {e:?}");

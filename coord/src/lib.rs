@@ -10,6 +10,7 @@
 //! | `memory://` or `memory://NAME` | `memory` (default) | in-process, embedded |
 //! | `redis://`, `rediss://` | `redis` | Redis |
 //! | `redis+cluster://h1:port,h2:port`, `rediss+cluster://` | `redis` | Redis Cluster |
+//! | `redis+sentinel://s1:26379,s2:26379/<master>`, `rediss+sentinel://` | `redis` | Redis behind Sentinel |
 //! | `etcd://host:2379,host2:2379`, `etcds://` | `etcd` | etcd v3 |
 //! | `postgres://`, `postgresql://` | `postgres` | PostgreSQL |
 //!
@@ -72,7 +73,8 @@ pub async fn connect(url: &str) -> Result<Coord> {
             #[cfg(not(feature = "memory"))]
             return Err(feature_off("memory", url));
         }
-        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+        "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
+        | "rediss+sentinel" => {
             #[cfg(feature = "redis")]
             return coord_redis::connect(url).await;
             #[cfg(not(feature = "redis"))]

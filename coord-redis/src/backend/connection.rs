@@ -1,7 +1,9 @@
 //! The command connection: to one server (a multiplexed, self-reconnecting
-//! `ConnectionManager`) or to a Redis Cluster (`redis`'s async cluster
-//! client, which follows `MOVED`/`ASK` redirections and failovers by
-//! itself), replaced by a fresh one after a call times out.
+//! `ConnectionManager`), to the master Redis Sentinel names (the same, to
+//! the address the sentinels give, asked again after a failure), or to a
+//! Redis Cluster (`redis`'s async cluster client, which follows
+//! `MOVED`/`ASK` redirections and failovers by itself), replaced by a fresh
+//! one after a call times out.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,10 +54,138 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// Where the master is, as Redis Sentinel says: the sentinels are asked
+/// in turn (`SENTINEL get-master-addr-by-name`), and the address one names
+/// is used only once the server there says it is a master (`ROLE`), as
+/// the Sentinel client protocol asks.
+pub(crate) struct SentinelMaster {
+    pub(crate) sentinels: Vec<redis::Client>,
+    pub(crate) name: String,
+    /// The master's settings (credentials, database, TLS); its address is
+    /// replaced by the one the sentinels name.
+    pub(crate) template: redis::ConnectionInfo,
+    /// Makes a client of one server from its settings (with the TLS
+    /// certificates of the options).
+    pub(crate) client:
+        Box<dyn Fn(redis::ConnectionInfo) -> redis::RedisResult<redis::Client> + Send + Sync>,
+    pub(crate) limit: Duration,
+    pub(crate) password: Option<Secret>,
+}
+
+impl SentinelMaster {
+    /// A client of the current master. Errors: `Unavailable` when no
+    /// sentinel answers or names a server that is a master now.
+    pub(crate) async fn discover(&self) -> Result<redis::Client> {
+        let mut last = String::from("no sentinel answered");
+        for sentinel in &self.sentinels {
+            match self.ask(sentinel).await {
+                Ok(client) => return Ok(client),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(coord_core::Error::Unavailable {
+            backend: BACKEND,
+            operation: "sentinel",
+            message: format!(
+                "no sentinel named a master for `{}` ({last}); check the sentinel \
+                 addresses and the master name in the URL",
+                self.name
+            ),
+        })
+    }
+
+    async fn ask(&self, sentinel: &redis::Client) -> Result<redis::Client> {
+        let pw = self.password.as_ref();
+        bounded(BACKEND, "sentinel", self.limit, async {
+            let mut conn = sentinel
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| map_err("sentinel", &e, pw))?;
+            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("get-master-addr-by-name")
+                .arg(&self.name)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| map_err("sentinel", &e, pw))?;
+            let Some((host, port)) = addr else {
+                return Err(coord_core::Error::Unavailable {
+                    backend: BACKEND,
+                    operation: "sentinel",
+                    message: format!("the sentinel watches no master named `{}`", self.name),
+                });
+            };
+            let addr = match self.template.addr() {
+                redis::ConnectionAddr::TcpTls {
+                    insecure,
+                    tls_params,
+                    ..
+                } => redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => redis::ConnectionAddr::Tcp(host, port),
+            };
+            let client = (self.client)(self.template.clone().set_addr(addr))
+                .map_err(|e| map_err("sentinel", &e, pw))?;
+            let mut master = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| map_err("sentinel", &e, pw))?;
+            let role: Vec<redis::Value> = redis::cmd("ROLE")
+                .query_async(&mut master)
+                .await
+                .map_err(|e| map_err("sentinel", &e, pw))?;
+            match role.first() {
+                Some(redis::Value::BulkString(r)) if r.as_slice() == b"master" => Ok(client),
+                _ => Err(coord_core::Error::Unavailable {
+                    backend: BACKEND,
+                    operation: "sentinel",
+                    message: "the server the sentinel named is not a master (yet)".into(),
+                }),
+            }
+        })
+        .await
+    }
+}
+
+/// Where the wake-up subscription may go.
+pub(crate) enum Targets {
+    /// Any of these servers (one, or a cluster's seeds: a `PUBLISH` on any
+    /// cluster node reaches every node), tried in turn.
+    Fixed(Vec<redis::Client>),
+    /// The master the sentinels name now.
+    Sentinel(Arc<SentinelMaster>),
+}
+
+impl Targets {
+    /// The server to subscribe on at the `attempt`-th try.
+    pub(crate) async fn client(&self, attempt: usize) -> Result<redis::Client> {
+        match self {
+            Targets::Fixed(clients) => Ok(clients[attempt % clients.len()].clone()),
+            Targets::Sentinel(m) => m.discover().await,
+        }
+    }
+
+    /// How many tries make one round over every server.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Targets::Fixed(clients) => clients.len(),
+            Targets::Sentinel(_) => 1,
+        }
+    }
+}
+
 /// How to make a fresh connection.
 pub(crate) enum Source {
     Single {
         client: redis::Client,
+        config: ConnectionManagerConfig,
+    },
+    /// The master the sentinels name, asked again for every new connection.
+    Sentinel {
+        master: Arc<SentinelMaster>,
         config: ConnectionManagerConfig,
     },
     Cluster {
@@ -77,6 +207,13 @@ impl Source {
                 Source::Cluster { client, .. } => {
                     client.get_async_connection().await.map(Conn::Cluster)
                 }
+                Source::Sentinel { master, config } => {
+                    let client = master.discover().await?;
+                    client
+                        .get_connection_manager_with_config(config.clone())
+                        .await
+                        .map(Conn::Single)
+                }
             }
             .map_err(|e| map_err("connect", &e, pw))
         })
@@ -94,7 +231,7 @@ impl Source {
 /// its state, and no error comes for many minutes). `redis-rs` reconnects
 /// only on errors that close the connection, not on timeouts, so a client
 /// would stay stuck on it for good; we start a new one instead (to one
-/// server lazily: the next call connects; to a cluster in the background,
+/// server lazily: the next call connects; to a cluster or a sentinel-named master in the background,
 /// calls using the old one meanwhile), and the old one closes when its
 /// last in-flight call ends.
 pub(crate) struct CommandConnection {
@@ -122,6 +259,16 @@ impl CommandConnection {
         }
     }
 
+    /// Whether an error of a call means the master may have moved (a
+    /// Sentinel deployment only): the server is gone or now a replica.
+    pub(crate) fn master_moved(&self, e: &redis::RedisError) -> bool {
+        matches!(*self.source, Source::Sentinel { .. })
+            && (e.is_io_error()
+                || e.is_connection_refusal()
+                || e.is_connection_dropped()
+                || e.code() == Some("READONLY"))
+    }
+
     pub(crate) fn get(&self) -> (u64, Conn) {
         self.current
             .lock()
@@ -143,7 +290,7 @@ impl CommandConnection {
                     }
                 }
             }
-            Source::Cluster { .. } => {
+            Source::Cluster { .. } | Source::Sentinel { .. } => {
                 if self.current.lock().unwrap_or_else(|p| p.into_inner()).0 != generation
                     || self.replacing.swap(true, Ordering::AcqRel)
                 {
@@ -155,13 +302,28 @@ impl CommandConnection {
                     self.replacing.clone(),
                 );
                 tokio::spawn(async move {
-                    if let Source::Cluster {
-                        connect_timeout,
-                        password,
-                        ..
-                    } = &*source
+                    let (limit, password) = match &*source {
+                        Source::Sentinel { master, .. } => {
+                            // Discovery, then the connection: two limits.
+                            (master.limit * 2, master.password.clone())
+                        }
+                        Source::Cluster {
+                            connect_timeout,
+                            password,
+                            ..
+                        } => (*connect_timeout, password.clone()),
+                        // Replaced in place above; never spawned.
+                        Source::Single { client, .. } => (
+                            Duration::from_secs(1),
+                            client
+                                .get_connection_info()
+                                .redis_settings()
+                                .password()
+                                .map(Secret::new),
+                        ),
+                    };
                     {
-                        match source.open(*connect_timeout, password.as_ref()).await {
+                        match source.open(limit, password.as_ref()).await {
                             Ok(fresh) => {
                                 let mut cur = current.lock().unwrap_or_else(|p| p.into_inner());
                                 if cur.0 == generation {
@@ -170,7 +332,7 @@ impl CommandConnection {
                             }
                             Err(e) => tracing::debug!(
                                 error = %e,
-                                "could not replace the cluster command connection"
+                                "could not replace the command connection"
                             ),
                         }
                     }

@@ -13,7 +13,8 @@ use redis::aio::ConnectionManagerConfig;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use self::connection::{CommandConnection, Source};
+pub(crate) use self::connection::Targets;
+use self::connection::{CommandConnection, SentinelMaster, Source};
 use crate::keys::{Keys, Layout};
 use crate::listener;
 use crate::options::RedisOptions;
@@ -108,6 +109,17 @@ pub fn capabilities() -> Capabilities {
 pub fn cluster_capabilities() -> Capabilities {
     let mut caps = capabilities();
     caps.deployment = "cluster";
+    caps
+}
+
+/// What this backend promises behind Redis Sentinel (`redis+sentinel://`):
+/// [`capabilities`], with deployment `"sentinel"`. After a failover the
+/// promoted replica issues tokens from its own clock, which must not be
+/// behind the dead master's by more than the failover took (seconds);
+/// asynchronous replication: see [`capabilities`].
+pub fn sentinel_capabilities() -> Capabilities {
+    let mut caps = capabilities();
+    caps.deployment = "sentinel";
     caps
 }
 
@@ -379,7 +391,27 @@ impl RedisBackend {
             .set_response_timeout(Some(opts.timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let source = if opts.cluster.is_some() {
+        let mut targets = None;
+        let source = if let Some((sentinel_urls, name)) = &opts.sentinel {
+            let sentinels = sentinel_urls
+                .iter()
+                .map(|u| {
+                    let info = connection_info(u, &RedisOptions::new(u))?;
+                    single_client(info, &opts, custom_tls).map_err(config_error)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let (o, tls_client) = (opts.clone(), custom_tls);
+            let master = Arc::new(SentinelMaster {
+                sentinels,
+                name: name.clone(),
+                template: info.clone(),
+                client: Box::new(move |i| single_client(i, &o, tls_client)),
+                limit: opts.connect_timeout,
+                password: password.clone(),
+            });
+            targets = Some(Targets::Sentinel(master.clone()));
+            Source::Sentinel { master, config }
+        } else if opts.cluster.is_some() {
             if opts.layout == Layout::Seed {
                 return Err(Error::Config(
                     "Layout::Seed is for a single Redis server: its keys share no hash tag, \
@@ -446,15 +478,12 @@ impl RedisBackend {
         let wakeups = Wakeups::new();
         let cancel = CancellationToken::new();
         let check_listener = Arc::new(tokio::sync::Notify::new());
-        let pubsub = listener::subscribe_any(
-            &subscribers,
-            &channel,
-            opts.connect_timeout,
-            password.as_ref(),
-        )
-        .await?;
+        let targets = targets.unwrap_or(Targets::Fixed(subscribers));
+        let pubsub =
+            listener::subscribe_any(&targets, &channel, opts.connect_timeout, password.as_ref())
+                .await?;
         tokio::spawn(listener::run(
-            subscribers,
+            targets,
             channel.clone(),
             wakeups.clone(),
             cancel.clone(),
@@ -472,6 +501,8 @@ impl RedisBackend {
             idle_grace_ms: ms(opts.idle_grace).to_string(),
             caps: if cluster {
                 cluster_capabilities()
+            } else if opts.sentinel.is_some() {
+                sentinel_capabilities()
             } else {
                 capabilities()
             },
@@ -551,7 +582,7 @@ impl RedisBackend {
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => {
-                if e.is_timeout() {
+                if e.is_timeout() || self.conn.master_moved(&e) {
                     self.conn.replace(generation);
                 }
                 Err(map_err(operation, &e, self.password.as_ref()))

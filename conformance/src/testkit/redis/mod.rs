@@ -9,7 +9,8 @@
 //!   class would send) on a short-lived connection of its own.
 //! - [`RedisServer::pipeline`] sends many commands in one pipeline (a
 //!   burst the server runs back to back).
-//! - [`RedisCluster`] is a real 3-master, 3-replica Redis Cluster.
+//! - [`RedisCluster`] is a real 3-master, 3-replica Redis Cluster;
+//!   [`RedisSentinel`] a master, a replica and three sentinels.
 //! - [`CountingProxy`] forwards a TCP port to a server and counts the
 //!   commands clients send through it (round-trip tests count, never time),
 //!   and keeps the last one (to replay it).
@@ -69,6 +70,8 @@ pub struct RedisServer {
     aof: bool,
     /// More configuration lines (e.g. cluster mode), appended last.
     extra_conf: String,
+    /// Run as a Redis Sentinel (`redis-server <conf> --sentinel`).
+    sentinel: bool,
     dir: PathBuf,
     child: Mutex<Option<Child>>,
     /// The `redis-server` process id, read with `INFO server` at start.
@@ -116,11 +119,18 @@ impl RedisServer {
     /// Start a private server with `conf` (redis.conf lines) appended to
     /// the kit's configuration; later lines override earlier ones.
     pub fn start_with_config(conf: &str) -> RedisServer {
-        Self::start_full(None, false, false, false, conf)
+        Self::start_full(None, false, false, false, conf, false)
+    }
+
+    /// Start a Redis Sentinel (`redis-server <conf> --sentinel`) with the
+    /// `sentinel ...` lines in `conf`; it rewrites its configuration file
+    /// as it learns the deployment.
+    pub fn start_sentinel(conf: &str) -> RedisServer {
+        Self::start_full(None, false, false, false, conf, true)
     }
 
     fn start_inner(password: Option<String>, tls: bool, shared: bool, aof: bool) -> RedisServer {
-        Self::start_full(password, tls, shared, aof, "")
+        Self::start_full(password, tls, shared, aof, "", false)
     }
 
     fn start_full(
@@ -129,6 +139,7 @@ impl RedisServer {
         shared: bool,
         aof: bool,
         extra_conf: &str,
+        sentinel: bool,
     ) -> RedisServer {
         let binary = redis_server_binary();
         let mut last_err = String::new();
@@ -148,6 +159,7 @@ impl RedisServer {
                 shared,
                 aof,
                 extra_conf: extra_conf.to_string(),
+                sentinel,
                 dir,
                 child: Mutex::new(None),
                 pid: Mutex::new(None),
@@ -189,9 +201,13 @@ impl RedisServer {
         text.push_str(&self.extra_conf);
         std::fs::write(&conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
         let log = self.dir.join("redis.log");
+        let mut wrapper = WRAPPER.replace("redis-server", &shell_quote(binary));
+        if self.sentinel {
+            wrapper = wrapper.replacen(r#""$0""#, r#""$0" --sentinel"#, 1);
+        }
         let child = Command::new("sh")
             .arg("-c")
-            .arg(WRAPPER.replace("redis-server", &shell_quote(binary)))
+            .arg(wrapper)
             .arg(&conf)
             .arg(&log)
             .arg(if self.shared {
@@ -567,6 +583,8 @@ fn read_reply(r: &mut impl BufRead) -> std::io::Result<Resp> {
 
 mod cluster;
 pub use cluster::{NODE_TIMEOUT, RedisCluster, cluster, redis_cli_binary};
+mod sentinel;
+pub use sentinel::{RedisSentinel, sentinel};
 mod proxy;
 pub use proxy::CountingProxy;
 mod signals;
