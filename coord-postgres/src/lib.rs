@@ -65,9 +65,9 @@
 //! primary, within about a call and a connect timeout of the promotion.
 //! The LISTEN connection reconnects there (backoff up to 2 s; its check
 //! also leaves a server that went read-only) and wakes every local waiter
-//! once. Fencing tokens, terms, permits, deliveries and barrier
-//! generations keep rising per name even when the standby missed the
-//! newest WAL: timeline `T` issues tokens above `T * 2^48`, and a
+//! once. Fencing tokens, terms, permits, deliveries, barrier generations
+//! and queue message ids keep rising per name even when the standby
+//! missed the newest WAL: timeline `T` issues them above `T * 2^48`, and a
 //! promotion starts a new timeline (`fencing_next`, `src/sql/schema.sql`).
 //! What the standby never received is lost (with asynchronous
 //! replication: grants, extends and releases acknowledged just before the
@@ -89,7 +89,7 @@
 //! | object | what |
 //! |---|---|
 //! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release; `metadata`: the holder metadata of its grant, if any |
-//! | sequence `fencing` and functions `fencing_next`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next`; WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
+//! | sequence `fencing` and functions `fencing_next`, `timeline_next`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next` (queue message ids and semaphore places, from their own sequences, by `timeline_next` too); WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
 //! | `semaphore_holders (name, owner, permits, total, fencing, expires_at, metadata)`, `semaphore_queue (name, owner, permits, total, place, wake, expires_at)`, `semaphore_left (name, owner, stamp, expires_at)`, sequence `semaphore_places` and functions `semaphore_acquire`, `semaphore_release`, `semaphore_force_release` | semaphores: a row per live grant and per queued waiter, none per name; a short-lived mark per owner that left while one of its attempts was unanswered (see "Semaphores") |

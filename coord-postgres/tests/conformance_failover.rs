@@ -8,7 +8,7 @@
 //!   that every prompt wake-up comes from LISTEN/NOTIFY.
 //! - Fencing tokens of every source (lock and lease grants, semaphore
 //!   permits, election terms, barrier generations, `FencingSource::next`,
-//!   queue deliveries) never repeat across a failover to a standby that
+//!   queue deliveries), and queue message ids, never repeat across a failover to a standby that
 //!   missed the newest WAL: the replication link is cut, more tokens are
 //!   drawn than a sequence logs ahead (32), the primary is killed with
 //!   `SIGKILL` and the standby promoted.
@@ -106,7 +106,7 @@ async fn draw_every_token(c: &Coord) -> coord_core::Result<Vec<(&'static str, u6
     out.push(("barrier", a.generation));
     out.push(("fencing", c.fencing()?.next("tok-resource").await?.get()));
     let q = c.queues()?;
-    q.push("tok-queue", b"m").await?;
+    out.push(("queue message id", q.push("tok-queue", b"m").await?.0));
     let d = q.pop("tok-queue", ttl, Duration::ZERO).await?;
     let d = d.expect("the message just pushed");
     out.push(("queue", d.fencing_token().get()));
@@ -333,7 +333,9 @@ async fn an_upgraded_schema_keeps_old_and_new_clients_tokens_rising() {
     // Back to layout 9, with 40 tokens issued by its clients.
     sql(format!(
         "SELECT nextval('\"{schema}\".fencing') FROM generate_series(1, 40); \
-         DROP FUNCTION \"{schema}\".fencing_next(); DROP FUNCTION \"{schema}\".fencing_floor(); \
+         DROP FUNCTION \"{schema}\".fencing_next(); \
+         DROP FUNCTION \"{schema}\".timeline_next(regclass, integer); \
+         DROP FUNCTION \"{schema}\".fencing_floor(); \
          UPDATE \"{schema}\".meta SET version = 9"
     ))
     .await;

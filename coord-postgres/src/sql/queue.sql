@@ -226,7 +226,7 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    o_id := nextval('@s@.queue_ids');
+    o_id := @s@.timeline_next('@s@.queue_ids', 1);
     IF p_dedup IS NOT NULL THEN
         INSERT INTO @s@.queue_dedup AS d (queue, dedup_id, id, expires_at)
         VALUES (p_queue, p_dedup, o_id, t + p_window_us * interval '1 microsecond')

@@ -241,11 +241,15 @@ BEGIN
     RETURN tli << 48;
 END
 $fn$;
-CREATE OR REPLACE FUNCTION @s@.fencing_next()
+-- The next value of sequence p_seq in this timeline's range; p_key names
+-- the sequence in the advisory lock of the move. Also for message ids
+-- (queue_ids: a consumer that records the ids it processed must never
+-- see one again for another message) and semaphore places.
+CREATE OR REPLACE FUNCTION @s@.timeline_next(p_seq regclass, p_key integer)
 RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    v bigint := nextval('@s@.fencing');
+    v bigint := nextval(p_seq);
     lowest bigint := @s@.fencing_floor();
 BEGIN
     IF v > lowest THEN
@@ -253,12 +257,17 @@ BEGIN
     END IF;
     -- Below this timeline's range: move the sequence up, once. A second
     -- drawer that got a low value waits here and then draws above it.
-    PERFORM pg_advisory_xact_lock(hashtext('coord-fencing:@schema@'), 0);
-    v := nextval('@s@.fencing');
+    PERFORM pg_advisory_xact_lock(hashtext('coord-fencing:@schema@'), p_key);
+    v := nextval(p_seq);
     IF v <= lowest THEN
-        PERFORM setval('@s@.fencing', lowest);
-        v := nextval('@s@.fencing');
+        PERFORM setval(p_seq, lowest);
+        v := nextval(p_seq);
     END IF;
     RETURN v;
 END
+$fn$;
+CREATE OR REPLACE FUNCTION @s@.fencing_next()
+RETURNS bigint
+LANGUAGE sql AS $fn$
+    SELECT @s@.timeline_next('@s@.fencing', 0)
 $fn$;

@@ -202,7 +202,7 @@ BEGIN
                 CONTINUE;
             END IF;
             INSERT INTO @s@.semaphore_queue (name, owner, permits, total, place, wake, expires_at)
-            VALUES (p_name, p_owner, p_permits, p_total, nextval('@s@.semaphore_places'), p_wake,
+            VALUES (p_name, p_owner, p_permits, p_total, @s@.timeline_next('@s@.semaphore_places', 2), p_wake,
                     t + queue_ttl);
         ELSIF p_queue AND my_expires < t + queue_ttl - refresh / 2 THEN
             -- Renewed at most every refresh / 2, not on every poll.
