@@ -113,7 +113,10 @@ impl Keys {
     /// encoded name for every valid name (Redis Cluster hashes the text
     /// between the first `{` and the next `}`), and every key of one
     /// instance lands in one slot. (A prefix containing `{` moves the tag
-    /// into the prefix; the keys of one instance still share one slot.)
+    /// into the prefix; the keys of one instance still share one slot,
+    /// unless that `{` is followed at once by `}`: an empty tag, which
+    /// Redis ignores, hashing each key whole. A cluster client refuses
+    /// such a prefix.)
     /// The encoding is injective and the suffixes never contain `}`, so
     /// keys of different names never coincide.
     fn key(&self, kind: Kind, name: &str, suffix: &str) -> String {

@@ -105,7 +105,13 @@
 //!   puts the name in the hash tag), so every primitive works unchanged,
 //!   and names spread over the masters. [`Layout::Seed`] (no common hash
 //!   tag) is refused with [`Error::Config`](coord_core::Error::Config).
-//! - Scripts are loaded on every node, replicas included.
+//! - Scripts are loaded on every master at connect; a promoted replica
+//!   answers `NOSCRIPT` once per script and coord loads it again.
+//! - A prefix with an empty hash tag (`x{}:`) is refused: Redis would hash
+//!   each key whole, and one primitive's keys would sit in different
+//!   slots.
+//! - Each seed gets a quarter of the connect timeout, so a client connects
+//!   (and rebuilds its connection) while a node hangs.
 //! - Wake-ups: one subscription per client on any node (a `PUBLISH` on a
 //!   cluster reaches every node), moved to the next seed when its node
 //!   goes away; waiters poll meanwhile.

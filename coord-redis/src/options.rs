@@ -110,6 +110,10 @@ impl RedisOptions {
             sentinel: None,
             url_error: None,
         };
+        if let Some(e) = reserved_in_credentials(url) {
+            opts.url_error = Some(e);
+            return opts;
+        }
         let mut passed = Vec::new();
         for (k, v) in options {
             if let Err(e) = opts.url_option(&k, &v, &mut passed) {
@@ -311,6 +315,22 @@ fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
         seeds.push(format!("{scheme}://{userinfo}{}{suffix}", host.trim()));
     }
     Some(Ok(seeds))
+}
+
+/// An error (showing nothing of the URL) when an `@` comes after a `/`,
+/// `?` or `#` of the part after the scheme: a user name or password with
+/// one of those left unencoded, which would otherwise be read as a path,
+/// a query or a fragment and shown in errors. (An `@` in an option value
+/// must then be written `%40`.)
+fn reserved_in_credentials(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let at = rest.rfind('@')?;
+    rest[..at].contains(['/', '?', '#']).then(|| {
+        "the Redis URL has an `@` after a `/`, `?` or `#`: percent-encode those characters \
+         in the user name and password (`/` %2F, `?` %3F, `#` %23, `@` %40), or pass the \
+         password with RedisOptions::password; write an `@` in an option value as %40"
+            .to_string()
+    })
 }
 
 /// The master's URL template, the sentinels' URLs, the master's name.

@@ -49,6 +49,23 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A [`free_port`] `p` such that `p + offset` is free too and below the
+/// ephemeral range: for a server that also listens on a port of its own
+/// at a fixed offset (a Redis Cluster node's bus port, `port + 10000`),
+/// which would otherwise land among outgoing connections' local ports and
+/// fail to bind under load.
+pub fn free_port_with(offset: u16) -> u16 {
+    let limit = ephemeral_low().unwrap_or(65_536);
+    for _ in 0..10_000 {
+        let p = free_port();
+        let other = u32::from(p) + u32::from(offset);
+        if other < limit && TcpListener::bind(("127.0.0.1", other as u16)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no free port p with p + {offset} free below the ephemeral range")
+}
+
 /// The first port of the kernel's ephemeral range, if it can be read.
 fn ephemeral_low() -> Option<u32> {
     let s = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;

@@ -132,8 +132,14 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
         }
     }
     let code = e.code().unwrap_or("");
+    // The cluster client reports a refused password as an I/O error
+    // saying so ("Password authentication failed"): a configuration
+    // error all the same, never to be retried.
     if e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
+        || message
+            .to_ascii_lowercase()
+            .contains("authentication failed")
     {
         return Error::Store {
             backend: BACKEND,
@@ -307,6 +313,14 @@ fn connection_info(url: &str, opts: &RedisOptions) -> Result<redis::ConnectionIn
     Ok(info.set_redis_settings(settings))
 }
 
+/// Whether `prefix`'s first `{` is followed at once by `}`: Redis Cluster
+/// then hashes every key whole (no hash tag), the name's tag included.
+fn empty_hash_tag(prefix: &str) -> bool {
+    prefix
+        .find('{')
+        .is_some_and(|i| prefix[i + 1..].starts_with('}'))
+}
+
 /// The TLS certificates given in `opts`.
 fn certificates(opts: &RedisOptions) -> redis::TlsCertificates {
     redis::TlsCertificates {
@@ -412,6 +426,15 @@ impl RedisBackend {
             targets = Some(Targets::Sentinel(master.clone()));
             Source::Sentinel { master, config }
         } else if opts.cluster.is_some() {
+            if empty_hash_tag(&opts.prefix) {
+                return Err(Error::Config(
+                    "the key prefix has an empty hash tag (its first `{` is followed at \
+                     once by `}`), so Redis Cluster would hash each key whole and one \
+                     primitive's keys would sit in different slots (CROSSSLOT); drop the \
+                     braces, or put something between them"
+                        .into(),
+                ));
+            }
             if opts.layout == Layout::Seed {
                 return Err(Error::Config(
                     "Layout::Seed is for a single Redis server: its keys share no hash tag, \
@@ -420,8 +443,14 @@ impl RedisBackend {
                         .into(),
                 ));
             }
+            // Per node, well under the limit of the whole connect: the
+            // cluster client waits for every seed, so one that hangs (a
+            // frozen or blackholed node) must not use up the whole limit,
+            // or no client could connect, nor rebuild its connection away
+            // from a frozen master, while that node hangs.
+            let per_node = (opts.connect_timeout / 4).max(Duration::from_millis(50));
             let mut builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
-                .connection_timeout(opts.connect_timeout)
+                .connection_timeout(per_node)
                 .response_timeout(opts.timeout)
                 .retries(2)
                 .max_retry_wait(500);
@@ -443,7 +472,8 @@ impl RedisBackend {
 
         // Register every script once: in one round trip on one server; on
         // a cluster one `SCRIPT LOAD` each, which the client sends to every
-        // node (replicas too, so a promoted one has them).
+        // master (it has no connection to replicas: a promoted one answers
+        // `NOSCRIPT` once per script, and `invoke_async` loads it again).
         let scripts = Scripts::new();
         let pw = password.clone();
         let cluster = opts.cluster.is_some();

@@ -144,7 +144,12 @@ impl RedisServer {
         let binary = redis_server_binary();
         let mut last_err = String::new();
         for _ in 0..5 {
-            let port = free_port();
+            // A cluster node also listens on port + 10000 (its bus).
+            let port = if extra_conf.contains("cluster-enabled yes") {
+                super::port::free_port_with(10_000)
+            } else {
+                free_port()
+            };
             static SEQ: AtomicU64 = AtomicU64::new(0);
             let dir = crate::testkit::scratch_dir().join(format!(
                 "coord-redis-{}-{port}-{}",
