@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use conformance::faults::{
     FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule,
+    woken_after_release,
 };
 use conformance::testkit::postgres::{PgCluster, cluster};
 use conformance::testkit::proxy::{FaultProxy, Mode};
@@ -137,41 +138,11 @@ fn held_in_store(pg: &PgCluster, url: &str, name: &str) -> bool {
 /// client wakes it through its (re-established) LISTEN connection, not by
 /// its 30 s poll.
 async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
-    let holder = client(url).await;
-    let name = conformance::unique("wake-probe");
-    let long = Duration::from_secs(30);
-    let held = holder
-        .locks()
-        .unwrap()
-        .acquire(&name, long, TTL)
-        .await
-        .unwrap();
-    let n = name.clone();
-    let waiting = tokio::spawn(async move {
-        let g = waiter
-            .with_poll_interval(long)
-            .locks()
-            .unwrap()
-            .acquire(&n, long, long)
-            .await;
-        (g, Instant::now())
-    });
-    sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (g, at) = waiting.await.unwrap();
-    g.expect("the waiter acquires once the holder released")
-        .release()
-        .await
-        .unwrap();
-    println!(
-        "{scenario}: waiter woken {:?} after the release",
-        at - released
-    );
+    let took = woken_after_release(&client(url).await, waiter, TTL).await;
+    println!("{scenario}: waiter woken {took:?} after the release");
     assert!(
-        at - released < Duration::from_secs(1),
-        "{scenario}: the waiter was woken {:?} after the release: its LISTEN connection did not come back",
-        at - released
+        took < Duration::from_secs(1),
+        "{scenario}: the waiter was woken {took:?} after the release: its LISTEN connection did not come back"
     );
 }
 

@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::faults::{FaultLog, LockWorkload, run_lock_workload};
+use conformance::faults::{FaultLog, LockWorkload, run_lock_workload, woken_after_release};
 use conformance::testkit::redis::{self as kit, RedisCluster};
 use coord_core::{Coord, Error};
 use coord_redis::{Layout, RedisOptions};
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 const TTL: Duration = Duration::from_secs(1);
 
@@ -179,41 +179,11 @@ async fn a_master_killed_mid_workload_keeps_fencing_and_coord_follows_its_replic
 /// `waiter` (subscribed before the failover) is woken by a release through
 /// its subscription, not by its 30 s poll.
 async fn assert_woken_by_notification(url: &str, waiter: Coord) {
-    let holder = client(url).await;
-    let name = conformance::unique("wake-probe");
-    let long = Duration::from_secs(30);
-    let held = holder
-        .locks()
-        .unwrap()
-        .acquire(&name, long, TTL * 3)
-        .await
-        .unwrap();
-    let n = name.clone();
-    let waiting = tokio::spawn(async move {
-        let g = waiter
-            .with_poll_interval(long)
-            .locks()
-            .unwrap()
-            .acquire(&n, long, long)
-            .await;
-        (g, Instant::now())
-    });
-    sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (g, at) = waiting.await.unwrap();
-    g.expect("the waiter acquires once the holder released")
-        .release()
-        .await
-        .unwrap();
-    println!(
-        "cluster failover: waiter woken {:?} after the release",
-        at - released
-    );
+    let took = woken_after_release(&client(url).await, waiter, TTL * 3).await;
+    println!("cluster failover: waiter woken {took:?} after the release");
     assert!(
-        at - released < Duration::from_secs(1),
-        "the waiter was woken {:?} after the release: its subscription did not move",
-        at - released
+        took < Duration::from_secs(1),
+        "the waiter was woken {took:?} after the release: its subscription did not move"
     );
 }
 

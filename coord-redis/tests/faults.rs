@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use conformance::faults::{
     FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule,
+    woken_after_release,
 };
 use conformance::testkit::proxy::{FaultProxy, Mode};
 use conformance::testkit::redis::{RedisServer, Resp};
@@ -216,36 +217,10 @@ async fn half_open_connections_of_one_client() {
     // Its wake-ups work again (well before the subscriber's 10 s health
     // check would notice): a release wakes it, not its 30 s poll.
     let holder = client(server.port()).await;
-    let name = conformance::unique("wake-probe");
-    let long = Duration::from_secs(30);
-    let held = holder
-        .locks()
-        .unwrap()
-        .acquire(&name, long, TTL)
-        .await
-        .unwrap();
-    let n = name.clone();
-    let waiter = tokio::spawn(async move {
-        let g = cut
-            .with_poll_interval(long)
-            .locks()
-            .unwrap()
-            .acquire(&n, long, long)
-            .await;
-        (g, Instant::now())
-    });
-    sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (g, at) = waiter.await.unwrap();
-    g.expect("the cut client acquires once the holder released")
-        .release()
-        .await
-        .unwrap();
+    let took = woken_after_release(&holder, cut, TTL).await;
     assert!(
-        at - released < Duration::from_secs(1),
-        "the cut client was woken {:?} after the release: its wake-up subscription is still on the dead connection",
-        at - released
+        took < Duration::from_secs(1),
+        "the cut client was woken {took:?} after the release: its wake-up subscription is still on the dead connection"
     );
 }
 

@@ -283,6 +283,42 @@ pub async fn cut_off_victim(
     (report, log, cut_off)
 }
 
+/// How long after a release by `holder` a `waiter` on the same lock got
+/// it, with its polling fallback set to 30 s: well under a second only if
+/// the store's wake-up reached it (after a fault: its subscription, LISTEN
+/// connection or watch came back). `holder` takes a fresh lock with a
+/// `ttl` TTL, `waiter` starts waiting, and 300 ms later the lock is
+/// released. Panics if the waiter does not get the lock.
+pub async fn woken_after_release(holder: &Coord, waiter: Coord, ttl: Duration) -> Duration {
+    let name = crate::unique("wake-probe");
+    let long = Duration::from_secs(30);
+    let held = holder
+        .locks()
+        .unwrap()
+        .acquire(&name, long, ttl)
+        .await
+        .unwrap();
+    let n = name.clone();
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .with_poll_interval(long)
+            .locks()
+            .unwrap()
+            .acquire(&n, long, long)
+            .await;
+        (g, Instant::now())
+    });
+    sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (g, at) = waiting.await.unwrap();
+    g.expect("the waiter acquires once the holder released")
+        .release()
+        .await
+        .unwrap();
+    at - released
+}
+
 /// Run a lock workload: each client loops acquire -> fenced read ->
 /// `work` -> fenced write (value + 1) -> release on one lock name, while
 /// `faults` runs; then check the history.
