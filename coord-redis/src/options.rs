@@ -274,6 +274,21 @@ impl RedisOptions {
     }
 }
 
+/// The parts of a URL with a host list, after its `scheme://`:
+/// (`user:password@` or empty, `h1:p1,h2:p2`, the path, the query and
+/// fragment).
+fn split_host_list(rest: &str) -> (&str, &str, &str, &str) {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => authority.split_at(i + 1),
+        None => ("", authority),
+    };
+    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
+    let (path, suffix) = tail.split_at(path_end);
+    (userinfo, hosts, path, suffix)
+}
+
 /// For a `redis+cluster://` or `rediss+cluster://` URL, one plain
 /// `redis://` (or `rediss://`) URL per host of its comma-separated host
 /// list, each with the URL's user, password, query and fragment; `None` for
@@ -288,14 +303,7 @@ fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
     } else {
         return None;
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(i) => authority.split_at(i + 1),
-        None => ("", authority),
-    };
-    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
-    let (path, suffix) = tail.split_at(path_end);
+    let (userinfo, hosts, path, suffix) = split_host_list(rest);
     if !matches!(path, "" | "/" | "/0") {
         return Some(Err(format!(
             "Redis Cluster URL: database `{}` in the path, but a cluster has database 0 \
@@ -350,14 +358,7 @@ fn sentinel_target(url: &str) -> Option<Result<SentinelTarget, String>> {
     } else {
         return None;
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, hosts) = match authority.rfind('@') {
-        Some(i) => authority.split_at(i + 1),
-        None => ("", authority),
-    };
-    let path_end = tail.find(['?', '#']).unwrap_or(tail.len());
-    let (path, suffix) = tail.split_at(path_end);
+    let (userinfo, hosts, path, suffix) = split_host_list(rest);
     let mut parts = path.trim_start_matches('/').splitn(2, '/');
     let master = parts.next().unwrap_or_default();
     let db = parts.next().unwrap_or_default();
