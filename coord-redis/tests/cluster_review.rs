@@ -385,16 +385,19 @@ fn cached_scripts(c: &RedisCluster) -> Vec<(u16, String, String)> {
 }
 
 /// Wait until `name`'s lock can be taken and released, for up to
-/// `within`; returns how long it took, or the last error.
+/// `within`; returns how long it took, or the last error. Only a release
+/// that succeeded counts: one that failed (a timeout while a promoted
+/// master loads its scripts, on a loaded machine) may leave the lock held
+/// for its TTL, and a caller that went on would find it taken.
 async fn works_within(c: &Coord, name: &str, within: Duration) -> Result<Duration, String> {
     let start = Instant::now();
     let mut last = String::new();
     while start.elapsed() < within {
         match c.locks().unwrap().try_acquire(name, TTL).await {
-            Ok(Some(g)) => {
-                let _ = g.release().await;
-                return Ok(start.elapsed());
-            }
+            Ok(Some(g)) => match g.release().await {
+                Ok(()) => return Ok(start.elapsed()),
+                Err(e) => last = format!("release: {e}"),
+            },
             Ok(None) => last = "held".into(),
             Err(e) => last = e.to_string(),
         }
