@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use conformance::faults::woken_after_release;
 use conformance::testkit::redis::{self as kit, RedisCluster, RedisServer};
 use coord_core::{Algorithm, Coord, Error, Quota};
 use coord_redis::RedisOptions;
@@ -106,7 +107,7 @@ async fn resp3_works_on_a_cluster() {
     let a = connect(&url, &prefix).await.unwrap();
     every_primitive(&a, "job").await.unwrap();
     let b = connect(&url, &prefix).await.unwrap();
-    let took = woken_by_notification(&a, b, "wake").await;
+    let took = woken_after_release(&a, b, TTL).await;
     assert!(took < Duration::from_secs(1), "woken after {took:?}");
 }
 
@@ -248,7 +249,7 @@ async fn a_client_connects_through_the_one_live_seed_of_many() {
             .unwrap_or_else(|e| panic!("{url}: {e}"));
         // Wake-ups still come, from whichever seed took the subscription.
         let w = connect(&url, &prefix).await.unwrap();
-        let took = woken_by_notification(&c, w, "wake").await;
+        let took = woken_after_release(&c, w, TTL).await;
         assert!(took < Duration::from_secs(1), "{url}: woken after {took:?}");
     }
 }
@@ -469,7 +470,7 @@ async fn a_client_goes_on_through_a_rolling_restart() {
     // The client's wake-up subscription was on the first seed, the node
     // killed first: it moved, and wake-ups still reach it.
     let holder = connect(&cluster.url(), prefix).await.unwrap();
-    let took = woken_by_notification(&holder, coord, "wake").await;
+    let took = woken_after_release(&holder, coord, TTL).await;
     assert!(took < Duration::from_secs(1), "woken after {took:?}");
     println!("rolling restart: {:?} in all", started.elapsed());
 }
@@ -478,34 +479,6 @@ async fn a_client_goes_on_through_a_rolling_restart() {
 fn url_with_password(c: &RedisCluster, password: &str) -> String {
     c.url()
         .replace("redis+cluster://", &format!("redis+cluster://:{password}@"))
-}
-
-/// A waiter on `name` (subscribed, polling only every 30 s) is woken by
-/// a release from `holder` within 1 s.
-async fn woken_by_notification(holder: &Coord, waiter: Coord, name: &str) -> Duration {
-    let long = Duration::from_secs(30);
-    let held = holder
-        .locks()
-        .unwrap()
-        .acquire(name, long, TTL)
-        .await
-        .unwrap();
-    let n = name.to_string();
-    let waiting = tokio::spawn(async move {
-        let g = waiter
-            .with_poll_interval(long)
-            .locks()
-            .unwrap()
-            .acquire(&n, long, long)
-            .await;
-        (g, Instant::now())
-    });
-    sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (g, at) = waiting.await.unwrap();
-    g.unwrap().release().await.unwrap();
-    at - released
 }
 
 /// Every node with `requirepass` and `masterauth`: `redis+cluster://:pw@`
@@ -528,7 +501,7 @@ async fn a_cluster_with_a_password_works_and_keeps_it_secret() {
     assert!(!format!("{a:?}").contains(pw), "{a:?}");
     every_primitive(&a, "job").await.unwrap();
     let b = connect(&url, "auth:").await.unwrap();
-    let took = woken_by_notification(&a, b, "wake").await;
+    let took = woken_after_release(&a, b, TTL).await;
     assert!(took < Duration::from_secs(1), "woken after {took:?}");
     for bad in [
         url_with_password(&cluster, "wrong-Pa55"),
@@ -773,7 +746,7 @@ async fn a_tls_cluster_works() {
         .unwrap_or_else(|e| panic!("TLS connect: {e}"));
     every_primitive(&a, "job").await.unwrap();
     let b = opts().connect().await.unwrap();
-    let took = woken_by_notification(&a, b, "wake").await;
+    let took = woken_after_release(&a, b, TTL).await;
     assert!(took < Duration::from_secs(1), "woken after {took:?}");
     let e = connect(&cluster.url(), "tls:").await.unwrap_err();
     println!("without the CA: {e}");
