@@ -347,13 +347,41 @@ impl Queues {
         self.backend.capabilities()
     }
 
-    /// The largest payload this store takes, in bytes.
+    /// The largest payload this store takes, in bytes: the backend's
+    /// [`Queue::max_payload`], by default
+    /// [`DEFAULT_MAX_PAYLOAD`](crate::queue_backend::DEFAULT_MAX_PAYLOAD)
+    /// (256 KiB). A larger push is [`Error::InvalidArgument`] before any
+    /// I/O.
     ///
     /// ```
-    /// # fn demo(q: coord_core::Queues) { assert!(q.max_payload() > 0); }
+    /// # async fn demo(q: coord_core::Queues, report: Vec<u8>) -> coord_core::Result<()> {
+    /// if report.len() <= q.max_payload() {
+    ///     q.push("reports", &report).await?;
+    /// } else {
+    ///     // store the report elsewhere and push a reference to it
+    ///     q.push("reports", b"s3://bucket/report-42").await?;
+    /// }
+    /// # Ok(()) }
     /// ```
     pub fn max_payload(&self) -> usize {
         self.backend.max_payload()
+    }
+
+    /// Whether this store promises that an acknowledged push survives a
+    /// restart of the store (the backend's [`Queue::durable`]): true on
+    /// PostgreSQL and etcd; false in memory and on Redis, whose durability
+    /// depends on the server's persistence settings, which the client
+    /// cannot see or promise.
+    ///
+    /// ```
+    /// # fn demo(q: coord_core::Queues) {
+    /// if !q.durable() {
+    ///     eprintln!("queue messages may be lost if the store restarts: keep the source of truth elsewhere");
+    /// }
+    /// # }
+    /// ```
+    pub fn durable(&self) -> bool {
+        self.backend.durable()
     }
 
     /// Push `payload` to `queue`: deliverable at once, in the group `""`.

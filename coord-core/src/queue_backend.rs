@@ -281,8 +281,10 @@ pub trait Queue: Send + Sync + 'static {
         DEFAULT_MAX_PAYLOAD
     }
 
-    /// Whether an acknowledged push survives a restart of the store
-    /// (PostgreSQL, etcd; Redis with its persistence settings; not memory).
+    /// Whether the store promises that an acknowledged push survives a
+    /// restart of the store (PostgreSQL, etcd). Default false: memory, and
+    /// Redis, where it depends on the server's persistence settings, which
+    /// the client cannot see or promise.
     fn durable(&self) -> bool {
         false
     }
