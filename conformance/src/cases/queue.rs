@@ -7,18 +7,25 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
+use coord_core::wake::Waiter;
 use coord_core::{
-    Coord, Delivery, Error, FencedRegister, FencingToken, Lane, Message, NewMessage, OwnerToken,
-    PopAttempt, PopOptions, PushOptions, QueueConfig, Queues,
+    Capabilities, Coord, Delivery, Error, FencedRegister, FencingToken, Lane, Message, MessageId,
+    NewMessage, OwnerToken, PopAttempt, PopOptions, PushOptions, Pushed, Queue, QueueConfig,
+    QueueStats, Queues, Result, async_trait,
 };
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::{Factory, PROMPT, ttl, unique};
 
 const LONG: Duration = Duration::from_secs(30);
+
+/// How far a store's clock (which stamps `enqueued_at`) may be from this
+/// process's wall clock.
+pub const CLOCK_SLACK: Duration = Duration::from_secs(2);
 
 /// Why every queue case skips on a store without work queues.
 pub const QUEUE_GATE: &str = "work queue not implemented on this store yet";
@@ -135,8 +142,10 @@ pub async fn queue_each_message_is_delivered_once_among_16_consumers(f: &Factory
 
 /// A consumer that crashes mid-task (no ack, no nack): its message is
 /// invisible until the visibility lapses, then delivered again to another
-/// consumer (waiting, polling only every 10 s) with attempts 2 and a higher
-/// fencing token.
+/// consumer (waiting, polling only every 10 s) with attempts 2, a higher
+/// fencing token and the same `enqueued_at`, which is within the push
+/// call's wall-clock window (give or take [`CLOCK_SLACK`] for the store's
+/// clock).
 pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: &Factory) {
     let a = f.client().await;
     let b = f.client().await.with_poll_interval(Duration::from_secs(10));
@@ -144,7 +153,9 @@ pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: 
         return;
     };
     let name = unique("q-crash");
+    let before_push = SystemTime::now();
     qa.push(&name, b"work").await.unwrap();
+    let after_push = SystemTime::now();
     let vis = ttl(&a, Duration::from_millis(1500));
     // Before the pop is sent: the visibility runs from when the store
     // made the delivery, which its reply reaches us after (a loaded
@@ -157,6 +168,12 @@ pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: 
         .expect("a message");
     let first_token = d.fencing_token();
     assert_eq!(d.attempts(), 1);
+    let enqueued = d.enqueued_at();
+    assert!(
+        enqueued + CLOCK_SLACK >= before_push && enqueued <= after_push + CLOCK_SLACK,
+        "enqueued_at {enqueued:?} is not within {CLOCK_SLACK:?} of the push, sent at \
+         {before_push:?} and answered at {after_push:?}"
+    );
     std::mem::forget(d); // crashed: nothing is sent
     assert!(
         qb.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
@@ -179,12 +196,19 @@ pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: 
     assert_eq!(again.attempts(), 2, "the attempt count must rise");
     assert!(again.fencing_token() > first_token);
     assert_eq!(again.payload(), b"work");
+    assert_eq!(
+        again.enqueued_at(),
+        enqueued,
+        "a redelivery changed the message's enqueued_at"
+    );
     again.ack().await.unwrap();
 }
 
 /// A stale consumer (paused past its visibility while the message went to
-/// another): its ack, extend and nack are refused with `NotHeld` and change
-/// nothing, and its fenced write is rejected after the new consumer's.
+/// another): its delivery (no watchdog) fires its lost signal by its
+/// visibility deadline, never before, and is not valid after; its ack,
+/// extend and nack are refused with `NotHeld` and change nothing, and its
+/// fenced write is rejected after the new consumer's.
 pub async fn queue_stale_consumer_is_refused_and_fenced_out(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
     let (Some(qa), Some(qb)) = (queues(&a), b.queues().ok()) else {
@@ -193,7 +217,30 @@ pub async fn queue_stale_consumer_is_refused_and_fenced_out(f: &Factory) {
     let name = unique("q-stale");
     qa.push(&name, b"job").await.unwrap();
     let vis = ttl(&a, Duration::from_millis(800));
+    // Before the pop is sent: the store's deadline is at most `vis` after.
+    let start = Instant::now();
     let stale = qa.pop(&name, vis, Duration::ZERO).await.unwrap().unwrap();
+    let lost = stale.lost_token();
+    assert!(
+        stale.is_valid() && !lost.is_cancelled(),
+        "a fresh delivery is not valid"
+    );
+    assert!(
+        stale.valid_until() <= start + vis,
+        "the delivery's local validity ends {:?} after the pop was sent, past its visibility {vis:?}",
+        stale.valid_until() - start
+    );
+    tokio::time::timeout_at(start + vis + PROMPT, stale.lost())
+        .await
+        .unwrap_or_else(|_| {
+            panic!("the lost signal of a delivery whose visibility {vis:?} lapsed did not fire")
+        });
+    assert!(
+        Instant::now() >= stale.valid_until(),
+        "the lost signal fired before the delivery's deadline"
+    );
+    assert!(lost.is_cancelled(), "the lost token was not cancelled");
+    assert!(!stale.is_valid(), "a lapsed delivery is still valid");
     let register = FencedRegister::new(0u32);
     assert!(register.write(stale.fencing_token(), 1), "first write");
     let fresh = qb
@@ -768,9 +815,15 @@ pub async fn queue_dead_letters_after_max_deliveries_and_redrive(f: &Factory) {
     let name = unique("q-dead");
     let id = q.push(&name, b"poison").await.unwrap();
     let ok = q.push(&name, b"fine").await.unwrap();
+    let mut enqueued = None;
     for attempt in 1..=2 {
         let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
         assert_eq!((d.id(), d.attempts()), (id, attempt));
+        assert_eq!(
+            *enqueued.get_or_insert(d.enqueued_at()),
+            d.enqueued_at(),
+            "a redelivery after a nack changed the message's enqueued_at"
+        );
         d.nack(Duration::ZERO).await.unwrap();
     }
     let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
@@ -787,6 +840,11 @@ pub async fn queue_dead_letters_after_max_deliveries_and_redrive(f: &Factory) {
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].id, dead[0].attempts), (id, 2));
     assert_eq!(dead[0].payload, b"poison");
+    assert_eq!(
+        Some(dead[0].enqueued_at),
+        enqueued,
+        "a dead letter lost its enqueue time"
+    );
 
     let opts = PopOptions::new(LONG).lane(Lane::Dead);
     let d = q
@@ -906,6 +964,14 @@ pub async fn queue_peek_redrive_and_purge_honour_lanes_and_limits(f: &Factory) {
     );
     assert_eq!(q.stats(&name).await.unwrap(), Default::default());
     assert!(q.peek(&name, Lane::Dead, 10).await.unwrap().is_empty());
+    assert!(
+        matches!(inflight.extend(LONG).await, Err(Error::NotHeld { .. })),
+        "an extend of a purged message must be NotHeld"
+    );
+    timeout(PROMPT, inflight.lost())
+        .await
+        .expect("the lost signal of a delivery whose message was purged did not fire");
+    assert!(!inflight.is_valid(), "a purged delivery is still valid");
     assert!(
         matches!(inflight.ack().await, Err(Error::NotHeld { .. })),
         "an ack of a purged message must be NotHeld"
@@ -1217,6 +1283,34 @@ pub async fn queue_bad_input_is_rejected_and_writes_nothing(f: &Factory) {
         field_of(q.push(&name, &too_big).await, "payload"),
         "payload"
     );
+    // Before any I/O: the same client with its store unreachable (every
+    // call of the store fails, counted) still refuses it as too big.
+    let raw = c.raw_queue().unwrap();
+    assert_eq!(
+        (q.max_payload(), q.durable()),
+        (raw.max_payload(), raw.durable()),
+        "Queues must report the store's limit and durability"
+    );
+    let cut_off = Arc::new(Unreachable {
+        store: raw,
+        calls: AtomicUsize::new(0),
+    });
+    let unreachable = c.clone().with_queues(cut_off.clone()).queues().unwrap();
+    assert_eq!(unreachable.max_payload(), q.max_payload());
+    assert_eq!(
+        field_of(
+            unreachable
+                .push_with(&name, &too_big, &PushOptions::new().group("g"))
+                .await,
+            "an oversize payload to an unreachable store"
+        ),
+        "payload"
+    );
+    assert_eq!(
+        cut_off.calls.load(Ordering::SeqCst),
+        0,
+        "an oversize push reached the store before it was refused"
+    );
     let bad_group = PushOptions::new().group("");
     assert_eq!(
         field_of(q.push_with(&name, b"x", &bad_group).await, "empty group"),
@@ -1335,4 +1429,86 @@ pub async fn queue_bad_input_is_rejected_and_writes_nothing(f: &Factory) {
     let s = q.stats(&name).await.unwrap();
     assert_eq!(s.in_flight, 1, "a refused nack changed the message: {s:?}");
     q.purge(&name).await.unwrap();
+}
+
+/// A store that cannot be reached: its limits are the real store's, and
+/// every call of it is counted and fails as a lost connection would.
+struct Unreachable {
+    store: Arc<dyn Queue>,
+    calls: AtomicUsize,
+}
+
+impl Unreachable {
+    fn fail<T>(&self, operation: &'static str) -> Result<T> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(Error::Unavailable {
+            backend: self.store.capabilities().backend,
+            operation,
+            message: "connection refused (the test's unreachable store)".into(),
+        })
+    }
+}
+
+#[async_trait]
+impl Queue for Unreachable {
+    fn capabilities(&self) -> &Capabilities {
+        self.store.capabilities()
+    }
+    fn max_payload(&self) -> usize {
+        self.store.max_payload()
+    }
+    fn durable(&self) -> bool {
+        self.store.durable()
+    }
+    async fn push(&self, _: &str, _: &NewMessage<'_>) -> Result<Pushed> {
+        self.fail("queue push")
+    }
+    async fn try_pop(
+        &self,
+        _: &str,
+        _: Lane,
+        _: &OwnerToken,
+        _: Duration,
+        _: &QueueConfig,
+    ) -> Result<PopAttempt> {
+        self.fail("queue pop")
+    }
+    async fn ack(&self, _: &str, _: Lane, _: MessageId, _: &OwnerToken) -> Result<bool> {
+        self.fail("queue ack")
+    }
+    async fn nack(
+        &self,
+        _: &str,
+        _: Lane,
+        _: MessageId,
+        _: &OwnerToken,
+        _: Duration,
+    ) -> Result<bool> {
+        self.fail("queue nack")
+    }
+    async fn extend(
+        &self,
+        _: &str,
+        _: Lane,
+        _: MessageId,
+        _: &OwnerToken,
+        _: Duration,
+    ) -> Result<bool> {
+        self.fail("queue extend")
+    }
+    async fn peek(&self, _: &str, _: Lane, _: usize) -> Result<Vec<Message>> {
+        self.fail("queue peek")
+    }
+    async fn redrive(&self, _: &str, _: usize) -> Result<u64> {
+        self.fail("queue redrive")
+    }
+    async fn stats(&self, _: &str) -> Result<QueueStats> {
+        self.fail("queue stats")
+    }
+    async fn purge(&self, _: &str) -> Result<u64> {
+        self.fail("queue purge")
+    }
+    async fn subscribe(&self, _: &str, _: Lane) -> Result<Waiter> {
+        self.fail("queue subscribe")
+    }
 }
