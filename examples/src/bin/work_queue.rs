@@ -3,11 +3,13 @@
 //! has its task finished by another, and a stale worker's late write is
 //! rejected by its fencing token.
 //!
-//! 1. Tenant `bulk` pushes 30 tasks, then tenants `alice` and `bob` push 3
-//!    each. Deliveries are shared round-robin across tenants with ready
-//!    tasks, so alice's and bob's tasks do not wait behind bulk's backlog.
+//! 1. Three producers push at once, one per tenant: `bulk` 30 tasks,
+//!    `alice` and `bob` 3 each. Deliveries are shared round-robin across
+//!    tenants with ready tasks, so alice's and bob's tasks do not wait
+//!    behind bulk's backlog.
 //! 2. A worker takes a task and is killed (no ack, no nack): after the
-//!    visibility timeout the task is delivered again (attempt 2).
+//!    visibility timeout the task is delivered again (attempt 2) and
+//!    finished by another worker.
 //! 3. A worker takes a task, pauses past its visibility (a GC pause, a
 //!    network stall); the task goes to another worker, which finishes it.
 //!    When the paused worker wakes up, its write is rejected (stale token)
@@ -18,7 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord::{Error, FencedRegister, MessageId, PopOptions, PushOptions, QueueConfig};
+use coord::{Error, FencedRegister, FencingToken, MessageId, PopOptions, PushOptions, QueueConfig};
 use coord_examples::{connect, fresh};
 
 /// The results store: one fenced row per task, keeping the highest token
@@ -49,20 +51,26 @@ async fn main() -> coord::Result<()> {
     let visibility =
         coord::validate::ttl("visibility", Duration::from_secs(1), coord.capabilities())?;
 
-    // 1. Producers.
-    for i in 0..30 {
-        let opts = PushOptions::new().group("bulk");
-        queues.push_with(&queue, format!("bulk-{i}"), &opts).await?;
-    }
-    for tenant in ["alice", "bob"] {
-        for i in 0..3 {
+    // 1. Three producers at once, one per tenant.
+    let mut producers: Vec<tokio::task::JoinHandle<coord::Result<usize>>> = Vec::new();
+    for (tenant, tasks) in [("bulk", 30), ("alice", 3), ("bob", 3)] {
+        let (queues, queue) = (queues.clone(), queue.clone());
+        producers.push(tokio::spawn(async move {
             let opts = PushOptions::new().group(tenant);
-            queues
-                .push_with(&queue, format!("{tenant}-{i}"), &opts)
-                .await?;
-        }
+            for i in 0..tasks {
+                queues
+                    .push_with(&queue, format!("{tenant}-{i}"), &opts)
+                    .await?;
+            }
+            coord::Result::Ok(tasks)
+        }));
     }
-    println!("producers: pushed 30 tasks for bulk, 3 each for alice and bob");
+    let mut pushed = 0usize;
+    for p in producers {
+        pushed += p.await.map_err(|e| Error::Config(e.to_string()))??;
+    }
+    assert_eq!(pushed, 36);
+    println!("producers: 3 at once pushed 30 tasks for bulk, 3 each for alice and bob");
 
     let results = Arc::new(Results::default());
 
@@ -71,7 +79,7 @@ async fn main() -> coord::Result<()> {
         .pop(&queue, visibility, Duration::ZERO)
         .await?
         .ok_or_else(|| Error::Config("the queue was empty".into()))?;
-    let killed_id = killed.id();
+    let (killed_id, killed_token) = (killed.id(), killed.fencing_token());
     println!(
         "worker K: took {} (attempt {}) and is killed before finishing",
         String::from_utf8_lossy(killed.payload()),
@@ -94,13 +102,19 @@ async fn main() -> coord::Result<()> {
     // 4. Three workers drain the queue; the killed and the paused workers'
     // tasks come back to them with attempt 2.
     let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    // Each acked task: which worker finished it, at which attempt, with
+    // which token.
+    let finished = Arc::new(Mutex::new(
+        HashMap::<MessageId, (usize, u32, FencingToken)>::new(),
+    ));
     let mut workers: Vec<tokio::task::JoinHandle<coord::Result<usize>>> = Vec::new();
     for w in 1..=3 {
-        let (queues, queue, results, order) = (
+        let (queues, queue, results, order, finished) = (
             queues.clone(),
             queue.clone(),
             results.clone(),
             order.clone(),
+            finished.clone(),
         );
         workers.push(tokio::spawn(async move {
             let opts = PopOptions::new(Duration::from_secs(30)).wait(Duration::from_millis(500));
@@ -122,7 +136,13 @@ async fn main() -> coord::Result<()> {
                     .row(task.id())
                     .write(task.fencing_token(), format!("done by worker {w}"));
                 assert!(accepted, "a live delivery's write was rejected");
+                let (id, attempts, token) = (task.id(), task.attempts(), task.fencing_token());
                 task.ack().await?;
+                let before = finished
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, (w, attempts, token));
+                assert!(before.is_none(), "task {id} was finished twice");
                 done += 1;
             }
             coord::Result::Ok(done)
@@ -168,17 +188,29 @@ async fn main() -> coord::Result<()> {
         Err(Error::NotHeld { .. }) => println!("worker P: its ack is refused (not held)"),
         other => panic!("a stale ack must be NotHeld, got {other:?}"),
     }
+    let finished = finished.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let Some(&(by, attempts, token)) = finished.get(&killed_id) else {
+        panic!("the killed worker's task {killed_id} was never finished");
+    };
     println!(
-        "task {killed_id} of the killed worker: {}",
+        "task {killed_id} of the killed worker: redelivered (attempt {attempts}, token {token}) \
+         and {}",
         results.row(killed_id).read().0
     );
-    assert!(
-        results
-            .row(killed_id)
-            .read()
-            .0
-            .starts_with("done by worker")
+    assert_eq!(
+        attempts, 2,
+        "the killed worker's task must come back as attempt 2"
     );
+    assert!(
+        token > killed_token,
+        "its redelivery's token {token} is not above the killed worker's {killed_token}"
+    );
+    assert_eq!(
+        results.row(killed_id).read().0,
+        format!("done by worker {by}"),
+        "the killed worker's task was not finished by the worker that acked it"
+    );
+    assert_eq!(finished.len(), 36, "every task is acked exactly once");
 
     let stats = queues.stats(&queue).await?;
     assert_eq!(total, 36);
