@@ -67,14 +67,40 @@
 //!   letter per transaction; **stats** is one read (counts of the ready
 //!   lists and dead records, the timeline); **purge** one transaction.
 //!
+//! # Visibility: a deadline in the record, not a lease
+//!
+//! A delivery's visibility is a deadline in its record (in flight to an
+//! owner until T, Unix ms) with an entry in the lane's timeline, not an
+//! etcd lease:
+//!
+//! - a lease's expiry can only delete the keys put on it, and a lapsed
+//!   delivery must not vanish: it becomes ready again, its attempts kept,
+//!   back in its group's place in the candidate index. That takes a
+//!   transaction however the lapse is noticed; the next step of the lane
+//!   runs it when it reads the due timeline entry, so a deadline is all a
+//!   lapse needs;
+//! - a lease per delivery would cost a lease grant per pop, a round trip
+//!   that cannot be part of the pop's transaction; and a lease's TTL is
+//!   fixed when it is granted, so an extend to another visibility would
+//!   need a new lease and the delivery's keys put on it again, where with
+//!   a deadline it is one more compare-and-put in the extend's
+//!   transaction.
+//!
 //! # Clocks
 //!
-//! etcd has no clock for data without a TTL, so delays, visibility
-//! deadlines and dedup windows are measured on the **clients' clocks**
+//! etcd has no clock for data without a TTL, and visibility is not a
+//! lease, so delays, visibility deadlines and dedup windows are measured
+//! on the **clients' clocks**
 //! ([`Capabilities::server_clock`](coord_core::Capabilities) is false): a
-//! consumer whose clock runs ahead by `d` takes over a lapsed delivery `d`
-//! early (fencing tokens still order the two consumers), and an owner whose
-//! clock runs behind may ack up to `d` late. Keep clocks in sync (NTP).
+//! deadline is the popping client's clock plus the visibility, and other
+//! consumers judge it by their own clocks. So skew between clients shifts
+//! redelivery time: a consumer whose clock runs ahead by `d` takes over a
+//! lapsed delivery `d` early, while its owner (whose guard and lost signal
+//! run on its own monotonic clock) may still count itself valid (fencing
+//! tokens still order the two consumers); one whose clock runs behind by
+//! `d` takes it over up to `d` late; an owner whose clock runs behind may
+//! ack up to `d` late. Delays and dedup windows shift the same way. Keep
+//! clocks in sync (NTP).
 //!
 //! # Wake-ups
 //!

@@ -269,7 +269,24 @@
 //! turn order across groups holds exactly and concurrent consumers always
 //! get distinct messages. (`FOR UPDATE SKIP LOCKED` would let a consumer
 //! pass a candidate another is taking and deliver a later one, which the
-//! rule forbids.) A pop costs a few index probes whatever the backlog: a
+//! rule forbids.)
+//!
+//! The cost of that lock: every writing step of one queue waits for the
+//! one before it, so one queue's throughput is bounded by one step at a
+//! time on the server, however many producers and consumers it has; more
+//! consumers on one queue add waiting, not throughput. The lock is held
+//! for the step's execution on the server only (never across a round trip
+//! or a WAL flush, see below). Separate queues take separate locks and run
+//! in parallel (two names whose 32-bit `hashtext` collide share one); an
+//! empty pop (a plain read) and an extend (the message's row lock) take no
+//! queue lock. Measured roughly on a loaded 2-core test machine (release
+//! build, loopback, each client looping push, pop, ack): one client on one
+//! queue made about 2,700 steps/s, eight clients on one queue 1,600 to
+//! 2,000, eight clients on eight queues about 3,000 (there bounded by the
+//! machine's two cores). A queue that needs more takes more names (shard
+//! it, for example by tenant).
+//!
+//! A pop costs a few index probes whatever the backlog: a
 //! message's readiness is a column (`due_at` NULL) brought up to date by
 //! the lane's next step when its delay or visibility runs out, and each
 //! group's row carries its lowest id and its lowest ready id, so the next
