@@ -79,7 +79,12 @@ impl RedisOptions {
     /// deployment is configuration): `prefix`, `layout` (`coord` or
     /// `seed`), `timeout`, `connect_timeout` and `idle_grace` (durations:
     /// `250ms`, `2s`, `1m`); `protocol` (`resp2`/`resp3`) goes to the redis
-    /// client. Setters called afterwards override the URL. An unknown or
+    /// client; `tls_ca_file`, `tls_cert_file` and `tls_key_file` name PEM
+    /// files read here, at once (as [`Self::tls_root_certificate`] and
+    /// [`Self::tls_client_certificate`]; a file that cannot be read is an
+    /// error naming the option and the path, never its contents). On a
+    /// cluster or sentinel URL every option applies to each node (and
+    /// sentinel). Setters called afterwards override the URL. An unknown or
     /// malformed option makes [`Self::connect`] fail with
     /// [`Error::Config`](coord_core::Error::Config) naming it (see
     /// [`Self::parse`] to find out at once); it is never ignored.
@@ -118,6 +123,19 @@ impl RedisOptions {
         for (k, v) in options {
             if let Err(e) = opts.url_option(&k, &v, &mut passed) {
                 opts.url_error.get_or_insert(e.to_string());
+            }
+        }
+        if let (None, Some((cert, key))) = (&opts.url_error, &opts.tls_client) {
+            let absent = match (cert.is_empty(), key.expose().is_empty()) {
+                (true, _) => Some("tls_cert_file"),
+                (_, true) => Some("tls_key_file"),
+                _ => None,
+            };
+            if let Some(absent) = absent {
+                opts.url_error = Some(format!(
+                    "Redis URL option `{absent}` is missing or its file is empty: a client \
+                     certificate needs both `tls_cert_file` and `tls_key_file`"
+                ));
             }
         }
         if opts.url_error.is_none() {
@@ -186,10 +204,26 @@ impl RedisOptions {
             }
             "idle_grace" => *self = self.clone().idle_grace(parse_duration(k, v)?),
             "protocol" => passed.push(format!("protocol={v}")),
+            "tls_ca_file" => self.tls_root = Some(read_option_file(k, v)?),
+            "tls_cert_file" => {
+                let cert = read_option_file(k, v)?;
+                let key = self.tls_client.take().map(|(_, key)| key);
+                self.tls_client = Some((cert, key.unwrap_or_else(|| Secret::new(""))));
+            }
+            "tls_key_file" => {
+                let key = String::from_utf8(read_option_file(k, v)?).map_err(|_| {
+                    coord_core::Error::Config(format!(
+                        "Redis URL option `tls_key_file`: `{v}` is not a PEM file (not text)"
+                    ))
+                })?;
+                let cert = self.tls_client.take().map(|(cert, _)| cert);
+                self.tls_client = Some((cert.unwrap_or_default(), Secret::new(key)));
+            }
             other => {
                 return Err(coord_core::Error::Config(format!(
                     "unknown Redis URL option `{other}`; known: prefix, layout, timeout, \
-                     connect_timeout, idle_grace, protocol"
+                     connect_timeout, idle_grace, protocol, tls_ca_file, tls_cert_file, \
+                     tls_key_file"
                 )));
             }
         }
@@ -272,6 +306,16 @@ impl RedisOptions {
         let backend = crate::RedisBackend::connect(self).await?;
         Ok(backend.into_coord())
     }
+}
+
+/// The bytes of the file named by URL option `option` (a certificate or
+/// key). Errors name the option and the path, never the file's contents.
+fn read_option_file(option: &str, path: &str) -> coord_core::Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        coord_core::Error::Config(format!(
+            "Redis URL option `{option}`: cannot read `{path}`: {e}"
+        ))
+    })
 }
 
 /// The parts of a URL with a host list, after its `scheme://`:
@@ -540,5 +584,118 @@ mod tests {
             // `new` keeps it for `connect`.
             assert!(RedisOptions::new(url).url_error.is_some());
         }
+    }
+
+    #[test]
+    fn tls_files_come_from_the_url_and_a_missing_one_names_option_and_path() {
+        let dir = std::env::temp_dir().join(format!("coord-redis-opts-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ca, cert, key) = (dir.join("ca.pem"), dir.join("c.pem"), dir.join("k.pem"));
+        std::fs::write(&ca, "CA PEM").unwrap();
+        std::fs::write(&cert, "CERT PEM").unwrap();
+        std::fs::write(&key, "KEY hunter2 PEM").unwrap();
+        let url = format!(
+            "rediss://h:1?tls_ca_file={}&tls_key_file={}&tls_cert_file={}&prefix=p:",
+            ca.display(),
+            key.display(),
+            cert.display()
+        );
+        let o = RedisOptions::parse(&url).unwrap();
+        assert_eq!(o.tls_root.as_deref(), Some(&b"CA PEM"[..]));
+        let (c, k) = o.tls_client.as_ref().unwrap();
+        assert_eq!(
+            (c.as_slice(), k.expose()),
+            (&b"CERT PEM"[..], "KEY hunter2 PEM")
+        );
+        // The redis client gets none of them.
+        assert_eq!(o.url.expose(), "rediss://h:1");
+        assert!(!format!("{o:?}").contains("hunter2"));
+        // Also on every node of a cluster URL, and for the sentinels and
+        // master of a sentinel URL.
+        for scheme in ["rediss+cluster", "rediss+sentinel"] {
+            let path = if scheme == "rediss+sentinel" {
+                "/m"
+            } else {
+                ""
+            };
+            let u = format!(
+                "{scheme}://h1:1,h2:2,h3:3{path}?tls_ca_file={}",
+                ca.display()
+            );
+            let o = RedisOptions::parse(&u).unwrap_or_else(|e| panic!("{u}: {e}"));
+            assert_eq!(o.tls_root.as_deref(), Some(&b"CA PEM"[..]), "{u}");
+        }
+        let missing = dir.join("absent.pem");
+        for (opt, url) in [
+            (
+                "tls_ca_file",
+                format!("rediss://h?tls_ca_file={}", missing.display()),
+            ),
+            (
+                "tls_key_file",
+                format!(
+                    "rediss://h?tls_cert_file={}&tls_key_file={}",
+                    cert.display(),
+                    missing.display()
+                ),
+            ),
+            (
+                "tls_cert_file",
+                format!(
+                    "rediss://h?tls_cert_file={}&tls_key_file={}",
+                    missing.display(),
+                    key.display()
+                ),
+            ),
+        ] {
+            let e = RedisOptions::parse(&url).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, coord_core::Error::Config(_)), "{url}: {e:?}");
+            assert!(msg.contains(&format!("`{opt}`")), "{url}: {msg}");
+            assert!(msg.contains(&missing.display().to_string()), "{url}: {msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+        // A certificate needs its key and the other way round; neither
+        // error shows what the files hold.
+        for (url, opt) in [
+            (
+                format!("rediss://h?tls_cert_file={}", cert.display()),
+                "tls_key_file",
+            ),
+            (
+                format!("rediss://h?tls_key_file={}", key.display()),
+                "tls_cert_file",
+            ),
+        ] {
+            let msg = RedisOptions::parse(&url).unwrap_err().to_string();
+            assert!(msg.contains(&format!("`{opt}`")), "{url}: {msg}");
+            assert!(
+                !msg.contains("hunter2") && !msg.contains("CERT PEM"),
+                "{msg}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_option_on_a_cluster_or_sentinel_url_is_refused_naming_it() {
+        for url in [
+            "redis+cluster://:hunter2@h1:1,h2:2?prefix=a:&prefx=b",
+            "rediss+cluster://h1:1,h2:2?prefx=b",
+            "redis+sentinel://:hunter2@s1:1,s2:2/mymaster?prefx=b",
+            "rediss+sentinel://s1:1/mymaster/2?prefx=b",
+        ] {
+            let e = RedisOptions::parse(url).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, coord_core::Error::Config(_)), "{url}: {e:?}");
+            assert!(msg.contains("`prefx`"), "{url}: {msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+            assert!(RedisOptions::new(url).url_error.is_some(), "{url}");
+        }
+        // A malformed value too.
+        let e = RedisOptions::parse("redis+sentinel://s1:1/m?timeout=2").unwrap_err();
+        assert!(e.to_string().contains("`timeout`"), "{e}");
+        let e = RedisOptions::parse("redis+cluster://h1:1,h2:2?layout=php").unwrap_err();
+        assert!(e.to_string().contains("`layout`"), "{e}");
     }
 }

@@ -523,6 +523,80 @@ async fn rediss_tls_with_a_trusted_certificate() {
     assert!(matches!(err, Error::Config(_)), "{err:?}");
 }
 
+/// `rediss://...?tls_ca_file=PATH` trusts the CA in that file (read when
+/// the options are made), as `tls_root_certificate` does; a client
+/// certificate and key from `tls_cert_file` / `tls_key_file` are presented;
+/// a missing file is a `Config` error naming the option and the path.
+#[tokio::test]
+async fn rediss_tls_with_certificate_files_named_in_the_url() {
+    let server = RedisServer::start_tls();
+    let dir = conformance::testkit::scratch_dir().join(unique("tls-files"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, server.tls_ca_certificate_pem()).unwrap();
+    let url = format!(
+        "{}?tls_ca_file={}&prefix=tlsfile:",
+        server.url(),
+        ca.display()
+    );
+    let b = RedisBackend::connect(RedisOptions::new(&url))
+        .await
+        .expect("TLS connect trusting the CA file");
+    let name = unique("tls-file");
+    let me = OwnerToken::random();
+    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    assert!(b.release(&name, &me).await.unwrap());
+    // Through the facade, as COORD_URL would be given.
+    let c = coord_redis::connect(&url).await.expect("coord over TLS");
+    assert!(c.fencing().unwrap().next("tls-file").await.is_ok());
+    // A client certificate from files (this server does not ask for one,
+    // so it only shows that both files were read and taken by rustls).
+    std::fs::create_dir_all(dir.join("client")).unwrap();
+    let id = conformance::testkit::etcd::make_tls_files(&dir.join("client"));
+    let with_cert = format!(
+        "{url}&tls_cert_file={}&tls_key_file={}",
+        id.cert.display(),
+        id.key.display()
+    );
+    let b = RedisBackend::connect(RedisOptions::new(&with_cert))
+        .await
+        .expect("TLS connect with a client certificate from files");
+    FencingSource::next(&b, "tls-file").await.unwrap();
+    // Without the CA file the server's certificate is not trusted.
+    let err = RedisBackend::connect(
+        RedisOptions::new(&server.url()).connect_timeout(Duration::from_secs(3)),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("TLS handshake failed"), "{err}");
+    // A missing file: Config, naming the option and the path, before any
+    // connection is tried.
+    let missing = dir.join("nope.pem");
+    let err = coord_redis::connect(&format!(
+        "{}?tls_ca_file={}",
+        server.url(),
+        missing.display()
+    ))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("`tls_ca_file`") && msg.contains(&missing.display().to_string()),
+        "{msg}"
+    );
+    // The CA file on a plain redis:// URL is a configuration error too.
+    let err = RedisBackend::connect(RedisOptions::new(&format!(
+        "{}?tls_ca_file={}",
+        kit::url(),
+        ca.display()
+    )))
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn an_outage_gives_bounded_unavailable_errors_then_recovers() {
     let server = RedisServer::start();
