@@ -31,7 +31,7 @@ impl Target {
     /// A printable form, without the password.
     fn display(&self) -> String {
         match self {
-            Target::Url(url) => redact_url_passwords(url.expose()),
+            Target::Url(url) => crate::config::display_url(url.expose()),
             #[cfg(feature = "sqlx")]
             Target::Parsed(p) => p.display.clone(),
         }
@@ -107,6 +107,7 @@ impl PostgresBuilder {
                 sweep_every: p.sweep_every.unwrap_or(b.sweep_every),
                 barrier_abandon_after: p.barrier_abandon_after.unwrap_or(b.barrier_abandon_after),
                 prepared: p.prepared.or(b.prepared),
+                listen_url: p.listen_url.clone().or(b.listen_url.clone()),
                 ..b
             },
             Err(_) => b,
@@ -180,7 +181,9 @@ impl PostgresBuilder {
 
     /// A separate URL for the LISTEN connection: a direct connection to
     /// the server when statements go through PgBouncer in transaction
-    /// pooling mode, where LISTEN cannot work.
+    /// pooling mode, where LISTEN cannot work. The URL's `listen_url` (or
+    /// `coord_listen_url`) option, percent-encoded, sets the same; this
+    /// call overrides it.
     pub fn listen_url(mut self, url: &str) -> Self {
         self.listen_url = Some(Secret::new(url));
         self

@@ -91,6 +91,8 @@ pub(crate) struct ParsedUrl {
     pub(crate) sweep_every: Option<Option<Duration>>,
     pub(crate) barrier_abandon_after: Option<Duration>,
     pub(crate) prepared: Option<bool>,
+    /// `listen_url` / `coord_listen_url`: the LISTEN connection's own URL.
+    pub(crate) listen_url: Option<Secret>,
     /// A printable form with the password removed.
     pub(crate) display: String,
 }
@@ -118,6 +120,7 @@ impl ParsedUrl {
             sweep_every: None,
             barrier_abandon_after: None,
             prepared: None,
+            listen_url: None,
             display,
         }
     }
@@ -138,15 +141,16 @@ impl fmt::Debug for ParsedUrl {
 /// `coord_listen` (or `listen`), `coord_pool_size` (or `pool_size`),
 /// `coord_timeout` (or `timeout`, `statement_timeout`),
 /// `coord_idle_grace`, `coord_sweep_every` (a duration or `off`),
-/// `coord_barrier_abandon_after`, `coord_prepared_statements`.
+/// `coord_barrier_abandon_after`, `coord_prepared_statements`,
+/// `listen_url` (or `coord_listen_url`; a URL of its own, checked here).
 pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let raw = url.expose();
-    let display = redact_url_passwords(raw);
     // Not `url::Url`: it takes the authority for one host and port, and
     // refuses the host lists libpq and tokio-postgres take
     // (`postgres://h1:5432,h2:5432/db`). The query is split off here and
     // the rest left to tokio-postgres.
     let (base, options) = split_url_options(raw);
+    let display = display_url(raw);
     match base.split_once("://").map(|(scheme, _)| scheme) {
         Some("postgres" | "postgresql") => {}
         Some(other) => {
@@ -170,6 +174,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
     let mut sweep_every = None;
     let mut barrier_abandon_after = None;
     let mut prepared = None;
+    let mut listen_url = None;
     let mut rest: Vec<(String, String)> = Vec::new();
     let mut session_attrs_given = false;
     for (k, v) in options {
@@ -232,6 +237,7 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
                 })
             }
             "coord_prepared_statements" => prepared = Some(parse_bool(&k, &v)?),
+            k if is_listen_url_option(k) => listen_url = Some(listen_url_option(k, &v)?),
             "coord_schema" | "schema" => {
                 identifier("coord_schema", &v, MAX_SCHEMA_LEN)?;
                 schema = Some(v.to_string());
@@ -270,9 +276,17 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
         format!("{base}?{query}")
     };
     let mut pg = tokio_postgres::Config::from_str(&for_driver).map_err(|e| {
+        // The cause names the option at fault ("unknown option `x`",
+        // "invalid value for option `x`").
+        let mut why = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            why.push_str(&format!(": {c}"));
+            cause = c.source();
+        }
         Error::Config(format!(
             "invalid PostgreSQL URL `{display}`: {}",
-            redact_url_passwords(&e.to_string())
+            redact_url_passwords(&why)
         ))
     })?;
     // Several hosts (a primary and its standbys): the session must be
@@ -303,8 +317,62 @@ pub(crate) fn parse_url(url: &Secret) -> Result<ParsedUrl> {
         sweep_every,
         barrier_abandon_after,
         prepared,
+        listen_url,
         display,
     })
+}
+
+/// `raw` without its passwords, the listen URL's included: that one is
+/// percent-encoded in the query, where the password would not be found, so
+/// a URL with one is shown with its query decoded.
+pub(crate) fn display_url(raw: &str) -> String {
+    let (base, options) = split_url_options(raw);
+    if !options.iter().any(|(k, _)| is_listen_url_option(k)) {
+        return redact_url_passwords(raw);
+    }
+    let query = options
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    redact_url_passwords(&format!("{base}?{query}"))
+}
+
+fn is_listen_url_option(k: &str) -> bool {
+    matches!(k, "listen_url" | "coord_listen_url")
+}
+
+/// The value of option `listen_url` (or `coord_listen_url`): a PostgreSQL
+/// URL of its own, checked now, with connection settings only.
+fn listen_url_option(k: &str, v: &str) -> Result<Secret> {
+    let bad = |why: String| Error::Config(format!("option `{k}`: {why}"));
+    if v.is_empty() {
+        return Err(bad(
+            "give the LISTEN connection's postgres:// URL, percent-encoded".into(),
+        ));
+    }
+    let url = Secret::new(v);
+    let p = parse_url(&url).map_err(|e| match e {
+        Error::Config(m) => bad(m),
+        other => bad(other.to_string()),
+    })?;
+    let coord_options = p.schema.is_some()
+        || p.listen.is_some()
+        || p.pool_size.is_some()
+        || p.call_timeout.is_some()
+        || p.idle_grace.is_some()
+        || p.sweep_every.is_some()
+        || p.barrier_abandon_after.is_some()
+        || p.prepared.is_some()
+        || p.listen_url.is_some();
+    if coord_options {
+        return Err(bad(format!(
+            "`{}` takes connection settings only (libpq's, sslmode, sslrootcert); \
+             put coord's options in the main URL",
+            p.display
+        )));
+    }
+    Ok(url)
 }
 
 /// `%XX` for every byte but the URL-unreserved ones.

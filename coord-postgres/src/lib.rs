@@ -40,7 +40,13 @@
 //! `require`, `verify-ca`, `verify-full`, with libpq's meaning),
 //! `sslrootcert` (a PEM file of CA certificates), `coord_schema`,
 //! `coord_listen=false` and `coord_pool_size` (see
-//! [`PostgresBuilder::pool_size`]). The password is kept in a
+//! [`PostgresBuilder::pool_size`]), `listen_url` (or `coord_listen_url`:
+//! the LISTEN connection's own URL, percent-encoded, as
+//! [`PostgresBuilder::listen_url`]: behind PgBouncer,
+//! `postgres://app@pgbouncer:6432/app?listen_url=postgres%3A%2F%2Fapp%40db%3A5432%2Fapp`).
+//! An option neither coord nor tokio-postgres knows, or a malformed
+//! value, is an [`Error::Config`](coord_core::Error::Config) naming it.
+//! The password (the listen URL's too) is kept in a
 //! [`Secret`](coord_core::util::Secret) and never appears in `Debug`,
 //! `Display`, errors or logs.
 //!

@@ -337,6 +337,63 @@ async fn pgbouncer_with_a_direct_listen_url_keeps_wakeups() {
     );
 }
 
+/// The same, with everything in one URL (as `COORD_URL` gives it): the
+/// direct URL for LISTEN is the `listen_url` option, percent-encoded.
+/// Without it a client behind PgBouncer gets no notifications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbouncer_with_listen_url_in_the_url_keeps_wakeups() {
+    let encoded: String = cluster()
+        .url()
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let bouncer = pgbouncer().url();
+    let sep = if bouncer.contains('?') { '&' } else { '?' };
+    let url = format!("{bouncer}{sep}listen_url={encoded}");
+    let without = coord_postgres::connect(&bouncer).await.unwrap();
+    assert!(!without.capabilities().notifications);
+    let make = || async {
+        coord_postgres::connect(&url)
+            .await
+            .unwrap()
+            .with_poll_interval(Duration::from_secs(60))
+    };
+    let (a, b) = (make().await, make().await);
+    assert!(a.capabilities().notifications);
+    let name = unique("bouncer-url-wake");
+    let held = a
+        .locks()
+        .unwrap()
+        .try_acquire(&name, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let locks_b = b.locks().unwrap();
+    let waiter = tokio::spawn(async move {
+        let t0 = Instant::now();
+        let g = locks_b
+            .acquire(&name, Duration::from_secs(60), Duration::from_secs(30))
+            .await
+            .unwrap();
+        let waited = t0.elapsed();
+        g.release().await.unwrap();
+        waited
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let waited = waiter.await.unwrap();
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken by NOTIFY, not by the 60 s poll: {waited:?}"
+    );
+}
+
 /// A held lock reports the holder's remaining time, measured on the
 /// database clock; tokens are per grant; a repeat by the same owner is
 /// idempotent.

@@ -131,6 +131,104 @@ fn bad_urls_are_config_errors_without_password() {
     }
 }
 
+/// An option neither coord's nor libpq's (as tokio-postgres takes them) is
+/// a Config error naming it, never ignored.
+#[test]
+fn an_unknown_libpq_style_option_is_refused_naming_it() {
+    for (url, name) in [
+        ("postgres://alice:hunter2@h/db?nonsense=1", "nonsense"),
+        (
+            "postgres://alice:hunter2@h/db?schema=a&sslmod=require",
+            "sslmod",
+        ),
+        (
+            "postgres://alice:hunter2@h1,h2/db?coord_pool_size=2&pool_sise=3",
+            "pool_sise",
+        ),
+        // A libpq option with a malformed value.
+        (
+            "postgres://alice:hunter2@h/db?connect_timeout=soon",
+            "connect_timeout",
+        ),
+    ] {
+        let e = parse_url(&Secret::new(url)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
+        // Named as the option at fault, not only inside the URL shown.
+        assert!(
+            msg.contains(&format!("option `{name}`")),
+            "{url}: the error does not name `{name}`: {msg}"
+        );
+        assert!(!msg.contains("hunter2"), "{msg}");
+    }
+}
+
+/// `listen_url` (or `coord_listen_url`): the LISTEN connection's own URL,
+/// percent-encoded as the value, so a deployment behind PgBouncer is one
+/// URL. Its password shows nowhere; a malformed one is refused naming the
+/// option; the builder's `listen_url` afterwards wins.
+#[test]
+fn the_listen_url_can_come_from_the_url() {
+    let url = "postgres://app:hunter2@bouncer:6432/app?schema=billing\
+               &listen_url=postgres%3A%2F%2Fapp%3Asecr%40t2%40db%3A5432%2Fapp%3Fsslmode%3Ddisable";
+    let p = parse_url(&Secret::new(url)).unwrap();
+    assert_eq!(
+        p.listen_url.as_ref().map(|u| u.expose()),
+        Some("postgres://app:secr@t2@db:5432/app?sslmode=disable")
+    );
+    assert_eq!(p.schema.as_deref(), Some("billing"));
+    // Not passed on to the driver as a libpq option.
+    assert_eq!(p.pg.get_hosts().len(), 1);
+    for shown in [format!("{p:?}"), p.display.clone()] {
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("secr"),
+            "{shown}"
+        );
+    }
+    let b = crate::PostgresBuilder::new(url);
+    assert_eq!(
+        b.listen_url.as_ref().map(|u| u.expose()),
+        Some("postgres://app:secr@t2@db:5432/app?sslmode=disable")
+    );
+    assert!(!format!("{b:?}").contains("secr"), "{b:?}");
+    let b = b.listen_url("postgres://db2/app");
+    assert_eq!(b.listen_url.unwrap().expose(), "postgres://db2/app");
+    let p = parse_url(&Secret::new(
+        "postgres://h/db?coord_listen_url=postgres%3A%2F%2Fdb%2Fapp",
+    ))
+    .unwrap();
+    assert_eq!(p.listen_url.unwrap().expose(), "postgres://db/app");
+    // A malformed listen URL is refused at once, naming the option and
+    // never showing either password.
+    for (url, name) in [
+        (
+            "postgres://u:hunter2@h/db?listen_url=redis%3A%2F%2Fu%3Asecr%40t2%40h",
+            "listen_url",
+        ),
+        ("postgres://u:hunter2@h/db?listen_url=", "listen_url"),
+        (
+            "postgres://u:hunter2@h/db?coord_listen_url=postgres%3A%2F%2Fu%3Asecr%40t2%40h%2Fdb%3Fbogus%3D1",
+            "coord_listen_url",
+        ),
+        (
+            "postgres://u:hunter2@h/db?listen_url=postgres%3A%2F%2Fh%2Fdb%3Flisten_url%3Dpostgres%3A%2F%2Fx",
+            "listen_url",
+        ),
+    ] {
+        let e = parse_url(&Secret::new(url)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
+        assert!(msg.contains(&format!("`{name}`")), "{url}: {msg}");
+        assert!(!msg.contains("hunter2") && !msg.contains("secr"), "{msg}");
+    }
+    // Another bad option next to a listen URL: its password stays hidden.
+    let e = parse_url(&Secret::new(
+        "postgres://h/db?listen_url=postgres%3A%2F%2Fu%3Asecr%40t2%40db%2Fapp&pool_size=0",
+    ))
+    .unwrap_err();
+    assert!(!e.to_string().contains("secr"), "{e}");
+}
+
 #[test]
 fn identifiers() {
     assert!(identifier("s", "coord", 48).is_ok());
