@@ -93,6 +93,13 @@ impl EtcdOptions {
     /// it TLS trusts the system roots), `cert_file` + `key_file` (client
     /// certificate), `domain` (TLS server name).
     ///
+    /// There is no `session_ttl`: unlike etcd's `concurrency` sessions,
+    /// coord keeps no client-wide lease; each claim (lock, leadership,
+    /// named lease, semaphore grant, queued lock waiter) is on an etcd lease
+    /// of the TTL its call gives, so that TTL is what bounds a crashed
+    /// client's claims. `session_ttl` (and `lease_ttl`) are refused saying
+    /// so.
+    ///
     /// Errors: [`Error::Config`], naming the problem but never the password.
     pub fn parse(url: &str) -> Result<Self> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("etcd://") {
@@ -211,6 +218,17 @@ impl EtcdOptions {
                     opts.tls = true;
                 }
                 "domain" => opts.domain = Some(v),
+                // What etcd's own clients call a session: one lease for all
+                // of a client's keys. coord has none to set (see `parse`).
+                "session_ttl" | "lease_ttl" => {
+                    return Err(Error::Config(format!(
+                        "etcd URL option `{k}` does not exist: coord-etcd keeps no session \
+                         lease; every lock, leadership, lease and semaphore grant is on an \
+                         etcd lease of its own whose TTL is the one the call gives (a \
+                         crashed client's claims go at their TTL), so pass the TTL to \
+                         acquire/campaign/grant instead"
+                    )));
+                }
                 other => {
                     return Err(Error::Config(format!(
                         "unknown etcd URL option `{other}`; known: prefix, timeout, \
@@ -370,6 +388,50 @@ mod tests {
             let e = EtcdOptions::parse(bad).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+    }
+
+    /// etcd's own clients (`concurrency.Session`) put a client's keys on
+    /// one session lease; coord puts each claim on a lease of the claim's
+    /// TTL, so there is no session TTL to set: `session_ttl` (and
+    /// `lease_ttl`) are refused naming the option and saying where the TTL
+    /// goes instead, whatever the value.
+    #[test]
+    fn session_ttl_is_refused_saying_why() {
+        for url in [
+            "etcd://h?session_ttl=10s",
+            "etcd://h?prefix=/coord/&session_ttl=10s",
+            "etcd://u:hunter2@h?session_ttl=soon",
+            "etcd://h?lease_ttl=10s",
+        ] {
+            let e = EtcdOptions::parse(url).unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
+            let name = if url.contains("lease_ttl") {
+                "lease_ttl"
+            } else {
+                "session_ttl"
+            };
+            assert!(msg.contains(&format!("`{name}`")), "{url}: {msg}");
+            assert!(msg.contains("no session lease"), "{url}: {msg}");
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        for (url, name) in [
+            ("etcd://h?timeout_ms=x", "timeout_ms"),
+            ("etcd://h?connect_timeout_ms=0", "connect_timeout_ms"),
+            ("etcd://h?timeout=2", "timeout"),
+            ("etcd://h?timeout=0s", "timeout"),
+            ("etcd://h?connect_timeout=fast", "connect_timeout"),
+            ("etcd://h?tls=maybe", "tls"),
+            ("etcd://h?bogus=1", "bogus"),
+            ("etcd://h?cert_file=/c", "key_file"),
+        ] {
+            let msg = EtcdOptions::parse(url).unwrap_err().to_string();
+            assert!(msg.contains(&format!("`{name}`")), "{url}: {msg}");
         }
     }
 
