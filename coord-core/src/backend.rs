@@ -37,6 +37,7 @@ fn unsupported(caps: &Capabilities, what: &'static str) -> Error {
     Error::Unsupported {
         backend: caps.backend,
         primitive: what,
+        reason: caps.why_unsupported(what),
     }
 }
 

@@ -129,6 +129,7 @@ impl Coord {
         Error::Unsupported {
             backend: self.caps.backend,
             primitive,
+            reason: self.caps.why_unsupported(primitive),
         }
     }
 

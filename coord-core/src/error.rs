@@ -106,13 +106,29 @@ pub enum Error {
     },
 
     /// The backend does not implement this primitive.
-    #[error("the {backend} backend does not support {primitive}")]
+    #[error(
+        "the {backend} backend does not support {primitive}{}",
+        because(reason)
+    )]
     Unsupported {
         /// Backend name.
         backend: &'static str,
         /// The primitive asked for.
         primitive: &'static str,
+        /// Why, and what to use instead, where the backend says
+        /// ([`Capabilities::unsupported`](crate::Capabilities::unsupported));
+        /// empty when it does not.
+        reason: &'static str,
     },
+}
+
+/// `": <reason>"`, or nothing for an empty reason.
+fn because(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {reason}")
+    }
 }
 
 impl Error {

@@ -105,6 +105,13 @@ pub enum FencingDurability {
     /// as the server clock does not go backwards and a name gets fewer than
     /// one token per microsecond (Redis).
     ClockSeeded,
+    /// Tokens rise only while the deployment's own assumptions hold, and
+    /// may repeat after a fault outside them: Redlock over independent
+    /// Redis masters, where a token is the highest of a quorum's
+    /// clock-seeded tokens and rises while the masters keep their data
+    /// and their clocks differ by less than the TTL. Fence against a store
+    /// with [`Durable`](Self::Durable) tokens when a repeat would do harm.
+    BestEffort,
 }
 
 /// What a backend promises, so the conformance suite and users can tell
@@ -144,6 +151,14 @@ pub struct Capabilities {
     /// them refuses the older holder's writes; fence every write where this
     /// is false.
     pub exclusive_across_failover: bool,
+    /// The primitives this deployment cannot offer, each with why and what
+    /// to use instead: `(primitive, reason)`, the primitive named as in
+    /// [`Error::Unsupported`](crate::Error::Unsupported) (`"locks"`,
+    /// `"leases"`, `"fencing tokens"`, `"elections"`, `"barriers"`,
+    /// `"rate limiters"`, `"semaphores"`, `"read-write locks"`,
+    /// `"queues"`, `"inspect"`, `"holder metadata"`). Empty where a
+    /// backend offers everything (or does not say).
+    pub unsupported: &'static [(&'static str, &'static str)],
 }
 
 impl Capabilities {
@@ -160,7 +175,24 @@ impl Capabilities {
             notifications: false,
             deployment: "single",
             exclusive_across_failover: false,
+            unsupported: &[],
         }
+    }
+
+    /// Why this deployment does not offer `primitive`
+    /// ([`Capabilities::unsupported`]), or `""` when it does not say.
+    ///
+    /// ```
+    /// let mut caps = coord_core::Capabilities::new("demo");
+    /// caps.unsupported = &[("barriers", "use etcd")];
+    /// assert_eq!(caps.why_unsupported("barriers"), "use etcd");
+    /// assert_eq!(caps.why_unsupported("locks"), "");
+    /// ```
+    pub fn why_unsupported(&self, primitive: &str) -> &'static str {
+        self.unsupported
+            .iter()
+            .find(|(p, _)| *p == primitive)
+            .map_or("", |(_, why)| why)
     }
 }
 

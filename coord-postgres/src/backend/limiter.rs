@@ -25,6 +25,7 @@ impl Limiter for PostgresBackend {
                 return Err(Error::Unsupported {
                     backend: BACKEND,
                     primitive: "this rate limiting algorithm",
+                    reason: "",
                 });
             }
         }

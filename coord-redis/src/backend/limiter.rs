@@ -84,6 +84,7 @@ impl coord_core::Limiter for RedisBackend {
                         return Err(Error::Unsupported {
                             backend: BACKEND,
                             primitive: "this rate limiting algorithm",
+                            reason: "",
                         });
                     }
                 };
