@@ -28,6 +28,9 @@ async fn spawn_waiters(
 
 /// Nobody passes before the last of N arrives; all pass after.
 pub async fn barrier_nobody_passes_before_the_last_arrives(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier");
     let tasks = spawn_waiters(f, &name, 4, &["w1", "w2", "w3"]).await;
     sleep(Duration::from_millis(800)).await;
@@ -57,6 +60,9 @@ pub async fn barrier_nobody_passes_before_the_last_arrives(f: &Factory) {
 
 /// Arriving twice counts once.
 pub async fn barrier_duplicate_arrival_counts_once(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-dup");
     let tasks = spawn_waiters(f, &name, 2, &["same", "same"]).await;
     sleep(Duration::from_millis(800)).await;
@@ -84,6 +90,9 @@ pub async fn barrier_duplicate_arrival_counts_once(f: &Factory) {
 
 /// The barrier is reusable: each round is a new generation.
 pub async fn barrier_is_reusable_across_generations(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-gen");
     let mut last = None;
     for _round in 0..3 {
@@ -115,6 +124,9 @@ pub async fn barrier_is_reusable_across_generations(f: &Factory) {
 
 /// A participant that times out is withdrawn: it does not count.
 pub async fn barrier_timed_out_participant_is_withdrawn(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-timeout");
     let c = f.client().await;
     let e = c
@@ -151,6 +163,9 @@ pub async fn barrier_timed_out_participant_is_withdrawn(f: &Factory) {
 /// A different party count for the same name is an error and changes
 /// nothing.
 pub async fn barrier_different_party_count_is_an_error(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-parties");
     let tasks = spawn_waiters(f, &name, 3, &["p1"]).await;
     sleep(Duration::from_millis(500)).await;
@@ -194,6 +209,9 @@ pub async fn barrier_different_party_count_is_an_error(f: &Factory) {
 /// (`Capabilities::notifications == false`, e.g. PostgreSQL behind
 /// PgBouncer without a direct listen URL) polls every 200 ms instead.
 pub async fn barrier_completion_wakes_waiters_promptly(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-wake");
     let probe = f.client().await;
     let poll = if probe.capabilities().notifications {
@@ -239,6 +257,9 @@ pub async fn barrier_completion_wakes_waiters_promptly(f: &Factory) {
 /// id because its reply was lost, is told that generation completed; it
 /// never joins the next generation as a phantom member.
 pub async fn barrier_retried_completing_arrival_joins_no_later_generation(f: &Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
     let name = unique("barrier-retry");
     let raw = f.client().await.raw_barrier().unwrap();
     let (a1, a2) = (OwnerToken::random(), OwnerToken::random());

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use coord_core::{Algorithm, Coord, Error, Quota};
 
+use crate::cases::offered;
 use crate::{Factory, unique};
 
 const T: Duration = Duration::from_secs(30);
@@ -46,34 +47,31 @@ async fn every_primitive_rejects(c: &Coord, name: &str, what: &str) {
         c.fencing().unwrap().next(name).await,
         &format!("fencing {what}"),
     );
-    is_invalid(
-        c.elections().unwrap().try_campaign(name, "x", T).await,
-        &format!("election {what}"),
-    );
-    is_invalid(
-        c.elections().unwrap().try_campaign("fine", name, T).await,
-        &format!("candidate {what}"),
-    );
-    is_invalid(
-        c.elections().unwrap().leader(name).await,
-        &format!("leader {what}"),
-    );
-    assert!(
-        c.elections().unwrap().observe(name).is_err(),
-        "observe {what}"
-    );
-    is_invalid(
-        c.barriers().unwrap().wait(name, 1, "p", T).await,
-        &format!("barrier {what}"),
-    );
-    is_invalid(
-        c.barriers().unwrap().wait("fine", 1, name, T).await,
-        &format!("participant {what}"),
-    );
-    is_invalid(
-        c.limiter().unwrap().check(name, Quota::per(1, T)).await,
-        &format!("limiter {what}"),
-    );
+    if let Some(e) = offered(c.elections()) {
+        is_invalid(
+            e.try_campaign(name, "x", T).await,
+            &format!("election {what}"),
+        );
+        is_invalid(
+            e.try_campaign("fine", name, T).await,
+            &format!("candidate {what}"),
+        );
+        is_invalid(e.leader(name).await, &format!("leader {what}"));
+        assert!(e.observe(name).is_err(), "observe {what}");
+    }
+    if let Some(b) = offered(c.barriers()) {
+        is_invalid(b.wait(name, 1, "p", T).await, &format!("barrier {what}"));
+        is_invalid(
+            b.wait("fine", 1, name, T).await,
+            &format!("participant {what}"),
+        );
+    }
+    if let Some(l) = offered(c.limiter()) {
+        is_invalid(
+            l.check(name, Quota::per(1, T)).await,
+            &format!("limiter {what}"),
+        );
+    }
 }
 
 /// Empty, 513-byte and control-character names are rejected by every
@@ -103,7 +101,9 @@ pub async fn input_bad_names_are_rejected_and_write_nothing(f: &Factory) {
         );
         g.unwrap().release().await.unwrap();
         assert!(c.leases().unwrap().remaining(&n).await.unwrap().is_none());
-        assert!(c.elections().unwrap().leader(&n).await.unwrap().is_none());
+        if let Some(e) = offered(c.elections()) {
+            assert!(e.leader(&n).await.unwrap().is_none());
+        }
     }
     // A 512-byte name is fine.
     let g = c
@@ -136,13 +136,9 @@ pub async fn input_bad_ttls_and_quotas_are_rejected(f: &Factory) {
                 .map(|_| ()),
         );
         field(c.leases().unwrap().grant(&name, ttl).await.map(|_| ()));
-        field(
-            c.elections()
-                .unwrap()
-                .try_campaign(&name, "x", ttl)
-                .await
-                .map(|_| ()),
-        );
+        if let Some(e) = offered(c.elections()) {
+            field(e.try_campaign(&name, "x", ttl).await.map(|_| ()));
+        }
     }
     let g = c
         .locks()
@@ -164,7 +160,9 @@ pub async fn input_bad_ttls_and_quotas_are_rejected(f: &Factory) {
         .await
         .expect("still held after rejected extends");
 
-    let lim = c.limiter().unwrap();
+    let Some(lim) = offered(c.limiter()) else {
+        return;
+    };
     for alg in Algorithm::ALL {
         let r = lim.check(&name, Quota::new(0, T, alg)).await;
         assert!(
@@ -190,7 +188,10 @@ pub async fn input_bad_ttls_and_quotas_are_rejected(f: &Factory) {
         let d = lim.check(&name, Quota::new(5, T, alg)).await.unwrap();
         assert_eq!(d.remaining, 4, "{alg:?}: a rejected check was recorded");
     }
-    let r = c.barriers().unwrap().wait(&name, 0, "p", T).await;
+    let Some(barriers) = offered(c.barriers()) else {
+        return;
+    };
+    let r = barriers.wait(&name, 0, "p", T).await;
     assert!(
         matches!(
             r,
@@ -202,7 +203,7 @@ pub async fn input_bad_ttls_and_quotas_are_rejected(f: &Factory) {
         "parties 0: {r:?}"
     );
     // A one-party barrier passes at once.
-    c.barriers().unwrap().wait(&name, 1, "p", T).await.unwrap();
+    barriers.wait(&name, 1, "p", T).await.unwrap();
 }
 
 /// Names with spaces, quotes, braces, `*`, unicode and SQL are ordinary,
@@ -253,14 +254,12 @@ pub async fn input_odd_names_are_ordinary_and_separate(f: &Factory) {
     for g in guards {
         g.release().await.unwrap();
     }
+    let limiter = offered(b.limiter());
     for n in &names {
-        let d = b
-            .limiter()
-            .unwrap()
-            .check(n, Quota::per(1, T))
-            .await
-            .unwrap();
-        assert!(d.allowed, "`{n}` limiter collided");
+        if let Some(l) = &limiter {
+            let d = l.check(n, Quota::per(1, T)).await.unwrap();
+            assert!(d.allowed, "`{n}` limiter collided");
+        }
         let t = b.fencing().unwrap().next(n).await.unwrap();
         assert!(t.get() > 0);
     }
@@ -285,23 +284,22 @@ pub async fn input_kinds_of_one_name_do_not_collide(f: &Factory) {
         .await
         .unwrap()
         .expect("a lock must not block a lease");
-    let e = c
-        .elections()
-        .unwrap()
-        .try_campaign(&name, "me", T)
-        .await
-        .unwrap()
-        .expect("a lock must not block an election");
-    let d = c
-        .limiter()
-        .unwrap()
-        .check(&name, Quota::per(1, T))
-        .await
-        .unwrap();
-    assert!(d.allowed, "a lock must not affect a limiter");
+    let mut e = None;
+    if let Some(elections) = offered(c.elections()) {
+        let leader = elections.try_campaign(&name, "me", T).await.unwrap();
+        e = Some(leader.expect("a lock must not block an election"));
+    }
+    if let Some(l) = offered(c.limiter()) {
+        let d = l.check(&name, Quota::per(1, T)).await.unwrap();
+        assert!(d.allowed, "a lock must not affect a limiter");
+    }
     c.fencing().unwrap().next(&name).await.unwrap();
-    c.barriers().unwrap().wait(&name, 1, "me", T).await.unwrap();
-    e.resign().await.unwrap();
+    if let Some(b) = offered(c.barriers()) {
+        b.wait(&name, 1, "me", T).await.unwrap();
+    }
+    if let Some(e) = e {
+        e.resign().await.unwrap();
+    }
     assert!(
         c.leases().unwrap().is_alive(&name).await.unwrap(),
         "resigning revoked the lease"

@@ -15,15 +15,16 @@ use crate::{Factory, unique};
 const LONG: Duration = Duration::from_secs(30);
 
 /// Why every inspection case skips on a store without it.
-pub const INSPECT_GATE: &str = "holder metadata and inspect not implemented on this store yet";
+pub const INSPECT_GATE: &str =
+    "the store does not offer holder metadata and inspect (its error says why)";
 
 /// `Some(info)`, or `None` (the reason on stderr) when the store does not
 /// inspect yet. Any other error fails the case.
 fn gated(r: Result<ClaimInfo>) -> Option<ClaimInfo> {
     match r {
         Ok(i) => Some(i),
-        Err(Error::Unsupported { backend, .. }) => {
-            eprintln!("skipped: {INSPECT_GATE} ({backend})");
+        Err(e @ Error::Unsupported { .. }) => {
+            eprintln!("skipped: {INSPECT_GATE}: {e}");
             None
         }
         Err(e) => panic!("inspect: expected information or Unsupported, got {e:?}"),

@@ -29,7 +29,32 @@ pub use semaphore::*;
 
 use std::time::Duration;
 
+use coord_core::Error;
+
 use crate::Factory;
+
+/// The handle `r` gives, or `None` when the store does not offer the
+/// primitive: the case is then skipped with the store's reason printed
+/// (`skipped: the redis backend does not support barriers: <why>`). A
+/// store that does not offer a primitive must say why
+/// ([`Capabilities::unsupported`](coord_core::Capabilities::unsupported)):
+/// an `Unsupported` without a reason fails the case, so nothing is
+/// skipped silently.
+pub fn offered<T>(r: coord_core::Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e @ Error::Unsupported { reason, .. }) => {
+            assert!(
+                !reason.is_empty(),
+                "{e}: a store that does not offer a primitive must say why \
+                 (Capabilities::unsupported)"
+            );
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("expected a handle or Unsupported, got {e:?}"),
+    }
+}
 
 /// The backend's capabilities are self-consistent.
 pub async fn capabilities_are_consistent(f: &Factory) {
@@ -42,18 +67,35 @@ pub async fn capabilities_are_consistent(f: &Factory) {
             && caps.ttl_granularity <= caps.min_ttl.max(caps.ttl_granularity),
         "ttl_granularity must be > 0"
     );
-    for p in [
-        c.locks().is_ok(),
-        c.leases().is_ok(),
-        c.fencing().is_ok(),
-        c.elections().is_ok(),
-        c.barriers().is_ok(),
-        c.limiter().is_ok(),
+    // Locks, leases and fencing tokens are expected of every backend; the
+    // others may be missing where the deployment cannot offer them, and
+    // then the capabilities say why, and only of those.
+    for (what, ok) in [
+        ("locks", c.locks().is_ok()),
+        ("leases", c.leases().is_ok()),
+        ("fencing tokens", c.fencing().is_ok()),
     ] {
-        assert!(
-            p,
-            "{}: every primitive is expected from a coord backend",
-            caps.backend
-        );
+        assert!(ok, "{}: {what} are expected of every backend", caps.backend);
+    }
+    let missing = [
+        ("elections", c.elections().err()),
+        ("barriers", c.barriers().err()),
+        ("rate limiters", c.limiter().err()),
+    ];
+    for (what, err) in missing {
+        match err {
+            None => assert!(
+                caps.why_unsupported(what).is_empty(),
+                "{}: {what} are offered, but the capabilities say why not",
+                caps.backend
+            ),
+            Some(Error::Unsupported { reason, .. }) => assert!(
+                !reason.is_empty() && reason == caps.why_unsupported(what),
+                "{}: {what} are not offered, and the error does not give the \
+                 capabilities' reason: {reason:?}",
+                caps.backend
+            ),
+            Some(e) => panic!("{what}: expected a handle or Unsupported, got {e:?}"),
+        }
     }
 }

@@ -17,14 +17,13 @@ use crate::{Factory, PROMPT, ttl, unique};
 const LONG: Duration = Duration::from_secs(30);
 
 /// Why every read-write lock case skips on a store without FIFO semaphores.
-pub const RWLOCK_GATE: &str =
-    "read-write locks need FIFO semaphores, not implemented on this store yet";
+pub const RWLOCK_GATE: &str = "the store does not offer read-write locks (its error says why)";
 
 fn rw(c: &Coord) -> Option<RwLocks> {
     match c.rw_locks() {
         Ok(r) => Some(r),
-        Err(Error::Unsupported { backend, .. }) => {
-            eprintln!("skipped: {RWLOCK_GATE} ({backend})");
+        Err(e @ Error::Unsupported { .. }) => {
+            eprintln!("skipped: {RWLOCK_GATE}: {e}");
             None
         }
         Err(e) => panic!("rw_locks(): expected a handle or Unsupported, got {e:?}"),

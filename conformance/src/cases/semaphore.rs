@@ -18,15 +18,15 @@ use crate::{Factory, PROMPT, ttl, unique};
 const LONG: Duration = Duration::from_secs(30);
 
 /// Why every semaphore case skips on a store without semaphores.
-pub const SEMAPHORE_GATE: &str = "semaphore not implemented on this store yet";
+pub const SEMAPHORE_GATE: &str = "the store does not offer semaphores (its error says why)";
 
 /// The client's semaphores, or `None` (with the reason on stderr) if the
 /// store has none yet. Any other error fails the case.
 fn semaphores(c: &Coord) -> Option<Semaphores> {
     match c.semaphores() {
         Ok(s) => Some(s),
-        Err(Error::Unsupported { backend, .. }) => {
-            eprintln!("skipped: {SEMAPHORE_GATE} ({backend})");
+        Err(e @ Error::Unsupported { .. }) => {
+            eprintln!("skipped: {SEMAPHORE_GATE}: {e}");
             None
         }
         Err(e) => panic!("semaphores(): expected a handle or Unsupported, got {e:?}"),
