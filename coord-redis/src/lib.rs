@@ -4,7 +4,8 @@
 //! leases, fencing tokens, elections, barriers, rate limiters, FIFO
 //! semaphores, work queues) on one Redis server, a Redis Cluster or the
 //! master Redis Sentinel names (see "Redis Cluster" and "Redis Sentinel"
-//! below), with the seed PHP `RedisLock`'s scheme corrected:
+//! below), and locks, leases and fencing tokens on a quorum of
+//! independent masters (Redlock, see "Redlock"), with the seed PHP `RedisLock`'s scheme corrected:
 //!
 //! - **Lock**: acquire is ONE Lua script that runs `SET key token NX PX ttl`
 //!   and issues the fencing token from a counter beside the lock in the same
@@ -139,6 +140,13 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Redlock
+//!
+//! `redlock://[user][:password@]h1:6379,h2:6379,h3:6379[/<db>][?options]`
+//! (`rediss+redlock://` for TLS) lists at least three independent masters:
+//! locks, leases and fencing tokens on a quorum of them. See [`redlock`]
+//! for the algorithm and exactly what it does and does not guarantee.
 //!
 //! ## Redis Sentinel
 //!
@@ -319,6 +327,7 @@ mod backend;
 mod keys;
 mod listener;
 mod options;
+pub mod redlock;
 mod scripts;
 
 pub use backend::{RedisBackend, capabilities, cluster_capabilities, sentinel_capabilities};

@@ -49,6 +49,10 @@ pub struct RedisOptions {
     /// database and client options (its host is the first sentinel's, to
     /// be replaced by the master's address the sentinels name).
     pub(crate) sentinel: Option<(Vec<String>, String)>,
+    /// For a `redlock://` URL: one `redis://` (or `rediss://`) URL per
+    /// independent master, each with the URL's credentials, database and
+    /// client options; `url` is then the first of them.
+    pub(crate) redlock: Option<Vec<Secret>>,
     /// A malformed or unknown URL option, reported by `connect`.
     pub(crate) url_error: Option<String>,
 }
@@ -70,7 +74,10 @@ impl RedisOptions {
     /// `redis+sentinel://[user][:password@]s1:26379,s2:26379/<master name>[/<db>][?options]`
     /// (or `rediss+sentinel://`), listing the sentinels (without a
     /// password of their own) and naming the master they watch; the
-    /// credentials are the master's. Defaults: prefix [`DEFAULT_PREFIX`],
+    /// credentials are the master's; for Redlock over independent masters,
+    /// `redlock://[user][:password@]h1:6379,h2:6379,h3:6379[/<db>][?options]`
+    /// (or `rediss+redlock://` for TLS; see [`crate::redlock`]), each
+    /// master with the same credentials and options. Defaults: prefix [`DEFAULT_PREFIX`],
     /// layout [`Layout::Coord`], timeout [`Self::DEFAULT_TIMEOUT`], connect
     /// timeout [`Self::DEFAULT_CONNECT_TIMEOUT`], idle grace
     /// [`Self::DEFAULT_IDLE_GRACE`].
@@ -113,6 +120,7 @@ impl RedisOptions {
             tls_client: None,
             cluster: None,
             sentinel: None,
+            redlock: None,
             url_error: None,
         };
         if let Some(e) = reserved_in_credentials(url) {
@@ -155,6 +163,16 @@ impl RedisOptions {
                     Ok((template, sentinels, master)) => {
                         opts.url = Secret::new(template);
                         opts.sentinel = Some((sentinels, master));
+                    }
+                    Err(e) => opts.url_error = Some(e),
+                }
+                return opts;
+            }
+            if let Some(parsed) = redlock_masters(&u) {
+                match parsed {
+                    Ok(masters) => {
+                        opts.url = Secret::new(masters[0].clone());
+                        opts.redlock = Some(masters.into_iter().map(Secret::new).collect());
                     }
                     Err(e) => opts.url_error = Some(e),
                 }
@@ -303,6 +321,11 @@ impl RedisOptions {
     /// Connect and return a [`Coord`](coord_core::Coord) handle with every
     /// primitive.
     pub async fn connect(self) -> coord_core::Result<coord_core::Coord> {
+        if self.redlock.is_some() {
+            return crate::redlock::RedlockBackend::connect(self)
+                .await
+                .map(crate::redlock::RedlockBackend::into_coord);
+        }
         let backend = crate::RedisBackend::connect(self).await?;
         Ok(backend.into_coord())
     }
@@ -367,6 +390,53 @@ fn cluster_seeds(url: &str) -> Option<Result<Vec<String>, String>> {
         seeds.push(format!("{scheme}://{userinfo}{}{suffix}", host.trim()));
     }
     Some(Ok(seeds))
+}
+
+/// For a `redlock://` (or `redis+redlock://`, or `rediss+redlock://` for
+/// TLS) URL, one plain `redis://` (or `rediss://`) URL per host of its
+/// comma-separated host list, each with the URL's user, password,
+/// database, query and fragment; `None` for any other URL. Redlock needs
+/// at least three masters (with fewer, one master down stops every lock),
+/// each listed once. Errors never contain the credentials.
+fn redlock_masters(url: &str) -> Option<Result<Vec<String>, String>> {
+    let (scheme, rest) = if let Some(r) = url.strip_prefix("redlock://") {
+        ("redis", r)
+    } else if let Some(r) = url.strip_prefix("redis+redlock://") {
+        ("redis", r)
+    } else if let Some(r) = url.strip_prefix("rediss+redlock://") {
+        ("rediss", r)
+    } else {
+        return None;
+    };
+    let (userinfo, hosts, path, suffix) = split_host_list(rest);
+    let usage = "write redlock://host1:6379,host2:6379,host3:6379";
+    let mut masters = Vec::new();
+    let mut seen = Vec::new();
+    for host in hosts.split(',') {
+        let host = host.trim();
+        if host.is_empty() {
+            return Some(Err(format!(
+                "Redlock URL: an empty host in the master list; {usage}"
+            )));
+        }
+        if seen.contains(&host) {
+            return Some(Err(format!(
+                "Redlock URL: the master `{host}` is listed twice; a quorum counts \
+                 independent masters, each once"
+            )));
+        }
+        seen.push(host);
+        masters.push(format!("{scheme}://{userinfo}{host}{path}{suffix}"));
+    }
+    if masters.len() < 3 {
+        return Some(Err(format!(
+            "Redlock URL: {} master(s) listed; Redlock needs at least 3 independent masters \
+             (a majority of them must grant each lock, so with 2 one master down stops \
+             every lock); {usage}, or use redis:// for one server",
+            masters.len()
+        )));
+    }
+    Some(Ok(masters))
 }
 
 /// An error (showing nothing of the URL) when an `@` comes after a `/`,
@@ -454,6 +524,7 @@ impl fmt::Debug for RedisOptions {
             .field("tls_client_certificate", &self.tls_client.is_some())
             .field("cluster_seeds", &self.cluster.as_ref().map(Vec::len))
             .field("sentinel", &self.sentinel)
+            .field("redlock_masters", &self.redlock.as_ref().map(Vec::len))
             .finish()
     }
 }

@@ -162,7 +162,10 @@ end
 
 /// `free(key, tok)`: delete a released claim if the server clock has
 /// passed its token (every later grant is then above it), else leave
-/// `=<token>` for the rest of its TTL.
+/// `=<token>` for the rest of its TTL, or until the clock passes the token
+/// if that is later (a token ahead of this server's clock: issued faster
+/// than one per µs, or raised to a Redlock quorum's token from a master
+/// whose clock is ahead), at most a day.
 const FREE: &str = r#"
 local function free(key, tok)
   local t = redis.call('TIME')
@@ -170,9 +173,38 @@ local function free(key, tok)
   if #now > #tok or (#now == #tok and now > tok) then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, '=' .. tok, 'KEEPTTL')
+    local ahead = math.floor((tonumber(tok) - tonumber(now)) / 1000) + 1
+    if ahead > 86400000 then ahead = 86400000 end
+    if redis.call('PTTL', key) < ahead then
+      redis.call('SET', key, '=' .. tok, 'PX', ahead)
+    else
+      redis.call('SET', key, '=' .. tok, 'KEEPTTL')
+    end
   end
 end
+"#;
+
+/// Redlock's second step on one master: set the token of a claim `owner`
+/// holds to the quorum's token (the highest its masters issued), keeping
+/// its TTL, metadata and waiting mark. A master that granted too late to
+/// be counted may hold a higher token of its own; it is set to the
+/// quorum's too, so every master holding the claim agrees on its token
+/// (and a retry by the owner gets that token again). KEYS: claim. ARGV:
+/// owner, token. Returns 1 if `owner` holds the claim, else 0 (nothing
+/// changed).
+const RAISE: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local n = #ARGV[1]
+if not v or string.byte(v, n + 1) ~= 58 or string.sub(v, 1, n) ~= ARGV[1] then
+  return 0
+end
+local rest = string.sub(v, n + 2)
+local tok = string.match(rest, '^%d+')
+if not tok then return 0 end
+if tok ~= ARGV[2] then
+  redis.call('SET', KEYS[1], ARGV[1] .. ':' .. ARGV[2] .. string.sub(rest, #tok + 1), 'KEEPTTL')
+end
+return 1
 "#;
 
 /// Compare-and-release (see [`FREE`]), publishing a wake-up only when
@@ -548,6 +580,7 @@ pub(crate) struct Scripts {
     pub release: Script,
     pub extend: Script,
     pub force_release: Script,
+    pub raise: Script,
     pub remaining: Script,
     pub acquire_meta: Script,
     pub inspect: Script,
@@ -600,6 +633,7 @@ impl Scripts {
             release: mk(&[HELD_BY, FREE, RELEASE]),
             extend: mk(&[HELD_BY, EXTEND]),
             force_release: mk(&[FREE, FORCE_RELEASE]),
+            raise: mk(&[RAISE]),
             remaining: mk(&[REMAINING]),
             acquire_meta: mk(&[NOW, ACQUIRE_FREE_META, NEXT_TOKEN, ACQUIRE]),
             inspect: mk(&[INSPECT]),

@@ -11,6 +11,7 @@
 //! | `redis://`, `rediss://` | `redis` | Redis |
 //! | `redis+cluster://h1:port,h2:port`, `rediss+cluster://` | `redis` | Redis Cluster |
 //! | `redis+sentinel://s1:26379,s2:26379/<master>`, `rediss+sentinel://` | `redis` | Redis behind Sentinel |
+//! | `redlock://h1:6379,h2:6379,h3:6379`, `rediss+redlock://` | `redis` | Redlock over independent masters (locks, leases, fencing) |
 //! | `etcd://host:2379,host2:2379`, `etcds://` | `etcd` | etcd v3 |
 //! | `postgres://`, `postgresql://` | `postgres` | PostgreSQL |
 //!
@@ -62,7 +63,7 @@ pub use coord_redis as redis;
 pub async fn connect(url: &str) -> Result<Coord> {
     let Some((scheme, _)) = url.split_once("://") else {
         return Err(Error::Config(format!(
-            "`{}` has no scheme; use memory://, redis://, rediss://, redis+cluster://, etcd://, etcds:// or postgres://",
+            "`{}` has no scheme; use memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, etcd://, etcds:// or postgres://",
             util::redact_url_passwords(url)
         )));
     };
@@ -74,7 +75,7 @@ pub async fn connect(url: &str) -> Result<Coord> {
             return Err(feature_off("memory", url));
         }
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
-        | "rediss+sentinel" => {
+        | "rediss+sentinel" | "redlock" | "redis+redlock" | "rediss+redlock" => {
             #[cfg(feature = "redis")]
             return coord_redis::connect(url).await;
             #[cfg(not(feature = "redis"))]
@@ -93,7 +94,7 @@ pub async fn connect(url: &str) -> Result<Coord> {
             return Err(feature_off("postgres", url));
         }
         other => Err(Error::Config(format!(
-            "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, redis+cluster://, etcd://, etcds:// or postgres://",
+            "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, etcd://, etcds:// or postgres://",
             util::redact_url_passwords(url)
         ))),
     }

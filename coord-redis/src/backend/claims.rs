@@ -15,7 +15,7 @@ use crate::keys::{ClaimKeys, Keys, Layout};
 impl RedisBackend {
     /// Run `one` on a default-layout claim, or `seed` on a seed-layout
     /// claim's key and grant key (release, extend, force release).
-    async fn claim_eval(
+    pub(crate) async fn claim_eval(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
@@ -31,7 +31,7 @@ impl RedisBackend {
     /// One attempt on a claim; `meta`, if any, is stored with a new grant
     /// (after its token, in the claim's value; in the seed layout, in the
     /// grant key). Without metadata the scripts are the plain ones.
-    async fn claim_acquire(
+    pub(crate) async fn claim_acquire(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
@@ -87,7 +87,7 @@ impl RedisBackend {
     }
 
     /// The live holder of a claim (one read-only script).
-    async fn claim_inspect(
+    pub(crate) async fn claim_inspect(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
@@ -108,7 +108,7 @@ impl RedisBackend {
         })
     }
 
-    async fn claim_release(
+    pub(crate) async fn claim_release(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
@@ -122,7 +122,7 @@ impl RedisBackend {
         flag(operation, &v)
     }
 
-    async fn claim_extend(
+    pub(crate) async fn claim_extend(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,

@@ -358,6 +358,15 @@ impl RedisBackend {
     /// [`Error::Store`] saying "authentication failed" for a wrong user or
     /// password. No error contains the password.
     pub async fn connect(opts: RedisOptions) -> Result<RedisBackend> {
+        Self::connect_sharing(opts, Wakeups::new()).await
+    }
+
+    /// [`Self::connect`], delivering wake-ups to `wakeups` (a registry
+    /// shared by several backends: Redlock's masters).
+    pub(crate) async fn connect_sharing(
+        opts: RedisOptions,
+        wakeups: Wakeups,
+    ) -> Result<RedisBackend> {
         if let Some(e) = &opts.url_error {
             return Err(Error::Config(e.clone()));
         }
@@ -505,7 +514,6 @@ impl RedisBackend {
             layout: opts.layout,
         };
         let channel = keys.channel();
-        let wakeups = Wakeups::new();
         let cancel = CancellationToken::new();
         let check_listener = Arc::new(tokio::sync::Notify::new());
         let targets = targets.unwrap_or(Targets::Fixed(subscribers));
@@ -641,5 +649,8 @@ mod claims;
 mod connection;
 mod election;
 mod limiter;
+mod master;
+
+pub(crate) use master::{ClaimKind, Step};
 mod queue;
 mod semaphore;

@@ -9,6 +9,7 @@
 //!   class would send) on a short-lived connection of its own.
 //! - [`RedisServer::pipeline`] sends many commands in one pipeline (a
 //!   burst the server runs back to back).
+//! - [`RedlockMasters`] are independent masters for Redlock (`redlock://`).
 //! - [`RedisCluster`] is a real 3-master, 3-replica Redis Cluster;
 //!   [`RedisSentinel`] a master, a replica and three sentinels.
 //! - [`CountingProxy`] forwards a TCP port to a server and counts the
@@ -592,4 +593,6 @@ mod sentinel;
 pub use sentinel::{RedisSentinel, sentinel};
 mod proxy;
 pub use proxy::CountingProxy;
+mod redlock;
+pub use redlock::{RedlockMasters, redlock};
 mod signals;

@@ -1,0 +1,419 @@
+//! Redlock: locks, leases and fencing tokens on a quorum of independent
+//! Redis masters (`redlock://h1:6379,h2:6379,h3:6379`), after the
+//! algorithm published with Redis ("Distributed Locks with Redis").
+//!
+//! # The algorithm
+//!
+//! N independent masters (no replication between them, at least 3; an odd
+//! number is best), quorum q = N/2 + 1.
+//!
+//! - **Acquire**: the claim's script (the same one as on one server, with
+//!   its clock-seeded token) runs on every master at once, each call
+//!   bounded by the client's call timeout. The attempt is granted when q
+//!   masters granted it and the time it took is below the TTL minus the
+//!   drift margin (1 % + 2 ms, [`coord_core::drift`]); the guard's validity
+//!   is the TTL minus the time from before the request to the grant, minus
+//!   that margin, as for every store. Then a second step raises the claim's
+//!   token on the granting masters to the highest token of the quorum
+//!   (`RAISE`), and the grant stands once q of them did. A master that
+//!   granted after the attempt was decided gets the same token as soon as
+//!   it answers, so all masters holding the claim agree on its token. An attempt that
+//!   does not get there is undone on every master that granted it before
+//!   it returns; a split vote (some grants, not q) is retried after a
+//!   random delay.
+//! - **Release, extend (the watchdog), revoke, renew**: on every master at
+//!   once; an extend holds when q masters extended.
+//! - **Waiting**: every master's wake-up channel feeds one registry, so a
+//!   release on any master wakes the waiters of this client.
+//!
+//! # What is guaranteed, and what is not
+//!
+//! - **Mutual exclusion** holds while fewer than q masters fail or lose
+//!   their data within one TTL, and while the clocks of client and masters
+//!   run at nearly the same rate (the drift margin). A master restarted
+//!   without persistence forgets the claims it granted: run the masters
+//!   with `appendonly yes` and `appendfsync always`, or keep a restarted
+//!   master out for one TTL (the published algorithm's "delayed restart").
+//! - **Fencing tokens are best effort**
+//!   ([`FencingDurability::BestEffort`]): a grant's token is the highest
+//!   token of its quorum, raised on those masters before the grant is
+//!   returned, so any two grants that exclude each other share a master
+//!   that saw the earlier token, and the later token is higher, as long as
+//!   that master kept its data and the clocks of any two masters differ by
+//!   less than the TTL. A fault outside those assumptions (a majority
+//!   restarted without persistence, a clock stepped back) can repeat a
+//!   token. [`FencingSource::next`](coord_core::FencingSource::next) is
+//!   the token of a short claim on the resource (three round trips), so
+//!   tokens for one resource are issued one at a time.
+//!   For fencing a resource can rely on whatever happens, use etcd or
+//!   PostgreSQL.
+//! - **Retries by the same owner** get the grant's token again, except
+//!   when a master too slow to take part in the decision granted in
+//!   between and had not yet been set to the quorum's token: the retry
+//!   then gets that master's higher token (and every master is set to it),
+//!   so tokens still rise.
+//! - **Not offered** (see [`capabilities`]): elections, barriers, rate
+//!   limiters, semaphores, read-write locks, work queues. Each needs one
+//!   order of events that every client sees (a count, a queue, a history
+//!   of leaders), which independent masters cannot give without a
+//!   consensus protocol. Use them on one Redis, a Cluster, Sentinel, etcd
+//!   or PostgreSQL.
+//!
+//! # Masters that are down
+//!
+//! `connect` needs q masters to answer; the others are connected again
+//! in the background when a call needs them (at most once a second), and
+//! until then count as failed votes. A master that does not answer costs
+//! a call at most its call timeout, and only when the masters that did
+//! answer could not decide the attempt alone.
+
+mod claims;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use coord_core::wake::Wakeups;
+use coord_core::{Capabilities, Error, FencingDurability, Result};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+
+use crate::backend::{BACKEND, RedisBackend};
+use crate::keys::Layout;
+use crate::options::RedisOptions;
+
+/// How long a master that failed to connect is left alone before a call
+/// that needs it tries again.
+const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// The smallest TTL: a grant is valid for its TTL minus the time the
+/// quorum took (two round trips to every master) minus the drift margin,
+/// so a TTL of a few milliseconds would leave nothing on a loaded network.
+pub const MIN_TTL: Duration = Duration::from_millis(100);
+
+/// Why each primitive Redlock cannot offer is missing, and what to use.
+const UNSUPPORTED: &[(&str, &str)] = &[
+    (
+        "elections",
+        "observers must see one history of leaders, which independent masters cannot \
+         agree on without consensus; use etcd, PostgreSQL or one Redis (a Cluster or \
+         Sentinel) for elections",
+    ),
+    (
+        "barriers",
+        "a barrier counts arrivals, and counts on independent masters can disagree; use \
+         one Redis (a Cluster or Sentinel), etcd or PostgreSQL",
+    ),
+    (
+        "rate limiters",
+        "requests counted on independent masters either exceed the limit or waste it; \
+         use one Redis (a Cluster or Sentinel), etcd or PostgreSQL",
+    ),
+    (
+        "semaphores",
+        "a permit count and a FIFO queue need one order of requests, which independent \
+         masters do not give; use one Redis (a Cluster or Sentinel), etcd or PostgreSQL",
+    ),
+    (
+        "read-write locks",
+        "they are built on FIFO semaphores, which Redlock does not offer; use one Redis \
+         (a Cluster or Sentinel), etcd or PostgreSQL",
+    ),
+    (
+        "queues",
+        "a message must be stored once and delivered in one order; use one Redis (a \
+         Cluster or Sentinel), etcd or PostgreSQL",
+    ),
+];
+
+/// What the Redlock backend promises: TTLs of at least [`MIN_TTL`] in
+/// 1 ms steps on the masters' clocks,
+/// wake-ups from every master, deployment `"redlock"`, fencing tokens
+/// [`FencingDurability::BestEffort`] (see the [module docs](self)), not
+/// [`exclusive_across_failover`](Capabilities::exclusive_across_failover)
+/// (a master that restarts without its data forgets its grants), and
+/// [`Capabilities::unsupported`] naming every primitive it does not
+/// offer, with the reason.
+pub fn capabilities() -> Capabilities {
+    let mut caps = crate::capabilities();
+    caps.deployment = "redlock";
+    caps.min_ttl = MIN_TTL;
+    caps.fencing = FencingDurability::BestEffort;
+    caps.unsupported = UNSUPPORTED;
+    caps
+}
+
+/// The Redlock backend: [`Lock`](coord_core::Lock),
+/// [`Lease`](coord_core::Lease) and
+/// [`FencingSource`](coord_core::FencingSource) on a quorum of
+/// independent masters, each reached through its own [`RedisBackend`]
+/// (its own reconnecting connection and subscriber). `Debug` shows the
+/// masters' endpoints, never the password.
+///
+/// Most users want [`crate::connect`] with a `redlock://` URL.
+pub struct RedlockBackend {
+    masters: Vec<Arc<Master>>,
+    quorum: usize,
+    caps: Capabilities,
+    wakeups: Wakeups,
+    timeout: Duration,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let masters: Vec<&str> = self.masters.iter().map(|m| m.endpoint.as_str()).collect();
+        f.debug_struct("RedlockBackend")
+            .field("masters", &masters)
+            .field("quorum", &self.quorum)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One independent master: its options, and its backend once connected.
+struct Master {
+    endpoint: String,
+    opts: RedisOptions,
+    wakeups: Wakeups,
+    state: Mutex<State>,
+}
+
+struct State {
+    backend: Option<Arc<RedisBackend>>,
+    connecting: bool,
+    retry_at: Instant,
+}
+
+impl Master {
+    /// Connect, and keep the backend (or the time to try again).
+    async fn connect(&self) -> Result<()> {
+        let r = RedisBackend::connect_sharing(self.opts.clone(), self.wakeups.clone()).await;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.connecting = false;
+        match r {
+            Ok(b) => {
+                st.backend = Some(Arc::new(b));
+                Ok(())
+            }
+            Err(e) => {
+                st.retry_at = Instant::now() + RECONNECT_AFTER;
+                Err(e)
+            }
+        }
+    }
+
+    /// The connected backend; otherwise [`Error::Unavailable`], having
+    /// started a connect in the background when one is due.
+    fn get(self: &Arc<Self>, operation: &'static str) -> Result<Arc<RedisBackend>> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = &st.backend {
+            return Ok(b.clone());
+        }
+        if !st.connecting && Instant::now() >= st.retry_at {
+            st.connecting = true;
+            let me = self.clone();
+            // Bounded by the connect timeout.
+            tokio::spawn(async move {
+                if let Err(e) = me.connect().await {
+                    tracing::debug!(master = %me.endpoint, error = %e, "Redlock master still unreachable");
+                }
+            });
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "Redlock master {} is not connected (trying again in the background)",
+                self.endpoint
+            ),
+        })
+    }
+}
+
+/// Each master's answer to one step, by master; `None`: not asked, or
+/// not answered when the step was decided.
+pub(crate) type Answers<T> = Vec<Option<Result<T>>>;
+
+impl RedlockBackend {
+    /// Connect to every master at once (each with the options of `opts`),
+    /// and return once a quorum of them is connected; the others are
+    /// connected again when needed (see the [module docs](self)).
+    ///
+    /// Errors: [`Error::Config`] for a URL that is not `redlock://` with at
+    /// least three masters, for `Layout::Seed`, and for a configuration
+    /// error of any master (such as a wrong password: never retried);
+    /// [`Error::Unavailable`] when fewer than a quorum of masters answer
+    /// within the connect timeout.
+    pub async fn connect(opts: RedisOptions) -> Result<RedlockBackend> {
+        if let Some(e) = &opts.url_error {
+            return Err(Error::Config(e.clone()));
+        }
+        let Some(urls) = opts.redlock.clone() else {
+            return Err(Error::Config(
+                "not a Redlock URL: write redlock://host1:6379,host2:6379,host3:6379".into(),
+            ));
+        };
+        if opts.layout == Layout::Seed {
+            return Err(Error::Config(
+                "Layout::Seed is for a single Redis server (the seed PHP's keys); use the \
+                 default Layout::Coord with Redlock"
+                    .into(),
+            ));
+        }
+        let wakeups = Wakeups::new();
+        let masters: Vec<Arc<Master>> = urls
+            .iter()
+            .map(|u| {
+                let mut o = opts.clone();
+                o.url = u.clone();
+                o.redlock = None;
+                Arc::new(Master {
+                    endpoint: coord_core::util::redact_url_passwords(u.expose()),
+                    opts: o,
+                    wakeups: wakeups.clone(),
+                    state: Mutex::new(State {
+                        backend: None,
+                        connecting: true,
+                        retry_at: Instant::now(),
+                    }),
+                })
+            })
+            .collect();
+        let quorum = masters.len() / 2 + 1;
+        let results = futures::future::join_all(masters.iter().map(|m| m.connect())).await;
+        let mut connected = 0;
+        let mut last = None;
+        for r in results {
+            match r {
+                Ok(()) => connected += 1,
+                Err(e) if e.is_retryable() => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if connected < quorum {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                operation: "connect",
+                message: format!(
+                    "only {connected} of {} Redlock masters answered; a quorum of {quorum} \
+                     is needed{}",
+                    masters.len(),
+                    last.map(|e| format!(" (last error: {e})"))
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        Ok(RedlockBackend {
+            masters,
+            quorum,
+            caps: capabilities(),
+            wakeups,
+            timeout: opts.timeout,
+        })
+    }
+
+    /// Wrap this backend in a [`Coord`](coord_core::Coord) handle with
+    /// locks, leases and fencing tokens (the other primitives are
+    /// [`Error::Unsupported`] with the reason, see [`capabilities`]).
+    pub fn into_coord(self) -> coord_core::Coord {
+        let b = Arc::new(self);
+        let caps = b.caps.clone();
+        coord_core::Coord::builder(caps)
+            .lock(b.clone())
+            .lease(b.clone())
+            .fencing(b)
+            .build()
+    }
+
+    /// How many masters must agree.
+    pub fn quorum(&self) -> usize {
+        self.quorum
+    }
+
+    /// How many masters there are.
+    pub fn masters(&self) -> usize {
+        self.masters.len()
+    }
+
+    /// Run `call(index, master)` on the masters (those marked in `only`, or all) at once,
+    /// each in a task of its own (bounded by the call timeout), until
+    /// `decided` says the answers so far settle the step or every master
+    /// asked has answered; with `linger`, the masters still out then get
+    /// as long again as that took (1 to 50 ms). Calls still running then
+    /// finish in the background. A master that is not connected answers
+    /// [`Error::Unavailable`] at once.
+    pub(crate) async fn fan<T, F>(
+        &self,
+        operation: &'static str,
+        only: Option<&[bool]>,
+        linger: bool,
+        call: F,
+        decided: impl Fn(&Answers<T>) -> bool,
+    ) -> Answers<T>
+    where
+        T: Send + 'static,
+        F: Fn(usize, Arc<RedisBackend>) -> BoxFuture<'static, Result<T>>,
+    {
+        let mut answers: Answers<T> = self.masters.iter().map(|_| None).collect();
+        let mut pending = FuturesUnordered::new();
+        for (i, m) in self.masters.iter().enumerate() {
+            if only.is_some_and(|o| !o[i]) {
+                continue;
+            }
+            match m.get(operation) {
+                Ok(b) => {
+                    let task = tokio::spawn(call(i, b));
+                    pending.push(async move { (i, task.await) });
+                }
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        let failed = |e: tokio::task::JoinError| {
+            Err(Error::Store {
+                backend: BACKEND,
+                operation,
+                message: format!("a Redlock call failed: {e}"),
+            })
+        };
+        let start = Instant::now();
+        while !decided(&answers) {
+            let Some((i, r)) = pending.next().await else {
+                return answers;
+            };
+            answers[i] = Some(r.unwrap_or_else(failed));
+        }
+        if linger {
+            // Give the masters still out as long again as the decision
+            // took (1 to 50 ms), so that on a healthy deployment every
+            // master takes part in the step.
+            let more = start
+                .elapsed()
+                .clamp(Duration::from_millis(1), Duration::from_millis(50));
+            let until = tokio::time::Instant::now() + more;
+            while let Ok(Some((i, r))) = tokio::time::timeout_at(until, pending.next()).await {
+                answers[i] = Some(r.unwrap_or_else(failed));
+            }
+        }
+        answers
+    }
+
+    /// The error of a step that fewer than a quorum of masters answered.
+    pub(crate) fn no_quorum<T>(&self, operation: &'static str, answers: &Answers<T>) -> Error {
+        let ok = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
+        let last = answers.iter().rev().find_map(|a| match a {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        });
+        Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "only {ok} of {} Redlock masters answered; a quorum of {} is needed{}",
+                self.masters.len(),
+                self.quorum,
+                last.map(|e| format!(" (last error: {e})"))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+}
