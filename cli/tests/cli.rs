@@ -304,3 +304,273 @@ async fn bad_input_and_unreachable_stores() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("Exit codes"));
 }
+
+/// A lost lock stops the command with SIGTERM first: a command that traps
+/// TERM writes a marker and exits by itself long before `--grace` (so no
+/// SIGKILL was needed), and the tool exits 76 (LOST, documented), not the
+/// command's own code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_sends_sigterm_first() {
+    let dir = conformance::testkit::scratch_dir().join(unique("term-marker"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for url in stores() {
+        let name = unique("lost-term");
+        let marker = dir.join(&name);
+        let script = format!(
+            "trap 'echo TERM > {m}; kill $! 2>/dev/null; exit 3' TERM; \
+             echo started; sleep 30 </dev/null >/dev/null 2>&1 & wait",
+            m = marker.display()
+        );
+        let mut child = coord(&url)
+            .args([
+                "lock", &name, "--ttl", "2s", "--grace", "20s", "--", "sh", "-c", &script,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+            .await
+            .expect("the command did not start")
+            .unwrap();
+        assert_eq!(first.as_deref(), Some("started"), "{url}");
+        assert!(!marker.exists(), "{url}: TERM before the lock was lost");
+        let c = coord::connect(&url).await.unwrap();
+        assert!(c.locks().unwrap().force_release(&name).await.unwrap());
+        let released = Instant::now();
+        let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("the command was not stopped")
+            .unwrap();
+        let took = released.elapsed();
+        assert_eq!(out.status.code(), Some(LOST), "{url}: {out:?}");
+        let got = std::fs::read_to_string(&marker)
+            .unwrap_or_else(|e| panic!("{url}: no marker, so no SIGTERM: {e}; {out:?}"));
+        assert_eq!(got.trim(), "TERM", "{url}");
+        // SIGKILL would have come only 20 s after the TERM.
+        assert!(
+            took < Duration::from_secs(10),
+            "{url}: stopped after {took:?}"
+        );
+        assert!(
+            text(&out.stderr).contains("SIGTERM"),
+            "{url}: the tool does not say what it did: {out:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `coord leader NAME --watch` prints the current state, then a line per
+/// change of leader (elected, resigned, another elected, terms rising),
+/// until it is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_watch_prints_each_change() {
+    for url in stores() {
+        let name = unique("watch");
+        let mut child = coord(&url)
+            .args(["leader", &name, "--watch"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut next = async || {
+            tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+                .await
+                .expect("no change printed within 20 s")
+                .unwrap()
+                .expect("the watch ended")
+        };
+        assert_eq!(next().await, "no leader", "{url}");
+        let c = coord::connect(&url).await.unwrap();
+        let elections = c.elections().unwrap();
+        let alpha = elections
+            .try_campaign(&name, "alpha", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("elected");
+        let t1 = alpha.term().0;
+        assert_eq!(next().await, format!("alpha (term {t1})"), "{url}");
+        alpha.resign().await.unwrap();
+        assert_eq!(next().await, "no leader", "{url}");
+        let beta = elections
+            .try_campaign(&name, "beta", Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("elected");
+        let t2 = beta.term().0;
+        assert!(t2 > t1, "{url}: term {t2} after {t1}");
+        assert_eq!(next().await, format!("beta (term {t2})"), "{url}");
+        // Still watching: it has not exited by itself.
+        assert!(child.try_wait().unwrap().is_none(), "{url}");
+        child.start_kill().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("not stopped")
+            .unwrap();
+        beta.resign().await.unwrap();
+    }
+}
+
+/// The store can be given with `--url` instead of `COORD_URL`, and the
+/// flag wins over the variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_url_flag_instead_of_coord_url() {
+    let bin = env!("CARGO_BIN_EXE_coord");
+    for url in stores() {
+        let resource = unique("flag");
+        let fence = |env: Option<&str>| {
+            let mut c = tokio::process::Command::new(bin);
+            c.args(["--url", &url, "fence", "next", &resource])
+                .stdin(Stdio::null())
+                .kill_on_drop(true);
+            match env {
+                Some(v) => c.env("COORD_URL", v),
+                None => c.env_remove("COORD_URL"),
+            };
+            async move {
+                tokio::time::timeout(Duration::from_secs(60), c.output())
+                    .await
+                    .unwrap()
+                    .unwrap()
+            }
+        };
+        let a = fence(None).await;
+        assert_eq!(a.status.code(), Some(0), "{url}: {a:?}");
+        let b = fence(Some("bogus://nowhere")).await;
+        assert_eq!(b.status.code(), Some(0), "{url}: {b:?}");
+        let (a, b): (u64, u64) = (
+            text(&a.stdout).parse().unwrap(),
+            text(&b.stdout).parse().unwrap(),
+        );
+        assert!(b > a, "{url}: {a} then {b}");
+        // The same store as the library's: the token is above both.
+        let c = coord::connect(&url).await.unwrap();
+        assert!(c.fencing().unwrap().next(&resource).await.unwrap().0 > b);
+    }
+    // Without either, the default is memory://.
+    let out = tokio::process::Command::new(bin)
+        .args(["fence", "next", "r"])
+        .env_remove("COORD_URL")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// `coord release --force lock NAME` asks on the terminal. Answered `y`
+/// there (a pseudo-terminal as stdin) it releases; `y` piped on stdin
+/// (not a terminal) is not taken as an answer: refused, exit 64, saying
+/// to pass --yes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_reads_its_answer_from_the_terminal() {
+    use std::io::Write;
+    use tokio::io::AsyncWriteExt;
+    for url in stores() {
+        let name = unique("confirm");
+        let c = coord::connect(&url).await.unwrap();
+        let held = c
+            .locks()
+            .unwrap()
+            .try_acquire(&name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("free");
+        // "y" through a pipe.
+        let mut child = coord(&url)
+            .args(["release", "--force", "lock", &name])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"y\n").await.unwrap();
+        drop(stdin);
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+        assert!(text(&out.stderr).contains("pass --yes"), "{url}: {out:?}");
+        let info = c.locks().unwrap().inspect(&name).await.unwrap();
+        assert_eq!(info.holders.len(), 1, "{url}: released on a piped `y`");
+
+        // On a terminal: "n" does not release, "y" does.
+        for (answer, expect) in [("n\n", None), ("y\n", Some("released"))] {
+            let pty = nix::pty::openpty(None, None).unwrap();
+            let mut master = std::fs::File::from(pty.master);
+            let child = coord(&url)
+                .args(["release", "--force", "lock", &name])
+                .stdin(Stdio::from(pty.slave))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            master.write_all(answer.as_bytes()).unwrap();
+            let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+                .await
+                .expect("no answer read from the terminal")
+                .unwrap();
+            assert!(
+                text(&out.stderr).contains(&format!("Force-release lock `{name}`")),
+                "{url}: not asked: {out:?}"
+            );
+            match expect {
+                None => {
+                    assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+                    assert!(held.is_valid(), "{url}");
+                    let info = c.locks().unwrap().inspect(&name).await.unwrap();
+                    assert_eq!(info.holders.len(), 1, "{url}: released on `n`");
+                }
+                Some(said) => {
+                    assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+                    assert_eq!(text(&out.stdout), said, "{url}: {out:?}");
+                }
+            }
+            drop(master);
+        }
+        let again = c
+            .locks()
+            .unwrap()
+            .try_acquire(&name, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(again.is_some(), "{url}: the lock is still held");
+    }
+}
+
+/// Options the stores do not take are refused before anything runs, exit
+/// 64, naming the option: etcd's `session_ttl` (coord-etcd has no session
+/// lease: the error says so), a Redis TLS file that is not there (its path
+/// named), a misspelt libpq option.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn url_options_a_store_does_not_take_exit_64_naming_them() {
+    let etcd = conformance::testkit::etcd::shared().url();
+    let sep = |u: &str| if u.contains('?') { '&' } else { '?' };
+    for (url, says) in [
+        (
+            format!("{etcd}{}session_ttl=10s&prefix=/coord/", sep(&etcd)),
+            vec!["`session_ttl`", "no session lease"],
+        ),
+        (
+            "rediss://127.0.0.1:1?tls_ca_file=/nonexistent/ca.pem".to_string(),
+            vec!["`tls_ca_file`", "/nonexistent/ca.pem"],
+        ),
+        (
+            format!(
+                "{}&sslmod=require",
+                conformance::testkit::postgres::cluster().url()
+            ),
+            vec!["option `sslmod`"],
+        ),
+    ] {
+        let out = run(&url, &["lock", "x", "--", "echo", "ran"]).await;
+        assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+        assert!(text(&out.stdout).is_empty(), "{url}: the command ran");
+        let err = text(&out.stderr);
+        for s in says {
+            assert!(err.contains(s), "{url}: no {s} in: {err}");
+        }
+    }
+}
