@@ -681,9 +681,9 @@ mod tests {
         // The redis client gets none of them.
         assert_eq!(o.url.expose(), "rediss://h:1");
         assert!(!format!("{o:?}").contains("hunter2"));
-        // Also on every node of a cluster URL, and for the sentinels and
-        // master of a sentinel URL.
-        for scheme in ["rediss+cluster", "rediss+sentinel"] {
+        // Also on every node of a cluster URL, for the sentinels and
+        // master of a sentinel URL, and on every Redlock master.
+        for scheme in ["rediss+cluster", "rediss+sentinel", "rediss+redlock"] {
             let path = if scheme == "rediss+sentinel" {
                 "/m"
             } else {
@@ -749,12 +749,14 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_option_on_a_cluster_or_sentinel_url_is_refused_naming_it() {
+    fn an_unknown_option_on_a_cluster_sentinel_or_redlock_url_is_refused_naming_it() {
         for url in [
             "redis+cluster://:hunter2@h1:1,h2:2?prefix=a:&prefx=b",
             "rediss+cluster://h1:1,h2:2?prefx=b",
             "redis+sentinel://:hunter2@s1:1,s2:2/mymaster?prefx=b",
             "rediss+sentinel://s1:1/mymaster/2?prefx=b",
+            "redlock://:hunter2@h1:1,h2:2,h3:3?prefx=b",
+            "rediss+redlock://h1:1,h2:2,h3:3/1?prefix=a:&prefx=b",
         ] {
             let e = RedisOptions::parse(url).unwrap_err();
             let msg = e.to_string();
