@@ -94,9 +94,10 @@ impl Barriers {
             backend = self.backend.capabilities().backend,
             name,
             participant,
-            parties
+            parties,
+            outcome = tracing::field::Empty
         );
-        async {
+        let r = async {
             let deadline = wait::deadline_in(timeout);
             // The arrival runs in its own task: if this wait is dropped while
             // the store records it, the guard below still learns the
@@ -177,8 +178,22 @@ impl Barriers {
                 }
             }
         }
-        .instrument(span)
-        .await
+        .instrument(span.clone())
+        .await;
+        span.record(
+            "outcome",
+            match &r {
+                Ok(_) => "passed",
+                Err(Error::Timeout { .. }) => "timeout",
+                Err(_) => "error",
+            },
+        );
+        // Once per wait (retried calls inside it count with the error
+        // they end in); bad input and a timeout are not store errors.
+        if let Err(e) = &r {
+            crate::metrics::error(self.backend.capabilities().backend, e);
+        }
+        r
     }
 }
 
@@ -250,6 +265,7 @@ impl Drop for Pending {
                 Stage::Done => return,
             };
             if let Err(e) = backend.withdraw(&name, generation, &participant).await {
+                crate::metrics::error(backend.capabilities().backend, &e);
                 tracing::debug!(name, error = %e, "withdraw after an abandoned barrier wait failed");
             }
         });

@@ -390,9 +390,14 @@ impl Guard {
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = validate::ttl("ttl", ttl, self.inner.backend.capabilities())?;
         let inner = &self.inner;
-        let span =
-            tracing::debug_span!("coord.extend", kind = inner.backend.kind(), name = %inner.name);
-        async {
+        let span = tracing::debug_span!(
+            "coord.extend",
+            backend = inner.backend.store(),
+            kind = inner.backend.kind(),
+            name = %inner.name,
+            outcome = tracing::field::Empty
+        );
+        let r = async {
             let _op = inner.op.lock().await;
             if inner.is_released() {
                 return Err(Error::NotHeld {
@@ -400,7 +405,9 @@ impl Guard {
                 });
             }
             let sent_at = Instant::now();
-            if inner.backend.renew(&inner.name, &inner.owner, ttl).await? {
+            let renewed = inner.backend.renew(&inner.name, &inner.owner, ttl).await;
+            metrics::observe(inner.backend.store(), &renewed);
+            if renewed? {
                 inner.renewed(sent_at, ttl);
                 // A shorter TTL must bring the watchdog's next renewal and
                 // the lost timer forward.
@@ -413,8 +420,10 @@ impl Guard {
                 })
             }
         }
-        .instrument(span)
-        .await
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", end_outcome(&r));
+        r
     }
 
     /// Same as [`extend`](Guard::extend), in lease words.
@@ -510,9 +519,31 @@ impl Guard {
     pub(crate) async fn end(mut self, end: End) -> Result<()> {
         self.stop_watchdog();
         let inner = self.inner.clone();
-        let span =
-            tracing::debug_span!("coord.release", kind = inner.backend.kind(), name = %inner.name);
-        async move {
+        let (store, kind) = (inner.backend.store(), inner.backend.kind());
+        let span = match end {
+            End::Release => tracing::debug_span!(
+                "coord.release",
+                backend = store,
+                kind,
+                name = %inner.name,
+                outcome = tracing::field::Empty
+            ),
+            End::Ack => tracing::debug_span!(
+                "coord.queue.ack",
+                backend = store,
+                kind,
+                name = %inner.name,
+                outcome = tracing::field::Empty
+            ),
+            End::Nack(_) => tracing::debug_span!(
+                "coord.queue.nack",
+                backend = store,
+                kind,
+                name = %inner.name,
+                outcome = tracing::field::Empty
+            ),
+        };
+        let r = async move {
             let _op = inner.op.lock().await;
             if inner.released.swap(true, Ordering::AcqRel) {
                 return Err(Error::NotHeld {
@@ -531,8 +562,10 @@ impl Guard {
                 })
             }
         }
-        .instrument(span)
-        .await
+        .instrument(span.clone())
+        .await;
+        span.record("outcome", end_outcome(&r));
+        r
     }
 
     /// Same as [`release`](Guard::release), in lease words.
@@ -552,18 +585,40 @@ impl Drop for Guard {
             return;
         };
         let inner = self.inner.clone();
-        rt.spawn(async move {
-            let _op = inner.op.lock().await;
-            if inner.released.swap(true, Ordering::AcqRel) {
-                return;
+        let span = tracing::debug_span!(
+            "coord.release",
+            backend = inner.backend.store(),
+            kind = inner.backend.kind(),
+            name = %inner.name,
+            on_drop = true,
+            outcome = tracing::field::Empty
+        );
+        rt.spawn(
+            async move {
+                let _op = inner.op.lock().await;
+                if inner.released.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+                inner.ended.notify_waiters();
+                inner.record_release();
+                let r = inner.backend.release(&inner.name, &inner.owner).await;
+                let span = tracing::Span::current();
+                match r {
+                    Ok(true) => {
+                        span.record("outcome", "ok");
+                    }
+                    Ok(false) => {
+                        span.record("outcome", "not_held");
+                    }
+                    Err(e) => {
+                        span.record("outcome", "error");
+                        metrics::error(inner.backend.store(), &e);
+                        tracing::debug!(name = %inner.name, error = %e, "release on drop failed; the TTL will free it");
+                    }
+                }
             }
-            inner.ended.notify_waiters();
-            inner.record_release();
-            if let Err(e) = inner.backend.release(&inner.name, &inner.owner).await {
-                metrics::error(inner.backend.store(), &e);
-                tracing::debug!(name = %inner.name, error = %e, "release on drop failed; the TTL will free it");
-            }
-        });
+            .instrument(span),
+        );
     }
 }
 
@@ -590,9 +645,24 @@ fn spawn_deadline_timer(inner: &Arc<Inner>) {
     });
 }
 
+/// The `outcome` of an extend, release, ack or nack span.
+fn end_outcome(r: &Result<()>) -> &'static str {
+    match r {
+        Ok(()) => "ok",
+        Err(Error::NotHeld { .. }) => "not_held",
+        Err(_) => "error",
+    }
+}
+
 async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
-    let span =
-        tracing::debug_span!("coord.watchdog", kind = inner.backend.kind(), name = %inner.name);
+    let span = tracing::debug_span!(
+        "coord.watchdog",
+        backend = inner.backend.store(),
+        kind = inner.backend.kind(),
+        name = %inner.name,
+        outcome = tracing::field::Empty
+    );
+    let watched = inner.clone();
     async move {
         loop {
             // Renew when two thirds of the TTL are left: a third of the TTL
@@ -675,8 +745,14 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
             }
         }
     }
-    .instrument(span)
-    .await
+    .instrument(span.clone())
+    .await;
+    // It ends when the claim is released (or the watchdog stopped), or
+    // when ownership was lost.
+    span.record(
+        "outcome",
+        if watched.is_lost() { "lost" } else { "stopped" },
+    );
 }
 
 /// A cheap, clonable view of a held claim, for the code running under it

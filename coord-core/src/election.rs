@@ -131,7 +131,14 @@ impl Elections {
     /// The live leader of `name` and its term, if any. Cost: one round trip.
     pub async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
         validate::name("name", name)?;
-        self.backend.leader(name).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.election.leader",
+            store,
+            name,
+            self.backend.leader(name),
+            leader_or_vacant
+        )
     }
 
     /// A stream of leadership changes of `name`: first the current state,
@@ -155,10 +162,30 @@ impl Elections {
             max_term: None,
         };
         Ok(futures::stream::unfold(state, |mut s| async move {
-            let item = s.next().await;
+            // One span per item: from asking for it to the change it shows.
+            let span = tracing::debug_span!(
+                "coord.election.observe",
+                backend = s.backend.capabilities().backend,
+                name = %s.name,
+                outcome = tracing::field::Empty
+            );
+            let item = s.next().instrument(span.clone()).await;
+            span.record(
+                "outcome",
+                match &item {
+                    Ok(now) => leader_or_vacant(now),
+                    Err(_) => "error",
+                },
+            );
             Some((item, s))
         }))
     }
+}
+
+/// The outcome of a leader read: a `leader` was found, or the office is
+/// `vacant`.
+fn leader_or_vacant(now: &Option<LeaderInfo>) -> &'static str {
+    if now.is_some() { "leader" } else { "vacant" }
 }
 
 struct ObserveState {
@@ -173,10 +200,17 @@ struct ObserveState {
 impl ObserveState {
     async fn next(&mut self) -> Result<Option<LeaderInfo>> {
         if self.waiter.is_none() {
+            let store = self.backend.capabilities().backend;
             self.waiter = Some(match self.backend.subscribe(&self.name).await {
                 Ok(w) => w,
-                Err(e) if e.is_retryable() => Waiter::never(),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // Every failed store call counts, retried or not.
+                    crate::metrics::error(store, &e);
+                    if !e.is_retryable() {
+                        return Err(e);
+                    }
+                    Waiter::never()
+                }
             });
         }
         let mut backoff = Duration::from_millis(10);
@@ -206,11 +240,15 @@ impl ObserveState {
                     }
                 }
                 Err(e) if e.is_retryable() => {
+                    crate::metrics::error(self.backend.capabilities().backend, &e);
                     tracing::debug!(error = %e, "observe: leader read failed, retrying");
                     sleep = backoff;
                     backoff = (backoff * 2).min(self.poll);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    crate::metrics::error(self.backend.capabilities().backend, &e);
+                    return Err(e);
+                }
             }
             tokio::select! {
                 _ = &mut notified => {}

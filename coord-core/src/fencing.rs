@@ -51,7 +51,13 @@ impl Fencing {
     /// Cost: one round trip.
     pub async fn next(&self, resource: &str) -> Result<FencingToken> {
         validate::name("resource", resource)?;
-        self.backend.next(resource).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.fencing.next",
+            store,
+            resource,
+            self.backend.next(resource)
+        )
     }
 }
 

@@ -122,7 +122,14 @@ impl Leases {
     /// ```
     pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
         validate::name("name", name)?;
-        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+        let store = self.backend.capabilities().backend;
+        let record = op!(
+            "coord.lease.inspect",
+            store,
+            name,
+            self.backend.inspect(name)
+        )?;
+        Ok(crate::inspect::info(record))
     }
 
     async fn grant_inner(
@@ -172,7 +179,14 @@ impl Leases {
     /// the store sees it; `None` if there is none. Cost: one round trip.
     pub async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
         validate::name("name", name)?;
-        self.backend.remaining(name).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.lease.remaining",
+            store,
+            name,
+            self.backend.remaining(name),
+            |r: &Option<Duration>| if r.is_some() { "live" } else { "none" }
+        )
     }
 
     /// Whether somebody holds a live lease on `name`.

@@ -17,6 +17,9 @@
 //!   an [`Error::InvalidArgument`] and changes nothing.
 #![deny(missing_docs)]
 
+#[macro_use]
+mod op;
+
 mod backend;
 mod barrier;
 pub mod barrier_state;

@@ -79,7 +79,7 @@ impl RateLimiter {
         let span = tracing::debug_span!(
             "coord.limiter.check",
             backend = self.backend.capabilities().backend,
-            key,
+            name = key,
             cost,
             outcome = tracing::field::Empty
         );

@@ -205,7 +205,14 @@ impl Locks {
     /// ```
     pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
         validate::name("name", name)?;
-        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+        let store = self.backend.capabilities().backend;
+        let record = op!(
+            "coord.lock.inspect",
+            store,
+            name,
+            self.backend.inspect(name)
+        )?;
+        Ok(crate::inspect::info(record))
     }
 
     async fn acquire_inner(
@@ -380,8 +387,21 @@ impl Locks {
     /// signal fires. Returns whether a live lock was removed.
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate::name("name", name)?;
-        self.backend.force_release(name).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.lock.force_release",
+            store,
+            name,
+            self.backend.force_release(name),
+            removed_or_free
+        )
     }
+}
+
+/// The outcome of a force release: a live claim was `removed`, or the
+/// name was `free`.
+pub(crate) fn removed_or_free(removed: &bool) -> &'static str {
+    if *removed { "removed" } else { "free" }
 }
 
 /// Whether the store may keep a waiter's place in line for an owner whose

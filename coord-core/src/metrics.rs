@@ -19,7 +19,7 @@
 //! | `coord_watchdog_renewals_total` | counter | store, kind, outcome | watchdog renewals: `ok`, `failed` (each failed try) |
 //! | `coord_limiter_checks_total` | counter | store, outcome | rate-limit checks: `allowed`, `denied` |
 //! | `coord_queue_ops_total` | counter | store, op | queue messages `push`ed, `deliver`ed, `ack`ed, `nack`ed |
-//! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, … |
+//! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, …; once per operation that returned one (acquires, extends, releases, inspects, force releases, fencing tokens, leader reads, barrier waits, limiter checks, every queue call), once per failed renewal of a watchdog or read of an election's observer, and once per failed release on drop |
 //! | `coord_reconnects_total` | counter | store, what | a backend's connection or subscription re-established |
 //!
 //! ```

@@ -456,11 +456,17 @@ impl Queues {
         let span = tracing::debug_span!(
             "coord.queue.push",
             backend = self.backend.capabilities().backend,
-            queue,
-            bytes = payload.len()
+            name = queue,
+            bytes = payload.len(),
+            outcome = tracing::field::Empty
         );
-        let r = self.backend.push(queue, &message).instrument(span).await;
-        metrics::observe(self.backend.capabilities().backend, &r);
+        let r = crate::op::run(
+            self.backend.capabilities().backend,
+            span,
+            self.backend.push(queue, &message),
+            |p: &Pushed| if p.duplicate { "duplicate" } else { "pushed" },
+        )
+        .await;
         if r.is_ok() {
             metrics::queue_op(self.backend.capabilities().backend, "push");
         }
@@ -547,7 +553,7 @@ impl Queues {
         let span = tracing::debug_span!(
             "coord.queue.pop",
             backend = store,
-            queue,
+            name = queue,
             lane = opts.lane.as_str(),
             outcome = tracing::field::Empty,
             waited_ms = tracing::field::Empty
@@ -645,7 +651,13 @@ impl Queues {
     pub async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
         validate::name("queue", queue)?;
         check_limit(limit)?;
-        self.backend.peek(queue, lane, limit).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.queue.peek",
+            store,
+            queue,
+            self.backend.peek(queue, lane, limit)
+        )
     }
 
     /// Move up to `limit` dead letters of `queue` back to its main lane,
@@ -661,7 +673,13 @@ impl Queues {
     pub async fn redrive(&self, queue: &str, limit: usize) -> Result<u64> {
         validate::name("queue", queue)?;
         check_limit(limit)?;
-        self.backend.redrive(queue, limit).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.queue.redrive",
+            store,
+            queue,
+            self.backend.redrive(queue, limit)
+        )
     }
 
     /// How many messages `queue` holds, by state.
@@ -674,7 +692,8 @@ impl Queues {
     /// ```
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         validate::name("queue", queue)?;
-        self.backend.stats(queue).await
+        let store = self.backend.capabilities().backend;
+        op!("coord.queue.stats", store, queue, self.backend.stats(queue))
     }
 
     /// Delete every message of `queue` (both lanes) and its dedup ids: an
@@ -688,7 +707,8 @@ impl Queues {
     /// ```
     pub async fn purge(&self, queue: &str) -> Result<u64> {
         validate::name("queue", queue)?;
-        self.backend.purge(queue).await
+        let store = self.backend.capabilities().backend;
+        op!("coord.queue.purge", store, queue, self.backend.purge(queue))
     }
 }
 

@@ -183,10 +183,14 @@ impl RwLocks {
     /// ```
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate::name("name", name)?;
-        self.semaphores
-            .backend()
-            .force_release(&semaphore_name(name))
-            .await
+        let backend = self.semaphores.backend();
+        op!(
+            "coord.rwlock.force_release",
+            backend.capabilities().backend,
+            name,
+            backend.force_release(&semaphore_name(name)),
+            crate::lock::removed_or_free
+        )
     }
 
     async fn take(

@@ -413,7 +413,14 @@ impl Semaphores {
     /// ```
     pub async fn inspect(&self, name: &str) -> Result<crate::ClaimInfo> {
         validate::name("name", name)?;
-        Ok(crate::inspect::info(self.backend.inspect(name).await?))
+        let store = self.backend.capabilities().backend;
+        let record = op!(
+            "coord.semaphore.inspect",
+            store,
+            name,
+            self.backend.inspect(name)
+        )?;
+        Ok(crate::inspect::info(record))
     }
 
     /// [`Self::acquire_with`] on a name already checked (or made by coord
@@ -510,7 +517,14 @@ impl Semaphores {
     /// ```
     pub async fn force_release(&self, name: &str) -> Result<bool> {
         validate::name("name", name)?;
-        self.backend.force_release(name).await
+        let store = self.backend.capabilities().backend;
+        op!(
+            "coord.semaphore.force_release",
+            store,
+            name,
+            self.backend.force_release(name),
+            crate::lock::removed_or_free
+        )
     }
 
     /// The raw backend, for the read-write locks built on it.
