@@ -153,6 +153,7 @@ async fn shared_watch_task(
                             ready.send_replace(true);
                             backoff = Duration::from_millis(50);
                             if resumed {
+                                coord_core::metrics::reconnect("etcd", "watch");
                                 // Every local waiter checks again now that
                                 // the watch is back: it may have missed a
                                 // change while it was down (one after a
