@@ -132,10 +132,11 @@ impl Shared {
         AbortOnDrop(tokio::spawn(async move {
             let mut shutdown = shared.shutdown.clone();
             let mut backoff = Duration::from_millis(50);
+            let mut broke = false;
             loop {
                 let gone = tokio::select! {
                     _ = shutdown.changed() => return,
-                    g = shared.watch_pred(&pred) => g,
+                    g = shared.watch_pred(&pred, broke) => g,
                 };
                 match gone {
                     Ok(()) => {
@@ -143,6 +144,7 @@ impl Shared {
                         return;
                     }
                     Err(opened) => {
+                        broke = true;
                         if opened {
                             backoff = Duration::from_millis(50);
                         }
@@ -161,7 +163,9 @@ impl Shared {
     /// `Ok` once the key is gone (or the server cancelled the watch: the
     /// waiter attempts again, which reads the queue anew); `Err(opened)` if
     /// the watch broke, `opened` telling whether it was established first.
-    async fn watch_pred(&self, pred: &Pred) -> std::result::Result<(), bool> {
+    /// A watch established after an earlier one broke (`reopening`) counts
+    /// as a reconnect.
+    async fn watch_pred(&self, pred: &Pred, reopening: bool) -> std::result::Result<(), bool> {
         let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut wc = self.client.watch_client();
         let mut stream =
@@ -172,7 +176,11 @@ impl Shared {
         // etcd answers a new watch with a "created" response first.
         match tokio::time::timeout(self.timeout, stream.message()).await {
             Ok(Ok(Some(resp))) if resp.canceled() => return Ok(()),
-            Ok(Ok(Some(resp))) if resp.created() => {}
+            Ok(Ok(Some(resp))) if resp.created() => {
+                if reopening {
+                    coord_core::metrics::reconnect("etcd", "watch");
+                }
+            }
             _ => return Err(false),
         }
         match self.get("lock wait", pred.0.clone(), None).await {

@@ -139,6 +139,7 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
     let mut backoff = Duration::from_millis(50);
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut loaded_before = false;
     loop {
         // The watch first, from the server's current revision (so its
         // events are delivered as they happen, never replayed from history),
@@ -172,6 +173,10 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
                 None
             };
             if let Some(mut resp) = loaded {
+                if loaded_before {
+                    coord_core::metrics::reconnect("etcd", "watch");
+                }
+                loaded_before = true;
                 let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
                 let mut mirror = Mirror::default();
                 for kv in resp.take_kvs() {
