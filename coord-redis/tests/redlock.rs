@@ -331,3 +331,42 @@ async fn no_two_holders_while_clients_are_cut_off_from_different_masters() {
     );
     eprintln!("{total} grants, {} accesses", resource.log().len());
 }
+
+/// A release (and a revoke) returns once a quorum of masters released:
+/// a master that does not answer (blackholed) costs the caller nothing,
+/// not its call timeout, and the lock is free for the next client at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_wait_for_an_unreachable_master() {
+    let set = RedlockMasters::start_behind_proxies(3);
+    let url = format!("{}?timeout=2s", set.url());
+    let (a, b) = (client(&url).await, client(&url).await);
+    let g = a
+        .locks()
+        .unwrap()
+        .try_acquire("unreachable", TTL)
+        .await
+        .unwrap();
+    let g = g.expect("a free lock");
+    let l = a.leases().unwrap().grant("unreachable", TTL).await.unwrap();
+    let l = l.expect("a free lease");
+    set.proxy(2).blackhole();
+    let t = Instant::now();
+    g.release().await.unwrap();
+    l.revoke().await.unwrap();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_millis(1500),
+        "release + revoke took {took:?}"
+    );
+    set.proxy(2).heal();
+    // Masters 0 and 1 are free: a quorum for the next client.
+    let next = b
+        .locks()
+        .unwrap()
+        .acquire("unreachable", TTL, Duration::from_secs(5))
+        .await;
+    next.expect("the next client gets the lock")
+        .release()
+        .await
+        .unwrap();
+}

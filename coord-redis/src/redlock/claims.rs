@@ -157,8 +157,11 @@ impl RedlockBackend {
         Ok(Attempt::Held { expires_in })
     }
 
-    /// Release on the masters marked in `only` (or all), waiting for every
-    /// one asked; returns how many released and the answers.
+    /// Release on the masters marked in `only` (or all): waiting for every
+    /// one asked when undoing an attempt (so the next attempt cannot race
+    /// the undo), else until a quorum released (a master that does not
+    /// answer then costs the caller nothing; its release goes on in the
+    /// background). Returns the answers.
     async fn release_on(
         &self,
         kind: ClaimKind,
@@ -167,6 +170,7 @@ impl RedlockBackend {
         only: Option<&[bool]>,
     ) -> Answers<bool> {
         let (nm, ow) = (name.to_string(), *owner);
+        let (undo, q) = (only.is_some(), self.quorum);
         self.fan(
             kind.op(Step::Release),
             only,
@@ -175,7 +179,7 @@ impl RedlockBackend {
                 let nm = nm.clone();
                 Box::pin(async move { b.master_release(kind, &nm, &ow).await })
             },
-            |_| false,
+            move |a| !undo && count(a, |x| *x) >= q,
         )
         .await
     }
