@@ -1,0 +1,820 @@
+//! Adversarial review of the Redlock backend against real redis-servers:
+//! a master frozen with SIGSTOP while clients contend, fencing tokens
+//! under contention with a master down, the watchdog while masters go,
+//! cancelled acquires, leaked connections, a master that stays down,
+//! awkward names and passwords, a master restarted without its data, and
+//! a master listed twice under two spellings.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use conformance::faults::history::{Access, FencedResource, Grant, check_lock_history};
+use conformance::testkit::redis::{RedisServer, RedlockMasters, Resp};
+use coord_core::{Coord, Error, LockOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+async fn client(url: &str) -> Coord {
+    coord_redis::connect(url)
+        .await
+        .expect("connect to the Redlock masters")
+}
+
+/// Resumes a SIGSTOPped master when dropped (a failed assertion must not
+/// leave a frozen redis-server behind: its Drop would wait for it).
+struct Frozen<'a>(&'a RedisServer);
+
+impl<'a> Frozen<'a> {
+    fn pause(m: &'a RedisServer) -> Frozen<'a> {
+        m.pause();
+        Frozen(m)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
+/// The keys of one master under the `coord:` prefix.
+fn coord_keys(m: &RedisServer) -> Vec<String> {
+    match m.command(&["KEYS", "coord:*"]) {
+        Resp::Array(Some(v)) => v
+            .iter()
+            .filter_map(|r| r.as_str().map(str::to_string))
+            .collect(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+/// The claim keys (locks, leases, fencing claims) of one master that hold
+/// a live claim (not a released `=token` marker), with their values.
+fn live_claims(m: &RedisServer, name: &str) -> Vec<(String, String, i64)> {
+    coord_keys(m)
+        .into_iter()
+        .filter(|k| k.contains(name))
+        .filter_map(|k| {
+            let v = m.command(&["GET", &k]);
+            let v = v.as_str()?.to_string();
+            let ttl = m.command(&["PTTL", &k]).as_int().unwrap_or(-3);
+            (!v.starts_with('=')).then_some((k, v, ttl))
+        })
+        .collect()
+}
+
+fn connected_clients(m: &RedisServer) -> i64 {
+    // The kit's own connection for INFO counts too: subtract it.
+    m.info("clients", "connected_clients")
+        .parse::<i64>()
+        .expect("connected_clients")
+        - 1
+}
+
+/// A frozen master's window: from, to (ms after the start), which master.
+type Window = (u64, u64, usize);
+
+/// Four clients contend for one lock (TTL 1 s, waiting up to 2 s, call
+/// timeout 300 ms) while masters are frozen with SIGSTOP in `windows`
+/// (connections stay open, nothing is answered: every call to a frozen
+/// master hangs to the call timeout), until 1 s after the last window.
+/// Checks safety (never two valid holders, every fenced write accepted)
+/// and returns the grants, their start time and the retryable errors.
+async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize) {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    const CLIENTS: usize = 4;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(client(&url).await);
+    }
+    let resource = Arc::new(FencedResource::new());
+    let grants = Arc::new(std::sync::Mutex::new(Vec::<Grant>::new()));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_millis(windows.last().map_or(0, |w| w.1) + 1000);
+    let mut tasks = Vec::new();
+    for (k, c) in clients.iter().enumerate() {
+        let (c, resource, grants) = (c.clone(), resource.clone(), grants.clone());
+        let (inside, overlaps) = (inside.clone(), overlaps.clone());
+        tasks.push(tokio::spawn(async move {
+            let locks = c.locks().unwrap();
+            let mut errors = 0;
+            while Instant::now() < end {
+                let asked = Instant::now();
+                let g = match locks
+                    .acquire("frozen", Duration::from_secs(1), Duration::from_secs(2))
+                    .await
+                {
+                    Ok(g) => g,
+                    Err(e) if e.is_retryable() => {
+                        errors += 1;
+                        continue;
+                    }
+                    Err(e) => panic!("client {k}: {e}"),
+                };
+                let token = g.fencing_token().get();
+                let granted = Instant::now();
+                let valid_until = granted + g.remaining();
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                let read = resource.read(k, token).unwrap_or(0);
+                sleep(Duration::from_millis(5)).await;
+                let ok = g.is_valid();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                if ok {
+                    resource.write(k, token, read, read + 1);
+                }
+                grants.lock().unwrap().push(Grant {
+                    client: k,
+                    token,
+                    asked,
+                    granted,
+                    valid_until: valid_until.min(Instant::now()),
+                });
+                let _ = g.release().await;
+            }
+            errors
+        }));
+    }
+    for &(from, to, m) in windows {
+        tokio::time::sleep_until(t0 + Duration::from_millis(from)).await;
+        let frozen = Frozen::pause(&set.masters()[m]);
+        tokio::time::sleep_until(t0 + Duration::from_millis(to)).await;
+        drop(frozen);
+    }
+    let mut errors = 0;
+    for t in tasks {
+        errors += t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    let violations = check_lock_history(&grants, &resource.log());
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    let refused = resource
+        .log()
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Access::Write {
+                    accepted: false,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(refused, 0, "a holder's fenced write was refused");
+    eprintln!("{} grants, {errors} retryable errors", grants.len());
+    (grants, t0, errors)
+}
+
+/// The grants in `from..to` ms after `t0`.
+fn grants_between(grants: &[Grant], t0: Instant, from: u64, to: u64) -> usize {
+    let (a, b) = (
+        t0 + Duration::from_millis(from),
+        t0 + Duration::from_millis(to),
+    );
+    grants
+        .iter()
+        .filter(|g| g.granted >= a && g.granted < b)
+        .count()
+}
+
+/// Four clients contend while master 1 is frozen for 2.5 s: never two
+/// valid holders, every fenced write accepted (the resumed master runs the
+/// calls queued while it was frozen: late grants for attempts long
+/// decided), and the lock moves again at once after it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_master_while_clients_contend_is_safe() {
+    let (grants, t0, _) = contend_with_frozen(&[(1000, 3500, 1)]).await;
+    let after = grants_between(&grants, t0, 3500, 4500);
+    assert!(
+        after >= 3,
+        "only {after} grants in the second after the master resumed"
+    );
+}
+
+/// Liveness while a master is frozen: "a master that does not answer
+/// costs a call at most its call timeout", so with two of three masters
+/// answering, four contending clients should still take turns (several
+/// grants a second). Seen instead: the clients split the two live
+/// masters' votes, each waits out the frozen master's timeout, undoes and
+/// retries, and hardly anyone is granted while the master stays frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "defect: livelock: with one of three masters frozen (SIGSTOP) four contending \
+            clients get (almost) no grant for the whole freeze (0 or 1 in 2.5 s in most \
+            runs), each acquire timing out after its 2 s wait"]
+async fn a_frozen_master_while_clients_contend_still_grants() {
+    let windows = [(1000, 3500, 1), (4000, 6500, 2)];
+    let (grants, t0, _) = contend_with_frozen(&windows).await;
+    let counts: Vec<usize> = windows
+        .iter()
+        .map(|&(from, to, _)| grants_between(&grants, t0, from + 300, to))
+        .collect();
+    eprintln!("grants while frozen (after the first 300 ms): {counts:?}");
+    assert!(
+        counts.iter().all(|&n| n >= 3),
+        "grants in each 2.2 s with a master frozen: {counts:?}; before the first freeze: {}",
+        grants_between(&grants, t0, 0, 1000)
+    );
+}
+
+/// Four callers take fencing tokens for one resource at once, with one
+/// master stopped: every token is unique and each caller's rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_tokens_under_contention_with_a_master_stopped() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    set.masters()[0].stop();
+    let mut tasks = Vec::new();
+    for k in 0..4 {
+        let c = client(&url).await;
+        tasks.push(tokio::spawn(async move {
+            let f = c.fencing().unwrap();
+            let mut got = Vec::new();
+            for _ in 0..25 {
+                got.push(f.next("fenced-res").await.map(|t| t.get()));
+            }
+            (k, got)
+        }));
+    }
+    let mut all = HashSet::new();
+    let mut total = 0;
+    for t in tasks {
+        let (k, got) = t.await.unwrap();
+        let got: Vec<u64> = got
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("caller {k}: {e}")))
+            .collect();
+        for w in got.windows(2) {
+            assert!(w[1] > w[0], "caller {k}: {} then {}", w[0], w[1]);
+        }
+        for t in got {
+            total += 1;
+            assert!(all.insert(t), "token {t} issued twice");
+        }
+    }
+    assert_eq!(total, 100);
+}
+
+/// The same with one master frozen (SIGSTOP): each call that meets a
+/// split vote waits for the frozen master's timeout. Tokens that are
+/// issued are unique and rise per caller; a call that fails says so with
+/// a retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_tokens_under_contention_with_a_master_frozen() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(client(&url).await);
+    }
+    let frozen = Frozen::pause(&set.masters()[1]);
+    let mut tasks = Vec::new();
+    for (k, c) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let f = c.fencing().unwrap();
+            let mut got = Vec::new();
+            for _ in 0..10 {
+                got.push(f.next("frozen-fence").await.map(|t| t.get()));
+            }
+            (k, got)
+        }));
+    }
+    let started = Instant::now();
+    let mut all = HashSet::new();
+    let (mut ok, mut failed) = (0, Vec::new());
+    for t in tasks {
+        let (k, got) = t.await.unwrap();
+        let mut last = 0;
+        for r in got {
+            match r {
+                Ok(t) => {
+                    assert!(t > last, "caller {k}: {last} then {t}");
+                    last = t;
+                    assert!(all.insert(t), "token {t} issued twice");
+                    ok += 1;
+                }
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    failed.push(e.to_string());
+                }
+            }
+        }
+    }
+    drop(frozen);
+    eprintln!(
+        "{ok} tokens, {} failed in {:?}: {:?}",
+        failed.len(),
+        started.elapsed(),
+        failed.first()
+    );
+    // How many succeed varies (see the livelock below): 27 to 30 in most
+    // runs, far fewer in some; only safety is asserted here.
+    assert!(ok + failed.len() == 30);
+}
+
+/// The watchdog keeps a lock while a quorum holds it (one master stopped),
+/// and fires `lost` once a majority is gone (the stopped one restarted
+/// empty, a second one stopped); the lock is then free for another client
+/// once the TTL has passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let (a, b) = (client(&url).await, client(&url).await);
+    let ttl = Duration::from_millis(800);
+    let g = a
+        .locks()
+        .unwrap()
+        .acquire_with("wd", LockOptions::new(ttl).watchdog(true))
+        .await
+        .unwrap();
+    let lost = g.lost();
+    tokio::pin!(lost);
+    set.masters()[2].stop();
+    sleep(Duration::from_secs(2)).await;
+    assert!(g.is_valid(), "the watchdog lost the lock with a quorum up");
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire("wd", ttl)
+            .await
+            .unwrap()
+            .is_none(),
+        "another client got the lock the watchdog keeps"
+    );
+    assert!(
+        timeout(Duration::from_millis(1), &mut lost).await.is_err(),
+        "lost fired with a quorum up"
+    );
+    set.masters()[2].start_again();
+    sleep(Duration::from_millis(1500)).await;
+    assert!(g.is_valid());
+    set.masters()[1].stop();
+    let t = Instant::now();
+    timeout(ttl * 3, &mut lost)
+        .await
+        .expect("lost fires once a majority no longer holds the claim");
+    assert!(!g.is_valid());
+    eprintln!("lost after {:?}", t.elapsed());
+    let g2 = b
+        .locks()
+        .unwrap()
+        .acquire("wd", ttl, ttl * 4)
+        .await
+        .expect("free for another client after the TTL");
+    g2.release().await.unwrap();
+    drop(g);
+}
+
+/// Acquire futures dropped mid-flight, again and again (tiny time limits):
+/// `Locks::acquire` promises that what a dropped attempt was granted is
+/// released in the background, so right after, another client takes the
+/// lock (its TTL, 30 s, is far away); and no live claim is left on any
+/// master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "defect (seen in 1 of 4 runs, so not in CI): a dropped Redlock acquire can leave \
+            its claim on one master for the whole TTL (30 s here) although Locks::acquire \
+            promises a background release; that master then refuses everyone else"]
+async fn dropped_acquires_leave_nothing_behind() {
+    let set = RedlockMasters::start(3);
+    let url = set.url();
+    let (a, b) = (client(&url).await, client(&url).await);
+    let locks = a.locks().unwrap();
+    let (mut granted, mut dropped) = (0, 0);
+    let mut left = Vec::new();
+    // Rounds of 100 dropped attempts, until a claim is left (or 1000).
+    for round in 0..10u64 {
+        for i in 0..100u64 {
+            let limit = Duration::from_micros((i * 37 + round * 11) % 2500);
+            match timeout(
+                limit,
+                locks.acquire("cancelled", Duration::from_secs(30), Duration::ZERO),
+            )
+            .await
+            {
+                Ok(Ok(g)) => {
+                    granted += 1;
+                    g.release().await.unwrap();
+                }
+                Ok(Err(_)) => {}
+                Err(_) => dropped += 1,
+            }
+        }
+        sleep(Duration::from_millis(200)).await;
+        left = set
+            .masters()
+            .iter()
+            .enumerate()
+            .map(|(i, m)| (i, live_claims(m, "cancelled")))
+            .filter(|(_, v)| !v.is_empty())
+            .collect();
+        if !left.is_empty() {
+            break;
+        }
+    }
+    let g = b
+        .locks()
+        .unwrap()
+        .try_acquire("cancelled", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty() && g.is_some(),
+        "after {dropped} dropped acquires ({granted} completed): another client got the \
+         lock: {}; live claims left (master, [(key, value, TTL ms)]): {left:?}",
+        g.is_some()
+    );
+}
+
+/// A `try_acquire` refused (the lock held by another client) leaves no
+/// claim of its own on any master; after the holder releases, no live
+/// claim is left at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_try_acquire_leaves_nothing_behind() {
+    let set = RedlockMasters::start(3);
+    let (a, b) = (client(&set.url()).await, client(&set.url()).await);
+    let g = a
+        .locks()
+        .unwrap()
+        .try_acquire("refused", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    for _ in 0..20 {
+        assert!(
+            b.locks()
+                .unwrap()
+                .try_acquire("refused", Duration::from_secs(10))
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    // One claim on each master, the same (the holder's, with its token):
+    // the refused attempts added none and changed none.
+    let claims: Vec<Vec<(String, String, i64)>> = set
+        .masters()
+        .iter()
+        .map(|m| live_claims(m, "refused"))
+        .collect();
+    for c in &claims {
+        let kv = |c: &Vec<(String, String, i64)>| -> Vec<(String, String)> {
+            c.iter().map(|(k, v, _)| (k.clone(), v.clone())).collect()
+        };
+        assert_eq!(kv(c), kv(&claims[0]), "{claims:?}");
+        assert_eq!(c.len(), 1, "{claims:?}");
+    }
+    g.release().await.unwrap();
+    sleep(Duration::from_millis(20)).await;
+    for (i, m) in set.masters().iter().enumerate() {
+        let claims = live_claims(m, "refused");
+        assert!(claims.is_empty(), "master {i}: {claims:?}");
+    }
+}
+
+/// Dropping every `Coord` handle closes every connection it opened to
+/// every master (no leaked connection or background task keeps one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_clients_close_their_connections() {
+    let set = RedlockMasters::start(3);
+    let before: Vec<i64> = set.masters().iter().map(connected_clients).collect();
+    {
+        let mut cs = Vec::new();
+        for _ in 0..3 {
+            cs.push(client(&set.url()).await);
+        }
+        for (i, c) in cs.iter().enumerate() {
+            let g = c
+                .locks()
+                .unwrap()
+                .acquire("leak", Duration::from_secs(5), Duration::from_secs(5))
+                .await
+                .unwrap();
+            let _ = c.fencing().unwrap().next("leak").await.unwrap();
+            let waiter = cs[(i + 1) % 3].locks().unwrap();
+            let w = tokio::spawn(async move {
+                waiter
+                    .acquire("leak", Duration::from_secs(5), Duration::from_secs(5))
+                    .await
+            });
+            sleep(Duration::from_millis(50)).await;
+            g.release().await.unwrap();
+            w.await.unwrap().unwrap().release().await.unwrap();
+        }
+        let during: Vec<i64> = set.masters().iter().map(connected_clients).collect();
+        eprintln!("connections before {before:?}, with 3 clients {during:?}");
+        assert!(during.iter().zip(&before).all(|(d, b)| d > b));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now: Vec<i64> = set.masters().iter().map(connected_clients).collect();
+        if now == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "5 s after dropping every client: {now:?} connections, {before:?} before"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A master that accepts TCP connections but never answers (a hung host)
+/// is tried again at most about once a second while clients keep calling,
+/// not in a busy loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_is_not_reconnected_in_a_busy_loop() {
+    let set = RedlockMasters::start(2);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hung = listener.local_addr().unwrap().port();
+    let accepts = Arc::new(AtomicUsize::new(0));
+    {
+        let accepts = accepts.clone();
+        std::thread::spawn(move || {
+            let mut keep = Vec::new();
+            for s in listener.incoming() {
+                accepts.fetch_add(1, Ordering::SeqCst);
+                keep.push(s);
+            }
+        });
+    }
+    let url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{hung}?timeout=200ms&connect_timeout=300ms",
+        set.masters()[0].port(),
+        set.masters()[1].port()
+    );
+    let c = client(&url).await;
+    let at_connect = accepts.load(Ordering::SeqCst);
+    let locks = c.locks().unwrap();
+    let t = Instant::now();
+    let mut ops = 0;
+    while t.elapsed() < Duration::from_secs(3) {
+        let g = locks
+            .acquire("hung", Duration::from_secs(2), Duration::from_secs(1))
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        ops += 1;
+    }
+    let n = accepts.load(Ordering::SeqCst) - at_connect;
+    eprintln!("{ops} lock cycles in 3 s; {at_connect} connections at connect, {n} after");
+    assert!(ops >= 20, "only {ops} lock cycles in 3 s");
+    assert!(n <= 8, "{n} connection attempts to the hung master in 3 s");
+}
+
+/// Awkward names work on Redlock as on one server (braces, unicode, the
+/// longest allowed), and are exclusive; too long or empty is refused
+/// before any I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn awkward_names() {
+    let set = RedlockMasters::start(3);
+    let (a, b) = (client(&set.url()).await, client(&set.url()).await);
+    let long = "é".repeat(256);
+    assert_eq!(long.len(), 512);
+    for name in [
+        "{brace}",
+        "}{",
+        "a{b}c{d}",
+        "ключ 🔒 ✓",
+        long.as_str(),
+        "*",
+        "coord:lock:x",
+    ] {
+        let g = a
+            .locks()
+            .unwrap()
+            .try_acquire(name, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name:?} not granted"));
+        assert!(
+            b.locks()
+                .unwrap()
+                .try_acquire(name, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none(),
+            "{name:?} granted twice"
+        );
+        let t = a.fencing().unwrap().next(name).await.unwrap();
+        assert!(t.get() > 0);
+        g.release().await.unwrap();
+        let g = b
+            .locks()
+            .unwrap()
+            .try_acquire(name, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name:?} not free after release"));
+        g.release().await.unwrap();
+    }
+    for bad in [String::new(), "x".repeat(513)] {
+        let e = a
+            .locks()
+            .unwrap()
+            .try_acquire(&bad, Duration::from_secs(5))
+            .await
+            .expect_err("a bad name");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+}
+
+/// A password with `%`, `@` and `:` (percent-encoded in the URL) works on
+/// every master and never shows in `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_with_special_characters() {
+    let pw = "p@ss%w0rd:x";
+    let enc = "p%40ss%25w0rd%3Ax";
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_password(pw))
+        .collect();
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    let url = format!("redlock://:{enc}@{}", hosts.join(","));
+    let c = client(&url).await;
+    let dbg = format!("{c:?}");
+    assert!(!dbg.contains(pw) && !dbg.contains(enc), "{dbg}");
+    let g = c
+        .locks()
+        .unwrap()
+        .try_acquire("pw", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// A wrong password is, as `RedlockBackend::connect` documents, an
+/// `Error::Config` at once (never retried), without the password; and so
+/// is one master that refuses the password the others take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: a wrong password on the Redlock masters is Error::Store (operation \
+            connect), not the Error::Config RedlockBackend::connect documents"]
+async fn a_wrong_password_is_a_config_error() {
+    let pw = "p@ss%w0rd:x";
+    let enc = "p%40ss%25w0rd%3Ax";
+    let masters: Vec<RedisServer> = (0..3)
+        .map(|_| RedisServer::start_with_password(pw))
+        .collect();
+    let hosts: Vec<String> = masters
+        .iter()
+        .map(|m| format!("127.0.0.1:{}", m.port()))
+        .collect();
+    let wrong = format!(
+        "redlock://:wr%40ng%25pw@{}?connect_timeout=2s",
+        hosts.join(",")
+    );
+    let t = Instant::now();
+    let e = coord_redis::connect(&wrong)
+        .await
+        .expect_err("a wrong password");
+    let m = e.to_string();
+    eprintln!("wrong password after {:?}: {m}", t.elapsed());
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    for secret in ["wr@ng%pw", "wr%40ng%25pw", pw, enc] {
+        assert!(!m.contains(secret), "{m}");
+        assert!(!format!("{e:?}").contains(secret), "{e:?}");
+    }
+    // One master with another password: still a configuration error.
+    let odd = RedisServer::start_with_password("other");
+    let mixed = format!(
+        "redlock://:{enc}@{},{},127.0.0.1:{}?connect_timeout=2s",
+        hosts[0],
+        hosts[1],
+        odd.port()
+    );
+    let e = coord_redis::connect(&mixed)
+        .await
+        .expect_err("a master refusing the password");
+    assert!(matches!(e, Error::Config(_)), "{e:?}");
+    assert!(
+        !e.to_string().contains(pw) && !e.to_string().contains(enc),
+        "{e}"
+    );
+}
+
+/// One master restarted without its data during a hold: the other two
+/// still hold the claim, so nobody else gets it (the docs: exclusion holds
+/// while fewer than a quorum lose their data). Two restarted: another
+/// client gets it while the first guard is still valid, as the docs warn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_restarted_without_their_data_during_a_hold() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let (a, b) = (client(&url).await, client(&url).await);
+    let ttl = Duration::from_secs(20);
+    let g = a
+        .locks()
+        .unwrap()
+        .try_acquire("restarted", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    set.masters()[0].restart();
+    sleep(Duration::from_millis(1200)).await;
+    for _ in 0..3 {
+        assert!(
+            b.locks()
+                .unwrap()
+                .try_acquire("restarted", ttl)
+                .await
+                .unwrap()
+                .is_none(),
+            "granted to another client with one master restarted"
+        );
+        sleep(Duration::from_millis(400)).await;
+    }
+    set.masters()[1].restart();
+    sleep(Duration::from_millis(1200)).await;
+    let mut g2 = None;
+    for _ in 0..5 {
+        g2 = b
+            .locks()
+            .unwrap()
+            .try_acquire("restarted", ttl)
+            .await
+            .unwrap();
+        if g2.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(400)).await;
+    }
+    let g2 = g2.expect("with a majority restarted empty, the lock is granted again");
+    // The documented price: both guards valid at once.
+    assert!(g.is_valid() && g2.is_valid());
+    // And the fencing token does not tell them apart the wrong way round.
+    assert!(g2.fencing_token() > g.fencing_token());
+}
+
+/// One server listed twice under two spellings (`127.0.0.1:P` and
+/// `localhost:P`) is accepted as two independent masters: that server then
+/// casts two votes: once it loses its data (one master of three, which
+/// the docs say exclusion survives), a client whose URL lists it twice gets
+/// a quorum from it alone while another client holds the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: the Redlock URL's 'listed twice' check compares host strings, so \
+            127.0.0.1:P and localhost:P are taken as two masters; one server then casts \
+            two votes and two clients hold the lock at once"]
+async fn one_server_listed_twice_under_two_spellings() {
+    let set = RedlockMasters::start(3);
+    let p: Vec<u16> = set.masters().iter().map(|m| m.port()).collect();
+    let twice = format!(
+        "redlock://127.0.0.1:{0},localhost:{0},127.0.0.1:{1}",
+        p[0], p[1]
+    );
+    let right = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        p[0], p[1], p[2]
+    );
+    let a = match coord_redis::connect(&twice).await {
+        Ok(c) => c,
+        Err(e) => {
+            // The fix: refused as listed twice.
+            assert!(matches!(e, Error::Config(_)), "{e:?}");
+            return;
+        }
+    };
+    let b = client(&right).await;
+    let gb = b
+        .locks()
+        .unwrap()
+        .try_acquire("twice", Duration::from_secs(20))
+        .await
+        .unwrap()
+        .expect("b granted by the three masters");
+    // One master loses its data (within what the docs say exclusion
+    // survives: fewer than a quorum).
+    set.masters()[0].restart();
+    sleep(Duration::from_millis(1500)).await;
+    // Its first call may meet the connection the restart broke.
+    let mut ga = None;
+    for _ in 0..5 {
+        match a
+            .locks()
+            .unwrap()
+            .try_acquire("twice", Duration::from_secs(10))
+            .await
+        {
+            Ok(g) => {
+                ga = g;
+                break;
+            }
+            Err(e) if e.is_retryable() => sleep(Duration::from_millis(300)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        ga.is_none() || !gb.is_valid(),
+        "two valid holders: a (one server counted twice) and b"
+    );
+}
