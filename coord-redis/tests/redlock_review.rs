@@ -379,8 +379,8 @@ async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
 /// lock (its TTL, 30 s, is far away); and no live claim is left on any
 /// master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "defect (seen in 1 of 4 runs, so not in CI): a dropped Redlock acquire can leave \
-            its claim on one master for the whole TTL (30 s here) although Locks::acquire \
+#[ignore = "defect (seen in most runs, not all): a dropped Redlock acquire can leave its \
+            claim on one master for the whole TTL (30 s here) although Locks::acquire \
             promises a background release; that master then refuses everyone else"]
 async fn dropped_acquires_leave_nothing_behind() {
     let set = RedlockMasters::start(3);
@@ -526,27 +526,33 @@ async fn dropped_clients_close_their_connections() {
     }
 }
 
-/// A master that accepts TCP connections but never answers (a hung host)
-/// is tried again at most about once a second while clients keep calling,
-/// not in a busy loop.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hung_master_is_not_reconnected_in_a_busy_loop() {
-    let set = RedlockMasters::start(2);
+/// A fake master on a free port counting the connections made to it:
+/// with `hold`, it keeps each one open and never answers (a hung host);
+/// otherwise it closes each at once (a host whose server is gone).
+fn fake_master(hold: bool) -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let hung = listener.local_addr().unwrap().port();
+    let port = listener.local_addr().unwrap().port();
     let accepts = Arc::new(AtomicUsize::new(0));
-    {
-        let accepts = accepts.clone();
-        std::thread::spawn(move || {
-            let mut keep = Vec::new();
-            for s in listener.incoming() {
-                accepts.fetch_add(1, Ordering::SeqCst);
+    let counted = accepts.clone();
+    std::thread::spawn(move || {
+        let mut keep = Vec::new();
+        for s in listener.incoming() {
+            counted.fetch_add(1, Ordering::SeqCst);
+            if hold {
                 keep.push(s);
             }
-        });
-    }
+        }
+    });
+    (port, accepts)
+}
+
+/// Lock cycles for 3 s with two real masters and a fake third one; the
+/// connection attempts to the fake one after connect.
+async fn cycles_with_a_fake_master(hold: bool) -> usize {
+    let set = RedlockMasters::start(2);
+    let (fake, accepts) = fake_master(hold);
     let url = format!(
-        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{hung}?timeout=200ms&connect_timeout=300ms",
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{fake}?timeout=200ms&connect_timeout=300ms",
         set.masters()[0].port(),
         set.masters()[1].port()
     );
@@ -557,16 +563,37 @@ async fn a_hung_master_is_not_reconnected_in_a_busy_loop() {
     let mut ops = 0;
     while t.elapsed() < Duration::from_secs(3) {
         let g = locks
-            .acquire("hung", Duration::from_secs(2), Duration::from_secs(1))
+            .acquire("fake", Duration::from_secs(2), Duration::from_secs(1))
             .await
             .unwrap();
         g.release().await.unwrap();
         ops += 1;
     }
     let n = accepts.load(Ordering::SeqCst) - at_connect;
-    eprintln!("{ops} lock cycles in 3 s; {at_connect} connections at connect, {n} after");
+    eprintln!(
+        "hold {hold}: {ops} lock cycles in 3 s; {at_connect} connections at connect, {n} after"
+    );
     assert!(ops >= 20, "only {ops} lock cycles in 3 s");
+    n
+}
+
+/// A master that accepts TCP connections but never answers (a hung host)
+/// is tried again at most about once a second while clients keep calling,
+/// not in a busy loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_is_not_reconnected_in_a_busy_loop() {
+    let n = cycles_with_a_fake_master(true).await;
     assert!(n <= 8, "{n} connection attempts to the hung master in 3 s");
+}
+
+/// The same for a master that closes every connection at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closing_master_is_not_reconnected_in_a_busy_loop() {
+    let n = cycles_with_a_fake_master(false).await;
+    assert!(
+        n <= 8,
+        "{n} connection attempts to the closing master in 3 s"
+    );
 }
 
 /// Awkward names work on Redlock as on one server (braces, unicode, the
@@ -987,7 +1014,8 @@ async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
 /// the two broken connections fail (not retried on a new connection),
 /// `quorum_release` counts the one master that released as success, and
 /// the claim stays on a majority for the rest of its TTL (20 s here):
-/// another client times out.
+/// another client times out. (On one Redis server the same blip makes
+/// `release` return `Err(Unavailable { .. "broken pipe" })`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "defect: after a connection blip to 2 of 3 masters, Guard::release returns Ok(()) \
             having released on 1 master only (the broken connections' calls fail, not \
@@ -1005,8 +1033,9 @@ async fn release_after_a_connection_blip_frees_the_lock() {
         .unwrap();
     set.proxy(0).reset();
     set.proxy(1).reset();
-    sleep(Duration::from_millis(300)).await;
+    sleep(Duration::from_millis(50)).await;
     let released = g.release().await;
+    eprintln!("release after the blip: {released:?}");
     let left: Vec<_> = set
         .masters()
         .iter()
@@ -1053,4 +1082,31 @@ async fn watchdog_survives_a_connection_blip() {
         );
     }
     g.release().await.unwrap();
+}
+
+/// `RedlockBackend::connect` says it returns "once a quorum of them is
+/// connected"; with one master frozen (SIGSTOP: TCP accepts, nothing
+/// answers) it waits the frozen master's whole connect timeout instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect (docs): with one of three masters frozen, connect waits the whole \
+            connect_timeout (2 s here) although two masters connected at once"]
+async fn connect_returns_once_a_quorum_is_connected() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=500ms&connect_timeout=2s", set.url());
+    let frozen = Frozen::pause(&set.masters()[2]);
+    let t = Instant::now();
+    let c = client(&url).await;
+    let took = t.elapsed();
+    let g = c
+        .locks()
+        .unwrap()
+        .try_acquire("connect-frozen", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(g.is_some());
+    drop(frozen);
+    assert!(
+        took < Duration::from_millis(1000),
+        "connect took {took:?} with two of three masters up at once"
+    );
 }
