@@ -1007,20 +1007,20 @@ async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
     assert!(after > fence, "{fence} then {after}");
 }
 
-/// The connections of the holder to two of the three masters are closed
-/// (a network blip, a proxy or load balancer restarting; the servers keep
-/// their data) and then the holder releases. `Guard::release` returns
-/// `Ok(())`, so the lock must be free: seen instead, the release's calls on
-/// the two broken connections fail (not retried on a new connection),
-/// `quorum_release` counts the one master that released as success, and
-/// the claim stays on a majority for the rest of its TTL (20 s here):
-/// another client times out. (On one Redis server the same blip makes
-/// `release` return `Err(Unavailable { .. "broken pipe" })`.)
+/// The holder is cut off from two of the three masters (their traffic
+/// dropped for the call timeout) while it releases, then the network
+/// heals. `Guard::release` returns `Ok(())`, so the lock should be free:
+/// seen instead, `quorum_release` counts the one master that released as
+/// success, and the claim stays on a majority for the rest of its TTL (20 s
+/// here): another client times out. (On one Redis server a release whose
+/// connection broke returns `Err(Unavailable { .. "broken pipe" })`; a
+/// connection reset of two masters' connections just before the release
+/// gives the same `Ok(())` with the claim left, in most runs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: after a connection blip to 2 of 3 masters, Guard::release returns Ok(()) \
-            having released on 1 master only (the broken connections' calls fail, not \
-            retried); the claim stays on a majority for its whole TTL"]
-async fn release_after_a_connection_blip_frees_the_lock() {
+#[ignore = "defect: a release that reached 1 of 3 masters returns Ok(()) (quorum_release: \
+            'true if any master released'); the claim stays on a majority for its whole TTL \
+            and nobody is told"]
+async fn release_that_reached_one_master_is_not_ok() {
     let set = RedlockMasters::start_behind_proxies(3);
     let url = format!("{}?timeout=500ms&connect_timeout=1s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
@@ -1031,11 +1031,14 @@ async fn release_after_a_connection_blip_frees_the_lock() {
         .await
         .unwrap()
         .unwrap();
-    set.proxy(0).reset();
-    set.proxy(1).reset();
-    sleep(Duration::from_millis(50)).await;
+    // Cut off from two masters while it releases (the bytes are lost),
+    // then the network heals.
+    set.proxy(0).blackhole();
+    set.proxy(1).blackhole();
     let released = g.release().await;
-    eprintln!("release after the blip: {released:?}");
+    eprintln!("release while cut off: {released:?}");
+    set.proxy(0).heal();
+    set.proxy(1).heal();
     let left: Vec<_> = set
         .masters()
         .iter()
