@@ -16,7 +16,7 @@ pub enum Kind {
     Lock,
     /// A lease: its holder.
     Lease,
-    /// An election: its leader and term.
+    /// An election: its leader, term, owner id and remaining time.
     Election,
     /// A semaphore: every grant and its permits.
     Semaphore,
@@ -67,10 +67,7 @@ pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Resul
         Kind::Lock => claim(coord.locks()?.inspect(name).await?),
         Kind::Lease => claim(coord.leases()?.inspect(name).await?),
         Kind::Semaphore => claim(coord.semaphores()?.inspect(name).await?),
-        Kind::Election => match coord.elections()?.leader(name).await? {
-            Some(l) => json!({"leader": l.candidate, "term": l.term.0}),
-            None => json!({"leader": null}),
-        },
+        Kind::Election => election(coord, name).await?,
         Kind::Queue => {
             let q = coord.queues()?;
             let s = q.stats(name).await?;
@@ -91,6 +88,32 @@ pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Resul
         print!("{}", plain(kind, &out));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An election's leader: candidate, term, owner id and remaining time
+/// from `Elections::inspect`; on a store that cannot inspect elections,
+/// the candidate and term alone (`owner_id` and `remaining_ms` null).
+async fn election(coord: &Coord, name: &str) -> Result<Value, Error> {
+    let e = coord.elections()?;
+    Ok(match e.inspect(name).await {
+        Ok(Some(l)) => json!({
+            "leader": l.candidate,
+            "term": l.term.0,
+            "owner_id": l.owner_id,
+            "remaining_ms": l.remaining.map(|r| r.as_millis() as u64),
+        }),
+        Ok(None) => json!({"leader": null, "term": null, "owner_id": null, "remaining_ms": null}),
+        Err(Error::Unsupported { .. }) => match e.leader(name).await? {
+            Some(l) => json!({
+                "leader": l.candidate,
+                "term": l.term.0,
+                "owner_id": null,
+                "remaining_ms": null,
+            }),
+            None => json!({"leader": null, "term": null, "owner_id": null, "remaining_ms": null}),
+        },
+        Err(err) => return Err(err),
+    })
 }
 
 fn claim(info: ClaimInfo) -> Value {
@@ -128,7 +151,18 @@ fn plain(kind: Kind, v: &Value) -> String {
     let mut s = String::new();
     match kind {
         Kind::Election => match v["leader"].as_str() {
-            Some(l) => s.push_str(&format!("leader {l} (term {})\n", v["term"])),
+            Some(l) => {
+                s.push_str(&format!("leader {l}  term {}", v["term"]));
+                if let Some(o) = v["owner_id"].as_str() {
+                    s.push_str(&format!("  owner {o}"));
+                }
+                s.push_str(&format!(
+                    "  remaining {}\n",
+                    v["remaining_ms"]
+                        .as_u64()
+                        .map_or("?".to_string(), |ms| format!("{ms} ms"))
+                ));
+            }
             None => s.push_str("no leader\n"),
         },
         Kind::Queue => {

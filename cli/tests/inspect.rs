@@ -86,7 +86,8 @@ async fn inspect_shows_the_holder_of_a_cli_lock_with_its_metadata() {
 }
 
 /// Semaphore grants (each with its permits), a lease, an election's leader
-/// and a queue's counts, as library clients left them.
+/// (candidate, term, owner id, remaining time) and a queue's counts, as
+/// library clients left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_semaphores_leases_elections_and_queues() {
     for url in stores() {
@@ -138,7 +139,27 @@ async fn inspect_semaphores_leases_elections_and_queues() {
             (&json!("alpha"), &json!(leader.term().0)),
             "{url}: {v}"
         );
+        // The leader's owner id (its fingerprint, never the owner token)
+        // and its remaining time, which every store here can tell.
+        assert_eq!(v["owner_id"], leader.owner_id(), "{url}: {v}");
+        let left = v["remaining_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{url}: {v}"));
+        assert!(left <= 20_000 && left > 10_000, "{url}: {v}");
+        let text =
+            String::from_utf8_lossy(&run(&url, &["inspect", "election", &election]).await.stdout)
+                .into_owned();
+        assert!(
+            text.contains("leader alpha")
+                && text.contains(&format!("term {}", leader.term().0))
+                && text.contains(&format!("owner {}", leader.owner_id()))
+                && text.contains("remaining "),
+            "{url}: {text}"
+        );
         leader.resign().await.unwrap();
+        let v = inspect(&url, "election", &election).await;
+        assert_eq!(v["leader"], Value::Null, "{url}: {v}");
+        assert_eq!(v["owner_id"], Value::Null, "{url}: {v}");
 
         let queue = unique("queue");
         let q = c.queues().unwrap();

@@ -174,6 +174,7 @@ pub const CASES: &[&str] = &[
     "inspect_lock_shows_the_holder_and_its_metadata",
     "inspect_semaphore_lists_each_grant",
     "inspect_lease_shows_the_holder",
+    "inspect_election_shows_the_leader_and_its_grant",
     "inspect_oversized_metadata_is_rejected_and_writes_nothing",
     "inspect_refused_attempt_names_the_holder",
 ];
@@ -272,6 +273,7 @@ macro_rules! suite {
             inspect_lock_shows_the_holder_and_its_metadata,
             inspect_semaphore_lists_each_grant,
             inspect_lease_shows_the_holder,
+            inspect_election_shows_the_leader_and_its_grant,
             inspect_oversized_metadata_is_rejected_and_writes_nothing,
             inspect_refused_attempt_names_the_holder,
         );

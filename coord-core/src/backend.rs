@@ -348,6 +348,13 @@ pub trait Election: Send + Sync + 'static {
     /// The live leader and its term, if any.
     async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>>;
 
+    /// The live leader with its grant as the store records it (owner
+    /// token, term, remaining time where the store can tell), if any. The
+    /// default is [`Error::Unsupported`].
+    async fn inspect(&self, _name: &str) -> Result<Option<crate::inspect::LeaderRecord>> {
+        Err(unsupported(self.capabilities(), "election inspect"))
+    }
+
     /// Register for wake-ups on any change of leadership of `name`. The
     /// default never wakes: waiting then relies on polling alone.
     async fn subscribe(&self, _name: &str) -> Result<Waiter> {

@@ -141,6 +141,26 @@ impl Elections {
         )
     }
 
+    /// The live leader of `name` as the store records it: its candidate,
+    /// term, the owner id of its grant (a fingerprint, never the owner
+    /// token) and its remaining time where the store can tell; `None` if
+    /// the office is vacant. Cost: one round trip (etcd: two, the second
+    /// for the remaining time of the grant's lease, in whole seconds).
+    /// Errors: [`Error::Unsupported`] where the backend does not inspect
+    /// elections ([`leader`](Self::leader) still answers there).
+    pub async fn inspect(&self, name: &str) -> Result<Option<crate::LeaderDetails>> {
+        validate::name("name", name)?;
+        let store = self.backend.capabilities().backend;
+        let record = op!(
+            "coord.election.inspect",
+            store,
+            name,
+            self.backend.inspect(name),
+            |r: &Option<crate::LeaderRecord>| if r.is_some() { "leader" } else { "vacant" }
+        )?;
+        Ok(record.map(crate::inspect::leader))
+    }
+
     /// A stream of leadership changes of `name`: first the current state,
     /// then every change it sees, in order; terms never go back, and a
     /// term it has seen end is never shown again, even by a stale read

@@ -80,6 +80,59 @@ pub struct ClaimInfo {
     pub waiters: Option<u64>,
 }
 
+/// A live leader as the store records it: what a backend's election
+/// `inspect` returns. The core turns it into a [`LeaderDetails`] (the
+/// owner token becomes a fingerprint).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderRecord {
+    /// The candidate's identity, as it campaigned.
+    pub candidate: String,
+    /// The leadership's grant: its owner token, its fencing token (the
+    /// term) and its remaining time where the store can tell. Elections
+    /// store no holder metadata (`None`); `permits` is 1.
+    pub holder: HolderRecord,
+}
+
+/// The live leader of an election as
+/// [`Elections::inspect`](crate::Elections::inspect) shows it: who, which
+/// term, the owner id of its grant and how much time it has left.
+///
+/// No store tells how many candidates wait: they campaign by polling and
+/// wake-ups and leave nothing behind while they wait.
+///
+/// ```
+/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+/// match coord.elections()?.inspect("scheduler").await? {
+///     Some(l) => println!("{} leads (term {}, owner {}, {:?} left)",
+///         l.candidate, l.term, l.owner_id, l.remaining),
+///     None => println!("no leader"),
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderDetails {
+    /// The candidate's identity, as it campaigned.
+    pub candidate: String,
+    /// The term: the leadership's fencing token.
+    pub term: FencingToken,
+    /// A fingerprint of the leadership's owner token (16 hex digits):
+    /// compare it with [`Guard::owner_id`](crate::Guard::owner_id) of a
+    /// [`Leadership`](crate::Leadership). It cannot renew or resign it.
+    pub owner_id: String,
+    /// Its remaining time as the store sees it, where the store can tell.
+    pub remaining: Option<Duration>,
+}
+
+/// Turn a backend's leader record into what users see.
+pub(crate) fn leader(record: LeaderRecord) -> LeaderDetails {
+    LeaderDetails {
+        candidate: record.candidate,
+        term: record.holder.token,
+        owner_id: owner_id(&record.holder.owner),
+        remaining: record.holder.remaining,
+    }
+}
+
 /// The fingerprint shown for an owner token: FNV-1a 64 over its bytes, as
 /// 16 hex digits. It identifies a holder without revealing its token.
 ///

@@ -55,7 +55,9 @@ pub use coord::{Coord, CoordBuilder, Settings};
 pub use election::{Elections, Leadership};
 pub use error::{Error, Result};
 pub use fencing::{FencedRegister, Fencing};
-pub use inspect::{Acquired, ClaimInfo, ClaimRecord, Holder, HolderRecord};
+pub use inspect::{
+    Acquired, ClaimInfo, ClaimRecord, Holder, HolderRecord, LeaderDetails, LeaderRecord,
+};
 pub use lease::Leases;
 pub use limiter::RateLimiter;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use coord_core::inspect::{ClaimRecord, HolderRecord};
+use coord_core::inspect::{ClaimRecord, HolderRecord, LeaderRecord};
 use coord_core::util::Kind;
 use coord_core::{FencingToken, OwnerToken, Result};
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
@@ -89,6 +89,25 @@ impl Shared {
             holders,
             waiters: Some(count.saturating_sub(1)),
         })
+    }
+
+    /// An election's leader: the first key of its queue (candidates do
+    /// not queue keys while they wait, so no waiters are counted), its
+    /// owner from the key, its candidate from the value, its remaining
+    /// time from its lease.
+    pub(crate) async fn election_inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
+        let op = "election inspect";
+        let queue = self.keys.queue(Kind::Election, name);
+        let Some(head) = self.head(Kind::Election, name, op).await? else {
+            return Ok(None);
+        };
+        let hex = head.key().get(queue.len()..).unwrap_or_default();
+        let owner = owner_of(hex, op, "election key")?;
+        let candidate = String::from_utf8_lossy(head.value()).into_owned();
+        Ok(self
+            .holder(&head, owner, None, 1, op)
+            .await
+            .map(|holder| LeaderRecord { candidate, holder }))
     }
 
     /// A named lease's holder: one read of its key.

@@ -91,7 +91,9 @@
 //!   count of the keys behind it as `waiters`; a semaphore: its grants,
 //!   and its waiters counted) plus a `LeaseTimeToLive` per holder (at most
 //!   32 for a semaphore) for the remaining time etcd reports; the fencing
-//!   token shown is the key's create revision.
+//!   token shown is the key's create revision. An election's `inspect`
+//!   reads its leader key the same way (no waiters: candidates queue no
+//!   keys).
 //! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
 //!   no leader key exists; the term is its create revision; watchers of the
 //!   prefix wake every local candidate and observer.
@@ -318,6 +320,10 @@ impl coord_core::Election for EtcdBackend {
                 candidate: String::from_utf8_lossy(kv.value()).into_owned(),
                 term: FencingToken(kv.create_revision() as u64),
             }))
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<coord_core::inspect::LeaderRecord>> {
+        self.shared.election_inspect(name).await
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {

@@ -44,8 +44,8 @@ use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Algorithm, Arrival, Attempt, Capabilities, ClaimRecord, Coord, Decision, Error,
-    FencingDurability, FencingToken, HolderRecord, LeaderInfo, OwnerToken, PermitRequest, Quota,
-    Result, async_trait,
+    FencingDurability, FencingToken, HolderRecord, LeaderInfo, LeaderRecord, OwnerToken,
+    PermitRequest, Quota, Result, async_trait,
 };
 use tokio::time::Instant;
 
@@ -622,6 +622,24 @@ impl coord_core::Election for MemoryBackend {
             Some(Some(l)) if l.expires > now => Some(LeaderInfo {
                 candidate: l.candidate.clone(),
                 term: FencingToken(l.term),
+            }),
+            _ => None,
+        })
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
+        let now = Instant::now();
+        let shard = self.elections.shard(name);
+        Ok(match shard.map.get(name) {
+            Some(Some(l)) if l.expires > now => Some(LeaderRecord {
+                candidate: l.candidate.clone(),
+                holder: HolderRecord {
+                    owner: l.owner,
+                    token: FencingToken(l.term),
+                    remaining: Some(l.expires - now),
+                    metadata: None,
+                    permits: 1,
+                },
             }),
             _ => None,
         })

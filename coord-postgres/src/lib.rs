@@ -150,7 +150,7 @@
 //! |---|---|
 //! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: the same, the metadata stored by the statement that makes a new grant; `inspect`: one `SELECT` |
 //! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`, `inspect`: one `SELECT` each |
-//! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT` |
+//! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT`; `inspect`: one `SELECT` of the candidate, owner, term and remaining time |
 //! | [`FencingSource`](coord_core::FencingSource) | `SELECT fencing_next()` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |

@@ -21,6 +21,7 @@ pub(crate) struct Sql {
     pub(crate) claim_remaining: String,
     pub(crate) claim_inspect: String,
     pub(crate) leader: String,
+    pub(crate) leader_inspect: String,
     pub(crate) fencing_next: String,
     pub(crate) barrier_arrive: String,
     pub(crate) barrier_is_complete: String,
@@ -138,6 +139,16 @@ impl Sql {
                 "SELECT c.candidate, c.fencing FROM {s}.claims c \
                   WHERE c.kind = 'election' AND c.name = $1::text AND c.owner IS NOT NULL \
                     AND c.expires_at > clock_timestamp()"
+            ),
+            // $1 name. The live leader (no row, or one): candidate,
+            // owner, term, remaining µs. Read only.
+            leader_inspect: format!(
+                "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
+                 SELECT c.candidate, c.owner, c.fencing, \
+                        (extract(epoch FROM (c.expires_at - n.t)) * 1000000)::int8 \
+                   FROM {s}.claims c, n \
+                  WHERE c.kind = 'election' AND c.name = $1::text AND c.owner IS NOT NULL \
+                    AND c.expires_at > n.t"
             ),
             fencing_next: format!("SELECT {s}.fencing_next()"),
             // $1 name, $2 parties, $3 participant, $4 channel.

@@ -408,6 +408,14 @@ end
 return 0
 "#;
 
+/// The live leader as `inspect` shows it: `{}` when vacant, else
+/// `{owner, candidate, term, pttl}`. KEYS: election hash. Read only.
+const ELECTION_INSPECT: &str = r#"
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'candidate', 'term')
+if not cur[1] then return {} end
+return {cur[1], cur[2] or '', cur[3] or '', redis.call('PTTL', KEYS[1])}
+"#;
+
 /// Resign: keep only the term, on the rest of the TTL, so the next term
 /// rises above it even within the same µs. KEYS: election hash.
 /// ARGV: owner, channel, payload.
@@ -594,6 +602,7 @@ pub(crate) struct Scripts {
     pub campaign: Script,
     pub election_renew: Script,
     pub resign: Script,
+    pub election_inspect: Script,
     pub arrive: Script,
     pub withdraw: Script,
     pub is_complete: Script,
@@ -647,6 +656,7 @@ impl Scripts {
             campaign: mk(&[NOW, NEXT_TOKEN, CAMPAIGN]),
             election_renew: mk(&[ELECTION_RENEW]),
             resign: mk(&[RESIGN]),
+            election_inspect: mk(&[ELECTION_INSPECT]),
             arrive: mk(&[ARRIVE]),
             withdraw: mk(&[WITHDRAW]),
             is_complete: mk(&[IS_COMPLETE]),

@@ -20,7 +20,7 @@ pub const INSPECT_GATE: &str =
 
 /// `Some(info)`, or `None` (the reason on stderr) when the store does not
 /// inspect yet. Any other error fails the case.
-fn gated(r: Result<ClaimInfo>) -> Option<ClaimInfo> {
+fn gated<T>(r: Result<T>) -> Option<T> {
     match r {
         Ok(i) => Some(i),
         Err(e @ Error::Unsupported { .. }) => {
@@ -155,6 +155,58 @@ pub async fn inspect_lease_shows_the_holder(f: &Factory) {
     assert_eq!(info.holders[0].fencing_token, lease.fencing_token());
     lease.revoke().await.unwrap();
     assert!(lb.inspect(&name).await.unwrap().holders.is_empty());
+}
+
+/// An election's leader as another client's `inspect` shows it: the
+/// candidate, the term, the leadership's owner id (never its owner token)
+/// and a remaining time within the TTL where the store can tell; renewing
+/// moves the remaining time but not the term; a vacant office (never held,
+/// or resigned) shows no leader. `leader()` agrees.
+pub async fn inspect_election_shows_the_leader_and_its_grant(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let Some(ea) = crate::cases::offered(a.elections()) else {
+        return;
+    };
+    let eb = b.elections().unwrap();
+    let name = unique("inspect-elect");
+    let Some(vacant) = gated(eb.inspect(&name).await) else {
+        return;
+    };
+    assert_eq!(vacant, None, "a never-held election has a leader");
+    let ttl = Duration::from_secs(20);
+    let leadership = ea.campaign(&name, "node-a", ttl, LONG).await.unwrap();
+    let l = eb.inspect(&name).await.unwrap().expect("a leader");
+    assert_eq!(l.candidate, "node-a");
+    assert_eq!(l.term, leadership.term());
+    assert_eq!(l.owner_id, leadership.owner_id());
+    assert_eq!(l.owner_id.len(), 16, "{l:?}");
+    if let Some(r) = l.remaining {
+        assert!(
+            r <= ttl && r > ttl / 2,
+            "remaining {r:?} of a {ttl:?} leadership"
+        );
+    }
+    let seen = eb.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!((seen.candidate.as_str(), seen.term), ("node-a", l.term));
+
+    // A renewal to a longer TTL: the same term and owner, more time left.
+    let long = Duration::from_secs(60);
+    leadership.extend(long).await.unwrap();
+    let renewed = eb.inspect(&name).await.unwrap().expect("a leader");
+    assert_eq!((renewed.term, &renewed.owner_id), (l.term, &l.owner_id));
+    if let Some(r) = renewed.remaining {
+        assert!(
+            r <= long && r > ttl,
+            "remaining {r:?} after a renewal to {long:?}"
+        );
+    }
+
+    leadership.resign().await.unwrap();
+    assert_eq!(
+        eb.inspect(&name).await.unwrap(),
+        None,
+        "resigned, still shown"
+    );
 }
 
 /// Metadata over 1 KiB as JSON is `InvalidArgument { metadata }` before

@@ -2,13 +2,14 @@
 
 use std::time::Duration;
 
+use coord_core::inspect::{HolderRecord, LeaderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, Election, LeaderInfo, OwnerToken, Result, async_trait};
 use tokio_postgres::types::Type;
 
-use super::claims::KIND_ELECTION;
+use super::claims::{KIND_ELECTION, owner_token};
 use super::errors::map_pg;
-use super::{PostgresBackend, token};
+use super::{PostgresBackend, from_micros, token};
 
 #[async_trait]
 impl Election for PostgresBackend {
@@ -62,6 +63,31 @@ impl Election for PostgresBackend {
                 }))
             }
         }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
+        let op = "election inspect";
+        let name = name.to_string();
+        let rows = self
+            .query(op, &self.sql.leader_inspect, &[(&name, Type::TEXT)])
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(None);
+        };
+        let candidate: Option<String> = r.try_get(0).map_err(|e| map_pg(op, e))?;
+        let owner: Vec<u8> = r.try_get(1).map_err(|e| map_pg(op, e))?;
+        let term: i64 = r.try_get(2).map_err(|e| map_pg(op, e))?;
+        let us: i64 = r.try_get(3).map_err(|e| map_pg(op, e))?;
+        Ok(Some(LeaderRecord {
+            candidate: candidate.unwrap_or_default(),
+            holder: HolderRecord {
+                owner: owner_token(op, &owner)?,
+                token: token(term),
+                remaining: Some(from_micros(us)),
+                metadata: None,
+                permits: 1,
+            },
+        }))
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use coord_core::inspect::{HolderRecord, LeaderRecord};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -94,6 +95,48 @@ impl coord_core::Election for RedisBackend {
             }
             _ => Ok(None),
         }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
+        let op = "election inspect";
+        let keys = self.keys.election(name);
+        let v = self
+            .eval(op, &self.scripts.election_inspect, &[&keys[0]], &[])
+            .await?;
+        let Value::Array(items) = &v else {
+            return Err(unexpected(op, &v));
+        };
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let text = |i: usize| match items.get(i) {
+            Some(Value::BulkString(b)) => Some(b.as_slice()),
+            _ => None,
+        };
+        let owner = text(0)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .and_then(OwnerToken::from_hex)
+            .ok_or_else(|| unexpected(op, &v))?;
+        let candidate = text(1).ok_or_else(|| unexpected(op, &v))?;
+        let term = items
+            .get(2)
+            .and_then(int)
+            .ok_or_else(|| unexpected(op, &v))?;
+        let pttl = items
+            .get(3)
+            .and_then(int)
+            .ok_or_else(|| unexpected(op, &v))?;
+        Ok(Some(LeaderRecord {
+            candidate: String::from_utf8_lossy(candidate).into_owned(),
+            holder: HolderRecord {
+                owner,
+                token: FencingToken(term as u64),
+                // -1: no expiry (never written so by coord); -2: gone.
+                remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+                metadata: None,
+                permits: 1,
+            },
+        }))
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {
