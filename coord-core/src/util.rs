@@ -93,35 +93,117 @@ impl fmt::Display for Secret {
 
 /// Remove any password from a text that may contain a URL of the form
 /// `scheme://user:password@host` (for error messages from client
-/// libraries that echo their connection string).
+/// libraries that echo their connection string), including a URL carried
+/// percent-encoded in a query value, as PostgreSQL's `listen_url` is
+/// (`postgres%3A%2F%2Fu%3Asecret%40h%2Fdb`, escapes in either case, or
+/// partly encoded): its password is replaced in place, the rest kept as
+/// written.
+///
+/// ```
+/// use coord_core::util::redact_url_passwords;
+/// assert_eq!(
+///     redact_url_passwords("redis://u:hunter2@h/0"),
+///     "redis://u:<redacted>@h/0"
+/// );
+/// assert_eq!(
+///     redact_url_passwords("?listen_url=postgres%3A%2F%2Fu%3Ahunter2%40h%2Fdb"),
+///     "?listen_url=postgres%3A%2F%2Fu%3A<redacted>%40h%2Fdb"
+/// );
+/// ```
 pub fn redact_url_passwords(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(pos) = rest.find("://") {
-        let (head, tail) = rest.split_at(pos + 3);
+    while let Some((pos, len, encoded)) = next_scheme_separator(rest) {
+        let (head, tail) = rest.split_at(pos + len);
         out.push_str(head);
-        // userinfo ends at the first '@' before any '/', whitespace or end.
-        let end = tail
-            .find(|c: char| c == '/' || c.is_whitespace())
-            .unwrap_or(tail.len());
+        // userinfo ends at the last '@' before the end of the authority:
+        // any '/', whitespace or the end; for an encoded URL also its
+        // encoded '/', '?' or '#' and what ends a query value or a quote.
+        let end = authority_end(tail, encoded);
         let authority = &tail[..end];
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
-            match userinfo.find(':') {
-                Some(colon) => {
-                    out.push_str(&userinfo[..colon]);
-                    out.push_str(":<redacted>");
+        let at = last_of(authority, b"@", encoded.then_some(b"%40"));
+        match at {
+            Some(at) => {
+                let userinfo = &authority[..at];
+                match first_of(userinfo, b":", encoded.then_some(b"%3a")) {
+                    Some((colon, colon_len)) => {
+                        out.push_str(&userinfo[..colon + colon_len]);
+                        out.push_str("<redacted>");
+                    }
+                    None => out.push_str(userinfo),
                 }
-                None => out.push_str(userinfo),
+                out.push_str(&authority[at..]);
             }
-            out.push_str(&authority[at..]);
-        } else {
-            out.push_str(authority);
+            None => out.push_str(authority),
         }
         rest = &tail[end..];
     }
     out.push_str(rest);
     out
+}
+
+/// Whether `s[i..]` starts with `pat` (ASCII, any case).
+fn starts_at(s: &[u8], i: usize, pat: &[u8]) -> bool {
+    s.get(i..i + pat.len())
+        .is_some_and(|w| w.eq_ignore_ascii_case(pat))
+}
+
+/// The first `://` in `s`, each of its three characters raw or
+/// percent-encoded (`%3A`, `%2F`): its position, length and whether any
+/// of it was encoded.
+fn next_scheme_separator(s: &str) -> Option<(usize, usize, bool)> {
+    let b = s.as_bytes();
+    let piece = |i: usize, raw: u8, enc: &[u8]| {
+        if b.get(i) == Some(&raw) {
+            Some((1, false))
+        } else if starts_at(b, i, enc) {
+            Some((enc.len(), true))
+        } else {
+            None
+        }
+    };
+    (0..b.len()).find_map(|i| {
+        let (l1, e1) = piece(i, b':', b"%3a")?;
+        let (l2, e2) = piece(i + l1, b'/', b"%2f")?;
+        let (l3, e3) = piece(i + l1 + l2, b'/', b"%2f")?;
+        Some((i, l1 + l2 + l3, e1 || e2 || e3))
+    })
+}
+
+/// Where the authority that starts `tail` ends.
+fn authority_end(tail: &str, encoded: bool) -> usize {
+    let b = tail.as_bytes();
+    tail.char_indices()
+        .find(|&(i, c)| {
+            c == '/'
+                || c.is_whitespace()
+                || (encoded
+                    && (matches!(c, '&' | '?' | '#' | '`' | '\'' | '"')
+                        || [b"%2f", b"%3f", b"%23"]
+                            .iter()
+                            .any(|p| starts_at(b, i, &p[..]))))
+        })
+        .map_or(tail.len(), |(i, _)| i)
+}
+
+/// The position of the last `raw` or `enc` (any case) in `s`.
+fn last_of(s: &str, raw: &[u8], enc: Option<&[u8]>) -> Option<usize> {
+    let b = s.as_bytes();
+    (0..b.len())
+        .rev()
+        .find(|&i| starts_at(b, i, raw) || enc.is_some_and(|e| starts_at(b, i, e)))
+}
+
+/// The position and length of the first `raw` or `enc` (any case) in `s`.
+fn first_of(s: &str, raw: &[u8], enc: Option<&[u8]>) -> Option<(usize, usize)> {
+    let b = s.as_bytes();
+    (0..b.len()).find_map(|i| {
+        if starts_at(b, i, raw) {
+            Some((i, raw.len()))
+        } else {
+            enc.filter(|e| starts_at(b, i, e)).map(|e| (i, e.len()))
+        }
+    })
 }
 
 /// Split a connection URL into the URL without its query and the query's
@@ -275,6 +357,41 @@ mod tests {
             "postgres://u@h/db"
         );
         assert_eq!(redact_url_passwords("no url here"), "no url here");
+    }
+
+    #[test]
+    fn percent_encoded_urls_in_query_values_lose_their_passwords() {
+        // PostgreSQL's listen_url, as written in the connection URL.
+        let url =
+            "postgres://app:pw1@db/x?listen_url=postgres%3A%2F%2Fu%3Asecret%40h%2Fdb&timeout=2s";
+        let r = redact_url_passwords(url);
+        assert_eq!(
+            r,
+            "postgres://app:<redacted>@db/x?listen_url=postgres%3A%2F%2Fu%3A<redacted>%40h%2Fdb&timeout=2s"
+        );
+        // Lower-case escapes; no path; the value last, and in a sentence.
+        assert_eq!(
+            redact_url_passwords("bad value `etcd%3a%2f%2fme%3asecret%40h:2379` here"),
+            "bad value `etcd%3a%2f%2fme%3a<redacted>%40h:2379` here"
+        );
+        // Partly encoded: a raw ':' with encoded slashes, a raw '@'.
+        assert_eq!(
+            redact_url_passwords("o=redis:%2F%2F:secret@h%2F0"),
+            "o=redis:%2F%2F:<redacted>@h%2F0"
+        );
+        // The password itself percent-encoded ('p@ss:w' as p%2540ss%253Aw
+        // once more encoded): everything up to the last '@' goes.
+        let r = redact_url_passwords("x=redis%3A%2F%2Fu%3Ap%2540ss%253Aw%40h");
+        assert!(!r.contains("p%2540ss"), "{r}");
+        assert_eq!(r, "x=redis%3A%2F%2Fu%3A<redacted>%40h");
+        // Without a password, or with an '@' only in a later option: kept.
+        for kept in [
+            "x=postgres%3A%2F%2Fu%40h%2Fdb",
+            "x=redis%3A%2F%2Fh%3A6379&mail=a@b",
+            "a %3A%2F%2F on its own",
+        ] {
+            assert_eq!(redact_url_passwords(kept), kept);
+        }
     }
 
     #[tokio::test]

@@ -4,7 +4,9 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use coord_core::util::{DEFAULT_PREFIX, Secret, parse_duration, split_url_options};
+use coord_core::util::{
+    DEFAULT_PREFIX, Secret, parse_duration, redact_url_passwords, split_url_options,
+};
 use coord_core::{Error, Result};
 
 /// How to reach an etcd cluster and where to keep coord's keys.
@@ -102,6 +104,15 @@ impl EtcdOptions {
     ///
     /// Errors: [`Error::Config`], naming the problem but never the password.
     pub fn parse(url: &str) -> Result<Self> {
+        // A message may echo an option's decoded value, which may be a URL
+        // with a password of its own.
+        Self::parse_url(url).map_err(|e| match e {
+            Error::Config(m) => Error::Config(redact_url_passwords(&m)),
+            other => other,
+        })
+    }
+
+    fn parse_url(url: &str) -> Result<Self> {
         let (tls, rest) = if let Some(r) = url.strip_prefix("etcd://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("etcds://") {
@@ -388,6 +399,24 @@ mod tests {
             let e = EtcdOptions::parse(bad).unwrap_err();
             assert!(matches!(e, Error::Config(_)), "{bad}: {e}");
             assert!(!e.to_string().contains("hunter2"), "{e}");
+        }
+    }
+
+    /// An option value carrying a URL with a password, percent-encoded
+    /// (decoded, it is echoed in the error): the password never shows,
+    /// encoded or not.
+    #[test]
+    fn an_option_value_carrying_a_url_does_not_leak_its_password() {
+        let inner = "etcd%3A%2F%2Fme%3Ahunter2%40other%3A2379";
+        for option in ["timeout", "timeout_ms", "tls", "bogus", "session_ttl"] {
+            let url = format!("etcd://u:hunter1@h?{option}={inner}");
+            let e = EtcdOptions::parse(&url).unwrap_err();
+            assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
+            let msg = e.to_string();
+            assert!(
+                !msg.contains("hunter2") && !msg.contains("hunter1"),
+                "{msg}"
+            );
         }
     }
 

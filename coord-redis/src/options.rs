@@ -106,6 +106,14 @@ impl RedisOptions {
     /// assert!(RedisOptions::parse("redis://127.0.0.1?prefx=a:").is_err()); // unknown
     /// ```
     pub fn new(url: &str) -> Self {
+        let mut opts = Self::from_url(url);
+        // A message may echo an option's decoded value, which may be a URL
+        // with a password of its own.
+        opts.url_error = opts.url_error.map(|e| redact_url_passwords(&e));
+        opts
+    }
+
+    fn from_url(url: &str) -> Self {
         let (base, options) = split_url_options(url);
         let mut opts = RedisOptions {
             url: Secret::new(url),
@@ -130,7 +138,10 @@ impl RedisOptions {
         let mut passed = Vec::new();
         for (k, v) in options {
             if let Err(e) = opts.url_option(&k, &v, &mut passed) {
-                opts.url_error.get_or_insert(e.to_string());
+                opts.url_error.get_or_insert(match e {
+                    coord_core::Error::Config(m) => m,
+                    other => other.to_string(),
+                });
             }
         }
         if let (None, Some((cert, key))) = (&opts.url_error, &opts.tls_client) {
@@ -746,6 +757,26 @@ mod tests {
             );
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// An option value carrying a URL with a password, percent-encoded
+    /// (decoded, it is echoed in the error): the password never shows,
+    /// encoded or not.
+    #[test]
+    fn an_option_value_carrying_a_url_does_not_leak_its_password() {
+        let inner = "redis%3A%2F%2Fme%3Ahunter2%40other%3A6379%2F0";
+        for option in ["timeout", "layout", "idle_grace", "tls_ca_file", "bogus"] {
+            for base in ["redis://:hunter1@h", "redis+cluster://:hunter1@h1:1,h2:2"] {
+                let url = format!("{base}?{option}={inner}");
+                let e = RedisOptions::parse(&url).unwrap_err();
+                assert!(matches!(e, coord_core::Error::Config(_)), "{url}: {e:?}");
+                let msg = e.to_string();
+                assert!(
+                    !msg.contains("hunter2") && !msg.contains("hunter1"),
+                    "{msg}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -172,5 +172,20 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("features = [\"redis\"]"), "{msg}");
         assert!(!msg.contains("hunter2"), "{msg}");
+        // A password inside a URL carried, percent-encoded, by an option.
+        let e = feature_off(
+            "postgres",
+            "postgres://u@h/db?listen_url=postgres%3A%2F%2Fu%3Ahunter2%40h%2Fdb",
+        );
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_scheme_hides_passwords_in_encoded_option_urls() {
+        let e = connect("ftp://u@host/x?mirror=ftp%3A%2F%2Fu%3Ahunter2%40m%2Fx")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Config(_)), "{e:?}");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 }
