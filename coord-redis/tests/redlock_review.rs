@@ -22,6 +22,29 @@ async fn client(url: &str) -> Coord {
         .expect("connect to the Redlock masters")
 }
 
+/// Wait until each of `clients` (all of the set's clients) has its
+/// connections to every master (two each: commands and wake-ups): under
+/// load a master can miss `connect`'s deadline and be connected later in
+/// the background, when a call needs it (the calls here ask for it).
+async fn ready(set: &RedlockMasters, clients: &[&Coord]) {
+    let want = 2 * clients.len() as i64;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let have: Vec<i64> = set.masters().iter().map(connected_clients).collect();
+        if have.iter().all(|&n| n >= want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "connections per master {have:?}, {want} expected"
+        );
+        for c in clients {
+            let _ = c.locks().unwrap().inspect("ready-probe").await;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Resumes a SIGSTOPped master when dropped (a failed assertion must not
 /// leave a frozen redis-server behind: its Drop would wait for it).
 struct Frozen<'a>(&'a RedisServer);
@@ -84,12 +107,13 @@ type Window = (u64, u64, usize);
 /// and returns the grants, their start time and the retryable errors.
 async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize) {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     const CLIENTS: usize = 4;
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
         clients.push(client(&url).await);
     }
+    ready(&set, &clients.iter().collect::<Vec<_>>()).await;
     let resource = Arc::new(FencedResource::new());
     let grants = Arc::new(std::sync::Mutex::new(Vec::<Grant>::new()));
     let inside = Arc::new(AtomicUsize::new(0));
@@ -229,7 +253,7 @@ async fn a_frozen_master_while_clients_contend_still_grants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fencing_tokens_under_contention_with_a_master_stopped() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     set.masters()[0].stop();
     let mut tasks = Vec::new();
     for k in 0..4 {
@@ -269,11 +293,12 @@ async fn fencing_tokens_under_contention_with_a_master_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fencing_tokens_under_contention_with_a_master_frozen() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     let mut clients = Vec::new();
     for _ in 0..3 {
         clients.push(client(&url).await);
     }
+    ready(&set, &clients.iter().collect::<Vec<_>>()).await;
     let frozen = Frozen::pause(&set.masters()[1]);
     let mut tasks = Vec::new();
     for (k, c) in clients.into_iter().enumerate() {
@@ -326,8 +351,9 @@ async fn fencing_tokens_under_contention_with_a_master_frozen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b]).await;
     let ttl = Duration::from_millis(800);
     let g = a
         .locks()
@@ -386,6 +412,7 @@ async fn dropped_acquires_leave_nothing_behind() {
     let set = RedlockMasters::start(3);
     let url = set.url();
     let (a, b) = (client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b]).await;
     let locks = a.locks().unwrap();
     let (mut granted, mut dropped) = (0, 0);
     let mut left = Vec::new();
@@ -440,6 +467,7 @@ async fn dropped_acquires_leave_nothing_behind() {
 async fn refused_try_acquire_leaves_nothing_behind() {
     let set = RedlockMasters::start(3);
     let (a, b) = (client(&set.url()).await, client(&set.url()).await);
+    ready(&set, &[&a, &b]).await;
     let g = a
         .locks()
         .unwrap()
@@ -465,8 +493,12 @@ async fn refused_try_acquire_leaves_nothing_behind() {
         .map(|m| live_claims(m, "refused"))
         .collect();
     for c in &claims {
+        // Key and owner (a master that answered late may show its own
+        // token for a moment, until it is set to the grant's).
         let kv = |c: &Vec<(String, String, i64)>| -> Vec<(String, String)> {
-            c.iter().map(|(k, v, _)| (k.clone(), v.clone())).collect()
+            c.iter()
+                .map(|(k, v, _)| (k.clone(), v.split(':').next().unwrap().to_string()))
+                .collect()
         };
         assert_eq!(kv(c), kv(&claims[0]), "{claims:?}");
         assert_eq!(c.len(), 1, "{claims:?}");
@@ -552,7 +584,7 @@ async fn cycles_with_a_fake_master(hold: bool) -> usize {
     let set = RedlockMasters::start(2);
     let (fake, accepts) = fake_master(hold);
     let url = format!(
-        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{fake}?timeout=200ms&connect_timeout=300ms",
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{fake}?timeout=1s&connect_timeout=2s",
         set.masters()[0].port(),
         set.masters()[1].port()
     );
@@ -562,12 +594,17 @@ async fn cycles_with_a_fake_master(hold: bool) -> usize {
     let t = Instant::now();
     let mut ops = 0;
     while t.elapsed() < Duration::from_secs(3) {
-        let g = locks
+        match locks
             .acquire("fake", Duration::from_secs(2), Duration::from_secs(1))
             .await
-            .unwrap();
-        g.release().await.unwrap();
-        ops += 1;
+        {
+            Ok(g) => {
+                let _ = g.release().await;
+                ops += 1;
+            }
+            Err(e) if e.is_retryable() => {}
+            Err(e) => panic!("{e}"),
+        }
     }
     let n = accepts.load(Ordering::SeqCst) - at_connect;
     eprintln!(
@@ -603,6 +640,7 @@ async fn a_closing_master_is_not_reconnected_in_a_busy_loop() {
 async fn awkward_names() {
     let set = RedlockMasters::start(3);
     let (a, b) = (client(&set.url()).await, client(&set.url()).await);
+    ready(&set, &[&a, &b]).await;
     let long = "é".repeat(256);
     assert_eq!(long.len(), 512);
     for name in [
@@ -737,8 +775,9 @@ async fn a_wrong_password_is_a_config_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn masters_restarted_without_their_data_during_a_hold() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b]).await;
     let ttl = Duration::from_secs(20);
     let g = a
         .locks()
@@ -749,33 +788,35 @@ async fn masters_restarted_without_their_data_during_a_hold() {
         .unwrap();
     set.masters()[0].restart();
     sleep(Duration::from_millis(1200)).await;
-    for _ in 0..3 {
-        assert!(
-            b.locks()
-                .unwrap()
-                .try_acquire("restarted", ttl)
-                .await
-                .unwrap()
-                .is_none(),
-            "granted to another client with one master restarted"
-        );
-        sleep(Duration::from_millis(400)).await;
+    // Calls on the connections the restart broke may fail once.
+    let mut refused = 0;
+    while refused < 3 {
+        // A short TTL: a refused attempt can leave a late grant of its own
+        // on the restarted master (see
+        // `a_refused_try_acquire_leaves_no_late_grant`); let it end soon.
+        let short = Duration::from_millis(300);
+        match b.locks().unwrap().try_acquire("restarted", short).await {
+            Ok(None) => refused += 1,
+            Ok(Some(_)) => panic!("granted to another client with one master restarted"),
+            Err(e) if e.is_retryable() => {}
+            Err(e) => panic!("{e}"),
+        }
+        sleep(Duration::from_millis(300)).await;
     }
     set.masters()[1].restart();
     sleep(Duration::from_millis(1200)).await;
     let mut g2 = None;
-    for _ in 0..5 {
-        g2 = b
-            .locks()
-            .unwrap()
-            .try_acquire("restarted", ttl)
-            .await
-            .unwrap();
-        if g2.is_some() {
-            break;
+    let mut seen = Vec::new();
+    let t = Instant::now();
+    while g2.is_none() && t.elapsed() < Duration::from_secs(6) {
+        match b.locks().unwrap().try_acquire("restarted", ttl).await {
+            Ok(g) => g2 = g,
+            Err(e) if e.is_retryable() => seen.push(format!("{:?}: {e}", t.elapsed())),
+            Err(e) => panic!("{e}"),
         }
-        sleep(Duration::from_millis(400)).await;
+        sleep(Duration::from_millis(200)).await;
     }
+    eprintln!("granted after {:?}; errors before: {seen:?}", t.elapsed());
     let g2 = g2.expect("with a majority restarted empty, the lock is granted again");
     // The documented price: both guards valid at once.
     assert!(g.is_valid() && g2.is_valid());
@@ -853,7 +894,7 @@ fn stored_token(v: &str) -> u64 {
     digits.parse().expect("a token")
 }
 
-/// A master too slow to take part in the decision (150 ms each way behind
+/// A master too slow to take part in the decision (250 ms each way behind
 /// its proxy) grants late with a token of its own, and is then set to the
 /// quorum's: every master holding the claim agrees on the grant's token,
 /// and `inspect` shows that token. The next grant (another client) is
@@ -862,7 +903,8 @@ fn stored_token(v: &str) -> u64 {
 async fn a_late_master_is_set_to_the_quorum_token() {
     let set = RedlockMasters::start_behind_proxies(3);
     let (a, b) = (client(&set.url()).await, client(&set.url()).await);
-    set.proxy(2).latency(Duration::from_millis(150));
+    ready(&set, &[&a, &b]).await;
+    set.proxy(2).latency(Duration::from_millis(250));
     let mut last = 0;
     for i in 0..3 {
         let (who, other) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
@@ -876,13 +918,13 @@ async fn a_late_master_is_set_to_the_quorum_token() {
             .unwrap();
         let took = t.elapsed();
         assert!(
-            took < Duration::from_millis(150),
+            took < Duration::from_millis(500),
             "waited for the slow master: {took:?}"
         );
         let token = g.fencing_token().get();
         assert!(token > last, "{last} then {token}");
         last = token;
-        sleep(Duration::from_millis(700)).await;
+        sleep(Duration::from_millis(1500)).await;
         let stored: Vec<u64> = set
             .masters()
             .iter()
@@ -916,7 +958,7 @@ async fn a_late_master_is_set_to_the_quorum_token() {
             although the two answering masters agree"]
 async fn reads_with_a_frozen_master_do_not_wait_for_it() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=1s&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=1s&connect_timeout=5s", set.url());
     let c = client(&url).await;
     let lease = c
         .leases()
@@ -951,8 +993,9 @@ async fn reads_with_a_frozen_master_do_not_wait_for_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
     let set = RedlockMasters::start_behind_proxies(3);
-    let url = format!("{}?timeout=500ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=500ms&connect_timeout=5s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b]).await;
     let ttl = Duration::from_secs(20);
     let fence = a.fencing().unwrap().next("aof-fence").await.unwrap();
     let g = a
@@ -1022,8 +1065,9 @@ async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
             and nobody is told"]
 async fn release_that_reached_one_master_is_not_ok() {
     let set = RedlockMasters::start_behind_proxies(3);
-    let url = format!("{}?timeout=500ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=500ms&connect_timeout=5s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b]).await;
     let g = a
         .locks()
         .unwrap()
@@ -1064,21 +1108,22 @@ async fn release_that_reached_one_master_is_not_ok() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_survives_a_connection_blip() {
     let set = RedlockMasters::start_behind_proxies(3);
-    let url = format!("{}?timeout=300ms&connect_timeout=1s", set.url());
+    let url = format!("{}?timeout=1s&connect_timeout=5s", set.url());
     let a = client(&url).await;
+    ready(&set, &[&a]).await;
     let g = a
         .locks()
         .unwrap()
         .acquire_with(
             "wd-blip",
-            LockOptions::new(Duration::from_millis(900)).watchdog(true),
+            LockOptions::new(Duration::from_secs(3)).watchdog(true),
         )
         .await
         .unwrap();
     for _ in 0..3 {
         set.proxy(0).reset();
         set.proxy(1).reset();
-        sleep(Duration::from_millis(700)).await;
+        sleep(Duration::from_millis(1000)).await;
         assert!(
             g.is_valid(),
             "the watchdog lost the lock over a connection blip"
@@ -1111,5 +1156,63 @@ async fn connect_returns_once_a_quorum_is_connected() {
     assert!(
         took < Duration::from_millis(1000),
         "connect took {took:?} with two of three masters up at once"
+    );
+}
+
+/// A `try_acquire` refused by two masters that hold the lock, while the
+/// third master (which lost the claim: as after a restart without data,
+/// or a freeze past its TTL) is slower than the decision: its late grant
+/// for the refused attempt's owner is kept ("it counts for this owner's
+/// next attempt"), but a `try_acquire`'s owner never attempts again, so
+/// the ghost claim lives its whole TTL (20 s here). After the holder
+/// releases and one other master stops (one of three: tolerated), nobody
+/// can take the lock, though two masters are up and nobody holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: a refused try_acquire leaves a late master's grant for its (never \
+            reused) owner for the whole TTL; with that and one master down, the free lock \
+            cannot be taken by anyone"]
+async fn a_refused_try_acquire_leaves_no_late_grant() {
+    let set = RedlockMasters::start_behind_proxies(3);
+    let url = format!("{}?timeout=1s&connect_timeout=5s", set.url());
+    let (a, b, c) = (client(&url).await, client(&url).await, client(&url).await);
+    ready(&set, &[&a, &b, &c]).await;
+    let ttl = Duration::from_secs(20);
+    let g = a
+        .locks()
+        .unwrap()
+        .try_acquire("ghost", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    // Master 0 loses the claim, and is slower than the other two.
+    for k in coord_keys(&set.masters()[0]) {
+        set.masters()[0].command(&["DEL", &k]);
+    }
+    set.proxy(0).latency(Duration::from_millis(100));
+    assert!(
+        b.locks()
+            .unwrap()
+            .try_acquire("ghost", ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    sleep(Duration::from_millis(600)).await;
+    let ghosts = live_claims(&set.masters()[0], "ghost");
+    set.proxy(0).heal();
+    g.release().await.unwrap();
+    set.masters()[1].stop();
+    let t = Instant::now();
+    let got = c
+        .locks()
+        .unwrap()
+        .acquire("ghost", Duration::from_secs(5), Duration::from_secs(2))
+        .await;
+    assert!(
+        got.is_ok() && ghosts.is_empty(),
+        "the lock released, one master of three stopped: another client got {:?} after \
+         {:?}; master 0 held, after the refused try_acquire: {ghosts:?}",
+        got.map(|g| g.fencing_token()),
+        t.elapsed()
     );
 }
