@@ -13,7 +13,7 @@ use super::{RedisBackend, flag};
 use crate::keys::{ClaimKeys, Keys};
 
 /// Which claim of a name a Redlock step works on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum ClaimKind {
     /// A lock (`Lock`).
     Lock,
@@ -151,6 +151,34 @@ impl RedisBackend {
     pub(crate) async fn master_inspect(&self, kind: ClaimKind, name: &str) -> Result<ClaimRecord> {
         let keys = self.master_keys(kind, name)?;
         self.claim_inspect(kind.op(Step::Inspect), &keys).await
+    }
+
+    /// This server's `run_id` (from `INFO server`) and its role (the first
+    /// item of `ROLE`: `master`, `slave`, `sentinel`).
+    pub(crate) async fn server_identity(&self) -> Result<(String, String)> {
+        let op = "connect (server identity)";
+        let info = self
+            .cmd(op, redis::cmd("INFO").arg("server").clone())
+            .await?;
+        let text = match &info {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text.clone(),
+            redis::Value::SimpleString(s) => s.clone(),
+            other => return Err(super::unexpected(op, other)),
+        };
+        let run_id = text
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|s| s.trim().to_string())
+            .ok_or_else(|| super::malformed(op, "INFO server has no run_id"))?;
+        let role = self.cmd(op, redis::cmd("ROLE")).await?;
+        let role = match &role {
+            redis::Value::Array(items) => items.first().and_then(super::bytes),
+            _ => None,
+        }
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .ok_or_else(|| super::malformed(op, "ROLE gave no role"))?;
+        Ok((run_id, role))
     }
 
     /// Free `kind`'s claim of `name` whoever holds it.

@@ -3,7 +3,10 @@
 //! [`crate::redlock`] for the algorithm.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+
+use tokio::sync::RwLock;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::wake::Waiter;
@@ -18,6 +21,9 @@ use crate::keys::Keys;
 /// once; the TTL only matters when its issuer dies between the two).
 const FENCE_TTL: Duration = Duration::from_secs(2);
 
+/// The pause before a failed release is sent again.
+const RELEASE_RETRY: Duration = Duration::from_millis(50);
+
 fn count<T>(a: &Answers<T>, f: impl Fn(&T) -> bool) -> usize {
     a.iter()
         .filter(|x| matches!(x, Some(Ok(v)) if f(v)))
@@ -28,11 +34,57 @@ fn errors<T>(a: &Answers<T>) -> usize {
     a.iter().filter(|x| matches!(x, Some(Err(_)))).count()
 }
 
+/// Whether the inspect answers so far settle who holds the claim and
+/// its token: a quorum answered, and every owner seen either holds it on a
+/// quorum with one token (a master set late may still show its own for a
+/// moment) or can no longer get there with the masters still out.
+fn settled(a: &Answers<ClaimRecord>, n: usize, q: usize) -> bool {
+    let ok = answered(a);
+    if ok < q {
+        return false;
+    }
+    let out = n - ok - errors(a);
+    let mut seen: HashMap<OwnerToken, HashMap<FencingToken, usize>> = HashMap::new();
+    for r in a.iter().flatten().flatten() {
+        for h in &r.holders {
+            *seen.entry(h.owner).or_default().entry(h.token).or_default() += 1;
+        }
+    }
+    seen.values().all(|tokens| {
+        let on: usize = tokens.values().sum();
+        let agreed = tokens.values().copied().max().unwrap_or(0);
+        agreed >= q || on + out < q || out == 0
+    })
+}
+
 fn answered<T>(a: &Answers<T>) -> usize {
     a.iter().filter(|x| matches!(x, Some(Ok(_)))).count()
 }
 
+/// How an attempt was decided, for the masters that answer after it.
+#[derive(Clone)]
+enum Decision {
+    /// Granted with this token; the masters already set to it.
+    Granted(FencingToken, Vec<bool>),
+    /// Not granted; the masters already undone.
+    Refused(Vec<bool>),
+}
+
 impl RedlockBackend {
+    /// The gate of one owner's attempts on one claim (see
+    /// `quorum_acquire`).
+    fn gate(&self, kind: ClaimKind, name: &str, owner: &OwnerToken) -> Arc<RwLock<()>> {
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        gates.retain(|_, g| g.strong_count() > 0);
+        let key = (kind, name.to_string(), *owner);
+        if let Some(g) = gates.get(&key).and_then(Weak::upgrade) {
+            return g;
+        }
+        let g = Arc::new(RwLock::new(()));
+        gates.insert(key, Arc::downgrade(&g));
+        g
+    }
+
     /// One Redlock attempt (see the module docs).
     async fn quorum_acquire(
         &self,
@@ -46,9 +98,26 @@ impl RedlockBackend {
         let (n, q) = (self.masters.len(), self.quorum);
         let op = kind.op(Step::Acquire);
         let (nm, ow, me) = (name.to_string(), *owner, meta.map(<[u8]>::to_vec));
-        // The decision, for masters that answer after it: the quorum's
-        // token and the masters already set to it.
-        let (decided, decision) = tokio::sync::watch::channel(None::<(FencingToken, Vec<bool>)>);
+        // This owner's earlier attempt may still have a master out (a late
+        // answer, then its undo): wait for it, so that undo cannot land
+        // after this attempt's grant there. Each master's call of this
+        // attempt holds a read guard until it is done with the claim.
+        let gate = self.gate(kind, name, owner);
+        drop(gate.clone().write_owned().await);
+        // The owner wants the claim again (the raw trait allows an attempt
+        // after a release that found nothing): forget its release.
+        self.released
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(kind, name.to_string(), *owner));
+        let mut guards = Vec::with_capacity(n);
+        for _ in 0..n {
+            guards.push(Some(gate.clone().read_owned().await));
+        }
+        let guards = Arc::new(Mutex::new(guards));
+        // The decision, for masters that answer after it.
+        let released = self.released.clone();
+        let (decided, decision) = tokio::sync::watch::channel(None::<Decision>);
         let answers = self
             .fan(
                 op,
@@ -56,24 +125,47 @@ impl RedlockBackend {
                 true,
                 move |i, b| {
                     let (nm, me, mut decision) = (nm.clone(), me.clone(), decision.clone());
+                    let released = released.clone();
+                    let guard = guards.lock().unwrap_or_else(|e| e.into_inner())[i].take();
                     Box::pin(async move {
                         let r = b.master_acquire(kind, &nm, &ow, ttl, me.as_deref()).await;
-                        if let Ok(Attempt::Granted(mine)) = r {
-                            tokio::spawn(async move {
-                                // Ends when the attempt is decided, or
-                                // given up (the sender is dropped).
-                                let d = match decision.wait_for(Option::is_some).await {
-                                    Ok(d) => d.clone(),
-                                    Err(_) => return,
-                                };
-                                let Some((token, set)) = d else {
-                                    return;
-                                };
-                                if !set[i] && mine != token {
-                                    let _ = b.master_raise(kind, &nm, &ow, token).await;
-                                }
-                            });
+                        let Ok(Attempt::Granted(mine)) = r else {
+                            return r;
+                        };
+                        // Released by its owner before this grant came
+                        // back (the attempt was dropped or given up): that
+                        // release reached this master first, so undo the
+                        // grant here, after it, in order.
+                        let gone = released
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .contains_key(&(kind, nm.clone(), ow));
+                        if gone {
+                            let _ = b.master_release(kind, &nm, &ow).await;
+                            return Ok(Attempt::Held { expires_in: None });
                         }
+                        tokio::spawn(async move {
+                            let _guard = guard;
+                            // Ends when the attempt is decided; the sender
+                            // dropped undecided means it was given up.
+                            let d = match decision.wait_for(Option::is_some).await {
+                                Ok(d) => d.clone(),
+                                Err(_) => None,
+                            };
+                            match d {
+                                Some(Decision::Granted(token, set)) => {
+                                    if !set[i] && mine != token {
+                                        let _ = b.master_raise(kind, &nm, &ow, token).await;
+                                    }
+                                }
+                                Some(Decision::Refused(undone)) if undone[i] => {}
+                                // Not granted (or given up): this late
+                                // grant is undone here, in order after it.
+                                _ => {
+                                    let _ = b.master_release(kind, &nm, &ow).await;
+                                }
+                            }
+                        });
                         r
                     })
                 },
@@ -116,18 +208,18 @@ impl RedlockBackend {
                 .await;
             let valid_for = ttl.saturating_sub(coord_core::drift(ttl));
             if count(&raised, |x| *x) >= q && start.elapsed() < valid_for {
-                let _ = decided.send(Some((token, granted_on)));
+                let _ = decided.send(Some(Decision::Granted(token, granted_on)));
                 return Ok(Attempt::Granted(token));
             }
         }
         // Not granted: undo it on every master that granted it, before
-        // returning (so the next attempt cannot race the undo). Masters
-        // that had not answered keep a late grant, if any, for this owner:
-        // it counts for this owner's next attempt, and ends with its
-        // release or TTL.
-        if tokens.iter().len() > 0 {
+        // returning. A master that answers later undoes its own grant (in
+        // its call's task, after the grant), and this owner's next attempt
+        // waits for that.
+        if !tokens.is_empty() {
             self.release_on(kind, name, owner, Some(&granted_on)).await;
         }
+        let _ = decided.send(Some(Decision::Refused(granted_on.clone())));
         let holders: Vec<Option<Duration>> = answers
             .iter()
             .filter_map(|a| match a {
@@ -184,23 +276,77 @@ impl RedlockBackend {
         .await
     }
 
-    /// Release on every master: `true` if any master released it (the
-    /// claim was this owner's there), `false` if a quorum answered and
-    /// none did.
+    /// Release on every master, asking again (within the call timeout)
+    /// the masters whose release failed: `Ok(true)` once released on a
+    /// quorum, or on some with every other master saying it did not hold
+    /// the claim (and only for the first such release of an owner);
+    /// `Ok(false)` when a quorum answered and none held it;
+    /// [`Error::Unavailable`] when some masters may still hold it (it then
+    /// ends with its TTL there).
     async fn quorum_release(
         &self,
         kind: ClaimKind,
         name: &str,
         owner: &OwnerToken,
     ) -> Result<bool> {
-        let answers = self.release_on(kind, name, owner, None).await;
-        if count(&answers, |x| *x) > 0 {
+        let q = self.quorum;
+        let already;
+        {
+            // Remember the release before sending it (see `released`).
+            let mut released = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            released.retain(|_, (until, _)| *until > now);
+            let entry = released
+                .entry((kind, name.to_string(), *owner))
+                .or_insert((now, false));
+            entry.0 = now + self.timeout * 2;
+            already = entry.1;
+        }
+        let mut answers = self.release_on(kind, name, owner, None).await;
+        // A master whose release failed (a connection that broke, and is
+        // being made again) may still hold the claim: ask it again, a few
+        // times within the call timeout, before saying so.
+        let deadline = Instant::now() + self.timeout;
+        while count(&answers, |x| *x) < q && errors(&answers) > 0 && Instant::now() < deadline {
+            let again: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Err(_)))).collect();
+            tokio::time::sleep(RELEASE_RETRY).await;
+            let more = self.release_on(kind, name, owner, Some(&again)).await;
+            for (a, m) in answers.iter_mut().zip(more) {
+                if m.is_some() {
+                    *a = m;
+                }
+            }
+        }
+        let released = count(&answers, |x| *x);
+        // Released where it was held: on a quorum, or on some masters
+        // with every other one saying it did not hold it. (Once: what a
+        // repeated release finds is the first one's stragglers.)
+        if released >= q || (released > 0 && errors(&answers) == 0) {
+            if already {
+                return Ok(false);
+            }
+            let mut done = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = done.get_mut(&(kind, name.to_string(), *owner)) {
+                entry.1 = true;
+            }
             return Ok(true);
         }
-        if answered(&answers) >= self.quorum {
+        if released == 0 && answered(&answers) >= q {
             return Ok(false);
         }
-        Err(self.no_quorum(kind.op(Step::Release), &answers))
+        let op = kind.op(Step::Release);
+        if released > 0 {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                operation: op,
+                message: format!(
+                    "released on {released} of {} Redlock masters; the others did not answer, \
+                     and may keep the claim until its TTL runs out",
+                    self.masters.len()
+                ),
+            });
+        }
+        Err(self.no_quorum(op, &answers))
     }
 
     /// Extend on every master: `true` once a quorum extended.
@@ -237,6 +383,7 @@ impl RedlockBackend {
     /// The holder a quorum of masters agrees on (every master asked).
     async fn quorum_inspect(&self, kind: ClaimKind, name: &str) -> Result<ClaimRecord> {
         let nm = name.to_string();
+        let (n, q) = (self.masters.len(), self.quorum);
         let answers = self
             .fan(
                 kind.op(Step::Inspect),
@@ -246,7 +393,7 @@ impl RedlockBackend {
                     let nm = nm.clone();
                     Box::pin(async move { b.master_inspect(kind, &nm).await })
                 },
-                |_| false,
+                move |a| settled(a, n, q),
             )
             .await;
         if answered(&answers) < self.quorum {

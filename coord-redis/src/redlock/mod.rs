@@ -61,14 +61,18 @@
 //!
 //! # Masters that are down
 //!
-//! `connect` needs q masters to answer; the others are connected again
-//! in the background when a call needs them (at most once a second), and
-//! until then count as failed votes. A master that does not answer costs
-//! a call at most its call timeout, and only when the masters that did
-//! answer could not decide the attempt alone.
+//! `connect` returns once q masters are connected; the others go on
+//! connecting in the background, and a master that is down is connected
+//! again when a call needs it (at most once a second); until then it
+//! counts as a failed vote. A master that does not answer costs a step at
+//! most its call timeout, and only when the masters that did answer could
+//! not decide it alone; after that it is skipped (a failed vote at once)
+//! for a second before calls try it again. Each master must be a master
+//! (`ROLE`) and a different server (`run_id`) from the others.
 
 mod claims;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -86,6 +90,10 @@ use crate::options::RedisOptions;
 /// How long a master that failed to connect is left alone before a call
 /// that needs it tries again.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a master whose call ran into the call timeout is skipped
+/// (counted as a failed vote at once) before calls try it again.
+const SLOW_FOR: Duration = Duration::from_secs(1);
 
 /// The smallest TTL: a grant is valid for its TTL minus the time the
 /// quorum took (two round trips to every master) minus the drift margin,
@@ -158,7 +166,20 @@ pub struct RedlockBackend {
     caps: Capabilities,
     wakeups: Wakeups,
     timeout: Duration,
+    /// Claims released by their owner lately, until when to remember it,
+    /// and whether a release already reported success: a master that
+    /// grants one of them afterwards (a late answer to an attempt that was
+    /// dropped or given up) releases it at once, and a second release by
+    /// the owner reports `false` (the first may have returned before every
+    /// master had answered).
+    released: Arc<Mutex<HashMap<Released, (Instant, bool)>>>,
+    /// Each owner's attempts on a claim, one at a time with their late
+    /// answers (see `quorum_acquire`).
+    gates: Mutex<HashMap<Released, std::sync::Weak<tokio::sync::RwLock<()>>>>,
 }
+
+/// A released claim: its kind, name and owner.
+pub(crate) type Released = (crate::backend::ClaimKind, String, coord_core::OwnerToken);
 
 impl fmt::Debug for RedlockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -172,9 +193,13 @@ impl fmt::Debug for RedlockBackend {
 
 /// One independent master: its options, and its backend once connected.
 struct Master {
+    index: usize,
     endpoint: String,
     opts: RedisOptions,
     wakeups: Wakeups,
+    /// The server of each connected master, by its `run_id`: one server
+    /// listed twice (two spellings of one address) must not vote twice.
+    servers: Arc<Mutex<HashMap<String, usize>>>,
     state: Mutex<State>,
 }
 
@@ -182,34 +207,103 @@ struct State {
     backend: Option<Arc<RedisBackend>>,
     connecting: bool,
     retry_at: Instant,
+    /// A call to this master ran into the call timeout: until then, calls
+    /// skip it (a frozen or cut-off master would otherwise cost every
+    /// undecided step its timeout).
+    slow_until: Option<Instant>,
+    /// Why this entry never votes: it reaches the same server as another
+    /// entry (for good: after a restart the server's `run_id` changes, so
+    /// it could no longer be told apart).
+    excluded: Option<String>,
 }
 
 impl Master {
-    /// Connect, and keep the backend (or the time to try again).
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Connect, check that the server is a master no other entry of the
+    /// URL reaches, and keep the backend (or the time to try again).
     async fn connect(&self) -> Result<()> {
-        let r = RedisBackend::connect_sharing(self.opts.clone(), self.wakeups.clone()).await;
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let r = match RedisBackend::connect_sharing(self.opts.clone(), self.wakeups.clone()).await {
+            Ok(b) => self.identify(&b).await.map(|()| b),
+            Err(e) => Err(Identity::Other(e)),
+        };
+        let mut st = self.state();
         st.connecting = false;
         match r {
             Ok(b) => {
                 st.backend = Some(Arc::new(b));
                 Ok(())
             }
-            Err(e) => {
+            Err(Identity::Same(message)) => {
+                st.excluded = Some(message.clone());
+                Err(Error::Config(message))
+            }
+            Err(Identity::Other(e)) => {
                 st.retry_at = Instant::now() + RECONNECT_AFTER;
                 Err(e)
             }
         }
     }
 
+    /// The server's `run_id` and role: a replica, or a server another
+    /// entry of the URL already reaches, is a configuration error.
+    async fn identify(&self, b: &RedisBackend) -> std::result::Result<(), Identity> {
+        let (run_id, role) = b.server_identity().await.map_err(Identity::Other)?;
+        if role != "master" {
+            return Err(Identity::Other(Error::Config(format!(
+                "Redlock master {} is a {role}, not an independent master; list only masters \
+                 that replicate to nobody among each other",
+                self.endpoint
+            ))));
+        }
+        let mut servers = self.servers.lock().unwrap_or_else(|e| e.into_inner());
+        match servers.get(&run_id) {
+            Some(&other) if other != self.index => Err(Identity::Same(format!(
+                "Redlock masters {} and #{} of the URL are the same server (run_id {run_id}); \
+                 list each independent master once",
+                self.endpoint,
+                other + 1
+            ))),
+            _ => {
+                servers.insert(run_id, self.index);
+                Ok(())
+            }
+        }
+    }
+
     /// The connected backend; otherwise [`Error::Unavailable`], having
-    /// started a connect in the background when one is due.
+    /// started a connect in the background when one is due. A master that
+    /// ran into the call timeout a moment ago is skipped the same way.
     fn get(self: &Arc<Self>, operation: &'static str) -> Result<Arc<RedisBackend>> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.state();
+        let now = Instant::now();
+        if let Some(why) = &st.excluded {
+            return Err(Error::Unavailable {
+                backend: BACKEND,
+                operation,
+                message: format!("{why}; this entry never votes"),
+            });
+        }
+        if let Some(until) = st.slow_until {
+            if now < until {
+                return Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation,
+                    message: format!(
+                        "Redlock master {} did not answer within the call timeout a moment \
+                         ago; skipped for up to {SLOW_FOR:?}",
+                        self.endpoint
+                    ),
+                });
+            }
+            st.slow_until = None;
+        }
         if let Some(b) = &st.backend {
             return Ok(b.clone());
         }
-        if !st.connecting && Instant::now() >= st.retry_at {
+        if !st.connecting && now >= st.retry_at {
             st.connecting = true;
             let me = self.clone();
             // Bounded by the connect timeout.
@@ -228,6 +322,19 @@ impl Master {
             ),
         })
     }
+
+    /// Skip this master for [`SLOW_FOR`].
+    fn mark_slow(&self) {
+        self.state().slow_until = Some(Instant::now() + SLOW_FOR);
+    }
+}
+
+/// Why a connected master cannot vote.
+enum Identity {
+    /// Another entry of the URL reaches the same server.
+    Same(String),
+    /// Anything else (unreachable, a replica, a wrong password).
+    Other(Error),
 }
 
 /// Each master's answer to one step, by master; `None`: not asked, or
@@ -240,10 +347,14 @@ impl RedlockBackend {
     /// connected again when needed (see the [module docs](self)).
     ///
     /// Errors: [`Error::Config`] for a URL that is not `redlock://` with at
-    /// least three masters, for `Layout::Seed`, and for a configuration
-    /// error of any master (such as a wrong password: never retried);
-    /// [`Error::Unavailable`] when fewer than a quorum of masters answer
-    /// within the connect timeout.
+    /// least three masters, for `Layout::Seed`, for a master that is a
+    /// replica, and for one server reached through two entries of the URL
+    /// (checked by its `run_id`); [`Error::Store`] saying "authentication
+    /// failed" for a wrong user or password, as with one server (never
+    /// retried); [`Error::Unavailable`] when fewer than a quorum of masters
+    /// answer within the connect timeout. A master that answers after the
+    /// quorum did is checked the same way when it gets there, and kept out
+    /// (logged) if it fails.
     pub async fn connect(opts: RedisOptions) -> Result<RedlockBackend> {
         if let Some(e) = &opts.url_error {
             return Err(Error::Config(e.clone()));
@@ -261,33 +372,77 @@ impl RedlockBackend {
             ));
         }
         let wakeups = Wakeups::new();
+        let servers = Arc::new(Mutex::new(HashMap::new()));
         let masters: Vec<Arc<Master>> = urls
             .iter()
-            .map(|u| {
+            .enumerate()
+            .map(|(index, u)| {
                 let mut o = opts.clone();
                 o.url = u.clone();
                 o.redlock = None;
                 Arc::new(Master {
+                    index,
                     endpoint: coord_core::util::redact_url_passwords(u.expose()),
                     opts: o,
                     wakeups: wakeups.clone(),
+                    servers: servers.clone(),
                     state: Mutex::new(State {
                         backend: None,
                         connecting: true,
                         retry_at: Instant::now(),
+                        slow_until: None,
+                        excluded: None,
                     }),
                 })
             })
             .collect();
         let quorum = masters.len() / 2 + 1;
-        let results = futures::future::join_all(masters.iter().map(|m| m.connect())).await;
+        // Each master connects in a task of its own; return once a quorum
+        // is connected (the others go on in the background, bounded by
+        // the connect timeout, and keep their backend when they get there).
+        let mut pending: FuturesUnordered<_> = masters
+            .iter()
+            .map(|m| {
+                tokio::spawn({
+                    let m = m.clone();
+                    async move { m.connect().await }
+                })
+            })
+            .collect();
         let mut connected = 0;
         let mut last = None;
-        for r in results {
-            match r {
-                Ok(()) => connected += 1,
-                Err(e) if e.is_retryable() => last = Some(e),
-                Err(e) => return Err(e),
+        let started = Instant::now();
+        while connected < quorum {
+            match pending.next().await {
+                Some(Ok(Ok(()))) => connected += 1,
+                Some(Ok(Err(e))) if e.is_retryable() => last = Some(e),
+                Some(Ok(Err(e))) => return Err(e),
+                Some(Err(e)) => {
+                    last = Some(Error::Store {
+                        backend: BACKEND,
+                        operation: "connect",
+                        message: format!("a Redlock connect failed: {e}"),
+                    })
+                }
+                None => break,
+            }
+        }
+        if connected >= quorum {
+            // Give the masters still out as long again as the quorum took
+            // (10 to 500 ms), so that on a healthy deployment every master
+            // is connected before the first grant.
+            let more = started
+                .elapsed()
+                .clamp(Duration::from_millis(10), Duration::from_millis(500));
+            let until = tokio::time::Instant::now() + more;
+            while let Ok(Some(r)) = tokio::time::timeout_at(until, pending.next()).await {
+                match r {
+                    Ok(Err(e)) if !e.is_retryable() => return Err(e),
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "a Redlock master is not connected yet")
+                    }
+                    _ => {}
+                }
             }
         }
         if connected < quorum {
@@ -309,6 +464,8 @@ impl RedlockBackend {
             caps: capabilities(),
             wakeups,
             timeout: opts.timeout,
+            released: Default::default(),
+            gates: Default::default(),
         })
     }
 
@@ -362,7 +519,15 @@ impl RedlockBackend {
             }
             match m.get(operation) {
                 Ok(b) => {
-                    let task = tokio::spawn(call(i, b));
+                    let (fut, m, limit) = (call(i, b), m.clone(), self.timeout.mul_f32(0.8));
+                    let task = tokio::spawn(async move {
+                        let started = Instant::now();
+                        let r = fut.await;
+                        if r.is_err() && started.elapsed() >= limit {
+                            m.mark_slow();
+                        }
+                        r
+                    });
                     pending.push(async move { (i, task.await) });
                 }
                 Err(e) => answers[i] = Some(Err(e)),
