@@ -80,9 +80,10 @@ end
 /// - released: deleted, once the server clock has passed the token (so
 ///   any later grant, issued at a later µs, rises above it); otherwise
 ///   (a release within the µs of its grant, or a token issued ahead of the
-///   clock) `=<token>` on what is left of the claim's TTL (`KEEPTTL`), which
+///   clock) `=<token>` on what is left of the claim's TTL (`KEEPTTL`), or
+///   until the server clock passes the token if that is later, which
 ///   the next grant rises above. Either way the name costs nothing once
-///   its TTL has passed.
+///   its TTL (and the clock) has passed its token.
 ///
 /// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has a
 /// waiter on the name, '2' if it has several (then a grant is marked too:

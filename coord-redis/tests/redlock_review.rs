@@ -226,9 +226,10 @@ async fn a_frozen_master_while_clients_contend_is_safe() {
 /// Liveness while a master is frozen: "a master that does not answer
 /// costs a call at most its call timeout", so with two of three masters
 /// answering, four contending clients should still take turns (several
-/// grants a second). Seen instead: the clients split the two live
-/// masters' votes, each waits out the frozen master's timeout, undoes and
-/// retries, and hardly anyone is granted while the master stays frozen.
+/// grants a second). Seen before the fix: the clients split the two live
+/// masters' votes, each waited out the frozen master's timeout, undid and
+/// retried, and hardly anyone was granted while the master stayed frozen
+/// (now a master that ran into the timeout is skipped for a second).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_while_clients_contend_still_grants() {
     let windows = [(1000, 3500, 1), (4000, 6500, 2)];
@@ -829,10 +830,11 @@ async fn masters_restarted_without_their_data_during_a_hold() {
 }
 
 /// One server listed twice under two spellings (`127.0.0.1:P` and
-/// `localhost:P`) is accepted as two independent masters: that server then
-/// casts two votes: once it loses its data (one master of three, which
-/// the docs say exclusion survives), a client whose URL lists it twice gets
-/// a quorum from it alone while another client holds the lock.
+/// `localhost:P`) must not count as two independent masters. Before the
+/// fix it did: once it lost its data (one master of three, which the docs
+/// say exclusion survives), a client whose URL listed it twice got a
+/// quorum from it alone while another client held the lock. Now the
+/// second entry is refused by the server's `run_id`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_listed_twice_under_two_spellings() {
     let set = RedlockMasters::start(3);
@@ -951,8 +953,9 @@ async fn a_late_master_is_set_to_the_quorum_token() {
 /// Reads with one master frozen: the module docs say a master that does
 /// not answer costs a call its call timeout "only when the masters that
 /// did answer could not decide the attempt alone"; `Leases::remaining`
-/// and `Locks::inspect` wait for every master, so each costs the frozen
-/// master's whole call timeout although two masters answered at once.
+/// and `Locks::inspect` used to wait for every master (each cost the
+/// frozen master's whole call timeout although two masters answered at
+/// once); they now return once a quorum agrees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_with_a_frozen_master_do_not_wait_for_it() {
     let set = RedlockMasters::start(3);
@@ -1050,10 +1053,10 @@ async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
 
 /// The holder is cut off from two of the three masters (their traffic
 /// dropped for the call timeout) while it releases, then the network
-/// heals. `Guard::release` returns `Ok(())`, so the lock should be free:
-/// seen instead, `quorum_release` counts the one master that released as
-/// success, and the claim stays on a majority for the rest of its TTL (20 s
-/// here): another client times out. (On one Redis server a release whose
+/// heals. If `Guard::release` returns `Ok(())`, the lock must be free.
+/// Before the fix `quorum_release` counted the one master that released as
+/// success, and the claim stayed on a majority for the rest of its TTL
+/// (20 s here): another client timed out. (On one Redis server a release whose
 /// connection broke returns `Err(Unavailable { .. "broken pipe" })`; a
 /// connection reset of two masters' connections just before the release
 /// gives the same `Ok(())` with the claim left, in most runs.)
@@ -1129,7 +1132,7 @@ async fn watchdog_survives_a_connection_blip() {
 
 /// `RedlockBackend::connect` says it returns "once a quorum of them is
 /// connected"; with one master frozen (SIGSTOP: TCP accepts, nothing
-/// answers) it waits the frozen master's whole connect timeout instead.
+/// answers) it used to wait the frozen master's whole connect timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_returns_once_a_quorum_is_connected() {
     let set = RedlockMasters::start(3);
@@ -1155,11 +1158,11 @@ async fn connect_returns_once_a_quorum_is_connected() {
 /// A `try_acquire` refused by two masters that hold the lock, while the
 /// third master (which lost the claim: as after a restart without data,
 /// or a freeze past its TTL) is slower than the decision: its late grant
-/// for the refused attempt's owner is kept ("it counts for this owner's
-/// next attempt"), but a `try_acquire`'s owner never attempts again, so
-/// the ghost claim lives its whole TTL (20 s here). After the holder
-/// releases and one other master stops (one of three: tolerated), nobody
-/// can take the lock, though two masters are up and nobody holds it.
+/// for the refused attempt's owner must be undone. Before the fix it was
+/// kept ("it counts for this owner's next attempt"), but a
+/// `try_acquire`'s owner never attempts again, so the ghost claim lived
+/// its whole TTL (20 s here), and after the holder released and one other
+/// master stopped (one of three: tolerated), nobody could take the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_try_acquire_leaves_no_late_grant() {
     let set = RedlockMasters::start_behind_proxies(3);

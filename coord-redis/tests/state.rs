@@ -105,9 +105,12 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
     assert!(t2 > t1, "the clock keeps tokens rising: {t2} > {t1}");
     assert!(b.release("one-key", &me).await.unwrap());
 
-    // A token ahead of the server clock (left by a burst, or a clock that
-    // stepped back): its release leaves `=<token>` for the rest of the
-    // TTL, and the next grant rises above it.
+    // A token ahead of the server clock (left by a burst, a clock that
+    // stepped back, or a Redlock quorum's token from a master whose clock
+    // is ahead): its release leaves `=<token>` until the server clock has
+    // passed it (not only for the rest of the TTL, after which the next
+    // grant would start again from the clock, below it), and the next
+    // grant rises above it.
     let ahead = t2 + 60_000_000;
     server.command(&["SET", key, &format!("={ahead}"), "PX", "400"]);
     let t3 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
@@ -122,7 +125,21 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
     assert_eq!(t4, t3 + 1);
     assert!(b.release("one-key", &me).await.unwrap());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(dbsize(&server), base, "the marker ends with the TTL");
+    // Past the claim's 400 ms TTL, the marker is still there: its token
+    // is a minute ahead of the clock, and it lasts until the clock is past.
+    assert_eq!(dbsize(&server), base + 1, "the marker outlives the TTL");
+    let value = server.command(&["GET", key]);
+    assert_eq!(value.as_str().unwrap(), format!("={t4}"));
+    let pttl = server.command(&["PTTL", key]).as_int().unwrap();
+    assert!(
+        (55_000..=61_000).contains(&pttl),
+        "the marker lasts until the clock passes its token: PTTL {pttl} ms"
+    );
+    let t5 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    assert_eq!(t5, t4 + 1, "tokens still rise after the TTL");
+    assert!(b.release("one-key", &me).await.unwrap());
+    server.command(&["DEL", key]);
+    assert_eq!(dbsize(&server), base);
 
     // A lease reads as not held once revoked, marker or not.
     let lkey = "coord:lease:{w7}";

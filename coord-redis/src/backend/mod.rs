@@ -74,7 +74,8 @@ impl fmt::Debug for RedisBackend {
 /// is issued in one script as max(last token stored for the name + 1,
 /// server time in µs), compared exactly. The last token is kept only while
 /// the name is in use (a claim's value and the rest of its TTL after a
-/// release; an election's hash; a fencing source's counter for the idle
+/// release, or until the server clock has passed a token that is ahead
+/// of it, at most a day; an election's hash; a fencing source's counter for the idle
 /// grace). So tokens keep rising across a restart without persistence, a
 /// restore of an older snapshot, a lost AOF tail, a failover to a replica
 /// that missed writes, and after the name's state expired, under two
