@@ -4,7 +4,9 @@
 //! interleaved in 1 s slices on one server, with the client's and the
 //! server's CPU time per cycle. A profiling aid next to `coord-bench`.
 //!
-//! `cargo run --release -p coord-redis --example cycle_probe`
+//! `cargo run --release -p coord-redis --example cycle_probe`; with
+//! `PROBE_ONLY=trait` (or `coord`) only that path runs, 10 s, for a
+//! profiler (`perf record -p <pid>`), then the server's `commandstats`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,6 +76,49 @@ async fn main() {
     let unlock = Arc::new(redis::Script::new(
         "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
     ));
+    // `PROBE_ONLY=trait` (or `raw`, `coord`) runs only that path, for
+    // 10 s, to profile it alone (`perf record -g -p <pid>`).
+    if let Ok(only) = std::env::var("PROBE_ONLY") {
+        let mut rate = 0.0;
+        for _ in 0..10 {
+            rate += if only == "trait" {
+                let b = b.clone();
+                slice(move |i| {
+                    let b = b.clone();
+                    async move {
+                        let k = format!("probe-trait-{i}");
+                        let me = OwnerToken::random();
+                        b.try_acquire(&k, &me, TTL).await.unwrap();
+                        b.release(&k, &me).await.unwrap();
+                    }
+                })
+                .await
+            } else {
+                let coord = coord.clone();
+                slice(move |i| {
+                    let coord = coord.clone();
+                    async move {
+                        let locks = coord.locks().unwrap();
+                        let g = locks
+                            .try_acquire(&format!("probe-coord-{i}"), TTL)
+                            .await
+                            .unwrap()
+                            .unwrap();
+                        g.release().await.unwrap();
+                    }
+                })
+                .await
+            } / 10.0;
+        }
+        println!("{only}: {rate:.0} cycles/s over 10 s, {TASKS} tasks");
+        for c in ["set", "time", "evalsha"] {
+            println!(
+                "  {c}: {}",
+                server.info("commandstats", &format!("cmdstat_{c}"))
+            );
+        }
+        return;
+    }
     let mut sums = [0.0f64; 3];
     let mut cpus = [0.0f64; 3];
     let mut scpus = [0.0f64; 3];
