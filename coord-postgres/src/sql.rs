@@ -27,6 +27,7 @@ pub(crate) struct Sql {
     pub(crate) barrier_is_complete: String,
     pub(crate) barrier_withdraw: String,
     pub(crate) limiter_check: String,
+    pub(crate) limiter_gcra: String,
     pub(crate) semaphore_acquire: String,
     pub(crate) semaphore_durable: String,
     pub(crate) semaphore_release: String,
@@ -289,6 +290,11 @@ impl Sql {
             limiter_check: format!(
                 "SELECT allowed, remaining, retry_after, reset_after FROM {s}.limiter_check($1::text, $2::text, $3::int8, $4::int8, $5::int8)"
             ),
+            // $1 key, $2 limit, $3 window µs, $4 cost. GCRA in one
+            // statement, prepared once per connection (`prepared` only:
+            // planned on every call it costs more than the function). See
+            // `limiter_gcra`.
+            limiter_gcra: limiter_gcra(&s),
         }
     }
 }
@@ -311,6 +317,59 @@ fn claim_insert(s: &str, schema: &str, metadata: bool) -> String {
                 clock_timestamp() + $5::int8 * interval '1 microsecond'{value} FROM l \
           WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
          ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
+    )
+}
+
+/// GCRA's common check, in one statement: a key whose state was last
+/// written under the same quota and that the unlocked read (`y`) admits
+/// is admitted by the upsert `u`, which locks the row, then decides again
+/// on the locked row with the clock read after the lock (the conflict
+/// filter), and writes the new theoretical arrival time from a clock read
+/// once more (later still, so it admits too: admission only gets easier
+/// as time passes), with that time in `window_start` for the reply. Every
+/// other case is `limiter_check` (src/sql/limiter.sql), in the same
+/// statement, after `u`: no state yet, another quota (its rescaling), a
+/// denial on the unlocked read (it writes nothing: `u` is not attempted,
+/// so nothing is locked), and the rare races where `u` locked the row and
+/// found it no longer admits, or found the row deleted by the sweep after
+/// the read (`u` then inserts a stateless row, `q_limit` NULL, no
+/// decision; the function, whose statements see it, decides on it). The
+/// arithmetic is the function's, exact (numeric): with the same quota,
+/// tat' = max(tat, now x L) + cost x W, admitted iff
+/// tat' - W x L <= now x L, that is tat + (cost - L) x W <= now x L and
+/// cost <= L. Like the function, it refuses another isolation level than
+/// read committed and commits without waiting for the WAL flush (`l`,
+/// evaluated before anything is written).
+fn limiter_gcra(s: &str) -> String {
+    let now = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint";
+    format!(
+        "WITH l AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true) \
+           WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
+                      ELSE {s}.not_read_committed() END), \
+         u AS ( \
+           INSERT INTO {s}.limiter_state AS x (algorithm, key) \
+           SELECT 'gcra', $1::text FROM l, {s}.limiter_state y \
+            WHERE y.algorithm = 'gcra' AND y.key = $1::text \
+              AND y.q_limit = $2::int8 AND y.q_window = $3::int8 AND $4::int8 <= $2::int8 \
+              AND y.tat_x + ($4::int8 - $2::int8)::numeric * $3::int8 <= {now}::numeric * $2::int8 \
+           ON CONFLICT (algorithm, key) DO UPDATE \
+           SET (tat_x, window_start) = ( \
+               SELECT greatest(x.tat_x, n.t::numeric * $2::int8) + $4::int8::numeric * $3::int8, n.t \
+                 FROM (SELECT {now} AS t OFFSET 0) n) \
+           WHERE x.q_limit = $2::int8 AND x.q_window = $3::int8 \
+             AND x.tat_x + ($4::int8 - $2::int8)::numeric * $3::int8 <= {now}::numeric * $2::int8 \
+           RETURNING x.q_limit, x.tat_x, x.window_start) \
+         SELECT true AS allowed, \
+                greatest(0, floor((u.window_start::numeric * $2::int8 + $3::int8::numeric * $2::int8 \
+                                   - u.tat_x) / $3::int8)::int8) AS remaining, \
+                0::int8 AS retry_after, \
+                greatest(0, ceil((u.tat_x - u.window_start::numeric * $2::int8) / $2::int8)::int8) \
+                  AS reset_after \
+           FROM u WHERE u.q_limit IS NOT NULL \
+         UNION ALL \
+         SELECT c.allowed, c.remaining, c.retry_after, c.reset_after \
+           FROM {s}.limiter_check('gcra', $1::text, $2::int8, $3::int8, $4::int8) c \
+          WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.q_limit IS NOT NULL)"
     )
 }
 

@@ -1,4 +1,8 @@
-//! Rate limiters: one call of `limiter_check` (src/sql/limiter.sql).
+//! Rate limiters: one statement per check. On a connection with prepared
+//! statements a GCRA check is `Sql::limiter_gcra`, which admits the common
+//! case itself and hands every other to `limiter_check` in the same
+//! statement; otherwise, and for the other algorithms, one call of
+//! `limiter_check` (src/sql/limiter.sql).
 
 use std::time::Duration;
 
@@ -34,8 +38,20 @@ impl Limiter for PostgresBackend {
         let limit = i64::try_from(quota.limit).unwrap_or(i64::MAX);
         let window = micros_ceil(quota.window).max(1);
         let cost = i64::try_from(cost).unwrap_or(i64::MAX);
-        let rows = self
-            .query(
+        let rows = if self.prepared && quota.algorithm == Algorithm::Gcra {
+            self.query(
+                OP,
+                &self.sql.limiter_gcra,
+                &[
+                    (&key, Type::TEXT),
+                    (&limit, Type::INT8),
+                    (&window, Type::INT8),
+                    (&cost, Type::INT8),
+                ],
+            )
+            .await?
+        } else {
+            self.query(
                 OP,
                 &self.sql.limiter_check,
                 &[
@@ -46,7 +62,8 @@ impl Limiter for PostgresBackend {
                     (&cost, Type::INT8),
                 ],
             )
-            .await?;
+            .await?
+        };
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         let allowed: bool = row.try_get(0).map_err(|e| map_pg(OP, e))?;
         if allowed {
