@@ -18,7 +18,7 @@ use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
 use crate::pool::Keeper;
-use crate::queue::{Pred, Queued, clear_last_refused};
+use crate::queue::{Queued, clear_last_refused};
 
 /// The retryable error of an attempt whose lease was gone before its write
 /// took effect: nothing of it is left.
@@ -94,7 +94,7 @@ pub(crate) fn first_sorted(key: &[u8], end: &[u8], order: SortOrder, limit: i64)
     )
 }
 
-/// The two keys created just before `rev` in the queue, the later first.
+/// The key created just before `rev` in the queue.
 fn pred_of(queue: &[u8], end: &[u8], rev: i64) -> TxnOp {
     TxnOp::get(
         queue.to_vec(),
@@ -103,17 +103,9 @@ fn pred_of(queue: &[u8], end: &[u8], rev: i64) -> TxnOp {
                 .with_range(end.to_vec())
                 .with_max_create_revision(rev - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(2),
+                .with_limit(1),
         ),
     )
-}
-
-/// A waiter's predecessor and the key before it, from keys read in
-/// descending create revision order starting just before the waiter's.
-fn preds(mut kvs: impl Iterator<Item = KeyValue>) -> (Option<Pred>, Option<Pred>) {
-    let mut next = || kvs.next().map(|p| (p.key().to_vec(), p.create_revision()));
-    let pred = next();
-    (pred, next())
 }
 
 /// What this client knows of an owner's claim before an attempt.
@@ -263,7 +255,7 @@ impl Shared {
                             .and_then([
                                 put,
                                 first_sorted(&queue, &end, SortOrder::Ascend, 1),
-                                first_sorted(&queue, &end, SortOrder::Descend, 3),
+                                first_sorted(&queue, &end, SortOrder::Descend, 2),
                             ])
                     } else {
                         Txn::new()
@@ -330,10 +322,13 @@ impl Shared {
                         if !queue_mode || head.as_ref().is_some_and(|h| h.key() == key) {
                             return Ok(self.set_held(&ek, rev, lease, start + ttl, keeper));
                         }
-                        let preds = preds(kvs(&resp, 2).into_iter().skip(1));
-                        return Ok(self
-                            .wait_in_line(&ek, (rev, lease), preds, start, ttl)
-                            .await);
+                        let pred = kvs(&resp, 2).into_iter().nth(1);
+                        self.set_queued(
+                            &ek,
+                            rev,
+                            pred.map(|p| (p.key().to_vec(), p.create_revision())),
+                        );
+                        return Ok(Attempt::Held { expires_in: None });
                     }
                     match mine {
                         Some(mine) => {
@@ -427,10 +422,13 @@ impl Shared {
                     if head.as_ref().is_some_and(|h| h.key() == key) {
                         return Ok(self.set_held(&ek, rev, lease, start + ttl, None));
                     }
-                    let preds = preds(kvs(&resp, 1).into_iter());
-                    return Ok(self
-                        .wait_in_line(&ek, (rev, lease), preds, start, ttl)
-                        .await);
+                    let pred = kvs(&resp, 1).into_iter().next();
+                    self.set_queued(
+                        &ek,
+                        rev,
+                        pred.map(|p| (p.key().to_vec(), p.create_revision())),
+                    );
+                    return Ok(Attempt::Held { expires_in: None });
                 }
             }
         }

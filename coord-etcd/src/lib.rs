@@ -40,17 +40,10 @@
 //!   only into an empty queue, in one transaction: a refused attempt leaves
 //!   nothing behind. Its next attempt (a waiter's: coord-core's wait loop
 //!   attempts, subscribes, attempts again) queues a key, which this client
-//!   keeps alive while the waiter waits; the waiter watches its
-//!   predecessor's key (and the key before that one), so a release wakes
-//!   the next waiter and the one behind it, nobody else. The waiter next
-//!   in line (its predecessor holds) waits inside its attempt, a slice of
-//!   a fortieth of the TTL (at most 50 ms) at a time for up to 500 ms, and
-//!   holds as soon as its watch sees the holder's key deleted: a handoff
-//!   is the release's transaction and the watch event, no further round
-//!   trip (such a grant's validity, counted from the attempt's start, is
-//!   at most a slice shorter; an acquire can end up to a slice past its
-//!   wait). A grant is reported only after a keepalive of the key's own
-//!   lease, sent after the attempt began, succeeded. A waiter whose key vanished (its lease
+//!   keeps alive while the waiter waits; the waiter watches only its
+//!   predecessor's key and is the one woken when that key goes. A grant is
+//!   reported only after a keepalive of the key's own lease, sent after the
+//!   attempt began, succeeded. A waiter whose key vanished (its lease
 //!   expired) queues again at its next attempt and keeps waiting;
 //!   `release` revokes the owner's lease whether it holds or waits.
 //! - **Semaphores** are FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)

@@ -1,14 +1,6 @@
 //! Queued lock waiters of this client: each keeps its key's lease alive
-//! while it waits, watches its predecessor's key (and the key before that
-//! one, while there is one), and is woken alone when either goes.
-//!
-//! The waiter next in line (its predecessor was the queue's first key, the
-//! holder, when it last read the queue) waits for that key's deletion
-//! inside its attempt, for a short slice ([`slice`]) after the attempt's
-//! own keepalive was answered: the deletion seen by its watch makes it the
-//! holder at once, without another round trip (no key can come before it:
-//! keys only join at the back). For at most [`NEXT_IN_LINE`] in a row;
-//! after that it waits to be woken as the others do.
+//! while it waits, watches only its predecessor's key, and is woken alone
+//! when that key goes.
 //!
 //! Which local task waits for which owner: coord-core subscribes (once per
 //! acquire, without the owner) right after the owner's first attempt was
@@ -23,12 +15,10 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::Attempt;
 use coord_core::OwnerToken;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use etcd_client::{EventType, WatchFilterType, WatchOptions};
-use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{AbortOnDrop, Shared, lock, wake_key};
@@ -59,59 +49,17 @@ fn owner_wake_key(ek: &EntryKey) -> String {
 /// a leader election one attempt can take a call timeout).
 const PENDING_GRACE: Duration = Duration::from_secs(2);
 
-/// How long a waiter next in line keeps waiting inside its attempts (one
-/// slice after another) before it waits to be woken like the others: a
-/// holder that keeps the lock longer gains nothing from a faster handoff,
-/// and each slice costs an attempt.
-pub(crate) const NEXT_IN_LINE: Duration = Duration::from_millis(500);
-
-/// How long one attempt of the waiter next in line waits for its
-/// predecessor's deletion: a fortieth of the TTL, at most 50 ms. The grant
-/// it reports counts its validity from the attempt's start, so this is the
-/// most validity such a grant gives up (and the most an acquire can run
-/// past its wait).
-pub(crate) fn slice(ttl: Duration) -> Duration {
-    (ttl / 40).min(Duration::from_millis(50))
-}
-
 /// A queued waiter's predecessor: its key and create revision.
 pub(crate) type Pred = (Vec<u8>, i64);
-
-/// What the watch of a waiter's predecessor saw.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum PredSignal {
-    /// Nothing yet.
-    Waiting,
-    /// That key (with that create revision) is gone: deleted, or already
-    /// gone when the watch began.
-    Gone,
-    /// The waiter must read the queue again: the server cancelled the
-    /// watch, or the waiter's own lease is gone.
-    Recheck,
-}
-
-/// Whether `state` is a waiter next in line whose predecessor is gone.
-fn next_in_line_gone(state: &EntryState) -> bool {
-    matches!(state, EntryState::Queued(q)
-        if q.pred.is_some() && q.pred2.is_none() && *q.signal.borrow() == PredSignal::Gone)
-}
 
 /// A queued waiter's state.
 pub(crate) struct Queued {
     /// The key just before ours.
     pred: Option<Pred>,
-    /// The key just before `pred`, when last read; `None`: `pred` was the
-    /// first key (the holder), so this waiter is next in line.
-    pred2: Option<Pred>,
     /// When the predecessor's deletion was seen.
     pred_gone_at: Option<Instant>,
-    /// When this waiter was first seen next in line behind `pred`.
-    next_since: Option<Instant>,
-    /// What the watch of `pred` saw.
-    signal: watch::Sender<PredSignal>,
     last_attempt: Instant,
     watch: Option<AbortOnDrop>,
-    watch2: Option<AbortOnDrop>,
     _keepalive: AbortOnDrop,
 }
 
@@ -136,113 +84,37 @@ impl Shared {
         }
     }
 
-    /// Record that `ek` (created at `rev`) waits behind `pred`, and `pred`
-    /// behind `pred2` (`None`: `pred` is the first key), keeping its lease
-    /// alive meanwhile. For a waiter next in line within
-    /// [`NEXT_IN_LINE`]: how to wait for its predecessor's deletion.
-    fn set_queued(
-        self: &Arc<Self>,
-        ek: &EntryKey,
-        rev: i64,
-        pred: Option<Pred>,
-        pred2: Option<Pred>,
-    ) -> Option<watch::Receiver<PredSignal>> {
+    /// Record that `ek` waits behind `pred` (its key and create revision),
+    /// keeping its lease alive meanwhile.
+    pub(crate) fn set_queued(self: &Arc<Self>, ek: &EntryKey, rev: i64, pred: Option<Pred>) {
         let now = Instant::now();
         let mut entries = lock(&self.entries);
-        let e = entries.get_mut(ek)?;
+        let Some(e) = entries.get_mut(ek) else { return };
         e.rev = rev;
-        let new_watch = |p: &Option<Pred>, first: bool| {
-            p.as_ref()
-                .map(|p| self.spawn_pred_watch(ek.clone(), p.clone(), first))
+        let new_watch = |pred: &Option<Pred>| {
+            pred.as_ref()
+                .map(|p| self.spawn_pred_watch(ek.clone(), p.clone()))
         };
-        if !matches!(e.state, EntryState::Queued(_)) {
-            let keepalive = self.spawn_waiter_keepalive(ek.clone(), e.lease, e.lease_ttl);
-            e.state = EntryState::Queued(Queued {
-                watch: new_watch(&pred, true),
-                watch2: new_watch(&pred2, false),
-                pred: pred.clone(),
-                pred2: pred2.clone(),
-                pred_gone_at: None,
-                next_since: None,
-                signal: watch::Sender::new(PredSignal::Waiting),
-                last_attempt: now,
-                _keepalive: keepalive,
-            });
-        }
-        let EntryState::Queued(q) = &mut e.state else {
-            return None;
-        };
-        q.last_attempt = now;
-        let signal = *q.signal.borrow();
-        if q.pred != pred || (q.watch.is_none() && signal != PredSignal::Gone) {
-            q.watch = new_watch(&pred, true);
-            q.pred = pred;
-            q.pred_gone_at = None;
-            q.next_since = None;
-            q.signal = watch::Sender::new(PredSignal::Waiting);
-        }
-        if q.pred2 != pred2 || (q.watch2.is_none() && pred2.is_some()) {
-            q.watch2 = new_watch(&pred2, false);
-            q.pred2 = pred2;
-        }
-        if q.pred.is_none() || q.pred2.is_some() {
-            return None;
-        }
-        let since = *q.next_since.get_or_insert(now);
-        (now < since + NEXT_IN_LINE).then(|| q.signal.subscribe())
-    }
-
-    /// A queued attempt's outcome (the attempt began at `start`, and the
-    /// server keeps its key's lease at least `ttl` from then): record it
-    /// (see [`set_queued`](Self::set_queued)); a waiter next in line then
-    /// waits up to a [`slice`] for its predecessor's deletion, and holds
-    /// the lock once it is seen: no key can come before it any more (keys
-    /// join only at the back, and its own lease lives). A slice that ends
-    /// asks for the next attempt at once (`expires_in` zero).
-    pub(crate) async fn wait_in_line(
-        self: &Arc<Self>,
-        ek: &EntryKey,
-        (rev, lease): (i64, i64),
-        (pred, pred2): (Option<Pred>, Option<Pred>),
-        start: Instant,
-        ttl: Duration,
-    ) -> Attempt {
-        let Some(mut signal) = self.set_queued(ek, rev, pred, pred2) else {
-            return Attempt::Held { expires_in: None };
-        };
-        let until = Instant::now() + slice(ttl);
-        let seen = tokio::time::timeout_at(until, signal.wait_for(|s| *s != PredSignal::Waiting))
-            .await
-            .map(|r| r.map(|s| *s));
-        match seen {
-            Ok(Ok(PredSignal::Gone)) => self.next_holds(ek, rev, lease, start + ttl),
-            // Woken (wake_owner): the next attempt reads the queue anew.
-            Ok(_) => Attempt::Held { expires_in: None },
-            Err(_) => Attempt::Held {
-                expires_in: Some(Duration::ZERO),
-            },
-        }
-    }
-
-    /// The waiter next in line saw its predecessor go: it holds the lock,
-    /// if its entry is still that queued key on that lease.
-    fn next_holds(&self, ek: &EntryKey, rev: i64, lease: i64, deadline: Instant) -> Attempt {
-        let mut entries = lock(&self.entries);
-        let attempt = match entries.get_mut(ek) {
-            Some(
-                e @ Entry {
-                    state: EntryState::Queued(_),
-                    ..
-                },
-            ) if e.rev == rev && e.lease == lease && next_in_line_gone(&e.state) => {
-                e.keeper = None;
-                e.state = EntryState::Held { deadline };
-                Attempt::Granted(coord_core::FencingToken(rev as u64))
+        match &mut e.state {
+            EntryState::Queued(q) => {
+                q.last_attempt = now;
+                if q.pred != pred || q.watch.is_none() {
+                    q.watch = new_watch(&pred);
+                    q.pred = pred;
+                    q.pred_gone_at = None;
+                }
             }
-            _ => Attempt::Held { expires_in: None },
-        };
-        self.prune(&mut entries);
-        attempt
+            state => {
+                let keepalive = self.spawn_waiter_keepalive(ek.clone(), e.lease, e.lease_ttl);
+                *state = EntryState::Queued(Queued {
+                    watch: new_watch(&pred),
+                    pred,
+                    pred_gone_at: None,
+                    last_attempt: now,
+                    _keepalive: keepalive,
+                });
+            }
+        }
     }
 
     /// Watch the predecessor's key until it is deleted, then wake the
@@ -255,9 +127,7 @@ impl Shared {
     /// whose revision is the compaction's while a watch from that revision
     /// is catching up, without cancelling the watch (etcd-io/etcd#18089).
     /// A stream that breaks is opened and checked again the same way.
-    /// `first`: `pred` is the key just before the waiter's (else the one
-    /// before that, whose end only wakes the waiter to read the queue).
-    fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Pred, first: bool) -> AbortOnDrop {
+    fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Pred) -> AbortOnDrop {
         let shared = self.clone();
         AbortOnDrop(tokio::spawn(async move {
             let mut shutdown = shared.shutdown.clone();
@@ -269,12 +139,8 @@ impl Shared {
                     g = shared.watch_pred(&pred, broke) => g,
                 };
                 match gone {
-                    Ok(deleted) if first => {
-                        shared.pred_gone(&ek, &pred, deleted);
-                        return;
-                    }
-                    Ok(_) => {
-                        shared.pred2_gone(&ek, &pred);
+                    Ok(()) => {
+                        shared.pred_gone(&ek);
                         return;
                     }
                     Err(opened) => {
@@ -294,13 +160,12 @@ impl Shared {
     }
 
     /// One watch of `pred` (see [`spawn_pred_watch`](Self::spawn_pred_watch)):
-    /// `Ok(true)` once the key is gone, `Ok(false)` if the server cancelled
-    /// the watch (the waiter attempts again, which reads the queue anew);
-    /// `Err(opened)` if
+    /// `Ok` once the key is gone (or the server cancelled the watch: the
+    /// waiter attempts again, which reads the queue anew); `Err(opened)` if
     /// the watch broke, `opened` telling whether it was established first.
     /// A watch established after an earlier one broke (`reopening`) counts
     /// as a reconnect.
-    async fn watch_pred(&self, pred: &Pred, reopening: bool) -> std::result::Result<bool, bool> {
+    async fn watch_pred(&self, pred: &Pred, reopening: bool) -> std::result::Result<(), bool> {
         let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let mut wc = self.client.watch_client();
         let mut stream =
@@ -310,7 +175,7 @@ impl Shared {
             };
         // etcd answers a new watch with a "created" response first.
         match tokio::time::timeout(self.timeout, stream.message()).await {
-            Ok(Ok(Some(resp))) if resp.canceled() => return Ok(false),
+            Ok(Ok(Some(resp))) if resp.canceled() => return Ok(()),
             Ok(Ok(Some(resp))) if resp.created() => {
                 if reopening {
                     coord_core::metrics::reconnect("etcd", "watch");
@@ -320,21 +185,19 @@ impl Shared {
         }
         match self.get("lock wait", pred.0.clone(), None).await {
             Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {}
-            Ok(_) => return Ok(true),
+            Ok(_) => return Ok(()),
             Err(_) => return Err(true),
         }
         loop {
             match stream.message().await {
                 Ok(Some(resp)) => {
-                    let deleted = resp
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete);
-                    if resp.canceled() && !deleted {
-                        return Ok(false);
-                    }
-                    if deleted {
-                        return Ok(true);
+                    let gone = resp.canceled()
+                        || resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete);
+                    if gone {
+                        return Ok(());
                     }
                 }
                 _ => return Err(true),
@@ -342,22 +205,14 @@ impl Shared {
         }
     }
 
-    /// The predecessor `pred` of `ek` left (`deleted`; else its watch was
-    /// cancelled): tell a waiting attempt, and wake the waiter of `ek`.
-    /// Only if `pred` is still the waiter's predecessor: a watch replaced
-    /// (and aborted) while it reported must not speak for the next one.
-    fn pred_gone(&self, ek: &EntryKey, pred: &Pred, deleted: bool) {
+    /// The predecessor of `ek` left: wake the waiter of `ek`.
+    fn pred_gone(&self, ek: &EntryKey) {
         let watch = match lock(&self.entries).get_mut(ek) {
             Some(Entry {
                 state: EntryState::Queued(q),
                 ..
-            }) if q.pred.as_ref() == Some(pred) => {
+            }) => {
                 q.pred_gone_at = Some(Instant::now());
-                q.signal.send_replace(if deleted {
-                    PredSignal::Gone
-                } else {
-                    PredSignal::Recheck
-                });
                 q.watch.take()
             }
             _ => None,
@@ -365,31 +220,6 @@ impl Shared {
         self.wake_owner(ek);
         // This runs on the watch task itself, which returns right after.
         drop(watch);
-    }
-
-    /// The key before `ek`'s predecessor (`pred`) left: `ek` may be next in
-    /// line now; wake its waiter to read the queue.
-    fn pred2_gone(&self, ek: &EntryKey, pred: &Pred) {
-        let watch = match lock(&self.entries).get_mut(ek) {
-            Some(Entry {
-                state: EntryState::Queued(q),
-                ..
-            }) if q.pred2.as_ref() == Some(pred) => q.watch2.take(),
-            _ => None,
-        };
-        self.wake_owner(ek);
-        drop(watch);
-    }
-
-    /// A waiting attempt of `ek` must return: the queue is to be read anew.
-    fn recheck(&self, ek: &EntryKey) {
-        if let Some(Entry {
-            state: EntryState::Queued(q),
-            ..
-        }) = lock(&self.entries).get(ek)
-        {
-            q.signal.send_replace(PredSignal::Recheck);
-        }
     }
 
     fn wake_owner(&self, ek: &EntryKey) {
@@ -426,7 +256,6 @@ impl Shared {
                     Ok(false) => {
                         // The key is gone with its lease: the waiter's next
                         // attempt queues again.
-                        shared.recheck(&ek);
                         shared.wake_owner(&ek);
                         return;
                     }
