@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
-use crate::pool::Keeper;
+use crate::pool::{Keeper, reuse_slack};
 use crate::queue::{Queued, clear_last_refused};
 
 /// The retryable error of an attempt whose lease was gone before its write
@@ -222,11 +222,18 @@ impl Shared {
                     } else {
                         None
                     };
-                    let reused = spare.is_some();
+                    // A spare refreshed within the slack needs no
+                    // keepalive: the claim's basis is its `fresh_until`.
+                    let basis = spare
+                        .as_ref()
+                        .map(|s| s.fresh_until)
+                        .filter(|f| *f + reuse_slack(ttl) >= start + ttl);
+                    let reused = spare.is_some() && basis.is_none();
                     let (lease, keeper) = match spare {
                         Some(s) => (s.id, s.keeper),
                         None => (self.grant_lease(ttl_s, op).await?, None),
                     };
+                    let deadline = basis.unwrap_or(start + ttl);
                     // Recorded before the write is sent: a release (or the
                     // cleanup of a cancelled acquire) revokes the lease, so a
                     // write applied late fails or dies with it.
@@ -273,11 +280,11 @@ impl Shared {
                     let (resp, alive) = if reused {
                         tokio::join!(self.txn(op, txn), self.refresh(lease, keeper, op))
                     } else {
-                        (self.txn(op, txn).await, Ok((true, None)))
+                        (self.txn(op, txn).await, Ok((true, keeper)))
                     };
                     let resp = match resp {
                         Ok(r) => r,
-                        Err(e) if is_lease_not_found(&e) && reused => {
+                        Err(e) if is_lease_not_found(&e) && (reused || basis.is_some()) => {
                             // The spare ran out (it carried no keys):
                             // nothing was written. Again, on a new lease.
                             let mut entries = lock(&self.entries);
@@ -320,7 +327,7 @@ impl Shared {
                         let rev = header_rev(&resp);
                         let head = kvs(&resp, 1).into_iter().next();
                         if !queue_mode || head.as_ref().is_some_and(|h| h.key() == key) {
-                            return Ok(self.set_held(&ek, rev, lease, start + ttl, keeper));
+                            return Ok(self.set_held(&ek, rev, lease, deadline, keeper));
                         }
                         let pred = kvs(&resp, 2).into_iter().nth(1);
                         self.set_queued(
@@ -362,7 +369,7 @@ impl Shared {
                             // write was answered) serves the next claim.
                             if alive {
                                 if let Some(e) = lock(&self.entries).remove(&ek) {
-                                    self.put_spare(e.lease, ttl_s, start + ttl, keeper);
+                                    self.put_spare(e.lease, ttl_s, deadline, keeper);
                                 }
                             } else {
                                 self.drop_entry(&ek);

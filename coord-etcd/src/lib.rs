@@ -25,9 +25,13 @@
 //!   key deleted by an owner-checked transaction once every write on its
 //!   lease was answered) leaves its lease without keys: that lease serves
 //!   the next claim of the same TTL, refreshed by a keepalive (on a stream
-//!   kept open) sent with the claim's write. So an uncontended acquire +
-//!   release is two transactions and one keepalive message; a first claim
-//!   of a TTL grants a lease instead. Spare leases are never kept alive
+//!   kept open) sent with the claim's write, unless its last answered
+//!   keepalive was sent within a slack (a fortieth of the TTL, half the
+//!   drift margin, at most 50 ms) of the claim's start: then the claim
+//!   ends, in this client's bookkeeping, where that keepalive says
+//!   (giving up at most the slack). So an uncontended acquire + release
+//!   is two transactions, plus one keepalive message at most once per
+//!   slack; a first claim of a TTL grants a lease instead. Spare leases are never kept alive
 //!   while idle, and are revoked after 5 s unused.
 //!   `extend` refreshes the lease with a keepalive sent after the call
 //!   began (another TTL moves the key to a new lease, keeping its create
@@ -42,8 +46,8 @@
 //!   attempts, subscribes, attempts again) queues a key, which this client
 //!   keeps alive while the waiter waits; the waiter watches only its
 //!   predecessor's key and is the one woken when that key goes. A grant is
-//!   reported only after a keepalive of the key's own lease, sent after the
-//!   attempt began, succeeded. A waiter whose key vanished (its lease
+//!   reported only after a keepalive or grant of the key's own lease, sent
+//!   after the attempt began or within the slack before it, succeeded. A waiter whose key vanished (its lease
 //!   expired) queues again at its next attempt and keeps waiting;
 //!   `release` revokes the owner's lease whether it holds or waits.
 //! - **Semaphores** are FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)

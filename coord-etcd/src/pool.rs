@@ -4,9 +4,14 @@
 //! instead of a grant now and a revocation later. Still one lease per
 //! claim: a spare serves one claim at a time.
 //!
-//! A spare is reused only with a keepalive sent after the attempt began
-//! (on the keepalive stream kept open with it), so the server keeps the
-//! new claim's key at least the claim's TTL, as with a fresh grant. Spares
+//! A spare whose last answered keepalive (or grant) was sent within the
+//! [`reuse_slack`] of the attempt's start serves it as it is: the claim's
+//! validity basis is then that keepalive's send instant (the spare's
+//! `fresh_until`), not the attempt's start, so the claim gives up at most
+//! the slack. An older spare is reused only with a keepalive sent after
+//! the attempt began (on the keepalive stream kept open with it), so the
+//! server keeps the new claim's key at least the claim's TTL, as with a
+//! fresh grant. Spares
 //! are never kept alive while idle: one left unused expires by itself, and
 //! one idle for [`IDLE_GRACE`] is revoked, so an idle client holds no
 //! leases beyond that grace.
@@ -36,11 +41,23 @@ pub(crate) struct Keeper {
     stream: LeaseKeepAliveStream,
 }
 
+/// How much validity a claim may give up to skip the keepalive of a
+/// spare: a fortieth of the TTL, half the drift margin, at most 50 ms. A
+/// guard counts its validity from before the attempt (coord-core), so a
+/// claim on a spare refreshed at most this long before its start keeps at
+/// least half the drift margin before the server's expiry.
+pub(crate) fn reuse_slack(ttl: Duration) -> Duration {
+    (ttl / 40)
+        .min(coord_core::drift(ttl) / 2)
+        .min(Duration::from_millis(50))
+}
+
 /// A lease without keys, ready for the next claim of its TTL.
 pub(crate) struct Spare {
     pub(crate) id: i64,
-    /// The server keeps it at least until then.
-    fresh_until: Instant,
+    /// The server keeps it at least until then: the send instant of its
+    /// last answered keepalive or grant, plus its TTL.
+    pub(crate) fresh_until: Instant,
     idle_since: Instant,
     pub(crate) keeper: Option<Keeper>,
 }

@@ -25,11 +25,15 @@ fn received(server: &EtcdServer, method: &str) -> f64 {
 
 /// An uncontended acquire + release, once the client has a lease of that
 /// TTL to spare, is two transactions (the create, the owner-checked
-/// delete) and one keepalive message on a stream already open: no lease
-/// grant, no revocation, no read. Each claim still has a lease of its own
-/// (a released claim's lease, now without keys, serves the next claim).
+/// delete) and no lease grant, revocation or read. A keepalive message (on
+/// a stream already open) is sent only when the spare's last answered
+/// keepalive is older than the reuse slack (a fortieth of the TTL, half
+/// the drift margin, at most 50 ms): at most one per slack, exactly one
+/// for a reuse after a longer pause, none for a reuse right after one.
+/// Each claim still has a lease of its own (a released claim's lease, now
+/// without keys, serves the next claim).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acquire_release_is_two_txns_and_one_keepalive() {
+async fn acquire_release_is_two_txns_and_a_keepalive_per_slack() {
     let server = EtcdServer::start();
     let coord = coord_etcd::connect(&server.url()).await.unwrap();
     let locks = coord.locks().unwrap();
@@ -59,6 +63,7 @@ async fn acquire_release_is_two_txns_and_one_keepalive() {
     let before = count(&server);
     assert!(before[0] >= 1.0, "the metric is missing");
     const CYCLES: u32 = 50;
+    let started = Instant::now();
     for i in 0..CYCLES {
         let g = locks
             .acquire(&format!("cycle-{}", i % 3), ttl, Duration::ZERO)
@@ -66,17 +71,41 @@ async fn acquire_release_is_two_txns_and_one_keepalive() {
             .unwrap();
         g.release().await.unwrap();
     }
-    let calls: Vec<f64> = count(&server)
+    let elapsed = started.elapsed();
+    let mut calls: Vec<f64> = count(&server)
         .iter()
         .zip(&before)
         .map(|(a, b)| a - b)
         .collect();
-    eprintln!("{CYCLES} acquire+release cycles: calls {methods:?} = {calls:?}");
+    eprintln!("{CYCLES} acquire+release cycles in {elapsed:?}: calls {methods:?} = {calls:?}");
     let n = f64::from(CYCLES);
+    // The slack for this TTL (5 s): min(125 ms, 26 ms, 50 ms).
+    let slack = Duration::from_millis(26);
+    let sent = std::mem::take(&mut calls[3]);
+    let bound = (elapsed.as_secs_f64() / slack.as_secs_f64()).floor() + 1.0;
+    assert!(
+        sent <= bound && sent < n,
+        "{sent} keepalives in {CYCLES} cycles over {elapsed:?} (at most one per {slack:?})"
+    );
     assert_eq!(
         calls,
-        vec![0.0, 2.0 * n, 0.0, n, 0.0],
-        "calls per {CYCLES} cycles: {methods:?} (LeaseKeepAlive: messages)"
+        vec![0.0, 2.0 * n, 0.0, 0.0, 0.0],
+        "calls per {CYCLES} cycles: {methods:?} (LeaseKeepAlive: counted above)"
+    );
+    // A reuse after a pause longer than the slack: exactly one keepalive.
+    sleep(slack * 3).await;
+    let k = received(&server, "LeaseKeepAlive");
+    locks
+        .acquire("cycle-0", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(
+        received(&server, "LeaseKeepAlive") - k,
+        1.0,
+        "a reuse past the slack sent no keepalive"
     );
     // The lease-per-claim rule still holds: a held lock's key is on a
     // lease of its own, with the claim's TTL.
