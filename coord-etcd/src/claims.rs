@@ -15,6 +15,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::handoff::is_head;
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
 use crate::pool::{Keeper, reuse_slack};
@@ -330,11 +331,9 @@ impl Shared {
                             return Ok(self.set_held(&ek, rev, lease, deadline, keeper));
                         }
                         let pred = kvs(&resp, 2).into_iter().nth(1);
-                        self.set_queued(
-                            &ek,
-                            rev,
-                            pred.map(|p| (p.key().to_vec(), p.create_revision())),
-                        );
+                        let pred_head = is_head(head.as_ref(), pred.as_ref());
+                        let pred = pred.map(|p| (p.key().to_vec(), p.create_revision()));
+                        self.set_queued(&ek, rev, pred, pred_head, deadline);
                         return Ok(Attempt::Held { expires_in: None });
                     }
                     match mine {
@@ -390,6 +389,12 @@ impl Shared {
                     lease,
                     ttl: lease_ttl,
                 } => {
+                    if lease_ttl == ttl_s {
+                        let ids = (rev, lease);
+                        if let Some(a) = self.handoff_grant(&ek, &key, ids, start, ttl, op).await? {
+                            return Ok(a);
+                        }
+                    }
                     let txn = Txn::new()
                         .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
                         .and_then([
@@ -427,14 +432,16 @@ impl Shared {
                         continue;
                     }
                     if head.as_ref().is_some_and(|h| h.key() == key) {
-                        return Ok(self.set_held(&ek, rev, lease, start + ttl, None));
+                        let a = self.set_held(&ek, rev, lease, start + ttl, None);
+                        if matches!(a, Attempt::Granted(_)) {
+                            self.head_marker(&ek, &key, rev);
+                        }
+                        return Ok(a);
                     }
                     let pred = kvs(&resp, 1).into_iter().next();
-                    self.set_queued(
-                        &ek,
-                        rev,
-                        pred.map(|p| (p.key().to_vec(), p.create_revision())),
-                    );
+                    let pred_head = is_head(head.as_ref(), pred.as_ref());
+                    let pred = pred.map(|p| (p.key().to_vec(), p.create_revision()));
+                    self.set_queued(&ek, rev, pred, pred_head, start + ttl);
                     return Ok(Attempt::Held { expires_in: None });
                 }
             }

@@ -45,7 +45,14 @@
 //!   nothing behind. Its next attempt (a waiter's: coord-core's wait loop
 //!   attempts, subscribes, attempts again) queues a key, which this client
 //!   keeps alive while the waiter waits; the waiter watches only its
-//!   predecessor's key and is the one woken when that key goes. A grant is
+//!   predecessor's key and is the one woken when that key goes. A waiter
+//!   that knows its predecessor was the holder (the read that queued it
+//!   showed that key first, or it saw that key's head marker: a claim
+//!   that holds after queueing puts its own key once more, in the
+//!   background; a marker wakes nobody) holds as soon as that key is
+//!   deleted, without reading the queue again (keys join only at the
+//!   back), with no request if its lease was refreshed within the slack,
+//!   else after one keepalive. A grant is
 //!   reported only after a keepalive or grant of the key's own lease, sent
 //!   after the attempt began or within the slack before it, succeeded. A waiter whose key vanished (its lease
 //!   expired) queues again at its next attempt and keeps waiting;
@@ -165,6 +172,7 @@
 mod backend;
 mod barrier;
 mod claims;
+mod handoff;
 mod holding;
 mod inspect;
 mod keys;

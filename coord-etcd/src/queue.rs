@@ -18,7 +18,7 @@ use std::time::Duration;
 use coord_core::OwnerToken;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
-use etcd_client::{EventType, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{AbortOnDrop, Shared, lock, wake_key};
@@ -55,7 +55,17 @@ pub(crate) type Pred = (Vec<u8>, i64);
 /// A queued waiter's state.
 pub(crate) struct Queued {
     /// The key just before ours.
-    pred: Option<Pred>,
+    pub(crate) pred: Option<Pred>,
+    /// `pred` was the queue's first key (the holder) at some point: a read
+    /// showed it first, or its head marker was seen (see `handoff.rs`).
+    /// Once it is gone, this waiter is the first key.
+    pub(crate) pred_head: bool,
+    /// `pred` (that create revision) is known deleted: a delete event, or
+    /// absent when its watch began (not a cancelled watch).
+    pub(crate) pred_deleted: bool,
+    /// The server keeps our lease at least until then (send instant of its
+    /// last answered keepalive or grant, plus its TTL), if known.
+    pub(crate) fresh_until: Option<Instant>,
     /// When the predecessor's deletion was seen.
     pred_gone_at: Option<Instant>,
     last_attempt: Instant,
@@ -84,9 +94,17 @@ impl Shared {
         }
     }
 
-    /// Record that `ek` waits behind `pred` (its key and create revision),
-    /// keeping its lease alive meanwhile.
-    pub(crate) fn set_queued(self: &Arc<Self>, ek: &EntryKey, rev: i64, pred: Option<Pred>) {
+    /// Record that `ek` waits behind `pred` (its key and create revision;
+    /// `pred_head`: the same read showed it first), keeping its lease alive
+    /// meanwhile; the server keeps that lease at least until `fresh_until`.
+    pub(crate) fn set_queued(
+        self: &Arc<Self>,
+        ek: &EntryKey,
+        rev: i64,
+        pred: Option<Pred>,
+        pred_head: bool,
+        fresh_until: Instant,
+    ) {
         let now = Instant::now();
         let mut entries = lock(&self.entries);
         let Some(e) = entries.get_mut(ek) else { return };
@@ -98,17 +116,24 @@ impl Shared {
         match &mut e.state {
             EntryState::Queued(q) => {
                 q.last_attempt = now;
+                q.fresh_until = q.fresh_until.max(Some(fresh_until));
                 if q.pred != pred || q.watch.is_none() {
                     q.watch = new_watch(&pred);
                     q.pred = pred;
+                    q.pred_head = false;
+                    q.pred_deleted = false;
                     q.pred_gone_at = None;
                 }
+                q.pred_head |= pred_head;
             }
             state => {
                 let keepalive = self.spawn_waiter_keepalive(ek.clone(), e.lease, e.lease_ttl);
                 *state = EntryState::Queued(Queued {
                     watch: new_watch(&pred),
                     pred,
+                    pred_head,
+                    pred_deleted: false,
+                    fresh_until: Some(fresh_until),
                     pred_gone_at: None,
                     last_attempt: now,
                     _keepalive: keepalive,
@@ -136,11 +161,11 @@ impl Shared {
             loop {
                 let gone = tokio::select! {
                     _ = shutdown.changed() => return,
-                    g = shared.watch_pred(&pred, broke) => g,
+                    g = shared.watch_pred(&ek, &pred, broke) => g,
                 };
                 match gone {
-                    Ok(()) => {
-                        shared.pred_gone(&ek);
+                    Ok(deleted) => {
+                        shared.pred_gone(&ek, deleted);
                         return;
                     }
                     Err(opened) => {
@@ -160,13 +185,21 @@ impl Shared {
     }
 
     /// One watch of `pred` (see [`spawn_pred_watch`](Self::spawn_pred_watch)):
-    /// `Ok` once the key is gone (or the server cancelled the watch: the
-    /// waiter attempts again, which reads the queue anew); `Err(opened)` if
-    /// the watch broke, `opened` telling whether it was established first.
-    /// A watch established after an earlier one broke (`reopening`) counts
-    /// as a reconnect.
-    async fn watch_pred(&self, pred: &Pred, reopening: bool) -> std::result::Result<(), bool> {
-        let opts = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    /// `Ok(true)` once the key is gone, `Ok(false)` if the server cancelled
+    /// the watch (the waiter attempts again, which reads the queue anew);
+    /// `Err(opened)` if the watch broke, `opened` telling whether it was
+    /// established first. A watch established after an earlier one broke
+    /// (`reopening`) counts as a reconnect. A put on `pred` after its
+    /// creation (its head marker, or a holder's extend with another TTL),
+    /// or a version above 1 when the watch began, records that `pred` was
+    /// the holder ([`pred_was_head`](Self::pred_was_head)); it wakes nobody.
+    async fn watch_pred(
+        self: &Arc<Self>,
+        ek: &EntryKey,
+        pred: &Pred,
+        reopening: bool,
+    ) -> std::result::Result<bool, bool> {
+        let opts = WatchOptions::new();
         let mut wc = self.client.watch_client();
         let mut stream =
             match tokio::time::timeout(self.timeout, wc.watch(pred.0.clone(), Some(opts))).await {
@@ -175,7 +208,7 @@ impl Shared {
             };
         // etcd answers a new watch with a "created" response first.
         match tokio::time::timeout(self.timeout, stream.message()).await {
-            Ok(Ok(Some(resp))) if resp.canceled() => return Ok(()),
+            Ok(Ok(Some(resp))) if resp.canceled() => return Ok(false),
             Ok(Ok(Some(resp))) if resp.created() => {
                 if reopening {
                     coord_core::metrics::reconnect("etcd", "watch");
@@ -184,20 +217,30 @@ impl Shared {
             _ => return Err(false),
         }
         match self.get("lock wait", pred.0.clone(), None).await {
-            Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {}
-            Ok(_) => return Ok(()),
+            Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {
+                if kvs[0].version() > 1 {
+                    self.pred_was_head(ek, pred);
+                }
+            }
+            Ok(_) => return Ok(true),
             Err(_) => return Err(true),
         }
         loop {
             match stream.message().await {
                 Ok(Some(resp)) => {
-                    let gone = resp.canceled()
-                        || resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete);
-                    if gone {
-                        return Ok(());
+                    if resp.canceled() {
+                        return Ok(false);
+                    }
+                    let events = resp.events();
+                    if events.iter().any(|e| e.event_type() == EventType::Delete) {
+                        return Ok(true);
+                    }
+                    let marked = events.iter().any(|e| {
+                        e.kv()
+                            .is_some_and(|kv| kv.create_revision() == pred.1 && kv.version() > 1)
+                    });
+                    if marked {
+                        self.pred_was_head(ek, pred);
                     }
                 }
                 _ => return Err(true),
@@ -205,13 +248,15 @@ impl Shared {
         }
     }
 
-    /// The predecessor of `ek` left: wake the waiter of `ek`.
-    fn pred_gone(&self, ek: &EntryKey) {
+    /// The predecessor of `ek` left (`deleted`), or its watch was
+    /// cancelled: wake the waiter of `ek`.
+    fn pred_gone(&self, ek: &EntryKey, deleted: bool) {
         let watch = match lock(&self.entries).get_mut(ek) {
             Some(Entry {
                 state: EntryState::Queued(q),
                 ..
             }) => {
+                q.pred_deleted = deleted;
                 q.pred_gone_at = Some(Instant::now());
                 q.watch.take()
             }
@@ -222,7 +267,7 @@ impl Shared {
         drop(watch);
     }
 
-    fn wake_owner(&self, ek: &EntryKey) {
+    pub(crate) fn wake_owner(&self, ek: &EntryKey) {
         if !self.wakeups.notify_one(&owner_wake_key(ek)) {
             self.wakeups.notify_all(&wake_key(ek.0, &ek.1));
         }
@@ -251,9 +296,14 @@ impl Shared {
                 if Instant::now() < next_keepalive {
                     continue;
                 }
+                let sent = Instant::now();
                 match shared.keepalive_once(lease, "lock wait keepalive").await {
-                    Ok(true) => next_keepalive = Instant::now() + period,
+                    Ok(true) => {
+                        shared.set_fresh(&ek, lease, Some(sent + Duration::from_secs(ttl)));
+                        next_keepalive = Instant::now() + period;
+                    }
                     Ok(false) => {
+                        shared.set_fresh(&ek, lease, None);
                         // The key is gone with its lease: the waiter's next
                         // attempt queues again.
                         shared.wake_owner(&ek);
