@@ -165,6 +165,15 @@ impl PostgresBuilder {
     /// connections in use: size it to the concurrent calls you expect, and
     /// keep `clients x pool_size` within the server's `max_connections`
     /// (or PgBouncer's `max_client_conn`).
+    ///
+    /// Closing idle connections rides on the background sweep: with
+    /// [`sweep_every`](Self::sweep_every) `None`, opened connections stay
+    /// open until the client is dropped. Behind PgBouncer this pool holds
+    /// connections to PgBouncer, not to the server: the server-side
+    /// concurrency is PgBouncer's `default_pool_size` (per database and
+    /// user, shared by every client), and calls beyond it wait in
+    /// PgBouncer's queue (bounded by its `query_wait_timeout`) instead of
+    /// this one, still within the call timeout.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = Some(size.max(1));
         self
