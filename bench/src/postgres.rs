@@ -6,7 +6,8 @@
 //! limiter commits (check); `SELECT 1` (round trip). Peer: session advisory
 //! locks, each task or waiter on its own connection (`pg_try_advisory_lock`
 //! for the cycle, the blocking `pg_advisory_lock` for handoff). coord
-//! itself uses its default pool of 8 connections for all tasks.
+//! itself uses its default pool (up to 32 connections, opened on demand)
+//! for all tasks.
 
 use std::sync::Arc;
 
