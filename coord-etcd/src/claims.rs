@@ -18,7 +18,7 @@ use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::handoff::is_head;
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
-use crate::pool::{Keeper, reuse_slack};
+use crate::pool::{Keeper, fresh_enough};
 use crate::queue::{Queued, clear_last_refused};
 
 /// The retryable error of an attempt whose lease was gone before its write
@@ -228,7 +228,7 @@ impl Shared {
                     let basis = spare
                         .as_ref()
                         .map(|s| s.fresh_until)
-                        .filter(|f| *f + reuse_slack(ttl) >= start + ttl);
+                        .filter(|f| fresh_enough(*f, start, ttl));
                     let reused = spare.is_some() && basis.is_none();
                     let (lease, keeper) = match spare {
                         Some(s) => (s.id, s.keeper),

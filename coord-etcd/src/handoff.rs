@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Shared, lock};
 use crate::claims::{Entry, EntryKey, EntryState};
-use crate::pool::reuse_slack;
+use crate::pool::fresh_enough;
 use crate::queue::Pred;
 
 /// Whether `pred` is the queue's first key `head` (both read in one
@@ -118,7 +118,7 @@ impl Shared {
             }) if *r == rev && *l == lease && q.pred_head && q.pred_deleted => q.fresh_until,
             _ => return Ok(None),
         };
-        let deadline = match fresh.filter(|f| *f + reuse_slack(ttl) >= start + ttl) {
+        let deadline = match fresh.filter(|f| fresh_enough(*f, start, ttl)) {
             Some(f) => f,
             // Sent after the attempt began: the lease lives a TTL from then.
             None if self.keepalive_once(lease, op).await? => start + ttl,

@@ -52,6 +52,13 @@ pub(crate) fn reuse_slack(ttl: Duration) -> Duration {
         .min(Duration::from_millis(50))
 }
 
+/// Whether a lease the server keeps until `fresh_until` can carry a claim
+/// of `ttl` begun at `start` without a keepalive: it gives up at most the
+/// [`reuse_slack`]. The one rule for spares and for queued waiters.
+pub(crate) fn fresh_enough(fresh_until: Instant, start: Instant, ttl: Duration) -> bool {
+    fresh_until + reuse_slack(ttl) >= start + ttl
+}
+
 /// A lease without keys, ready for the next claim of its TTL.
 pub(crate) struct Spare {
     pub(crate) id: i64,
