@@ -184,13 +184,17 @@ impl Inner {
     }
 
     fn mark_lost(&self, why: &'static str) {
-        if !self.lost_flag.swap(true, Ordering::AcqRel) {
+        let first = !self.lost_flag.swap(true, Ordering::AcqRel);
+        // The token before anything else, and by every caller, not only the
+        // first: a second caller returns from `lost()` right after this, and
+        // must not do so while the first is still logging (tests/lost_signal.rs
+        // in coord-memory). `token()` covers a token made after the flag.
+        if let Some(t) = self.lost_token.get() {
+            t.cancel();
+        }
+        if first {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
             metrics::lost(self.backend.store(), self.backend.metric_kind());
-            // Token first: whoever wakes from `lost()` must see it cancelled.
-            if let Some(t) = self.lost_token.get() {
-                t.cancel();
-            }
             self.lost_notify.notify_waiters();
         }
     }
