@@ -231,7 +231,14 @@ impl Shared {
         }
     }
 
-    /// Remove the holder, whoever it is: revoke its key's lease.
+    /// Remove the holder, whoever it is: delete the key read as the head,
+    /// by its create revision. Never by revoking the key's lease: a lease
+    /// outlives the claim it carried (a released claim's lease is a spare
+    /// that carries its client's next claim), so between the read and the
+    /// revoke the lease may come to carry a claim nobody asked to remove
+    /// (tests/force_release.rs). The holder's lease, left without the key,
+    /// is ended by the holder (its next extend or release finds the key
+    /// gone) or lapses with its TTL.
     pub(crate) async fn force_release_claim(
         &self,
         kind: Kind,
@@ -242,12 +249,6 @@ impl Shared {
             let Some(first) = self.head(kind, name, op).await? else {
                 return Ok(false);
             };
-            if first.lease() != 0 {
-                if self.revoke(first.lease(), op).await? {
-                    return Ok(true);
-                }
-                continue;
-            }
             let txn = Txn::new()
                 .when([Compare::create_revision(
                     first.key().to_vec(),
