@@ -97,6 +97,28 @@ impl ClaimKeys {
             ClaimKeys::Seed(k) => &k[0],
         }
     }
+
+    /// The mark `owner` (32 hex digits) leaves against late copies of its
+    /// attempts (`coord_core::late`, see `scripts::late`):
+    /// `<claim>:left:<owner>`, in the claim's hash slot; in
+    /// [`Layout::Seed`] beside the grant key, under the prefix.
+    pub fn left(&self, owner: &str) -> String {
+        let base = match self {
+            ClaimKeys::One(k) => k.as_str(),
+            ClaimKeys::Seed(k) => k[1].strip_suffix(":grant").unwrap_or(&k[1]),
+        };
+        left_key(base, owner)
+    }
+}
+
+/// `<base>:left:<owner>`: the mark of an owner that left a claim (or an
+/// election) while one of its attempts went unanswered.
+pub(crate) fn left_key(base: &str, owner: &str) -> String {
+    let mut k = String::with_capacity(base.len() + 6 + owner.len());
+    k.push_str(base);
+    k.push_str(":left:");
+    k.push_str(owner);
+    k
 }
 
 /// Builds every key from the prefix and layout.
@@ -305,6 +327,11 @@ mod tests {
         );
         assert_eq!(k.lease("w7").claim(), "coord:lease:{w7}");
         assert_eq!(k.election("main"), ["coord:election:{main}".to_string()]);
+        assert_eq!(
+            k.lock("orders").unwrap().left("ab"),
+            "coord:lock:{orders}:left:ab"
+        );
+        assert_eq!(k.lease("w7").left("ab"), "coord:lease:{w7}:left:ab");
         assert_eq!(k.limiter("api", "log").unwrap(), "coord:limiter:{api}:log");
         assert_eq!(k.lock("}{").unwrap().claim(), "coord:lock:{%7D%7B}");
         assert_eq!(k.fence("%7D"), "coord:fence:{%257D}");
@@ -337,6 +364,10 @@ mod tests {
         };
         assert_eq!(lock, "order_process_7");
         assert_eq!(counter, "fencing_token_order_process_7");
+        assert_eq!(
+            k.lock("order_process_7").unwrap().left("ab"),
+            "coord:lock:{order_process_7}:left:ab"
+        );
         assert_eq!(k.fence("order_process_7"), counter);
         assert_eq!(k.limiter("api:user1", "log").unwrap(), "api:user1");
         assert!(k.lock("fencing_token_x").is_err());

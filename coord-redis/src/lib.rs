@@ -196,6 +196,27 @@
 //! since wake-ups may have been missed meanwhile. The subscriber task ends
 //! when the backend is dropped.
 //!
+//! ## Late copies of attempts
+//!
+//! An attempt whose call timed out (or whose connection broke, or whose
+//! acquire was cancelled) may still reach the server later: the client
+//! replaces the connection after a timeout, so its cleanup (the release)
+//! can overtake a copy delayed on the old one. Landing on a free name, the
+//! copy would take a lock, lease or leadership for nobody, for its TTL.
+//! So every lock, lease and campaign attempt carries a stamp of this
+//! process (`coord_core::late`), and the release (revoke, resignation) of
+//! an owner one of whose attempts went unanswered leaves a mark,
+//! `<claim key>:left:<owner>` in the claim's hash slot, holding the
+//! release's stamp for 10 s (or twice the call timeout), whether or not the
+//! owner held the claim. Every attempt looks its owner's mark up first (one
+//! `GET`, a miss nearly always, in the same script: no round trip more) and
+//! is refused, changing nothing, when stamped before it. The owner's own
+//! later attempts (a raw-trait caller may reuse an owner) are stamped after
+//! it and go on as usual. A release after answered attempts leaves no
+//! mark. Semaphores do the same with their own keys (see "Semaphores").
+//! Not covered: a copy later than the mark's lifetime, and an owner token
+//! shared between processes.
+//!
 //! ## Semaphores
 //!
 //! A name's keys are `<prefix>semaphore:{name}` (a hash: `total`, `held`
@@ -302,7 +323,11 @@
 //!   held; a release leaves `=<token>` for the rest of the TTL (so a grant
 //!   right after it rises above it even within one µs), then nothing. The
 //!   fencing token lives in the claim, so a grant costs one read and one
-//!   write, like the raw `SET NX`;
+//!   write, like the raw `SET NX` (and the lookup of the owner's late-copy
+//!   mark, a miss);
+//! - the release of a lock, lease or leadership whose owner had an
+//!   attempt unanswered leaves `<claim key>:left:<owner>` for 10 s, or
+//!   twice the call timeout (see "Late copies of attempts");
 //! - a semaphore's keys live until its latest grant or queue place ends;
 //! - a work queue's keys live while it holds messages; once it holds none
 //!   (acked or purged), only its dedup ids stay, until their windows end,

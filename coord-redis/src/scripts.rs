@@ -45,6 +45,37 @@ local t = redis.call('TIME')
 local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
 "#;
 
+/// The refusal of a late copy of an attempt (`coord_core::late`): the
+/// attempt's owner left a mark in `KEYS[key]` (the release's stamp, written
+/// when the owner released while one of its attempts went unanswered) and
+/// this attempt is stamped (`ARGV[stamp]`) before it. Refused, it changes
+/// nothing and says the claim is held (its PTTL: -2 when free). One key
+/// lookup (a miss, nearly always) per attempt. Stamps are µs since the Unix
+/// epoch, exact in a Lua number (below 2^53) until the year 2255.
+fn late(key: usize, stamp: usize) -> String {
+    format!(
+        "local gone = redis.call('GET', KEYS[{key}])\n\
+         if gone and tonumber(ARGV[{stamp}]) < tonumber(gone) then\n\
+         \x20 return {{0, redis.call('PTTL', KEYS[1])}}\n\
+         end\n"
+    )
+}
+
+/// A release's mark against late copies of its owner's attempts (see
+/// [`late`]): when the release names the mark's key (`KEYS[key]`, only
+/// passed by the release of an owner with an unanswered attempt), the
+/// release's stamp (`ARGV[stamp]`) is kept there for `ARGV[stamp + 1]` ms,
+/// whether or not the owner holds the claim. A release after answered
+/// attempts (nearly all) names no such key and costs nothing more.
+fn mark(key: usize, stamp: usize) -> String {
+    let ttl = stamp + 1;
+    format!(
+        "if KEYS[{key}] then\n\
+         \x20 redis.call('SET', KEYS[{key}], ARGV[{stamp}], 'PX', ARGV[{ttl}])\n\
+         end\n"
+    )
+}
+
 /// `later(a, b)`: whether decimal string `a` is above `b` (no leading
 /// zeros: the longer is larger, equal lengths compare as text); the
 /// successor of a decimal string, exactly (no Lua number involved); and
@@ -85,11 +116,14 @@ end
 ///   the next grant rises above. Either way the name costs nothing once
 ///   its TTL (and the clock) has passed its token.
 ///
-/// Acquire. KEYS: claim. ARGV: owner, ttl ms, '1' if this client has a
+/// Acquire. KEYS: claim, the owner's mark against late copies (see
+/// [`late`], checked first). ARGV: owner, ttl ms, '1' if this client has a
 /// waiter on the name, '2' if it has several (then a grant is marked too:
-/// one of them may be the one granted, the others still wait). Returns `{1, token}` when granted (or already held
-/// by this owner: the same token, TTL refreshed), `{0, pttl}` when held by
-/// another. A free name costs `TIME` + `SET NX PX`, the raw lock's own
+/// one of them may be the one granted, the others still wait), the
+/// client's stamp of the attempt. Returns `{1, token}` when granted (or
+/// already held by this owner: the same token, TTL refreshed), `{0, pttl}`
+/// when held by another (or refused as a late copy). A free name costs the
+/// mark's `GET` (a miss) + `TIME` + `SET NX PX`, the raw lock's own
 /// command; this is that fast path.
 const ACQUIRE_FREE: &str = r#"
 local mark = ARGV[3] == '2' and '*' or ''
@@ -99,12 +133,12 @@ end
 local tail = ''
 "#;
 
-/// [`ACQUIRE_FREE`] for a grant with holder metadata. `ARGV[4]`: the
+/// [`ACQUIRE_FREE`] for a grant with holder metadata. `ARGV[5]`: the
 /// metadata, stored as `~<metadata>~` after the token (`tail`). Only a new
 /// grant writes it: a retry by the holder keeps its grant as it is.
 const ACQUIRE_FREE_META: &str = r#"
 local mark = ARGV[3] == '2' and '*' or ''
-local tail = '~' .. ARGV[4] .. '~'
+local tail = '~' .. ARGV[5] .. '~'
 if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. now .. tail .. mark, 'NX', 'PX', ARGV[2]) then
   return {1, now}
 end
@@ -209,7 +243,8 @@ return 1
 "#;
 
 /// Compare-and-release (see [`FREE`]), publishing a wake-up only when
-/// somebody waits. KEYS: claim. ARGV: owner, channel, payload.
+/// somebody waits. KEYS: claim [, the owner's mark (see [`mark`])].
+/// ARGV: owner, channel, payload [, stamp, mark ttl ms].
 const RELEASE: &str = r#"
 local tok, waited = held_by(redis.call('GET', KEYS[1]), ARGV[1])
 if not tok then return 0 end
@@ -285,15 +320,17 @@ return out
 /// left behind by a claim deleted under it is never shown for another
 /// holder). The PHP class never reads that key.
 ///
-/// Acquire (this, then [`SEED_ACQUIRE_REST`]). KEYS: claim, grant,
-/// counter. ARGV: owner, ttl ms.
+/// Acquire (the late-copy check, this, then [`SEED_ACQUIRE_REST`]).
+/// KEYS: claim, grant, counter, the owner's mark (see [`late`]). ARGV:
+/// owner, ttl ms, stamp.
 const SEED_ACQUIRE: &str = r#"
 local tail = ''
 "#;
 
-/// [`SEED_ACQUIRE`] with holder metadata. ARGV: owner, ttl ms, metadata.
+/// [`SEED_ACQUIRE`] with holder metadata. ARGV: owner, ttl ms, stamp,
+/// metadata.
 const SEED_ACQUIRE_META: &str = r#"
-local tail = '~' .. ARGV[1] .. '~' .. ARGV[3] .. '~'
+local tail = '~' .. ARGV[1] .. '~' .. ARGV[4] .. '~'
 "#;
 
 /// The rest of a seed-layout acquire: a new grant writes `tail` after its
@@ -342,7 +379,8 @@ return out
 "#;
 
 /// Seed layout: compare-and-delete, then publish a wake-up.
-/// KEYS: claim, grant. ARGV: owner, channel, payload.
+/// KEYS: claim, grant [, the owner's mark (see [`mark`])]. ARGV: owner,
+/// channel, payload [, stamp, mark ttl ms].
 const SEED_RELEASE: &str = r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
@@ -381,9 +419,10 @@ redis.call('SET', KEYS[1], tok, 'PX', ARGV[1])
 return tok
 "#;
 
-/// Campaign. KEYS: election hash (owner, candidate, term; after a
-/// resignation only the last term, on the rest of the TTL).
-/// ARGV: owner, ttl ms, candidate, channel, payload.
+/// Campaign (after the late-copy check, see [`late`]). KEYS: election hash
+/// (owner, candidate, term; after a resignation only the last term, on the
+/// rest of the TTL), the owner's mark. ARGV: owner, ttl ms, candidate,
+/// channel, payload, stamp.
 const CAMPAIGN: &str = r#"
 local cur = redis.call('HMGET', KEYS[1], 'owner', 'term')
 if cur[1] == ARGV[1] then
@@ -418,8 +457,9 @@ return {cur[1], cur[2] or '', cur[3] or '', redis.call('PTTL', KEYS[1])}
 "#;
 
 /// Resign: keep only the term, on the rest of the TTL, so the next term
-/// rises above it even within the same µs. KEYS: election hash.
-/// ARGV: owner, channel, payload.
+/// rises above it even within the same µs. KEYS: election hash [, the
+/// owner's mark (see [`mark`])]. ARGV: owner, channel, payload [, stamp,
+/// mark ttl ms].
 const RESIGN: &str = r#"
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'owner', 'candidate')
@@ -632,6 +672,8 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub fn new() -> Self {
         let mut sources = Vec::new();
+        let (late_claim, late_seed, late_campaign) = (late(2, 4), late(4, 3), late(2, 6));
+        let (mark_claim, mark_seed) = (mark(2, 4), mark(3, 4));
         let mut mk = |parts: &[&str]| {
             let src = parts.concat();
             let script = Script::new(&src);
@@ -639,24 +681,24 @@ impl Scripts {
             script
         };
         Scripts {
-            acquire: mk(&[NOW, ACQUIRE_FREE, NEXT_TOKEN, ACQUIRE]),
-            release: mk(&[HELD_BY, FREE, RELEASE]),
+            acquire: mk(&[&late_claim, NOW, ACQUIRE_FREE, NEXT_TOKEN, ACQUIRE]),
+            release: mk(&[HELD_BY, FREE, &mark_claim, RELEASE]),
             extend: mk(&[HELD_BY, EXTEND]),
             force_release: mk(&[FREE, FORCE_RELEASE]),
             raise: mk(&[RAISE]),
             remaining: mk(&[REMAINING]),
-            acquire_meta: mk(&[NOW, ACQUIRE_FREE_META, NEXT_TOKEN, ACQUIRE]),
+            acquire_meta: mk(&[&late_claim, NOW, ACQUIRE_FREE_META, NEXT_TOKEN, ACQUIRE]),
             inspect: mk(&[INSPECT]),
-            seed_acquire: mk(&[ISSUE, SEED_ACQUIRE, SEED_ACQUIRE_REST]),
-            seed_acquire_meta: mk(&[ISSUE, SEED_ACQUIRE_META, SEED_ACQUIRE_REST]),
+            seed_acquire: mk(&[&late_seed, ISSUE, SEED_ACQUIRE, SEED_ACQUIRE_REST]),
+            seed_acquire_meta: mk(&[&late_seed, ISSUE, SEED_ACQUIRE_META, SEED_ACQUIRE_REST]),
             seed_inspect: mk(&[SEED_INSPECT]),
-            seed_release: mk(&[SEED_RELEASE]),
+            seed_release: mk(&[&mark_seed, SEED_RELEASE]),
             seed_extend: mk(&[SEED_EXTEND]),
             seed_force_release: mk(&[SEED_FORCE_RELEASE]),
             fence_next: mk(&[ISSUE, NOW, NEXT_TOKEN, FENCE_NEXT]),
-            campaign: mk(&[NOW, NEXT_TOKEN, CAMPAIGN]),
+            campaign: mk(&[&late_campaign, NOW, NEXT_TOKEN, CAMPAIGN]),
             election_renew: mk(&[ELECTION_RENEW]),
-            resign: mk(&[RESIGN]),
+            resign: mk(&[&mark_claim, RESIGN]),
             election_inspect: mk(&[ELECTION_INSPECT]),
             arrive: mk(&[ARRIVE]),
             withdraw: mk(&[WITHDRAW]),

@@ -152,14 +152,12 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
 /// It must not take the lock for nobody (for its whole TTL, 60 s): the
 /// next acquire must be granted.
 ///
-/// Fails today (the late copy is granted): semaphores refuse such copies
-/// (`coord_core::late`), locks do not yet. Candidate fixes: kill the
-/// abandoned connection on the server (`CLIENT KILL ID`) before anything
-/// else is sent after a call timeout, so nothing still in flight on it can
-/// run (every primitive at once, no cost on the fast path); or a marker
-/// checked by every acquire (one more key per acquire).
+/// Failed before the claims got late-copy marks (the late copy was
+/// granted). Fixed as semaphores are (`coord_core::late`): the waiter's
+/// cleanup release leaves its owner's mark, and the copy, stamped before
+/// it, is refused. `tests/late_claims.rs` has the same case for the seed
+/// layout, leases and elections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a late copy of a timed-out lock attempt takes the lock for its TTL"]
 async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     use conformance::testkit::proxy::FaultProxy;
     let server = RedisServer::start();

@@ -1,9 +1,21 @@
 //! Locks, leases and fencing sources: claims with a fencing token, and
 //! the holder metadata stored in a claim (see the crate docs).
+//!
+//! Late copies of attempts (`coord_core::late`, as for semaphores): every
+//! attempt carries a stamp of this process and is remembered until its
+//! reply arrives; the release of an owner one of whose attempts went
+//! unanswered (a call timeout, a broken connection, a cancelled acquire)
+//! leaves a mark `<claim>:left:<owner>` holding the release's stamp for
+//! [`LEFT_MARKER_TTL`] (or twice the call timeout), held or not. Every
+//! attempt looks its owner's mark up first (one key lookup, in the claim's
+//! slot) and, stamped before it, is refused and changes nothing: a copy
+//! delayed in the network cannot take a claim its owner gave up and left.
+//! Releases after answered attempts leave no mark.
 
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
+use coord_core::late::stamp;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
@@ -12,7 +24,39 @@ use redis::Value;
 use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, unexpected};
 use crate::keys::{ClaimKeys, Keys, Layout};
 
+/// How long the release of an owner with an unanswered attempt keeps that
+/// owner's attempts stamped before it from being granted or queued (at
+/// least; twice the call timeout if that is longer): far above any call
+/// timeout a late copy of an attempt could have outlived. A copy later
+/// than that is an ordinary attempt again.
+pub(crate) const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
+
 impl RedisBackend {
+    /// The lifetime of a left owner's mark in ms, as a script argument.
+    pub(crate) fn left_marker_ms(&self) -> String {
+        ms(LEFT_MARKER_TTL.max(self.timeout * 2)).to_string()
+    }
+
+    /// Whether `owner`'s release of the claim (or election) at `key` must
+    /// leave a mark: `Some((mark key, stamp, mark ttl ms))` if one of its
+    /// attempts went unanswered. Stamped after every attempt of this owner
+    /// was sent. Call [`Self::left_marked`] once the release was answered.
+    pub(crate) fn left_mark(
+        &self,
+        key: &str,
+        owner: &OwnerToken,
+        mark_key: impl FnOnce() -> String,
+    ) -> Option<(String, String, String)> {
+        self.claims_unanswered
+            .contains(key, owner)
+            .then(|| (mark_key(), stamp().to_string(), self.left_marker_ms()))
+    }
+
+    /// The mark of `owner` at `key` is on the server: forget the owner.
+    pub(crate) fn left_marked(&self, key: &str, owner: &OwnerToken) {
+        self.claims_unanswered.forget(key, owner);
+    }
+
     /// Run `one` on a default-layout claim, or `seed` on a seed-layout
     /// claim's key and grant key (release, extend, force release).
     pub(crate) async fn claim_eval(
@@ -40,7 +84,10 @@ impl RedisBackend {
         ttl: Duration,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
+        let pending = self.claims_unanswered.attempt(keys.claim(), *owner);
         let owner = owner.to_hex();
+        let left = keys.left(&owner);
+        let at = stamp().to_string();
         let ttl = ms(ttl).to_string();
         let v = match keys {
             ClaimKeys::One(claim) => {
@@ -54,22 +101,23 @@ impl RedisBackend {
                     1 => b"1",
                     _ => b"2",
                 };
-                let args = [owner.as_bytes(), ttl.as_bytes(), flag];
+                let args = [owner.as_bytes(), ttl.as_bytes(), flag, at.as_bytes()];
+                let keys = [claim.as_str(), &left];
                 match meta {
                     None => {
                         let script = &self.scripts.acquire;
-                        self.eval(operation, script, &[claim], &args).await?
+                        self.eval(operation, script, &keys, &args).await?
                     }
                     Some(m) => {
                         let script = &self.scripts.acquire_meta;
-                        let args = [args[0], args[1], args[2], m];
-                        self.eval(operation, script, &[claim], &args).await?
+                        let args = [args[0], args[1], args[2], args[3], m];
+                        self.eval(operation, script, &keys, &args).await?
                     }
                 }
             }
             ClaimKeys::Seed(k) => {
-                let keys = [k[0].as_str(), &k[1], &k[2]];
-                let args = [owner.as_bytes(), ttl.as_bytes()];
+                let keys = [k[0].as_str(), &k[1], &k[2], &left];
+                let args = [owner.as_bytes(), ttl.as_bytes(), at.as_bytes()];
                 match meta {
                     None => {
                         let script = &self.scripts.seed_acquire;
@@ -77,12 +125,13 @@ impl RedisBackend {
                     }
                     Some(m) => {
                         let script = &self.scripts.seed_acquire_meta;
-                        self.eval(operation, script, &keys, &[args[0], args[1], m])
-                            .await?
+                        let args = [args[0], args[1], args[2], m];
+                        self.eval(operation, script, &keys, &args).await?
                     }
                 }
             }
         };
+        pending.answered();
         attempt(operation, &v)
     }
 
@@ -115,10 +164,29 @@ impl RedisBackend {
         owner: &OwnerToken,
         (channel, payload): (String, String),
     ) -> Result<bool> {
-        let owner = owner.to_hex();
-        let args = [owner.as_bytes(), channel.as_bytes(), payload.as_bytes()];
-        let scripts = (&self.scripts.release, &self.scripts.seed_release);
-        let v = self.claim_eval(operation, keys, scripts, &args).await?;
+        let hex = owner.to_hex();
+        let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
+        let Some((left, at, ttl)) = self.left_mark(keys.claim(), owner, || keys.left(&hex)) else {
+            let scripts = (&self.scripts.release, &self.scripts.seed_release);
+            let v = self.claim_eval(operation, keys, scripts, &args).await?;
+            return flag(operation, &v);
+        };
+        // The owner left with an attempt unanswered: the release names its
+        // mark (see `scripts::mark`), so a late copy is refused.
+        let args = [args[0], args[1], args[2], at.as_bytes(), ttl.as_bytes()];
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                let keys = [claim.as_str(), &left];
+                self.eval(operation, &self.scripts.release, &keys, &args)
+                    .await?
+            }
+            ClaimKeys::Seed(k) => {
+                let keys = [k[0].as_str(), &k[1], &left];
+                self.eval(operation, &self.scripts.seed_release, &keys, &args)
+                    .await?
+            }
+        };
+        self.left_marked(keys.claim(), owner);
         flag(operation, &v)
     }
 

@@ -1,8 +1,14 @@
 //! Elections: leadership as a claim whose term is a fencing token.
+//!
+//! Late copies of campaign attempts are refused as for locks (see
+//! `claims.rs`): a campaign is stamped and remembered until answered, and
+//! the resignation of an owner with an unanswered campaign attempt leaves
+//! the mark `<election>:left:<owner>` that a copy stamped before it meets.
 
 use std::time::Duration;
 
 use coord_core::inspect::{HolderRecord, LeaderRecord};
+use coord_core::late::stamp;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -11,7 +17,7 @@ use coord_core::{
 use redis::Value;
 
 use super::{RedisBackend, attempt, flag, int, ms, unexpected};
-use crate::keys::Keys;
+use crate::keys::{Keys, left_key};
 
 #[async_trait]
 impl coord_core::Election for RedisBackend {
@@ -26,24 +32,28 @@ impl coord_core::Election for RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt> {
-        let keys = self.keys.election(name);
+        let [key] = self.keys.election(name);
+        let pending = self.claims_unanswered.attempt(&key, *owner);
         let owner = owner.to_hex();
-        let ttl = ms(ttl).to_string();
+        let left = left_key(&key, &owner);
+        let (ttl, at) = (ms(ttl).to_string(), stamp().to_string());
         let (channel, payload) = self.wake_args(Kind::Election, name);
         let v = self
             .eval(
                 "election campaign",
                 &self.scripts.campaign,
-                &[&keys[0]],
+                &[&key, &left],
                 &[
                     owner.as_bytes(),
                     ttl.as_bytes(),
                     candidate.as_bytes(),
                     channel.as_bytes(),
                     payload.as_bytes(),
+                    at.as_bytes(),
                 ],
             )
             .await?;
+        pending.answered();
         attempt("election campaign", &v)
     }
 
@@ -63,18 +73,21 @@ impl coord_core::Election for RedisBackend {
     }
 
     async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let keys = self.keys.election(name);
-        let owner = owner.to_hex();
+        let [key] = self.keys.election(name);
+        let hex = owner.to_hex();
         let (channel, payload) = self.wake_args(Kind::Election, name);
-        let v = self
-            .eval(
-                "election resign",
-                &self.scripts.resign,
-                &[&keys[0]],
-                &[owner.as_bytes(), channel.as_bytes(), payload.as_bytes()],
-            )
-            .await?;
-        flag("election resign", &v)
+        let op = "election resign";
+        let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
+        let script = &self.scripts.resign;
+        let Some((left, at, ttl)) = self.left_mark(&key, owner, || left_key(&key, &hex)) else {
+            let v = self.eval(op, script, &[&key], &args).await?;
+            return flag(op, &v);
+        };
+        // A campaign attempt of this owner went unanswered: leave its mark.
+        let args = [args[0], args[1], args[2], at.as_bytes(), ttl.as_bytes()];
+        let v = self.eval(op, script, &[&key, &left], &args).await?;
+        self.left_marked(&key, owner);
+        flag(op, &v)
     }
 
     async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {

@@ -49,6 +49,9 @@ pub struct RedisBackend {
     /// Semaphore owners with an attempt that went unanswered
     /// (`coord_core::late`).
     unanswered: coord_core::late::Unanswered,
+    /// Lock, lease and election owners with an attempt that went
+    /// unanswered, by claim key (so kinds never mix).
+    claims_unanswered: coord_core::late::Unanswered,
     scripts: Scripts,
     password: Option<Secret>,
     endpoint: String,
@@ -547,6 +550,7 @@ impl RedisBackend {
             },
             wakeups,
             unanswered: Default::default(),
+            claims_unanswered: Default::default(),
             scripts,
             password,
             endpoint,

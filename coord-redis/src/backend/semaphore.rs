@@ -19,7 +19,7 @@
 //! carry a stamp of this process, and the backend remembers owners with an
 //! attempt that went unanswered (the call timed out or was cancelled, so a
 //! copy may still be on its way, delayed in the network). Such an owner's
-//! release leaves a marker for [`LEFT_MARKER_TTL`] (or twice the call
+//! release leaves a marker for `LEFT_MARKER_TTL` (10 s, in `claims.rs`; or twice the call
 //! timeout); an attempt of that owner stamped before it is then refused and
 //! changes nothing, so it cannot bring back the place its owner left (which
 //! would block the name until the place lapsed, [`QUEUE_ENTRY_TTL`]) nor
@@ -100,12 +100,6 @@ impl RedisBackend {
     }
 }
 
-/// How long the release of an owner with an unanswered attempt keeps
-/// attempts of that owner stamped before it from queueing or being
-/// granted (at least; twice the call timeout if that is longer): far
-/// above any call timeout a late copy of an attempt could have outlived.
-const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
-
 /// The local wake-up key (and published payload) of `owner`'s waiting
 /// acquire on `name`: the owner first, since names may contain `:`.
 fn waiter_key(name: &str, owner: &OwnerToken) -> String {
@@ -168,7 +162,7 @@ impl coord_core::Semaphore for RedisBackend {
         let hex = owner.to_hex();
         let at = stamp().to_string();
         let marker = if left {
-            ms(LEFT_MARKER_TTL.max(self.timeout * 2)).to_string()
+            self.left_marker_ms()
         } else {
             "0".to_string()
         };
