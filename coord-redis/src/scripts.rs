@@ -309,105 +309,28 @@ end
 return out
 "#;
 
-/// [`Layout::Seed`](crate::Layout::Seed) locks keep the seed's keys: the
-/// claim holds the bare owner token (as the PHP class writes it), the
-/// grant's token sits in a second key of the same TTL, and the counter
-/// `fencing_token_<name>` is the seed's, kept for the PHP side (which
-/// `INCR`s it).
-///
-/// A grant with holder metadata keeps it in the grant key, after the
-/// token: `<token>~<owner>~<metadata>~` (the owner, so that a grant key
-/// left behind by a claim deleted under it is never shown for another
-/// holder). The PHP class never reads that key.
-///
-/// Acquire (the late-copy check, this, then [`SEED_ACQUIRE_REST`]).
-/// KEYS: claim, grant, counter, the owner's mark (see [`late`]). ARGV:
-/// owner, ttl ms, stamp.
-const SEED_ACQUIRE: &str = r#"
-local tail = ''
-"#;
+/// [`Layout::Seed`](crate::Layout::Seed) locks keep the seed's keys; acquire without
+/// metadata (see the file).
+const SEED_ACQUIRE: &str = include_str!("lua/seed_acquire.lua");
 
-/// [`SEED_ACQUIRE`] with holder metadata. ARGV: owner, ttl ms, stamp,
-/// metadata.
-const SEED_ACQUIRE_META: &str = r#"
-local tail = '~' .. ARGV[1] .. '~' .. ARGV[4] .. '~'
-"#;
+/// Seed-layout acquire with holder metadata (see the file).
+const SEED_ACQUIRE_META: &str = include_str!("lua/seed_acquire_meta.lua");
 
-/// The rest of a seed-layout acquire: a new grant writes `tail` after its
-/// token; a retry by the holder keeps its grant (and metadata) as it is.
-const SEED_ACQUIRE_REST: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local tok = issue(KEYS[3])
-  redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
-  return {1, tok}
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local g = redis.call('GET', KEYS[2])
-  local tok = g and string.match(g, '^%d+')
-  if tok then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  else
-    tok = issue(KEYS[3])
-    redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tok}
-end
-return {0, redis.call('PTTL', KEYS[1])}
-"#;
+/// The rest of a seed-layout acquire (see the file).
+const SEED_ACQUIRE_REST: &str = include_str!("lua/seed_acquire_rest.lua");
 
-/// Seed layout: who holds a lock (read only). KEYS: claim, grant.
-/// Returns `{}` when free, else `{owner, token, pttl}` (token `''` when
-/// the holder has no grant key: a PHP holder), with the metadata as a
-/// fourth item when the grant carries some.
-const SEED_INSPECT: &str = r#"
-local o = redis.call('GET', KEYS[1])
-if not o then return {} end
-local out = {o, '', redis.call('PTTL', KEYS[1])}
-local g = redis.call('GET', KEYS[2])
-local tok = g and string.match(g, '^%d+')
-if not tok then return out end
-local rest = string.sub(g, #tok + 1)
-if rest == '' then
-  out[2] = tok
-elseif string.sub(rest, 1, #o + 2) == '~' .. o .. '~' and #rest >= #o + 3
-  and string.byte(rest, -1) == 126 then
-  out[2] = tok
-  out[4] = string.sub(rest, #o + 3, -2)
-end
-return out
-"#;
+/// Seed layout: who holds a lock, read only (see the file).
+const SEED_INSPECT: &str = include_str!("lua/seed_inspect.lua");
 
-/// Seed layout: compare-and-delete, then publish a wake-up.
-/// KEYS: claim, grant [, the owner's mark (see [`mark`])]. ARGV: owner,
-/// channel, payload [, stamp, mark ttl ms].
-const SEED_RELEASE: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return 1
-end
-return 0
-"#;
+/// Seed layout: compare-and-delete, then publish a wake-up (see the file).
+const SEED_RELEASE: &str = include_str!("lua/seed_release.lua");
 
-/// Seed layout: compare-and-PEXPIRE. KEYS: claim, grant. ARGV: owner, ttl.
-const SEED_EXTEND: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return 1
-end
-return 0
-"#;
+/// Seed layout: compare-and-PEXPIRE (see the file).
+const SEED_EXTEND: &str = include_str!("lua/seed_extend.lua");
 
-/// Seed layout: delete whoever holds it, then publish a wake-up.
-/// KEYS: claim, grant. ARGV: channel, payload.
-const SEED_FORCE_RELEASE: &str = r#"
-local n = redis.call('DEL', KEYS[1])
-redis.call('DEL', KEYS[2])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return n
-"#;
+/// Seed layout: delete whoever holds it, then publish a wake-up (see the
+/// file).
+const SEED_FORCE_RELEASE: &str = include_str!("lua/seed_force_release.lua");
 
 /// The next token of a fencing source. KEYS: counter. ARGV: how long the
 /// counter outlives its last use, in ms; '' keeps it for good (the seed
@@ -469,91 +392,14 @@ end
 return 0
 "#;
 
-/// Arrive at a barrier. KEYS: state hash (gen, parties, last, base), members
-/// of the open generation (set), their arrival ids (hash participant -> id),
-/// the arrival ids of the generation that completed last (set).
-/// ARGV: parties, participant, channel, payload, arrival id, grace ms.
-/// An arrival id of the last completed generation (a retry whose reply was
-/// lost) returns that generation as complete and changes nothing.
-/// Arriving again in the open generation counts once; after the generation
-/// completed, the same participant's next arrival (a new id) joins the next
-/// one (reusable barrier, as the reference backend does).
-/// State lives for the grace after the last arrival or check (`IS_COMPLETE`
-/// refreshes it while anybody waits). A barrier with no state starts its
-/// generations at the server time in µs (`base`), so generations never
-/// repeat after the state expired or was lost, and a waiter of an older one
-/// can tell it is gone.
-/// Returns `{generation, complete}`, or `{-1, parties}` when the open
-/// generation was started with another party count.
-const ARRIVE: &str = r#"
-local function keep()
-  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[6]) end
-end
-if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
-  return {tonumber(redis.call('HGET', KEYS[1], 'last')), 1}
-end
-local gen = tonumber(redis.call('HGET', KEYS[1], 'gen'))
-if not gen then
-  local t = redis.call('TIME')
-  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('HSET', KEYS[1], 'base', string.format('%.0f', gen))
-end
-local n = redis.call('SCARD', KEYS[2])
-if n > 0 then
-  local p = redis.call('HGET', KEYS[1], 'parties')
-  if p and p ~= ARGV[1] then
-    return {-1, tonumber(p)}
-  end
-end
-if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
-  keep()
-  return {gen, 0}
-end
-redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', string.format('%.0f', gen))
-redis.call('SADD', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
-if n + 1 >= tonumber(ARGV[1]) then
-  local ids = redis.call('HVALS', KEYS[3])
-  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-  for _, id in ipairs(ids) do redis.call('SADD', KEYS[4], id) end
-  redis.call('HSET', KEYS[1], 'gen', string.format('%.0f', gen + 1),
-    'last', string.format('%.0f', gen))
-  redis.call('PUBLISH', ARGV[3], ARGV[4])
-  keep()
-  return {gen, 1}
-end
-keep()
-return {gen, 0}
-"#;
+/// Arrive at a barrier (see the file).
+const ARRIVE: &str = include_str!("lua/barrier_arrive.lua");
 
-/// Whether a barrier generation completed, keeping the state alive for
-/// the grace while somebody waits. KEYS: as [`ARRIVE`]. ARGV: generation,
-/// grace ms. Returns 1 (complete), 0 (open), or -1 when that generation's
-/// state is gone (expired after the grace, or lost with the data).
-const IS_COMPLETE: &str = r#"
-local st = redis.call('HMGET', KEYS[1], 'gen', 'base')
-local gen = tonumber(ARGV[1])
-if not st[1] or gen < tonumber(st[2] or '0') then return -1 end
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
-if gen < tonumber(st[1]) then return 1 end
-return 0
-"#;
+/// Whether a barrier generation completed (see the file).
+const IS_COMPLETE: &str = include_str!("lua/barrier_is_complete.lua");
 
-/// Withdraw from a barrier generation. KEYS: as [`ARRIVE`].
-/// ARGV: generation, participant. Returns 0 if that generation completed
-/// (1 when it is still open, or its state is gone: nothing to withdraw).
-const WITHDRAW: &str = r#"
-local st = redis.call('HMGET', KEYS[1], 'gen', 'base')
-local gen = tonumber(ARGV[1])
-if not st[1] or gen < tonumber(st[2] or '0') then return 1 end
-local cur = tonumber(st[1])
-if gen < cur then return 0 end
-if gen == cur then
-  redis.call('SREM', KEYS[2], ARGV[2])
-  redis.call('HDEL', KEYS[3], ARGV[2])
-end
-return 1
-"#;
+/// Withdraw from a barrier generation (see the file).
+const WITHDRAW: &str = include_str!("lua/barrier_withdraw.lua");
 
 /// The limiters' shared prelude: the server clock (`TIME`), the quota
 /// (`ARGV[1..3]`: limit, window µs, cost) and exact integer helpers. All

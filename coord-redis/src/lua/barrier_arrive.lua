@@ -1,0 +1,54 @@
+-- Arrive at a barrier. KEYS: state hash (gen, parties, last, base), members
+-- of the open generation (set), their arrival ids (hash participant -> id),
+-- the arrival ids of the generation that completed last (set).
+-- ARGV: parties, participant, channel, payload, arrival id, grace ms.
+-- An arrival id of the last completed generation (a retry whose reply was
+-- lost) returns that generation as complete and changes nothing.
+-- Arriving again in the open generation counts once; after the generation
+-- completed, the same participant's next arrival (a new id) joins the next
+-- one (reusable barrier, as the reference backend does).
+-- State lives for the grace after the last arrival or check (`barrier_is_complete.lua`
+-- refreshes it while anybody waits). A barrier with no state starts its
+-- generations at the server time in µs (`base`), so generations never
+-- repeat after the state expired or was lost, and a waiter of an older one
+-- can tell it is gone.
+-- Returns `{generation, complete}`, or `{-1, parties}` when the open
+-- generation was started with another party count.
+local function keep()
+  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[6]) end
+end
+if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
+  return {tonumber(redis.call('HGET', KEYS[1], 'last')), 1}
+end
+local gen = tonumber(redis.call('HGET', KEYS[1], 'gen'))
+if not gen then
+  local t = redis.call('TIME')
+  gen = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('HSET', KEYS[1], 'base', string.format('%.0f', gen))
+end
+local n = redis.call('SCARD', KEYS[2])
+if n > 0 then
+  local p = redis.call('HGET', KEYS[1], 'parties')
+  if p and p ~= ARGV[1] then
+    return {-1, tonumber(p)}
+  end
+end
+if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
+  keep()
+  return {gen, 0}
+end
+redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', string.format('%.0f', gen))
+redis.call('SADD', KEYS[2], ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
+if n + 1 >= tonumber(ARGV[1]) then
+  local ids = redis.call('HVALS', KEYS[3])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+  for _, id in ipairs(ids) do redis.call('SADD', KEYS[4], id) end
+  redis.call('HSET', KEYS[1], 'gen', string.format('%.0f', gen + 1),
+    'last', string.format('%.0f', gen))
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  keep()
+  return {gen, 1}
+end
+keep()
+return {gen, 0}

@@ -1,0 +1,7 @@
+-- Seed layout: compare-and-PEXPIRE. KEYS: claim, grant. ARGV: owner, ttl.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
