@@ -45,6 +45,50 @@ pub async fn lease_renew_after_expiry_fails(f: &Factory) {
     other.revoke().await.unwrap();
 }
 
+/// A lease that expired and went to another owner: the first owner's
+/// revoke (it never renewed, so it does not know) reports nothing held and
+/// leaves the new owner's lease alive, with its higher fencing token.
+pub async fn lease_revoke_after_expiry_leaves_the_next_holder(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-stale-revoke");
+    let t = ttl(&a, Duration::from_secs(1));
+    let old = a
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("free lease");
+    sleep(t + Duration::from_millis(700)).await;
+    let new = b
+        .leases()
+        .unwrap()
+        .grant(&name, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("an expired lease must be grantable");
+    assert!(new.fencing_token() > old.fencing_token());
+    let r = old.revoke().await;
+    assert!(
+        matches!(r, Ok(()) | Err(Error::NotHeld { .. })),
+        "a stale revoke: {r:?}"
+    );
+    assert!(
+        a.leases().unwrap().is_alive(&name).await.unwrap(),
+        "the stale owner's revoke ended the new owner's lease"
+    );
+    assert!(
+        a.leases()
+            .unwrap()
+            .grant(&name, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "the name was granted again while the new owner holds it"
+    );
+    new.revoke().await.expect("the new owner revokes");
+}
+
 /// Revoking ends a lease at once for every observer.
 pub async fn lease_revoke_frees_at_once(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
