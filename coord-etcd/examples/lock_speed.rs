@@ -9,11 +9,12 @@
 //!   `Coord` facade (validation, guards, everything a user pays for).
 //!
 //! For each it prints cycles per second, the client's CPU time per cycle
-//! (user + system time of this process, which runs no server) and the gRPC
+//! (user + system time of this process, which runs no server), the
+//! server's CPU time per cycle (its `process_cpu_seconds_total`) and the gRPC
 //! calls the server handled per cycle, by method.
 //!
 //! ```text
-//! cargo run --release -p coord-etcd --example lock_speed [seconds per run, default 2] [rounds, default 3]
+//! cargo run --release -p coord-etcd --example lock_speed [seconds per run, default 2] [rounds, default 3] [raw | coord | rpc | floor] [tasks]
 //! ```
 
 use std::sync::Arc;
@@ -31,7 +32,7 @@ const METHODS: [&str; 6] = [
     "LeaseKeepAlive",
     "Lock",
 ];
-const MORE: [&str; 2] = ["Unlock", "DeleteRange"];
+const MORE: [&str; 4] = ["Unlock", "DeleteRange", "Put", "Watch"];
 
 /// User + system CPU time of this process so far (all threads).
 fn cpu() -> Duration {
@@ -46,7 +47,7 @@ fn cpu() -> Duration {
 }
 
 fn calls(server: &EtcdServer) -> Vec<f64> {
-    METHODS
+    let mut v: Vec<f64> = METHODS
         .iter()
         .chain(MORE.iter())
         .map(|m| {
@@ -55,13 +56,22 @@ fn calls(server: &EtcdServer) -> Vec<f64> {
                 &[&format!("grpc_method=\"{m}\"")],
             )
         })
-        .collect()
+        .collect();
+    // Keepalive messages on open streams (a stream is counted as started
+    // once, its messages here).
+    v.push(server.metric(
+        "grpc_server_msg_received_total",
+        &["grpc_method=\"LeaseKeepAlive\""],
+    ));
+    v
 }
 
 struct Run {
     cycles: u64,
     elapsed: Duration,
     cpu: Duration,
+    /// The etcd server's CPU time (its `process_cpu_seconds_total`).
+    server_cpu: f64,
     calls: Vec<f64>,
 }
 
@@ -73,15 +83,17 @@ impl Run {
     fn print(&self, label: &str, tasks: usize) {
         let per_s = self.cycles as f64 / self.elapsed.as_secs_f64();
         let cpu_us = self.cpu.as_secs_f64() * 1e6 / self.cycles.max(1) as f64;
+        let server_us = self.server_cpu * 1e6 / self.cycles.max(1) as f64;
         let per: Vec<String> = METHODS
             .iter()
             .chain(MORE.iter())
+            .chain(["keepalive msgs"].iter())
             .zip(&self.calls)
             .filter(|(_, c)| **c > 0.0)
             .map(|(m, c)| format!("{m} {:.2}", c / self.cycles.max(1) as f64))
             .collect();
         println!(
-            "{label:>9} tasks={tasks:>2}: {per_s:>8.0} cycles/s, client CPU {cpu_us:>6.0} us/cycle, calls/cycle: {}",
+            "{label:>9} tasks={tasks:>2}: {per_s:>8.0} cycles/s, client CPU {cpu_us:>6.0} us/cycle, server CPU {server_us:>6.0} us/cycle, calls/cycle: {}",
             per.join(", ")
         );
     }
@@ -94,6 +106,7 @@ where
 {
     let count = Arc::new(AtomicU64::new(0));
     let before = calls(server);
+    let server0 = server.metric("process_cpu_seconds_total", &[]);
     let cpu0 = cpu();
     let t0 = Instant::now();
     let until = t0 + Duration::from_secs_f64(secs);
@@ -110,6 +123,7 @@ where
         cycles: count.load(Ordering::Relaxed),
         elapsed,
         cpu,
+        server_cpu: server.metric("process_cpu_seconds_total", &[]) - server0,
         calls: after.iter().zip(&before).map(|(a, b)| a - b).collect(),
     }
 }
@@ -235,8 +249,18 @@ fn main() {
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(3);
-    // A third argument `raw`: also the floor of coord's scheme.
-    let raw = std::env::args().nth(3).is_some_and(|a| a == "raw");
+    // A third argument `raw`: also the floor of coord's scheme. `coord`,
+    // `rpc` or `floor`: only that one, at the task count given as the
+    // fourth argument (default 1), for a profiler (perf, callgrind).
+    let third = std::env::args().nth(3).unwrap_or_default();
+    let raw = third == "raw";
+    if let "coord" | "rpc" | "floor" | "kv" | "txn" | "txncmp" | "txndel" = third.as_str() {
+        let tasks: usize = std::env::args()
+            .nth(4)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(1);
+        return profile(&third, tasks, secs, rounds);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -268,4 +292,81 @@ fn main() {
             );
         }
     });
+}
+
+/// One subject alone, `rounds` runs of `secs` at `tasks` tasks.
+fn profile(which: &str, tasks: usize, secs: f64, rounds: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = EtcdServer::start();
+    rt.block_on(async {
+        for _ in 0..rounds {
+            let run = match which {
+                "coord" => coord_cycle(&server, tasks, secs).await,
+                "rpc" => lock_rpc(&server, tasks, secs).await,
+                "kv" => kv_cycle(&server, tasks, secs, 0).await,
+                "txn" => kv_cycle(&server, tasks, secs, 1).await,
+                "txncmp" => kv_cycle(&server, tasks, secs, 2).await,
+                "txndel" => kv_cycle(&server, tasks, secs, 3).await,
+                _ => raw_cycle(&server, tasks, secs).await,
+            };
+            run.print(which, tasks);
+        }
+    });
+}
+
+/// Plain KV calls: a put on the task's lease, then a delete.
+async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, mode: u8) -> Run {
+    let client = Client::connect([server.endpoint()], None).await.unwrap();
+    let mut leases = Vec::new();
+    for _ in 0..tasks {
+        let mut c = client.clone();
+        leases.push(c.lease_grant(30, None).await.unwrap().id());
+    }
+    measure(server, tasks, secs, |i, count, until| {
+        let mut kv = client.kv_client();
+        let lease = leases[i];
+        async move {
+            let key = format!("speed-kv-{i}");
+            while Instant::now() < until {
+                if mode == 0 {
+                    kv.put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+                        .await
+                        .unwrap();
+                    kv.delete(key.as_str(), None).await.unwrap();
+                } else {
+                    let put =
+                        TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
+                    let del = TxnOp::delete(key.as_str(), None);
+                    let (a, b) = if mode == 1 {
+                        (Txn::new().and_then([put]), Txn::new().and_then([del]))
+                    } else {
+                        (
+                            Txn::new()
+                                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                                .and_then([put]),
+                            Txn::new()
+                                .when([Compare::create_revision(
+                                    key.as_str(),
+                                    CompareOp::Greater,
+                                    0,
+                                )])
+                                .and_then([del]),
+                        )
+                    };
+                    kv.txn(a).await.unwrap();
+                    if mode == 3 {
+                        kv.delete(key.as_str(), None).await.unwrap();
+                    } else {
+                        kv.txn(b).await.unwrap();
+                    }
+                }
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    })
+    .await
 }

@@ -66,7 +66,6 @@ async fn a_force_release_never_ends_the_next_claim_on_the_holders_lease() {
         !removed,
         "the force release reports removing `first`, which its holder had released"
     );
-    let mut second = second;
     assert!(
         second.extend(ttl).await.is_ok(),
         "the second lock cannot be extended after the force release"
