@@ -30,8 +30,11 @@
 //!   drift margin, at most 50 ms) of the claim's start: then the claim
 //!   ends, in this client's bookkeeping, where that keepalive says
 //!   (giving up at most the slack). So an uncontended acquire + release
-//!   is two transactions, plus one keepalive message at most once per
-//!   slack; a first claim of a TTL grants a lease instead. Spare leases are never kept alive
+//!   is one transaction and one delete (the owner's key is its own, so
+//!   the release needs no compare: the deleted key's create revision says
+//!   whether the claim was still live; named leases, one key per name,
+//!   release with a compare-and-delete transaction), plus one keepalive
+//!   message at most once per slack; a first claim of a TTL grants a lease instead. Spare leases are never kept alive
 //!   while idle, and are revoked after 5 s unused.
 //!   `extend` refreshes the lease with a keepalive sent after the call
 //!   began (another TTL moves the key to a new lease, keeping its create
