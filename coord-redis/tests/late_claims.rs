@@ -221,3 +221,78 @@ async fn an_attempt_stamped_after_the_mark_is_granted_and_answered_ones_leave_no
     }
     assert_eq!(keys(&server, "*:left:*"), vec![mark]);
 }
+
+/// Redlock: the waiter's first attempt is delayed 1.5 s on two of three
+/// masters (past the 200 ms call timeout); the acquire gives up, the holder
+/// releases, and the copies land on the two masters. They must not take
+/// the lock there (a quorum of ghosts, for 60 s): the next acquire of
+/// another client must be granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_late_copies_on_a_quorum_of_masters_take_no_lock() {
+    let masters: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let (pa, pb) = (
+        FaultProxy::start(masters[0].port()),
+        FaultProxy::start(masters[1].port()),
+    );
+    let via = coord_redis::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?timeout=200ms",
+        pa.port(),
+        pb.port(),
+        masters[2].port()
+    ))
+    .await
+    .unwrap();
+    let direct = coord_redis::connect(&format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+        masters[0].port(),
+        masters[1].port(),
+        masters[2].port()
+    ))
+    .await
+    .unwrap();
+    let name = unique("late-redlock");
+    for c in [&via, &direct] {
+        let g = common::eventually("warm", || async {
+            c.locks().unwrap().acquire("warm", SEC, 5 * SEC).await
+        })
+        .await;
+        g.release().await.unwrap();
+    }
+    let held = direct
+        .locks()
+        .unwrap()
+        .try_acquire(&name, 60 * SEC)
+        .await
+        .unwrap()
+        .expect("the holder takes the free lock");
+    pa.latency(Duration::from_millis(1500));
+    pb.latency(Duration::from_millis(1500));
+    let waiter = tokio::spawn({
+        let (via, name) = (via.clone(), name.clone());
+        async move {
+            via.locks()
+                .unwrap()
+                .acquire(&name, 60 * SEC, Duration::from_millis(600))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    pa.latency(Duration::ZERO);
+    pb.latency(Duration::ZERO);
+    let r = waiter.await.unwrap();
+    assert!(r.is_err(), "the waiter should give up: {r:?}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    held.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+    let next = direct
+        .locks()
+        .unwrap()
+        .try_acquire(&name, 10 * SEC)
+        .await
+        .unwrap();
+    assert!(
+        next.is_some(),
+        "the lock is free and nobody waits, yet it is refused: the timed-out \
+         waiter's late copies took it on two masters"
+    );
+}

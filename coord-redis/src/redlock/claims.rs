@@ -263,10 +263,15 @@ impl RedlockBackend {
     ) -> Answers<bool> {
         let (nm, ow) = (name.to_string(), *owner);
         let (undo, q) = (only.is_some(), self.quorum);
-        self.fan(
+        // A master skipped as slow is still asked where this owner has an
+        // attempt unanswered: the release leaves the mark a late copy of
+        // that attempt meets there.
+        let needed = |b: &crate::backend::RedisBackend| b.master_must_mark(kind, name, owner);
+        self.fan_if(
             kind.op(Step::Release),
             only,
             false,
+            &needed,
             move |_, b| {
                 let nm = nm.clone();
                 Box::pin(async move { b.master_release(kind, &nm, &ow).await })

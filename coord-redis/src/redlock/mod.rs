@@ -323,6 +323,27 @@ impl Master {
         })
     }
 
+    /// As [`get`](Self::get), but a master skipped for its slowness is
+    /// still asked when `needed` says so: a release whose owner had an
+    /// attempt unanswered there must leave its late-copy mark
+    /// (`coord_core::late`), or the late copy would take the claim there.
+    fn get_if(
+        self: &Arc<Self>,
+        operation: &'static str,
+        needed: &(dyn Fn(&RedisBackend) -> bool + Sync),
+    ) -> Result<Arc<RedisBackend>> {
+        {
+            let st = self.state();
+            let slow = st.slow_until.is_some_and(|u| Instant::now() < u);
+            if let (true, None, Some(b)) = (slow, &st.excluded, &st.backend) {
+                if needed(b) {
+                    return Ok(b.clone());
+                }
+            }
+        }
+        self.get(operation)
+    }
+
     /// Skip this master for [`SLOW_FOR`].
     fn mark_slow(&self) {
         self.state().slow_until = Some(Instant::now() + SLOW_FOR);
@@ -511,13 +532,32 @@ impl RedlockBackend {
         T: Send + 'static,
         F: Fn(usize, Arc<RedisBackend>) -> BoxFuture<'static, Result<T>>,
     {
+        self.fan_if(operation, only, linger, &|_| false, call, decided)
+            .await
+    }
+
+    /// [`fan`](Self::fan), also asking a master skipped for its slowness
+    /// when `needed` says so for its backend (see `Master::get_if`).
+    pub(crate) async fn fan_if<T, F>(
+        &self,
+        operation: &'static str,
+        only: Option<&[bool]>,
+        linger: bool,
+        needed: &(dyn Fn(&RedisBackend) -> bool + Sync),
+        call: F,
+        decided: impl Fn(&Answers<T>) -> bool,
+    ) -> Answers<T>
+    where
+        T: Send + 'static,
+        F: Fn(usize, Arc<RedisBackend>) -> BoxFuture<'static, Result<T>>,
+    {
         let mut answers: Answers<T> = self.masters.iter().map(|_| None).collect();
         let mut pending = FuturesUnordered::new();
         for (i, m) in self.masters.iter().enumerate() {
             if only.is_some_and(|o| !o[i]) {
                 continue;
             }
-            match m.get(operation) {
+            match m.get_if(operation, needed) {
                 Ok(b) => {
                     let (fut, m, limit) = (call(i, b), m.clone(), self.timeout.mul_f32(0.8));
                     let task = tokio::spawn(async move {
