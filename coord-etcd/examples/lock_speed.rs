@@ -254,7 +254,9 @@ fn main() {
     // fourth argument (default 1), for a profiler (perf, callgrind).
     let third = std::env::args().nth(3).unwrap_or_default();
     let raw = third == "raw";
-    if let "coord" | "rpc" | "floor" | "kv" | "txn" | "txncmp" | "txndel" = third.as_str() {
+    if let "coord" | "rpc" | "floor" | "kv" | "txn" | "txncmp" | "txndel" | "txnrange" =
+        third.as_str()
+    {
         let tasks: usize = std::env::args()
             .nth(4)
             .and_then(|a| a.parse().ok())
@@ -311,6 +313,7 @@ fn profile(which: &str, tasks: usize, secs: f64, rounds: usize) {
                 "txn" => kv_cycle(&server, tasks, secs, 1).await,
                 "txncmp" => kv_cycle(&server, tasks, secs, 2).await,
                 "txndel" => kv_cycle(&server, tasks, secs, 3).await,
+                "txnrange" => kv_cycle(&server, tasks, secs, 4).await,
                 _ => raw_cycle(&server, tasks, secs).await,
             };
             run.print(which, tasks);
@@ -341,7 +344,24 @@ async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, mode: u8) -> Run
                     let put =
                         TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
                     let del = TxnOp::delete(key.as_str(), None);
-                    let (a, b) = if mode == 1 {
+                    let (a, b) = if mode == 4 {
+                        // As coord's try_acquire: no key under the name's
+                        // prefix, then a put of the owner's key.
+                        let prefix = format!("speed-range-{i}/");
+                        let end = format!("speed-range-{i}0");
+                        let own = format!("{prefix}0123456789abcdef0123456789abcdef");
+                        (
+                            Txn::new()
+                                .when([Compare::version(prefix.as_str(), CompareOp::Equal, 0)
+                                    .with_range(end.as_str())])
+                                .and_then([TxnOp::put(
+                                    own.as_str(),
+                                    own.as_str(),
+                                    Some(PutOptions::new().with_lease(lease)),
+                                )]),
+                            Txn::new().and_then([TxnOp::delete(own.as_str(), None)]),
+                        )
+                    } else if mode == 1 {
                         (Txn::new().and_then([put]), Txn::new().and_then([del]))
                     } else {
                         (
@@ -358,7 +378,10 @@ async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, mode: u8) -> Run
                         )
                     };
                     kv.txn(a).await.unwrap();
-                    if mode == 3 {
+                    if mode == 4 {
+                        let own = format!("speed-range-{i}/0123456789abcdef0123456789abcdef");
+                        kv.delete(own.as_str(), None).await.unwrap();
+                    } else if mode == 3 {
                         kv.delete(key.as_str(), None).await.unwrap();
                     } else {
                         kv.txn(b).await.unwrap();
