@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::claims::{Entry, EntryKey};
+use crate::entries::{Entry, EntryKey};
 use crate::keys::{BACKEND, Keys, map_err, not_sent};
 use crate::limiter::LimiterRequest;
 use crate::options::EtcdOptions;
@@ -211,7 +211,7 @@ impl EtcdBackend {
             endpoints: opts.hosts.clone(),
             prefix: opts.prefix.clone(),
             entries: Mutex::new(HashMap::new()),
-            prune_at: AtomicUsize::new(crate::claims::PRUNE_AT),
+            prune_at: AtomicUsize::new(crate::entries::PRUNE_AT),
             tried: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),

@@ -2,24 +2,21 @@
 //! etcd lease of its own whose TTL is the claim's, so the server enforces
 //! every TTL and a key nobody renews expires by itself.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use coord_core::util::Kind;
-use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-};
+use coord_core::{Attempt, Error, OwnerToken, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::entries::{Entry, EntryState, entry_key};
 use crate::handoff::is_head;
 use crate::keys::BACKEND;
 use crate::keys::prefix_end;
-use crate::pool::{Keeper, fresh_enough};
-use crate::queue::{Queued, clear_last_refused};
+use crate::pool::fresh_enough;
+use crate::queue::clear_last_refused;
 
 /// The retryable error of an attempt whose lease was gone before its write
 /// took effect: nothing of it is left.
@@ -33,35 +30,6 @@ fn lease_gone(op: &'static str) -> Error {
     }
 }
 
-/// Where a local claim stands.
-pub(crate) enum EntryState {
-    /// An attempt with this lease is in flight (or its reply was lost).
-    Pending,
-    /// Granted; the claim ends at `deadline` unless extended.
-    Held { deadline: Instant },
-    /// Queued behind another key (FIFO locks only).
-    Queued(Queued),
-}
-
-/// One claim of this client: its key, create revision (the fencing token),
-/// and the lease the key is attached to.
-pub(crate) struct Entry {
-    pub(crate) key: Vec<u8>,
-    pub(crate) rev: i64,
-    pub(crate) lease: i64,
-    /// The lease's TTL in seconds (a keepalive resets it to this).
-    pub(crate) lease_ttl: u64,
-    /// The lease's keepalive stream, if one is open.
-    pub(crate) keeper: Option<Keeper>,
-    pub(crate) state: EntryState,
-}
-
-pub(crate) type EntryKey = (Kind, Box<str>, [u8; 16]);
-
-pub(crate) fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey {
-    (kind, name.into(), *owner.as_bytes())
-}
-
 /// What is claimed, and how: the kind, the value stored in the key
 /// (elections: the candidate), whether waiters queue (FIFO locks), and the
 /// operation's name for errors.
@@ -72,16 +40,6 @@ pub(crate) struct ClaimSpec<'a> {
     pub(crate) fair: bool,
     pub(crate) op: &'static str,
 }
-
-/// How long a refused attempt is remembered so that the same owner's next
-/// attempt queues (a waiter attempts again at once after subscribing).
-const TRIED_MEMORY: Duration = Duration::from_secs(30);
-
-/// When the local bookkeeping is first swept of long-expired claims.
-pub(crate) const PRUNE_AT: usize = 1024;
-/// How long an expired, never released claim is remembered (a late
-/// `release` of it answers `false` either way).
-const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
 
 pub(crate) fn first_sorted(key: &[u8], end: &[u8], order: SortOrder, limit: i64) -> TxnOp {
     TxnOp::get(
@@ -118,28 +76,6 @@ enum Known {
 }
 
 impl Shared {
-    fn remember_tried(&self, ek: EntryKey) {
-        let now = Instant::now();
-        let mut t = lock(&self.tried);
-        if t.len() >= 256 {
-            t.retain(|_, at| *at + TRIED_MEMORY > now);
-        }
-        t.insert(ek, now);
-    }
-
-    fn take_tried(&self, ek: &EntryKey) -> bool {
-        lock(&self.tried)
-            .remove(ek)
-            .is_some_and(|at| at + TRIED_MEMORY > Instant::now())
-    }
-
-    /// Forget a local claim and revoke its lease in the background.
-    pub(crate) fn drop_entry(self: &Arc<Self>, ek: &EntryKey) {
-        if let Some(e) = lock(&self.entries).remove(ek) {
-            self.revoke_later(e.lease);
-        }
-    }
-
     /// One attempt at a claim. A fair claim (lock) queues a key only on the
     /// owner's attempt after a refused or failed one (a waiter's:
     /// coord-core's wait loop attempts, subscribes, then attempts again, and
@@ -447,58 +383,5 @@ impl Shared {
             }
         }
         Ok(Attempt::Held { expires_in: None })
-    }
-
-    /// Record a grant. If the owner released meanwhile (its lease is
-    /// revoked), the grant is not reported.
-    fn set_held(
-        &self,
-        ek: &EntryKey,
-        rev: i64,
-        lease: i64,
-        deadline: Instant,
-        keeper: Option<Keeper>,
-    ) -> Attempt {
-        let mut entries = lock(&self.entries);
-        let attempt = match entries.get_mut(ek) {
-            Some(e) if e.lease == lease => {
-                e.rev = rev;
-                e.keeper = keeper;
-                e.state = EntryState::Held { deadline };
-                Attempt::Granted(FencingToken(rev as u64))
-            }
-            _ => Attempt::Held { expires_in: None },
-        };
-        self.prune(&mut entries);
-        attempt
-    }
-
-    /// Sweep claims whose TTL ran out long ago and that were never
-    /// released (raw-trait users; guards always release): the server
-    /// expired them, nothing is left to remember. A sweep runs when the map
-    /// doubled since the last one, so sweeps cost O(1) per grant however
-    /// many claims are live.
-    pub(crate) fn prune(&self, entries: &mut HashMap<EntryKey, Entry>) {
-        if entries.len() < self.prune_at.load(Ordering::Relaxed) {
-            return;
-        }
-        let now = Instant::now();
-        entries.retain(|_, e| {
-            !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
-        });
-        self.prune_at
-            .store((entries.len() * 2).max(PRUNE_AT), Ordering::Relaxed);
-    }
-
-    /// If `kv` is a claim this client holds, its remaining time.
-    fn remaining_of_local(&self, kv: Option<&KeyValue>) -> Option<Duration> {
-        let kv = kv?;
-        let entries = lock(&self.entries);
-        entries.values().find_map(|e| match e.state {
-            EntryState::Held { deadline } if e.key == kv.key() && e.rev == kv.create_revision() => {
-                Some(deadline.saturating_duration_since(Instant::now()))
-            }
-            _ => None,
-        })
     }
 }

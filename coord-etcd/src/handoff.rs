@@ -37,7 +37,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::backend::{Shared, lock};
-use crate::claims::{Entry, EntryKey, EntryState};
+use crate::entries::{Entry, EntryKey, EntryState};
 use crate::pool::fresh_enough;
 use crate::queue::Pred;
 

@@ -14,7 +14,8 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs, lock, secs};
-use crate::claims::{Entry, EntryState, entry_key, first_sorted};
+use crate::claims::first_sorted;
+use crate::entries::{Entry, EntryState, entry_key};
 use crate::keys::{prefix_end, split_lease_value};
 
 impl Shared {

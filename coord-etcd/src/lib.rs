@@ -175,6 +175,7 @@
 mod backend;
 mod barrier;
 mod claims;
+mod entries;
 mod handoff;
 mod holding;
 mod inspect;
@@ -186,6 +187,7 @@ mod pool;
 mod queue;
 mod sem_acquire;
 mod sem_hold;
+mod sem_view;
 mod sem_watch;
 mod semaphore;
 mod watch;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::EtcdBackend;
 use crate::backend::{header_rev, kvs, lock, secs};
-use crate::claims::{Entry, EntryState, entry_key};
+use crate::entries::{Entry, EntryState, entry_key};
 use crate::keys::{lease_value, split_lease_value};
 
 #[async_trait]

@@ -1,6 +1,6 @@
-//! Semaphore attempts: the read of a name, the choice of slots, the grant
-//! transaction, and a refused waiter's place in the queue (see
-//! `semaphore.rs` for the layout).
+//! Semaphore attempts: the grant transaction and a refused waiter's place
+//! in the queue (see `semaphore.rs` for the layout; the read of a name and
+//! the choice of slots are in `sem_view.rs`).
 //!
 //! An attempt reads the name in one snapshot: the grant and waiter keys
 //! with their values, the slot keys without (keys only), so a read costs
@@ -34,175 +34,26 @@
 //! lease as soon as the revocation lands; only if every revocation fails
 //! (etcd unreachable) does it last, to its lease's TTL.
 
-use std::collections::HashSet;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_core::{Attempt, Error, FencingToken, OwnerToken, PermitRequest, Result};
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-    TxnResponse,
+    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse,
 };
 use tokio::time::Instant;
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
-use crate::barrier::corrupt;
 use crate::keys::BACKEND;
 use crate::pool::Keeper;
-use crate::semaphore::{
-    Grant, Names, QUEUE_ENTRY_TTL, QUEUE_REFRESH, SemKey, mismatch, parse, slots_of,
-};
+use crate::sem_view::{Dice, View, choose, reads, view_of};
+use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, QUEUE_REFRESH, SemKey, slots_of};
 
 /// A place is renewed by an attempt at most this often.
 const RENEW_AFTER: Duration = Duration::from_secs(5);
 /// Rounds (read, compare-and-swap) of a queued attempt before it keeps its
 /// place and tries again soon: its place, not this call, keeps its turn.
 const QUEUED_ROUNDS: usize = 8;
-
-/// The state of a name as one snapshot saw it.
-struct View {
-    /// The permits free: the total less those granted, and no more than
-    /// the slots free.
-    free: u32,
-    mine: Option<KeyValue>,
-    my_place: Option<KeyValue>,
-    /// Permits of the waiters queued ahead of the owner (all of them if it
-    /// is not queued).
-    ahead: u32,
-    /// The slots taken (below the total).
-    taken: HashSet<u32>,
-}
-
-/// The reads of one snapshot of a name: grants, waiters (with values) and
-/// slots (keys only), answered in this order.
-fn reads(n: &Names) -> Vec<TxnOp> {
-    let get = |p: &[u8], keys_only: bool| {
-        let (k, e) = n.range(p);
-        let o = GetOptions::new().with_range(e);
-        TxnOp::get(k, Some(if keys_only { o.with_keys_only() } else { o }))
-    };
-    vec![get(b"h/", false), get(b"w/", false), get(b"s/", true)]
-}
-
-/// The name's state from the answers of [`reads`] in `resp`, checking the
-/// total.
-fn view_of(n: &Names, req: &PermitRequest, resp: TxnResponse, op: &'static str) -> Result<View> {
-    let mut lists = resp.op_responses().into_iter().map(|r| match r {
-        TxnOpResponse::Get(mut g) => Ok(g.take_kvs()),
-        _ => Err(corrupt(op, "a semaphore read's answer")),
-    });
-    let mut next = || {
-        lists
-            .next()
-            .unwrap_or_else(|| Err(corrupt(op, "a semaphore read's answer")))
-    };
-    let (holds, waits, slots) = (next()?, next()?, next()?);
-    let mut held = 0u32;
-    let mut mine = None;
-    for kv in holds {
-        let (permits, total) =
-            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
-        if total != req.total {
-            return Err(mismatch(req.total, total));
-        }
-        held = held.saturating_add(permits);
-        if kv.key() == n.hold {
-            mine = Some(kv);
-        }
-    }
-    let mut waiters = Vec::new();
-    let mut my_place = None;
-    for kv in waits {
-        let (permits, total) =
-            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
-        if total != req.total {
-            return Err(mismatch(req.total, total));
-        }
-        waiters.push((kv.create_revision(), permits));
-        if kv.key() == n.wait {
-            my_place = Some(kv);
-        }
-    }
-    let taken: HashSet<u32> = slots
-        .iter()
-        .filter_map(|kv| {
-            let i = kv.key().get(n.base.len() + 2..)?;
-            std::str::from_utf8(i).ok()?.parse::<u32>().ok()
-        })
-        .filter(|i| *i < req.total)
-        .collect();
-    let before = my_place
-        .as_ref()
-        .map_or(i64::MAX, |kv| kv.create_revision());
-    let ahead = waiters
-        .iter()
-        .filter(|(r, _)| *r < before)
-        .fold(0u32, |a, (_, p)| a.saturating_add(*p));
-    let free_slots = req.total - taken.len() as u32;
-    Ok(View {
-        free: req.total.saturating_sub(held).min(free_slots),
-        mine,
-        my_place,
-        ahead,
-        taken,
-    })
-}
-
-/// Random numbers for the slot choice: std's randomly keyed hasher over
-/// the owner and a counter (independent across owners and processes).
-struct Dice {
-    keys: std::collections::hash_map::RandomState,
-    owner: [u8; 16],
-    n: u64,
-}
-
-impl Dice {
-    fn new(owner: &OwnerToken) -> Self {
-        Dice {
-            keys: std::collections::hash_map::RandomState::new(),
-            owner: *owner.as_bytes(),
-            n: 0,
-        }
-    }
-
-    /// A number in `0..bound` (`bound > 0`).
-    fn below(&mut self, bound: u32) -> u32 {
-        let mut h = self.keys.build_hasher();
-        h.write(&self.owner);
-        h.write_u64(self.n);
-        self.n += 1;
-        ((u128::from(h.finish()) * u128::from(bound)) >> 64) as u32
-    }
-}
-
-/// `want` of the slots `0..total` not in `taken`, at random, ascending
-/// (`want` no more than the slots free). Costs O(`taken` + `want`): where
-/// at least half the slots are free, random slots are drawn until enough
-/// free ones are found (fewer than two draws per slot expected);
-/// otherwise the free slots, then fewer than twice the taken ones, are
-/// listed and drawn from.
-fn choose(taken: &HashSet<u32>, total: u32, want: u32, dice: &mut Dice) -> Vec<u32> {
-    let want = want as usize;
-    let mut out = Vec::with_capacity(want);
-    if total as usize > 2 * taken.len() + 64 {
-        while out.len() < want {
-            let i = dice.below(total);
-            if !taken.contains(&i) && !out.contains(&i) {
-                out.push(i);
-            }
-        }
-    } else {
-        let mut free: Vec<u32> = (0..total).filter(|i| !taken.contains(i)).collect();
-        for k in 0..want.min(free.len()) {
-            let j = k + dice.below((free.len() - k) as u32) as usize;
-            free.swap(k, j);
-            out.push(free[k]);
-        }
-    }
-    out.sort_unstable();
-    out
-}
 
 /// A lease held for a grant: (id, keeper, since).
 type Held = (i64, Option<Keeper>, Instant);

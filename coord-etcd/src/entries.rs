@@ -1,0 +1,133 @@
+//! This client's bookkeeping of its claims (locks, elections, named
+//! leases): what it holds, queues or has an attempt in flight for, which
+//! owners' last attempt was refused, and the sweep of long-expired claims.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use coord_core::util::Kind;
+use coord_core::{Attempt, FencingToken, OwnerToken};
+use etcd_client::KeyValue;
+use tokio::time::Instant;
+
+use crate::backend::{Shared, lock};
+use crate::pool::Keeper;
+use crate::queue::Queued;
+
+/// Where a local claim stands.
+pub(crate) enum EntryState {
+    /// An attempt with this lease is in flight (or its reply was lost).
+    Pending,
+    /// Granted; the claim ends at `deadline` unless extended.
+    Held { deadline: Instant },
+    /// Queued behind another key (FIFO locks only).
+    Queued(Queued),
+}
+
+/// One claim of this client: its key, create revision (the fencing token),
+/// and the lease the key is attached to.
+pub(crate) struct Entry {
+    pub(crate) key: Vec<u8>,
+    pub(crate) rev: i64,
+    pub(crate) lease: i64,
+    /// The lease's TTL in seconds (a keepalive resets it to this).
+    pub(crate) lease_ttl: u64,
+    /// The lease's keepalive stream, if one is open.
+    pub(crate) keeper: Option<Keeper>,
+    pub(crate) state: EntryState,
+}
+
+pub(crate) type EntryKey = (Kind, Box<str>, [u8; 16]);
+
+pub(crate) fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey {
+    (kind, name.into(), *owner.as_bytes())
+}
+
+/// How long a refused attempt is remembered so that the same owner's next
+/// attempt queues (a waiter attempts again at once after subscribing).
+const TRIED_MEMORY: Duration = Duration::from_secs(30);
+
+/// When the local bookkeeping is first swept of long-expired claims.
+pub(crate) const PRUNE_AT: usize = 1024;
+/// How long an expired, never released claim is remembered (a late
+/// `release` of it answers `false` either way).
+const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
+
+impl Shared {
+    pub(crate) fn remember_tried(&self, ek: EntryKey) {
+        let now = Instant::now();
+        let mut t = lock(&self.tried);
+        if t.len() >= 256 {
+            t.retain(|_, at| *at + TRIED_MEMORY > now);
+        }
+        t.insert(ek, now);
+    }
+
+    pub(crate) fn take_tried(&self, ek: &EntryKey) -> bool {
+        lock(&self.tried)
+            .remove(ek)
+            .is_some_and(|at| at + TRIED_MEMORY > Instant::now())
+    }
+
+    /// Forget a local claim and revoke its lease in the background.
+    pub(crate) fn drop_entry(self: &Arc<Self>, ek: &EntryKey) {
+        if let Some(e) = lock(&self.entries).remove(ek) {
+            self.revoke_later(e.lease);
+        }
+    }
+
+    /// Record a grant. If the owner released meanwhile (its lease is
+    /// revoked), the grant is not reported.
+    pub(crate) fn set_held(
+        &self,
+        ek: &EntryKey,
+        rev: i64,
+        lease: i64,
+        deadline: Instant,
+        keeper: Option<Keeper>,
+    ) -> Attempt {
+        let mut entries = lock(&self.entries);
+        let attempt = match entries.get_mut(ek) {
+            Some(e) if e.lease == lease => {
+                e.rev = rev;
+                e.keeper = keeper;
+                e.state = EntryState::Held { deadline };
+                Attempt::Granted(FencingToken(rev as u64))
+            }
+            _ => Attempt::Held { expires_in: None },
+        };
+        self.prune(&mut entries);
+        attempt
+    }
+
+    /// Sweep claims whose TTL ran out long ago and that were never
+    /// released (raw-trait users; guards always release): the server
+    /// expired them, nothing is left to remember. A sweep runs when the map
+    /// doubled since the last one, so sweeps cost O(1) per grant however
+    /// many claims are live.
+    pub(crate) fn prune(&self, entries: &mut HashMap<EntryKey, Entry>) {
+        if entries.len() < self.prune_at.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        entries.retain(|_, e| {
+            !matches!(e.state, EntryState::Held { deadline } if deadline + EXPIRED_MEMORY <= now)
+        });
+        self.prune_at
+            .store((entries.len() * 2).max(PRUNE_AT), Ordering::Relaxed);
+    }
+
+    /// If `kv` is a claim this client holds, its remaining time.
+    pub(crate) fn remaining_of_local(&self, kv: Option<&KeyValue>) -> Option<Duration> {
+        let kv = kv?;
+        let entries = lock(&self.entries);
+        entries.values().find_map(|e| match e.state {
+            EntryState::Held { deadline } if e.key == kv.key() && e.rev == kv.create_revision() => {
+                Some(deadline.saturating_duration_since(Instant::now()))
+            }
+            _ => None,
+        })
+    }
+}

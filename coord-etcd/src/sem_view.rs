@@ -1,0 +1,161 @@
+//! A semaphore attempt's view of a name (one snapshot of its grants,
+//! waiters and slots) and its random choice of free slots (see
+//! `sem_acquire.rs`).
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
+
+use coord_core::{OwnerToken, PermitRequest, Result};
+use etcd_client::{GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
+
+use crate::barrier::corrupt;
+use crate::semaphore::{Names, mismatch, parse};
+
+/// The state of a name as one snapshot saw it.
+pub(crate) struct View {
+    /// The permits free: the total less those granted, and no more than
+    /// the slots free.
+    pub(crate) free: u32,
+    pub(crate) mine: Option<KeyValue>,
+    pub(crate) my_place: Option<KeyValue>,
+    /// Permits of the waiters queued ahead of the owner (all of them if it
+    /// is not queued).
+    pub(crate) ahead: u32,
+    /// The slots taken (below the total).
+    pub(crate) taken: HashSet<u32>,
+}
+
+/// The reads of one snapshot of a name: grants, waiters (with values) and
+/// slots (keys only), answered in this order.
+pub(crate) fn reads(n: &Names) -> Vec<TxnOp> {
+    let get = |p: &[u8], keys_only: bool| {
+        let (k, e) = n.range(p);
+        let o = GetOptions::new().with_range(e);
+        TxnOp::get(k, Some(if keys_only { o.with_keys_only() } else { o }))
+    };
+    vec![get(b"h/", false), get(b"w/", false), get(b"s/", true)]
+}
+
+/// The name's state from the answers of [`reads`] in `resp`, checking the
+/// total.
+pub(crate) fn view_of(
+    n: &Names,
+    req: &PermitRequest,
+    resp: TxnResponse,
+    op: &'static str,
+) -> Result<View> {
+    let mut lists = resp.op_responses().into_iter().map(|r| match r {
+        TxnOpResponse::Get(mut g) => Ok(g.take_kvs()),
+        _ => Err(corrupt(op, "a semaphore read's answer")),
+    });
+    let mut next = || {
+        lists
+            .next()
+            .unwrap_or_else(|| Err(corrupt(op, "a semaphore read's answer")))
+    };
+    let (holds, waits, slots) = (next()?, next()?, next()?);
+    let mut held = 0u32;
+    let mut mine = None;
+    for kv in holds {
+        let (permits, total) =
+            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
+        if total != req.total {
+            return Err(mismatch(req.total, total));
+        }
+        held = held.saturating_add(permits);
+        if kv.key() == n.hold {
+            mine = Some(kv);
+        }
+    }
+    let mut waiters = Vec::new();
+    let mut my_place = None;
+    for kv in waits {
+        let (permits, total) =
+            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
+        if total != req.total {
+            return Err(mismatch(req.total, total));
+        }
+        waiters.push((kv.create_revision(), permits));
+        if kv.key() == n.wait {
+            my_place = Some(kv);
+        }
+    }
+    let taken: HashSet<u32> = slots
+        .iter()
+        .filter_map(|kv| {
+            let i = kv.key().get(n.base.len() + 2..)?;
+            std::str::from_utf8(i).ok()?.parse::<u32>().ok()
+        })
+        .filter(|i| *i < req.total)
+        .collect();
+    let before = my_place
+        .as_ref()
+        .map_or(i64::MAX, |kv| kv.create_revision());
+    let ahead = waiters
+        .iter()
+        .filter(|(r, _)| *r < before)
+        .fold(0u32, |a, (_, p)| a.saturating_add(*p));
+    let free_slots = req.total - taken.len() as u32;
+    Ok(View {
+        free: req.total.saturating_sub(held).min(free_slots),
+        mine,
+        my_place,
+        ahead,
+        taken,
+    })
+}
+
+/// Random numbers for the slot choice: std's randomly keyed hasher over
+/// the owner and a counter (independent across owners and processes).
+pub(crate) struct Dice {
+    keys: std::collections::hash_map::RandomState,
+    owner: [u8; 16],
+    n: u64,
+}
+
+impl Dice {
+    pub(crate) fn new(owner: &OwnerToken) -> Self {
+        Dice {
+            keys: std::collections::hash_map::RandomState::new(),
+            owner: *owner.as_bytes(),
+            n: 0,
+        }
+    }
+
+    /// A number in `0..bound` (`bound > 0`).
+    fn below(&mut self, bound: u32) -> u32 {
+        let mut h = self.keys.build_hasher();
+        h.write(&self.owner);
+        h.write_u64(self.n);
+        self.n += 1;
+        ((u128::from(h.finish()) * u128::from(bound)) >> 64) as u32
+    }
+}
+
+/// `want` of the slots `0..total` not in `taken`, at random, ascending
+/// (`want` no more than the slots free). Costs O(`taken` + `want`): where
+/// at least half the slots are free, random slots are drawn until enough
+/// free ones are found (fewer than two draws per slot expected);
+/// otherwise the free slots, then fewer than twice the taken ones, are
+/// listed and drawn from.
+pub(crate) fn choose(taken: &HashSet<u32>, total: u32, want: u32, dice: &mut Dice) -> Vec<u32> {
+    let want = want as usize;
+    let mut out = Vec::with_capacity(want);
+    if total as usize > 2 * taken.len() + 64 {
+        while out.len() < want {
+            let i = dice.below(total);
+            if !taken.contains(&i) && !out.contains(&i) {
+                out.push(i);
+            }
+        }
+    } else {
+        let mut free: Vec<u32> = (0..total).filter(|i| !taken.contains(i)).collect();
+        for k in 0..want.min(free.len()) {
+            let j = k + dice.below((free.len() - k) as u32) as usize;
+            free.swap(k, j);
+            out.push(free[k]);
+        }
+    }
+    out.sort_unstable();
+    out
+}
