@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Arguments: seconds per run (default 5), then task counts (default 1
-//! and 32). Without `PROBE_URL` it runs on a cluster the test kit starts.
+//! and 32). Without `PROBE_URL` it runs on a cluster the test kit starts
+//! (and measures its server's CPU without `PROBE_PGPID`).
 //! `PROBE_ONLY=coord|raw|refused` runs one kind (`refused`: `try_acquire`
 //! on names another owner holds). A measuring tool: it asserts nothing
 //! about speed.
@@ -42,7 +43,14 @@ async fn main() {
     if tasks.is_empty() {
         tasks = vec![1, 32];
     }
-    let url = std::env::var("PROBE_URL").unwrap_or_else(|_| conformance::testkit::postgres::url());
+    let url = std::env::var("PROBE_URL").unwrap_or_else(|_| {
+        // The test kit's own server: its postmaster is known.
+        let pg = conformance::testkit::postgres::cluster();
+        if let Some(pm) = pg.pids().first() {
+            let _ = POSTMASTER.set(pm.to_string());
+        }
+        pg.url()
+    });
     let only = std::env::var("PROBE_ONLY").unwrap_or_default();
     let runs = |what: &str| only.is_empty() || only == what;
     let admin = connect(&url).await;
@@ -265,10 +273,17 @@ fn cpu_time() -> Duration {
     proc_cpu("self")
 }
 
+/// The test kit's postmaster, when the probe runs on the server it starts.
+static POSTMASTER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// The CPU time so far of the server's processes: the children of the
-/// postmaster whose pid is `PROBE_PGPID` (none without it).
+/// postmaster whose pid is `PROBE_PGPID` (or the test kit's, when it
+/// started the server; none otherwise).
 fn server_cpu() -> Duration {
-    let Some(pm) = std::env::var("PROBE_PGPID").ok() else {
+    let Some(pm) = std::env::var("PROBE_PGPID")
+        .ok()
+        .or_else(|| POSTMASTER.get().cloned())
+    else {
         return Duration::ZERO;
     };
     let mut total = Duration::ZERO;

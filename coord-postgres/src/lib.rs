@@ -94,7 +94,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and function `claim_acquire` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per live claim, deleted on release; `metadata`: the holder metadata of its grant, if any |
+//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and functions `claim_acquire`, `claim_insert` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per name in use, freed in place on release (owner NULL) and deleted by the sweep once its last grant ended more than the grace ago; `metadata`: the holder metadata of its grant, if any |
 //! | sequence `fencing` and functions `fencing_next`, `timeline_next`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next` (queue message ids and semaphore places, from their own sequences, by `timeline_next` too); WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
@@ -103,25 +103,33 @@
 //! | function `sweep` | deletes the state of idle names (see "Bounded state") |
 //! | `meta (version)` | layout version |
 //!
-//! A lock attempt on a name nobody holds (no row) is ONE plain `INSERT`
-//! that draws the fencing token from the sequence only when the row is
-//! absent. Otherwise (the row is there, or this client already waits on
-//! the name) one call of `claim_acquire`: a plain read of the row, then,
-//! only when that row looked free, expired or already ours, an `INSERT ...
-//! ON CONFLICT DO UPDATE ... WHERE` the row still is, which draws the token
-//! in the same statement. When the row is held by another, the attempt
-//! returns the holder's remaining time on the database clock and takes no
-//! row lock, no transaction id and writes nothing, so polling waiters never
-//! queue behind (or in front of) the holder's extend — except that the
+//! A name keeps its row from its first grant until the sweep deletes it
+//! (layout 11): release frees it in place. A lock attempt on a name nobody
+//! holds is ONE statement: an `UPDATE` that takes the free or expired row
+//! in place and draws the fencing token under the row lock, or, when the
+//! name has no row, a call of `claim_insert` (a free row inserted, then
+//! taken in place, so every token is drawn once its row is in the index).
+//! Otherwise (the row is held, or this client already waits on the name)
+//! one call of `claim_acquire`: a plain read of the row, then, only when
+//! that row looked free, expired or already ours, the same take in place,
+//! re-checked on the newest version under the row lock. When the row is
+//! held by another, the attempt returns the holder's remaining time on
+//! the database clock and takes no row lock, no transaction id and writes
+//! nothing, so polling waiters never queue behind (or in front of) the holder's extend — except that the
 //! first refused attempt of a waiting client marks the holder's row
-//! `waiting`, once per grant. Release is one compare-and-delete `DELETE`
+//! `waiting`, once per grant. Release is one compare-and-free `UPDATE`
 //! that sends `pg_notify` in the same statement only when the row is so
 //! marked: a release nobody waits for sends no NOTIFY (each NOTIFY takes a
 //! database-wide lock at commit, which serializes every notifying commit
 //! with its WAL flush and defeats group commit). Marking and release both
 //! lock the row, so a wake-up is never lost (`src/sql/claims.sql`). An
 //! uncontended acquire + release is two statements, two round trips, two
-//! commits: the same as the bare lease-table cycle.
+//! commits, each an in-place (HOT) update of one row: the same as the
+//! bare lease-table cycle. Clients of layout 10 (which insert rows under
+//! a per-name advisory lock and delete them at release) stay monotonic
+//! beside upgraded ones only while none of their inserts stalls, between
+//! its token and its index entry, for longer than a TTL plus the grace
+//! (`src/sql/claims.sql`): upgrade every client.
 //!
 //! Every statement runs in its own transaction, at READ COMMITTED (see
 //! "Transaction isolation"), with
@@ -148,9 +156,9 @@
 //!
 //! | trait | statements (one round trip each) |
 //! |---|---|
-//! | [`Lock`](coord_core::Lock) | `try_acquire`: the `INSERT`, or `claim_acquire`, above; `release` / `force_release`: one `DELETE ... RETURNING` with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: the same, the metadata stored by the statement that makes a new grant; `inspect`: one `SELECT` |
+//! | [`Lock`](coord_core::Lock) | `try_acquire`: the take, or `claim_acquire`, above; `release` / `force_release`: one `UPDATE ... RETURNING` that frees the row in place, with `pg_notify` when a waiter marked the row; `extend`: one compare-and-expire `UPDATE`; `try_acquire_with_metadata`: the same, the metadata stored by the statement that makes a new grant; `inspect`: one `SELECT` |
 //! | [`Lease`](coord_core::Lease) | the same statements on `kind = 'lease'` (no NOTIFY); `remaining`, `inspect`: one `SELECT` each |
-//! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` deletes the row and notifies; `leader`: one `SELECT`; `inspect`: one `SELECT` of the candidate, owner, term and remaining time |
+//! | [`Election`](coord_core::Election) | `claim_acquire` on `kind = 'election'` with the candidate, sending NOTIFY when a new term starts; `resign` frees the row and notifies; `leader`: one `SELECT`; `inspect`: one `SELECT` of the candidate, owner, term and remaining time |
 //! | [`FencingSource`](coord_core::FencingSource) | `SELECT fencing_next()` |
 //! | [`Barrier`](coord_core::Barrier) | `arrive`: one call of `barrier_arrive` (row locked `FOR UPDATE`, NOTIFY on completion); `is_complete`, `withdraw`: one statement each |
 //! | [`Limiter`](coord_core::Limiter) | one call of `limiter_check` |

@@ -5,15 +5,15 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 10;
+pub(crate) const SCHEMA_VERSION: i32 = 11;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) check_version: String,
     pub(crate) ddl: String,
-    pub(crate) claim_insert: String,
-    pub(crate) claim_insert_meta: String,
+    pub(crate) claim_take: String,
+    pub(crate) claim_take_meta: String,
     pub(crate) claim_acquire: String,
     pub(crate) claim_release: String,
     pub(crate) claim_extend: String,
@@ -55,20 +55,19 @@ impl Sql {
             check_version: format!("SELECT version FROM {s}.meta WHERE id = 1"),
             ddl: ddl(&s, schema),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs. The
-            // common attempt, on a name nobody holds (no row: release
-            // deletes it): one plain INSERT. It first takes the name's
-            // grant lock (`l`, see src/sql/claims.sql) and only then draws
-            // the fencing token, so tokens rise in grant order although
-            // rows come and go; the token is drawn only when the row is
-            // absent from the snapshot, and nothing is written otherwise.
-            // When it returns no row, `claim_acquire` decides. Like the
-            // functions, it refuses to run at another isolation level than
-            // read committed, before it takes the lock (src/sql/schema.sql).
-            claim_insert: claim_insert(&s, schema, false),
+            // common attempt, in one statement: the name's row taken in
+            // place when it is free or expired, else, when the name has
+            // no row, inserted by `claim_insert` (which draws the token
+            // once the row is in the index; src/sql/claims.sql). Nothing
+            // is written (no row lock, no transaction id) when the row is
+            // held by another. When it returns no row, `claim_acquire`
+            // decides. Like the functions, it refuses to run at another
+            // isolation level than read committed, before it writes.
+            claim_take: claim_take(&s, false),
             // The same, $6 the grant's metadata (layout 9). A separate
             // text, so the attempt without metadata sends what it sent
             // before (its new row has none).
-            claim_insert_meta: claim_insert(&s, schema, true),
+            claim_take_meta: claim_take(&s, true),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
             // $6 channel, $7 notify on a fresh grant, $8 this client has
             // waiters on the name, $9 metadata of a new grant (NULL: none).
@@ -79,14 +78,16 @@ impl Sql {
             ),
             // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always
             // (elections: observers learn of every resignation).
-            // Compare-and-release: the owner's row is deleted, expired or
-            // not (an expired one reports false), and NOTIFY is sent (at
-            // commit of this same statement) when $5 or when a waiter
-            // marked the row. RETURNING reads the clock once the row is
-            // deleted, so under its lock: a release that waited past the
-            // expiry reports NotHeld.
+            // Compare-and-release, in place (layout 11): the owner's row,
+            // expired or not (an expired one reports false), is freed
+            // (owner, candidate and metadata NULL; the token, expiry and
+            // waiting mark stay, for the next grant and the sweep), and
+            // NOTIFY is sent (at commit of this same statement) when $5 or
+            // when a waiter marked the row. RETURNING reads the clock once
+            // the row is updated, so under its lock: a release that waited
+            // past the expiry reports NotHeld.
             claim_release: format!(
-                "DELETE FROM {s}.claims c \
+                "UPDATE {s}.claims c SET owner = NULL, candidate = NULL, metadata = NULL \
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea \
                  RETURNING c.expires_at > clock_timestamp() AS held, \
                    CASE WHEN $5::bool OR c.waiting \
@@ -105,14 +106,15 @@ impl Sql {
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
                  RETURNING 1"
             ),
-            // $1 kind, $2 name, $3 channel, $4 notify always. Deletes the
-            // live row of any owner; NOTIFY as for release.
+            // $1 kind, $2 name, $3 channel, $4 notify always. Frees the
+            // live row of any owner in place, as release does; NOTIFY as
+            // for release.
             claim_force_release: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
                    WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL FOR UPDATE), \
                  n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
                  r AS ( \
-                   DELETE FROM {s}.claims c USING n \
+                   UPDATE {s}.claims c SET owner = NULL, candidate = NULL, metadata = NULL FROM n \
                     WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t \
                    RETURNING c.waiting \
                  ) \
@@ -299,24 +301,36 @@ impl Sql {
     }
 }
 
-/// The plain attempt on a claim (see `Sql::claim_insert`); with
-/// `metadata`, the new row takes `$6` as its metadata.
-fn claim_insert(s: &str, schema: &str, metadata: bool) -> String {
-    let (column, value) = if metadata {
-        (", metadata", ", $6::bytea")
-    } else {
-        ("", "")
-    };
+/// The common attempt on a claim (see `Sql::claim_take`); with
+/// `metadata`, a new grant takes `$6` as its metadata (else none). `u`
+/// takes the row in place when it is free or expired, drawing the token
+/// under the row lock (src/sql/claims.sql); only a name with no row in the
+/// statement's snapshot calls `claim_insert` (then `u` found nothing).
+/// The isolation check (`l`) runs before either writes.
+fn claim_take(s: &str, metadata: bool) -> String {
+    let value = if metadata { "$6::bytea" } else { "NULL::bytea" };
     format!(
-        "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
-                                        hashtext($1::text || ':' || $2::text)) \
+        "WITH l AS MATERIALIZED (SELECT 1 AS ok \
            WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
-                      ELSE {s}.not_read_committed() END) \
-         INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at{column}) \
-         SELECT $1::text, $2::text, $3::bytea, $4::text, {s}.fencing_next(), \
-                clock_timestamp() + $5::int8 * interval '1 microsecond'{value} FROM l \
-          WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
-         ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
+                      ELSE {s}.not_read_committed() END), \
+         u AS ( \
+           UPDATE {s}.claims c \
+              SET owner = $3::bytea, candidate = $4::text, fencing = {s}.fencing_next(), \
+                  metadata = {value}, \
+                  expires_at = clock_timestamp() + $5::int8 * interval '1 microsecond', \
+                  waiting = c.owner IS NOT NULL AND c.waiting \
+             FROM l \
+            WHERE c.kind = $1::text AND c.name = $2::text \
+              AND (c.owner IS NULL OR c.expires_at <= clock_timestamp()) \
+           RETURNING c.fencing) \
+         SELECT u.fencing FROM u \
+         UNION ALL \
+         SELECT i.f FROM ( \
+           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, {value}) AS f \
+             FROM l \
+            WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
+           OFFSET 0) i \
+          WHERE i.f IS NOT NULL"
     )
 }
 

@@ -43,8 +43,9 @@ impl PostgresBackend {
         let kind = kind.to_string();
         let name = name.to_string();
         let candidate = candidate.map(str::to_string);
-        // A name nobody holds has no row: one INSERT takes it. Skipped
-        // where the row is likely there (this client waits on it) and for
+        // A name nobody holds: one statement takes its free or expired
+        // row in place (or inserts the name's first row). Skipped where
+        // the row is likely held (this client waits on it) and for
         // elections (a new term notifies).
         if !waiting && !notify {
             let rows = match metadata {
@@ -52,7 +53,7 @@ impl PostgresBackend {
                 None => {
                     self.query(
                         operation,
-                        &self.sql.claim_insert,
+                        &self.sql.claim_take,
                         &[
                             (&kind, Type::TEXT),
                             (&name, Type::TEXT),
@@ -66,7 +67,7 @@ impl PostgresBackend {
                 Some(m) => {
                     self.query(
                         operation,
-                        &self.sql.claim_insert_meta,
+                        &self.sql.claim_take_meta,
                         &[
                             (&kind, Type::TEXT),
                             (&name, Type::TEXT),
@@ -126,7 +127,8 @@ impl PostgresBackend {
         })
     }
 
-    /// Compare-and-release (the row is deleted). `notify`: send a NOTIFY
+    /// Compare-and-release (the row is freed in place; the sweep deletes
+    /// it once idle past the grace). `notify`: send a NOTIFY
     /// even when no waiter marked the row (elections).
     pub(super) async fn claim_release(
         &self,

@@ -1,31 +1,49 @@
 -- Lock, lease and election attempts (`@s@` is the quoted schema,
--- `@schema@` its bare name). A name
--- nobody holds has no row (release deletes it), so the common attempt is
--- the plain INSERT `claim_insert` (src/sql.rs), which draws the fencing
--- token only when the row is absent from its snapshot; when it finds a
--- row, the client calls claim_acquire (and waiters and elections call it
--- directly).
+-- `@schema@` its bare name).
 --
--- Fencing across deleted rows: a token drawn before the row is in the
--- index could be overtaken (another client inserts, is granted a higher
--- token, releases and deletes, all before this insert lands). So every
--- grant takes the name's grant lock, a transaction-scoped advisory lock
--- on (hashtext('coord-claims:<schema>'), hashtext(kind:name)), BEFORE it
--- draws its token, and keeps it until its commit: the draws of one name
--- are serialized in grant order. Refused attempts and releases never take
--- it. It lives in the two-key advisory space; the keys are namespaced but
--- an application's own two-key advisory locks could collide with them
--- (that only makes a grant wait).
+-- Rows stay (layout 11): a name has one row from its first grant until the
+-- sweep deletes it. Release sets owner NULL in place (metadata and
+-- candidate go with it; fencing, expires_at and waiting stay), so the
+-- common attempt is the one statement `claim_take` (src/sql.rs): an
+-- UPDATE of the name's row in place when it is free or expired (a HOT
+-- update: no index entry, no new row), else, when the name has no row in
+-- its snapshot, claim_insert below. When it returns no token, the client
+-- calls claim_acquire (and waiters and elections call it directly). The
+-- sweep deletes a row whose last grant ended more than its grace ago
+-- (expires_at < now - grace, free or not): an idle name costs nothing.
+--
+-- Fencing: every token is drawn AFTER the row it is stored in is in the
+-- unique index, by an UPDATE of that row. An UPDATE evaluates its new
+-- values on the newest version of the row, under the row lock (a version
+-- changed since the snapshot is re-read, re-checked and re-drawn): every
+-- earlier grant of the name made a version this one replaces, committed
+-- before this statement's snapshot, so its token was drawn before this
+-- one. A new name's row is inserted first as a free placeholder and taken
+-- by an UPDATE in the same transaction (claim_insert): no grant can come
+-- between (the placeholder's index entry makes any other insert wait for
+-- this commit), and every grant of a row the sweep deleted before was
+-- drawn before that deletion. So no token is drawn before its row is in
+-- the index, where layout 10 drew an inserted row's token first and needed
+-- a grant lock (an advisory lock per name, held from before the draw to
+-- the commit) so that no grant drawn later could commit and be deleted
+-- before that insert landed. claim_acquire still takes it, for clients of
+-- layout 10 running during an upgrade: their inserts draw first under it
+-- and their releases delete rows, so their grants stay serialized with
+-- every grant that goes through this function; their guarantee also needs
+-- no insert of theirs to stall, between its draw and its index entry, for
+-- longer than a released row's TTL plus the sweep's grace (upgrade every
+-- client).
 --
 -- claim_acquire reads the row plainly (no lock): when it is live and held
 -- by another, the attempt takes no row lock, no transaction id and writes
 -- nothing (it never queues behind, or in front of, the holder's extend),
 -- and returns the holder's remaining time on the database clock. Only a
--- row that looked absent, free, expired or ours is upserted: taken if it
--- still is (re-checked on the newest version under the row lock, on the
--- clock read then); a fresh grant gets a new fencing token from the
--- sequence drawn AFTER the row is locked (in DO UPDATE); a repeat by the
--- same live owner keeps its token.
+-- row that looked absent, free, expired or ours is taken: a new name's
+-- placeholder inserted (ON CONFLICT DO NOTHING: another's insert won),
+-- then the row updated if it still is free, expired or ours (re-checked
+-- on the newest version under the row lock, on the clock read then); a
+-- fresh grant gets a new fencing token drawn in that UPDATE; a repeat by
+-- the same live owner keeps its token.
 --
 -- Wake-ups: a refused attempt of a client with waiters on the name
 -- (p_wait) marks the holder's row `waiting` (the one write a refused
@@ -35,9 +53,11 @@
 -- `registered` says the mark is there; when it is not (the holder's row
 -- changed or went since the read), the caller retries at once. Marking and
 -- release both lock the row, so either the release sees the mark and
--- notifies, or the mark finds the row gone and the waiter retries: no
--- wake-up is lost. A grant keeps the mark (and sets it when its client has
--- other waiters), so the next release wakes the rest.
+-- notifies, or the mark finds the row changed and the waiter retries: no
+-- wake-up is lost. A release leaves the mark on the free row; a grant of a
+-- free row clears it (its waiters were woken) and sets it when its client
+-- has other waiters; a takeover of an expired row keeps it (nobody
+-- released, so nobody was woken), so the next release wakes the rest.
 --
 -- p_notify: send NOTIFY when this starts a new grant (elections: observers
 -- learn of each new term). Neither granted nor held_us: the row changed
@@ -54,6 +74,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     o record;
     t timestamptz;
+    present boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -62,7 +83,8 @@ BEGIN
     t := clock_timestamp();
     SELECT c.fencing, c.owner, c.expires_at, c.waiting INTO o FROM @s@.claims c
      WHERE c.kind = p_kind AND c.name = p_name;
-    IF FOUND AND o.owner IS NOT NULL AND o.owner <> p_owner AND o.expires_at > t THEN
+    present := FOUND;
+    IF present AND o.owner IS NOT NULL AND o.owner <> p_owner AND o.expires_at > t THEN
         held_us := (extract(epoch FROM (o.expires_at - t)) * 1000000)::int8;
         registered := o.waiting;
         IF p_wait AND NOT o.waiting THEN
@@ -72,24 +94,56 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- The grant lock of the name, then the token (see above).
+    -- The grant lock of the name (for layout-10 clients, see above).
     PERFORM pg_advisory_xact_lock(hashtext('coord-claims:@schema@'), hashtext(p_kind || ':' || p_name));
-    INSERT INTO @s@.claims AS c (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)
-    VALUES (p_kind, p_name, p_owner, p_candidate, @s@.fencing_next(),
-            clock_timestamp() + p_ttl_us * interval '1 microsecond', p_wait, p_metadata)
-    ON CONFLICT (kind, name) DO UPDATE
-      SET owner = EXCLUDED.owner, candidate = EXCLUDED.candidate,
-          fencing = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
-                         THEN c.fencing ELSE @s@.fencing_next() END,
-          metadata = CASE WHEN c.owner = EXCLUDED.owner AND c.expires_at > clock_timestamp()
-                          THEN c.metadata ELSE EXCLUDED.metadata END,
-          expires_at = clock_timestamp() + p_ttl_us * interval '1 microsecond',
-          waiting = c.waiting OR EXCLUDED.waiting
-      WHERE c.owner IS NULL OR c.owner = EXCLUDED.owner OR c.expires_at <= clock_timestamp()
+    IF NOT present THEN
+        INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
+        VALUES (p_kind, p_name, NULL, 0, clock_timestamp())
+        ON CONFLICT (kind, name) DO NOTHING;
+    END IF;
+    UPDATE @s@.claims c
+       SET owner = p_owner, candidate = p_candidate,
+           fencing = CASE WHEN c.owner = p_owner AND c.expires_at > clock_timestamp()
+                          THEN c.fencing ELSE @s@.fencing_next() END,
+           metadata = CASE WHEN c.owner = p_owner AND c.expires_at > clock_timestamp()
+                           THEN c.metadata ELSE p_metadata END,
+           expires_at = clock_timestamp() + p_ttl_us * interval '1 microsecond',
+           waiting = (c.owner IS NOT NULL AND c.waiting) OR p_wait
+     WHERE c.kind = p_kind AND c.name = p_name
+       AND (c.owner IS NULL OR c.owner = p_owner OR c.expires_at <= clock_timestamp())
     RETURNING c.fencing INTO granted;
     IF p_notify AND granted IS NOT NULL AND granted IS DISTINCT FROM o.fencing THEN
         PERFORM pg_notify(p_channel, p_kind || ':' || p_name);
     END IF;
+END
+$fn$;
+
+-- A new name's grant (layout 11), called by `claim_take` when the name has
+-- no row in its snapshot: the row is inserted as a free placeholder (no
+-- token), then taken in place, so the token is drawn once the row is in
+-- the index (see above). NULL when another's insert came first and its
+-- grant is live (the caller then calls claim_acquire). Only called by
+-- `claim_take`, which checks the isolation level first.
+CREATE OR REPLACE FUNCTION @s@.claim_insert(
+    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
+    p_metadata bytea)
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    granted bigint;
+BEGIN
+    INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
+    VALUES (p_kind, p_name, NULL, 0, clock_timestamp())
+    ON CONFLICT (kind, name) DO NOTHING;
+    UPDATE @s@.claims c
+       SET owner = p_owner, candidate = p_candidate, fencing = @s@.fencing_next(),
+           metadata = p_metadata,
+           expires_at = clock_timestamp() + p_ttl_us * interval '1 microsecond',
+           waiting = c.owner IS NOT NULL AND c.waiting
+     WHERE c.kind = p_kind AND c.name = p_name
+       AND (c.owner IS NULL OR c.expires_at <= clock_timestamp())
+    RETURNING c.fencing INTO granted;
+    RETURN granted;
 END
 $fn$;
 

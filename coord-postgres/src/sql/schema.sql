@@ -10,12 +10,13 @@ CREATE TABLE IF NOT EXISTS @s@.meta (
 -- lease grants, election terms and FencingSource::next. Sequences are
 -- WAL-logged, so tokens keep rising across restarts and crashes.
 CREATE SEQUENCE IF NOT EXISTS @s@.fencing AS bigint;
--- Locks, leases and leaderships: one row per live (kind, name). Release
--- deletes the row; an expired row is taken over by the next grant or
--- deleted by the sweep. Deleting is safe for fencing: every grant draws
--- its token from the sequence in its own transaction, so a name used again
--- gets a higher token than every earlier grant. (Layout 1-3 kept released
--- rows with owner NULL; the sweep deletes them.)
+-- Locks, leases and leaderships: one row per (kind, name) in use. Release
+-- frees the row in place (owner NULL, layout 11; layouts 4-10 deleted it)
+-- and the next grant takes it in place; the sweep deletes a row whose last
+-- grant expired more than the grace ago, released or not. Deleting is
+-- safe for fencing: every grant draws its token from the sequence in its
+-- own transaction, once its row is in the index (src/sql/claims.sql), so
+-- a name used again gets a higher token than every earlier grant.
 CREATE TABLE IF NOT EXISTS @s@.claims (
     kind text NOT NULL,
     name text NOT NULL,

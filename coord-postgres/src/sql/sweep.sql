@@ -4,8 +4,10 @@
 -- on its own; the row goes in a later sweep). Every condition is checked
 -- on the locked, newest row version, on the database clock. Returns the
 -- number of rows deleted. Idle means:
--- * claims: released by an older layout (owner NULL), or expired more than
---   the grace ago. Fencing stays monotonic: tokens come from the sequence.
+-- * claims: the last grant's expiry more than the grace ago, released
+--   (owner NULL: release frees the row in place, layout 11) or not.
+--   Fencing stays monotonic: a name's next row is taken by an UPDATE that
+--   draws its token after this deletion (src/sql/claims.sql).
 -- * limiter_state: the stored state decides exactly like no state, and
 --   has done so for the grace: fixed window ended; sliding-window counter
 --   two windows on; GCRA theoretical arrival time passed; sliding log: no
@@ -42,7 +44,7 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM @s@.claims WHERE ctid = ANY (ARRAY(
         SELECT c.ctid FROM @s@.claims c
-         WHERE c.owner IS NULL OR c.expires_at < now_ts - grace
+         WHERE c.expires_at < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
