@@ -16,39 +16,17 @@
 //! retry, release and cleanup reach etcd first, on a new connection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Error, Lock, OwnerToken};
-use coord_etcd::{EtcdBackend, EtcdOptions};
-use etcd_client::GetOptions;
-use tokio::time::{Instant, sleep};
+use coord_etcd::EtcdBackend;
+use late_support::{
+    CALL_TIMEOUT, CUT_AFTER, DELAY, SEC, connect, direct, unique, until_the_late_copy_landed,
+    writes_an_owner_key,
+};
 
-const CALL_TIMEOUT: Duration = Duration::from_millis(200);
-const CUT_AFTER: Duration = Duration::from_millis(300);
-const DELAY: Duration = Duration::from_millis(2000);
-const SEC: Duration = Duration::from_secs(1);
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}-{}-{}/",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn connect(port: u16, prefix: &str, timeout: Duration) -> Arc<EtcdBackend> {
-    let url = format!(
-        "etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={}",
-        timeout.as_millis()
-    );
-    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
-        .await
-        .expect("connect to the test etcd")
-}
+mod late_support;
 
 /// The slow client, its connection warmed by a lock cycle on another name.
 async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
@@ -66,58 +44,9 @@ fn granted(a: coord_core::Result<Attempt>) {
     );
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Bytes that write an owner's key of the lock `name` (`lock/<name>/`
-/// and an owner's hex; the queue's range ends `lock/<name>0`).
-fn writes_an_owner_key(name: &str) -> impl Fn(&[u8]) -> bool + Send + Sync + 'static {
-    let key = format!("lock/{name}/").into_bytes();
-    move |b| {
-        let mut at = 0;
-        while let Some(i) = find(&b[at..], &key) {
-            let next = at + i + key.len();
-            if b.get(next).is_some_and(u8::is_ascii_hexdigit) {
-                return true;
-            }
-            at = next;
-        }
-        false
-    }
-}
-
 /// The keys of the lock `name` under `prefix`, with their leases.
 async fn keys(prefix: &str, name: &str) -> Vec<(String, i64)> {
-    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap();
-    let base = format!("{prefix}lock/{name}/");
-    let mut resp = raw
-        .get(base.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    resp.take_kvs()
-        .iter()
-        .map(|kv| {
-            (
-                kv.key_str().unwrap()[prefix.len()..].to_string(),
-                kv.lease(),
-            )
-        })
-        .collect()
-}
-
-async fn until_the_late_copy_landed(proxy: &FaultProxy) {
-    let start = Instant::now();
-    while proxy.delivered() < 1 {
-        assert!(
-            start.elapsed() < DELAY + 5 * SEC,
-            "the held attempt was never delivered"
-        );
-        sleep(Duration::from_millis(5)).await;
-    }
-    sleep(Duration::from_millis(300)).await;
+    late_support::keys(prefix, &format!("lock/{name}/")).await
 }
 
 /// A waiting acquire's attempt is held in the network; the acquire times
@@ -131,7 +60,11 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
     granted(near.try_acquire("ghost", &holder, 60 * SEC).await);
-    proxy.deliver_late(writes_an_owner_key("ghost"), DELAY, CUT_AFTER);
+    proxy.deliver_late(
+        writes_an_owner_key("lock/ghost/".to_string()),
+        DELAY,
+        CUT_AFTER,
+    );
     let locks = far.coord().locks().unwrap();
     let r = locks.acquire("ghost", 60 * SEC, SEC).await;
     assert!(
@@ -164,7 +97,11 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
     let proxy = FaultProxy::start(etcd::shared().client_port());
     let far = slow(&prefix, &proxy).await;
     let near = direct(&prefix).await;
-    proxy.deliver_late(writes_an_owner_key("ghost"), DELAY, CUT_AFTER);
+    proxy.deliver_late(
+        writes_an_owner_key("lock/ghost/".to_string()),
+        DELAY,
+        CUT_AFTER,
+    );
     let locks = far.coord().locks().unwrap();
     let g = locks
         .acquire("ghost", 60 * SEC, 3 * SEC)
@@ -184,8 +121,4 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
          {left:?}: the released owner's late attempt took it)"
     );
     assert!(left.is_empty(), "keys left by a released owner: {left:?}");
-}
-
-async fn direct(prefix: &str) -> Arc<EtcdBackend> {
-    connect(etcd::shared().client_port(), prefix, 5 * SEC).await
 }

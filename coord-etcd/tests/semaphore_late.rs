@@ -21,49 +21,19 @@
 //! behind it, so it is never overtaken.)
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Semaphore};
-use coord_etcd::{EtcdBackend, EtcdOptions};
-use etcd_client::GetOptions;
-use tokio::time::{Instant, sleep};
+use coord_etcd::EtcdBackend;
+use late_support::{
+    CALL_TIMEOUT, CUT_AFTER, DELAY, SEC, connect, direct, find, unique, until,
+    until_the_late_copy_landed, writes_an_owner_key,
+};
+use tokio::time::sleep;
 
-/// The slow client's call timeout.
-const CALL_TIMEOUT: Duration = Duration::from_millis(200);
-/// When the slow client's connection is cut after its transaction was
-/// held: after that call timed out.
-const CUT_AFTER: Duration = Duration::from_millis(300);
-/// How late the held transaction reaches etcd: after the acquire ended
-/// and released.
-const DELAY: Duration = Duration::from_millis(2000);
-const SEC: Duration = Duration::from_secs(1);
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}-{}-{}/",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn connect(port: u16, prefix: &str, timeout: Duration) -> Arc<EtcdBackend> {
-    let url = format!(
-        "etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={}",
-        timeout.as_millis()
-    );
-    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
-        .await
-        .expect("connect to the test etcd")
-}
-
-/// A client straight to etcd.
-async fn direct(prefix: &str) -> Arc<EtcdBackend> {
-    connect(etcd::shared().client_port(), prefix, 5 * SEC).await
-}
+mod late_support;
 
 /// The slow client: through `proxy`, call timeout [`CALL_TIMEOUT`], its
 /// connection warmed by one grant and release on another name.
@@ -91,10 +61,6 @@ fn granted(a: coord_core::Result<Attempt>) {
     );
 }
 
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
 /// Bytes of a grant transaction on `name` taking slot 0 (the name's read
 /// has the slots' range `s/`..`s0`, never `s/0`).
 fn takes_slot_0(name: &str) -> impl Fn(&[u8]) -> bool + Send + Sync + 'static {
@@ -103,61 +69,14 @@ fn takes_slot_0(name: &str) -> impl Fn(&[u8]) -> bool + Send + Sync + 'static {
 }
 
 /// Bytes of a transaction writing an owner's place on `name` (`w/` and an
-/// owner's hex; the name's read has the range `w/`..`w0`). The first on
-/// a full name is the attempt that queues.
+/// owner's hex). The first on a full name is the attempt that queues.
 fn writes_a_place(name: &str) -> impl Fn(&[u8]) -> bool + Send + Sync + 'static {
-    let key = format!("sem/{name}/w/").into_bytes();
-    move |b| {
-        let mut at = 0;
-        while let Some(i) = find(&b[at..], &key) {
-            let next = at + i + key.len();
-            if b.get(next).is_some_and(u8::is_ascii_hexdigit) {
-                return true;
-            }
-            at = next;
-        }
-        false
-    }
+    writes_an_owner_key(format!("sem/{name}/w/"))
 }
 
-/// The keys under `prefix` + `sem/<name>/`, without the prefix, with
-/// their leases.
+/// The keys of the semaphore `name` under `prefix`, with their leases.
 async fn keys(prefix: &str, name: &str) -> Vec<(String, i64)> {
-    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap();
-    let base = format!("{prefix}sem/{name}/");
-    let mut resp = raw
-        .get(base.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap();
-    resp.take_kvs()
-        .iter()
-        .map(|kv| {
-            (
-                kv.key_str().unwrap()[prefix.len()..].to_string(),
-                kv.lease(),
-            )
-        })
-        .collect()
-}
-
-async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Wait until the held transaction was written to etcd, and a moment for
-/// etcd to apply it.
-async fn until_the_late_copy_landed(proxy: &FaultProxy) {
-    until("the late copy delivered", DELAY + 5 * SEC, || {
-        proxy.delivered() >= 1
-    })
-    .await;
-    sleep(Duration::from_millis(300)).await;
+    late_support::keys(prefix, &format!("sem/{name}/")).await
 }
 
 /// A waiting acquire's attempt that queues is held in the network; the

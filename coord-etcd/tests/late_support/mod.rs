@@ -1,0 +1,112 @@
+//! What the late-copy tests (`semaphore_late.rs`, `late_lock.rs`) share:
+//! connecting a direct and a slow client, picking a held transaction out
+//! of the bytes on the wire, listing a name's keys, waiting for the late
+//! copy to land. See `semaphore_late.rs` for the fault itself.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use conformance::testkit::etcd;
+use conformance::testkit::proxy::FaultProxy;
+use coord_etcd::{EtcdBackend, EtcdOptions};
+use etcd_client::GetOptions;
+use tokio::time::{Instant, sleep};
+
+/// The slow client's call timeout.
+pub const CALL_TIMEOUT: Duration = Duration::from_millis(200);
+/// When the slow client's connection is cut after its transaction was
+/// held: after that call timed out.
+pub const CUT_AFTER: Duration = Duration::from_millis(300);
+/// How late the held transaction reaches etcd: after the acquire ended
+/// and released.
+pub const DELAY: Duration = Duration::from_millis(2000);
+pub const SEC: Duration = Duration::from_secs(1);
+
+/// A key prefix of its own per test (ends with `/`).
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{tag}-{}-{}/",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn connect(port: u16, prefix: &str, timeout: Duration) -> Arc<EtcdBackend> {
+    let url = format!(
+        "etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={}",
+        timeout.as_millis()
+    );
+    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+        .await
+        .expect("connect to the test etcd")
+}
+
+/// A client straight to etcd.
+pub async fn direct(prefix: &str) -> Arc<EtcdBackend> {
+    connect(etcd::shared().client_port(), prefix, 5 * SEC).await
+}
+
+pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Bytes that write an owner's key under `dir` (`dir` then an owner's
+/// hex digit; a read of the directory has the range `dir`..`dir` with its
+/// last `/` turned to `0`, never a hex digit after the `/`).
+pub fn writes_an_owner_key(dir: String) -> impl Fn(&[u8]) -> bool + Send + Sync + 'static {
+    let key = dir.into_bytes();
+    move |b| {
+        let mut at = 0;
+        while let Some(i) = find(&b[at..], &key) {
+            let next = at + i + key.len();
+            if b.get(next).is_some_and(u8::is_ascii_hexdigit) {
+                return true;
+            }
+            at = next;
+        }
+        false
+    }
+}
+
+/// The keys under `prefix` + `dir`, without the prefix, with their leases.
+pub async fn keys(prefix: &str, dir: &str) -> Vec<(String, i64)> {
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let base = format!("{prefix}{dir}");
+    let mut resp = raw
+        .get(base.as_bytes(), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    resp.take_kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key_str().unwrap()[prefix.len()..].to_string(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}
+
+pub async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Wait until the held transaction was written to etcd, and a moment for
+/// etcd to apply it.
+pub async fn until_the_late_copy_landed(proxy: &FaultProxy) {
+    until("the late copy delivered", DELAY + 5 * SEC, || {
+        proxy.delivered() >= 1
+    })
+    .await;
+    sleep(Duration::from_millis(300)).await;
+}
