@@ -127,9 +127,11 @@
 //! commits, each an in-place (HOT) update of one row: the same as the
 //! bare lease-table cycle. Clients of layout 10 (which insert rows under
 //! a per-name advisory lock and delete them at release) stay monotonic
-//! beside upgraded ones only while none of their inserts stalls, between
-//! its token and its index entry, for longer than a TTL plus the grace
-//! (`src/sql/claims.sql`): upgrade every client.
+//! beside upgraded ones only while none of them force-releases and none
+//! of their inserts stalls, between its token and its index entry, for
+//! longer than a TTL plus the grace (`src/sql/claims.sql`; a force release
+//! from a layout-10 client during the upgrade can let a stalled insert of
+//! one land with a lower token, a known defect): upgrade every client.
 //!
 //! Every statement runs in its own transaction, at READ COMMITTED (see
 //! "Transaction isolation"), with
