@@ -309,11 +309,11 @@ fn profile(which: &str, tasks: usize, secs: f64, rounds: usize) {
             let run = match which {
                 "coord" => coord_cycle(&server, tasks, secs).await,
                 "rpc" => lock_rpc(&server, tasks, secs).await,
-                "kv" => kv_cycle(&server, tasks, secs, 0).await,
-                "txn" => kv_cycle(&server, tasks, secs, 1).await,
-                "txncmp" => kv_cycle(&server, tasks, secs, 2).await,
-                "txndel" => kv_cycle(&server, tasks, secs, 3).await,
-                "txnrange" => kv_cycle(&server, tasks, secs, 4).await,
+                "kv" => kv_cycle(&server, tasks, secs, Shape::Kv).await,
+                "txn" => kv_cycle(&server, tasks, secs, Shape::Txn).await,
+                "txncmp" => kv_cycle(&server, tasks, secs, Shape::TxnCmp).await,
+                "txndel" => kv_cycle(&server, tasks, secs, Shape::TxnDel).await,
+                "txnrange" => kv_cycle(&server, tasks, secs, Shape::TxnRange).await,
                 _ => raw_cycle(&server, tasks, secs).await,
             };
             run.print(which, tasks);
@@ -321,8 +321,26 @@ fn profile(which: &str, tasks: usize, secs: f64, rounds: usize) {
     });
 }
 
-/// Plain KV calls: a put on the task's lease, then a delete.
-async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, mode: u8) -> Run {
+/// The etcd-client calls of one cycle in [`kv_cycle`]: how the key is
+/// written on the task's lease, and how it is removed.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// A plain put, then a plain delete.
+    Kv,
+    /// A txn of the put alone, then a txn of the delete alone.
+    Txn,
+    /// A put if the key is absent, then a delete if it is present (txns).
+    TxnCmp,
+    /// The put-if-absent txn, then a plain delete.
+    TxnDel,
+    /// As coord's try_acquire: a put of an owner's key if no key is under
+    /// the name's prefix (a range compare), then a plain delete.
+    TxnRange,
+}
+
+/// The raw etcd-client calls of a cycle, shaped as `shape` says, each task
+/// on a lease of its own.
+async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, shape: Shape) -> Run {
     let client = Client::connect([server.endpoint()], None).await.unwrap();
     let mut leases = Vec::new();
     for _ in 0..tasks {
@@ -333,58 +351,48 @@ async fn kv_cycle(server: &EtcdServer, tasks: usize, secs: f64, mode: u8) -> Run
         let mut kv = client.kv_client();
         let lease = leases[i];
         async move {
-            let key = format!("speed-kv-{i}");
+            let prefix = format!("speed-kv-{i}/");
+            let end = format!("speed-kv-{i}0");
+            let key = format!("{prefix}0123456789abcdef0123456789abcdef");
+            let on_lease = || Some(PutOptions::new().with_lease(lease));
+            let absent = || Compare::create_revision(key.as_str(), CompareOp::Equal, 0);
             while Instant::now() < until {
-                if mode == 0 {
-                    kv.put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
-                        .await
-                        .unwrap();
-                    kv.delete(key.as_str(), None).await.unwrap();
-                } else {
-                    let put =
-                        TxnOp::put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)));
-                    let del = TxnOp::delete(key.as_str(), None);
-                    let (a, b) = if mode == 4 {
-                        // As coord's try_acquire: no key under the name's
-                        // prefix, then a put of the owner's key.
-                        let prefix = format!("speed-range-{i}/");
-                        let end = format!("speed-range-{i}0");
-                        let own = format!("{prefix}0123456789abcdef0123456789abcdef");
-                        (
-                            Txn::new()
-                                .when([Compare::version(prefix.as_str(), CompareOp::Equal, 0)
-                                    .with_range(end.as_str())])
-                                .and_then([TxnOp::put(
-                                    own.as_str(),
-                                    own.as_str(),
-                                    Some(PutOptions::new().with_lease(lease)),
-                                )]),
-                            Txn::new().and_then([TxnOp::delete(own.as_str(), None)]),
-                        )
-                    } else if mode == 1 {
-                        (Txn::new().and_then([put]), Txn::new().and_then([del]))
-                    } else {
-                        (
-                            Txn::new()
-                                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                                .and_then([put]),
-                            Txn::new()
-                                .when([Compare::create_revision(
-                                    key.as_str(),
-                                    CompareOp::Greater,
-                                    0,
-                                )])
-                                .and_then([del]),
-                        )
-                    };
-                    kv.txn(a).await.unwrap();
-                    if mode == 4 {
-                        let own = format!("speed-range-{i}/0123456789abcdef0123456789abcdef");
-                        kv.delete(own.as_str(), None).await.unwrap();
-                    } else if mode == 3 {
+                let put = TxnOp::put(key.as_str(), key.as_str(), on_lease());
+                match shape {
+                    Shape::Kv => {
+                        kv.put(key.as_str(), key.as_str(), on_lease())
+                            .await
+                            .unwrap();
+                    }
+                    Shape::Txn => {
+                        kv.txn(Txn::new().and_then([put])).await.unwrap();
+                    }
+                    Shape::TxnCmp | Shape::TxnDel => {
+                        kv.txn(Txn::new().when([absent()]).and_then([put]))
+                            .await
+                            .unwrap();
+                    }
+                    Shape::TxnRange => {
+                        let empty = Compare::version(prefix.as_str(), CompareOp::Equal, 0)
+                            .with_range(end.as_str());
+                        kv.txn(Txn::new().when([empty]).and_then([put]))
+                            .await
+                            .unwrap();
+                    }
+                }
+                let del = TxnOp::delete(key.as_str(), None);
+                match shape {
+                    Shape::Txn => {
+                        kv.txn(Txn::new().and_then([del])).await.unwrap();
+                    }
+                    Shape::TxnCmp => {
+                        let present = Compare::create_revision(key.as_str(), CompareOp::Greater, 0);
+                        kv.txn(Txn::new().when([present]).and_then([del]))
+                            .await
+                            .unwrap();
+                    }
+                    Shape::Kv | Shape::TxnDel | Shape::TxnRange => {
                         kv.delete(key.as_str(), None).await.unwrap();
-                    } else {
-                        kv.txn(b).await.unwrap();
                     }
                 }
                 count.fetch_add(1, Ordering::Relaxed);
