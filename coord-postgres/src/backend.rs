@@ -28,6 +28,7 @@ use crate::builder::{DEFAULT_POOL_SIZE, PostgresBuilder};
 use crate::config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, identifier, parse_url, tls_connector};
 use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
+pub use claims::CLAIM_LEFT_TTL;
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
 pub use semaphore::{SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};

@@ -94,7 +94,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata)` and functions `claim_acquire`, `claim_insert` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per name in use, freed in place on release (owner NULL) and deleted by the sweep once its last grant ended more than the grace ago; `metadata`: the holder metadata of its grant, if any |
+//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata, left_owners, left_stamps, left_until)` and functions `claim_acquire`, `claim_insert`, `claim_leave`, `claim_is_left` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per name in use, freed in place on release (owner NULL) and deleted by the sweep once its last grant ended more than the grace ago; `metadata`: the holder metadata of its grant, if any; `left_*`: short-lived marks of owners that left while one of their attempts was unanswered (NULL nearly always; see below) |
 //! | sequence `fencing` and functions `fencing_next`, `timeline_next`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next` (queue message ids and semaphore places, from their own sequences, by `timeline_next` too); WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
@@ -132,6 +132,20 @@
 //! longer than a TTL plus the grace (`src/sql/claims.sql`; a force release
 //! from a layout-10 client during the upgrade can let a stalled insert of
 //! one land with a lower token, a known defect): upgrade every client.
+//!
+//! A late attempt (layout 12, `coord_core::late`): a lock, lease or
+//! campaign attempt that its client gave up on (its call timed out on a
+//! slow network, or the acquire was cancelled mid-call) may still reach
+//! the server after the acquire ended and released. It takes nothing:
+//! every attempt carries the client's stamp, the release (revoke,
+//! resignation) of an owner with an unanswered attempt goes through
+//! `claim_leave`, which also marks the owner as left on the name's row for
+//! [`CLAIM_LEFT_TTL`] (30 s), and an attempt of that owner stamped before
+//! the mark is refused. The mark is on the row, so the row lock orders a
+//! late attempt and the marking release either way (`tests/late_claims.rs`
+//! forces both orders). Releases after answered attempts are the plain
+//! statement and mark nothing. Clients of layout 11 and before send no
+//! stamp and are never refused.
 //!
 //! Every statement runs in its own transaction, at READ COMMITTED (see
 //! "Transaction isolation"), with
@@ -481,7 +495,8 @@ mod sqlx_support;
 use std::sync::Arc;
 
 pub use backend::{
-    PostgresBackend, SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL,
+    CLAIM_LEFT_TTL, PostgresBackend, SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH,
+    SEMAPHORE_QUEUE_TTL,
 };
 pub use builder::{
     DEFAULT_BARRIER_ABANDON, DEFAULT_IDLE_GRACE, DEFAULT_POOL_SIZE, DEFAULT_SWEEP_EVERY,

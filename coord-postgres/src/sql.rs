@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 11;
+pub(crate) const SCHEMA_VERSION: i32 = 12;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -16,6 +16,7 @@ pub(crate) struct Sql {
     pub(crate) claim_take_meta: String,
     pub(crate) claim_acquire: String,
     pub(crate) claim_release: String,
+    pub(crate) claim_leave: String,
     pub(crate) claim_extend: String,
     pub(crate) claim_force_release: String,
     pub(crate) claim_remaining: String,
@@ -54,7 +55,9 @@ impl Sql {
         Sql {
             check_version: format!("SELECT version FROM {s}.meta WHERE id = 1"),
             ddl: ddl(&s, schema),
-            // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs. The
+            // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs, $6 the
+            // client's stamp of the attempt (refused as a late copy when
+            // its owner left since: src/sql/claims.sql). The
             // common attempt, in one statement: the name's row taken in
             // place when it is free or expired, else, when the name has
             // no row, inserted by `claim_insert` (which draws the token
@@ -64,17 +67,17 @@ impl Sql {
             // decides. Like the functions, it refuses to run at another
             // isolation level than read committed, before it writes.
             claim_take: claim_take(&s, false),
-            // The same, $6 the grant's metadata (layout 9). A separate
+            // The same, $7 the grant's metadata (layout 9). A separate
             // text, so the attempt without metadata sends what it sent
             // before (its new row has none).
             claim_take_meta: claim_take(&s, true),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
             // $6 channel, $7 notify on a fresh grant, $8 this client has
-            // waiters on the name, $9 metadata of a new grant (NULL: none).
-            // See src/sql/claims.sql.
+            // waiters on the name, $9 metadata of a new grant (NULL: none),
+            // $10 the client's stamp of the attempt. See src/sql/claims.sql.
             claim_acquire: format!(
                 "SELECT granted, held_us, registered FROM {s}.claim_acquire($1::text, $2::text, \
-                 $3::bytea, $4::text, $5::int8, $6::text, $7::bool, $8::bool, $9::bytea)"
+                 $3::bytea, $4::text, $5::int8, $6::text, $7::bool, $8::bool, $9::bytea, $10::int8)"
             ),
             // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always
             // (elections: observers learn of every resignation).
@@ -92,6 +95,15 @@ impl Sql {
                  RETURNING c.expires_at > clock_timestamp() AS held, \
                    CASE WHEN $5::bool OR c.waiting \
                         THEN pg_notify($4::text, $1::text || ':' || $2::text) END AS woke"
+            ),
+            // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always,
+            // $6 the client's stamp of the release, $7 how long the mark
+            // holds, µs. The release of an owner one of whose attempts
+            // went unanswered: as `claim_release`, and the owner is
+            // marked as left (src/sql/claims.sql, "Late attempts").
+            claim_leave: format!(
+                "SELECT held, woke FROM {s}.claim_leave($1::text, $2::text, $3::bytea, $4::text, \
+                 $5::bool, $6::int8, $7::int8)"
             ),
             // $1 kind, $2 name, $3 owner, $4 ttl µs. Compare-and-expire.
             // The row is locked first (`l`), and the clock read only then
@@ -302,13 +314,13 @@ impl Sql {
 }
 
 /// The common attempt on a claim (see `Sql::claim_take`); with
-/// `metadata`, a new grant takes `$6` as its metadata (else none). `u`
+/// `metadata`, a new grant takes `$7` as its metadata (else none). `u`
 /// takes the row in place when it is free or expired, drawing the token
 /// under the row lock (src/sql/claims.sql); only a name with no row in the
 /// statement's snapshot calls `claim_insert` (then `u` found nothing).
 /// The isolation check (`l`) runs before either writes.
 fn claim_take(s: &str, metadata: bool) -> String {
-    let value = if metadata { "$6::bytea" } else { "NULL::bytea" };
+    let value = if metadata { "$7::bytea" } else { "NULL::bytea" };
     format!(
         "WITH l AS MATERIALIZED (SELECT 1 AS ok \
            WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
@@ -322,11 +334,13 @@ fn claim_take(s: &str, metadata: bool) -> String {
              FROM l \
             WHERE c.kind = $1::text AND c.name = $2::text \
               AND (c.owner IS NULL OR c.expires_at <= clock_timestamp()) \
+              AND (c.left_owners IS NULL \
+                   OR NOT {s}.claim_is_left(c.left_owners, c.left_stamps, c.left_until, $3::bytea, $6::int8)) \
            RETURNING c.fencing) \
          SELECT u.fencing FROM u \
          UNION ALL \
          SELECT i.f FROM ( \
-           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, {value}) AS f \
+           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, {value}, $6::int8) AS f \
              FROM l \
             WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
            OFFSET 0) i \

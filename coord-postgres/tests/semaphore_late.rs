@@ -12,62 +12,17 @@
 //! warmed so its statements are prepared (the late attempt is then one
 //! message, sent at once). The cases run one after the other.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod late_support;
+
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use coord_postgres::PostgresBackend;
+use late_support::{HEAL_AFTER, LATENCY, LONG, direct, slow, unique, until_late_attempts_landed};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// How long the proxy holds every chunk while the fault is on.
-const LATENCY: Duration = Duration::from_millis(3000);
-/// The slow client's call timeout.
-const CALL_TIMEOUT: Duration = Duration::from_millis(200);
-/// When the latency is turned off again, after the slow acquire started:
-/// after its first attempt timed out, before its acquire ends (so its
-/// release reaches the server at once).
-const HEAL_AFTER: Duration = Duration::from_millis(300);
-const LONG: Duration = Duration::from_secs(30);
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// A direct client on `schema`, without the background sweep.
-async fn direct(schema: &str) -> Arc<PostgresBackend> {
-    coord_postgres::builder(&cluster().url())
-        .schema(schema)
-        .sweep_every(None)
-        .connect_backend()
-        .await
-        .expect("connect to the test cluster")
-}
-
-/// A client on `schema` through `proxy`: call timeout [`CALL_TIMEOUT`],
-/// one pooled connection.
-async fn slow(schema: &str, proxy: &FaultProxy) -> Arc<PostgresBackend> {
-    let pg = cluster();
-    let url = pg
-        .url()
-        .replace(&format!(":{}/", pg.port()), &format!(":{}/", proxy.port()));
-    coord_postgres::builder(&url)
-        .schema(schema)
-        .call_timeout(CALL_TIMEOUT)
-        .pool_size(1)
-        .sweep_every(None)
-        .connect_backend()
-        .await
-        .expect("connect through the proxy")
-}
 
 /// Make `b`'s one pooled connection prepare the semaphore statements.
 async fn warm(b: &PostgresBackend, name: &str) {
@@ -117,12 +72,6 @@ async fn left(b: &PostgresBackend, name: &str) -> i64 {
     .await
     .unwrap()
     .get(0)
-}
-
-/// Sleep until `at` + [`LATENCY`] + 1.5 s: every late chunk sent from
-/// `at` on has reached the server (and been run) by then.
-async fn until_late_attempts_landed(at: Instant) {
-    tokio::time::sleep_until((at + LATENCY + Duration::from_millis(1500)).into()).await;
 }
 
 /// The defect: a waiting acquire times out while its first attempt is
@@ -341,48 +290,4 @@ async fn an_owner_used_again_after_its_release_is_served() {
     assert_eq!(left(&here, &name).await, 0, "a lapsed mark was not pruned");
     assert!(here.release(&name, &o).await.unwrap());
     assert_eq!(rows(&here, &name).await, (0, 0));
-}
-
-/// The same fault for a lock: a waiting acquire times out while its first
-/// attempt is on its way, the holder then releases, and the late attempt
-/// lands on the free lock. It must not take the lock for nobody (for its
-/// TTL, 30 s).
-///
-/// Fails today (ignored): locks do not refuse late copies yet (semaphores
-/// do, with marks; `coord_core::late`). See the Redis twin,
-/// `coord-redis/tests/review_claims.rs`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a late copy of a timed-out lock attempt takes the lock for its TTL"]
-async fn a_late_lock_attempt_after_a_timed_out_acquire_takes_no_lock() {
-    let _serial = SERIAL.lock().await;
-    let schema = unique("late_lock");
-    let proxy = FaultProxy::start(cluster().port());
-    let here = direct(&schema).await;
-    let far = slow(&schema, &proxy).await;
-    let name = unique("late-lock");
-    // Prepare the slow connection's lock statements.
-    let warm = far.coord().locks().unwrap();
-    drop(warm.try_acquire(&unique("warm"), LONG).await.unwrap());
-    let locks = here.coord().locks().unwrap();
-    let held = locks.try_acquire(&name, LONG).await.unwrap().unwrap();
-
-    proxy.latency(LATENCY);
-    let started = Instant::now();
-    let n = name.clone();
-    let acquire = tokio::spawn(async move {
-        let l = far.coord().locks().unwrap();
-        l.acquire(&n, LONG, Duration::from_millis(600)).await
-    });
-    tokio::time::sleep(HEAL_AFTER).await;
-    proxy.latency(Duration::ZERO);
-    let r = acquire.await.unwrap();
-    assert!(r.is_err(), "the slow acquire got the held lock: {r:?}");
-    held.release().await.unwrap();
-    until_late_attempts_landed(started).await;
-    let next = locks.try_acquire(&name, LONG).await.unwrap();
-    assert!(
-        next.is_some(),
-        "the lock is free and nobody waits, yet it is refused: the timed-out \
-         waiter's late attempt took it"
-    );
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
+use coord_core::late::stamp;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
@@ -16,6 +17,20 @@ use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
 pub(super) const KIND_LOCK: &str = "lock";
 pub(super) const KIND_LEASE: &str = "lease";
 pub(super) const KIND_ELECTION: &str = "election";
+
+/// How long the release (or revoke, or resignation) of an owner, one of
+/// whose lock, lease or campaign attempts went unanswered, keeps attempts
+/// of that owner sent before the release from being granted (a late copy
+/// delayed in the network past the call timeout, `coord_core::late`): far
+/// above any call timeout. A copy later than that is an ordinary attempt
+/// again. The mark is kept on the name's row (src/sql/claims.sql) and
+/// pruned by the next such release once lapsed; the sweep keeps the row
+/// while it holds.
+///
+/// ```
+/// assert_eq!(coord_postgres::CLAIM_LEFT_TTL, std::time::Duration::from_secs(30));
+/// ```
+pub const CLAIM_LEFT_TTL: Duration = Duration::from_secs(30);
 
 impl PostgresBackend {
     /// One attempt on a claim. `notify`: send a NOTIFY when this starts a
@@ -33,13 +48,17 @@ impl PostgresBackend {
         ttl: Duration,
         metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
+        let key = Self::key(kind, name);
+        // Remembered until the reply arrives: an attempt given up on may
+        // still land, and its owner's release then marks it as left.
+        let at = stamp();
+        let pending = self.unanswered.attempt(&key, *owner);
         let owner: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
         // Lock waiters of this client (subscribed after a refused attempt)
         // mark the holder's row, so its release notifies.
-        let waiting = kind == KIND_LOCK
-            && self.caps.notifications
-            && self.wakeups.has_waiters(&Self::key(kind, name));
+        let waiting =
+            kind == KIND_LOCK && self.caps.notifications && self.wakeups.has_waiters(&key);
         let kind = kind.to_string();
         let name = name.to_string();
         let candidate = candidate.map(str::to_string);
@@ -60,6 +79,7 @@ impl PostgresBackend {
                             (&owner, Type::BYTEA),
                             (&candidate, Type::TEXT),
                             (&ttl, Type::INT8),
+                            (&at, Type::INT8),
                         ],
                     )
                     .await?
@@ -74,6 +94,7 @@ impl PostgresBackend {
                             (&owner, Type::BYTEA),
                             (&candidate, Type::TEXT),
                             (&ttl, Type::INT8),
+                            (&at, Type::INT8),
                             (&m, Type::BYTEA),
                         ],
                     )
@@ -81,6 +102,7 @@ impl PostgresBackend {
                 }
             };
             if let Some(row) = rows.first() {
+                pending.answered();
                 let f: i64 = row.try_get(0).map_err(|e| map_pg(operation, e))?;
                 self.after_write();
                 return Ok(Attempt::Granted(token(f)));
@@ -100,9 +122,11 @@ impl PostgresBackend {
                     (&notify, Type::BOOL),
                     (&waiting, Type::BOOL),
                     (&metadata, Type::BYTEA),
+                    (&at, Type::INT8),
                 ],
             )
             .await?;
+        pending.answered();
         let row = rows.first().ok_or_else(|| unexpected(operation))?;
         let granted: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
         if let Some(f) = granted {
@@ -129,7 +153,10 @@ impl PostgresBackend {
 
     /// Compare-and-release (the row is freed in place; the sweep deletes
     /// it once idle past the grace). `notify`: send a NOTIFY
-    /// even when no waiter marked the row (elections).
+    /// even when no waiter marked the row (elections). The release of an
+    /// owner with an attempt that went unanswered also marks the owner as
+    /// left for [`CLAIM_LEFT_TTL`], so that attempt takes nothing if it
+    /// lands later (`claim_leave`; one statement either way).
     pub(super) async fn claim_release(
         &self,
         operation: &'static str,
@@ -138,22 +165,49 @@ impl PostgresBackend {
         owner: &OwnerToken,
         notify: bool,
     ) -> Result<bool> {
+        let key = Self::key(kind, name);
+        // Stamped after every attempt of this owner was sent.
+        let left: Option<i64> = self.unanswered.contains(&key, owner).then(stamp);
+        let who = *owner;
         let owner: &[u8] = owner.as_bytes();
         let kind = kind.to_string();
         let name = name.to_string();
-        let rows = self
-            .query(
-                operation,
-                &self.sql.claim_release,
-                &[
-                    (&kind, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&owner, Type::BYTEA),
-                    (&self.channel, Type::TEXT),
-                    (&notify, Type::BOOL),
-                ],
-            )
-            .await?;
+        let rows = match left {
+            None => {
+                self.query(
+                    operation,
+                    &self.sql.claim_release,
+                    &[
+                        (&kind, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&owner, Type::BYTEA),
+                        (&self.channel, Type::TEXT),
+                        (&notify, Type::BOOL),
+                    ],
+                )
+                .await?
+            }
+            Some(at) => {
+                let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
+                let rows = self
+                    .query(
+                        operation,
+                        &self.sql.claim_leave,
+                        &[
+                            (&kind, Type::TEXT),
+                            (&name, Type::TEXT),
+                            (&owner, Type::BYTEA),
+                            (&self.channel, Type::TEXT),
+                            (&notify, Type::BOOL),
+                            (&at, Type::INT8),
+                            (&left_ttl, Type::INT8),
+                        ],
+                    )
+                    .await?;
+                self.unanswered.forget(&key, &who);
+                rows
+            }
+        };
         let held = match rows.first() {
             Some(r) => r.try_get(0).map_err(|e| map_pg(operation, e))?,
             None => false,

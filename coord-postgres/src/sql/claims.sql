@@ -73,9 +73,33 @@
 -- p_metadata (layout 9): stored with a new grant (NULL: none, which also
 -- clears an expired holder's); a repeat by the same live owner keeps the
 -- grant's metadata as it is.
+-- Late attempts (layout 12; `coord_core::late`): an attempt its client
+-- gave up on (its call timed out on a slow network) may still land after
+-- the acquire ended and its owner released, and would then take the name
+-- for nobody until its TTL. Every attempt carries its client's stamp
+-- (p_stamp, rising within a process); the release of an owner one of
+-- whose attempts went unanswered goes through claim_leave, which also
+-- marks the owner as left at the release's stamp on the name's row
+-- (creating a free row if there is none) for p_ttl_us. An attempt of that
+-- owner stamped before the mark takes nothing (claim_is_left). The mark
+-- is on the row itself, so the race of a late attempt with the release
+-- that marks it is decided by the row lock: an attempt that locked the
+-- row first is a grant the release then frees; one that waited for the
+-- release's lock re-reads the newest row, mark included, and takes
+-- nothing. Marks are pruned by the next claim_leave on the name once
+-- lapsed; the sweep keeps a row while a mark on it holds. Attempts
+-- without a stamp (older clients: NULL) are never refused.
+CREATE OR REPLACE FUNCTION @s@.claim_is_left(
+    p_owners bytea[], p_stamps bigint[], p_until timestamptz[], p_owner bytea, p_stamp bigint)
+RETURNS boolean
+LANGUAGE sql AS $fn$
+    SELECT EXISTS (SELECT 1 FROM unnest(p_owners, p_stamps, p_until) AS l(o, s, u)
+                    WHERE l.o = p_owner AND l.s > p_stamp AND l.u > clock_timestamp())
+$fn$;
+
 CREATE OR REPLACE FUNCTION @s@.claim_acquire(
     p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_channel text, p_notify boolean, p_wait boolean, p_metadata bytea,
+    p_channel text, p_notify boolean, p_wait boolean, p_metadata bytea, p_stamp bigint,
     OUT granted bigint, OUT held_us bigint, OUT registered boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -118,6 +142,8 @@ BEGIN
            waiting = (c.owner IS NOT NULL AND c.waiting) OR p_wait
      WHERE c.kind = p_kind AND c.name = p_name
        AND (c.owner IS NULL OR c.owner = p_owner OR c.expires_at <= clock_timestamp())
+       AND (c.left_owners IS NULL
+            OR NOT @s@.claim_is_left(c.left_owners, c.left_stamps, c.left_until, p_owner, p_stamp))
     RETURNING c.fencing INTO granted;
     IF p_notify AND granted IS NOT NULL AND granted IS DISTINCT FROM o.fencing THEN
         PERFORM pg_notify(p_channel, p_kind || ':' || p_name);
@@ -125,15 +151,28 @@ BEGIN
 END
 $fn$;
 
+-- The layout 9-11 signature (no stamp: never refused as a late copy), for
+-- clients of those layouts still running while a schema is upgraded.
+CREATE OR REPLACE FUNCTION @s@.claim_acquire(
+    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
+    p_channel text, p_notify boolean, p_wait boolean, p_metadata bytea,
+    OUT granted bigint, OUT held_us bigint, OUT registered boolean)
+LANGUAGE sql AS $fn$
+    SELECT a.granted, a.held_us, a.registered
+      FROM @s@.claim_acquire(p_kind, p_name, p_owner, p_candidate, p_ttl_us,
+                             p_channel, p_notify, p_wait, p_metadata, NULL::int8) a
+$fn$;
+
 -- A new name's grant (layout 11), called by `claim_take` when the name has
 -- no row in its snapshot: the row is inserted as a free placeholder (no
 -- token), then taken in place, so the token is drawn once the row is in
 -- the index (see above). NULL when another's insert came first and its
--- grant is live (the caller then calls claim_acquire). Only called by
--- `claim_take`, which checks the isolation level first.
+-- grant is live, or a mark says p_owner left since p_stamp (the caller
+-- then calls claim_acquire). Only called by `claim_take`, which checks
+-- the isolation level first.
 CREATE OR REPLACE FUNCTION @s@.claim_insert(
     p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_metadata bytea)
+    p_metadata bytea, p_stamp bigint)
 RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -149,8 +188,80 @@ BEGIN
            waiting = c.owner IS NOT NULL AND c.waiting
      WHERE c.kind = p_kind AND c.name = p_name
        AND (c.owner IS NULL OR c.expires_at <= clock_timestamp())
+       AND (c.left_owners IS NULL
+            OR NOT @s@.claim_is_left(c.left_owners, c.left_stamps, c.left_until, p_owner, p_stamp))
     RETURNING c.fencing INTO granted;
     RETURN granted;
+END
+$fn$;
+
+-- The layout-11 signature (no stamp), for layout-11 clients during an
+-- upgrade.
+CREATE OR REPLACE FUNCTION @s@.claim_insert(
+    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
+    p_metadata bytea)
+RETURNS bigint
+LANGUAGE sql AS $fn$
+    SELECT @s@.claim_insert(p_kind, p_name, p_owner, p_candidate, p_ttl_us, p_metadata, NULL::int8)
+$fn$;
+
+-- The release of an owner one of whose attempts went unanswered (see
+-- "Late attempts"): as the `claim_release` statement (the owner's row,
+-- live or expired, is freed in place; `held` says it was live; NOTIFY
+-- when p_notify or a waiter marked it), and in the same step the owner is
+-- marked as left at p_stamp for p_ttl_us on the name's row, whoever holds
+-- it (a free row is inserted when the name has none: the late attempt may
+-- not have landed yet). Lapsed marks are pruned here.
+CREATE OR REPLACE FUNCTION @s@.claim_leave(
+    p_kind text, p_name text, p_owner bytea, p_channel text, p_notify boolean,
+    p_stamp bigint, p_ttl_us bigint, OUT held boolean, OUT woke boolean)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    o record;
+    t timestamptz;
+    mine boolean;
+    n_owners bytea[];
+    n_stamps bigint[];
+    n_until timestamptz[];
+    s bigint;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
+    LOOP
+        SELECT c.owner, c.expires_at, c.waiting, c.left_owners, c.left_stamps, c.left_until
+          INTO o FROM @s@.claims c
+         WHERE c.kind = p_kind AND c.name = p_name FOR UPDATE;
+        EXIT WHEN FOUND;
+        INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
+        VALUES (p_kind, p_name, NULL, 0, clock_timestamp())
+        ON CONFLICT (kind, name) DO NOTHING;
+    END LOOP;
+    -- The clock once the row is locked (as the release statement reads it).
+    t := clock_timestamp();
+    mine := o.owner IS NOT NULL AND o.owner = p_owner;
+    held := mine AND o.expires_at > t;
+    -- The marks that still hold, but p_owner's (kept at its highest stamp).
+    SELECT array_agg(l.o) FILTER (WHERE l.o <> p_owner),
+           array_agg(l.s) FILTER (WHERE l.o <> p_owner),
+           array_agg(l.u) FILTER (WHERE l.o <> p_owner),
+           max(l.s) FILTER (WHERE l.o = p_owner)
+      INTO n_owners, n_stamps, n_until, s
+      FROM unnest(o.left_owners, o.left_stamps, o.left_until) AS l(o, s, u)
+     WHERE l.u > t;
+    s := greatest(s, p_stamp);
+    UPDATE @s@.claims c
+       SET owner = CASE WHEN mine THEN NULL ELSE c.owner END,
+           candidate = CASE WHEN mine THEN NULL ELSE c.candidate END,
+           metadata = CASE WHEN mine THEN NULL ELSE c.metadata END,
+           left_owners = n_owners || p_owner,
+           left_stamps = n_stamps || s,
+           left_until = n_until || (t + p_ttl_us * interval '1 microsecond')
+     WHERE c.kind = p_kind AND c.name = p_name;
+    woke := mine AND (p_notify OR o.waiting);
+    IF woke THEN
+        PERFORM pg_notify(p_channel, p_kind || ':' || p_name);
+    END IF;
 END
 $fn$;
 

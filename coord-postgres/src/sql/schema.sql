@@ -272,3 +272,15 @@ RETURNS bigint
 LANGUAGE sql AS $fn$
     SELECT @s@.timeline_next('@s@.fencing', 0)
 $fn$;
+-- Owners that left while one of their claim attempts was unanswered
+-- (layout 12; see src/sql/claims.sql, "Late attempts"): three arrays of
+-- the same length on the name's row, one element per owner: the owner,
+-- its client's stamp of the release, and until when the mark holds. NULL
+-- (nearly always) when no owner left so. On the row itself, not in a
+-- table of their own, so that an attempt that waited for the row lock of
+-- the release that marked it re-reads the mark with the row (a table read
+-- would still see its statement's snapshot, from before the mark).
+ALTER TABLE @s@.claims
+    ADD COLUMN IF NOT EXISTS left_owners bytea[],
+    ADD COLUMN IF NOT EXISTS left_stamps bigint[],
+    ADD COLUMN IF NOT EXISTS left_until timestamptz[];

@@ -7,7 +7,9 @@
 -- * claims: the last grant's expiry more than the grace ago, released
 --   (owner NULL: release frees the row in place, layout 11) or not.
 --   Fencing stays monotonic: a name's next row is taken by an UPDATE that
---   draws its token after this deletion (src/sql/claims.sql).
+--   draws its token after this deletion (src/sql/claims.sql). A row
+--   stays while a mark of an owner that left (layout 12) holds on it, and
+--   for the grace after.
 -- * limiter_state: the stored state decides exactly like no state, and
 --   has done so for the grace: fixed window ended; sliding-window counter
 --   two windows on; GCRA theoretical arrival time passed; sliding log: no
@@ -45,6 +47,8 @@ BEGIN
     DELETE FROM @s@.claims WHERE ctid = ANY (ARRAY(
         SELECT c.ctid FROM @s@.claims c
          WHERE c.expires_at < now_ts - grace
+           AND (c.left_until IS NULL
+                OR NOT EXISTS (SELECT 1 FROM unnest(c.left_until) u WHERE u >= now_ts - grace))
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
