@@ -1,6 +1,16 @@
 //! Claims (locks and elections): one key per holder or waiter, each on an
 //! etcd lease of its own whose TTL is the claim's, so the server enforces
 //! every TTL and a key nobody renews expires by itself.
+//!
+//! A claim's key is named by the lease its first attempt wrote on
+//! (`keys::claim_key`), not by its owner: a lease serves one claim at a
+//! time and is handed on as a spare only once its key was deleted, so two
+//! live claims never share a key, and the next claim on the spare writes
+//! the same key again. A busy name thus reuses a few keys rather than
+//! leaving one per acquire in etcd's key index until a compaction
+//! (tests/key_history.rs). The owner is in the value. An attempt retried
+//! after a lost reply keeps its claim's key (on a new lease): whether the
+//! lost write landed is read from that key, as before.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +23,7 @@ use tokio::time::Instant;
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::entries::{Entry, EntryState, entry_key};
 use crate::handoff::is_head;
-use crate::keys::BACKEND;
-use crate::keys::prefix_end;
+use crate::keys::{BACKEND, claim_key, claim_value, prefix_end};
 use crate::pool::fresh_enough;
 use crate::queue::clear_last_refused;
 
@@ -71,8 +80,13 @@ fn pred_of(queue: &[u8], end: &[u8], rev: i64) -> TxnOp {
 enum Known {
     /// Nothing written that we know of.
     Fresh,
-    /// Our key exists with this create revision on this lease.
-    Key { rev: i64, lease: i64, ttl: u64 },
+    /// Our key `key` exists with this create revision on this lease.
+    Key {
+        key: Vec<u8>,
+        rev: i64,
+        lease: i64,
+        ttl: u64,
+    },
 }
 
 impl Shared {
@@ -116,8 +130,7 @@ impl Shared {
         let ek = entry_key(kind, name, owner);
         let queue = self.keys.queue(kind, name);
         let end = prefix_end(&queue);
-        let mut key = queue.clone();
-        key.extend_from_slice(owner.to_hex().as_bytes());
+        let value = claim_value(&owner.to_hex(), value);
         let ttl_s = secs(ttl);
         clear_last_refused();
 
@@ -142,6 +155,7 @@ impl Shared {
             })
             | None => Known::Fresh,
             Some(e) => Known::Key {
+                key: e.key.clone(),
                 rev: e.rev,
                 lease: e.lease,
                 ttl: e.lease_ttl,
@@ -171,6 +185,14 @@ impl Shared {
                         None => (self.grant_lease(ttl_s, op).await?, None),
                     };
                     let deadline = basis.unwrap_or(start + ttl);
+                    // The claim's key: a retry after a lost reply keeps
+                    // the key of the attempt whose write may have landed
+                    // (its lease is never a spare: it is revoked or
+                    // adopted below); otherwise named by this lease.
+                    let key = match lock(&self.entries).get(&ek) {
+                        Some(e) => e.key.clone(),
+                        None => claim_key(&queue, lease),
+                    };
                     // Recorded before the write is sent: a release (or the
                     // cleanup of a cancelled acquire) revokes the lease, so a
                     // write applied late fails or dies with it.
@@ -190,7 +212,7 @@ impl Shared {
                     let old_lease = old.as_ref().map(|o| o.lease);
                     let put = TxnOp::put(
                         key.clone(),
-                        value.to_vec(),
+                        value.clone(),
                         Some(PutOptions::new().with_lease(lease)),
                     );
                     let txn = if queue_mode {
@@ -294,6 +316,7 @@ impl Shared {
                             };
                             lock(&self.entries).insert(ek.clone(), e);
                             known = Known::Key {
+                                key: key.clone(),
                                 rev: mine.create_revision(),
                                 lease: mine.lease(),
                                 ttl: mine_ttl,
@@ -321,6 +344,7 @@ impl Shared {
                     }
                 }
                 Known::Key {
+                    key,
                     rev,
                     lease,
                     ttl: lease_ttl,

@@ -13,8 +13,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, kvs, lock, secs};
-use crate::claims::first_sorted;
+use crate::backend::{Shared, lock, secs};
 use crate::entries::{Entry, EntryState, entry_key};
 use crate::keys::{prefix_end, split_lease_value};
 
@@ -36,7 +35,7 @@ impl Shared {
         if let Some(e) = entry {
             if let EntryState::Held { deadline } = e.state {
                 // Named leases share one key per name (`keys.single`);
-                // every other claim's key carries its owner token.
+                // every other claim's key is its own (named by its lease).
                 let own_key = kind != Kind::Lease;
                 return self.release_held(e, deadline, now, own_key, op).await;
             }
@@ -51,29 +50,54 @@ impl Shared {
         // Not known here (another handle of this owner, or the cleanup of
         // an attempt whose bookkeeping is gone): find the key.
         let hex = owner.to_hex();
-        let (key, head) = if kind == Kind::Lease {
-            let key = self.keys.single(kind, name);
-            let kv = self.get(op, key, None).await?.into_iter().next();
-            let kv = kv.filter(|kv| split_lease_value(kv.value()).0 == hex.as_bytes());
-            (kv.clone(), kv)
-        } else {
-            let queue = self.keys.queue(kind, name);
-            let end = prefix_end(&queue);
-            let mut key = queue.clone();
-            key.extend_from_slice(hex.as_bytes());
-            let txn = Txn::new().and_then([
-                TxnOp::get(key, None),
-                first_sorted(&queue, &end, SortOrder::Ascend, 1),
-            ]);
-            let resp = self.txn(op, txn).await?;
-            (
-                kvs(&resp, 0).into_iter().next(),
-                kvs(&resp, 1).into_iter().next(),
-            )
+        if kind != Kind::Lease {
+            return self.release_unknown(kind, name, &hex, op).await;
+        }
+        let key = self.keys.single(kind, name);
+        let kv = self.get(op, key, None).await?.into_iter().next();
+        let Some(kv) = kv.filter(|kv| split_lease_value(kv.value()).0 == hex.as_bytes()) else {
+            return Ok(false);
         };
-        let Some(kv) = key else { return Ok(false) };
-        let found = self.revoke(kv.lease(), op).await?;
-        Ok(found && head.is_some_and(|h| h.key() == kv.key()))
+        self.revoke(kv.lease(), op).await
+    }
+
+    /// Release a lock or leadership of an owner this client has no
+    /// bookkeeping of: read the name's queue for the key whose value names
+    /// the owner (keys are named by leases, not owners) and delete that
+    /// key at its create revision. Never by revoking its lease: a lease
+    /// outlives the claim it carried (it is a spare for its client's next
+    /// claim), so between the read and a revoke it may come to carry a
+    /// claim of another owner. The client whose lease it was finds the key
+    /// gone at its next extend or release and ends the lease then (or it
+    /// lapses with its TTL). `Ok(true)` iff the key was the first (it held).
+    async fn release_unknown(
+        &self,
+        kind: Kind,
+        name: &str,
+        hex: &str,
+        op: &'static str,
+    ) -> Result<bool> {
+        let queue = self.keys.queue(kind, name);
+        let end = prefix_end(&queue);
+        let all = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let queued = self.get(op, queue, Some(all)).await?;
+        let Some((i, kv)) = queued
+            .iter()
+            .enumerate()
+            .find(|(_, kv)| split_lease_value(kv.value()).0 == hex.as_bytes())
+        else {
+            return Ok(false);
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                kv.key().to_vec(),
+                CompareOp::Equal,
+                kv.create_revision(),
+            )])
+            .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+        Ok(self.txn(op, txn).await?.succeeded() && i == 0)
     }
 
     /// Release a held claim: delete its key if it is still this claim's.
@@ -82,11 +106,13 @@ impl Shared {
     /// otherwise (the key gone already: expired, or force-released) the
     /// lease is revoked.
     ///
-    /// A key of its owner alone (`own_key`: its name carries the owner
-    /// token) takes a plain delete that returns what was there: the claim
-    /// was live until now iff the key deleted has this claim's create
-    /// revision. A key re-created by a late copy of one of this owner's
-    /// attempts is then deleted too, which is what its owner wants. On
+    /// A key of this claim alone (`own_key`: its name carries the lease of
+    /// the claim's first attempt, which no other claim writes while this
+    /// one lives: see `claims.rs`) takes a plain delete that returns what
+    /// was there: the claim was live until now iff the key deleted has
+    /// this claim's create revision. A key re-created by a late copy of
+    /// one of this claim's attempts is then deleted too, which is what its
+    /// owner wants. On
     /// etcd 3.4 a write transaction costs the server about three times a
     /// plain delete (`examples/lock_speed.rs`, `txn` against `kv`). A key
     /// shared by every owner of the name (named leases) takes a

@@ -2,9 +2,9 @@
 //! the store records them, from one range read (one transaction for a
 //! semaphore), plus a `LeaseTimeToLive` per holder for its remaining time.
 //!
-//! Metadata lives in the grant's own key (a lock key's value; a named
-//! lease's value after the owner's hex; a semaphore grant's value after
-//! its slots), so it ends exactly with the grant and no key is written for
+//! Metadata lives in the grant's own key (a lock key's or a named lease's
+//! value after the owner's hex; a semaphore grant's value after its
+//! slots), so it ends exactly with the grant and no key is written for
 //! it.
 
 use std::time::Duration;
@@ -77,9 +77,9 @@ impl Shared {
                 waiters: Some(0),
             });
         };
-        let hex = head.key().get(queue.len()..).unwrap_or_default();
+        let (hex, metadata) = split_lease_value(head.value());
         let owner = owner_of(hex, op, "lock key")?;
-        let metadata = Some(head.value().to_vec()).filter(|v| !v.is_empty());
+        let metadata = metadata.map(<[u8]>::to_vec);
         let holders = self
             .holder(&head, owner, metadata, 1, op)
             .await
@@ -93,17 +93,16 @@ impl Shared {
 
     /// An election's leader: the first key of its queue (candidates do
     /// not queue keys while they wait, so no waiters are counted), its
-    /// owner from the key, its candidate from the value, its remaining
-    /// time from its lease.
+    /// owner and candidate from the value, its remaining time from its
+    /// lease.
     pub(crate) async fn election_inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
         let op = "election inspect";
-        let queue = self.keys.queue(Kind::Election, name);
         let Some(head) = self.head(Kind::Election, name, op).await? else {
             return Ok(None);
         };
-        let hex = head.key().get(queue.len()..).unwrap_or_default();
+        let (hex, candidate) = split_lease_value(head.value());
         let owner = owner_of(hex, op, "election key")?;
-        let candidate = String::from_utf8_lossy(head.value()).into_owned();
+        let candidate = String::from_utf8_lossy(candidate.unwrap_or_default()).into_owned();
         Ok(self
             .holder(&head, owner, None, 1, op)
             .await

@@ -7,8 +7,12 @@ pub(crate) const BACKEND: &str = "etcd";
 
 /// Where every key of one client lives.
 ///
-/// - claims (locks, elections): `<prefix><kind>/<escaped name>/<owner hex>`,
-///   one key per holder or waiter, ordered by create revision;
+/// - claims (locks, elections): `<prefix><kind>/<escaped name>/<lease hex>`,
+///   one key per holder or waiter, named by the lease of its claim's first
+///   attempt (reused with the lease by later claims, as etcd's lock RPC
+///   does), ordered by create revision; the value is `<owner hex>`, then
+///   ` <metadata>` (locks) or ` <candidate>` (elections) if not empty
+///   ([`claim_value`]);
 /// - leases, barriers, fencing: `<prefix><kind>/<escaped name>`;
 /// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`;
 /// - semaphores: `<prefix>sem/<escaped name>/h/<owner hex>` (grants) and
@@ -86,6 +90,24 @@ impl Keys {
         )
         .into_bytes()
     }
+}
+
+/// A claim's key: its queue, then the hex of `lease`, the lease its
+/// claim's first attempt wrote on. Such a lease serves one claim at a
+/// time, and a lease goes back to the spare pool only once its key was
+/// deleted (see `pool.rs`), so two live claims never share a key, while a
+/// busy name reuses a few keys instead of writing one per acquire.
+pub(crate) fn claim_key(queue: &[u8], lease: i64) -> Vec<u8> {
+    let mut key = queue.to_vec();
+    key.extend_from_slice(format!("{lease:x}").as_bytes());
+    key
+}
+
+/// A claim key's value: as [`lease_value`], the owner's hex then ` ` and
+/// `extra` (a lock's metadata, an election's candidate) unless it is
+/// empty.
+pub(crate) fn claim_value(hex: &str, extra: &[u8]) -> Vec<u8> {
+    lease_value(hex, Some(extra).filter(|e| !e.is_empty()))
 }
 
 /// A named lease's value: `<owner hex>`, then ` <metadata>` if the grant
@@ -198,6 +220,16 @@ mod tests {
         );
         assert_eq!(lease_value("ab12", None), b"ab12".to_vec());
         assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        let q = k.queue(Kind::Lock, "a");
+        assert_eq!(
+            claim_key(&q, 0x0069_4d8c_2a1f),
+            b"coord:lock/a/694d8c2a1f".to_vec()
+        );
+        assert_eq!(claim_value("ab12", b""), b"ab12".to_vec());
+        assert_eq!(
+            split_lease_value(&claim_value("ab12", b"web 3")),
+            (&b"ab12"[..], Some(&b"web 3"[..]))
+        );
     }
 
     /// The client's own HTTP/2 connection broke (tonic reports it as

@@ -30,7 +30,7 @@
 //!   drift margin, at most 50 ms) of the claim's start: then the claim
 //!   ends, in this client's bookkeeping, where that keepalive says
 //!   (giving up at most the slack). So an uncontended acquire + release
-//!   is one transaction and one delete (the owner's key is its own, so
+//!   is one transaction and one delete (the claim's key is its own, so
 //!   the release needs no compare: the deleted key's create revision says
 //!   whether the claim was still live; named leases, one key per name,
 //!   release with a compare-and-delete transaction), plus one keepalive
@@ -41,8 +41,21 @@
 //!   revision), so the server keeps the key at least as long as the
 //!   validity coord-core computes.
 //! - **Locks** are a FIFO queue, one key per waiter:
-//!   `<prefix>lock/<name>/<owner hex>`, ordered by create revision; the
+//!   `<prefix>lock/<name>/<lease hex>`, ordered by create revision; the
 //!   first key holds the lock and its create revision is the fencing token.
+//!   A key is named by the lease its claim's first attempt wrote on, as
+//!   etcd's own lock RPC names its keys, and its value is the owner's hex
+//!   (then a space and the metadata, if any). A lease carries one claim at
+//!   a time and becomes a spare only once its key was deleted, so two live
+//!   claims never share a key, while the next claim on that spare writes
+//!   the same key again: a busy name reuses a few keys instead of adding
+//!   one per acquire to etcd's key index, which every attempt's range read
+//!   on the name walks until a compaction (`tests/key_history.rs`). A
+//!   reused key deleted and created again gets a new create revision, so
+//!   fencing tokens still rise. A release or extend goes by this client's
+//!   record of the owner's claim (its key and create revision); a release
+//!   by an owner this client has no record of reads the queue for the key
+//!   whose value names it and deletes that key at its create revision.
 //!   An owner's first attempt (and so every one-shot `try_acquire`) writes
 //!   only into an empty queue, in one transaction: a refused attempt leaves
 //!   nothing behind. Its next attempt (a waiter's: coord-core's wait loop
@@ -97,8 +110,8 @@
 //!   deliverable or a delayed one is added. See `work_queue.rs`.
 //! - **Holder metadata and inspection.** Metadata (JSON, at most 1 KiB)
 //!   is stored in the grant's own key, so it ends exactly with the grant
-//!   and costs no call: a lock key's value (empty without metadata); a
-//!   named lease's value after the owner's hex and a space; a semaphore
+//!   and costs no call: a lock key's or a named lease's value after the
+//!   owner's hex and a space; a semaphore
 //!   grant's value after its slots and a space. Only a new key stores it
 //!   (a retry of an owner whose key exists keeps that key as it is).
 //!   `inspect` is one range read (a lock: its queue's first key, and the
@@ -108,9 +121,10 @@
 //!   token shown is the key's create revision. An election's `inspect`
 //!   reads its leader key the same way (no waiters: candidates queue no
 //!   keys).
-//! - **Elections**: `<prefix>election/<name>/<owner hex>`, created only when
-//!   no leader key exists; the term is its create revision; watchers of the
-//!   prefix wake every local candidate and observer.
+//! - **Elections**: `<prefix>election/<name>/<lease hex>` (named as lock
+//!   keys are; value: the owner's hex, a space, the candidate), created
+//!   only when no leader key exists; the term is its create revision;
+//!   watchers of the prefix wake every local candidate and observer.
 //! - **Leases** (named): `<prefix>lease/<name>` attached to an etcd lease of
 //!   their own (`remaining` is what the server says; `revoke` ends it at
 //!   once).
@@ -246,9 +260,9 @@ impl coord_core::Lock for EtcdBackend {
         self.shared.try_claim(spec, name, owner, ttl).await
     }
 
-    /// As `try_acquire`; the owner's key is written with `metadata` as its
-    /// value (a lock key's value is otherwise empty), so it ends with the
-    /// key. An owner whose key exists already keeps it as it is.
+    /// As `try_acquire`; the claim's key is written with `metadata` in its
+    /// value (after the owner's hex and a space), so it ends with the key.
+    /// An owner whose key exists already keeps it as it is.
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
@@ -334,7 +348,10 @@ impl coord_core::Election for EtcdBackend {
             .head(Kind::Election, name, "election leader")
             .await?
             .map(|kv| LeaderInfo {
-                candidate: String::from_utf8_lossy(kv.value()).into_owned(),
+                candidate: String::from_utf8_lossy(
+                    keys::split_lease_value(kv.value()).1.unwrap_or_default(),
+                )
+                .into_owned(),
                 term: FencingToken(kv.create_revision() as u64),
             }))
     }

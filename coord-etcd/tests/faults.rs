@@ -96,14 +96,23 @@ async fn a_retried_grant_is_on_a_live_lease() {
             let mut raw = etcd_client::Client::connect([endpoint], None)
                 .await
                 .unwrap();
-            let key = format!("coord:lock/{name}/{}", o.to_hex());
+            // Claim keys are named by their lease; the owner's hex
+            // begins the value.
+            let queue = format!("coord:lock/{name}/");
+            let hex = o.to_hex().into_bytes();
             while !stop.load(Ordering::SeqCst) {
                 let began = Instant::now();
                 if let Ok(Attempt::Granted(_)) = b.try_acquire(name, &o, ttl).await {
                     counts[0].fetch_add(1, Ordering::SeqCst);
                     let deadline = began + ttl;
-                    let kv = raw.get(key.clone(), None).await.unwrap();
-                    let kv = kv.kvs().first().cloned();
+                    let kv = raw
+                        .get(
+                            queue.clone(),
+                            Some(etcd_client::GetOptions::new().with_prefix()),
+                        )
+                        .await
+                        .unwrap();
+                    let kv = kv.kvs().iter().find(|kv| kv.value() == hex).cloned();
                     let left = match kv {
                         Some(kv) => Some((
                             kv.lease(),

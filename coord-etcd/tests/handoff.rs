@@ -50,19 +50,27 @@ async fn queue(b: &EtcdBackend, name: &str, o: &OwnerToken, ttl: Duration) -> Wa
     w
 }
 
-/// The key of owner `o` under lock `name`, as the server has it.
+/// The key of owner `o` under lock `name` (prefix `coord:`), as the
+/// server has it: claim keys are named by their lease, the owner's hex
+/// begins the value.
 async fn key_of(
     raw: &mut etcd_client::Client,
     name: &str,
     o: &OwnerToken,
 ) -> Option<etcd_client::KeyValue> {
-    let key = format!("coord:lock/{name}/{}", o.to_hex());
-    raw.get(key, None)
-        .await
-        .unwrap()
-        .take_kvs()
-        .into_iter()
-        .next()
+    let hex = o.to_hex().into_bytes();
+    raw.get(
+        format!("coord:lock/{name}/"),
+        Some(etcd_client::GetOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap()
+    .take_kvs()
+    .into_iter()
+    .find(|kv| {
+        let v = kv.value();
+        v.starts_with(&hex) && matches!(v.get(hex.len()), None | Some(b' '))
+    })
 }
 
 /// Wait for `w` to be woken, at most `limit`.

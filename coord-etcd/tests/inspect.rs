@@ -28,6 +28,24 @@ fn prefix(case: &str) -> String {
     format!("inspect-{case}-{}/", std::process::id())
 }
 
+/// The value of owner `o`'s key in the queue `dir` (under no prefix): a
+/// claim key is named by its lease, its value is `<owner hex>` and then
+/// ` <metadata>` if any.
+async fn owner_value(dir: &str, o: &OwnerToken) -> Option<Vec<u8>> {
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let mut resp = raw
+        .get(dir, Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let hex = o.to_hex().into_bytes();
+    resp.take_kvs()
+        .into_iter()
+        .map(|kv| kv.value().to_vec())
+        .find(|v| v.starts_with(&hex) && matches!(v.get(hex.len()), None | Some(b' ')))
+}
+
 /// The raw value of `key` (under no prefix).
 async fn raw_value(key: &str) -> Option<Vec<u8>> {
     let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
@@ -64,15 +82,16 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
     let r = Lock::inspect(&*other, "l").await.unwrap();
     assert!(r.holders.is_empty() && r.waiters == Some(0), "{r:?}");
 
-    // Held with metadata: the key's value is the metadata.
+    // Held with metadata: the key's value is the owner's hex, then the
+    // metadata.
     let t = granted(
         Lock::try_acquire_with_metadata(&*b, "l", &a, LONG, m1)
             .await
             .unwrap(),
     );
     assert_eq!(
-        raw_value(&format!("{p}lock/l/{}", a.to_hex())).await,
-        Some(m1.to_vec())
+        owner_value(&format!("{p}lock/l/"), &a).await,
+        Some([format!("{} ", a.to_hex()).as_bytes(), &m1[..]].concat())
     );
     let r = Lock::inspect(&*other, "l").await.unwrap();
     let h = one(&r);

@@ -225,9 +225,20 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
         .await
         .unwrap();
-    let key = format!("coord:lock/{name}/{}", ow.to_hex());
-    let queued = raw.get(key.clone(), None).await.unwrap();
-    let lease = queued.kvs().first().expect("the waiter is queued").lease();
+    // Claim keys are named by their lease; the owner's hex is the value.
+    let queued = raw
+        .get(
+            format!("coord:lock/{name}/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let kv = queued
+        .kvs()
+        .iter()
+        .find(|kv| kv.value() == ow.to_hex().as_bytes())
+        .expect("the waiter is queued");
+    let (key, lease) = (kv.key().to_vec(), kv.lease());
     // The cleanup (what coord-core does when the acquire is cancelled).
     assert!(!b.release(name, &ow).await.unwrap());
     drop(w);
@@ -235,7 +246,7 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     let late = raw
         .put(
             key.clone(),
-            "",
+            ow.to_hex(),
             Some(etcd_client::PutOptions::new().with_lease(lease)),
         )
         .await;
