@@ -20,6 +20,15 @@ pub const HOLD: Duration = Duration::from_millis(1);
 /// The task counts of the throughput rows.
 pub const TASKS: [usize; 2] = [1, 32];
 
+/// The store's round trip with `op` (one trivial request): back to back,
+/// and each after [`HOLD`] with nothing in flight (as a handoff starts;
+/// see [`measure::after_idle`]).
+pub async fn rtt_pair<O: measure::Op + Clone>(op: O, win: Window) -> (Stats, Stats) {
+    let busy = measure::throughput(vec![op.clone()], win).await;
+    let idle = measure::after_idle(op, win, HOLD).await;
+    (busy, idle)
+}
+
 /// A name no earlier run of this program used (state left by a crashed
 /// run cannot get in the way).
 pub fn fresh(what: &str) -> String {

@@ -171,7 +171,7 @@ async fn raw_check(client: &Client, tasks: usize, win: Window) -> Stats {
 }
 
 /// `get` of one key: the round trip.
-async fn get_rtt(client: &Client, win: Window) -> Stats {
+async fn get_rtt(client: &Client, win: Window) -> (Stats, Stats) {
     let client = client.clone();
     let op = move || {
         let mut client = client.clone();
@@ -179,7 +179,7 @@ async fn get_rtt(client: &Client, win: Window) -> Stats {
             client.get("bench-rtt", None).await.expect("get");
         }
     };
-    measure::throughput(vec![op], win).await
+    coord_ops::rtt_pair(op, win).await
 }
 
 /// etcd's `Lock` + `Unlock` RPCs on a per-task name, each task with its

@@ -153,6 +153,33 @@ where
     }
 }
 
+/// Run `op` alone, each call after `idle` with nothing in flight, for
+/// `win`: the store's round trip in the conditions a handoff starts from
+/// (every contender asleep while the holder holds for [`HOLD`]), when an
+/// idle machine is slower to wake than a busy one. Only the call is timed,
+/// not the idle time before it.
+///
+/// [`HOLD`]: crate::coord_ops::HOLD
+pub async fn after_idle<O: Op>(mut op: O, win: Window, idle: Duration) -> Stats {
+    let warm = Instant::now();
+    while warm.elapsed() < win.warm_up {
+        tokio::time::sleep(idle).await;
+        op.call().await;
+    }
+    let mut hist = Histogram::new();
+    let start = Instant::now();
+    while start.elapsed() < win.measure {
+        tokio::time::sleep(idle).await;
+        let t = Instant::now();
+        op.call().await;
+        hist.add(t.elapsed());
+    }
+    Stats {
+        hist,
+        elapsed: start.elapsed(),
+    }
+}
+
 /// Run every op of `ops` on its own task, all at once, for `win`; count
 /// the operations that finish inside the measured part.
 pub async fn throughput<O: Op>(ops: Vec<O>, win: Window) -> Stats {

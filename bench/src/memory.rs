@@ -97,7 +97,7 @@ async fn raw_check(tasks: usize, win: Window) -> Stats {
 }
 
 /// A request to another task and its reply: the in-process round trip.
-async fn rtt(win: Window) -> Stats {
+async fn rtt(win: Window) -> (Stats, Stats) {
     let (tx, mut rx) = mpsc::channel::<oneshot::Sender<()>>(1);
     let server = tokio::spawn(async move {
         while let Some(reply) = rx.recv().await {
@@ -112,7 +112,7 @@ async fn rtt(win: Window) -> Stats {
             answer.await.expect("server replies");
         }
     };
-    let stats = measure::throughput(vec![op], win).await;
+    let stats = coord_ops::rtt_pair(op, win).await;
     server.await.expect("server task");
     stats
 }

@@ -136,7 +136,7 @@ async fn raw_check(url: &str, tasks: usize, win: Window) -> Stats {
 }
 
 /// `SELECT 1` on one connection: the round trip.
-async fn select_one(client: &Arc<Client>, win: Window) -> Stats {
+async fn select_one(client: &Arc<Client>, win: Window) -> (Stats, Stats) {
     let stmt = client.prepare("SELECT 1").await.expect("prepare");
     let client = client.clone();
     let op = move || {
@@ -145,7 +145,7 @@ async fn select_one(client: &Arc<Client>, win: Window) -> Stats {
             client.query_one(&stmt, &[]).await.expect("SELECT 1");
         }
     };
-    measure::throughput(vec![op], win).await
+    coord_ops::rtt_pair(op, win).await
 }
 
 /// A lock key for advisory locks that no other run uses.

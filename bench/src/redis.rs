@@ -128,7 +128,7 @@ async fn raw_check(con: &MultiplexedConnection, tasks: usize, win: Window) -> St
 }
 
 /// `PING` round trips on the shared connection, one task.
-async fn ping(con: &MultiplexedConnection, win: Window) -> Stats {
+async fn ping(con: &MultiplexedConnection, win: Window) -> (Stats, Stats) {
     let con = con.clone();
     let op = move || {
         let mut con = con.clone();
@@ -139,7 +139,7 @@ async fn ping(con: &MultiplexedConnection, win: Window) -> Stats {
                 .expect("PING");
         }
     };
-    measure::throughput(vec![op], win).await
+    coord_ops::rtt_pair(op, win).await
 }
 
 /// A lock manager on the one test server with rslock's defaults.

@@ -11,6 +11,9 @@
 //! the round-trip rate, below 1), `rtt_ratio` = coord / rtt (the handoff
 //! in round trips) and `peer_ratio` = peer p50 / coord p50 (coord's
 //! handoff rate over the peer's: above 1 means coord hands over faster).
+//! `idle_rtt` is the same trivial request made after the holder's hold
+//! time with nothing in flight, as every handoff starts (on a VM an idle
+//! machine is slower to wake), and `idle_rtt_ratio` = coord / idle_rtt.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -40,8 +43,12 @@ pub enum Kind {
     Handoff {
         /// coord's handoff latencies.
         coord: Stats,
-        /// Round-trip time of a trivial request.
+        /// Round-trip time of a trivial request, back to back.
         rtt: Stats,
+        /// The same request, each after [`HOLD`](crate::coord_ops::HOLD)
+        /// with nothing in flight ([`after_idle`](crate::measure::after_idle)),
+        /// as a handoff starts.
+        idle_rtt: Stats,
     },
 }
 
@@ -98,8 +105,13 @@ impl Row {
                     us(raw.p50())
                 );
             }
-            Kind::Handoff { coord, rtt } => {
+            Kind::Handoff {
+                coord,
+                rtt,
+                idle_rtt,
+            } => {
                 let (p50, rtt50) = (us(coord.p50()), us(rtt.p50()));
+                let idle50 = us(idle_rtt.p50());
                 let _ = write!(
                     s,
                     " coord={p50:.1}us raw={rtt50:.1}us ratio={:.3}",
@@ -117,9 +129,11 @@ impl Row {
                 }
                 let _ = write!(
                     s,
-                    " p99={:.1}us rtt={rtt50:.1}us rtt_ratio={:.2} handoffs={}",
+                    " p99={:.1}us rtt={rtt50:.1}us rtt_ratio={:.2} idle_rtt={idle50:.1}us \
+                     idle_rtt_ratio={:.2} handoffs={}",
                     us(coord.p99()),
                     p50 / rtt50,
+                    p50 / idle50,
                     coord.count()
                 );
             }
@@ -149,7 +163,11 @@ impl Row {
                     coord.per_sec() / raw.per_sec(),
                 )
             }
-            Kind::Handoff { coord, rtt } => {
+            Kind::Handoff {
+                coord,
+                rtt,
+                idle_rtt,
+            } => {
                 let peer = self.peer.as_ref().map_or(String::new(), |p| {
                     format!(
                         "{:<11} {:>10.1}us {:>6.2}x",
@@ -159,12 +177,13 @@ impl Row {
                     )
                 });
                 format!(
-                    "{head} {:>10.1}us {:>8.1}us {:>10.1}us {:>10} {:>6.1}R  {peer}",
+                    "{head} {:>10.1}us {:>8.1}us {:>10.1}us {:>8.1}us {:>6.1}R  {peer}  ({:.1}R of the idle RTT)",
                     us(coord.p50()),
                     us(coord.p99()),
                     us(rtt.p50()),
-                    "(rtt)",
+                    us(idle_rtt.p50()),
                     us(coord.p50()) / us(rtt.p50()),
+                    us(coord.p50()) / us(idle_rtt.p50()),
                 )
             }
         }
@@ -176,7 +195,7 @@ pub fn header() -> String {
     format!(
         "{:<9} {:<17} {:>5} {:>12} {:>10} {:>12} {:>10} {:>7}  {:<11} {:>12} {:>7}\n\
          (cycle/check: coord ops/s and p50, raw ops/s and p50, coord/raw; peer ops/s, coord/peer)\n\
-         (handoff: coord p50 and p99, store RTT, p50 in RTTs (R); peer p50, peer/coord)",
+         (handoff: coord p50 and p99, store RTT back to back and after the hold time idle, p50 in RTTs (R); peer p50, peer/coord)",
         "store",
         "op",
         "tasks",
@@ -224,19 +243,24 @@ impl Sink {
         });
     }
 
-    /// A handoff row: coord's latencies beside the store's round trip.
+    /// A handoff row: coord's latencies beside the store's round trip
+    /// (back to back, and after the hold time idle).
     pub fn handoff(
         &mut self,
         store: &'static str,
         op: &'static str,
-        (coord, rtt): (Stats, Stats),
+        (coord, (rtt, idle_rtt)): (Stats, (Stats, Stats)),
         peer: Option<Peer>,
     ) {
         self.push(Row {
             store,
             op,
             tasks: crate::coord_ops::WAITERS,
-            kind: Kind::Handoff { coord, rtt },
+            kind: Kind::Handoff {
+                coord,
+                rtt,
+                idle_rtt,
+            },
             peer,
         });
     }
