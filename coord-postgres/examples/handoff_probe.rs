@@ -11,7 +11,8 @@
 //! a raw connection. A profiling aid next to `coord-bench`'s handoff rows,
 //! against a throwaway cluster the conformance test kit starts.
 //!
-//! `cargo run --release -p coord-postgres --example handoff_probe`;
+//! `cargo run --release -p coord-postgres --example handoff_probe` (round
+//! trips counted in idle ones: see [`gap`]);
 //! `EXTRA=N` adds N idle connections that LISTEN on the raw channel
 //! (PostgreSQL signals every listening backend of the database on each
 //! NOTIFY, whatever its channel; every coord client has one).
@@ -23,6 +24,15 @@ use futures::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 const ROUNDS: usize = 300;
+/// How long the lock is held before each release, the machine idle
+/// meanwhile (20 ms; `GAP_MS` sets it; coord's handoff loop holds at least
+/// 5 ms, for its waiter to queue). The idle round trip is measured after
+/// the same gap: on a VM a request after idling costs several times one
+/// made back to back, and a handoff always starts from an idle machine.
+fn gap() -> Duration {
+    let ms = std::env::var("GAP_MS").ok().and_then(|v| v.parse().ok());
+    Duration::from_millis(ms.unwrap_or(20))
+}
 const TTL: Duration = Duration::from_secs(30);
 
 fn p50(mut v: Vec<Duration>) -> Duration {
@@ -36,13 +46,19 @@ async fn main() {
     let (raw, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
     tokio::spawn(conn);
     let one = raw.prepare("SELECT 1").await.unwrap();
-    let mut rtt = Vec::new();
+    let (mut rtt, mut idle_rtt) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         let t = Instant::now();
         raw.query_one(&one, &[]).await.unwrap();
         rtt.push(t.elapsed());
     }
-    let rtt = p50(rtt);
+    for _ in 0..ROUNDS / 3 {
+        tokio::time::sleep(gap()).await;
+        let t = Instant::now();
+        raw.query_one(&one, &[]).await.unwrap();
+        idle_rtt.push(t.elapsed());
+    }
+    let (rtt, idle_rtt) = (p50(rtt), p50(idle_rtt));
 
     // Raw: a one-row lease table; the waiter LISTENs on its own connection.
     raw.batch_execute(
@@ -99,6 +115,7 @@ async fn main() {
     let (mut raw_h, mut raw_rel, mut raw_note) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         raw.execute(&hold, &[]).await.unwrap();
+        tokio::time::sleep(gap()).await;
         let t = Instant::now();
         let (r, f) = (raw.clone(), free.clone());
         let rel = tokio::spawn(async move {
@@ -127,7 +144,7 @@ async fn main() {
             (Instant::now(), g)
         });
         // The waiter's refused attempt has marked the row by then.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(gap().max(Duration::from_millis(5))).await;
         while rx.try_recv().is_ok() {}
         let t = Instant::now();
         g.release().await.unwrap();
@@ -148,6 +165,7 @@ async fn main() {
             .await
             .unwrap()
             .unwrap();
+        tokio::time::sleep(gap()).await;
         let t = Instant::now();
         g.release().await.unwrap();
         co_alone.push(t.elapsed());
@@ -164,6 +182,7 @@ async fn main() {
         )
         .await
         .unwrap();
+        tokio::time::sleep(gap()).await;
         let t = Instant::now();
         g.release().await.unwrap();
         co_marked.push(t.elapsed());
@@ -181,11 +200,16 @@ async fn main() {
         )
         .await
         .unwrap();
+        tokio::time::sleep(gap()).await;
         let t = Instant::now();
         raw.query(&st, &[&name]).await.unwrap();
         raw_marked.push(t.elapsed());
     }
-    println!("SELECT 1 round trip p50: {rtt:?}");
+    println!(
+        "SELECT 1 round trip p50: {rtt:?} back to back, {idle_rtt:?} after {:?} idle; RTT below is the idle one",
+        gap()
+    );
+    let rtt = idle_rtt;
     println!(
         "raw:   handoff p50 {:?} ({:.1} RTT), release reply {:?}, notification arrives {:?}",
         p50(raw_h.clone()),
