@@ -17,7 +17,7 @@ use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 use crate::backend::{Shared, kvs};
 use crate::barrier::corrupt;
 use crate::keys::{prefix_end, split_lease_value};
-use crate::semaphore::{parse, split_value};
+use crate::semaphore::{owner_in, parse, split_value};
 
 /// A semaphore's holders whose remaining time is asked for at most (one
 /// call each, concurrently); beyond, it is not shown.
@@ -142,7 +142,7 @@ impl Shared {
         };
         let ((h, he), (w, we)) = (range(b"h/"), range(b"w/"));
         let txn = Txn::new().and_then([
-            TxnOp::get(h.clone(), Some(GetOptions::new().with_range(he))),
+            TxnOp::get(h, Some(GetOptions::new().with_range(he))),
             TxnOp::get(w, Some(GetOptions::new().with_range(we).with_count_only())),
         ]);
         let resp = self.txn(op, txn).await?;
@@ -152,7 +152,7 @@ impl Shared {
         };
         let mut grants = Vec::new();
         for kv in kvs(&resp, 0) {
-            let hex = kv.key().get(h.len()..).unwrap_or_default();
+            let hex = owner_in(kv.value()).unwrap_or_default();
             let owner = owner_of(hex, op, "semaphore grant")?;
             let (permits, _) =
                 parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;

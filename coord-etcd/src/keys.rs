@@ -15,8 +15,10 @@ pub(crate) const BACKEND: &str = "etcd";
 ///   ([`claim_value`]);
 /// - leases, barriers, fencing: `<prefix><kind>/<escaped name>`;
 /// - limiters: `<prefix>limiter/<algorithm>/<escaped key>`;
-/// - semaphores: `<prefix>sem/<escaped name>/h/<owner hex>` (grants) and
-///   `<prefix>sem/<escaped name>/w/<owner hex>` (queued waiters);
+/// - semaphores: `<prefix>sem/<escaped name>/h/<lease hex>` (grants),
+///   `<prefix>sem/<escaped name>/w/<lease hex>` (queued waiters), both
+///   named by a lease as claims are and with the owner's hex first in the
+///   value, and `<prefix>sem/<escaped name>/s/<i>` (permit slots);
 /// - work queues: everything under `<prefix>wq/<escaped name>/` (see
 ///   `wq_keys.rs`).
 ///
@@ -68,8 +70,8 @@ impl Keys {
         format!("{}{}/{}", self.prefix, kind.as_str(), escape(name)).into_bytes()
     }
 
-    /// `<prefix>sem/<name>/`: every key of a semaphore (`h/<owner hex>`
-    /// for grants, `w/<owner hex>` for queued waiters).
+    /// `<prefix>sem/<name>/`: every key of a semaphore (`h/<lease hex>`
+    /// for grants, `w/<lease hex>` for queued waiters, `s/<i>` for slots).
     pub(crate) fn sem(&self, name: &str) -> Vec<u8> {
         format!("{}sem/{}/", self.prefix, escape(name)).into_bytes()
     }

@@ -74,14 +74,25 @@
 //!   expired) queues again at its next attempt and keeps waiting;
 //!   `release` revokes the owner's lease whether it holds or waits.
 //! - **Semaphores** are FIFO ([`Semaphore::fifo`](coord_core::Semaphore::fifo)
-//!   is true): a grant is `<prefix>sem/<name>/h/<owner hex>` (permits,
-//!   total, slots) plus one key `<prefix>sem/<name>/s/<i>` per permit slot
-//!   it takes, all on one lease of the grant's TTL, written in one
-//!   transaction that compares each slot to be free (so never more than
-//!   `permits_total` are held); the grant key's create revision is the
-//!   fencing token. Waiters queue as `<prefix>sem/<name>/w/<owner hex>`,
-//!   ordered by create revision, on a lease of 30 s that their attempts
-//!   renew (at least every 10 s), so a killed waiter's place lapses. A
+//!   is true): a grant is `<prefix>sem/<name>/h/<lease hex>` (value: the
+//!   owner's hex, permits, total, slots) plus one key
+//!   `<prefix>sem/<name>/s/<i>` per permit slot it takes, all on one lease
+//!   of the grant's TTL, written in one transaction that compares each
+//!   slot to be free (so never more than `permits_total` are held); the
+//!   grant key's create revision is the fencing token. Waiters queue as
+//!   `<prefix>sem/<name>/w/<lease hex>` (value: the owner's hex, permits,
+//!   total), ordered by create revision, on a lease of 30 s that their
+//!   attempts renew (at least every 10 s), so a killed waiter's place
+//!   lapses. Grant and place keys are named by a lease as lock keys are
+//!   (a lease carries one such key at a time and is a spare again only
+//!   once it was deleted; a retry after a lost reply writes the same key,
+//!   compared to be absent), so a busy name reuses a few keys instead of
+//!   adding one per acquire to etcd's key index
+//!   (`tests/sem_key_history.rs`); a release or extend of an owner this
+//!   client has no record of finds its key by the value and acts on it at
+//!   its create revision. Clients from before this layout (keys named by
+//!   owner, values without it) read its values as corrupt and are read so
+//!   by it: every client of a semaphore name must be upgraded together. A
 //!   request is granted only if it and every request queued ahead of it
 //!   fit into the free permits together; it takes free slots chosen at
 //!   random (concurrent attempts rarely pick the same), and one that loses
@@ -112,7 +123,7 @@
 //!   is stored in the grant's own key, so it ends exactly with the grant
 //!   and costs no call: a lock key's or a named lease's value after the
 //!   owner's hex and a space; a semaphore
-//!   grant's value after its slots and a space. Only a new key stores it
+//!   grant's value after its owner's hex, permits, total and slots. Only a new key stores it
 //!   (a retry of an owner whose key exists keeps that key as it is).
 //!   `inspect` is one range read (a lock: its queue's first key, and the
 //!   count of the keys behind it as `waiters`; a semaphore: its grants,

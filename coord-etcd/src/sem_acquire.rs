@@ -70,6 +70,8 @@ struct OnItsWay<'a> {
     /// For a grant: the lease's TTL (it was last refreshed before the
     /// drop).
     grant_ttl: Option<Duration>,
+    /// For a grant: its key, recorded at a drop (a write of it may land).
+    hold: Option<Vec<u8>>,
     returned: bool,
 }
 
@@ -84,8 +86,13 @@ impl Drop for OnItsWay<'_> {
         }
         if let Some(ttl) = self.grant_ttl {
             let until = Instant::now() + ttl + LEASE_SLACK;
-            self.shared
-                .sem_local(self.sk, |s| s.doomed = Some((self.lease, until)));
+            let hold = self.hold.take();
+            self.shared.sem_local(self.sk, |s| {
+                s.doomed = Some((self.lease, until));
+                if s.hold.is_none() {
+                    s.hold = hold;
+                }
+            });
         }
         self.shared.revoke_later(self.lease);
     }
@@ -99,21 +106,23 @@ impl Shared {
     }
 
     /// Run `txn`, which writes on `lease` (for a grant: one of
-    /// `grant_ttl`), revoking the lease if this is dropped
-    /// before the call returns (see [`OnItsWay`]).
+    /// `grant_ttl`, writing key `hold`), revoking the lease if this is
+    /// dropped before the call returns (see [`OnItsWay`]).
     async fn sem_txn_on(
         self: &Arc<Self>,
         sk: &SemKey,
         lease: i64,
-        grant_ttl: Option<Duration>,
+        grant: Option<(Duration, Vec<u8>)>,
         op: &'static str,
         txn: Txn,
     ) -> Result<TxnResponse> {
+        let (grant_ttl, hold) = grant.unzip();
         let mut on_its_way = OnItsWay {
             shared: self,
             sk,
             lease,
             grant_ttl,
+            hold,
             returned: false,
         };
         let r = self.txn(op, txn).await;
@@ -129,7 +138,11 @@ impl Shared {
     /// so a late copy of that write fails instead of queueing the owner on
     /// a spare that lives on.
     fn sem_place_done(self: &Arc<Self>, sk: &SemKey, deleted: Option<i64>, grant: i64) {
-        if let Some((w, at)) = self.sem_local(sk, |s| s.waiter.take()) {
+        let place = self.sem_local(sk, |s| {
+            s.place = None;
+            s.waiter.take()
+        });
+        if let Some((w, at)) = place {
             if deleted == Some(w) {
                 self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
             } else if w != grant {
@@ -159,7 +172,7 @@ impl Shared {
         let op = "semaphore try_acquire";
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
-        let value = format!("{} {}", req.permits, req.total).into_bytes();
+        let value = format!("{} {} {}", owner.to_hex(), req.permits, req.total).into_bytes();
         let ttl_s = secs(req.ttl);
         // A lease for the grant, once it looks possible.
         let mut lease: Option<Held> = None;
@@ -223,6 +236,7 @@ impl Shared {
                         deadline: since + Duration::from_secs(ttl),
                     });
                     s.slots = slots_of(mine.value());
+                    s.hold = Some(mine.key().to_vec());
                 });
                 self.sem_place_done(&sk, None, mine.lease());
                 return Ok(Attempt::Granted(
@@ -241,11 +255,16 @@ impl Shared {
             }
             let l = lease.as_ref().map_or(0, |l| l.0);
             let chosen = choose(&v.taken, req.total, req.permits, &mut dice);
-            let txn = self.sem_grant_txn(&n, &value, &chosen, l, owner, metadata);
-            let resp = match self
-                .sem_txn_on(&sk, l, Some(Duration::from_secs(ttl_s)), op, txn)
-                .await
-            {
+            // The grant's key: the one a write of this owner's may have
+            // gone to (see `SemLocal::hold`), else named by this lease.
+            // Its place: the one read, else the one last written.
+            let (hold, place) = self.sem_local(&sk, |s| (s.hold.clone(), s.place.clone()));
+            let hold = hold.unwrap_or_else(|| n.hold_on(l));
+            let place = v.my_place.as_ref().map(|p| p.key().to_vec()).or(place);
+            let keys = (hold.clone(), place);
+            let txn = self.sem_grant_txn(&n, &value, &chosen, l, keys, owner, metadata);
+            let grant = Some((Duration::from_secs(ttl_s), hold.clone()));
+            let resp = match self.sem_txn_on(&sk, l, grant, op, txn).await {
                 Ok(r) => r,
                 Err(e) if is_lease_not_found(&e) => {
                     lease = None;
@@ -258,6 +277,7 @@ impl Shared {
                     let old = self.sem_local(&sk, |s| {
                         s.keeper = None;
                         s.slots = chosen;
+                        s.hold = Some(hold);
                         s.grant.replace(Grant {
                             lease: l,
                             ttl: ttl_s,
@@ -286,6 +306,7 @@ impl Shared {
             let old = self.sem_local(&sk, |s| {
                 s.keeper = keeper;
                 s.slots = chosen;
+                s.hold = Some(hold);
                 s.grant.replace(Grant {
                     lease: l,
                     ttl: ttl_s,
@@ -327,21 +348,25 @@ impl Shared {
         })
     }
 
-    /// The grant: the owner's `h/` key (permits, total, slots, metadata)
-    /// and one key
-    /// per slot, all on `lease`, iff those slots are free and the owner has
-    /// no grant; the owner's place in the queue goes (its second answer:
-    /// the place deleted, if any). Otherwise the name is read as [`reads`]
-    /// does.
+    /// The grant: the owner's `h/` key `keys.0` (owner, permits, total,
+    /// slots, metadata) and one key per slot, all on `lease`, iff those
+    /// slots are free and that key is absent (a write of this owner's
+    /// landing late never makes a second grant); the owner's place in the
+    /// queue `keys.1` goes (its second answer: the place deleted, if any).
+    /// Otherwise the name is read as [`reads`] does.
+    #[allow(clippy::too_many_arguments)]
     fn sem_grant_txn(
         &self,
         n: &Names,
         value: &[u8],
         slots: &[u32],
         lease: i64,
+        keys: (Vec<u8>, Option<Vec<u8>>),
         owner: &OwnerToken,
         metadata: Option<&[u8]>,
     ) -> Txn {
+        let (hold, place) = keys;
+        let place = place.unwrap_or_else(|| n.nothing());
         let list: Vec<String> = slots.iter().map(u32::to_string).collect();
         let mut v = value.to_vec();
         v.extend_from_slice(format!(" {}", list.join(",")).as_bytes());
@@ -351,14 +376,10 @@ impl Shared {
         }
         let put =
             |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
-        let mut when = vec![Compare::create_revision(
-            n.hold.clone(),
-            CompareOp::Equal,
-            0,
-        )];
+        let mut when = vec![Compare::create_revision(hold.clone(), CompareOp::Equal, 0)];
         let mut then = vec![
-            put(n.hold.clone(), v),
-            TxnOp::delete(n.wait.clone(), Some(DeleteOptions::new().with_prev_key())),
+            put(hold, v),
+            TxnOp::delete(place, Some(DeleteOptions::new().with_prev_key())),
         ];
         for i in slots {
             when.push(Compare::create_revision(n.slot(*i), CompareOp::Equal, 0));
@@ -387,7 +408,10 @@ impl Shared {
                 return Ok(());
             }
             if self.keepalive_once(kv.lease(), op).await? {
-                let old = self.sem_local(sk, |s| s.waiter.replace((kv.lease(), now)));
+                let old = self.sem_local(sk, |s| {
+                    s.place = Some(kv.key().to_vec());
+                    s.waiter.replace((kv.lease(), now))
+                });
                 if let Some((o, _)) = old.filter(|o| o.0 != kv.lease()) {
                     self.revoke_later(o);
                 }
@@ -396,27 +420,35 @@ impl Shared {
             // The place lapsed with its lease: queue again, at the back.
         }
         let (lease, _, since) = self.sem_lease(ttl, op).await?;
+        // The place's key: the one last written (a write whose reply was
+        // lost may land: compared to be absent), else named by this lease.
+        // Recorded first, with the lease: a release revokes it even if the
+        // reply is lost (and a drop mid-call at once).
+        let (old, key) = self.sem_local(sk, |s| {
+            let key = s.place.get_or_insert_with(|| n.wait_on(lease)).clone();
+            (s.waiter.replace((lease, since)), key)
+        });
+        let named_here = key == n.wait_on(lease);
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                n.wait.clone(),
-                CompareOp::Equal,
-                0,
-            )])
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
-                n.wait.clone(),
+                key,
                 value.to_vec(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        // Recorded first: a release revokes it even if the reply is lost
-        // (and a drop mid-call at once).
-        let old = self.sem_local(sk, |s| s.waiter.replace((lease, since)));
         let resp = self.sem_txn_on(sk, lease, None, op, txn).await;
         if let Ok(r) = &resp {
             if !r.succeeded() {
                 // Our place exists already (a lost reply's write landed):
-                // keep that one, and its lease.
+                // keep that one, and its lease. This lease wrote nothing;
+                // one a key is named by is not a spare (never expected: a
+                // spare's keys were deleted).
                 self.sem_local(sk, |s| s.waiter = old);
-                self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                if named_here {
+                    self.revoke_later(lease);
+                } else {
+                    self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                }
                 return Ok(());
             }
         }

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_core::{OwnerToken, Result};
-use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+};
 use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs, lock, secs};
 use crate::keys::prefix_end;
-use crate::semaphore::{Grant, QUEUE_ENTRY_TTL, SemKey, slots_of};
+use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 
 impl Shared {
     /// Delete `owner`'s grant (its key and slots) iff it exists, and its
@@ -23,31 +25,46 @@ impl Shared {
         let op = "semaphore release";
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
-        let known = lock(&self.sems)
-            .get(&sk)
-            .filter(|s| s.grant.is_some())
-            .map(|s| (s.slots.clone(), s.grant.map(|g| g.lease)));
-        let (slots, rev) = match known {
-            Some((slots, _)) => (slots, None),
-            None => match self.get(op, n.hold.clone(), None).await?.into_iter().next() {
-                Some(kv) => (slots_of(kv.value()), Some(kv.create_revision())),
-                None => (Vec::new(), None),
-            },
+        let known = lock(&self.sems).get(&sk).and_then(|s| {
+            let hold = s.hold.clone().filter(|_| s.grant.is_some())?;
+            Some((s.slots.clone(), hold, s.place.clone()))
+        });
+        // The grant's key (the one this client wrote: it is the owner's
+        // whenever it exists, see `SemLocal::hold`), else the one whose
+        // value names the owner, deleted only at its create revision.
+        let (slots, hold, place, rev) = match known {
+            Some((slots, hold, place)) => (slots, hold, place, None),
+            None => {
+                let (grant, place) = self.sem_find(&n, op).await?;
+                let local = lock(&self.sems).get(&sk).and_then(|s| s.place.clone());
+                let place = place.map(|kv| kv.key().to_vec()).or(local);
+                match grant {
+                    Some(kv) => (
+                        slots_of(kv.value()),
+                        kv.key().to_vec(),
+                        place,
+                        Some(kv.create_revision()),
+                    ),
+                    // Compared below to exist: it never does.
+                    None => (Vec::new(), n.nothing(), place, None),
+                }
+            }
         };
+        let place = place.unwrap_or_else(|| n.nothing());
         let del = || Some(DeleteOptions::new().with_prev_key());
         let held = match rev {
-            Some(r) => Compare::create_revision(n.hold.clone(), CompareOp::Equal, r),
-            None => Compare::create_revision(n.hold.clone(), CompareOp::Greater, 0),
+            Some(r) => Compare::create_revision(hold.clone(), CompareOp::Equal, r),
+            None => Compare::create_revision(hold.clone(), CompareOp::Greater, 0),
         };
         let mut then = vec![
-            TxnOp::delete(n.wait.clone(), del()),
-            TxnOp::delete(n.hold.clone(), del()),
+            TxnOp::delete(place.clone(), del()),
+            TxnOp::delete(hold, del()),
         ];
         then.extend(slots.iter().map(|i| TxnOp::delete(n.slot(*i), None)));
         let txn = Txn::new()
             .when([held])
             .and_then(then)
-            .or_else([TxnOp::delete(n.wait.clone(), del())]);
+            .or_else([TxnOp::delete(place, del())]);
         let resp = self.txn(op, txn).await?;
         let mut gone: Vec<i64> = kvs(&resp, 0).iter().map(|kv| kv.lease()).collect();
         if resp.succeeded() {
@@ -95,8 +112,9 @@ impl Shared {
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
         let ttl_s = secs(ttl);
+        let hold = self.sem_local(&sk, |s| s.hold.clone().filter(|_| s.grant.is_some()));
         let known = self.sem_local(&sk, |s| s.grant).filter(|g| g.ttl == ttl_s);
-        if let Some(g) = known {
+        if let (Some(g), Some(hold)) = (known, &hold) {
             // Refresh first, then check the key is still ours on it: a
             // key gone (released, removed, expired) is never brought back.
             let since = Instant::now();
@@ -104,7 +122,7 @@ impl Shared {
                 self.sem_forget(&sk);
                 return Ok(false);
             }
-            let kv = self.get(op, n.hold.clone(), None).await?;
+            let kv = self.get(op, hold.clone(), None).await?;
             if kv.first().is_some_and(|kv| kv.lease() == g.lease) {
                 self.sem_local(&sk, |s| {
                     if let Some(g) = &mut s.grant {
@@ -116,7 +134,13 @@ impl Shared {
             self.sem_forget(&sk);
             return Ok(false);
         }
-        let Some(kv) = self.get(op, n.hold.clone(), None).await?.into_iter().next() else {
+        // The grant's key: the one this client wrote, else the one whose
+        // value names the owner (moved only at its create revision).
+        let kv = match hold {
+            Some(h) => self.get(op, h, None).await?.into_iter().next(),
+            None => self.sem_find(&n, op).await?.0,
+        };
+        let Some(kv) = kv.filter(|kv| n.owns(kv.value())) else {
             self.sem_forget(&sk);
             return Ok(false);
         };
@@ -124,7 +148,7 @@ impl Shared {
         let (lease, keeper, since) = self.sem_lease(ttl_s, op).await?;
         let put =
             |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
-        let mut then = vec![put(n.hold.clone(), kv.value().to_vec())];
+        let mut then = vec![put(kv.key().to_vec(), kv.value().to_vec())];
         then.extend(
             slots
                 .iter()
@@ -132,7 +156,7 @@ impl Shared {
         );
         let txn = Txn::new()
             .when([Compare::create_revision(
-                n.hold.clone(),
+                kv.key().to_vec(),
                 CompareOp::Equal,
                 kv.create_revision(),
             )])
@@ -158,8 +182,32 @@ impl Shared {
             });
             s.keeper = keeper;
             s.slots = slots;
+            s.hold = Some(kv.key().to_vec());
         });
         Ok(true)
+    }
+
+    /// The owner's grant and its (earliest) place in the queue, found by
+    /// the owner their values name, in one snapshot: for an owner this
+    /// client has no record of (keys are named by leases, not owners).
+    async fn sem_find(
+        &self,
+        n: &Names,
+        op: &'static str,
+    ) -> Result<(Option<KeyValue>, Option<KeyValue>)> {
+        let get = |p: &[u8]| {
+            let (k, e) = n.range(p);
+            TxnOp::get(k, Some(GetOptions::new().with_range(e)))
+        };
+        let resp = self
+            .txn(op, Txn::new().and_then([get(b"h/"), get(b"w/")]))
+            .await?;
+        let grant = kvs(&resp, 0).into_iter().find(|kv| n.owns(kv.value()));
+        let place = kvs(&resp, 1)
+            .into_iter()
+            .filter(|kv| n.owns(kv.value()))
+            .min_by_key(KeyValue::create_revision);
+        Ok((grant, place))
     }
 
     /// Delete every grant of `name` (keys and slots) in one transaction.

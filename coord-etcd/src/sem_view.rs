@@ -16,7 +16,9 @@ pub(crate) struct View {
     /// The permits free: the total less those granted, and no more than
     /// the slots free.
     pub(crate) free: u32,
+    /// The owner's grant (found by the owner its value names).
     pub(crate) mine: Option<KeyValue>,
+    /// The owner's place in the queue (likewise).
     pub(crate) my_place: Option<KeyValue>,
     /// Permits of the waiters queued ahead of the owner (all of them if it
     /// is not queued).
@@ -63,7 +65,7 @@ pub(crate) fn view_of(
             return Err(mismatch(req.total, total));
         }
         held = held.saturating_add(permits);
-        if kv.key() == n.hold {
+        if n.owns(kv.value()) {
             mine = Some(kv);
         }
     }
@@ -76,7 +78,13 @@ pub(crate) fn view_of(
             return Err(mismatch(req.total, total));
         }
         waiters.push((kv.create_revision(), permits));
-        if kv.key() == n.wait {
+        // The owner's place (its earliest, should a late write have
+        // queued it twice for a moment).
+        if n.owns(kv.value())
+            && my_place
+                .as_ref()
+                .is_none_or(|p: &KeyValue| p.create_revision() > kv.create_revision())
+        {
             my_place = Some(kv);
         }
     }

@@ -19,7 +19,7 @@ use tokio::time::sleep;
 
 use crate::backend::{AbortOnDrop, Shared, lock};
 use crate::keys::prefix_end;
-use crate::semaphore::parse;
+use crate::semaphore::{owner_in, parse};
 use crate::watch::WatchSlot;
 
 /// The wake-up key of one owner's waiting acquire on `name`.
@@ -38,8 +38,8 @@ struct Mirror {
     total: u32,
     /// Grant key -> permits.
     holders: HashMap<Vec<u8>, u32>,
-    /// Waiter key -> (create revision, permits).
-    waiters: HashMap<Vec<u8>, (i64, u32)>,
+    /// Waiter key -> (create revision, permits, owner hex from the value).
+    waiters: HashMap<Vec<u8>, (i64, u32, String)>,
 }
 
 impl Mirror {
@@ -52,7 +52,9 @@ impl Mirror {
         if kv.key()[base..].starts_with(b"h/") {
             self.holders.insert(key, permits);
         } else {
-            self.waiters.insert(key, (kv.create_revision(), permits));
+            let hex = String::from_utf8_lossy(owner_in(kv.value()).unwrap_or_default());
+            self.waiters
+                .insert(key, (kv.create_revision(), permits, hex.into_owned()));
         }
     }
 
@@ -68,17 +70,16 @@ impl Mirror {
             .values()
             .fold(0u32, |a, p| a.saturating_add(*p));
         let free = self.total.saturating_sub(held);
-        let mut queue: Vec<(&Vec<u8>, &(i64, u32))> = self.waiters.iter().collect();
-        queue.sort_by_key(|(_, (rev, _))| *rev);
+        let mut queue: Vec<&(i64, u32, String)> = self.waiters.values().collect();
+        queue.sort_by_key(|(rev, _, _)| *rev);
         let mut need = 0u32;
         let mut out = Vec::new();
-        for (key, (_, permits)) in queue {
+        for (_, permits, hex) in queue {
             need = need.saturating_add(*permits);
             if need > free {
                 break;
             }
-            let hex = &key[key.len().saturating_sub(32)..];
-            out.push(String::from_utf8_lossy(hex).into_owned());
+            out.push(hex.clone());
         }
         out
     }

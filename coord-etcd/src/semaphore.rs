@@ -1,20 +1,39 @@
 //! FIFO semaphores. Every key of a name lives under `<prefix>sem/<name>/`:
 //!
-//! - `h/<owner hex>`: a grant, value `"<permits> <total> <slot>,<slot>.."`
-//!   (then ` <metadata>` for a grant made with metadata: see
-//!   [`split_value`]), on an etcd lease of the grant's TTL (one lease per
-//!   grant, as for lock claims; spare leases are reused); its create revision is the fencing
-//!   token (as for locks: etcd's revision, durable and rising across
-//!   restarts, never repeated).
+//! - `h/<lease hex>`: a grant, value
+//!   `"<owner hex> <permits> <total> <slot>,<slot>.."` (then ` <metadata>`
+//!   for a grant made with metadata: see [`split_value`]), on an etcd lease
+//!   of the grant's TTL (one lease per grant, as for lock claims; spare
+//!   leases are reused); its create revision is the fencing token (as for
+//!   locks: etcd's revision, durable and rising across restarts, never
+//!   repeated).
 //! - `s/<i>` (`0 <= i < total`): permit slot `i`, taken by a grant, on the
 //!   grant's lease (value: the owner). A grant of `n` permits takes `n`
 //!   free slots in the same transaction as its `h/` key, each compared to
 //!   be absent, so the server never lets more than `total` permits be
 //!   held, and grants that take different slots do not conflict.
-//! - `w/<owner hex>`: a queued waiter, value `"<permits> <total>"`, on a
-//!   lease of [`QUEUE_ENTRY_TTL`] renewed by the waiter's attempts (one at
-//!   least every [`QUEUE_REFRESH`]); the queue is ordered by create
-//!   revision.
+//! - `w/<lease hex>`: a queued waiter, value `"<owner hex> <permits>
+//!   <total>"`, on a lease of [`QUEUE_ENTRY_TTL`] renewed by the waiter's
+//!   attempts (one at least every [`QUEUE_REFRESH`]); the queue is ordered
+//!   by create revision.
+//!
+//! Grant and place keys are named by a lease, not by their owner (as lock
+//! keys are, `claims.rs`): the lease the key's first write went on. A
+//! lease carries one key of a kind at a time and goes back to the spare
+//! pool only once that key was deleted by an answered call, so two live
+//! grants (or places) never share a key, while the next grant on the spare
+//! writes the same key again: a busy name reuses a few keys instead of
+//! adding one per acquire to etcd's key index, which every range read on
+//! the name walks until a compaction (`tests/sem_key_history.rs`). A write
+//! whose reply was lost (or that was dropped on its way) is recorded with
+//! its key, and the owner's next attempts write that key (on a new lease)
+//! compared to be absent, so a write landing late never makes a second
+//! grant or place; its lease is never a spare (revoked or adopted). The
+//! owner is found in the value: by the attempt's read, by a release or
+//! extend of an owner this client has no record of, by `inspect` and by
+//! the wake-ups. Values of clients before this layout (`h/<owner hex>`,
+//! value `"<permits> <total> .."`) are refused as corrupt: every client of
+//! a semaphore name must be upgraded together.
 //!
 //! An attempt reads the name and is granted only if its request and every
 //! request queued ahead of it (the whole queue for an owner not in it) fit
@@ -54,6 +73,14 @@ pub(crate) type SemKey = (Box<str>, [u8; 16]);
 pub(crate) struct SemLocal {
     /// The waiter key's lease and when it was last renewed.
     pub(crate) waiter: Option<(i64, Instant)>,
+    /// The owner's place key (`w/<lease hex>`) once a write of it was
+    /// sent: its next places write the same key.
+    pub(crate) place: Option<Vec<u8>>,
+    /// The grant key (`h/<lease hex>`) once a grant write of this owner
+    /// may have landed (answered, unanswered or dropped): its next grants
+    /// write the same key. The lease it is named by is never a spare
+    /// while this is recorded (revoked, or the grant's own).
+    pub(crate) hold: Option<Vec<u8>>,
     /// The grant's lease (also one whose write's reply was lost).
     pub(crate) grant: Option<Grant>,
     /// The grant lease's keepalive stream, if open.
@@ -75,13 +102,23 @@ pub(crate) struct Grant {
     pub(crate) deadline: Instant,
 }
 
-/// A grant's or waiter's value split into its fields (`"<permits> <total>"`,
-/// a grant's `" <slot>,<slot>.."` after them) and the grant's metadata:
-/// whatever follows the third space (`"<permits> <total> <slots> <json>"`).
-/// A value without it (written before metadata existed, or without any)
-/// has none; a reader that knows only the first three fields still reads
-/// them.
+/// The owner (hex) a grant's or waiter's value names: its first field,
+/// 32 hex digits (`None` for a value of an older layout, or not coord's).
+pub(crate) fn owner_in(v: &[u8]) -> Option<&[u8]> {
+    let hex = v.split(|b| *b == b' ').next()?;
+    (hex.len() == 32 && hex.iter().all(u8::is_ascii_hexdigit)).then_some(hex)
+}
+
+/// A grant's or waiter's value after its owner, split into its fields
+/// (`"<permits> <total>"`, a grant's `" <slot>,<slot>.."` after them) and
+/// the grant's metadata: whatever follows the third space after the owner
+/// (`"<owner hex> <permits> <total> <slots> <json>"`). A grant without
+/// metadata has none.
 pub(crate) fn split_value(v: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let v = v
+        .iter()
+        .position(|b| *b == b' ')
+        .map_or(&v[v.len()..], |i| &v[i + 1..]);
     let third = v
         .iter()
         .enumerate()
@@ -94,13 +131,16 @@ pub(crate) fn split_value(v: &[u8]) -> (&[u8], Option<&[u8]>) {
     }
 }
 
-/// `(permits, total)` of a grant's or waiter's value.
+/// `(permits, total)` of a grant's or waiter's value (`None` without an
+/// owner: see [`owner_in`]).
 pub(crate) fn parse(v: &[u8]) -> Option<(u32, u32)> {
+    owner_in(v)?;
     let mut it = std::str::from_utf8(split_value(v).0).ok()?.split(' ');
     Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
 }
 
-/// The slots of a grant's value (`"<permits> <total> <slot>,<slot>.."`).
+/// The slots of a grant's value (`"<owner hex> <permits> <total>
+/// <slot>,<slot>.."`).
 pub(crate) fn slots_of(v: &[u8]) -> Vec<u32> {
     let s = std::str::from_utf8(split_value(v).0).unwrap_or("");
     s.split(' ')
@@ -119,12 +159,12 @@ pub(crate) fn mismatch(asked: u32, bound: u32) -> Error {
     )
 }
 
-/// The keys of one owner's claim on a name.
+/// The keys of one owner's claims on a name.
 pub(crate) struct Names {
     /// The prefix of every key of the name.
     pub(crate) base: Vec<u8>,
-    pub(crate) hold: Vec<u8>,
-    pub(crate) wait: Vec<u8>,
+    /// The owner's hex, as values name it.
+    pub(crate) owner: Vec<u8>,
 }
 
 impl Names {
@@ -139,15 +179,34 @@ impl Names {
     pub(crate) fn slot(&self, i: u32) -> Vec<u8> {
         [&self.base[..], format!("s/{i}").as_bytes()].concat()
     }
+
+    /// A grant key named by `lease` (`h/<lease hex>`).
+    pub(crate) fn hold_on(&self, lease: i64) -> Vec<u8> {
+        [&self.base[..], format!("h/{lease:x}").as_bytes()].concat()
+    }
+
+    /// A place key named by `lease` (`w/<lease hex>`).
+    pub(crate) fn wait_on(&self, lease: i64) -> Vec<u8> {
+        [&self.base[..], format!("w/{lease:x}").as_bytes()].concat()
+    }
+
+    /// A key no client writes (`w/` itself): what a transaction deletes
+    /// where the owner has no place to delete, keeping its answers' order.
+    pub(crate) fn nothing(&self) -> Vec<u8> {
+        [&self.base[..], b"w/"].concat()
+    }
+
+    /// Whether `v` (a grant's or waiter's value) names this owner.
+    pub(crate) fn owns(&self, v: &[u8]) -> bool {
+        owner_in(v) == Some(&self.owner[..])
+    }
 }
 
 impl Shared {
     pub(crate) fn sem_names(&self, name: &str, owner: &OwnerToken) -> Names {
         let base = self.keys.sem(name);
-        let hex = owner.to_hex();
-        let hold = [&base[..], b"h/", hex.as_bytes()].concat();
-        let wait = [&base[..], b"w/", hex.as_bytes()].concat();
-        Names { base, hold, wait }
+        let owner = owner.to_hex().into_bytes();
+        Names { base, owner }
     }
 
     pub(crate) fn sem_local<R>(&self, sk: &SemKey, f: impl FnOnce(&mut SemLocal) -> R) -> R {
@@ -265,17 +324,24 @@ mod tests {
 
     #[test]
     fn grant_values_with_and_without_metadata_decode() {
-        assert_eq!(parse(b"2 5 0,3"), Some((2, 5)));
-        assert_eq!(slots_of(b"2 5 0,3"), vec![0, 3]);
-        assert_eq!(split_value(b"2 5 0,3"), (&b"2 5 0,3"[..], None));
-        assert_eq!(split_value(b"1 5"), (&b"1 5"[..], None));
-        let v = br#"2 5 0,3 {"job": "a b", "n": [1, 2]}"#;
-        assert_eq!(parse(v), Some((2, 5)));
-        assert_eq!(slots_of(v), vec![0, 3]);
+        let o = "0123456789abcdef0123456789abcdef";
+        let v = format!("{o} 2 5 0,3").into_bytes();
+        assert_eq!(owner_in(&v), Some(o.as_bytes()));
+        assert_eq!(parse(&v), Some((2, 5)));
+        assert_eq!(slots_of(&v), vec![0, 3]);
+        assert_eq!(split_value(&v), (&b"2 5 0,3"[..], None));
+        let w = format!("{o} 1 5").into_bytes();
+        assert_eq!(split_value(&w), (&b"1 5"[..], None));
+        assert_eq!(parse(&w), Some((1, 5)));
+        let v = format!(r#"{o} 2 5 0,3 {{"job": "a b", "n": [1, 2]}}"#).into_bytes();
+        assert_eq!(parse(&v), Some((2, 5)));
+        assert_eq!(slots_of(&v), vec![0, 3]);
         assert_eq!(
-            split_value(v).1,
+            split_value(&v).1,
             Some(&br#"{"job": "a b", "n": [1, 2]}"#[..])
         );
+        // An older layout's value (no owner): not read as a grant.
+        assert_eq!(parse(b"2 5 0,3"), None);
         // Not coord's: no panic.
         assert_eq!(parse(b"\xff \xfe"), None);
         assert!(slots_of(b"\xff").is_empty());

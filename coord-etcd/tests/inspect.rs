@@ -58,6 +58,21 @@ async fn raw_value(key: &str) -> Option<Vec<u8>> {
         .map(|kv| kv.value().to_vec())
 }
 
+/// The values of every key under `prefix`.
+async fn raw_prefix_values(prefix: &str) -> Vec<Vec<u8>> {
+    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap();
+    let mut resp = raw
+        .get(prefix, Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    resp.take_kvs()
+        .into_iter()
+        .map(|kv| kv.value().to_vec())
+        .collect()
+}
+
 fn granted(a: Attempt) -> FencingToken {
     match a {
         Attempt::Granted(t) => t,
@@ -327,13 +342,13 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
             .await
             .unwrap(),
     );
-    // The grant's value: permits, total, slots, then the metadata.
-    let v = raw_value(&format!("{p}sem/s/h/{}", a.to_hex()))
-        .await
-        .unwrap();
-    let v = String::from_utf8(v).unwrap();
+    // The grant's value: owner, permits, total, slots, then the metadata
+    // (its key is named by its lease: the one holder's key under `h/`).
+    let v = raw_prefix_values(&format!("{p}sem/s/h/")).await;
+    assert_eq!(v.len(), 1, "{v:?}");
+    let v = String::from_utf8(v[0].clone()).unwrap();
     assert!(
-        v.starts_with("2 3 ") && v.ends_with(r#" {"job": "a b c"}"#),
+        v.starts_with(&format!("{} 2 3 ", a.to_hex())) && v.ends_with(r#" {"job": "a b c"}"#),
         "{v}"
     );
     let tc = granted(

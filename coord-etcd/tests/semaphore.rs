@@ -60,8 +60,14 @@ async fn grant_is_a_key_and_its_slots_on_one_lease_token_its_create_revision() {
         panic!("2 of 3 free permits refused");
     };
     let kvs = keys(&prefix).await;
-    let hold = format!("sem/l/h/{}", a.to_hex());
-    // The grant key and two of the three slots (chosen at random).
+    // The grant key, named by its lease (the owner is in the value), and
+    // two of the three slots (chosen at random).
+    let lease = kvs
+        .iter()
+        .find(|kv| kv.value_str().unwrap().starts_with(&a.to_hex()))
+        .expect("a key whose value names the owner")
+        .lease();
+    let hold = format!("sem/l/h/{lease:x}");
     let got = names(&kvs, &prefix);
     assert_eq!(got.len(), 3, "{got:?}");
     assert_eq!(got[0], hold);
@@ -82,7 +88,7 @@ async fn grant_is_a_key_and_its_slots_on_one_lease_token_its_create_revision() {
     let slots: Vec<&str> = got[1..].iter().map(|k| &k["sem/l/s/".len()..]).collect();
     assert_eq!(
         value,
-        format!("2 3 {}", slots.join(",")),
+        format!("{} 2 3 {}", a.to_hex(), slots.join(",")),
         "the grant names its slots"
     );
     let h = kvs
@@ -136,7 +142,17 @@ async fn crashed_holder_and_killed_waiter_leave_nothing_behind() {
         .await
         .unwrap();
     assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
-    let place = format!("sem/i/w/{}", waiter.to_hex());
+    // The place is named by its lease; its value names the owner.
+    let kvs = keys(&prefix).await;
+    let lease = kvs
+        .iter()
+        .find(|kv| {
+            kv.key_str().unwrap().contains("/w/")
+                && kv.value_str().unwrap().starts_with(&waiter.to_hex())
+        })
+        .expect("the waiter did not queue")
+        .lease();
+    let place = format!("sem/i/w/{lease:x}");
     assert!(
         names(&keys(&prefix).await, &prefix).contains(&place),
         "the waiter did not queue"
@@ -229,4 +245,126 @@ async fn concurrent_try_acquire_with_free_permits_is_never_refused() {
     let half = contend(&prefix, "half", 32, 16).await;
     assert_eq!(half, 16, "{half} of 32 granted with 16 permits");
     assert!(keys(&prefix).await.is_empty(), "state left after release");
+}
+
+/// The grant and place keys of `name`, each with the owner its value
+/// names (grant and place keys are named by leases, the owner is in the
+/// value).
+async fn owned(prefix: &str, name: &str) -> Vec<(String, String, i64)> {
+    let dir = format!("sem/{name}/");
+    keys(prefix)
+        .await
+        .into_iter()
+        .filter_map(|kv| {
+            let k = kv.key_str().unwrap()[prefix.len()..].to_string();
+            let rest = k.strip_prefix(&dir)?;
+            if rest.starts_with("s/") {
+                return None;
+            }
+            let owner = kv.value_str().unwrap().split(' ').next()?.to_string();
+            Some((k, owner, kv.create_revision()))
+        })
+        .collect()
+}
+
+/// Keys named by leases: two owners of one client on one name at once each
+/// have their own grant key and their own place; an owner this client has
+/// never seen is released and extended through another client by the key
+/// whose value names it; a stale release of an owner whose key (lease) was
+/// reused by a later owner of the same client touches nothing of the new
+/// holder's, and the reused key's token rises.
+#[tokio::test]
+async fn keys_are_named_by_leases_and_owners_are_found_in_values() {
+    let prefix = format!("semlease-{}/", std::process::id());
+    let b = backend(&prefix).await;
+    let other = backend(&prefix).await;
+    let long = Duration::from_secs(30);
+    let (a, c, w1, w2) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let granted = |x: Attempt| match x {
+        Attempt::Granted(t) => t.get(),
+        other => panic!("expected a grant: {other:?}"),
+    };
+    // Two grants of one client: two keys, each naming its owner.
+    granted(b.try_acquire("k", &a, &req(1, long, false)).await.unwrap());
+    let tc = granted(b.try_acquire("k", &c, &req(1, long, false)).await.unwrap());
+    // Two waiters of one client for more than is left: two places.
+    for w in [&w1, &w2] {
+        let r = b.try_acquire("k", w, &req(2, long, true)).await.unwrap();
+        assert!(matches!(r, Attempt::Held { .. }), "{r:?}");
+    }
+    let got = owned(&prefix, "k").await;
+    assert_eq!(got.len(), 4, "{got:?}");
+    for o in [&a, &c, &w1, &w2] {
+        assert_eq!(
+            got.iter().filter(|(_, v, _)| *v == o.to_hex()).count(),
+            1,
+            "{got:?}"
+        );
+    }
+    assert!(
+        got.iter().all(|(k, v, _)| !k.contains(v.as_str())),
+        "a key named by its owner: {got:?}"
+    );
+    // Through another client (no record of these owners): the waiters'
+    // places go, c's grant is extended to another TTL (its key and token
+    // kept), a's grant goes.
+    assert!(!other.release("k", &w1).await.unwrap());
+    assert!(!other.release("k", &w2).await.unwrap());
+    let c_key = got
+        .iter()
+        .find(|(_, v, _)| *v == c.to_hex())
+        .unwrap()
+        .0
+        .clone();
+    assert!(
+        other
+            .extend("k", &c, Duration::from_secs(40))
+            .await
+            .unwrap()
+    );
+    assert!(other.release("k", &a).await.unwrap());
+    assert!(!other.release("k", &a).await.unwrap(), "released twice");
+    let got = owned(&prefix, "k").await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!((&got[0].0, got[0].2 as u64), (&c_key, tc));
+    // The client that granted a no longer holds it either.
+    assert!(!b.release("k", &a).await.unwrap());
+    assert!(!b.extend("k", &a, long).await.unwrap());
+    assert!(b.release("k", &c).await.unwrap());
+    assert!(keys(&prefix).await.is_empty(), "{:?}", keys(&prefix).await);
+
+    // A released grant's lease is reused by the next grant of the client:
+    // the same key, a new create revision (a higher token); a stale
+    // release or extend of the old owner leaves the new holder alone.
+    let t1 = granted(b.try_acquire("r", &a, &req(3, long, false)).await.unwrap());
+    let k1 = owned(&prefix, "r").await;
+    assert!(b.release("r", &a).await.unwrap());
+    let t2 = granted(b.try_acquire("r", &c, &req(3, long, false)).await.unwrap());
+    let k2 = owned(&prefix, "r").await;
+    assert_eq!(k1.len(), 1);
+    assert_eq!(k2.len(), 1);
+    assert_eq!(k1[0].0, k2[0].0, "the lease (and key) was not reused");
+    assert!(t2 > t1, "tokens {t1} then {t2}");
+    assert!(
+        !b.release("r", &a).await.unwrap(),
+        "stale release said held"
+    );
+    assert!(
+        !b.extend("r", &a, long).await.unwrap(),
+        "stale extend said held"
+    );
+    assert!(!other.release("r", &a).await.unwrap());
+    assert_eq!(
+        owned(&prefix, "r").await,
+        k2,
+        "the stale owner touched c's grant"
+    );
+    assert_eq!(keys(&prefix).await.len(), 4, "grant and 3 slots");
+    assert!(b.release("r", &c).await.unwrap());
+    assert!(keys(&prefix).await.is_empty());
 }
