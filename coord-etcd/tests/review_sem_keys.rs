@@ -21,6 +21,8 @@ use coord_etcd::EtcdOptions;
 use etcd_client::{GetOptions, KeyValue};
 use tokio::time::{Instant, sleep, timeout};
 
+mod late_support;
+
 const LONG: Duration = Duration::from_secs(30);
 
 /// A key prefix of its own per test (ends with `/`).
@@ -1042,4 +1044,61 @@ async fn lost_replies_with_reuse_never_over_grant() {
         h.is_empty() && w.is_empty() && s == 0
     })
     .await;
+}
+
+/// A late copy of an unanswered grant transaction (raw trait, one owner)
+/// lands after the owner's retry was granted on the recorded key and
+/// released, and after the client reused its spare for other owners'
+/// grants: it takes nothing, leaves nothing, and the first owner stays
+/// released (a stale release says not held); the name is grantable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
+    use late_support::{CALL_TIMEOUT, CUT_AFTER, DELAY, find, until_the_late_copy_landed};
+    let p = unique("late");
+    let n = "lt";
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = raw(&coord_at(proxy.port(), &p, CALL_TIMEOUT.as_millis() as u64).await);
+    let near = raw(&coord(&p).await);
+    // Warm the slow connection.
+    let w = OwnerToken::random();
+    granted(far.try_acquire("warm", &w, &req(1, 1, LONG, false)).await);
+    assert!(far.release("warm", &w).await.unwrap());
+    let slot0 = format!("sem/{n}/s/0").into_bytes();
+    proxy.deliver_late(move |b| find(b, &slot0).is_some(), DELAY, CUT_AFTER);
+    let o1 = OwnerToken::random();
+    let first = far.try_acquire(n, &o1, &req(1, 1, LONG, false)).await;
+    assert!(first.is_err(), "the held attempt was answered: {first:?}");
+    let start = Instant::now();
+    let t1 = loop {
+        match far.try_acquire(n, &o1, &req(1, 1, LONG, false)).await {
+            Ok(Attempt::Granted(t)) => break t.get(),
+            r => {
+                assert!(start.elapsed() < Duration::from_secs(5), "retry: {r:?}");
+                sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(proxy.held(), 1, "no attempt was held");
+    assert!(far.release(n, &o1).await.unwrap());
+    let mut last = t1;
+    for _ in 0..3 {
+        let o = OwnerToken::random();
+        let t = granted(far.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+        assert!(t > last);
+        last = t;
+        assert!(far.release(n, &o).await.unwrap());
+    }
+    assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
+    until_the_late_copy_landed(&proxy).await;
+    let (h, w, s) = state(&p, n).await;
+    assert!(
+        h.is_empty() && w.is_empty() && s == 0,
+        "late copy left {h:?} {w:?} {s}"
+    );
+    assert!(!far.release(n, &o1).await.unwrap());
+    assert!(!near.release(n, &o1).await.unwrap());
+    let o = OwnerToken::random();
+    let t = granted(near.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    assert!(t > last);
+    assert!(near.release(n, &o).await.unwrap());
 }
