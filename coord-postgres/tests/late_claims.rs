@@ -6,10 +6,10 @@
 //! later attempts and other owners are not refused; answered attempts
 //! leave no mark; a mark keeps its row from the sweep while it holds.
 //!
-//! The slow client goes through a `FaultProxy` (see `late_support`). The
+//! The slow client goes through a `FaultProxy` (see `support`). The
 //! cases run one after the other.
 
-mod late_support;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,9 +19,7 @@ use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Coord, Lock, OwnerToken};
 use coord_postgres::PostgresBackend;
 use coord_postgres::tokio_postgres::Client;
-use late_support::{
-    LATENCY, LONG, direct, raw, slow, unique, until_late_attempts_landed, wait_blocked,
-};
+use support::{LATENCY, LONG, direct, raw, slow, unique, until_late_attempts_landed, wait_blocked};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -241,6 +239,17 @@ async fn attempt(
     r.get(0)
 }
 
+/// One answered grant and release of `name` by a new owner; panics if
+/// the grant is refused.
+async fn cycle(b: &PostgresBackend, name: &str) {
+    let o = OwnerToken::random();
+    assert!(matches!(
+        Lock::try_acquire(b, name, &o, LONG).await.unwrap(),
+        Attempt::Granted(_)
+    ));
+    assert!(Lock::release(b, name, &o).await.unwrap());
+}
+
 /// A stamp 10 s after now: every attempt the test's client sends in the
 /// next seconds is stamped before it.
 fn future_stamp() -> i64 {
@@ -262,12 +271,7 @@ async fn a_late_attempt_waiting_for_the_marking_release_takes_nothing() {
         let name = unique("race");
         if !fresh {
             // The name's row exists and is free.
-            let o = OwnerToken::random();
-            assert!(matches!(
-                Lock::try_acquire(&*b, &name, &o, LONG).await.unwrap(),
-                Attempt::Granted(_)
-            ));
-            assert!(Lock::release(&*b, &name, &o).await.unwrap());
+            cycle(&b, &name).await;
         }
         let owner = OwnerToken::random();
         let tx = raw().await;
@@ -293,12 +297,7 @@ async fn a_late_attempt_waiting_for_the_marking_release_takes_nothing() {
             "fresh {fresh}"
         );
         // Another owner is not refused.
-        let other = OwnerToken::random();
-        assert!(matches!(
-            Lock::try_acquire(&*b, &name, &other, LONG).await.unwrap(),
-            Attempt::Granted(_)
-        ));
-        assert!(Lock::release(&*b, &name, &other).await.unwrap());
+        cycle(&b, &name).await;
     }
 }
 
@@ -313,12 +312,7 @@ async fn a_release_waiting_for_the_late_grant_frees_it() {
     for fresh in [false, true] {
         let name = unique("race2");
         if !fresh {
-            let o = OwnerToken::random();
-            assert!(matches!(
-                Lock::try_acquire(&*b, &name, &o, LONG).await.unwrap(),
-                Attempt::Granted(_)
-            ));
-            assert!(Lock::release(&*b, &name, &o).await.unwrap());
+            cycle(&b, &name).await;
         }
         let owner = OwnerToken::random();
         let tx = raw().await;
@@ -345,12 +339,7 @@ async fn a_release_waiting_for_the_late_grant_frees_it() {
             Some((false, 1)),
             "fresh {fresh}"
         );
-        let next = OwnerToken::random();
-        assert!(matches!(
-            Lock::try_acquire(&*b, &name, &next, LONG).await.unwrap(),
-            Attempt::Granted(_)
-        ));
-        assert!(Lock::release(&*b, &name, &next).await.unwrap());
+        cycle(&b, &name).await;
     }
 }
 
@@ -375,12 +364,7 @@ async fn marks_refuse_only_earlier_attempts_of_their_owner_and_lapse() {
     let name = unique("marks");
     // Answered cycles leave no mark (nor a kept row, beyond the free one).
     for _ in 0..3 {
-        let o = OwnerToken::random();
-        assert!(matches!(
-            Lock::try_acquire(&*b, &name, &o, LONG).await.unwrap(),
-            Attempt::Granted(_)
-        ));
-        assert!(Lock::release(&*b, &name, &o).await.unwrap());
+        cycle(&b, &name).await;
     }
     assert_eq!(row(&b, "lock", &name).await, Some((false, 0)));
 

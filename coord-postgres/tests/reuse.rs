@@ -5,6 +5,8 @@
 //! name idle past its TTL and grace is gone (tests/soak.rs counts them at
 //! scale).
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,15 +17,7 @@ use coord_core::{Attempt, Election, FencingSource, FencingToken, Lease, Lock, Ow
 use coord_postgres::PostgresBackend;
 use coord_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
 use futures::StreamExt;
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use support::{granted, psql, unique};
 
 /// Per name, each grant's token and whether it was recorded in time.
 type GrantLog = HashMap<String, Vec<(u64, bool)>>;
@@ -39,17 +33,6 @@ async fn backend(schema: &str, prepared: bool) -> Arc<PostgresBackend> {
         .connect_backend()
         .await
         .expect("connect")
-}
-
-fn granted(a: Attempt) -> FencingToken {
-    match a {
-        Attempt::Granted(t) => t,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
-fn psql(q: &str) -> String {
-    cluster().psql("postgres", q).trim().to_string()
 }
 
 /// Counts the inserts and deletes on the schema's claims table from now on.

@@ -9,6 +9,8 @@
 //! two owners hold a name at once and tokens rise; and a layout-10 client
 //! beside upgraded ones checks the upgrade caveat's bound.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,17 +19,9 @@ use std::time::{Duration, Instant};
 use conformance::testkit::postgres::cluster;
 use coord_core::{Attempt, Election, FencingToken, Lease, Lock, OwnerToken};
 use coord_postgres::PostgresBackend;
-use coord_postgres::tokio_postgres::{self, Client, NoTls};
+use coord_postgres::tokio_postgres::Client;
 use futures::StreamExt;
-
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use support::{granted, psql, raw, unique, wait_blocked};
 
 const GRACE: Duration = Duration::from_millis(100);
 
@@ -43,27 +37,6 @@ async fn backend_with(schema: &str, grace: Duration) -> Arc<PostgresBackend> {
 
 async fn backend(schema: &str) -> Arc<PostgresBackend> {
     backend_with(schema, GRACE).await
-}
-
-fn granted(a: Attempt) -> FencingToken {
-    match a {
-        Attempt::Granted(t) => t,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
-fn psql(q: &str) -> String {
-    cluster().psql("postgres", q).trim().to_string()
-}
-
-async fn raw() -> Client {
-    let (client, conn) = tokio_postgres::connect(&cluster().url(), NoTls)
-        .await
-        .expect("raw connect");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    client
 }
 
 /// The text of `claim_take` without metadata (src/sql.rs), for a raw
@@ -135,32 +108,6 @@ fn row(schema: &str, name: &str) -> String {
                 || '|' || xmin || '|' || waiting \
            FROM \"{schema}\".claims WHERE kind = 'lock' AND name = '{name}'"
     ))
-}
-
-/// Waits until at least `n` statements mentioning `schema` wait for a lock.
-async fn wait_blocked(schema: &str, n: usize) {
-    let watcher = raw().await;
-    let start = Instant::now();
-    loop {
-        let rows = watcher
-            .query(
-                "SELECT count(*) FROM pg_stat_activity \
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1::text || '%' \
-                    AND pid <> pg_backend_pid()",
-                &[&schema],
-            )
-            .await
-            .unwrap();
-        let k: i64 = rows[0].get(0);
-        if k as usize >= n {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "only {k} of {n} statements ever waited for a lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// EvalPlanQual, take vs take: a take waiting for the row lock of another

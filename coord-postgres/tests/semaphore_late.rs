@@ -12,7 +12,7 @@
 //! warmed so its statements are prepared (the late attempt is then one
 //! message, sent at once). The cases run one after the other.
 
-mod late_support;
+mod support;
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use coord_postgres::PostgresBackend;
-use late_support::{HEAL_AFTER, LATENCY, LONG, direct, slow, unique, until_late_attempts_landed};
+use support::{HEAL_AFTER, LATENCY, LONG, direct, slow, unique, until_late_attempts_landed};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 

@@ -1,5 +1,6 @@
 //! Shared by the late-attempt tests (`semaphore_late.rs`,
-//! `late_claims.rs`): a direct client, a slow one behind a `FaultProxy`
+//! `late_claims.rs`) and the row-reuse tests (`reuse.rs`, `review_reuse.rs`): a
+//! unique schema name, a direct client, a slow one behind a `FaultProxy`
 //! that delays every chunk by [`LATENCY`] while the fault is on (a chunk
 //! already read keeps its delay after the latency is turned off), with a
 //! call timeout of [`CALL_TIMEOUT`] and one pooled connection, and a raw
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::FaultProxy;
+use coord_core::{Attempt, FencingToken};
 use coord_postgres::PostgresBackend;
 use coord_postgres::tokio_postgres::{self, Client, NoTls};
 
@@ -66,6 +68,19 @@ pub async fn slow(schema: &str, proxy: &FaultProxy) -> Arc<PostgresBackend> {
 /// `at` on has reached the server (and been run) by then.
 pub async fn until_late_attempts_landed(at: Instant) {
     tokio::time::sleep_until((at + LATENCY + Duration::from_millis(1500)).into()).await;
+}
+
+/// The token of a grant; panics on anything else.
+pub fn granted(a: Attempt) -> FencingToken {
+    match a {
+        Attempt::Granted(t) => t,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+/// One statement through `psql` on the test cluster, its output trimmed.
+pub fn psql(q: &str) -> String {
+    cluster().psql("postgres", q).trim().to_string()
 }
 
 /// A connection of its own to the test cluster.
