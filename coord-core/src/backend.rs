@@ -66,9 +66,14 @@ pub trait Lock: Send + Sync + 'static {
     fn capabilities(&self) -> &Capabilities;
 
     /// One attempt to take `name` for `owner` for `ttl`, atomically issuing a
-    /// fresh fencing token on success. If `owner` already holds `name`, the
-    /// attempt succeeds again with the same token (so a retry after a lost
-    /// reply is safe); it may refresh the TTL.
+    /// fresh fencing token on success. If `owner` already holds `name`, an
+    /// attempt through the same client succeeds again with the same token
+    /// (so a retry after a lost reply is safe); it may refresh the TTL.
+    /// Through another client a store may answer `Held` instead (etcd binds
+    /// a claim to the lease of the client that took it); it never grants
+    /// another token while the first grant lives, and a release by owner
+    /// through any client frees the claim (conformance case
+    /// `lock_same_owner_through_another_client_gets_no_other_token`).
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
 
     /// Delete the lock iff `owner` holds it (compare-and-delete, atomic on

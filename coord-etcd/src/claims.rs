@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::entries::{Entry, EntryState, entry_key};
 use crate::handoff::is_head;
-use crate::keys::{BACKEND, claim_key, claim_value, prefix_end};
+use crate::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
 use crate::pool::fresh_enough;
 use crate::queue::clear_last_refused;
 
@@ -332,11 +332,18 @@ impl Shared {
                             } else {
                                 self.drop_entry(&ek);
                             }
-                            if fair {
+                            let head = kvs(&resp, 1).into_iter().next();
+                            // Held by this very owner through another
+                            // client (a raw-trait retry there): answered
+                            // `Held` (the claim is bound to that client's
+                            // lease), and never queued behind itself.
+                            let own = head.as_ref().is_some_and(|h| {
+                                split_lease_value(h.value()).0 == owner.to_hex().as_bytes()
+                            });
+                            if fair && !own {
                                 self.remember_tried(ek.clone());
                                 self.set_last_refused(kind, name, owner);
                             }
-                            let head = kvs(&resp, 1).into_iter().next();
                             return Ok(Attempt::Held {
                                 expires_in: self.remaining_of_local(head.as_ref()),
                             });

@@ -39,13 +39,18 @@ impl Shared {
                 let own_key = kind != Kind::Lease;
                 return self.release_held(e, deadline, now, own_key, op).await;
             }
-            return match self.revoke(e.lease, op).await {
-                Ok(_) => Ok(false),
-                Err(err) => {
-                    self.revoke_later(e.lease);
-                    Err(err)
-                }
-            };
+            if let Err(err) = self.revoke(e.lease, op).await {
+                self.revoke_later(e.lease);
+                return Err(err);
+            }
+            // A place in line, or an attempt whose outcome is unknown, is
+            // gone with its lease. The owner may still hold the claim
+            // through another client (a raw-trait caller retrying there):
+            // a release by owner frees it wherever it was taken.
+            if kind == Kind::Lease {
+                return Ok(false);
+            }
+            return self.release_unknown(kind, name, &owner.to_hex(), op).await;
         }
         // Not known here (another handle of this owner, or the cleanup of
         // an attempt whose bookkeeping is gone): find the key.

@@ -446,6 +446,64 @@ pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
     assert!(raw.release(&name, &other).await.unwrap());
 }
 
+/// The same owner token retried through a second client (a raw-trait
+/// caller's retry after a lost reply, made from another process) never
+/// gets another token while the first grant lives: the store answers the
+/// first grant's token again (Redis, PostgreSQL, memory) or `Held` (etcd:
+/// a claim is bound to the lease of the client that took it, as etcd's
+/// own lock service binds it). It changes nothing: another owner stays
+/// refused through either client. A release by owner through the second
+/// client frees the name (the next grant's token is higher); the first
+/// client's stale release then reports `false` and frees nothing.
+pub async fn lock_same_owner_through_another_client_gets_no_other_token(f: &Factory) {
+    let (c1, c2) = (f.client().await, f.client().await);
+    let (raw1, raw2) = (c1.raw_lock().unwrap(), c2.raw_lock().unwrap());
+    let name = unique("owner-2-clients");
+    let t = ttl(&c1, Duration::from_secs(10));
+    let (me, other, third) = (
+        OwnerToken::random(),
+        OwnerToken::random(),
+        OwnerToken::random(),
+    );
+    let Attempt::Granted(token) = raw1.try_acquire(&name, &me, t).await.unwrap() else {
+        panic!("a free lock was refused");
+    };
+    for _ in 0..2 {
+        match raw2.try_acquire(&name, &me, t).await.unwrap() {
+            Attempt::Granted(again) => assert_eq!(
+                again, token,
+                "the same owner through a second client got another token"
+            ),
+            Attempt::Held { .. } => {}
+        }
+    }
+    for raw in [&raw1, &raw2] {
+        let a = raw.try_acquire(&name, &other, t).await.unwrap();
+        assert!(
+            matches!(a, Attempt::Held { .. }),
+            "another owner got the lock after the same owner's attempt through a second client: {a:?}"
+        );
+    }
+    assert!(
+        raw2.release(&name, &me).await.unwrap(),
+        "a release by owner through a second client did not find the live lock"
+    );
+    let Attempt::Granted(next) = raw1.try_acquire(&name, &other, t).await.unwrap() else {
+        panic!("the lock released through the second client is still held");
+    };
+    assert!(next > token, "token {next:?} after {token:?}");
+    assert!(
+        !raw1.release(&name, &me).await.unwrap(),
+        "the first client's stale release reported success"
+    );
+    let a = raw2.try_acquire(&name, &third, t).await.unwrap();
+    assert!(
+        matches!(a, Attempt::Held { .. }),
+        "a stale release freed the next owner's lock: {a:?}"
+    );
+    assert!(raw1.release(&name, &other).await.unwrap());
+}
+
 /// Campaign attempts are idempotent per owner (same term again), another
 /// candidate is refused while the leader lives, and a leader that renews
 /// stays leader past its first TTL with the same term.
