@@ -63,7 +63,18 @@ impl Shared {
         let Some(kv) = kv.filter(|kv| split_lease_value(kv.value()).0 == hex.as_bytes()) else {
             return Ok(false);
         };
-        self.revoke(kv.lease(), op).await
+        // Delete the key at its create revision, never revoke its lease:
+        // that lease is another client's (or one whose bookkeeping is
+        // gone), and once its holder released it, a spare carrying that
+        // client's next claim (tests/cross_client_owner.rs).
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                kv.key().to_vec(),
+                CompareOp::Equal,
+                kv.create_revision(),
+            )])
+            .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+        Ok(self.txn(op, txn).await?.succeeded())
     }
 
     /// Release a lock or leadership of an owner this client has no
@@ -219,7 +230,14 @@ impl Shared {
             }
             None => return Ok(false),
         };
-        let check = Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)]);
+        // The key must still be this claim's (its create revision) and on
+        // this claim's lease: a named lease granted again to the same owner
+        // through another client moves the key to that client's lease, and
+        // refreshing ours would then keep nothing alive.
+        let check = Txn::new().when([
+            Compare::create_revision(key.clone(), CompareOp::Equal, rev),
+            Compare::lease(key.clone(), CompareOp::Equal, lease),
+        ]);
         let ttl_s = secs(ttl);
         let mut keeper = None;
         let new_lease = if ttl_s == lease_ttl {

@@ -115,26 +115,43 @@ impl EtcdBackend {
             shared.prune(&mut entries);
             return Ok(Attempt::Granted(FencingToken(rev as u64)));
         }
-        shared.revoke_later(id);
         let Some(kv) = kvs(&resp, 0).into_iter().next() else {
+            shared.revoke_later(id);
             return Ok(Attempt::Held { expires_in: None });
         };
         if split_lease_value(kv.value()).0 == hex.as_bytes() {
-            // Ours already (a retry after a lost reply): adopt and refresh.
-            if shared.keepalive_once(kv.lease(), op).await? {
-                // Its lease's TTL is that of the attempt that wrote it,
-                // maybe not this one's: unknown (0), so it is never pooled
-                // as a spare of this TTL, and the first renewal moves the key
-                // to a lease of the renewal's TTL.
-                let e = Entry {
-                    lease_ttl: 0,
-                    ..entry(kv.create_revision(), kv.lease())
-                };
-                lock(&shared.entries).insert(ek, e);
+            // Ours already: a retry after a lost reply, or the same owner
+            // granted through another client. The key moves (same create
+            // revision, value and token) onto the lease just granted, so
+            // this client never keeps, pools or revokes a lease it did not
+            // create: another client's lease becomes a spare carrying its
+            // next claim once released there (tests/cross_client_owner.rs).
+            // The other client's renewals then find the key off their lease.
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                )])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    Vec::new(),
+                    Some(PutOptions::new().with_lease(id).with_ignore_value()),
+                )]);
+            let moved = shared
+                .txn(op, txn)
+                .await
+                .inspect_err(|_| shared.revoke_later(id))?;
+            if moved.succeeded() {
+                let mut entries = lock(&shared.entries);
+                entries.insert(ek, entry(kv.create_revision(), id));
+                shared.prune(&mut entries);
                 return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
             }
+            shared.revoke_later(id);
             return Ok(Attempt::Held { expires_in: None });
         }
+        shared.revoke_later(id);
         let ttl_left = shared
             .call(op, |mut c| {
                 let id = kv.lease();
