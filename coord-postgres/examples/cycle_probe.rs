@@ -270,7 +270,7 @@ where
 
 /// This process's CPU time so far (user + system), from /proc/self/stat.
 fn cpu_time() -> Duration {
-    proc_cpu("self")
+    proc_cpu("self", false)
 }
 
 /// The test kit's postmaster, when the probe runs on the server it starts.
@@ -294,21 +294,30 @@ fn server_cpu() -> Duration {
         }
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
         let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        if rest.split_whitespace().nth(1) == Some(pm.as_str()) || pid == pm {
-            total += proc_cpu(&pid);
+        if rest.split_whitespace().nth(1) == Some(pm.as_str()) {
+            total += proc_cpu(&pid, false);
+        } else if pid == pm {
+            // With its exited children (backends of connections closed
+            // during the run: the raw tasks' own connections).
+            total += proc_cpu(&pid, true);
         }
     }
     total
 }
 
-/// The CPU time (user + system) of process `pid` so far.
-fn proc_cpu(pid: &str) -> Duration {
+/// The CPU time (user + system) of process `pid` so far, and with
+/// `children` that of its children it has waited for.
+fn proc_cpu(pid: &str, children: bool) -> Duration {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
     let f: Vec<u64> = rest
         .split_whitespace()
         .map(|x| x.parse().unwrap_or(0))
         .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    let field = |i: usize| f.get(i).copied().unwrap_or(0);
+    let mut ticks = field(11) + field(12);
+    if children {
+        ticks += field(13) + field(14);
+    }
     Duration::from_millis(ticks * 10)
 }
