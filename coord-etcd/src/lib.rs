@@ -88,10 +88,15 @@
 //!   once it was deleted; a retry after a lost reply writes the same key,
 //!   compared to be absent), so a busy name reuses a few keys instead of
 //!   adding one per acquire to etcd's key index
-//!   (`tests/sem_key_history.rs`); a release or extend of an owner this
-//!   client has no record of finds its key by the value and acts on it at
-//!   its create revision. Clients from before this layout (keys named by
-//!   owner, values without it) read its values as corrupt and are read so
+//!   (`tests/sem_key_history.rs`). A release or extend acts on a grant
+//!   (or place) at the create revision it was written with, never on a
+//!   key for existing (a key may be written again for the next owner); one
+//!   of an owner this client has no record of finds its key by the value.
+//!   An owner retried through another client (one token over two clients
+//!   of the raw trait) has its grant or place adopted there, and only the
+//!   client whose lease it is ever reuses or revokes that lease. Clients
+//!   from before this layout (keys named by owner, values without it)
+//!   read its values as corrupt and are read so
 //!   by it: every client of a semaphore name must be upgraded together. A
 //!   request is granted only if it and every request queued ahead of it
 //!   fit into the free permits together; it takes free slots chosen at
@@ -212,6 +217,7 @@ mod pool;
 mod queue;
 mod sem_acquire;
 mod sem_hold;
+mod sem_place;
 mod sem_view;
 mod sem_watch;
 mod semaphore;

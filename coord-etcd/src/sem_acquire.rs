@@ -1,6 +1,7 @@
-//! Semaphore attempts: the grant transaction and a refused waiter's place
-//! in the queue (see `semaphore.rs` for the layout; the read of a name and
-//! the choice of slots are in `sem_view.rs`).
+//! Semaphore attempts: the grant transaction (see `semaphore.rs` for the
+//! layout; the read of a name and the choice of slots are in
+//! `sem_view.rs`, a refused waiter's place in the queue in
+//! `sem_place.rs`).
 //!
 //! An attempt reads the name in one snapshot: the grant and waiter keys
 //! with their values, the slot keys without (keys only), so a read costs
@@ -47,10 +48,8 @@ use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::keys::BACKEND;
 use crate::pool::Keeper;
 use crate::sem_view::{Dice, View, choose, reads, view_of};
-use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, QUEUE_REFRESH, SemKey, slots_of};
+use crate::semaphore::{Grant, Names, QUEUE_REFRESH, SemKey, slots_of};
 
-/// A place is renewed by an attempt at most this often.
-const RENEW_AFTER: Duration = Duration::from_secs(5);
 /// Rounds (read, compare-and-swap) of a queued attempt before it keeps its
 /// place and tries again soon: its place, not this call, keeps its turn.
 const QUEUED_ROUNDS: usize = 8;
@@ -108,7 +107,7 @@ impl Shared {
     /// Run `txn`, which writes on `lease` (for a grant: one of
     /// `grant_ttl`, writing key `hold`), revoking the lease if this is
     /// dropped before the call returns (see [`OnItsWay`]).
-    async fn sem_txn_on(
+    pub(crate) async fn sem_txn_on(
         self: &Arc<Self>,
         sk: &SemKey,
         lease: i64,
@@ -128,27 +127,6 @@ impl Shared {
         let r = self.txn(op, txn).await;
         on_its_way.returned = true;
         r
-    }
-
-    /// The owner is granted (on lease `grant`): its place in the queue is
-    /// gone. The place's lease serves the next key only if the answered
-    /// grant transaction deleted the place on it (`deleted`: the lease of
-    /// the place it deleted). Otherwise the place was never seen (its write
-    /// went unanswered and may still land) or lapsed: the lease is revoked,
-    /// so a late copy of that write fails instead of queueing the owner on
-    /// a spare that lives on.
-    fn sem_place_done(self: &Arc<Self>, sk: &SemKey, deleted: Option<i64>, grant: i64) {
-        let place = self.sem_local(sk, |s| {
-            s.place = None;
-            s.waiter.take()
-        });
-        if let Some((w, at)) = place {
-            if deleted == Some(w) {
-                self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
-            } else if w != grant {
-                self.revoke_later(w);
-            }
-        }
     }
 
     /// Whether `lease` is a dropped grant transaction's, being revoked.
@@ -224,20 +202,36 @@ impl Shared {
                 if !self.keepalive_once(mine.lease(), op).await? {
                     continue; // gone with its lease just now
                 }
-                let ttl = self
-                    .sem_local(&sk, |s| {
-                        s.grant.filter(|g| g.lease == mine.lease()).map(|g| g.ttl)
-                    })
-                    .unwrap_or(ttl_s);
-                self.sem_local(&sk, |s| {
-                    s.grant = Some(Grant {
+                // On the lease this client recorded: its own write landed.
+                // On any other: written through another client (the same
+                // owner), adopted: acted on at its create revision, its
+                // lease never spared nor revoked here, its key never
+                // written by this client's grants (`SemLocal::hold`).
+                let old = self.sem_local(&sk, |s| {
+                    let own = s
+                        .grant
+                        .as_ref()
+                        .filter(|g| g.own && g.lease == mine.lease());
+                    let ttl = own.map_or(0, |g| g.ttl);
+                    let own = own.is_some();
+                    let valid = if own { ttl } else { ttl_s };
+                    if !own {
+                        s.keeper = None;
+                    }
+                    s.slots = slots_of(mine.value());
+                    s.grant.replace(Grant {
                         lease: mine.lease(),
                         ttl,
-                        deadline: since + Duration::from_secs(ttl),
-                    });
-                    s.slots = slots_of(mine.value());
-                    s.hold = Some(mine.key().to_vec());
+                        deadline: since + Duration::from_secs(valid),
+                        key: mine.key().to_vec(),
+                        rev: mine.create_revision(),
+                        own,
+                    })
                 });
+                // A lost reply's lease whose write did not land here.
+                if let Some(o) = old.filter(|o| o.own && o.lease != mine.lease()) {
+                    self.revoke_later(o.lease);
+                }
                 self.sem_place_done(&sk, None, mine.lease());
                 return Ok(Attempt::Granted(
                     FencingToken(mine.create_revision() as u64),
@@ -260,7 +254,10 @@ impl Shared {
             // Its place: the one read, else the one last written.
             let (hold, place) = self.sem_local(&sk, |s| (s.hold.clone(), s.place.clone()));
             let hold = hold.unwrap_or_else(|| n.hold_on(l));
-            let place = v.my_place.as_ref().map(|p| p.key().to_vec()).or(place);
+            let place = match &v.my_place {
+                Some(p) => Some((p.key().to_vec(), p.create_revision())),
+                None => place.map(|k| (k, 0)),
+            };
             let keys = (hold.clone(), place);
             let txn = self.sem_grant_txn(&n, &value, &chosen, l, keys, owner, metadata);
             let grant = Some((Duration::from_secs(ttl_s), hold.clone()));
@@ -277,14 +274,17 @@ impl Shared {
                     let old = self.sem_local(&sk, |s| {
                         s.keeper = None;
                         s.slots = chosen;
-                        s.hold = Some(hold);
+                        s.hold = Some(hold.clone());
                         s.grant.replace(Grant {
                             lease: l,
                             ttl: ttl_s,
                             deadline: since + Duration::from_secs(ttl_s),
+                            key: hold,
+                            rev: 0,
+                            own: true,
                         })
                     });
-                    if let Some(old) = old.filter(|o| o.lease != l) {
+                    if let Some(old) = old.filter(|o| o.own && o.lease != l) {
                         self.revoke_later(old.lease);
                     }
                     return Err(e);
@@ -306,15 +306,18 @@ impl Shared {
             let old = self.sem_local(&sk, |s| {
                 s.keeper = keeper;
                 s.slots = chosen;
-                s.hold = Some(hold);
+                s.hold = Some(hold.clone());
                 s.grant.replace(Grant {
                     lease: l,
                     ttl: ttl_s,
                     deadline: since + Duration::from_secs(ttl_s),
+                    key: hold,
+                    rev: token,
+                    own: true,
                 })
             });
             // A lost reply's lease whose write did not land.
-            if let Some(o) = old.filter(|o| o.lease != l) {
+            if let Some(o) = old.filter(|o| o.own && o.lease != l) {
                 self.revoke_later(o.lease);
             }
             let deleted = kvs(&resp, 1).first().map(KeyValue::lease);
@@ -352,8 +355,11 @@ impl Shared {
     /// slots, metadata) and one key per slot, all on `lease`, iff those
     /// slots are free and that key is absent (a write of this owner's
     /// landing late never makes a second grant); the owner's place in the
-    /// queue `keys.1` goes (its second answer: the place deleted, if any).
-    /// Otherwise the name is read as [`reads`] does.
+    /// queue `keys.1` goes (its second answer: the place deleted, if any),
+    /// compared to have the create revision read (0: a place this client's
+    /// write may have queued, unseen: deleted whatever it is, as only this
+    /// client writes that key). Otherwise the name is read as [`reads`]
+    /// does.
     #[allow(clippy::too_many_arguments)]
     fn sem_grant_txn(
         &self,
@@ -361,12 +367,12 @@ impl Shared {
         value: &[u8],
         slots: &[u32],
         lease: i64,
-        keys: (Vec<u8>, Option<Vec<u8>>),
+        keys: (Vec<u8>, Option<(Vec<u8>, i64)>),
         owner: &OwnerToken,
         metadata: Option<&[u8]>,
     ) -> Txn {
         let (hold, place) = keys;
-        let place = place.unwrap_or_else(|| n.nothing());
+        let (place, place_rev) = place.unwrap_or_else(|| (n.nothing(), 0));
         let list: Vec<String> = slots.iter().map(u32::to_string).collect();
         let mut v = value.to_vec();
         v.extend_from_slice(format!(" {}", list.join(",")).as_bytes());
@@ -377,6 +383,13 @@ impl Shared {
         let put =
             |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
         let mut when = vec![Compare::create_revision(hold.clone(), CompareOp::Equal, 0)];
+        if place_rev > 0 {
+            when.push(Compare::create_revision(
+                place.clone(),
+                CompareOp::Equal,
+                place_rev,
+            ));
+        }
         let mut then = vec![
             put(hold, v),
             TxnOp::delete(place, Some(DeleteOptions::new().with_prev_key())),
@@ -386,76 +399,5 @@ impl Shared {
             then.push(put(n.slot(*i), owner.to_hex().into_bytes()));
         }
         Txn::new().when(when).and_then(then).or_else(reads(n))
-    }
-
-    /// Join the queue, or renew the owner's place in it.
-    async fn sem_keep_place(
-        self: &Arc<Self>,
-        sk: &SemKey,
-        n: &Names,
-        value: &[u8],
-        place: Option<&KeyValue>,
-    ) -> Result<()> {
-        let op = "semaphore queue";
-        let ttl = QUEUE_ENTRY_TTL.as_secs();
-        if let Some(kv) = place {
-            let now = Instant::now();
-            let fresh = self.sem_local(sk, |s| {
-                s.waiter
-                    .is_some_and(|(l, at)| l == kv.lease() && at + RENEW_AFTER > now)
-            });
-            if fresh {
-                return Ok(());
-            }
-            if self.keepalive_once(kv.lease(), op).await? {
-                let old = self.sem_local(sk, |s| {
-                    s.place = Some(kv.key().to_vec());
-                    s.waiter.replace((kv.lease(), now))
-                });
-                if let Some((o, _)) = old.filter(|o| o.0 != kv.lease()) {
-                    self.revoke_later(o);
-                }
-                return Ok(());
-            }
-            // The place lapsed with its lease: queue again, at the back.
-        }
-        let (lease, _, since) = self.sem_lease(ttl, op).await?;
-        // The place's key: the one last written (a write whose reply was
-        // lost may land: compared to be absent), else named by this lease.
-        // Recorded first, with the lease: a release revokes it even if the
-        // reply is lost (and a drop mid-call at once).
-        let (old, key) = self.sem_local(sk, |s| {
-            let key = s.place.get_or_insert_with(|| n.wait_on(lease)).clone();
-            (s.waiter.replace((lease, since)), key)
-        });
-        let named_here = key == n.wait_on(lease);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key,
-                value.to_vec(),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let resp = self.sem_txn_on(sk, lease, None, op, txn).await;
-        if let Ok(r) = &resp {
-            if !r.succeeded() {
-                // Our place exists already (a lost reply's write landed):
-                // keep that one, and its lease. This lease wrote nothing;
-                // one a key is named by is not a spare (never expected: a
-                // spare's keys were deleted).
-                self.sem_local(sk, |s| s.waiter = old);
-                if named_here {
-                    self.revoke_later(lease);
-                } else {
-                    self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
-                }
-                return Ok(());
-            }
-        }
-        // The old lease (if any) carried no place: it lapsed or never was.
-        if let Some((o, _)) = old {
-            self.revoke_later(o);
-        }
-        resp.map(|_| ())
     }
 }

@@ -4,19 +4,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::{OwnerToken, Result};
+use coord_core::{Error, OwnerToken, Result};
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
 };
 use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs, lock, secs};
-use crate::keys::prefix_end;
+use crate::keys::{BACKEND, prefix_end};
 use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 
+/// Reads and deletes of a release whose owner's keys keep changing
+/// between them (other clients of the same owner at work) before it gives
+/// up with `Error::Unavailable`.
+const RELEASE_ROUNDS: usize = 5;
+
 impl Shared {
-    /// Delete `owner`'s grant (its key and slots) iff it exists, and its
-    /// place in the queue either way.
+    /// Delete `owner`'s grant (its key and slots) and its place in the
+    /// queue, each only at the create revision it was written with: a key
+    /// deleted and written again (its lease reused for the next claim, by
+    /// this client or by the client whose grant this one adopted) is
+    /// another owner's. `Ok(true)` iff a grant of the owner was deleted.
     pub(crate) async fn sem_release(
         self: &Arc<Self>,
         name: &str,
@@ -25,83 +33,113 @@ impl Shared {
         let op = "semaphore release";
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
+        // A grant whose key and create revision are known, and no place
+        // on record: one transaction (nearly every release). Otherwise
+        // the owner's keys are found by their values first.
         let known = lock(&self.sems).get(&sk).and_then(|s| {
-            let hold = s.hold.clone().filter(|_| s.grant.is_some())?;
-            Some((s.slots.clone(), hold, s.place.clone()))
+            let g = s.grant.as_ref().filter(|g| g.rev > 0)?;
+            let no_place = s.waiter.is_none() && s.place.is_none();
+            no_place.then(|| (g.key.clone(), g.rev, s.slots.clone()))
         });
-        // The grant's key (the one this client wrote: it is the owner's
-        // whenever it exists, see `SemLocal::hold`), else the one whose
-        // value names the owner, deleted only at its create revision.
-        let (slots, hold, place, rev) = match known {
-            Some((slots, hold, place)) => (slots, hold, place, None),
-            None => {
-                let (grant, place) = self.sem_find(&n, op).await?;
-                let local = lock(&self.sems).get(&sk).and_then(|s| s.place.clone());
-                let place = place.map(|kv| kv.key().to_vec()).or(local);
-                match grant {
-                    Some(kv) => (
-                        slots_of(kv.value()),
-                        kv.key().to_vec(),
-                        place,
-                        Some(kv.create_revision()),
-                    ),
-                    // Compared below to exist: it never does.
-                    None => (Vec::new(), n.nothing(), place, None),
-                }
+        let (held, gone) = match known {
+            Some((key, rev, slots)) => {
+                let mut then = vec![TxnOp::delete(
+                    key.clone(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )];
+                then.extend(slots.iter().map(|i| TxnOp::delete(n.slot(*i), None)));
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+                    .and_then(then);
+                let resp = self.txn(op, txn).await?;
+                let gone: Vec<i64> = kvs(&resp, 0).iter().map(KeyValue::lease).collect();
+                (resp.succeeded(), gone)
             }
+            None => self.sem_release_found(&n, op).await?,
         };
-        let place = place.unwrap_or_else(|| n.nothing());
-        let del = || Some(DeleteOptions::new().with_prev_key());
-        let held = match rev {
-            Some(r) => Compare::create_revision(hold.clone(), CompareOp::Equal, r),
-            None => Compare::create_revision(hold.clone(), CompareOp::Greater, 0),
-        };
-        let mut then = vec![
-            TxnOp::delete(place.clone(), del()),
-            TxnOp::delete(hold, del()),
-        ];
-        then.extend(slots.iter().map(|i| TxnOp::delete(n.slot(*i), None)));
-        let txn = Txn::new()
-            .when([held])
-            .and_then(then)
-            .or_else([TxnOp::delete(place, del())]);
-        let resp = self.txn(op, txn).await?;
-        let mut gone: Vec<i64> = kvs(&resp, 0).iter().map(|kv| kv.lease()).collect();
-        if resp.succeeded() {
-            gone.extend(kvs(&resp, 1).iter().map(|kv| kv.lease()));
-        }
-        // Leases whose keys this answered transaction deleted carry no
-        // keys now: they serve the next claims. Any other is revoked.
+        // Own leases whose keys this answered transaction deleted carry no
+        // keys now: they serve the next claims. Any other own lease is
+        // revoked (a write on it may still land). An adopted lease is left
+        // to the client that created it.
         let local = lock(&self.sems).remove(&sk).unwrap_or_default();
         let now = Instant::now();
-        let mut rest = gone;
-        if let Some(g) = local.grant {
-            if rest.contains(&g.lease) && g.deadline > now {
-                rest.retain(|l| *l != g.lease);
+        // (A place on the grant's lease is never expected; it goes with
+        // the grant's.)
+        let grant_lease = local.grant.as_ref().map(|g| g.lease);
+        if let Some(g) = local.grant.filter(|g| g.own) {
+            if gone.contains(&g.lease) && g.deadline > now {
                 self.put_spare(g.lease, g.ttl, g.deadline, local.keeper);
             } else {
-                rest.push(g.lease);
+                self.revoke_later(g.lease);
             }
         }
-        if let Some((w, at)) = local.waiter {
-            if rest.contains(&w) {
-                rest.retain(|l| *l != w);
-                self.put_spare(w, QUEUE_ENTRY_TTL.as_secs(), at + QUEUE_ENTRY_TTL, None);
+        if let Some(w) = local
+            .waiter
+            .filter(|w| w.own && grant_lease != Some(w.lease))
+        {
+            if gone.contains(&w.lease) {
+                let ttl = QUEUE_ENTRY_TTL.as_secs();
+                self.put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
             } else {
-                rest.push(w);
+                self.revoke_later(w.lease);
             }
         }
-        rest.sort_unstable();
-        rest.dedup();
-        for l in rest {
-            self.revoke_later(l);
+        Ok(held)
+    }
+
+    /// Release the owner's grant and place as one snapshot finds them (by
+    /// the owner their values name), each deleted at its create revision;
+    /// read again if either changed meanwhile. Returns whether a grant was
+    /// deleted and the leases of the keys deleted.
+    async fn sem_release_found(&self, n: &Names, op: &'static str) -> Result<(bool, Vec<i64>)> {
+        for _ in 0..RELEASE_ROUNDS {
+            let (grant, place) = self.sem_find(n, op).await?;
+            let mut when = Vec::new();
+            let mut then = Vec::new();
+            for kv in grant.iter().chain(place.iter()) {
+                let key = kv.key().to_vec();
+                when.push(Compare::create_revision(
+                    key.clone(),
+                    CompareOp::Equal,
+                    kv.create_revision(),
+                ));
+                then.push(TxnOp::delete(
+                    key,
+                    Some(DeleteOptions::new().with_prev_key()),
+                ));
+            }
+            if when.is_empty() {
+                return Ok((false, Vec::new()));
+            }
+            let deletes = then.len();
+            if let Some(kv) = &grant {
+                then.extend(
+                    slots_of(kv.value())
+                        .iter()
+                        .map(|i| TxnOp::delete(n.slot(*i), None)),
+                );
+            }
+            let resp = self.txn(op, Txn::new().when(when).and_then(then)).await?;
+            if resp.succeeded() {
+                let gone = (0..deletes)
+                    .flat_map(|i| kvs(&resp, i))
+                    .map(|kv| kv.lease())
+                    .collect();
+                return Ok((grant.is_some(), gone));
+            }
         }
-        Ok(resp.succeeded())
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation: op,
+            message: "the owner's grant or place changed under every release attempt".into(),
+        })
     }
 
     /// Refresh `owner`'s live grant to `ttl`: a keepalive of its lease, or
-    /// (another TTL) a move of its keys to a new lease, keeping the create
-    /// revision of its key (the fencing token). Never brings a grant back.
+    /// (another TTL, or a grant adopted from another client) a move of its
+    /// keys to a new lease of this client's, keeping the create revision
+    /// of its key (the fencing token). Never brings a grant back, and acts
+    /// only on the grant at the create revision this client knows.
     pub(crate) async fn sem_extend(
         self: &Arc<Self>,
         name: &str,
@@ -112,35 +150,48 @@ impl Shared {
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
         let ttl_s = secs(ttl);
-        let hold = self.sem_local(&sk, |s| s.hold.clone().filter(|_| s.grant.is_some()));
-        let known = self.sem_local(&sk, |s| s.grant).filter(|g| g.ttl == ttl_s);
-        if let (Some(g), Some(hold)) = (known, &hold) {
-            // Refresh first, then check the key is still ours on it: a
-            // key gone (released, removed, expired) is never brought back.
+        let known = self.sem_local(&sk, |s| s.grant.clone());
+        // Whether `kv` is the grant `g` this client knows.
+        let is_it = |g: &Grant, kv: &KeyValue| {
+            n.owns(kv.value()) && (g.rev == 0 || kv.create_revision() == g.rev)
+        };
+        // The grant's key, read after a keepalive of its lease where the
+        // TTL is the lease's: a key gone (released, removed, expired) is
+        // never brought back, and one written again is another grant.
+        let mut refreshed = None;
+        if let Some(g) = known.as_ref().filter(|g| g.ttl == ttl_s) {
             let since = Instant::now();
-            if !self.keepalive_once(g.lease, op).await? {
-                self.sem_forget(&sk);
-                return Ok(false);
-            }
-            let kv = self.get(op, hold.clone(), None).await?;
-            if kv.first().is_some_and(|kv| kv.lease() == g.lease) {
+            refreshed = Some((g.lease, since, self.keepalive_once(g.lease, op).await?));
+        }
+        // The one this client knows (at its create revision), else the one
+        // whose value names the owner.
+        let kv = match &known {
+            Some(g) => self
+                .get(op, g.key.clone(), None)
+                .await?
+                .into_iter()
+                .next()
+                .filter(|kv| is_it(g, kv)),
+            None => self.sem_find(&n, op).await?.0,
+        };
+        if let (Some((lease, since, alive)), Some(kv)) = (refreshed, &kv) {
+            if kv.lease() == lease {
+                if !alive {
+                    self.sem_forget(&sk);
+                    return Ok(false);
+                }
                 self.sem_local(&sk, |s| {
-                    if let Some(g) = &mut s.grant {
+                    if let Some(g) = s.grant.as_mut().filter(|x| x.lease == lease) {
                         g.deadline = since + Duration::from_secs(ttl_s);
+                        g.rev = kv.create_revision();
                     }
                 });
                 return Ok(true);
             }
-            self.sem_forget(&sk);
-            return Ok(false);
+            // Moved to another lease (by an extend of this owner through
+            // another client): moved again, to one of this client's.
         }
-        // The grant's key: the one this client wrote, else the one whose
-        // value names the owner (moved only at its create revision).
-        let kv = match hold {
-            Some(h) => self.get(op, h, None).await?.into_iter().next(),
-            None => self.sem_find(&n, op).await?.0,
-        };
-        let Some(kv) = kv.filter(|kv| n.owns(kv.value())) else {
+        let Some(kv) = kv else {
             self.sem_forget(&sk);
             return Ok(false);
         };
@@ -173,16 +224,22 @@ impl Shared {
             self.sem_forget(&sk);
             return Ok(false);
         }
-        self.revoke_later(kv.lease());
+        // The lease the grant was on carries nothing now; this client's
+        // own is revoked, another client's left to it.
+        if let Some(g) = known.filter(|g| g.own) {
+            self.revoke_later(g.lease);
+        }
         self.sem_local(&sk, |s| {
             s.grant = Some(Grant {
                 lease,
                 ttl: ttl_s,
                 deadline: since + Duration::from_secs(ttl_s),
+                key: kv.key().to_vec(),
+                rev: kv.create_revision(),
+                own: true,
             });
             s.keeper = keeper;
             s.slots = slots;
-            s.hold = Some(kv.key().to_vec());
         });
         Ok(true)
     }

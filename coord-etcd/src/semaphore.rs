@@ -31,7 +31,17 @@
 //! grant or place; its lease is never a spare (revoked or adopted). The
 //! owner is found in the value: by the attempt's read, by a release or
 //! extend of an owner this client has no record of, by `inspect` and by
-//! the wake-ups. Values of clients before this layout (`h/<owner hex>`,
+//! the wake-ups.
+//!
+//! A key may thus be written again for another owner once its grant (or
+//! place) ended, so nothing acts on a key for knowing it exists: a release
+//! or extend acts on the grant at the create revision it was written with
+//! (its fencing token), and on a place likewise. The same owner may come
+//! through several clients (the raw `Semaphore` trait with one token): an
+//! attempt that finds the owner's grant or place written through another
+//! client adopts it, but only the client that created a lease ever spares
+//! or revokes it (see [`SemLocal`]): a lease of another client may already
+//! carry that client's next grant. Values of clients before this layout (`h/<owner hex>`,
 //! value `"<permits> <total> .."`) are refused as corrupt: every client of
 //! a semaphore name must be upgraded together.
 //!
@@ -40,7 +50,8 @@
 //! into the free permits; it then takes free slots chosen at random, and
 //! tries again with the state a lost compare-and-swap returns while that
 //! state shows room (`sem_acquire.rs`). A refused attempt with `queue`
-//! joins (or renews its place in) the queue; without it, writes nothing.
+//! joins (or renews its place in) the queue (`sem_place.rs`); without it,
+//! writes nothing.
 //! Grants once made are released and extended in `sem_hold.rs`; wake-ups
 //! come from a watch per name and client (`sem_watch.rs`).
 
@@ -69,19 +80,28 @@ const PRUNE_AT: usize = 1024;
 pub(crate) type SemKey = (Box<str>, [u8; 16]);
 
 /// This client's knowledge of one owner's grant and queue place.
+///
+/// Leases this client created (granted, or taken from its spares) are
+/// its own: only those are ever spared or revoked by it. A grant or place
+/// that an attempt found already there (the same owner's, written through
+/// another client: see [`Grant::own`]) is adopted: this client acts on its
+/// key at its create revision, and leaves its lease to the client that
+/// created it, which may already have handed it on to another owner.
 #[derive(Default)]
 pub(crate) struct SemLocal {
-    /// The waiter key's lease and when it was last renewed.
-    pub(crate) waiter: Option<(i64, Instant)>,
-    /// The owner's place key (`w/<lease hex>`) once a write of it was
-    /// sent: its next places write the same key.
+    /// The owner's place in the queue (its lease) once written or found.
+    pub(crate) waiter: Option<Place>,
+    /// The place key (`w/<lease hex>`) a place write of this client was
+    /// sent to: its next places write the same key. Only ever named by
+    /// one of this client's leases, which is not a spare while recorded.
     pub(crate) place: Option<Vec<u8>>,
-    /// The grant key (`h/<lease hex>`) once a grant write of this owner
-    /// may have landed (answered, unanswered or dropped): its next grants
-    /// write the same key. The lease it is named by is never a spare
-    /// while this is recorded (revoked, or the grant's own).
+    /// The grant key (`h/<lease hex>`) once a grant write of this client
+    /// for this owner may have landed (answered, unanswered or dropped):
+    /// its next grants write the same key. Only ever named by one of this
+    /// client's leases, never a spare while this is recorded (revoked, or
+    /// the grant's own); an adopted grant's key is never recorded here.
     pub(crate) hold: Option<Vec<u8>>,
-    /// The grant's lease (also one whose write's reply was lost).
+    /// The grant (also one whose write's reply was lost).
     pub(crate) grant: Option<Grant>,
     /// The grant lease's keepalive stream, if open.
     pub(crate) keeper: Option<Keeper>,
@@ -93,13 +113,35 @@ pub(crate) struct SemLocal {
     pub(crate) doomed: Option<(i64, Instant)>,
 }
 
-#[derive(Clone, Copy)]
+/// A grant as this client knows it.
+#[derive(Clone)]
 pub(crate) struct Grant {
+    /// Its lease (for a write whose reply was lost: that write's).
     pub(crate) lease: i64,
-    /// The lease's TTL in seconds.
+    /// The lease's TTL in seconds (0 for an adopted grant: unknown, so an
+    /// extend moves it to a lease of this client's).
     pub(crate) ttl: u64,
     /// The server keeps the lease at least until then.
     pub(crate) deadline: Instant,
+    /// Its key.
+    pub(crate) key: Vec<u8>,
+    /// Its key's create revision (its fencing token); 0 while unknown (a
+    /// write whose reply was lost). A key deleted and written again for a
+    /// later grant has another one, so a release or extend compares it.
+    pub(crate) rev: i64,
+    /// Whether the lease is this client's (see [`SemLocal`]).
+    pub(crate) own: bool,
+}
+
+/// A queue place as this client knows it.
+#[derive(Clone, Copy)]
+pub(crate) struct Place {
+    /// Its lease.
+    pub(crate) lease: i64,
+    /// When an attempt last renewed it.
+    pub(crate) at: Instant,
+    /// Whether the lease is this client's (see [`SemLocal`]).
+    pub(crate) own: bool,
 }
 
 /// The owner (hex) a grant's or waiter's value names: its first field,
@@ -215,23 +257,21 @@ impl Shared {
             let now = Instant::now();
             let old = QUEUE_ENTRY_TTL * 2;
             m.retain(|_, s| {
-                s.grant.is_some_and(|g| g.deadline + old > now)
-                    || s.waiter.is_some_and(|(_, at)| at + old > now)
+                s.grant.as_ref().is_some_and(|g| g.deadline + old > now)
+                    || s.waiter.is_some_and(|w| w.at + old > now)
                     || s.doomed.is_some_and(|(_, until)| until > now)
             });
         }
         f(m.entry(sk.clone()).or_default())
     }
 
-    /// Forget `sk` locally, revoking its leases in the background.
+    /// Forget `sk` locally, revoking its own leases in the background
+    /// (never an adopted one: see [`SemLocal`]).
     pub(crate) fn sem_forget(self: &Arc<Self>, sk: &SemKey) {
         if let Some(s) = lock(&self.sems).remove(sk) {
-            for l in s
-                .waiter
-                .map(|w| w.0)
-                .into_iter()
-                .chain(s.grant.map(|g| g.lease))
-            {
+            let place = s.waiter.filter(|w| w.own).map(|w| w.lease);
+            let grant = s.grant.filter(|g| g.own).map(|g| g.lease);
+            for l in place.into_iter().chain(grant) {
                 self.revoke_later(l);
             }
         }

@@ -1,0 +1,126 @@
+//! A semaphore waiter's place in the queue (`w/<lease hex>`, see
+//! `semaphore.rs` for the layout): joining the queue, renewing a place,
+//! and what becomes of the place's lease once the owner is granted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_core::Result;
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+use crate::backend::Shared;
+use crate::semaphore::{Names, Place, QUEUE_ENTRY_TTL, SemKey};
+
+/// A place is renewed by an attempt at most this often.
+const RENEW_AFTER: Duration = Duration::from_secs(5);
+
+impl Shared {
+    /// The owner is granted (on lease `grant`): its place in the queue is
+    /// gone. The place's lease serves the next key only if the answered
+    /// grant transaction deleted the place on it (`deleted`: the lease of
+    /// the place it deleted). Otherwise the place was never seen (its write
+    /// went unanswered and may still land) or lapsed: the lease is revoked,
+    /// so a late copy of that write fails instead of queueing the owner on
+    /// a spare that lives on.
+    /// A place adopted from another client (see `SemLocal`) leaves its
+    /// lease alone.
+    pub(crate) fn sem_place_done(self: &Arc<Self>, sk: &SemKey, deleted: Option<i64>, grant: i64) {
+        let place = self.sem_local(sk, |s| {
+            s.place = None;
+            s.waiter.take()
+        });
+        if let Some(w) = place.filter(|w| w.own) {
+            if deleted == Some(w.lease) {
+                let ttl = QUEUE_ENTRY_TTL.as_secs();
+                self.put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
+            } else if w.lease != grant {
+                self.revoke_later(w.lease);
+            }
+        }
+    }
+
+    /// Join the queue, or renew the owner's place in it.
+    pub(crate) async fn sem_keep_place(
+        self: &Arc<Self>,
+        sk: &SemKey,
+        n: &Names,
+        value: &[u8],
+        place: Option<&KeyValue>,
+    ) -> Result<()> {
+        let op = "semaphore queue";
+        let ttl = QUEUE_ENTRY_TTL.as_secs();
+        if let Some(kv) = place {
+            let now = Instant::now();
+            let fresh = self.sem_local(sk, |s| {
+                s.waiter
+                    .is_some_and(|w| w.lease == kv.lease() && w.at + RENEW_AFTER > now)
+            });
+            if fresh {
+                return Ok(());
+            }
+            if self.keepalive_once(kv.lease(), op).await? {
+                // On the lease this client recorded: its own; on another:
+                // queued through another client (the same owner), adopted
+                // (see `SemLocal`).
+                let old = self.sem_local(sk, |s| {
+                    let own = s.waiter.is_some_and(|w| w.own && w.lease == kv.lease());
+                    s.waiter.replace(Place {
+                        lease: kv.lease(),
+                        at: now,
+                        own,
+                    })
+                });
+                if let Some(o) = old.filter(|o| o.own && o.lease != kv.lease()) {
+                    self.revoke_later(o.lease);
+                }
+                return Ok(());
+            }
+            // The place lapsed with its lease: queue again, at the back.
+        }
+        let (lease, _, since) = self.sem_lease(ttl, op).await?;
+        // The place's key: the one last written (a write whose reply was
+        // lost may land: compared to be absent), else named by this lease.
+        // Recorded first, with the lease: a release revokes it even if the
+        // reply is lost (and a drop mid-call at once).
+        let (old, key) = self.sem_local(sk, |s| {
+            let key = s.place.get_or_insert_with(|| n.wait_on(lease)).clone();
+            let place = Place {
+                lease,
+                at: since,
+                own: true,
+            };
+            (s.waiter.replace(place), key)
+        });
+        let named_here = key == n.wait_on(lease);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key,
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let resp = self.sem_txn_on(sk, lease, None, op, txn).await;
+        if let Ok(r) = &resp {
+            if !r.succeeded() {
+                // Our place exists already (a lost reply's write landed):
+                // keep that one, and its lease. This lease wrote nothing;
+                // one a key is named by is not a spare (never expected: a
+                // spare's keys were deleted).
+                self.sem_local(sk, |s| s.waiter = old);
+                if named_here {
+                    self.revoke_later(lease);
+                } else {
+                    self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                }
+                return Ok(());
+            }
+        }
+        // The old lease (if any) carried no place: it lapsed or never was.
+        // An adopted one is left to its client.
+        if let Some(o) = old.filter(|o| o.own) {
+            self.revoke_later(o.lease);
+        }
+        resp.map(|_| ())
+    }
+}

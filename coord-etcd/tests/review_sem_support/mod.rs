@@ -1,0 +1,202 @@
+//! What the review tests of semaphore keys named by leases
+//! (`review_sem_keys.rs`, `review_sem_queue.rs`, `review_sem_adopt.rs`)
+//! share: clients of the binary's shared etcd with a key prefix of their
+//! own, the name's grants and places as etcd holds them, and an observer
+//! that checks etcd's view of a name never exceeds its total.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use conformance::testkit::etcd;
+use coord_core::{Attempt, Coord, PermitRequest, Semaphore};
+use coord_etcd::EtcdOptions;
+use etcd_client::{GetOptions, KeyValue};
+use tokio::time::{Instant, sleep};
+
+pub const LONG: Duration = Duration::from_secs(30);
+
+/// A key prefix of its own per test (ends with `/`).
+pub fn unique(tag: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "rsk-{tag}-{}-{}/",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn coord_at(port: u16, prefix: &str, timeout_ms: u64) -> Coord {
+    let url = format!("etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={timeout_ms}");
+    coord_etcd::connect_with(EtcdOptions::parse(&url).unwrap())
+        .await
+        .expect("connect to the test etcd")
+}
+
+/// A client of the shared server, straight (no proxy).
+pub async fn coord(prefix: &str) -> Coord {
+    coord_at(etcd::shared().client_port(), prefix, 5000).await
+}
+
+pub fn raw(c: &Coord) -> Arc<dyn Semaphore> {
+    c.raw_semaphore().unwrap()
+}
+
+pub async fn raw_etcd() -> etcd_client::Client {
+    etcd_client::Client::connect([etcd::shared().endpoint()], None)
+        .await
+        .unwrap()
+}
+
+/// Every key under `<prefix>sem/<name>/`.
+pub async fn sem_keys(prefix: &str, name: &str) -> Vec<KeyValue> {
+    let dir = format!("{prefix}sem/{name}/");
+    let mut r = raw_etcd().await;
+    let mut kvs = r
+        .get(dir.as_bytes(), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .take_kvs();
+    kvs.sort_by_key(|kv| kv.create_revision());
+    kvs
+}
+
+/// A grant or place as etcd holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rec {
+    pub key: String,
+    pub owner: String,
+    pub permits: u32,
+    pub total: u32,
+    pub create: i64,
+    pub modr: i64,
+    pub lease: i64,
+}
+
+pub fn parse(kv: &KeyValue) -> Rec {
+    let v = kv.value_str().unwrap();
+    let mut it = v.split(' ');
+    let owner = it.next().unwrap().to_string();
+    let permits = it.next().unwrap().parse().unwrap();
+    let total = it.next().unwrap().parse().unwrap();
+    Rec {
+        key: kv.key_str().unwrap().to_string(),
+        owner,
+        permits,
+        total,
+        create: kv.create_revision(),
+        modr: kv.mod_revision(),
+        lease: kv.lease(),
+    }
+}
+
+/// (grants, places, slot count) of `name`, one snapshot.
+pub async fn state(prefix: &str, name: &str) -> (Vec<Rec>, Vec<Rec>, usize) {
+    let kvs = sem_keys(prefix, name).await;
+    let dir = format!("{prefix}sem/{name}/");
+    let (mut h, mut w, mut s) = (Vec::new(), Vec::new(), 0);
+    for kv in &kvs {
+        let rest = &kv.key_str().unwrap()[dir.len()..];
+        if rest.starts_with("h/") {
+            h.push(parse(kv));
+        } else if rest.starts_with("w/") {
+            w.push(parse(kv));
+        } else if rest.starts_with("s/") {
+            s += 1;
+        } else {
+            panic!("unexpected key {rest:?}");
+        }
+    }
+    (h, w, s)
+}
+
+pub fn req(permits: u32, total: u32, ttl: Duration, queue: bool) -> PermitRequest {
+    PermitRequest {
+        permits,
+        total,
+        ttl,
+        queue,
+    }
+}
+
+pub fn granted(a: coord_core::Result<Attempt>) -> u64 {
+    match a {
+        Ok(Attempt::Granted(t)) => t.get(),
+        a => panic!("expected a grant: {a:?}"),
+    }
+}
+
+pub fn held(a: coord_core::Result<Attempt>, what: &str) {
+    match a {
+        Ok(Attempt::Held { .. }) => {}
+        a => panic!("{what}: expected a refusal, got {a:?}"),
+    }
+}
+
+/// Wait until `cond` holds (checked every 20 ms), at most `limit`.
+pub async fn until<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A small deterministic generator per task.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Checks etcd's view of `name` until `stop`: the grants' permits never
+/// sum above `total`, each grant's value names `total`, slots match the
+/// granted permits, no owner has two grants. Returns the observations.
+pub fn observer(
+    prefix: String,
+    name: String,
+    total: u32,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let (h, _w, s) = state(&prefix, &name).await;
+            let sum: u32 = h.iter().map(|r| r.permits).sum();
+            assert!(sum <= total, "etcd holds {sum} > {total} permits: {h:#?}");
+            assert!(s as u32 <= total, "{s} slot keys > {total}");
+            assert_eq!(s as u32, sum, "slots {s} != granted permits {sum}: {h:#?}");
+            let mut owners: Vec<&str> = h.iter().map(|r| r.owner.as_str()).collect();
+            owners.sort();
+            owners.dedup();
+            assert_eq!(owners.len(), h.len(), "an owner with two grants: {h:#?}");
+            for r in &h {
+                assert_eq!(r.total, total, "{r:?}");
+                let lease_hex = r.key.rsplit('/').next().unwrap();
+                assert!(
+                    i64::from_str_radix(lease_hex, 16).is_ok(),
+                    "a grant key not named by a lease: {r:?}"
+                );
+            }
+            n += 1;
+            sleep(Duration::from_millis(5)).await;
+        }
+        n
+    })
+}
