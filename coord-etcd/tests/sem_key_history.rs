@@ -113,6 +113,74 @@ async fn cycles_on_one_name_do_not_grow_the_key_index() {
     );
 }
 
+/// The waiting path: two clients take turns on one permit, each acquire
+/// waiting (a place in the queue, `w/<lease hex>`) while the other holds.
+/// Place and grant leases are reused as the other keys are, so rounds of
+/// queueing on one name write a few keys, not one per wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_on_one_name_do_not_grow_the_key_index() {
+    let server = EtcdServer::start();
+    let clients = [
+        coord_etcd::connect(&server.url()).await.unwrap(),
+        coord_etcd::connect(&server.url()).await.unwrap(),
+    ];
+    const ROUNDS: u32 = 100;
+    let round = |from_rev: bool| {
+        let server = &server;
+        let clients = &clients;
+        async move {
+            let from = if from_rev {
+                revision(server).await + 1
+            } else {
+                0
+            };
+            let tasks = clients.iter().map(|c| {
+                let sems = c.semaphores().unwrap();
+                async move {
+                    for _ in 0..ROUNDS {
+                        let g = sems
+                            .acquire(
+                                "queued",
+                                1,
+                                Duration::from_secs(30),
+                                Duration::from_secs(20),
+                            )
+                            .await
+                            .unwrap();
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                        g.release().await.unwrap();
+                    }
+                }
+            });
+            futures::future::join_all(tasks).await;
+            from
+        }
+    };
+    // Warm up: the first rounds grant leases.
+    round(false).await;
+    let from = round(true).await;
+    let to = revision(&server).await;
+    let dir = "coord:sem/queued/";
+    let grown = distinct_keys(&server, dir, from, to).await;
+    let places = {
+        let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+            .await
+            .unwrap();
+        let o = etcd_client::GetOptions::new().with_prefix();
+        raw.get(dir, Some(o)).await.unwrap().kvs().len()
+    };
+    eprintln!(
+        "{} waiting acquires on one name wrote {grown} distinct keys",
+        2 * ROUNDS
+    );
+    assert_eq!(places, 0, "keys left under {dir}");
+    assert!(
+        grown < 50,
+        "{} waiting acquires on one name wrote {grown} distinct keys",
+        2 * ROUNDS
+    );
+}
+
 /// A measurement, not a test (it asserts nothing about speed): blocks of
 /// uncontended cycles on one name, then a block on a fresh name, each with
 /// the server's CPU time per cycle (`process_cpu_seconds_total`).
