@@ -79,13 +79,15 @@ impl Shared {
 
     /// Release a lock or leadership of an owner this client has no
     /// bookkeeping of: read the name's queue for the key whose value names
-    /// the owner (keys are named by leases, not owners) and delete that
-    /// key at its create revision. Never by revoking its lease: a lease
+    /// the owner (keys are named by leases, not owners) and, if it is the
+    /// first (the owner holds), delete it at its create revision; a place
+    /// in line is another client's waiting acquire and stays. Never by
+    /// revoking its lease: a lease
     /// outlives the claim it carried (it is a spare for its client's next
     /// claim), so between the read and a revoke it may come to carry a
     /// claim of another owner. The client whose lease it was finds the key
     /// gone at its next extend or release and ends the lease then (or it
-    /// lapses with its TTL). `Ok(true)` iff the key was the first (it held).
+    /// lapses with its TTL). `Ok(true)` iff it deleted the holder's key.
     async fn release_unknown(
         &self,
         kind: Kind,
@@ -106,6 +108,13 @@ impl Shared {
         else {
             return Ok(false);
         };
+        if i != 0 {
+            // A place in line of another client's waiting acquire: the
+            // owner does not hold, so nothing changes (that client's handoff
+            // trusts its place to live as long as its lease and its own
+            // release; tests/review_cross_client.rs).
+            return Ok(false);
+        }
         let txn = Txn::new()
             .when([Compare::create_revision(
                 kv.key().to_vec(),
@@ -113,7 +122,7 @@ impl Shared {
                 kv.create_revision(),
             )])
             .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-        Ok(self.txn(op, txn).await?.succeeded() && i == 0)
+        Ok(self.txn(op, txn).await?.succeeded())
     }
 
     /// Release a held claim: delete its key if it is still this claim's.
@@ -255,7 +264,7 @@ impl Shared {
             let (resp, alive) = tokio::join!(self.txn(op, check), self.refresh(lease, kept, op));
             let (alive, k) = alive?;
             if !resp?.succeeded() || !alive {
-                self.drop_entry(&ek);
+                self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
             keeper = k;
@@ -268,7 +277,7 @@ impl Shared {
             let new = new?;
             if !alive.inspect_err(|_| self.revoke_later(new))? {
                 self.revoke_later(new);
-                self.drop_entry(&ek);
+                self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
             let txn = check.and_then([TxnOp::put(
@@ -282,7 +291,7 @@ impl Shared {
                 .inspect_err(|_| self.revoke_later(new))?;
             if !resp.succeeded() {
                 self.revoke_later(new);
-                self.drop_entry(&ek);
+                self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
             self.revoke_later(lease);
@@ -290,7 +299,7 @@ impl Shared {
         };
         let mut entries = lock(&self.entries);
         match entries.get_mut(&ek) {
-            Some(e) if e.rev == rev => {
+            Some(e) if e.rev == rev && e.lease == lease => {
                 e.lease = new_lease;
                 e.lease_ttl = ttl_s;
                 e.keeper = keeper;
@@ -306,6 +315,23 @@ impl Shared {
                 }
                 Ok(false)
             }
+        }
+    }
+
+    /// Forget the claim `ek` and end its lease, if the entry is still on
+    /// `lease`: a raw extend with another TTL running beside this one may
+    /// have moved the key (and the entry) to a new lease, which is not
+    /// this call's to end (the move ended `lease` itself).
+    fn drop_entry_of(self: &Arc<Self>, ek: &crate::entries::EntryKey, lease: i64) {
+        let removed = {
+            let mut entries = lock(&self.entries);
+            match entries.get(ek) {
+                Some(e) if e.lease == lease => entries.remove(ek),
+                _ => None,
+            }
+        };
+        if removed.is_some() {
+            self.revoke_later(lease);
         }
     }
 

@@ -138,10 +138,10 @@ impl EtcdBackend {
                     Vec::new(),
                     Some(PutOptions::new().with_lease(id).with_ignore_value()),
                 )]);
-            let moved = shared
-                .txn(op, txn)
-                .await
-                .inspect_err(|_| shared.revoke_later(id))?;
+            // On an error the move may have landed: the lease just granted
+            // may carry the owner's live key now, so it is not revoked (it
+            // ends at its TTL, nobody keeping it alive, like the claim).
+            let moved = shared.txn(op, txn).await?;
             if moved.succeeded() {
                 let mut entries = lock(&shared.entries);
                 entries.insert(ek, entry(kv.create_revision(), id));
@@ -182,7 +182,10 @@ impl EtcdBackend {
         {
             let ek = entry_key(Kind::Lease, name, &owner);
             if let Some(e) = lock(&shared.entries).get(&ek) {
-                if e.rev == kv.create_revision() {
+                // The key on this entry's lease: a grant of the owner
+                // through another client moves it onto that client's lease
+                // (maybe of a shorter TTL), and then only the server knows.
+                if e.rev == kv.create_revision() && e.lease == kv.lease() {
                     if let EntryState::Held { deadline } = e.state {
                         let left = deadline.saturating_duration_since(Instant::now());
                         return Ok((!left.is_zero()).then_some(left));

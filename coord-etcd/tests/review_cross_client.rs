@@ -229,9 +229,6 @@ async fn a_move_keeps_token_and_metadata_and_leaks_nothing() {
 /// key, and `Some` after the key is gone is impossible only because it
 /// reads the key first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: after a grant through a second client with a shorter TTL moved the key, \
-            the first client's Lease::remaining still answers its own local deadline \
-            (~30 s) while the key's lease has 2 s: remaining() exceeds what the server says"]
 async fn remaining_on_the_first_client_never_exceeds_the_moved_keys_lease() {
     let prefix = unique("remaining");
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
@@ -293,10 +290,6 @@ fn is_move_of(key: &[u8], bytes: &[u8]) -> bool {
 /// second client only sent a keepalive on the key's lease: its loss
 /// changed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a re-grant through a second client whose move txn is applied but whose \
-            reply is lost revokes the lease it moved the key onto: the owner's live named \
-            lease (held through client 1) is gone (key None after the failed grant) and the \
-            retry gets a new token instead of the same one"]
 async fn a_lost_reply_of_a_move_never_ends_the_owners_live_lease() {
     let prefix = unique("lostmove");
     let c1 = client(&prefix).await;
@@ -619,10 +612,6 @@ async fn watchdog_guards_extended_to_other_ttls_stay_held() {
 /// which by then is the one the other extend moved the key to (it
 /// answered true): the key is gone and another owner gets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: two concurrent raw extends of one lock (one with another TTL, one with the \
-            same): the other-TTL extend answers true, the same-TTL one fails Compare::lease and \
-            its drop_entry revokes the lease the key was just moved to: the lock is gone and a \
-            third client is granted it (several of 40 rounds)"]
 async fn concurrent_extends_never_answer_true_for_a_removed_lock() {
     let prefix = unique("extends");
     let (c1, c3) = (client(&prefix).await, client(&prefix).await);
@@ -747,14 +736,14 @@ async fn cancelled_and_timed_out_waits_remove_only_their_own_place() {
 /// One owner `o` queued through client 2 behind holder `x`, and `y`
 /// queued behind `o`; then a release of `o` through client 1, which either
 /// queued `o` too (`c1_queued`: the path e8c6451 adds, revoke then
-/// `release_unknown`) or has no record of it (the unknown-owner path):
-/// both delete `o`'s key in client 2's queue, `y` is now next. After `x`
-/// leaves, client 2's entry still says "queued right behind the holder,
-/// and the holder's key was deleted": its handoff (handoff.rs) grants
-/// without reading the queue, assuming its own key "dies only with its
-/// own lease, or by its own owner's release" through this client. So `o`
-/// is granted on a key that no longer exists while `y`, the real head,
-/// is granted too: two holders at once.
+/// `release_unknown`) or has no record of it (the unknown-owner path).
+/// Before the fix both deleted `o`'s key in client 2's queue; after `x`
+/// left, client 2's handoff (handoff.rs), which trusts its own key to die
+/// only with its own lease or release, granted `o` on a key that no
+/// longer existed while `y`, the real head, was granted too: two holders.
+/// Now a release by owner through another client frees only a held claim:
+/// `o` keeps its place through client 2, is granted after `x`, and `y`
+/// after `o`.
 async fn owner_queued_through_two_clients(c1_queued: bool) {
     let prefix = unique("queued2");
     let (c1, c2, c3) = (
@@ -775,7 +764,9 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
     refused(Lock::try_acquire(&*c3, "x", &y, TTL).await, "y queued");
     let n = if c1_queued { 4 } else { 3 };
     assert_eq!(claim_keys(&prefix, "lock", "x").await.len(), n);
-    // o held nowhere: false; its places are gone, x and y stay.
+    // o held nowhere: false. Client 1's own place (if any) is gone;
+    // client 2's place is its waiting acquire's and stays (since the fix:
+    // a release by owner through another client frees a held claim only).
     assert!(!Lock::release(&*c1, "x", &o).await.unwrap());
     let owners: Vec<_> = claim_keys(&prefix, "lock", "x")
         .await
@@ -784,7 +775,11 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
         .collect();
     assert_eq!(
         owners,
-        vec![x.to_hex().into_bytes(), y.to_hex().into_bytes()],
+        vec![
+            x.to_hex().into_bytes(),
+            o.to_hex().into_bytes(),
+            y.to_hex().into_bytes()
+        ],
         "after the release of o through client 1"
     );
     assert!(Lock::release(&*c3, "x", &x).await.unwrap());
@@ -802,28 +797,28 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
             .map(String::from_utf8)
             .collect::<Vec<_>>()
     );
-    let Attempt::Granted(ty) = a_y else {
-        panic!("y, first in line, was refused: {a_y:?}")
+    // o, first in line through client 2, holds; y waits behind it.
+    let Attempt::Granted(to) = a_o else {
+        panic!("o, first in line through client 2, was refused: {a_o:?}")
     };
-    assert!(ty.get() > tx);
+    assert!(to.get() > tx);
+    assert!(matches!(a_y, Attempt::Held { .. }), "{a_y:?}");
+    assert!(Lock::release(&*c2, "x", &o).await.unwrap());
+    sleep(Duration::from_millis(300)).await;
+    let Attempt::Granted(ty) = Lock::try_acquire(&*c3, "x", &y, TTL).await.unwrap() else {
+        panic!("y, first in line after o, was refused")
+    };
+    assert!(ty > to);
     assert!(Lock::release(&*c3, "x", &y).await.unwrap());
-    let _ = Lock::release(&*c2, "x", &o).await;
     assert!(all_keys(&prefix).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an owner queued through clients 1 and 2, released through client 1 \
-            (queued there: e8c6451's revoke + release_unknown) deletes its place in client 2's \
-            queue; when the holder leaves, client 2's handoff grants o (token of the deleted \
-            key) without reading the queue, and y, the real head, is granted too: two holders"]
 async fn an_owner_queued_through_two_clients_released_through_one_where_it_queued() {
     owner_queued_through_two_clients(true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an owner queued through client 2, released through client 1 (no record: \
-            release_unknown) deletes its place in client 2's queue; when the holder leaves, \
-            client 2's handoff grants o without reading the queue, and y is granted too: two holders"]
 async fn an_owner_queued_through_another_client_released_through_one_without_record() {
     owner_queued_through_two_clients(false).await;
 }
