@@ -67,14 +67,7 @@ impl Shared {
         // that lease is another client's (or one whose bookkeeping is
         // gone), and once its holder released it, a spare carrying that
         // client's next claim (tests/cross_client_owner.rs).
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                kv.key().to_vec(),
-                CompareOp::Equal,
-                kv.create_revision(),
-            )])
-            .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-        Ok(self.txn(op, txn).await?.succeeded())
+        self.delete_at(&kv, op).await
     }
 
     /// Release a lock or leadership of an owner this client has no
@@ -115,6 +108,12 @@ impl Shared {
             // release; tests/review_cross_client.rs).
             return Ok(false);
         }
+        self.delete_at(kv, op).await
+    }
+
+    /// Delete `kv`'s key if it is still that key (its create revision):
+    /// `Ok(true)` iff it was deleted.
+    async fn delete_at(&self, kv: &KeyValue, op: &'static str) -> Result<bool> {
         let txn = Txn::new()
             .when([Compare::create_revision(
                 kv.key().to_vec(),
@@ -353,14 +352,7 @@ impl Shared {
             let Some(first) = self.head(kind, name, op).await? else {
                 return Ok(false);
             };
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    first.key().to_vec(),
-                    CompareOp::Equal,
-                    first.create_revision(),
-                )])
-                .and_then([TxnOp::delete(first.key().to_vec(), None)]);
-            if self.txn(op, txn).await?.succeeded() {
+            if self.delete_at(&first, op).await? {
                 return Ok(true);
             }
         }
