@@ -5,49 +5,20 @@
 //! client can take an unrelated claim down with it: the holder still
 //! believes it holds while the store grants the name to someone else.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod claim_support;
+
 use std::time::Duration;
 
-use conformance::testkit::etcd;
 use coord_core::{Attempt, Lease, Lock, OwnerToken};
-use coord_etcd::{EtcdBackend, EtcdOptions};
 use etcd_client::GetOptions;
+
+use claim_support::{client, granted, raw_etcd, unique};
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// A key prefix of its own per test (ends with `/`).
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "cco-{tag}-{}-{}/",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn client(prefix: &str) -> Arc<EtcdBackend> {
-    let url = format!(
-        "etcd://127.0.0.1:{}?prefix={prefix}&timeout_ms=5000",
-        etcd::shared().client_port()
-    );
-    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
-        .await
-        .expect("connect to the test etcd")
-}
-
-fn granted(a: coord_core::Result<Attempt>) -> u64 {
-    match a.unwrap() {
-        Attempt::Granted(t) => t.get(),
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
-
 /// The lease carrying the one lock key of `name` under `prefix`.
 async fn lock_lease(prefix: &str, name: &str) -> Option<i64> {
-    let mut c = etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap();
+    let mut c = raw_etcd().await;
     let dir = format!("{prefix}lock/{name}/");
     let r = c
         .get(dir.as_bytes(), Some(GetOptions::new().with_prefix()))
@@ -104,9 +75,7 @@ async fn a_named_lease_released_through_a_client_without_record_only_deletes_its
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
     let owner = OwnerToken::random();
     granted(Lease::grant(&*c1, "job", &owner, TTL).await);
-    let mut raw = etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap();
+    let mut raw = raw_etcd().await;
     let key = format!("{prefix}lease/job");
     let got = raw.get(key.as_bytes(), None).await.unwrap();
     let lease = got.kvs().first().expect("the named lease's key").lease();

@@ -14,52 +14,21 @@
 //! claim), `remaining()` never exceeds what the server would say, a
 //! legitimate holder's renewals keep working, nothing is left behind.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod claim_support;
+
 use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Election, Lease, Lock, OwnerToken};
-use coord_etcd::{EtcdBackend, EtcdOptions};
-use etcd_client::{GetOptions, KeyValue, LeaseTimeToLiveOptions};
+use etcd_client::{KeyValue, LeaseTimeToLiveOptions};
 use tokio::time::{Instant, sleep, timeout};
 
+use claim_support::{
+    all_keys, claim_keys, client, client_at, granted, owner_of, raw_etcd as raw, unique,
+};
+
 const TTL: Duration = Duration::from_secs(30);
-
-/// A key prefix of its own per test (ends with `/`).
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "rcc-{tag}-{}-{}/",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn client_at(port: u16, prefix: &str, timeout_ms: u64) -> Arc<EtcdBackend> {
-    let url = format!("etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={timeout_ms}");
-    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
-        .await
-        .expect("connect to the test etcd")
-}
-
-async fn client(prefix: &str) -> Arc<EtcdBackend> {
-    client_at(etcd::shared().client_port(), prefix, 5000).await
-}
-
-async fn raw() -> etcd_client::Client {
-    etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap()
-}
-
-fn granted(a: coord_core::Result<Attempt>) -> u64 {
-    match a {
-        Ok(Attempt::Granted(t)) => t.get(),
-        a => panic!("expected a grant, got {a:?}"),
-    }
-}
 
 fn refused(a: coord_core::Result<Attempt>, what: &str) {
     match a {
@@ -81,29 +50,6 @@ async fn lease_kv(prefix: &str, name: &str) -> Option<KeyValue> {
         .next()
 }
 
-/// The keys under `<prefix><kind>/<name>/`, in create order.
-async fn claim_keys(prefix: &str, kind: &str, name: &str) -> Vec<KeyValue> {
-    let dir = format!("{prefix}{kind}/{name}/");
-    let mut kvs = raw()
-        .await
-        .get(dir.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap()
-        .take_kvs();
-    kvs.sort_by_key(|kv| kv.create_revision());
-    kvs
-}
-
-/// Every key under `prefix`.
-async fn all_keys(prefix: &str) -> Vec<KeyValue> {
-    raw()
-        .await
-        .get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap()
-        .take_kvs()
-}
-
 /// A lease's remaining TTL (-1: gone) and the keys it carries.
 async fn lease_state(id: i64) -> (i64, Vec<Vec<u8>>) {
     let r = raw()
@@ -112,10 +58,6 @@ async fn lease_state(id: i64) -> (i64, Vec<Vec<u8>>) {
         .await
         .unwrap();
     (r.ttl(), r.keys().to_vec())
-}
-
-fn owner_of(kv: &KeyValue) -> Vec<u8> {
-    kv.value().split(|b| *b == b' ').next().unwrap().to_vec()
 }
 
 /// Wait up to `limit` for `cond`.

@@ -10,6 +10,8 @@
 //! leaves nothing behind; names and candidates are taken as they are.
 //! Keys and leases are read from etcd directly, never from the client.
 
+mod claim_support;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,75 +21,16 @@ use std::time::Duration;
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Election, Error, Lock, OwnerToken};
-use coord_etcd::{EtcdBackend, EtcdOptions};
-use etcd_client::{GetOptions, KeyValue, LeaseTimeToLiveOptions};
+use etcd_client::{KeyValue, LeaseTimeToLiveOptions};
 use futures::StreamExt;
 use tokio::time::{Instant, sleep, timeout};
 
+use claim_support::{all_keys, claim_keys, client, client_at, granted, owner_of, raw_etcd, unique};
+
 const LONG: Duration = Duration::from_secs(30);
-
-/// A key prefix of its own per test (ends with `/`).
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "rlk-{tag}-{}-{}/",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn client_at(port: u16, prefix: &str, timeout_ms: u64) -> Arc<EtcdBackend> {
-    let url = format!("etcd://127.0.0.1:{port}?prefix={prefix}&timeout_ms={timeout_ms}");
-    EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
-        .await
-        .expect("connect to the test etcd")
-}
-
-/// A client of the shared server, straight (no proxy).
-async fn client(prefix: &str) -> Arc<EtcdBackend> {
-    client_at(etcd::shared().client_port(), prefix, 5000).await
-}
-
-async fn raw_etcd() -> etcd_client::Client {
-    etcd_client::Client::connect([etcd::shared().endpoint()], None)
-        .await
-        .unwrap()
-}
-
-/// How coord-etcd escapes a name in a key (`%` -> `%25`, `/` -> `%2F`).
-fn esc(name: &str) -> String {
-    name.replace('%', "%25").replace('/', "%2F")
-}
-
-/// The keys under `<prefix><kind>/<escaped name>/` now, in create order.
-async fn claim_keys(prefix: &str, kind: &str, name: &str) -> Vec<KeyValue> {
-    let dir = format!("{prefix}{kind}/{}/", esc(name));
-    let mut raw = raw_etcd().await;
-    let mut kvs = raw
-        .get(dir.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap()
-        .take_kvs();
-    kvs.sort_by_key(|kv| kv.create_revision());
-    kvs
-}
 
 async fn lock_keys(prefix: &str, name: &str) -> Vec<KeyValue> {
     claim_keys(prefix, "lock", name).await
-}
-
-/// Every key under `prefix` whatever the primitive.
-async fn all_keys(prefix: &str) -> Vec<KeyValue> {
-    let mut raw = raw_etcd().await;
-    raw.get(prefix.as_bytes(), Some(GetOptions::new().with_prefix()))
-        .await
-        .unwrap()
-        .take_kvs()
-}
-
-/// The owner's hex in a claim key's value.
-fn owner_in(kv: &KeyValue) -> Vec<u8> {
-    kv.value().split(|b| *b == b' ').next().unwrap().to_vec()
 }
 
 fn hex(o: &OwnerToken) -> Vec<u8> {
@@ -108,13 +51,6 @@ fn snap(kv: &KeyValue) -> Snap {
         kv.lease(),
         kv.value().to_vec(),
     )
-}
-
-fn granted(a: coord_core::Result<Attempt>) -> u64 {
-    match a {
-        Ok(Attempt::Granted(t)) => t.get(),
-        a => panic!("expected a grant: {a:?}"),
-    }
 }
 
 fn refused(a: coord_core::Result<Attempt>) {
@@ -195,7 +131,7 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
     let k = lock_keys(&p, "n1").await;
     assert_eq!(k.len(), 1);
     assert_eq!(k[0].key(), &key1[..], "the scenario needs the key reused");
-    assert_eq!(owner_in(&k[0]), hex(&o2));
+    assert_eq!(owner_of(&k[0]), hex(&o2));
     let before = snap(&k[0]);
 
     assert!(
@@ -348,7 +284,7 @@ async fn a_slow_release_by_owner_token_never_removes_the_reused_key() {
     assert_eq!(k.len(), 1, "the reused key was removed");
     assert_eq!(k[0].key(), &key[..], "the scenario needs the key reused");
     assert_eq!(
-        (owner_in(&k[0]), k[0].create_revision() as u64),
+        (owner_of(&k[0]), k[0].create_revision() as u64),
         (hex(&o2), t2)
     );
     assert!(b.extend("r", &o2, LONG).await.unwrap());
@@ -404,7 +340,7 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
     refused(b.try_acquire("h", &o2, LONG).await);
     let k = lock_keys(&p, "h").await;
     assert_eq!(
-        k.iter().map(owner_in).collect::<Vec<_>>(),
+        k.iter().map(owner_of).collect::<Vec<_>>(),
         vec![hex(&o1), hex(&o2)],
         "holder then waiter"
     );
@@ -697,7 +633,7 @@ async fn two_local_waiters_are_served_in_order_through_guards() {
         (3, 3),
         "claims share a key or a lease"
     );
-    let second_owner = owner_in(&k[1]);
+    let second_owner = owner_of(&k[1]);
 
     let th = h.fencing_token();
     h.release().await.unwrap();
@@ -710,7 +646,7 @@ async fn two_local_waiters_are_served_in_order_through_guards() {
     let k = lock_keys(&p, "q").await;
     assert_eq!(k.len(), 2);
     assert_eq!(
-        owner_in(&k[0]),
+        owner_of(&k[0]),
         second_owner,
         "the first in line is not the holder"
     );
@@ -859,7 +795,7 @@ async fn odd_names_keep_their_own_keys_across_lease_reuse() {
             let k = lock_keys(&p, n).await;
             assert_eq!(k.len(), 1, "round {round}: {n:?} has {} keys", k.len());
             assert_eq!(
-                (owner_in(&k[0]), k[0].create_revision() as u64),
+                (owner_of(&k[0]), k[0].create_revision() as u64),
                 (hex(o), *t)
             );
             let ro = OwnerToken::random();
@@ -879,7 +815,7 @@ async fn odd_names_keep_their_own_keys_across_lease_reuse() {
                 let k = lock_keys(&p, n2).await;
                 assert_eq!(k.len(), 1, "releasing {n:?} touched {n2:?}");
                 assert_eq!(
-                    (owner_in(&k[0]), k[0].create_revision() as u64),
+                    (owner_of(&k[0]), k[0].create_revision() as u64),
                     (hex(o2), *t2)
                 );
             }
@@ -1101,7 +1037,7 @@ async fn extend_with_another_ttl_then_reuse_of_the_moved_lease() {
     assert_eq!((k[0].key(), k[0].create_revision() as u64), (&key1[..], t1));
     let moved = k[0].lease();
     assert_ne!(moved, lease1, "another TTL moves the key to another lease");
-    assert_eq!(owner_in(&k[0]), hex(&o1));
+    assert_eq!(owner_of(&k[0]), hex(&o1));
     assert_eq!(keys_on_lease(moved).await, vec![key1.clone()]);
     assert!(b.release("m", &o1).await.unwrap());
 
