@@ -18,57 +18,14 @@
 //! lease to the contract: owner-checked release and extend after a key
 //! was reused, two waiters of one client, rising tokens, elections.
 
+mod history_support;
+
 use std::time::Duration;
 
 use conformance::testkit::etcd::EtcdServer;
 use coord_core::{Attempt, Lock, OwnerToken};
 
-/// The distinct keys written under `prefix` from revision `from` to
-/// `to`, read back from etcd's history with a watch.
-async fn distinct_keys(server: &EtcdServer, prefix: &str, from: i64, to: i64) -> usize {
-    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    let mut events = raw
-        .watch(
-            prefix,
-            Some(
-                etcd_client::WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(from),
-            ),
-        )
-        .await
-        .unwrap();
-    let mut keys = std::collections::HashSet::new();
-    let mut last = 0;
-    while last < to {
-        let resp = tokio::time::timeout(Duration::from_secs(5), events.message())
-            .await
-            .expect("the watch answers")
-            .unwrap()
-            .expect("the watch is open");
-        for e in resp.events() {
-            if let Some(kv) = e.kv() {
-                keys.insert(kv.key().to_vec());
-                last = last.max(kv.mod_revision());
-            }
-        }
-    }
-    keys.len()
-}
-
-async fn revision(server: &EtcdServer) -> i64 {
-    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    raw.get("x", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision()
-}
+use history_support::{distinct_keys, revision};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cycles_on_one_name_do_not_grow_the_key_index() {

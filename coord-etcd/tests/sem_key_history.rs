@@ -13,56 +13,13 @@
 //! keys. Slot keys (`s/<i>`, `i` below the total) are bounded and were
 //! never the problem.
 
+mod history_support;
+
 use std::time::{Duration, Instant};
 
 use conformance::testkit::etcd::EtcdServer;
 
-/// The distinct keys written under `prefix` from revision `from` to
-/// `to`, read back from etcd's history with a watch.
-async fn distinct_keys(server: &EtcdServer, prefix: &str, from: i64, to: i64) -> usize {
-    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    let mut events = raw
-        .watch(
-            prefix,
-            Some(
-                etcd_client::WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(from),
-            ),
-        )
-        .await
-        .unwrap();
-    let mut keys = std::collections::HashSet::new();
-    let mut last = 0;
-    while last < to {
-        let resp = tokio::time::timeout(Duration::from_secs(5), events.message())
-            .await
-            .expect("the watch answers")
-            .unwrap()
-            .expect("the watch is open");
-        for e in resp.events() {
-            if let Some(kv) = e.kv() {
-                keys.insert(kv.key().to_vec());
-                last = last.max(kv.mod_revision());
-            }
-        }
-    }
-    keys.len()
-}
-
-async fn revision(server: &EtcdServer) -> i64 {
-    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    raw.get("x", None)
-        .await
-        .unwrap()
-        .header()
-        .unwrap()
-        .revision()
-}
+use history_support::{distinct_keys, revision};
 
 /// One uncontended cycle on `name`: one of 3 permits, released.
 async fn cycle(sems: &coord_core::Semaphores, name: &str) {
