@@ -233,6 +233,15 @@ impl Shared {
                     self.revoke_later(o.lease);
                 }
                 self.sem_place_done(&sk, None, mine.lease());
+                // A lease of another TTL than this attempt's (or of an
+                // unknown one: adopted) would end the grant earlier or later
+                // than the answer says: moved onto a lease of this client's
+                // with this TTL first, as an extend does.
+                let other_ttl =
+                    self.sem_local(&sk, |s| s.grant.as_ref().is_some_and(|g| g.ttl != ttl_s));
+                if other_ttl && !self.sem_extend(name, owner, req.ttl).await? {
+                    continue; // gone meanwhile: attempt afresh
+                }
                 return Ok(Attempt::Granted(
                     FencingToken(mine.create_revision() as u64),
                 ));

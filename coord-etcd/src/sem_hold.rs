@@ -52,8 +52,15 @@ impl Shared {
                     .when([Compare::create_revision(key, CompareOp::Equal, rev)])
                     .and_then(then);
                 let resp = self.txn(op, txn).await?;
-                let gone: Vec<i64> = kvs(&resp, 0).iter().map(KeyValue::lease).collect();
-                (resp.succeeded(), gone)
+                if resp.succeeded() {
+                    (true, kvs(&resp, 0).iter().map(KeyValue::lease).collect())
+                } else {
+                    // Not the grant this client knows any more (released
+                    // and granted again to the owner through another
+                    // client, say): the owner's live grant, if any, is
+                    // found by its value (tests/review_sem_fix.rs).
+                    self.sem_release_found(&n, op).await?
+                }
             }
             None => self.sem_release_found(&n, op).await?,
         };
@@ -172,6 +179,13 @@ impl Shared {
                 .into_iter()
                 .next()
                 .filter(|kv| is_it(g, kv)),
+            None => None,
+        };
+        // Not (or no longer) the grant this client knows: the owner's live
+        // grant, if any, found by its value (a stale record must not answer
+        // for a grant made again through another client).
+        let kv = match kv {
+            Some(kv) => Some(kv),
             None => self.sem_find(&n, op).await?.0,
         };
         if let (Some((lease, since, alive)), Some(kv)) = (refreshed, &kv) {
@@ -212,13 +226,11 @@ impl Shared {
                 kv.create_revision(),
             )])
             .and_then(then);
-        let resp = match self.txn(op, txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.revoke_later(lease);
-                return Err(e);
-            }
-        };
+        // On an error the move may have landed: the new lease may carry
+        // the live grant now, so it is not revoked (it ends at its TTL,
+        // nobody keeping it alive); the record stays as it was, and the
+        // next extend or release finds the grant by its key.
+        let resp = self.txn(op, txn).await?;
         if !resp.succeeded() {
             self.put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
             self.sem_forget(&sk);

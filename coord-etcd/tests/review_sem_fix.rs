@@ -68,11 +68,6 @@ fn drop_reply_of_move(
 /// Granted (the caller counts its validity from that TTL), so the grant
 /// must then last that long.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an owner retried through another client with a longer TTL (3 s, then 30 s) \
-            is answered Granted with the same token, but the grant stays on the first \
-            client's 3 s lease (the adopter only sent a keepalive of it) and is gone 6 s \
-            later: `adopted grant answered Granted for 30s but etcd dropped it after 6s ...`, and a \
-            new owner is granted the only permit"]
 async fn retry_through_other_client_with_longer_ttl_keeps_the_grant_that_long() {
     let p = unique("fix-ttl2");
     let (ca, cb) = (coord(&p).await, coord(&p).await);
@@ -99,9 +94,6 @@ async fn retry_through_other_client_with_longer_ttl_keeps_the_grant_that_long() 
 /// The same through one client: a retry of an own grant with a longer TTL
 /// is answered Granted, so it must last the longer TTL (as on memory).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an owner retried through the same client with a longer TTL (3 s, then \
-            30 s) is answered Granted, but the retry only sends a keepalive of the 3 s lease: \
-            `retried grant answered Granted for 30s but etcd dropped it after 6s ...`"]
 async fn retry_through_same_client_with_longer_ttl_keeps_the_grant_that_long() {
     let p = unique("fix-ttl1");
     let ca = coord(&p).await;
@@ -133,11 +125,6 @@ async fn retry_through_same_client_with_longer_ttl_keeps_the_grant_that_long() {
 /// inside its validity) believes it holds, and another owner is granted the
 /// same permit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: sem_extend revokes the new lease when the moving transaction's reply is \
-            lost (`Err(e) => { self.revoke_later(lease); ... }`), though the move was \
-            applied: the live grant goes with that lease: `grant kept in etcd: false; extend \
-            through the healed client (within the grant's 30s): Ok(false); a second owner \
-            then got Ok(Granted(..))`"]
 async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
     let p = unique("fix-lostmove");
     let proxy = Arc::new(FaultProxy::start(etcd::shared().client_port()));
@@ -179,13 +166,11 @@ async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
     let _ = far.release(n, &o).await;
 }
 
-/// Same, for an adopted grant: its first extend moves it even at the same
-/// TTL.
+/// Same, for an adopted grant. Since the fix, a retry of the owner through
+/// another client moves the grant onto that client's lease with the
+/// retry's TTL at once (the adopted lease's TTL is unknown), so the move
+/// whose reply is lost here is the retry's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: an adopter's first extend (a move, same TTL) whose reply is lost revokes \
-            the lease the grant was just moved onto: `adopted grant gone after a lost extend \
-            reply (its writer still holds it for 30s); a second owner then got \
-            Ok(Granted(..))`"]
 async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
     let p = unique("fix-lostadopt");
     let proxy = Arc::new(FaultProxy::start(etcd::shared().client_port()));
@@ -196,12 +181,11 @@ async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
     let n = "m";
     let o = OwnerToken::random();
     granted(near.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    granted(far.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
     let g = state(&p, n).await.0[0].clone();
     let dropper = drop_reply_of_move(proxy.clone(), g.key.clone(), g.lease);
     sleep(Duration::from_millis(200)).await;
     proxy.latency(Duration::from_millis(250));
-    let r = far.extend(n, &o, LONG).await;
+    let r = far.try_acquire(n, &o, &req(1, 1, LONG, false)).await;
     let moved = tokio::time::timeout(Duration::from_secs(5), dropper)
         .await
         .map(|j| j.unwrap())
@@ -528,10 +512,6 @@ async fn release_of_queued_owners_under_churn_never_unavailable() {
 /// alone: extend answers false and release answers false and leaves the
 /// grant and its permits held until its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: after B released and re-granted the owner, A (holding a stale record of \
-            the first grant) answers extend false and release false for the owner's live \
-            grant, which stays in etcd holding its permits: `A's extend of the live grant: \
-            false; A's release: false; grant still in etcd after that release: true`"]
 async fn stale_record_in_one_client_still_answers_for_the_live_grant() {
     let p = unique("fix-stale");
     let (ca, cb) = (coord(&p).await, coord(&p).await);
