@@ -130,7 +130,8 @@ impl Shared {
         let ek = entry_key(kind, name, owner);
         let queue = self.keys.queue(kind, name);
         let end = prefix_end(&queue);
-        let value = claim_value(&owner.to_hex(), value);
+        let hex = owner.to_hex();
+        let value = claim_value(&hex, value);
         let ttl_s = secs(ttl);
         clear_last_refused();
 
@@ -337,9 +338,9 @@ impl Shared {
                             // client (a raw-trait retry there): answered
                             // `Held` (the claim is bound to that client's
                             // lease), and never queued behind itself.
-                            let own = head.as_ref().is_some_and(|h| {
-                                split_lease_value(h.value()).0 == owner.to_hex().as_bytes()
-                            });
+                            let own = head
+                                .as_ref()
+                                .is_some_and(|h| split_lease_value(h.value()).0 == hex.as_bytes());
                             if fair && !own {
                                 self.remember_tried(ek.clone());
                                 self.set_last_refused(kind, name, owner);

@@ -78,6 +78,23 @@ impl Shared {
         }
     }
 
+    /// Forget the claim `ek` and end its lease, if the entry is still on
+    /// `lease`: a raw extend with another TTL running beside this one may
+    /// have moved the key (and the entry) to a new lease, which is not
+    /// this call's to end (the move ended `lease` itself).
+    pub(crate) fn drop_entry_of(self: &Arc<Self>, ek: &EntryKey, lease: i64) {
+        let removed = {
+            let mut entries = lock(&self.entries);
+            match entries.get(ek) {
+                Some(e) if e.lease == lease => entries.remove(ek),
+                _ => None,
+            }
+        };
+        if removed.is_some() {
+            self.revoke_later(lease);
+        }
+    }
+
     /// Record a grant. If the owner released meanwhile (its lease is
     /// revoked), the grant is not reported.
     pub(crate) fn set_held(

@@ -317,23 +317,6 @@ impl Shared {
         }
     }
 
-    /// Forget the claim `ek` and end its lease, if the entry is still on
-    /// `lease`: a raw extend with another TTL running beside this one may
-    /// have moved the key (and the entry) to a new lease, which is not
-    /// this call's to end (the move ended `lease` itself).
-    fn drop_entry_of(self: &Arc<Self>, ek: &crate::entries::EntryKey, lease: i64) {
-        let removed = {
-            let mut entries = lock(&self.entries);
-            match entries.get(ek) {
-                Some(e) if e.lease == lease => entries.remove(ek),
-                _ => None,
-            }
-        };
-        if removed.is_some() {
-            self.revoke_later(lease);
-        }
-    }
-
     /// Remove the holder, whoever it is: delete the key read as the head,
     /// by its create revision. Never by revoking the key's lease: a lease
     /// outlives the claim it carried (a released claim's lease is a spare
