@@ -167,6 +167,18 @@ impl Inner {
         s.deadline = deadline_after(sent_at, ttl);
     }
 
+    /// Bring the deadline forward to `at` if that is earlier (an extend
+    /// with a shorter TTL is on its way: once sent, it may land whatever
+    /// its caller hears). Returns whether it moved.
+    fn cap_deadline(&self, at: Instant) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let earlier = at < s.deadline;
+        if earlier {
+            s.deadline = at;
+        }
+        earlier
+    }
+
     fn is_released(&self) -> bool {
         self.released.load(Ordering::Acquire)
     }
@@ -390,7 +402,11 @@ impl Guard {
     /// Errors: [`Error::NotHeld`] if the claim was lost (the lost signal
     /// fires too); [`Error::InvalidArgument`] for a bad TTL (nothing sent).
     /// Cost: one store round trip. Cancel-safe: if cancelled, the claim may
-    /// or may not have been extended; the deadline is only moved on success.
+    /// or may not have been extended. The deadline moves later only on
+    /// success; a `ttl` shorter than what is left brings it forward as the
+    /// request is sent, whatever the outcome, since the store may have
+    /// applied it even when the reply is an error or never comes (a running
+    /// watchdog then renews with the claim's previous TTL at once).
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = validate::ttl("ttl", ttl, self.inner.backend.capabilities())?;
         let inner = &self.inner;
@@ -409,6 +425,11 @@ impl Guard {
                 });
             }
             let sent_at = Instant::now();
+            // Once sent, a shorter TTL may be what the store keeps even if
+            // the reply is lost: the local deadline must not outlive it.
+            if inner.cap_deadline(deadline_after(sent_at, ttl)) {
+                inner.replan.notify_waiters();
+            }
             let renewed = inner.backend.renew(&inner.name, &inner.owner, ttl).await;
             metrics::observe(inner.backend.store(), &renewed);
             if renewed? {

@@ -155,3 +155,35 @@ pub async fn lease_remaining_never_exceeds_ttl(f: &Factory) {
     l.revoke().await.unwrap();
     assert_eq!(b.leases().unwrap().remaining(&name).await.unwrap(), None);
 }
+
+/// A renewal with a shorter TTL brings the local deadline forward as it
+/// is sent, even if its caller never hears back (here: cancelled after
+/// its first poll). The store may apply it whatever the caller hears, so
+/// `remaining` must not promise the longer TTL any more.
+pub async fn lease_cancelled_shorter_renew_caps_remaining(f: &Factory) {
+    use futures::FutureExt;
+    let a = f.client().await;
+    let name = unique("lease-shorter");
+    let long = ttl(&a, Duration::from_secs(30));
+    let short = ttl(&a, Duration::from_secs(2));
+    let l = a
+        .leases()
+        .unwrap()
+        .grant(&name, long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        l.remaining() > short,
+        "{:?} just after the grant",
+        l.remaining()
+    );
+    // One poll: the request may be on its way, or even answered.
+    let answered = l.renew(short).now_or_never();
+    assert!(
+        l.remaining() <= short,
+        "remaining {:?} after a renewal to {short:?} ({answered:?})",
+        l.remaining()
+    );
+    l.revoke().await.unwrap();
+}
