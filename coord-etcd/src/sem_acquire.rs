@@ -236,11 +236,18 @@ impl Shared {
                 // A lease of another TTL than this attempt's (or of an
                 // unknown one: adopted) would end the grant earlier or later
                 // than the answer says: moved onto a lease of this client's
-                // with this TTL first, as an extend does.
+                // with this TTL first, as an extend does. The extend acts on
+                // the owner's live grant: if that is not the one read here
+                // (gone, or released and granted again through another
+                // client meanwhile), the attempt starts afresh, its next
+                // read finding the live grant: a token is only ever
+                // answered for a grant that exists (tests/review_dcef25b.rs).
                 let other_ttl =
                     self.sem_local(&sk, |s| s.grant.as_ref().is_some_and(|g| g.ttl != ttl_s));
-                if other_ttl && !self.sem_extend(name, owner, req.ttl).await? {
-                    continue; // gone meanwhile: attempt afresh
+                if other_ttl
+                    && self.sem_extend(name, owner, req.ttl).await? != Some(mine.create_revision())
+                {
+                    continue;
                 }
                 return Ok(Attempt::Granted(
                     FencingToken(mine.create_revision() as u64),

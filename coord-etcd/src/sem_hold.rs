@@ -146,13 +146,17 @@ impl Shared {
     /// (another TTL, or a grant adopted from another client) a move of its
     /// keys to a new lease of this client's, keeping the create revision
     /// of its key (the fencing token). Never brings a grant back, and acts
-    /// only on the grant at the create revision this client knows.
+    /// only on the grant at the create revision this client knows, else on
+    /// the owner's live grant found by its value. Answers the create
+    /// revision (fencing token) of the grant it refreshed, `None` if none:
+    /// a caller answering a token answers that one, never one read before
+    /// (that grant may have been released and made again meanwhile).
     pub(crate) async fn sem_extend(
         self: &Arc<Self>,
         name: &str,
         owner: &OwnerToken,
         ttl: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Option<i64>> {
         let op = "semaphore extend";
         let sk: SemKey = (name.into(), *owner.as_bytes());
         let n = self.sem_names(name, owner);
@@ -192,7 +196,7 @@ impl Shared {
             if kv.lease() == lease {
                 if !alive {
                     self.sem_forget(&sk);
-                    return Ok(false);
+                    return Ok(None);
                 }
                 self.sem_local(&sk, |s| {
                     if let Some(g) = s.grant.as_mut().filter(|x| x.lease == lease) {
@@ -200,14 +204,14 @@ impl Shared {
                         g.rev = kv.create_revision();
                     }
                 });
-                return Ok(true);
+                return Ok(Some(kv.create_revision()));
             }
             // Moved to another lease (by an extend of this owner through
             // another client): moved again, to one of this client's.
         }
         let Some(kv) = kv else {
             self.sem_forget(&sk);
-            return Ok(false);
+            return Ok(None);
         };
         let slots = slots_of(kv.value());
         let (lease, keeper, since) = self.sem_lease(ttl_s, op).await?;
@@ -234,7 +238,7 @@ impl Shared {
         if !resp.succeeded() {
             self.put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
             self.sem_forget(&sk);
-            return Ok(false);
+            return Ok(None);
         }
         // The lease the grant was on carries nothing now; this client's
         // own is revoked, another client's left to it.
@@ -253,7 +257,7 @@ impl Shared {
             s.keeper = keeper;
             s.slots = slots;
         });
-        Ok(true)
+        Ok(Some(kv.create_revision()))
     }
 
     /// The owner's grant and its (earliest) place in the queue, found by

@@ -346,7 +346,7 @@ impl coord_core::Semaphore for EtcdBackend {
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.shared.sem_extend(name, owner, ttl).await
+        Ok(self.shared.sem_extend(name, owner, ttl).await?.is_some())
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
