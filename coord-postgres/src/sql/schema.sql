@@ -242,11 +242,11 @@ BEGIN
     RETURN tli << 48;
 END
 $fn$;
--- The next value of sequence p_seq in this timeline's range; p_key names
--- the sequence in the advisory lock of the move. Also for message ids
--- (queue_ids: a consumer that records the ids it processed must never
--- see one again for another message) and semaphore places.
-CREATE OR REPLACE FUNCTION @s@.timeline_next(p_seq regclass, p_key integer)
+-- The draw of `timeline_next` whose value was not in this timeline's
+-- range (layout 13; before, the body of `timeline_next` itself): draw
+-- again, and if still below the range, move the sequence up, once. A
+-- second drawer that got a low value waits here and then draws above it.
+CREATE OR REPLACE FUNCTION @s@.timeline_move(p_seq regclass, p_key integer)
 RETURNS bigint
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -256,8 +256,6 @@ BEGIN
     IF v > lowest THEN
         RETURN v;
     END IF;
-    -- Below this timeline's range: move the sequence up, once. A second
-    -- drawer that got a low value waits here and then draws above it.
     PERFORM pg_advisory_xact_lock(hashtext('coord-fencing:@schema@'), p_key);
     v := nextval(p_seq);
     IF v <= lowest THEN
@@ -266,6 +264,25 @@ BEGIN
     END IF;
     RETURN v;
 END
+$fn$;
+-- The next value of sequence p_seq in this timeline's range; p_key names
+-- the sequence in the advisory lock of the move. Also for message ids
+-- (queue_ids: a consumer that records the ids it processed must never
+-- see one again for another message) and semaphore places. A plain SQL
+-- expression (layout 13), so the planner inlines it (and `fencing_next`)
+-- into the statement that draws: the common draw is one `nextval`, a look
+-- at the timeline and `currval` (this session's value of that `nextval`),
+-- with no procedural call. A value in this timeline's range is one with
+-- (v - 1) >> 48 = the timeline, that is T * 2^48 < v <= (T + 1) * 2^48;
+-- any other value (below the range after a promotion, or a timeline past
+-- 32767, which no bigint value matches) is `timeline_move`'s to handle.
+CREATE OR REPLACE FUNCTION @s@.timeline_next(p_seq regclass, p_key integer)
+RETURNS bigint
+LANGUAGE sql AS $fn$
+    SELECT CASE WHEN (nextval(p_seq) - 1) >> 48
+                     = ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+                THEN currval(p_seq)
+                ELSE @s@.timeline_move(p_seq, p_key) END
 $fn$;
 CREATE OR REPLACE FUNCTION @s@.fencing_next()
 RETURNS bigint
