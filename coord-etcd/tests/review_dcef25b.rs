@@ -12,50 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use conformance::testkit::etcd;
-use conformance::testkit::proxy::{FaultProxy, Mode};
+use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, OwnerToken};
 use tokio::time::{Instant, sleep, timeout};
 
 mod review_sem_support;
 use review_sem_support::*;
-
-const SHORT: Duration = Duration::from_secs(3);
-/// Past SHORT plus a leader-change slack and the test's own delays.
-const PAST_SHORT: Duration = Duration::from_secs(6);
-
-/// Whether `owner` has a grant key in etcd.
-async fn has_grant(p: &str, n: &str, owner: &OwnerToken) -> bool {
-    state(p, n)
-        .await
-        .0
-        .iter()
-        .any(|r| r.owner == owner.to_hex())
-}
-
-/// Drop the proxy's replies from the moment etcd applies a put of `key`
-/// onto a lease other than `old` (a move), so that the moving transaction
-/// is applied while its reply (held back by the proxy's latency) is lost.
-fn drop_reply_of_move(
-    proxy: Arc<FaultProxy>,
-    key: String,
-    old: i64,
-) -> tokio::task::JoinHandle<bool> {
-    tokio::spawn(async move {
-        let mut c = raw_etcd().await;
-        let mut stream = c.watch(key.as_bytes(), None).await.unwrap();
-        while let Ok(Some(resp)) = stream.message().await {
-            for ev in resp.events() {
-                if let Some(kv) = ev.kv() {
-                    if ev.event_type() == etcd_client::EventType::Put && kv.lease() != old {
-                        proxy.set(Mode::DropReplies);
-                        return true;
-                    }
-                }
-            }
-        }
-        false
-    })
-}
 
 /// The remaining TTL etcd reports for `lease` (-1: gone).
 async fn lease_ttl(lease: i64) -> i64 {

@@ -1,8 +1,9 @@
 //! What the review tests of semaphore keys named by leases
 //! (`review_sem_keys.rs`, `review_sem_queue.rs`, `review_sem_adopt.rs`)
 //! share: clients of the binary's shared etcd with a key prefix of their
-//! own, the name's grants and places as etcd holds them, and an observer
-//! that checks etcd's view of a name never exceeds its total.
+//! own, the name's grants and places as etcd holds them, an observer
+//! that checks etcd's view of a name never exceeds its total, and the
+//! lost reply of a moving extend (`review_sem_fix.rs`, `review_dcef25b.rs`).
 
 #![allow(dead_code)]
 
@@ -11,12 +12,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use conformance::testkit::etcd;
-use coord_core::{Attempt, Coord, PermitRequest, Semaphore};
+use conformance::testkit::proxy::{FaultProxy, Mode};
+use coord_core::{Attempt, Coord, OwnerToken, PermitRequest, Semaphore};
 use coord_etcd::EtcdOptions;
 use etcd_client::{GetOptions, KeyValue};
 use tokio::time::{Instant, sleep};
 
 pub const LONG: Duration = Duration::from_secs(30);
+/// A TTL a test lets run out.
+pub const SHORT: Duration = Duration::from_secs(3);
+/// Past SHORT plus a leader-change slack and the test's own delays.
+pub const PAST_SHORT: Duration = Duration::from_secs(6);
 
 /// A key prefix of its own per test (ends with `/`).
 pub fn unique(tag: &str) -> String {
@@ -198,5 +204,40 @@ pub fn observer(
             sleep(Duration::from_millis(5)).await;
         }
         n
+    })
+}
+
+/// Whether `owner` has a grant key in etcd.
+pub async fn has_grant(p: &str, n: &str, owner: &OwnerToken) -> bool {
+    state(p, n)
+        .await
+        .0
+        .iter()
+        .any(|r| r.owner == owner.to_hex())
+}
+
+/// Drop the proxy's replies from the moment etcd applies a put of `key`
+/// onto a lease other than `old` (a move, seen by a watch straight to
+/// etcd), so that the moving transaction is applied while its reply (held
+/// back by the proxy's latency) is lost. Answers whether it saw the move.
+pub fn drop_reply_of_move(
+    proxy: Arc<FaultProxy>,
+    key: String,
+    old: i64,
+) -> tokio::task::JoinHandle<bool> {
+    tokio::spawn(async move {
+        let mut c = raw_etcd().await;
+        let mut stream = c.watch(key.as_bytes(), None).await.unwrap();
+        while let Ok(Some(resp)) = stream.message().await {
+            for ev in resp.events() {
+                if let Some(kv) = ev.kv() {
+                    if ev.event_type() == etcd_client::EventType::Put && kv.lease() != old {
+                        proxy.set(Mode::DropReplies);
+                        return true;
+                    }
+                }
+            }
+        }
+        false
     })
 }
