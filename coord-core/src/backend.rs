@@ -71,8 +71,11 @@ pub trait Lock: Send + Sync + 'static {
     /// (so a retry after a lost reply is safe); it may refresh the TTL.
     /// Through another client a store may answer `Held` instead (etcd binds
     /// a claim to the lease of the client that took it); it never grants
-    /// another token while the first grant lives, and a release by owner
-    /// through any client frees the claim (conformance case
+    /// another token while the first grant lives (except a higher one on a
+    /// store with [`FencingDurability::BestEffort`](crate::FencingDurability::BestEffort):
+    /// Redlock, when a master not yet set to the grant's token still holds
+    /// its own), and a release by owner through any client
+    /// frees the claim (conformance case
     /// `lock_same_owner_through_another_client_gets_no_other_token`).
     async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
 

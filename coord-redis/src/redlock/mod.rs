@@ -48,10 +48,15 @@
 //!   For fencing a resource can rely on whatever happens, use etcd or
 //!   PostgreSQL.
 //! - **Retries by the same owner** get the grant's token again, except
-//!   when a master too slow to take part in the decision granted in
-//!   between and had not yet been set to the quorum's token: the retry
-//!   then gets that master's higher token (and every master is set to it),
-//!   so tokens still rise.
+//!   when a master had not yet been set to the quorum's token (too slow to
+//!   take part in the decision, or its raise still on the way: the grant
+//!   stands once q masters are raised) and holds a higher token of its
+//!   own: a retry that counts it then gets that higher token (and every
+//!   master is set to it), so tokens still rise, and never fall (any q
+//!   answers include a master already raised). Through another client as
+//!   well: the conformance case
+//!   `lock_same_owner_through_another_client_gets_no_other_token` allows
+//!   this higher token on stores with best-effort fencing only.
 //! - **Not offered** (see [`capabilities`]): elections, barriers, rate
 //!   limiters, semaphores, read-write locks, work queues. Each needs one
 //!   order of events that every client sees (a count, a queue, a history
