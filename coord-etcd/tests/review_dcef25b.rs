@@ -29,13 +29,13 @@ async fn lease_ttl(lease: i64) -> i64 {
 }
 
 /// A permit (the guard API) extended to a shorter TTL whose move landed
-/// but whose reply was lost: `Guard::extend` errs and, as documented,
-/// keeps its old deadline ("the deadline is only moved on success"), so
-/// `remaining()` still promises most of the first TTL. Since dcef25b the
-/// new lease is no longer revoked, but it has the extend's shorter TTL and
-/// nobody keeps it: etcd drops the grant at the short TTL and a second
-/// owner is granted the only permit while the first permit's `remaining()`
-/// (DESIGN: "never exceeds what the server would say") is still ~20 s.
+/// but whose reply was lost. Since dcef25b the new lease is no longer
+/// revoked, but it has the extend's shorter TTL and nobody keeps it: etcd
+/// drops the grant at the short TTL and a second owner is granted the only
+/// permit. Defect found here: `Guard::extend` erred and kept its old
+/// deadline, so `remaining()` still promised ~20 s (DESIGN: "never exceeds
+/// what the server would say"). Fixed in 1eb99bc: a shorter extend caps
+/// the deadline as it is sent, whatever its outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect_lost_reply_of_shorter_extend_leaves_remaining_above_the_server() {
     let p = unique("d25-shorter");
@@ -88,9 +88,10 @@ async fn defect_lost_reply_of_shorter_extend_leaves_remaining_above_the_server()
 /// alive, then moves it (dcef25b: `sem_extend` before answering). If,
 /// between A's read and A's move, the owner's grant is released and
 /// granted again through B (token t2 > t1, B answered t2), `sem_extend`
-/// falls back to the owner's live grant by value and moves that one, and
-/// A answers Granted(t1): a token of a grant that no longer exists, lower
-/// than the one B answered earlier for the grant A just extended.
+/// falls back to the owner's live grant by value and moves that one.
+/// Defect found here: A then answered Granted(t1), a token of a grant that
+/// no longer existed. Fixed in e9dc9a9: the attempt starts afresh unless
+/// the grant moved is the one it read.
 ///
 /// Deterministic: A goes through a proxy with latency; B's release and
 /// regrant are started the moment etcd shows A's keepalive of the grant's
