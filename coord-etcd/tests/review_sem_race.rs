@@ -1,0 +1,308 @@
+//! Adversarial review of the etcd semaphore's moving extend (`sem_extend`
+//! in `sem_hold.rs`) racing a release through another client and a grant
+//! of the same owner again through the extending client itself.
+//!
+//! The window between the extend's read of the grant and its moving
+//! transaction is widened deterministically, without timing luck: the
+//! extending client is given spare leases of the extend's TTL that were
+//! revoked behind its back (straight through etcd). `sem_lease` tries each
+//! spare before granting a new lease, and a spare is taken for gone only
+//! after its keepalive was not found again after 50, 100 and 200 ms
+//! (`NOT_FOUND_RETRIES`): each dead spare holds the extend at least
+//! 350 ms between its read and its move, while the release and the new
+//! grant take a few milliseconds on the test's local etcd.
+
+use std::time::Duration;
+
+use coord_core::{Attempt, OwnerToken};
+use tokio::time::{Instant, sleep};
+
+mod review_sem_support;
+use review_sem_support::*;
+
+/// Dead spares given to the extending client: its move waits at least
+/// 350 ms per spare after its read.
+const DEAD_SPARES: usize = 6;
+
+/// The TTL of the moving extend (another one than the grant's).
+const MOVE_TTL: Duration = Duration::from_secs(45);
+
+/// Give the client `c` (its semaphore `s`) `DEAD_SPARES` spare leases of
+/// `ttl`, each revoked straight through etcd after it became a spare.
+async fn dead_spares(p: &str, s: &std::sync::Arc<dyn coord_core::Semaphore>, ttl: Duration) {
+    let n = "spares";
+    let total = DEAD_SPARES as u32;
+    let owners: Vec<OwnerToken> = (0..DEAD_SPARES).map(|_| OwnerToken::random()).collect();
+    for o in &owners {
+        granted(s.try_acquire(n, o, &req(1, total, ttl, false)).await);
+    }
+    let leases: Vec<i64> = state(p, n).await.0.iter().map(|r| r.lease).collect();
+    assert_eq!(leases.len(), DEAD_SPARES);
+    for o in &owners {
+        assert!(s.release(n, o).await.unwrap());
+    }
+    let mut etcd = raw_etcd().await;
+    for l in leases {
+        etcd.lease_revoke(l).await.unwrap();
+    }
+}
+
+/// Owner O holds the only permit through client C (TTL 30 s). C extends
+/// O to another TTL (a move): E reads O's grant, then (held by dead
+/// spares) has not moved it yet when O is released through client B and
+/// granted again through C itself (a raw `try_acquire`, answered
+/// Granted(t2), recorded by C). E's move then fails its compare and
+/// `sem_forget` drops C's record of O — now the record of the grant just
+/// answered — and revokes its lease: the grant C answered vanishes while
+/// its holder believes it holds the permit, and another owner is granted
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: a failed moving extend's sem_forget revokes the grant its client made again meanwhile"]
+async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client() {
+    let p = unique("race-forget");
+    let (cc, cb) = (coord(&p).await, coord(&p).await);
+    let (c, b) = (raw(&cc), raw(&cb));
+    let n = "x";
+    let o = OwnerToken::random();
+    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    dead_spares(&p, &c, MOVE_TTL).await;
+    let e = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let r = c.extend(n, &o, MOVE_TTL).await;
+            (r, Instant::now())
+        })
+    };
+    // E's read (its first request) has long landed; its move is more than
+    // a second away.
+    sleep(Duration::from_millis(150)).await;
+    let raced = Instant::now();
+    assert!(b.release(n, &o).await.unwrap(), "release through B");
+    let t2 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let regranted = Instant::now();
+    let (r, e_done) = e.await.unwrap();
+    // Let background revocations land.
+    sleep(Duration::from_millis(500)).await;
+    let live = state(&p, n).await.0;
+    let intruder = OwnerToken::random();
+    let third = b.try_acquire(n, &intruder, &req(1, 1, LONG, false)).await;
+    // Leave nothing behind for the shared server.
+    let _ = c.release(n, &o).await;
+    let _ = b.release(n, &intruder).await;
+    let _ = b.force_release(n).await;
+    assert!(t2 > t1, "the regrant's token {t2} after {t1}");
+    let regrant_took = regranted - raced;
+    assert!(
+        regrant_took < Duration::from_millis(800) && e_done > regranted,
+        "the race did not happen as set up: release and regrant took {regrant_took:?}, E ended \
+         {:?} after them",
+        e_done.saturating_duration_since(regranted)
+    );
+    assert!(
+        live.iter()
+            .any(|g| g.owner == o.to_hex() && g.create as u64 == t2)
+            && matches!(third, Ok(Attempt::Held { .. })),
+        "C answered Granted({t2}) to O's try_acquire; E ({r:?}) then failed its \
+         move; O's grants in etcd now: {live:#?}; a third owner then got {third:?}"
+    );
+}
+
+/// The same race through the moving retry of e9dc9a9: a `try_acquire` of
+/// O through C with another TTL (R) reads O's grant, keeps its lease
+/// alive, and moves it with `sem_extend`, whose move (held by dead
+/// spares) fails after O was released through B and granted again through
+/// C (answered Granted(t2)). `sem_forget` then revokes the lease of the
+/// grant answered t2: it vanishes without a release; R starts afresh and
+/// makes another grant (another token). A third owner, trying through B
+/// the moment etcd deletes the grant answered t2, may take the permit
+/// meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "defect: a moving retry's failed move revokes the grant its client made again meanwhile"]
+async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client() {
+    let p = unique("race-retry");
+    let (cc, cb) = (coord(&p).await, coord(&p).await);
+    let (c, b) = (raw(&cc), raw(&cb));
+    let n = "y";
+    let o = OwnerToken::random();
+    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let key = state(&p, n).await.0[0].key.clone();
+    dead_spares(&p, &c, MOVE_TTL).await;
+    // A third owner tries through B as soon as a grant of O made after t1
+    // (on the key of the first: `SemLocal::hold`) is deleted.
+    let intruder = OwnerToken::random();
+    let third = {
+        let b = b.clone();
+        let mut etcd = raw_etcd().await;
+        let mut stream = etcd.watch(key.as_bytes(), None).await.unwrap();
+        tokio::spawn(async move {
+            let mut regranted = false;
+            while let Ok(Some(resp)) = stream.message().await {
+                for ev in resp.events() {
+                    match ev.event_type() {
+                        etcd_client::EventType::Put => regranted = true,
+                        etcd_client::EventType::Delete if regranted => {
+                            let one = req(1, 1, LONG, false);
+                            return Some(b.try_acquire(n, &intruder, &one).await);
+                        }
+                        etcd_client::EventType::Delete => {}
+                    }
+                }
+            }
+            None
+        })
+    };
+    let retry = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let r = c.try_acquire(n, &o, &req(1, 1, MOVE_TTL, false)).await;
+            (r, Instant::now())
+        })
+    };
+    // R's read, keepalive and the extend's read have long landed; its
+    // move is more than a second away.
+    sleep(Duration::from_millis(150)).await;
+    let raced = Instant::now();
+    assert!(b.release(n, &o).await.unwrap(), "release through B");
+    let t2 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let regranted = Instant::now();
+    let (r, r_done) = retry.await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    let live = state(&p, n).await.0;
+    third.abort();
+    let third = third.await.ok().flatten();
+    let _ = c.release(n, &o).await;
+    let _ = b.release(n, &intruder).await;
+    let _ = b.force_release(n).await;
+    assert!(t2 > t1, "the regrant's token {t2} after {t1}");
+    let regrant_took = regranted - raced;
+    assert!(
+        regrant_took < Duration::from_millis(800) && r_done > regranted,
+        "the race did not happen as set up: release and regrant took {regrant_took:?}, R ended \
+         {:?} after them",
+        r_done.saturating_duration_since(regranted)
+    );
+    assert!(
+        live.iter()
+            .any(|g| g.owner == o.to_hex() && g.create as u64 == t2),
+        "C answered Granted({t2}) to O's try_acquire, then {r:?} to its moving retry; the grant \
+         at {t2} is gone without a release: the grants in etcd now: {live:#?}; a third owner \
+         trying at its deletion got {third:?}"
+    );
+}
+
+/// e9dc9a9, the grant released (not made again) while a moving retry R of
+/// O through C (another TTL) waits between its extend's read and its move
+/// (dead spares): the move fails, R starts afresh and makes a new grant;
+/// it answers the token of that grant, the only one of O in etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_moving_retry_after_a_release_through_another_client_grants_afresh() {
+    let p = unique("race-fresh");
+    let (cc, cb) = (coord(&p).await, coord(&p).await);
+    let (c, b) = (raw(&cc), raw(&cb));
+    let n = "z";
+    let o = OwnerToken::random();
+    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    dead_spares(&p, &c, MOVE_TTL).await;
+    let retry = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let r = c.try_acquire(n, &o, &req(1, 1, MOVE_TTL, false)).await;
+            (r, Instant::now())
+        })
+    };
+    sleep(Duration::from_millis(150)).await;
+    assert!(b.release(n, &o).await.unwrap(), "release through B");
+    let released = Instant::now();
+    let (r, r_done) = retry.await.unwrap();
+    assert!(r_done > released, "R ended before the release");
+    let tr = granted(r);
+    sleep(Duration::from_millis(300)).await;
+    let live = state(&p, n).await.0;
+    let third = b
+        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .await;
+    let released_again = c.release(n, &o).await;
+    let _ = b.force_release(n).await;
+    assert!(tr > t1, "R answered {tr} after the release of {t1}");
+    assert!(
+        live.len() == 1 && live[0].owner == o.to_hex() && live[0].create as u64 == tr,
+        "R answered Granted({tr}); the grants in etcd: {live:#?}"
+    );
+    assert!(matches!(third, Ok(Attempt::Held { .. })), "{third:?}");
+    assert!(released_again.unwrap(), "release through C");
+}
+
+/// e9dc9a9 restarts a moving retry whose extend moved another grant than
+/// the one it read: against an owner released and granted again through
+/// B over and over, each retry of that owner through C with another TTL
+/// still ends (within the call timeout) and answers a grant, never a
+/// token below one B answered before it began; once B stops, a last retry
+/// answers the owner's only grant in etcd, and no more than the total is
+/// ever held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_moving_retries_end_against_a_cycling_regrant() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let p = unique("race-cycle");
+    let (cc, cb) = (coord(&p).await, coord(&p).await);
+    let (c, b) = (raw(&cc), raw(&cb));
+    let n = "w";
+    let stop = Arc::new(AtomicBool::new(false));
+    let obs = observer(p.clone(), n.into(), 2, stop.clone());
+    let o = OwnerToken::random();
+    let other = OwnerToken::random();
+    granted(b.try_acquire(n, &other, &req(1, 2, LONG, false)).await);
+    let last_b = Arc::new(AtomicU64::new(granted(
+        b.try_acquire(n, &o, &req(1, 2, LONG, false)).await,
+    )));
+    let cycling = Arc::new(AtomicBool::new(true));
+    let cycler = {
+        let (b, last_b, cycling) = (b.clone(), last_b.clone(), cycling.clone());
+        tokio::spawn(async move {
+            let mut rounds = 0u32;
+            while cycling.load(Ordering::Relaxed) {
+                let _ = b.release(n, &o).await.unwrap();
+                match b.try_acquire(n, &o, &req(1, 2, LONG, false)).await.unwrap() {
+                    Attempt::Granted(t) => last_b.fetch_max(t.get(), Ordering::SeqCst),
+                    other => panic!("B's regrant: {other:?}"),
+                };
+                rounds += 1;
+                sleep(Duration::from_millis(3)).await;
+            }
+            rounds
+        })
+    };
+    for i in 0..30u32 {
+        let ttl = if i % 2 == 0 { MOVE_TTL } else { LONG * 2 };
+        let floor = last_b.load(Ordering::SeqCst);
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            c.try_acquire(n, &o, &req(1, 2, ttl, false)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("retry {i} did not end"));
+        match r {
+            Ok(Attempt::Granted(t)) => assert!(t.get() >= floor, "retry {i}: {t:?} < {floor}"),
+            // Losing every round to B's regrants is a documented refusal.
+            Err(coord_core::Error::Unavailable { .. }) => {}
+            r => panic!("retry {i}: {r:?}"),
+        }
+    }
+    cycling.store(false, Ordering::Relaxed);
+    assert!(cycler.await.unwrap() > 0);
+    let t = granted(c.try_acquire(n, &o, &req(1, 2, MOVE_TTL, false)).await);
+    sleep(Duration::from_millis(300)).await;
+    let live: Vec<Rec> = state(&p, n)
+        .await
+        .0
+        .into_iter()
+        .filter(|r| r.owner == o.to_hex())
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    assert!(obs.await.unwrap() > 0);
+    let _ = b.force_release(n).await;
+    assert!(
+        live.len() == 1 && live[0].create as u64 == t,
+        "the last retry answered Granted({t}); O's grants in etcd: {live:#?}"
+    );
+}
