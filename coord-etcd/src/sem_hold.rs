@@ -195,7 +195,7 @@ impl Shared {
         if let (Some((lease, since, alive)), Some(kv)) = (refreshed, &kv) {
             if kv.lease() == lease {
                 if !alive {
-                    self.sem_forget(&sk);
+                    self.sem_forget_of(&sk, known.as_ref());
                     return Ok(None);
                 }
                 self.sem_local(&sk, |s| {
@@ -210,7 +210,7 @@ impl Shared {
             // another client): moved again, to one of this client's.
         }
         let Some(kv) = kv else {
-            self.sem_forget(&sk);
+            self.sem_forget_of(&sk, known.as_ref());
             return Ok(None);
         };
         let slots = slots_of(kv.value());
@@ -237,7 +237,7 @@ impl Shared {
         let resp = self.txn(op, txn).await?;
         if !resp.succeeded() {
             self.put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
-            self.sem_forget(&sk);
+            self.sem_forget_of(&sk, known.as_ref());
             return Ok(None);
         }
         // The lease the grant was on carries nothing now; this client's

@@ -277,6 +277,21 @@ impl Shared {
         }
     }
 
+    /// [`sem_forget`](Self::sem_forget), only if the record's grant is
+    /// still `read` (same lease and create revision; or still none): the
+    /// grant a call read before awaiting the store. A grant made again for
+    /// the owner through this client meanwhile (a concurrent attempt, which
+    /// answered it) is left alone (tests/review_sem_race.rs).
+    pub(crate) fn sem_forget_of(self: &Arc<Self>, sk: &SemKey, read: Option<&Grant>) {
+        let id = |g: &Grant| (g.lease, g.rev);
+        let same = lock(&self.sems)
+            .get(sk)
+            .is_none_or(|s| s.grant.as_ref().map(id) == read.map(id));
+        if same {
+            self.sem_forget(sk);
+        }
+    }
+
     /// A lease of `ttl` seconds for a new key: a spare refreshed now, or a
     /// new grant; the server keeps it at least `ttl` from the instant
     /// returned (taken before the call).

@@ -55,9 +55,9 @@ async fn dead_spares(p: &str, s: &std::sync::Arc<dyn coord_core::Semaphore>, ttl
 /// `sem_forget` drops C's record of O — now the record of the grant just
 /// answered — and revokes its lease: the grant C answered vanishes while
 /// its holder believes it holds the permit, and another owner is granted
-/// it.
+/// it. Fixed: a failed extend forgets the record only if it is still the
+/// grant the extend read (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a failed moving extend's sem_forget revokes the grant its client made again meanwhile"]
 async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client() {
     let p = unique("race-forget");
     let (cc, cb) = (coord(&p).await, coord(&p).await);
@@ -115,9 +115,8 @@ async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client()
 /// grant answered t2: it vanishes without a release; R starts afresh and
 /// makes another grant (another token). A third owner, trying through B
 /// the moment etcd deletes the grant answered t2, may take the permit
-/// meanwhile.
+/// meanwhile. Fixed with the test above (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: a moving retry's failed move revokes the grant its client made again meanwhile"]
 async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client() {
     let p = unique("race-retry");
     let (cc, cb) = (coord(&p).await, coord(&p).await);
