@@ -8,7 +8,11 @@
 //! cargo run --release -p coord-bench -- --quick          # CI smoke (< 2 min)
 //! cargo run --release -p coord-bench -- redis etcd       # some stores
 //! cargo run -p coord-bench -- --smoke                    # what CI runs
+//! cargo run --release -p coord-bench -- --table run1.txt run2.txt run3.txt
 //! ```
+//!
+//! `--table` prints the README's speed table from saved full runs (min–max
+//! over them; see `table`).
 //!
 //! Rows, for each store (memory, redis, postgres, etcd):
 //! - `cycle`: uncontended `try_acquire` + `release`, each task on its own
@@ -35,6 +39,7 @@ mod memory;
 mod postgres;
 mod redis;
 mod report;
+mod table;
 
 use std::time::Duration;
 
@@ -50,14 +55,33 @@ fn main() {
     let mut quick = false;
     let mut smoke = false;
     let mut only = Vec::new();
-    for arg in std::env::args().skip(1) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--table") {
+        let runs: Vec<String> = args[1..]
+            .iter()
+            .map(|f| {
+                std::fs::read_to_string(f).unwrap_or_else(|e| {
+                    eprintln!("coord-bench --table: cannot read {f}: {e}");
+                    std::process::exit(2);
+                })
+            })
+            .collect();
+        if runs.is_empty() {
+            eprintln!("usage: coord-bench --table RUN_OUTPUT...");
+            std::process::exit(2);
+        }
+        print!("{}", table::table(&runs));
+        return;
+    }
+    for arg in args {
         match arg.as_str() {
             "--quick" => quick = true,
             "--smoke" => smoke = true,
             s if STORES.contains(&s) => only.push(s.to_string()),
             other => {
                 eprintln!(
-                    "unknown argument `{other}`; usage: coord-bench [--quick|--smoke] [{}]...",
+                    "unknown argument `{other}`; usage: coord-bench [--quick|--smoke] [{}]... \
+                     | --table RUN_OUTPUT...",
                     STORES.join("|")
                 );
                 std::process::exit(2);

@@ -30,7 +30,9 @@ use coord_core::Coord;
 use futures::future::BoxFuture;
 
 pub mod cases;
+pub mod claim_kind;
 pub mod faults;
+pub mod queue_race;
 pub mod testkit;
 
 /// Builds a fresh client per call.
@@ -76,6 +78,16 @@ pub fn unique(case: &str) -> String {
         nanos,
         N.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Busy-wait `d`: for race tests whose windows are a fraction of a local
+/// round trip (tokio's timer has a resolution of a millisecond). It holds
+/// its worker thread; the racing call runs on another one.
+pub fn spin(d: std::time::Duration) {
+    let end = std::time::Instant::now() + d;
+    while std::time::Instant::now() < end {
+        std::hint::spin_loop();
+    }
 }
 
 /// `want`, raised to the backend's minimum TTL and rounded up to its
@@ -137,6 +149,7 @@ pub const CASES: &[&str] = &[
     "input_ttl_below_the_drift_margin_is_rejected",
     "lock_attempts_are_idempotent_per_owner",
     "lock_same_owner_through_another_client_gets_no_other_token",
+    "lock_same_owner_calls_racing_in_one_client_keep_the_grant",
     "election_attempts_are_idempotent_and_renewals_keep_the_term",
     "limiter_algorithms_of_one_key_are_independent",
     "lock_extend_of_a_removed_lock_marks_the_guard_lost",
@@ -150,6 +163,7 @@ pub const CASES: &[&str] = &[
     "semaphore_permits_total_mismatch_is_an_error",
     "semaphore_fifo_head_is_not_overtaken_by_smaller_requests",
     "semaphore_watchdog_keeps_permit_and_stops_at_release",
+    "semaphore_same_owner_attempts_racing_in_one_client_make_one_grant",
     "rwlock_writer_excludes_readers_and_writers_under_load",
     "rwlock_waiting_writer_is_not_starved_by_readers",
     "rwlock_fencing_tokens_rise_across_readers_and_writers",
@@ -239,6 +253,7 @@ macro_rules! suite {
             input_ttl_below_the_drift_margin_is_rejected,
             lock_attempts_are_idempotent_per_owner,
             lock_same_owner_through_another_client_gets_no_other_token,
+            lock_same_owner_calls_racing_in_one_client_keep_the_grant,
             election_attempts_are_idempotent_and_renewals_keep_the_term,
             limiter_algorithms_of_one_key_are_independent,
             lock_extend_of_a_removed_lock_marks_the_guard_lost,
@@ -252,6 +267,7 @@ macro_rules! suite {
             semaphore_permits_total_mismatch_is_an_error,
             semaphore_fifo_head_is_not_overtaken_by_smaller_requests,
             semaphore_watchdog_keeps_permit_and_stops_at_release,
+            semaphore_same_owner_attempts_racing_in_one_client_make_one_grant,
             rwlock_writer_excludes_readers_and_writers_under_load,
             rwlock_waiting_writer_is_not_starved_by_readers,
             rwlock_fencing_tokens_rise_across_readers_and_writers,

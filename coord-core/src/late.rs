@@ -14,10 +14,13 @@
 //! - it wraps every attempt in [`Unanswered::attempt`] and calls
 //!   [`Pending::answered`] once the reply arrived, so the owners with an
 //!   attempt that may still be on its way are known;
-//! - the release of such an owner ([`Unanswered::contains`]) leaves a mark
+//! - the release of such an owner ([`Unanswered::seen`]) leaves a mark
 //!   with its stamp on the server for a while, and an attempt of that owner
 //!   stamped before the mark is refused there and changes nothing; after
-//!   the release the backend calls [`Unanswered::forget`].
+//!   the release the backend calls [`Unanswered::forget`] with what it saw,
+//!   which keeps the owner if another attempt of it went unanswered
+//!   meanwhile (that one may be stamped after the mark, so the owner's next
+//!   release must mark again).
 //!
 //! Releases after answered attempts (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
@@ -40,13 +43,15 @@
 //!
 //! // An attempt dropped before its reply (an error, a timeout, a cancel).
 //! drop(unanswered.attempt("jobs", owner));
-//! assert!(unanswered.contains("jobs", &owner));
-//! unanswered.forget("jobs", &owner);
+//! let seen = unanswered.seen("jobs", &owner).expect("unanswered");
+//! // ... the release leaves its mark; meanwhile nothing else went
+//! // unanswered, so the owner is forgotten.
+//! unanswered.forget("jobs", &owner, seen);
 //! assert!(!unanswered.contains("jobs", &owner));
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -82,19 +87,29 @@ pub fn stamp() -> i64 {
 /// The owners (per name) one of whose attempts went unanswered: the client
 /// gave up on it, so it may still reach the store. See the module docs.
 #[derive(Debug, Default)]
-pub struct Unanswered(Mutex<HashMap<(String, OwnerToken), Instant>>);
+pub struct Unanswered {
+    /// When each was recorded, and the record's number.
+    map: Mutex<HashMap<(String, OwnerToken), (Instant, u64)>>,
+    next: AtomicU64,
+}
+
+/// Which record of an owner a release saw ([`Unanswered::seen`]), so that
+/// [`Unanswered::forget`] forgets that one only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen(u64);
 
 impl Unanswered {
-    fn map(&self) -> MutexGuard<'_, HashMap<(String, OwnerToken), Instant>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> MutexGuard<'_, HashMap<(String, OwnerToken), (Instant, u64)>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn mark(&self, name: &str, owner: OwnerToken) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
         let mut map = self.map();
         if map.len() >= PRUNE_AT {
-            map.retain(|_, at| at.elapsed() < UNANSWERED_MEMORY);
+            map.retain(|_, (at, _)| at.elapsed() < UNANSWERED_MEMORY);
         }
-        map.insert((name.to_string(), owner), Instant::now());
+        map.insert((name.to_string(), owner), (Instant::now(), n));
     }
 
     /// An attempt of `owner` on `name` about to be sent: unless
@@ -117,11 +132,26 @@ impl Unanswered {
         !map.is_empty() && map.contains_key(&(name.to_string(), *owner))
     }
 
-    /// Forget `owner` on `name` (its release left its mark).
-    pub fn forget(&self, name: &str, owner: &OwnerToken) {
+    /// The record of `owner` on `name`, if an attempt of it went
+    /// unanswered: its release must leave a mark, then
+    /// [`forget`](Self::forget) what it saw.
+    pub fn seen(&self, name: &str, owner: &OwnerToken) -> Option<Seen> {
+        let map = self.map();
+        if map.is_empty() {
+            return None;
+        }
+        map.get(&(name.to_string(), *owner)).map(|(_, n)| Seen(*n))
+    }
+
+    /// Forget `owner` on `name` (its release left its mark), unless an
+    /// attempt of it went unanswered since the release saw `seen`: that
+    /// attempt may be stamped after the mark, so the owner's next release
+    /// must leave one again.
+    pub fn forget(&self, name: &str, owner: &OwnerToken, seen: Seen) {
         let mut map = self.map();
-        if !map.is_empty() {
-            map.remove(&(name.to_string(), *owner));
+        let key = (name.to_string(), *owner);
+        if map.get(&key).is_some_and(|(_, n)| *n == seen.0) {
+            map.remove(&key);
         }
     }
 }
@@ -178,7 +208,28 @@ mod tests {
         assert!(!u.contains("n", &a));
         assert!(u.contains("n", &b));
         assert!(!u.contains("m", &b));
-        u.forget("n", &b);
+        let seen = u.seen("n", &b).unwrap();
+        u.forget("n", &b, seen);
         assert!(!u.contains("n", &b));
+    }
+
+    /// A release forgets only the record it saw: an attempt of the same
+    /// owner dropped unanswered during the release is remembered.
+    #[test]
+    fn a_release_keeps_an_attempt_unanswered_since_it_looked() {
+        let u = Unanswered::default();
+        let o = OwnerToken::random();
+        drop(u.attempt("n", o));
+        let seen = u.seen("n", &o).unwrap();
+        drop(u.attempt("n", o));
+        u.forget("n", &o, seen);
+        assert!(
+            u.contains("n", &o),
+            "the newer unanswered attempt was forgotten"
+        );
+        let again = u.seen("n", &o).unwrap();
+        assert_ne!(again, seen);
+        u.forget("n", &o, again);
+        assert!(!u.contains("n", &o));
     }
 }

@@ -125,7 +125,8 @@ impl Locks {
     /// Cost uncontended: one round trip. Cancel-safe: if the future is
     /// dropped mid-wait, whatever this attempt may have been granted (or a
     /// queueing store's place in line) is released in the background with
-    /// the attempt's owner token.
+    /// the attempt's owner token (sent again a few times over about 6 s if
+    /// the store does not answer; after that it ends with its TTL).
     pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Guard> {
         self.acquire_with(name, LockOptions::new(ttl).wait(wait))
             .await
@@ -513,7 +514,10 @@ where
                 // queued behind us. So remove it now, not in the background.
                 Queueing::FromFirstAttempt => {
                     if let Err(e) = backend.release(name, &owner).await {
-                        tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; the store drops the entry later");
+                        // Sent again in the background: a place left in
+                        // line holds up every waiter behind it.
+                        tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
+                        cleanup(&backend, name, owner);
                     }
                 }
                 Queueing::OnceSubscribed if outcome.ambiguous || outcome.subscribed => {
@@ -567,16 +571,41 @@ impl Drop for CancelCleanup<'_> {
 
 /// After a failed or abandoned attempt whose effect is unknown (a lost
 /// reply), or on a store that queues waiters, remove whatever this owner may
-/// have left behind, in the background.
+/// have left behind, in the background: a release that fails for a reason
+/// that may pass (a lost reply, a store briefly unreachable) is sent again
+/// (see [`CLEANUP_RETRIES`]). One failed release used to leave a queued
+/// waiter's place in line until the store dropped it (30 s on etcd), and
+/// every waiter queued behind it waited that long
+/// (coord-etcd/tests/review_sem_queue.rs, `lost_replies_with_reuse_never_over_grant`).
 fn cleanup(backend: &ClaimBackend, name: &str, owner: OwnerToken) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let backend = backend.clone();
         let name = name.to_string();
-        rt.spawn(async move {
-            if let Err(e) = backend.release(&name, &owner).await {
-                tracing::debug!(name, error = %e, "cleanup after failed acquire did not complete; the TTL will free it");
-            }
-        });
+        rt.spawn(async move { release_retrying(&backend, &name, &owner).await });
+    }
+}
+
+/// The pauses between a cleanup's releases: up to 8 more after the first,
+/// 50 ms doubling to 2 s (about 6 s in all, plus each call's timeout);
+/// what is still left then ends with its TTL, or the store drops it.
+const CLEANUP_RETRIES: [u64; 8] = [50, 100, 200, 400, 800, 1600, 2000, 2000];
+
+async fn release_retrying(backend: &ClaimBackend, name: &str, owner: &OwnerToken) {
+    let mut pauses = CLEANUP_RETRIES.iter();
+    loop {
+        match backend.release(name, owner).await {
+            Ok(_) => return,
+            Err(e) => match pauses.next() {
+                Some(ms) if e.is_retryable() => {
+                    tracing::debug!(name, error = %e, "cleanup release failed; sending it again");
+                    tokio::time::sleep(Duration::from_millis(*ms)).await;
+                }
+                _ => {
+                    tracing::debug!(name, error = %e, "cleanup after failed acquire did not complete; the TTL will free it");
+                    return;
+                }
+            },
+        }
     }
 }
 

@@ -279,10 +279,12 @@ impl Semaphores {
     /// and at a jittered poll interval at the latest).
     ///
     /// Errors: [`Error::Timeout`] if none came free (nothing is held, and
-    /// no place in line is kept); [`Error::InvalidArgument`]; store errors.
-    /// Cost uncontended: one round trip. Cancel-safe: if the future is
-    /// dropped mid-wait, whatever this attempt may have been granted (or
-    /// its place in line) is released in the background.
+    /// no place in line is kept: leaving the line is sent again in the
+    /// background, for about 6 s, if the store does not answer it);
+    /// [`Error::InvalidArgument`]; store errors. Cost uncontended: one
+    /// round trip. Cancel-safe: if the future is dropped mid-wait, whatever
+    /// this attempt may have been granted (or its place in line) is
+    /// released in the background.
     ///
     /// ```
     /// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {

@@ -75,6 +75,10 @@ pub(crate) struct Shared {
     pub(crate) entries: Mutex<HashMap<EntryKey, Entry>>,
     /// The size of `entries` at which it is next swept.
     pub(crate) prune_at: AtomicUsize,
+    /// One call at a time per claim (kind, name, owner) and per
+    /// semaphore owner: see [`Shared::one_call`](crate::entries).
+    pub(crate) claim_calls:
+        Mutex<HashMap<crate::entries::Turn, std::sync::Weak<tokio::sync::Mutex<()>>>>,
     /// Owners whose one attempt was refused without writing anything: their
     /// next attempt (a waiter's, after subscribing) queues.
     pub(crate) tried: Mutex<HashMap<EntryKey, tokio::time::Instant>>,
@@ -212,6 +216,7 @@ impl EtcdBackend {
             prefix: opts.prefix.clone(),
             entries: Mutex::new(HashMap::new()),
             prune_at: AtomicUsize::new(crate::entries::PRUNE_AT),
+            claim_calls: Mutex::new(HashMap::new()),
             tried: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             limiter_queue: Mutex::new(HashMap::new()),

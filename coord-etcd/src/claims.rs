@@ -95,7 +95,8 @@ impl Shared {
     /// coord-core's wait loop attempts, subscribes, then attempts again, and
     /// repeats a failed attempt only inside a wait); a first or one-shot
     /// attempt writes only into an empty queue, so a refused one leaves
-    /// nothing behind.
+    /// nothing behind. After the client's other calls on the claim
+    /// ([`Shared::one_call`]).
     pub(crate) async fn try_claim(
         self: &Arc<Self>,
         spec: ClaimSpec<'_>,
@@ -103,6 +104,7 @@ impl Shared {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt> {
+        let _turn = self.one_call(&entry_key(spec.kind, name, owner)).await;
         let r = self.attempt_claim(spec, name, owner, ttl).await;
         if r.is_err() && spec.fair {
             // The failed attempt may have been the one that was to queue
@@ -379,6 +381,25 @@ impl Shared {
                     let on_lease = head
                         .as_ref()
                         .is_none_or(|h| h.key() != key || h.lease() == lease);
+                    let holds = head.as_ref().is_some_and(|h| h.key() == key);
+                    if resp.succeeded() && alive && on_lease && holds && lease_ttl != ttl_s {
+                        // Held already, on a lease of another TTL (or an
+                        // unknown one: adopted): moved onto a lease of this
+                        // TTL as an extend does, keeping its create
+                        // revision, so the holder keeps its token and
+                        // nobody else can take the name meanwhile
+                        // (tests/review_same_owner.rs). Gone meanwhile:
+                        // start again, below.
+                        let deadline = start + ttl;
+                        if matches!(
+                            self.set_held(&ek, rev, lease, deadline, None),
+                            Attempt::Granted(_)
+                        ) && self.extend_claim_now(kind, name, owner, ttl, op).await?
+                        {
+                            self.head_marker(&ek, &key, rev);
+                            return Ok(Attempt::Granted(coord_core::FencingToken(rev as u64)));
+                        }
+                    }
                     if !resp.succeeded() || !alive || !on_lease || lease_ttl != ttl_s {
                         // Our key is gone (its lease expired, or it was
                         // removed), or its lease has another TTL than this

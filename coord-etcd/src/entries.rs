@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use crate::backend::{Shared, lock};
 use crate::pool::Keeper;
 use crate::queue::Queued;
+use crate::semaphore::SemKey;
 
 /// Where a local claim stands.
 pub(crate) enum EntryState {
@@ -55,7 +56,81 @@ pub(crate) const PRUNE_AT: usize = 1024;
 /// `release` of it answers `false` either way).
 const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
 
+/// What this client makes one call at a time on (see
+/// [`Shared::one_call`]): a claim, or one owner's permits of a semaphore.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Turn {
+    Claim(EntryKey),
+    Semaphore(SemKey),
+}
+
+/// This client's turn on one claim or semaphore owner (see
+/// [`Shared::one_call`]); the next call on it goes when this is dropped.
+pub(crate) struct OneCall {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    shared: Arc<Shared>,
+    turn: Turn,
+}
+
+impl Drop for OneCall {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        // Nobody else waits on this claim: forget its mutex.
+        let mut calls = lock(&self.shared.claim_calls);
+        if calls.get(&self.turn).is_some_and(|w| w.strong_count() == 0) {
+            calls.remove(&self.turn);
+        }
+    }
+}
+
 impl Shared {
+    /// Wait until no other call of this client on the claim `ek` (its
+    /// kind, name and owner) is under way. Each call (attempt, extend,
+    /// release, lease grant) reads the claim's record before a round trip
+    /// and writes or removes it after, and undoes a concurrent one's
+    /// outcome otherwise: an extend that lost to a release and re-acquire
+    /// removed the new grant's record and revoked its lease; a release
+    /// spared a lease a moving extend was revoking; two extends of
+    /// different TTLs each dropped the other's key
+    /// (tests/review_same_owner.rs). Calls on other claims never wait.
+    pub(crate) async fn one_call(self: &Arc<Self>, ek: &EntryKey) -> OneCall {
+        self.take_turn(Turn::Claim(ek.clone())).await
+    }
+
+    /// [`one_call`](Self::one_call) for one owner's permits of a
+    /// semaphore (`sk`: its name and owner), for the same reason: two
+    /// attempts of one owner with room for both each wrote a grant of its
+    /// own (two tokens, twice the permits) and the second to land revoked
+    /// the other's lease; an attempt racing the owner's moving extend
+    /// revoked the lease the grant had just moved to
+    /// (tests/review_sem_same_owner.rs).
+    pub(crate) async fn sem_one_call(self: &Arc<Self>, sk: &SemKey) -> OneCall {
+        self.take_turn(Turn::Semaphore(sk.clone())).await
+    }
+
+    async fn take_turn(self: &Arc<Self>, turn: Turn) -> OneCall {
+        let m = {
+            let mut calls = lock(&self.claim_calls);
+            match calls.get(&turn).and_then(std::sync::Weak::upgrade) {
+                Some(m) => m,
+                None => {
+                    if calls.len() >= PRUNE_AT {
+                        // Left by calls cancelled while waiting their turn.
+                        calls.retain(|_, w| w.strong_count() > 0);
+                    }
+                    let m = Arc::new(tokio::sync::Mutex::new(()));
+                    calls.insert(turn.clone(), Arc::downgrade(&m));
+                    m
+                }
+            }
+        };
+        OneCall {
+            guard: Some(m.lock_owned().await),
+            shared: self.clone(),
+            turn,
+        }
+    }
+
     pub(crate) fn remember_tried(&self, ek: EntryKey) {
         let now = Instant::now();
         let mut t = lock(&self.tried);

@@ -20,8 +20,20 @@ use crate::keys::{prefix_end, split_lease_value};
 impl Shared {
     /// Release (or resign, or leave the queue, or revoke a named lease):
     /// revoke the lease of the owner's key, whether it holds or waits.
-    /// `Ok(true)` iff it held a claim whose TTL had not run out.
+    /// `Ok(true)` iff it held a claim whose TTL had not run out. After the
+    /// client's other calls on the claim ([`Shared::one_call`]).
     pub(crate) async fn release_claim(
+        self: &Arc<Self>,
+        kind: Kind,
+        name: &str,
+        owner: &OwnerToken,
+        op: &'static str,
+    ) -> Result<bool> {
+        let _turn = self.one_call(&entry_key(kind, name, owner)).await;
+        self.release_claim_now(kind, name, owner, op).await
+    }
+
+    async fn release_claim_now(
         self: &Arc<Self>,
         kind: Kind,
         name: &str,
@@ -191,7 +203,22 @@ impl Shared {
     /// Extend (renew a leadership, renew a named lease): only the holder,
     /// never resurrecting. The same TTL refreshes the key's lease; another
     /// TTL moves the key (keeping its create revision) to a new lease.
+    /// After the client's other calls on the claim ([`Shared::one_call`]).
     pub(crate) async fn extend_claim(
+        self: &Arc<Self>,
+        kind: Kind,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        op: &'static str,
+    ) -> Result<bool> {
+        let _turn = self.one_call(&entry_key(kind, name, owner)).await;
+        self.extend_claim_now(kind, name, owner, ttl, op).await
+    }
+
+    /// [`extend_claim`](Self::extend_claim) for a caller that has the
+    /// claim's turn.
+    pub(crate) async fn extend_claim_now(
         self: &Arc<Self>,
         kind: Kind,
         name: &str,

@@ -56,6 +56,13 @@
 //!   record of the owner's claim (its key and create revision); a release
 //!   by an owner this client has no record of reads the queue for the key
 //!   whose value names it and deletes that key at its create revision.
+//!   A client runs one call at a time per claim (its kind, name and
+//!   owner): an attempt, extend, release or lease grant waits for the
+//!   owner's other call on the same name through the same client, if any,
+//!   so none undoes another's outcome (`tests/review_same_owner.rs`);
+//!   calls on other names or of other owners never wait. A holder's
+//!   attempt with another TTL moves its key, as `extend` does, and keeps
+//!   its token.
 //!   An owner's first attempt (and so every one-shot `try_acquire`) writes
 //!   only into an empty queue, in one transaction: a refused attempt leaves
 //!   nothing behind. Its next attempt (a waiter's: coord-core's wait loop

@@ -72,12 +72,14 @@ impl EtcdBackend {
         let start = Instant::now();
         let shared = &self.shared;
         let ek = entry_key(Kind::Lease, name, owner);
+        let _turn = shared.one_call(&ek).await;
         let live = lock(&shared.entries).get(&ek).and_then(|e| match e.state {
             EntryState::Held { deadline } if deadline > start => Some(e.rev),
             _ => None,
         });
         if let Some(rev) = live {
-            if coord_core::Lease::renew(self, name, owner, ttl).await? {
+            let renew = "lease renew";
+            if (shared.extend_claim_now(Kind::Lease, name, owner, ttl, renew)).await? {
                 return Ok(Attempt::Granted(FencingToken(rev as u64)));
             }
         }

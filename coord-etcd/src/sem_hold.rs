@@ -36,11 +36,21 @@ impl Shared {
         // A grant whose key and create revision are known, and no place
         // on record: one transaction (nearly every release). Otherwise
         // the owner's keys are found by their values first.
-        let known = lock(&self.sems).get(&sk).and_then(|s| {
-            let g = s.grant.as_ref().filter(|g| g.rev > 0)?;
-            let no_place = s.waiter.is_none() && s.place.is_none();
-            no_place.then(|| (g.key.clone(), g.rev, s.slots.clone()))
-        });
+        // The grant recorded now: the record is forgotten at the end only
+        // if it still holds that grant (or one this release deleted).
+        let (read, known) = match lock(&self.sems).get(&sk) {
+            None => (None, None),
+            Some(s) => {
+                let read = s.grant.as_ref().map(|g| (g.lease, g.rev));
+                let no_place = s.waiter.is_none() && s.place.is_none();
+                let known = s
+                    .grant
+                    .as_ref()
+                    .filter(|g| g.rev > 0 && no_place)
+                    .map(|g| (g.key.clone(), g.rev, s.slots.clone()));
+                (read, known)
+            }
+        };
         let (held, gone) = match known {
             Some((key, rev, slots)) => {
                 let mut then = vec![TxnOp::delete(
@@ -64,11 +74,26 @@ impl Shared {
             }
             None => self.sem_release_found(&n, op).await?,
         };
+        // A grant of the owner recorded by an attempt through this client
+        // since the read above, and not deleted here, was answered
+        // Granted: its record (and lease) stay, whatever this release
+        // found (tests/review_sem_race.rs). Checked and removed under one
+        // lock.
+        let local = {
+            let mut m = lock(&self.sems);
+            let newer = m
+                .get(&sk)
+                .and_then(|s| s.grant.as_ref())
+                .is_some_and(|g| Some((g.lease, g.rev)) != read && !gone.contains(&g.lease));
+            if newer { None } else { m.remove(&sk) }
+        };
+        let Some(local) = local else {
+            return Ok(held);
+        };
         // Own leases whose keys this answered transaction deleted carry no
         // keys now: they serve the next claims. Any other own lease is
         // revoked (a write on it may still land). An adopted lease is left
         // to the client that created it.
-        let local = lock(&self.sems).remove(&sk).unwrap_or_default();
         let now = Instant::now();
         // (A place on the grant's lease is never expected; it goes with
         // the grant's.)

@@ -75,9 +75,17 @@ pub(crate) const QUEUE_ENTRY_TTL: Duration = Duration::from_secs(30);
 pub(crate) const QUEUE_REFRESH: Duration = Duration::from_secs(10);
 /// When the local bookkeeping is swept.
 const PRUNE_AT: usize = 1024;
+/// How long one new key's lease may spend trying spares before it grants
+/// a new lease (tests/review_sem_race.rs).
+const SPARE_BUDGET: Duration = Duration::from_secs(1);
 
 /// A semaphore claim of this client: (name, owner).
 pub(crate) type SemKey = (Box<str>, [u8; 16]);
+
+/// The [`SemKey`] of `owner` on semaphore `name`.
+pub(crate) fn sem_key(name: &str, owner: &OwnerToken) -> SemKey {
+    (name.into(), *owner.as_bytes())
+}
 
 /// This client's knowledge of one owner's grant and queue place.
 ///
@@ -266,9 +274,22 @@ impl Shared {
     }
 
     /// Forget `sk` locally, revoking its own leases in the background
-    /// (never an adopted one: see [`SemLocal`]).
-    pub(crate) fn sem_forget(self: &Arc<Self>, sk: &SemKey) {
-        if let Some(s) = lock(&self.sems).remove(sk) {
+    /// (never an adopted one: see [`SemLocal`]), only if the record's
+    /// grant is still `read` (same lease and create revision; or still
+    /// none): the grant a call read before awaiting the store. A grant made
+    /// again for the owner through this client meanwhile (a concurrent
+    /// attempt, which answered it) is left alone
+    /// (tests/review_sem_race.rs). Checked and removed under one lock.
+    pub(crate) fn sem_forget_of(self: &Arc<Self>, sk: &SemKey, read: Option<&Grant>) {
+        let id = |g: &Grant| (g.lease, g.rev);
+        let removed = {
+            let mut m = lock(&self.sems);
+            let same = m
+                .get(sk)
+                .is_some_and(|s| s.grant.as_ref().map(id) == read.map(id));
+            if same { m.remove(sk) } else { None }
+        };
+        if let Some(s) = removed {
             let place = s.waiter.filter(|w| w.own).map(|w| w.lease);
             let grant = s.grant.filter(|g| g.own).map(|g| g.lease);
             for l in place.into_iter().chain(grant) {
@@ -277,31 +298,21 @@ impl Shared {
         }
     }
 
-    /// [`sem_forget`](Self::sem_forget), only if the record's grant is
-    /// still `read` (same lease and create revision; or still none): the
-    /// grant a call read before awaiting the store. A grant made again for
-    /// the owner through this client meanwhile (a concurrent attempt, which
-    /// answered it) is left alone (tests/review_sem_race.rs).
-    pub(crate) fn sem_forget_of(self: &Arc<Self>, sk: &SemKey, read: Option<&Grant>) {
-        let id = |g: &Grant| (g.lease, g.rev);
-        let same = lock(&self.sems)
-            .get(sk)
-            .is_none_or(|s| s.grant.as_ref().map(id) == read.map(id));
-        if same {
-            self.sem_forget(sk);
-        }
-    }
-
-    /// A lease of `ttl` seconds for a new key: a spare refreshed now, or a
-    /// new grant; the server keeps it at least `ttl` from the instant
-    /// returned (taken before the call).
+    /// A lease of `ttl` seconds for a new key: a spare refreshed now
+    /// (spares are tried for [`SPARE_BUDGET`] at most), or a new grant;
+    /// the server keeps it at least `ttl` from the instant returned (taken
+    /// before the call).
     pub(crate) async fn sem_lease(
         &self,
         ttl: u64,
         op: &'static str,
     ) -> Result<(i64, Option<Keeper>, Instant)> {
         let since = Instant::now();
-        while let Some(s) = self.take_spare(ttl) {
+        // A dead spare costs its not-found retries (350 ms); when every
+        // spare is dead (after an etcd restore, say), the rest are left
+        // to later calls once SPARE_BUDGET is spent.
+        while since.elapsed() < SPARE_BUDGET {
+            let Some(s) = self.take_spare(ttl) else { break };
             if let (true, keeper) = self.refresh(s.id, s.keeper, op).await? {
                 return Ok((s.id, keeper, since));
             }
@@ -335,6 +346,7 @@ impl coord_core::Semaphore for EtcdBackend {
         owner: &OwnerToken,
         request: &PermitRequest,
     ) -> Result<Attempt> {
+        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
         self.shared
             .sem_try_acquire(name, owner, request, None)
             .await
@@ -347,6 +359,7 @@ impl coord_core::Semaphore for EtcdBackend {
         request: &PermitRequest,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
         self.shared
             .sem_try_acquire(name, owner, request, Some(metadata))
             .await
@@ -357,10 +370,12 @@ impl coord_core::Semaphore for EtcdBackend {
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
         self.shared.sem_release(name, owner).await
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
         Ok(self.shared.sem_extend(name, owner, ttl).await?.is_some())
     }
 

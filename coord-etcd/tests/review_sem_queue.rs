@@ -373,7 +373,11 @@ async fn lost_replies_with_reuse_never_over_grant() {
     flip.await.unwrap();
     obs.await.unwrap();
     assert!(grants.load(Ordering::SeqCst) > 30, "too few grants");
-    until("the name empties", Duration::from_secs(45), || async {
+    // Within 15 s, not the 30 s a place's lease lasts: a waiter whose
+    // leaving the queue failed (a lost reply) sends it again (coord-core's
+    // cleanup); before, its place stayed until its lease ran out, and held
+    // up every waiter behind it.
+    until("the name empties", Duration::from_secs(15), || async {
         let (h, w, s) = state(&p, name).await;
         h.is_empty() && w.is_empty() && s == 0
     })
@@ -435,4 +439,62 @@ async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
     let t = granted(near.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
     assert!(t > last);
     assert!(near.release(n, &o).await.unwrap());
+}
+
+/// A waiter that times out leaves the queue; when that release is lost
+/// (its reply slower than the call timeout), it is sent again in the
+/// background (coord-core's cleanup), so the place is gone within moments,
+/// not the 30 s its lease lasts, during which every waiter queued behind
+/// it waited. W waits through a proxy (call timeout 400 ms) for the only
+/// permit, held by H; the proxy turns slow (1 s each way) just before W
+/// gives up, and fast again once W has answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_leave_of_the_queue_is_sent_again() {
+    let p = unique("leave");
+    let name = "lv";
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let (h, w) = (coord(&p).await, coord_at(proxy.port(), &p, 400).await);
+    let held = h
+        .semaphores()
+        .unwrap()
+        .try_acquire(name, 1, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a free permit");
+    let sem = w.semaphores().unwrap();
+    let waiting = tokio::spawn(async move {
+        sem.acquire_many(
+            name,
+            1,
+            1,
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+        )
+        .await
+    });
+    until("W queued", Duration::from_secs(5), || async {
+        !state(&p, name).await.1.is_empty()
+    })
+    .await;
+    sleep(Duration::from_millis(1000)).await;
+    proxy.latency(Duration::from_secs(1));
+    let r = waiting.await.unwrap();
+    assert!(r.is_err(), "W was granted a held permit: {r:?}");
+    let left = state(&p, name).await.1;
+    proxy.latency(Duration::ZERO);
+    let t = Instant::now();
+    until("W's place is gone", Duration::from_secs(5), || async {
+        state(&p, name).await.1.is_empty()
+    })
+    .await;
+    eprintln!(
+        "W's place {} when W answered; gone {:?} after the proxy healed",
+        if left.is_empty() {
+            "already gone"
+        } else {
+            "still there"
+        },
+        t.elapsed()
+    );
+    held.release().await.unwrap();
 }

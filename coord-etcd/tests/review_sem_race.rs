@@ -9,8 +9,9 @@
 //! spare before granting a new lease, and a spare is taken for gone only
 //! after its keepalive was not found again after 50, 100 and 200 ms
 //! (`NOT_FOUND_RETRIES`): each dead spare holds the extend at least
-//! 350 ms between its read and its move, while the release and the new
-//! grant take a few milliseconds on the test's local etcd.
+//! 350 ms between its read and its move, until `SPARE_BUDGET` (1 s) is
+//! spent (so about 1 s in all), while the release and the new grant take
+//! a few milliseconds on the test's local etcd.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ mod review_sem_support;
 use review_sem_support::*;
 
 /// Dead spares given to the extending client: its move waits at least
-/// 350 ms per spare after its read.
+/// 350 ms per spare tried after its read, for 1 s in all (three tried).
 const DEAD_SPARES: usize = 6;
 
 /// The TTL of the moving extend (another one than the grant's).
@@ -47,6 +48,82 @@ async fn dead_spares(p: &str, s: &std::sync::Arc<dyn coord_core::Semaphore>, ttl
     }
 }
 
+/// The setting of the races below: clients C and B on a fresh prefix,
+/// owner O granted the only permit of `n` through C (token `t1`), and C
+/// given dead spares of `MOVE_TTL`.
+struct Race {
+    p: String,
+    c: std::sync::Arc<dyn coord_core::Semaphore>,
+    b: std::sync::Arc<dyn coord_core::Semaphore>,
+    n: &'static str,
+    o: OwnerToken,
+    t1: u64,
+    _clients: (coord_core::Coord, coord_core::Coord),
+}
+
+impl Race {
+    async fn new(tag: &str, n: &'static str) -> Race {
+        let p = unique(tag);
+        let (cc, cb) = (coord(&p).await, coord(&p).await);
+        let (c, b) = (raw(&cc), raw(&cb));
+        let o = OwnerToken::random();
+        let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+        dead_spares(&p, &c, MOVE_TTL).await;
+        Race {
+            p,
+            c,
+            b,
+            n,
+            o,
+            t1,
+            _clients: (cc, cb),
+        }
+    }
+
+    /// O released through B, then granted again through C: the new token,
+    /// and when the release began and the regrant was answered.
+    async fn release_and_regrant(&self) -> (u64, Instant, Instant) {
+        let raced = Instant::now();
+        assert!(
+            self.b.release(self.n, &self.o).await.unwrap(),
+            "release through B"
+        );
+        let one = req(1, 1, LONG, false);
+        let t2 = granted(self.c.try_acquire(self.n, &self.o, &one).await);
+        (t2, raced, Instant::now())
+    }
+
+    /// The race took place as set up: the regrant answered a token above
+    /// the first grant's. Since calls of one owner through one client
+    /// take turns (`Shared::sem_one_call`, after
+    /// tests/review_sem_same_owner.rs), the regrant through C waits for
+    /// the raced call (`what`) to end instead of landing inside it: the
+    /// grant answered must hold either way. (Before the turn, the release
+    /// and regrant took a few milliseconds, and the raced call ended
+    /// after them: these tests failed then, before their fix.)
+    fn assert_raced(
+        &self,
+        t2: u64,
+        (raced, _regranted): (Instant, Instant),
+        done: Instant,
+        what: &str,
+    ) {
+        assert!(t2 > self.t1, "the regrant's token {t2} after {}", self.t1);
+        assert!(
+            done > raced,
+            "{what} ended {:?} before the release began",
+            raced - done
+        );
+    }
+
+    /// Leave nothing behind for the shared server.
+    async fn clean_up(&self, intruder: &OwnerToken) {
+        let _ = self.c.release(self.n, &self.o).await;
+        let _ = self.b.release(self.n, intruder).await;
+        let _ = self.b.force_release(self.n).await;
+    }
+}
+
 /// Owner O holds the only permit through client C (TTL 30 s). C extends
 /// O to another TTL (a move): E reads O's grant, then (held by dead
 /// spares) has not moved it yet when O is released through client B and
@@ -59,13 +136,8 @@ async fn dead_spares(p: &str, s: &std::sync::Arc<dyn coord_core::Semaphore>, ttl
 /// grant the extend read (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client() {
-    let p = unique("race-forget");
-    let (cc, cb) = (coord(&p).await, coord(&p).await);
-    let (c, b) = (raw(&cc), raw(&cb));
-    let n = "x";
-    let o = OwnerToken::random();
-    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    dead_spares(&p, &c, MOVE_TTL).await;
+    let race = Race::new("race-forget", "x").await;
+    let (p, c, b, n, o) = (&race.p, &race.c, &race.b, race.n, race.o);
     let e = {
         let c = c.clone();
         tokio::spawn(async move {
@@ -76,28 +148,15 @@ async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client()
     // E's read (its first request) has long landed; its move is more than
     // a second away.
     sleep(Duration::from_millis(150)).await;
-    let raced = Instant::now();
-    assert!(b.release(n, &o).await.unwrap(), "release through B");
-    let t2 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    let regranted = Instant::now();
+    let (t2, raced, regranted) = race.release_and_regrant().await;
     let (r, e_done) = e.await.unwrap();
     // Let background revocations land.
     sleep(Duration::from_millis(500)).await;
-    let live = state(&p, n).await.0;
+    let live = state(p, n).await.0;
     let intruder = OwnerToken::random();
     let third = b.try_acquire(n, &intruder, &req(1, 1, LONG, false)).await;
-    // Leave nothing behind for the shared server.
-    let _ = c.release(n, &o).await;
-    let _ = b.release(n, &intruder).await;
-    let _ = b.force_release(n).await;
-    assert!(t2 > t1, "the regrant's token {t2} after {t1}");
-    let regrant_took = regranted - raced;
-    assert!(
-        regrant_took < Duration::from_millis(800) && e_done > regranted,
-        "the race did not happen as set up: release and regrant took {regrant_took:?}, E ended \
-         {:?} after them",
-        e_done.saturating_duration_since(regranted)
-    );
+    race.clean_up(&intruder).await;
+    race.assert_raced(t2, (raced, regranted), e_done, "E");
     assert!(
         live.iter()
             .any(|g| g.owner == o.to_hex() && g.create as u64 == t2)
@@ -118,14 +177,9 @@ async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client()
 /// meanwhile. Fixed with the test above (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client() {
-    let p = unique("race-retry");
-    let (cc, cb) = (coord(&p).await, coord(&p).await);
-    let (c, b) = (raw(&cc), raw(&cb));
-    let n = "y";
-    let o = OwnerToken::random();
-    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    let key = state(&p, n).await.0[0].key.clone();
-    dead_spares(&p, &c, MOVE_TTL).await;
+    let race = Race::new("race-retry", "y").await;
+    let (p, c, b, n, o) = (&race.p, &race.c, &race.b, race.n, race.o);
+    let key = state(p, n).await.0[0].key.clone();
     // A third owner tries through B as soon as a grant of O made after t1
     // (on the key of the first: `SemLocal::hold`) is deleted.
     let intruder = OwnerToken::random();
@@ -160,26 +214,14 @@ async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client(
     // R's read, keepalive and the extend's read have long landed; its
     // move is more than a second away.
     sleep(Duration::from_millis(150)).await;
-    let raced = Instant::now();
-    assert!(b.release(n, &o).await.unwrap(), "release through B");
-    let t2 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    let regranted = Instant::now();
+    let (t2, raced, regranted) = race.release_and_regrant().await;
     let (r, r_done) = retry.await.unwrap();
     sleep(Duration::from_millis(500)).await;
-    let live = state(&p, n).await.0;
+    let live = state(p, n).await.0;
     third.abort();
     let third = third.await.ok().flatten();
-    let _ = c.release(n, &o).await;
-    let _ = b.release(n, &intruder).await;
-    let _ = b.force_release(n).await;
-    assert!(t2 > t1, "the regrant's token {t2} after {t1}");
-    let regrant_took = regranted - raced;
-    assert!(
-        regrant_took < Duration::from_millis(800) && r_done > regranted,
-        "the race did not happen as set up: release and regrant took {regrant_took:?}, R ended \
-         {:?} after them",
-        r_done.saturating_duration_since(regranted)
-    );
+    race.clean_up(&intruder).await;
+    race.assert_raced(t2, (raced, regranted), r_done, "R");
     assert!(
         live.iter()
             .any(|g| g.owner == o.to_hex() && g.create as u64 == t2),
@@ -195,13 +237,8 @@ async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client(
 /// it answers the token of that grant, the only one of O in etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holds_moving_retry_after_a_release_through_another_client_grants_afresh() {
-    let p = unique("race-fresh");
-    let (cc, cb) = (coord(&p).await, coord(&p).await);
-    let (c, b) = (raw(&cc), raw(&cb));
-    let n = "z";
-    let o = OwnerToken::random();
-    let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
-    dead_spares(&p, &c, MOVE_TTL).await;
+    let race = Race::new("race-fresh", "z").await;
+    let (p, c, b, n, o, t1) = (&race.p, &race.c, &race.b, race.n, race.o, race.t1);
     let retry = {
         let c = c.clone();
         tokio::spawn(async move {
@@ -216,7 +253,7 @@ async fn holds_moving_retry_after_a_release_through_another_client_grants_afresh
     assert!(r_done > released, "R ended before the release");
     let tr = granted(r);
     sleep(Duration::from_millis(300)).await;
-    let live = state(&p, n).await.0;
+    let live = state(p, n).await.0;
     let third = b
         .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
         .await;
@@ -303,5 +340,84 @@ async fn holds_moving_retries_end_against_a_cycling_regrant() {
     assert!(
         live.len() == 1 && live[0].create as u64 == t,
         "the last retry answered Granted({t}); O's grants in etcd: {live:#?}"
+    );
+}
+
+/// An acquire whose client holds only dead spares of its TTL (revoked
+/// behind its back, as after an etcd restore) tries them for at most a
+/// second before it grants a new lease: with 6 dead spares (at least
+/// 2.1 s to try them all) a fresh owner on a fresh name is granted within
+/// 1.6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_an_acquire_tries_dead_spares_for_a_second_at_most() {
+    let p = unique("race-spares");
+    let cc = coord(&p).await;
+    let c = raw(&cc);
+    dead_spares(&p, &c, MOVE_TTL).await;
+    let o = OwnerToken::random();
+    let t0 = Instant::now();
+    granted(
+        c.try_acquire("fresh", &o, &req(1, 1, MOVE_TTL, false))
+            .await,
+    );
+    let took = t0.elapsed();
+    assert!(took < Duration::from_millis(1600), "granted after {took:?}");
+    assert!(has_grant(&p, "fresh", &o).await);
+}
+
+/// Owner O, with no grant, is granted through client C while a release of
+/// O through C itself is under way (a release that finds nothing: it reads
+/// the name, then forgets C's record of O). When the grant lands between
+/// the release's read and its end, the release must leave the grant just
+/// answered alone: its key stays, on its lease, while it is held.
+/// Before, the release removed C's record of O unconditionally, the grant's
+/// record with it, and revoked that grant's lease: the grant answered
+/// vanished. Run over a sweep of delays between the two calls, many rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn defect_a_release_finding_nothing_forgets_a_grant_made_meanwhile() {
+    let p = unique("race-release");
+    let cc = coord(&p).await;
+    let c = raw(&cc);
+    let mut raced = Vec::new();
+    for i in 0..400u64 {
+        let n: &'static str = Box::leak(format!("r{i}").into_boxed_str());
+        let o = OwnerToken::random();
+        let acquire = {
+            let c = c.clone();
+            tokio::spawn(async move { c.try_acquire(n, &o, &req(1, 1, LONG, false)).await })
+        };
+        let release = {
+            let c = c.clone();
+            let delay = Duration::from_micros((i % 20) * 150);
+            tokio::spawn(async move {
+                sleep(delay).await;
+                c.release(n, &o).await
+            })
+        };
+        let (a, r) = (acquire.await.unwrap(), release.await.unwrap());
+        if let (Ok(Attempt::Granted(_)), Ok(false)) = (&a, &r) {
+            raced.push((n, o));
+        }
+    }
+    // Revocations run in the background.
+    sleep(Duration::from_secs(2)).await;
+    let mut vanished = Vec::new();
+    for (n, o) in &raced {
+        if !has_grant(&p, n, o).await {
+            vanished.push(*n);
+        }
+    }
+    for (n, o) in &raced {
+        let _ = c.release(n, o).await;
+    }
+    println!(
+        "{} rounds granted with the release finding nothing",
+        raced.len()
+    );
+    assert!(
+        vanished.is_empty(),
+        "grants answered while a release of the same owner found nothing, gone \
+         afterwards: {vanished:?} (of {})",
+        raced.len()
     );
 }

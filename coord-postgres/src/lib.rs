@@ -94,7 +94,7 @@
 //!
 //! | object | what |
 //! |---|---|
-//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata, left_owners, left_stamps, left_until)` and functions `claim_acquire`, `claim_insert`, `claim_leave`, `claim_is_left` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per name in use, freed in place on release (owner NULL) and deleted by the sweep once its last grant ended more than the grace ago; `metadata`: the holder metadata of its grant, if any; `left_*`: short-lived marks of owners that left while one of their attempts was unanswered (NULL nearly always; see below) |
+//! | `claims (kind, name, owner, candidate, fencing, expires_at, waiting, metadata, left_owners, left_stamps, left_until)` and functions `claim_take`, `claim_acquire`, `claim_insert`, `claim_leave`, `claim_is_left` | locks, leases and leaderships (`kind` = `lock`, `lease`, `election`: the kind segment); a row per name in use, freed in place on release (owner NULL) and deleted by the sweep once its last grant ended more than the grace ago; `metadata`: the holder metadata of its grant, if any; `left_*`: short-lived marks of owners that left while one of their attempts was unanswered (NULL nearly always; see below) |
 //! | sequence `fencing` and functions `fencing_next`, `timeline_next`, `timeline_move`, `fencing_floor` | every fencing token, election term and barrier generation, drawn by `fencing_next` (queue message ids and semaphore places, from their own sequences, by `timeline_next` too); WAL-logged, so tokens never repeat across restarts or crashes, and each timeline has its own range above the previous ones, so they never repeat across a failover either (see "Failover") |
 //! | `barriers (name, parties, generation, members, passed, updated_at, born)` and function `barrier_arrive` | barriers (generations drawn from the sequence) |
 //! | `limiter_state (algorithm, key, ...)`, `limiter_log (key, at, cost)` and function `limiter_check` | rate limiters (sliding log: one row per admitted request) |
@@ -105,10 +105,11 @@
 //!
 //! A name keeps its row from its first grant until the sweep deletes it
 //! (layout 11): release frees it in place. A lock attempt on a name nobody
-//! holds is ONE statement: an `UPDATE` that takes the free or expired row
-//! in place and draws the fencing token under the row lock, or, when the
-//! name has no row, a call of `claim_insert` (a free row inserted, then
-//! taken in place, so every token is drawn once its row is in the index).
+//! holds is ONE call of `claim_take` (layout 14): an `UPDATE` that takes
+//! the free or expired row in place and draws the fencing token under the
+//! row lock, or, when the name has no row, `claim_insert` (a free row
+//! inserted, then taken in place, so every token is drawn once its row is
+//! in the index).
 //! Otherwise (the row is held, or this client already waits on the name)
 //! one call of `claim_acquire`: a plain read of the row, then, only when
 //! that row looked free, expired or already ours, the same take in place,
@@ -123,7 +124,7 @@
 //! database-wide lock at commit, which serializes every notifying commit
 //! with its WAL flush and defeats group commit). Marking and release both
 //! lock the row, so a wake-up is never lost (`src/sql/claims.sql`). An
-//! uncontended acquire + release is two statements, two round trips, two
+//! uncontended acquire + release is two calls, two round trips, two
 //! commits, each an in-place (HOT) update of one row: the same as the
 //! bare lease-table cycle. Clients of layout 10 (which insert rows under
 //! a per-name advisory lock and delete them at release) stay monotonic
@@ -465,6 +466,50 @@
 //!   still runs on tokio-postgres and opens its own connections (its pool
 //!   and its LISTEN connection, for the reasons below); the sqlx pool's
 //!   connections, size, timeouts and hooks are not shared.
+//!
+//! ## Why there is no advisory-lock mode
+//!
+//! Session advisory locks (`pg_advisory_lock`) are faster: no row, no
+//! durable commit, and a waiter blocked in the server is handed the lock
+//! without a NOTIFY. `coord-bench` runs them beside every PostgreSQL row
+//! (peer `pg-advisory`; the README's table, 2026-12-03: coord's cycle
+//! 0.45–1.06× theirs with one task, 0.27–0.42× with 32). A mode that
+//! took them for locks, with fencing tokens from the `fencing` sequence,
+//! was considered for direct connections and not built, because it cannot
+//! keep the contract (DESIGN):
+//!
+//! - **No TTL.** The lock lives as long as its session. A holder whose
+//!   process is stopped (SIGSTOP, a long GC pause, a frozen VM) keeps its
+//!   connection open and the lock held: on 2026-12-03 a `psql` that took
+//!   `pg_advisory_lock(42)` and was then SIGSTOPped still held it 5 s
+//!   later (`pg_try_advisory_lock(42)` from another session: false), and
+//!   would until TCP keepalive gave up on it (hours by default). Emulating
+//!   a TTL means terminating the holder's backend from another session
+//!   (`pg_terminate_backend`, which needs `pg_signal_backend`), that is, a
+//!   reaper with extra privileges.
+//! - **No loss signal before another can hold.** The server frees the
+//!   lock when it notices the session gone (an RST, a keepalive timeout),
+//!   which the client may learn of only later, or not until its next
+//!   statement fails; a half-open connection gives no bound at all. A
+//!   lease's deadline, kept by the client from before its request, is what
+//!   lets coord say "lost" before anyone else can hold.
+//! - **Nothing survives a failover or restart**: advisory locks are not
+//!   written to the WAL, so a promoted standby, even a synchronous one,
+//!   holds none of them (coord's rows are replicated, so with synchronous
+//!   replication every grant survives).
+//! - **A connection per holder and per waiter**, pinned for the whole hold:
+//!   32 holders need 32 connections, and a cancelled or timed-out waiter's
+//!   `pg_advisory_lock` may still be granted later to a session nobody
+//!   uses, so the connection must be closed (the late-attempt problem,
+//!   which coord solves on the row).
+//! - **Not through PgBouncer** in transaction mode (the session goes back
+//!   to the pool with the lock).
+//!
+//! Tokens drawn from the sequence would still rise (with the timeline
+//! ranges of "Failover"), but a token only fences writes; it does not give
+//! back the exclusion a stopped holder keeps. If a lock held until its
+//! session ends is what you want, use advisory locks directly; coord's
+//! locks are leases.
 //!
 //! ## Why tokio-postgres (with deadpool-postgres) and not sqlx
 //!

@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 13;
+pub(crate) const SCHEMA_VERSION: i32 = 14;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -13,7 +13,6 @@ pub(crate) struct Sql {
     pub(crate) check_version: String,
     pub(crate) ddl: String,
     pub(crate) claim_take: String,
-    pub(crate) claim_take_meta: String,
     pub(crate) claim_acquire: String,
     pub(crate) claim_release: String,
     pub(crate) claim_leave: String,
@@ -57,20 +56,19 @@ impl Sql {
             ddl: ddl(&s, schema),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs, $6 the
             // client's stamp of the attempt (refused as a late copy when
-            // its owner left since: src/sql/claims.sql). The
-            // common attempt, in one statement: the name's row taken in
-            // place when it is free or expired, else, when the name has
-            // no row, inserted by `claim_insert` (which draws the token
-            // once the row is in the index; src/sql/claims.sql). Nothing
-            // is written (no row lock, no transaction id) when the row is
-            // held by another. When it returns no row, `claim_acquire`
-            // decides. Like the functions, it refuses to run at another
+            // its owner left since), $7 the grant's metadata (NULL: none).
+            // The common attempt, one call (src/sql/claims.sql): the
+            // name's row taken in place when it is free or expired, else,
+            // when the name has no row, inserted by `claim_insert` (which
+            // draws the token once the row is in the index). Nothing is
+            // written (no row lock, no transaction id) when the row is held
+            // by another. When it returns NULL, `claim_acquire` decides.
+            // Like the other functions, it refuses to run at another
             // isolation level than read committed, before it writes.
-            claim_take: claim_take(&s, false),
-            // The same, $7 the grant's metadata (layout 9). A separate
-            // text, so the attempt without metadata sends what it sent
-            // before (its new row has none).
-            claim_take_meta: claim_take(&s, true),
+            claim_take: format!(
+                "SELECT {s}.claim_take($1::text, $2::text, $3::bytea, $4::text, $5::int8, \
+                 $7::bytea, $6::int8)"
+            ),
             // $1 kind, $2 name, $3 owner, $4 candidate, $5 ttl µs,
             // $6 channel, $7 notify on a fresh grant, $8 this client has
             // waiters on the name, $9 metadata of a new grant (NULL: none),
@@ -311,41 +309,6 @@ impl Sql {
             limiter_gcra: limiter_gcra(&s),
         }
     }
-}
-
-/// The common attempt on a claim (see `Sql::claim_take`); with
-/// `metadata`, a new grant takes `$7` as its metadata (else none). `u`
-/// takes the row in place when it is free or expired, drawing the token
-/// under the row lock (src/sql/claims.sql); only a name with no row in the
-/// statement's snapshot calls `claim_insert` (then `u` found nothing).
-/// The isolation check (`l`) runs before either writes.
-fn claim_take(s: &str, metadata: bool) -> String {
-    let value = if metadata { "$7::bytea" } else { "NULL::bytea" };
-    format!(
-        "WITH l AS MATERIALIZED (SELECT 1 AS ok \
-           WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
-                      ELSE {s}.not_read_committed() END), \
-         u AS ( \
-           UPDATE {s}.claims c \
-              SET owner = $3::bytea, candidate = $4::text, fencing = {s}.fencing_next(), \
-                  metadata = {value}, \
-                  expires_at = clock_timestamp() + $5::int8 * interval '1 microsecond', \
-                  waiting = c.owner IS NOT NULL AND c.waiting \
-             FROM l \
-            WHERE c.kind = $1::text AND c.name = $2::text \
-              AND (c.owner IS NULL OR c.expires_at <= clock_timestamp()) \
-              AND (c.left_owners IS NULL \
-                   OR NOT {s}.claim_is_left(c.left_owners, c.left_stamps, c.left_until, $3::bytea, $6::int8)) \
-           RETURNING c.fencing) \
-         SELECT u.fencing FROM u \
-         UNION ALL \
-         SELECT i.f FROM ( \
-           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, {value}, $6::int8) AS f \
-             FROM l \
-            WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
-           OFFSET 0) i \
-          WHERE i.f IS NOT NULL"
-    )
 }
 
 /// GCRA's common check, in one statement: a key whose state was last

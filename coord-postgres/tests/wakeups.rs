@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use conformance::testkit::postgres::cluster;
+use conformance::testkit::postgres::{self, cluster};
 use coord_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
 use futures::StreamExt;
 
@@ -110,4 +110,67 @@ async fn chains_of_waiters_are_each_woken_by_notify() {
     for w in waiters {
         w.await.unwrap();
     }
+}
+
+/// A release wakes a waiter of the same client at once, without waiting
+/// for its own NOTIFY to come back through the LISTEN connection (one
+/// server process and one client task fewer on the hand-over's path):
+/// with that connection's server process stopped (SIGSTOP), so no NOTIFY
+/// reaches the client, a waiter in the releasing client still gets in
+/// promptly, not after the 60 s poll interval or the holder's 30 s TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_of_its_own_client_without_the_notify() {
+    let schema = unique("wkl");
+    let url = format!("{}&coord_schema={schema}", cluster().url());
+    let a = coord_postgres::connect(&url)
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(60));
+    let locks = a.locks().unwrap();
+    let name = unique("own");
+    let ttl = Duration::from_secs(30);
+    let holder = locks.try_acquire(&name, ttl).await.unwrap().expect("free");
+    let waiter = {
+        let (locks, name) = (locks.clone(), name.clone());
+        tokio::spawn(async move {
+            let g = locks.acquire(&name, ttl, Duration::from_secs(20)).await;
+            (std::time::Instant::now(), g)
+        })
+    };
+    // The waiter has been refused and waits.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (admin, conn) = tokio_postgres::connect(&cluster().url(), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let listen = format!("LISTEN \"{schema}_wake\"");
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE query = $1",
+            &[&listen],
+        )
+        .await
+        .expect("the client's LISTEN session")
+        .get(0);
+    /// Stops a server process until dropped (also when the test fails).
+    struct Stopped(u32);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            postgres::signal(self.0, "CONT");
+        }
+    }
+    let pid = pid as u32;
+    assert!(postgres::signal(pid, "STOP"), "kill -STOP {pid}");
+    let stopped = Stopped(pid);
+    let released = std::time::Instant::now();
+    holder.release().await.unwrap();
+    let (woke, got) = waiter.await.unwrap();
+    drop(stopped);
+    let g = got.expect("the waiter gets the lock");
+    let took = woke - released;
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter got in {took:?} after the release"
+    );
+    g.release().await.unwrap();
 }

@@ -1,8 +1,11 @@
 //! Where the time of a Redis lock cycle goes at 32 concurrent tasks: raw
-//! commands (`SET NX PX` + a compare-and-delete script), the backend's
-//! scripts through the `Lock` trait, and the whole coord `Locks` API,
-//! interleaved in 1 s slices on one server, with the client's and the
-//! server's CPU time per cycle. A profiling aid next to `coord-bench`.
+//! commands (`SET NX PX` + a compare-and-delete script), two floors of a
+//! scripted acquire with the same unlock (`SET NX PX` inside a script;
+//! and the least a clock-seeded fencing token needs, the server's `TIME`
+//! in the value), the backend's scripts through the `Lock` trait, and the
+//! whole coord `Locks` API, interleaved in 1 s slices on one server, with
+//! the client's and the server's CPU time per cycle. A profiling aid next
+//! to `coord-bench`.
 //!
 //! `cargo run --release -p coord-redis --example cycle_probe`; with
 //! `PROBE_ONLY=trait` (or `coord`) only that path runs, 10 s, for a
@@ -46,6 +49,37 @@ where
     n.load(Ordering::Relaxed) as f64 / el.as_secs_f64()
 }
 
+/// One 1 s slice of the backend's scripts through the `Lock` trait.
+async fn trait_slice(b: Arc<RedisBackend>) -> f64 {
+    slice(move |i| {
+        let b = b.clone();
+        async move {
+            let k = format!("probe-trait-{i}");
+            let me = OwnerToken::random();
+            b.try_acquire(&k, &me, TTL).await.unwrap();
+            b.release(&k, &me).await.unwrap();
+        }
+    })
+    .await
+}
+
+/// One 1 s slice of the whole coord `Locks` API.
+async fn coord_slice(coord: Arc<coord_core::Coord>) -> f64 {
+    slice(move |i| {
+        let coord = coord.clone();
+        async move {
+            let locks = coord.locks().unwrap();
+            let g = locks
+                .try_acquire(&format!("probe-coord-{i}"), TTL)
+                .await
+                .unwrap()
+                .unwrap();
+            g.release().await.unwrap();
+        }
+    })
+    .await
+}
+
 /// redis-server's CPU seconds so far (`INFO cpu`).
 fn server_cpu(server: &conformance::testkit::redis::RedisServer) -> f64 {
     ["used_cpu_user", "used_cpu_sys"]
@@ -82,32 +116,9 @@ async fn main() {
         let mut rate = 0.0;
         for _ in 0..10 {
             rate += if only == "trait" {
-                let b = b.clone();
-                slice(move |i| {
-                    let b = b.clone();
-                    async move {
-                        let k = format!("probe-trait-{i}");
-                        let me = OwnerToken::random();
-                        b.try_acquire(&k, &me, TTL).await.unwrap();
-                        b.release(&k, &me).await.unwrap();
-                    }
-                })
-                .await
+                trait_slice(b.clone()).await
             } else {
-                let coord = coord.clone();
-                slice(move |i| {
-                    let coord = coord.clone();
-                    async move {
-                        let locks = coord.locks().unwrap();
-                        let g = locks
-                            .try_acquire(&format!("probe-coord-{i}"), TTL)
-                            .await
-                            .unwrap()
-                            .unwrap();
-                        g.release().await.unwrap();
-                    }
-                })
-                .await
+                coord_slice(coord.clone()).await
             } / 10.0;
         }
         println!("{only}: {rate:.0} cycles/s over 10 s, {TASKS} tasks");
@@ -119,97 +130,92 @@ async fn main() {
         }
         return;
     }
-    let mut sums = [0.0f64; 3];
-    let mut cpus = [0.0f64; 3];
-    let mut scpus = [0.0f64; 3];
+    // The floors of any fenced acquire done in a script (the raw unlock
+    // after each): `SET NX PX` moved into a script, and the least a
+    // clock-seeded token needs (the server's `TIME`, the token in the
+    // value).
+    let script_set = Arc::new(redis::Script::new(
+        "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])",
+    ));
+    let fenced_min = Arc::new(redis::Script::new(
+        "local t = redis.call('TIME') \
+         return redis.call('SET', KEYS[1], ARGV[1] .. ':' .. t[1] .. t[2], 'NX', 'PX', ARGV[2])",
+    ));
+    const PATHS: [&str; 5] = ["raw", "script-setnx", "fenced-min", "trait", "coord"];
+    let mut sums = [0.0f64; 5];
+    let mut cpus = [0.0f64; 5];
+    let mut scpus = [0.0f64; 5];
     for round in 0..4 {
-        let c0 = cpu();
-        let s0 = server_cpu(server);
-        let r = {
-            let (raw, unlock) = (raw.clone(), unlock.clone());
-            slice(move |i| {
-                let (mut con, unlock) = (raw.clone(), unlock.clone());
-                async move {
-                    let k = format!("probe:raw:{i}");
-                    let _: Option<String> = redis::cmd("SET")
-                        .arg(&k)
-                        .arg("tok")
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(30000)
-                        .query_async(&mut con)
-                        .await
-                        .unwrap();
-                    let _: i64 = unlock
-                        .key(&k)
-                        .arg("tok")
-                        .invoke_async(&mut con)
-                        .await
-                        .unwrap();
+        let mut rates = [0.0f64; 5];
+        for (j, path) in PATHS.iter().enumerate() {
+            let (c0, s0) = (cpu(), server_cpu(server));
+            rates[j] = match *path {
+                "raw" | "script-setnx" | "fenced-min" => {
+                    let (raw, unlock) = (raw.clone(), unlock.clone());
+                    let take = match *path {
+                        "script-setnx" => Some(script_set.clone()),
+                        "fenced-min" => Some(fenced_min.clone()),
+                        _ => None,
+                    };
+                    let path = *path;
+                    slice(move |i| {
+                        let (mut con, unlock, take) = (raw.clone(), unlock.clone(), take.clone());
+                        async move {
+                            let k = format!("probe:{path}:{i}");
+                            // The value set: the unlock compares it.
+                            let v: Option<String> = match take {
+                                None => redis::cmd("SET")
+                                    .arg(&k)
+                                    .arg("tok")
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(30000)
+                                    .query_async(&mut con)
+                                    .await
+                                    .unwrap(),
+                                Some(s) => s
+                                    .key(&k)
+                                    .arg("tok")
+                                    .arg(30000)
+                                    .invoke_async(&mut con)
+                                    .await
+                                    .unwrap(),
+                            };
+                            let v = match v.as_deref() {
+                                Some("OK") | None => "tok".to_string(),
+                                Some(v) => v.to_string(),
+                            };
+                            let _: i64 =
+                                unlock.key(&k).arg(v).invoke_async(&mut con).await.unwrap();
+                        }
+                    })
+                    .await
                 }
-            })
-            .await
-        };
-        let c1 = cpu();
-        let s1 = server_cpu(server);
-        let t = {
-            let b = b.clone();
-            slice(move |i| {
-                let b = b.clone();
-                async move {
-                    let k = format!("probe-trait-{i}");
-                    let me = OwnerToken::random();
-                    b.try_acquire(&k, &me, TTL).await.unwrap();
-                    b.release(&k, &me).await.unwrap();
-                }
-            })
-            .await
-        };
-        let c2 = cpu();
-        let s2 = server_cpu(server);
-        let c = {
-            let coord = coord.clone();
-            slice(move |i| {
-                let coord = coord.clone();
-                async move {
-                    let locks = coord.locks().unwrap();
-                    let g = locks
-                        .try_acquire(&format!("probe-coord-{i}"), TTL)
-                        .await
-                        .unwrap()
-                        .unwrap();
-                    g.release().await.unwrap();
-                }
-            })
-            .await
-        };
-        let c3 = cpu();
-        let s3 = server_cpu(server);
-        if round > 0 {
-            for (j, v) in [r, t, c].into_iter().enumerate() {
-                sums[j] += v;
+                "trait" => trait_slice(b.clone()).await,
+                _ => coord_slice(coord.clone()).await,
+            };
+            if round > 0 {
+                sums[j] += rates[j];
+                cpus[j] += (cpu() - c0) / rates[j];
+                scpus[j] += (server_cpu(server) - s0) / rates[j];
             }
-            cpus[0] += (c1 - c0) / r;
-            cpus[1] += (c2 - c1) / t;
-            cpus[2] += (c3 - c2) / c;
-            scpus[0] += (s1 - s0) / r;
-            scpus[1] += (s2 - s1) / t;
-            scpus[2] += (s3 - s2) / c;
         }
-        println!("round {round}: raw {r:.0}/s  trait {t:.0}/s  coord {c:.0}/s");
+        println!(
+            "round {round}: {}",
+            PATHS
+                .iter()
+                .zip(rates)
+                .map(|(p, r)| format!("{p} {r:.0}/s"))
+                .collect::<Vec<_>>()
+                .join("  ")
+        );
     }
-    println!(
-        "server cpu/cycle us: raw {:.1} trait {:.1} coord {:.1}",
-        scpus[0] / 3.0 * 1e6,
-        scpus[1] / 3.0 * 1e6,
-        scpus[2] / 3.0 * 1e6
-    );
-    println!(
-        "trait/raw {:.2}  coord/raw {:.2}; client cpu/cycle us: raw {:.1} trait {:.1} coord {:.1}",
-        sums[1] / sums[0],
-        sums[2] / sums[0],
-        cpus[0] / 3.0 * 1e6,
-        cpus[1] / 3.0 * 1e6,
-        cpus[2] / 3.0 * 1e6
-    );
+    for (j, path) in PATHS.iter().enumerate() {
+        println!(
+            "{path:>12}: {:.2} of raw's throughput; server cpu/cycle {:.1} us, client {:.1} us",
+            sums[j] / sums[0],
+            scpus[j] / 3.0 * 1e6,
+            cpus[j] / 3.0 * 1e6
+        );
+    }
 }

@@ -1209,3 +1209,108 @@ async fn a_refused_try_acquire_leaves_no_late_grant() {
         t.elapsed()
     );
 }
+
+/// A retry by the owner gets its grant's token again when a master missed
+/// the first attempt and granted it later with a token of its own (CI:
+/// conformance_redlock's `lock_attempts_are_idempotent_per_owner` got a
+/// higher token on its retry, a master of a just-connected client having
+/// been out for the first attempt). Here master 2 is frozen for the
+/// first attempt: its call runs into the call timeout, and the script
+/// queued on its socket grants the claim (a token of its own, later)
+/// when it resumes. The retry, once the master is asked again, must
+/// answer the quorum's token and set master 2 to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
+    let c = client(&url).await;
+    ready(&set, &[&c]).await;
+    let raw = c.raw_lock().unwrap();
+    let me = coord_core::OwnerToken::random();
+    let ttl = Duration::from_secs(20);
+    let first = {
+        let _frozen = Frozen::pause(&set.masters()[2]);
+        let first = raw.try_acquire("missed", &me, ttl).await.unwrap();
+        // The call to master 2 runs into its timeout meanwhile.
+        sleep(Duration::from_millis(600)).await;
+        first
+    };
+    let coord_core::Attempt::Granted(token) = first else {
+        panic!("two masters of three granted a free lock: {first:?}");
+    };
+    // Master 2 ran the queued attempt on resuming (a token of its own),
+    // and is asked again once it is no longer skipped as slow.
+    sleep(Duration::from_millis(1500)).await;
+    let late = live_claims(&set.masters()[2], "missed");
+    let again = raw.try_acquire("missed", &me, ttl).await.unwrap();
+    assert_eq!(
+        again,
+        coord_core::Attempt::Granted(token),
+        "a retry by the owner got another token (master 2 held {late:?} before it)"
+    );
+    sleep(Duration::from_millis(200)).await;
+    let stored: Vec<Vec<u64>> = set
+        .masters()
+        .iter()
+        .map(|m| {
+            live_claims(m, "missed")
+                .iter()
+                .map(|c| stored_token(&c.1))
+                .collect()
+        })
+        .collect();
+    assert!(
+        stored.iter().all(|s| s == &[token.get()]),
+        "grant {token:?}, stored on the masters {stored:?}"
+    );
+}
+
+/// A stale release through another client reports false although a slow
+/// master still holds the owner's released claim (CI:
+/// conformance_redlock's
+/// `lock_same_owner_through_another_client_gets_no_other_token`, "the
+/// first client's stale release reported success"). Client A reaches the
+/// masters through proxies, client B directly. A releases owner O; master
+/// 2, slowed for A (200 ms each way), is still out when A's release
+/// answers (a quorum released; it lingers at most 50 ms). B grants
+/// another owner on masters 0 and 1, then B's release of O finds O on
+/// master 2 alone: the lock was no longer O's (a minority held it), so
+/// the release must say false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_release_finding_the_owner_on_a_minority_reports_false() {
+    let set = RedlockMasters::start_behind_proxies(3);
+    let direct = format!(
+        "redlock://{}",
+        set.masters()
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let (a, b) = (client(&set.url()).await, client(&direct).await);
+    ready(&set, &[&a, &b]).await;
+    let (ra, rb) = (a.raw_lock().unwrap(), b.raw_lock().unwrap());
+    let (me, other) = (
+        coord_core::OwnerToken::random(),
+        coord_core::OwnerToken::random(),
+    );
+    let ttl = Duration::from_secs(20);
+    let first = ra.try_acquire("stale", &me, ttl).await.unwrap();
+    assert!(
+        matches!(first, coord_core::Attempt::Granted(_)),
+        "{first:?}"
+    );
+    sleep(Duration::from_millis(100)).await;
+    set.proxy(2).latency(Duration::from_millis(200));
+    assert!(ra.release("stale", &me).await.unwrap());
+    let next = rb.try_acquire("stale", &other, ttl).await.unwrap();
+    assert!(matches!(next, coord_core::Attempt::Granted(_)), "{next:?}");
+    let on_2 = live_claims(&set.masters()[2], "stale");
+    let stale = rb.release("stale", &me).await.unwrap();
+    set.proxy(2).heal();
+    assert!(
+        !stale,
+        "a stale release of an owner found on master 2 alone ({on_2:?}) reported success"
+    );
+    assert!(rb.release("stale", &other).await.unwrap());
+}

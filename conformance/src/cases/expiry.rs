@@ -36,6 +36,10 @@ pub async fn lock_sub_second_ttl_is_honoured(f: &Factory) {
         return;
     }
     let name = unique("subsec");
+    // The grant is made between `sent` and `start` (its reply): the lock
+    // may not be free before `sent` + t, and must be once `start` + t
+    // has passed.
+    let sent = Instant::now();
     let g = a.locks().unwrap().try_acquire(&name, t).await.unwrap();
     let g = g.expect("free lock");
     let start = Instant::now();
@@ -43,9 +47,9 @@ pub async fn lock_sub_second_ttl_is_honoured(f: &Factory) {
     sleep(t / 3).await;
     let early = b.locks().unwrap().try_acquire(&name, LONG).await.unwrap();
     assert!(
-        early.is_none() || start.elapsed() >= t,
-        "a {t:?} lock was free after {:?}",
-        start.elapsed()
+        early.is_none() || sent.elapsed() >= t,
+        "a {t:?} lock was free {:?} after its grant was asked for",
+        sent.elapsed()
     );
     // Free well before a whole second would have passed.
     sleep((t + Duration::from_millis(150)).saturating_sub(start.elapsed())).await;
@@ -403,8 +407,8 @@ pub async fn input_ttl_below_the_drift_margin_is_rejected(f: &Factory) {
 
 /// The raw lock attempt is idempotent per owner (the core retries an
 /// attempt whose reply was lost with the same owner token): the same owner
-/// gets the same fencing token again, another owner is refused, and only
-/// the owner can extend or release.
+/// gets the same fencing token again (with another TTL too), another owner
+/// is refused, and only the owner can extend or release.
 pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
     let c = f.client().await;
     let raw = c.raw_lock().unwrap();
@@ -437,6 +441,14 @@ pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
     }
     assert!(!raw.extend(&name, &other, t).await.unwrap());
     assert!(!raw.release(&name, &other).await.unwrap());
+    // Retried with another TTL (a caller's retry with a changed setting):
+    // still the same grant and token, never freed in between.
+    let longer = raw.try_acquire(&name, &me, t * 2).await.unwrap();
+    assert_eq!(
+        longer,
+        Attempt::Granted(token),
+        "a retried attempt by the same owner with another TTL got another token"
+    );
     assert!(raw.extend(&name, &me, t).await.unwrap());
     assert!(raw.release(&name, &me).await.unwrap());
     assert!(
@@ -474,11 +486,12 @@ pub async fn lock_same_owner_through_another_client_gets_no_other_token(f: &Fact
     let Attempt::Granted(token) = raw1.try_acquire(&name, &me, t).await.unwrap() else {
         panic!("a free lock was refused");
     };
-    // Redlock (best-effort fencing) may answer a higher token: a master
-    // too slow to count in the first grant's decision holds a token of its
-    // own until it is set to the quorum's, and a retry that counts it gets
-    // (and sets) the higher one (coord_redis::redlock, "Retries by the same
-    // owner"). Never a lower one, on any store.
+    // Redlock (best-effort fencing) may answer a higher token when fewer
+    // than a quorum of the masters a retry counts hold the grant's token
+    // (one lost it, or was too slow for the retry's decision, while a
+    // master that missed the first grant has a token of its own): the
+    // retry then gets (and sets) the higher one (coord_redis::redlock,
+    // "Retries by the same owner"). Never a lower one, on any store.
     let best_effort = raw1.capabilities().fencing == FencingDurability::BestEffort;
     let mut highest = token;
     for _ in 0..2 {

@@ -11,6 +11,7 @@ mod lease;
 mod limiter;
 mod lock;
 mod queue;
+mod race;
 mod rwlock;
 mod semaphore;
 
@@ -24,6 +25,7 @@ pub use lease::*;
 pub use limiter::*;
 pub use lock::*;
 pub use queue::*;
+pub use race::*;
 pub use rwlock::*;
 pub use semaphore::*;
 

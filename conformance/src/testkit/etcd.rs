@@ -27,15 +27,27 @@ pub mod partition;
 pub use partition::PartitionedEtcdCluster;
 
 /// Runs `"$@"` (etcd) in the background until standard input closes, then
-/// kills it and removes `$COORD_ETCD_RMDIR` if set.
+/// kills it and removes `$COORD_ETCD_RMDIR` if set. Deaf to the
+/// `SIGINT`/`SIGHUP` sent to the test's whole process group, to outlive the
+/// test process and clean up. At the test process's exit every wrapper of a
+/// folder stops at once: another member (or the restarted server) may still
+/// write into it while it goes, which makes `rm -rf` fail (directory not
+/// empty); it tries again for up to 10 s.
 const WRAPPER: &str = r#"
+trap '' INT HUP
 "$@" >>"$COORD_ETCD_LOG" 2>&1 &
 pid=$!
 echo "$pid" >"$COORD_ETCD_LOG.pid"
 cat >/dev/null
 kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
-if [ -n "$COORD_ETCD_RMDIR" ]; then rm -rf "$COORD_ETCD_RMDIR"; fi
+if [ -n "$COORD_ETCD_RMDIR" ]; then
+  for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    rm -rf "$COORD_ETCD_RMDIR" 2>/dev/null
+    [ -e "$COORD_ETCD_RMDIR" ] || break
+    sleep 0.5
+  done
+fi
 "#;
 
 /// The etcd binary to run. Panics, naming the Debian package, if none.

@@ -21,6 +21,14 @@ use std::sync::OnceLock;
 /// need of the data survives a killed server either way (the kernel keeps
 /// what was written); no test simulates a power loss. The choice is
 /// printed once on stderr.
+///
+/// Every server's folder is `coord-<kind>-<pid>-...` (`<pid>`: the test
+/// process's), and goes when the test process ends: its server's wrapper
+/// removes it when the pipe from the test process closes, which the
+/// kernel does at any exit (dropped or not, statics included; `SIGKILL`
+/// too). What a test process killed with its process group leaves (the
+/// wrappers die with it) is removed by [`sweep_ended`] when the next one
+/// first asks for this folder (unless `COORD_TEST_SWEEP=0`).
 pub fn scratch_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -35,9 +43,93 @@ pub fn scratch_dir() -> PathBuf {
             )
         };
         eprintln!("coord testkit: server data under {} ({why})", dir.display());
+        // Off (`0`) for scripts/check-leftovers, which looks for leaks.
+        let sweep = std::env::var("COORD_TEST_SWEEP").as_deref() != Ok("0");
+        let swept = if sweep { sweep_ended(&dir) } else { 0 };
+        if swept > 0 {
+            eprintln!("coord testkit: removed {swept} folders of test processes that ended");
+        }
         dir
     })
     .clone()
+}
+
+/// The kinds of folders the kit makes under [`scratch_dir`]:
+/// `coord-<kind>-<pid>-<more>`.
+const KINDS: [&str; 5] = ["redis", "etcd", "pg", "pg-standby", "pgbouncer"];
+
+/// The test process that owns kit folder `name` (`coord-<kind>-<pid>-...`),
+/// or `None` if `name` is not a kit folder's.
+pub fn folder_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("coord-")?;
+    KINDS.iter().find_map(|kind| {
+        let (pid, more) = rest
+            .strip_prefix(kind)?
+            .strip_prefix('-')?
+            .split_once('-')?;
+        let digits = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+        if !digits || more.is_empty() {
+            return None;
+        }
+        pid.parse().ok()
+    })
+}
+
+/// Remove the kit folders under `dir` whose test process has ended and
+/// that no process still names on its command line (a server, or a
+/// wrapper still stopping one: an ended test's folders go only once their
+/// servers are gone). A live owner's are never touched (test binaries run
+/// side by side); a reused pid keeps an ended one's until that process
+/// ends too. Returns how many were removed. Linux only (`/proc`); does
+/// nothing elsewhere.
+pub fn sweep_ended(dir: &std::path::Path) -> usize {
+    let proc_dir = std::path::Path::new("/proc");
+    if !proc_dir.join("self").exists() {
+        return 0;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = std::process::id();
+    let ended: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| {
+            folder_owner(name)
+                .is_some_and(|pid| pid != me && !proc_dir.join(pid.to_string()).exists())
+        })
+        .collect();
+    if ended.is_empty() {
+        return 0;
+    }
+    let command_lines: Vec<Vec<u8>> = std::fs::read_dir(proc_dir)
+        .map(|ps| {
+            ps.flatten()
+                .filter(|p| {
+                    p.file_name()
+                        .to_string_lossy()
+                        .bytes()
+                        .all(|b| b.is_ascii_digit())
+                })
+                .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let named = |name: &str| {
+        let name = name.as_bytes();
+        command_lines.iter().any(|line| {
+            line.windows(name.len()).enumerate().any(|(i, w)| {
+                // `coord-redis-1-2-1` is not `coord-redis-1-2-10`.
+                w == name && !line.get(i + name.len()).is_some_and(u8::is_ascii_digit)
+            })
+        })
+    };
+    ended
+        .iter()
+        .filter(|name| !named(name))
+        .filter(|name| std::fs::remove_dir_all(dir.join(name)).is_ok())
+        .count()
 }
 
 fn shm_has_room() -> bool {
@@ -48,5 +140,33 @@ fn shm_has_room() -> bool {
             free >= ROOM && nix::unistd::access("/dev/shm", nix::unistd::AccessFlags::W_OK).is_ok()
         }
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::folder_owner;
+
+    #[test]
+    fn kit_folders_name_their_test_process() {
+        assert_eq!(folder_owner("coord-redis-4242-30777-0"), Some(4242));
+        assert_eq!(folder_owner("coord-etcd-7-single-0"), Some(7));
+        assert_eq!(folder_owner("coord-etcd-7-cluster-3"), Some(7));
+        assert_eq!(folder_owner("coord-pg-15408-0"), Some(15408));
+        assert_eq!(folder_owner("coord-pg-standby-15408-2"), Some(15408));
+        assert_eq!(folder_owner("coord-pgbouncer-15408-1"), Some(15408));
+        for other in [
+            "pgx",
+            "cg",
+            "PostgreSQL.1983634614",
+            "coord-redis-opts-4242",
+            "coord-redis-4242",
+            "coord-redis-4242-",
+            "coord-memcached-4242-0",
+            "coord-pg-x-0",
+            "tls-files-4242-18edb-0",
+        ] {
+            assert_eq!(folder_owner(other), None, "{other}");
+        }
     }
 }

@@ -538,14 +538,16 @@ impl PgCluster {
     }
 }
 
-/// Send `sig` to `pid` with `kill` (a process that already exited is
-/// ignored).
-pub(super) fn signal(pid: u32, sig: &str) {
-    let _ = Command::new("kill")
+/// Send `sig` (`STOP`, `CONT`, ...) to `pid` with `kill`; whether it was
+/// sent (a process that already exited is not an error to the callers
+/// that ignore it).
+pub fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
         .arg(format!("-{sig}"))
         .arg(pid.to_string())
         .stderr(Stdio::null())
-        .status();
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// Make a test CA, another CA, and a server certificate for `localhost` /
@@ -648,15 +650,24 @@ fn make_test_certificates(dir: &Path) -> PathBuf {
 }
 
 /// The control wrapper of PgBouncer: run it until stdin closes, then kill
-/// it (by its pid file) and remove the folder.
+/// it (by its pid file, with `SIGKILL`: a paused one too) and remove the
+/// folder. `runuser`, which ran it as `postgres`, exits when it does (told
+/// to stop it instead, without a pid file, it waits 2 s before it kills
+/// it). When pgbouncer is stopped ([`PgBouncer::pause`]) `runuser` stops
+/// itself too and waits for a `SIGCONT` of its own, which nothing else
+/// sends: without one here `wait` never returned and the folder stayed.
 const BOUNCER_WRAPPER: &str = r#"
 D="$1"; BIN="$2"; shift 2
 trap '' INT HUP
 "$@" "$BIN" "$D/pgbouncer.ini" >"$D/pgbouncer.out" 2>&1 </dev/null &
 pid=$!
 cat >/dev/null
-if [ -f "$D/pgbouncer.pid" ]; then kill "$(cat "$D/pgbouncer.pid")" 2>/dev/null; fi
-kill $pid 2>/dev/null
+if [ -f "$D/pgbouncer.pid" ]; then
+  kill -9 "$(cat "$D/pgbouncer.pid")" 2>/dev/null
+else
+  kill $pid 2>/dev/null
+fi
+kill -CONT $pid 2>/dev/null
 wait $pid
 rm -rf "$D"
 "#;

@@ -62,48 +62,30 @@ impl PostgresBackend {
         let kind = kind.to_string();
         let name = name.to_string();
         let candidate = candidate.map(str::to_string);
-        // A name nobody holds: one statement takes its free or expired
-        // row in place (or inserts the name's first row). Skipped where
+        // A name nobody holds: one call takes its free or expired row in
+        // place (or inserts the name's first row). Skipped where
         // the row is likely held (this client waits on it) and for
         // elections (a new term notifies).
         if !waiting && !notify {
-            let rows = match metadata {
-                // The attempt without metadata sends what it always has.
-                None => {
-                    self.query(
-                        operation,
-                        &self.sql.claim_take,
-                        &[
-                            (&kind, Type::TEXT),
-                            (&name, Type::TEXT),
-                            (&owner, Type::BYTEA),
-                            (&candidate, Type::TEXT),
-                            (&ttl, Type::INT8),
-                            (&at, Type::INT8),
-                        ],
-                    )
-                    .await?
-                }
-                Some(m) => {
-                    self.query(
-                        operation,
-                        &self.sql.claim_take_meta,
-                        &[
-                            (&kind, Type::TEXT),
-                            (&name, Type::TEXT),
-                            (&owner, Type::BYTEA),
-                            (&candidate, Type::TEXT),
-                            (&ttl, Type::INT8),
-                            (&at, Type::INT8),
-                            (&m, Type::BYTEA),
-                        ],
-                    )
-                    .await?
-                }
-            };
-            if let Some(row) = rows.first() {
+            let rows = self
+                .query(
+                    operation,
+                    &self.sql.claim_take,
+                    &[
+                        (&kind, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&owner, Type::BYTEA),
+                        (&candidate, Type::TEXT),
+                        (&ttl, Type::INT8),
+                        (&at, Type::INT8),
+                        (&metadata, Type::BYTEA),
+                    ],
+                )
+                .await?;
+            let row = rows.first().ok_or_else(|| unexpected(operation))?;
+            let f: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
+            if let Some(f) = f {
                 pending.answered();
-                let f: i64 = row.try_get(0).map_err(|e| map_pg(operation, e))?;
                 self.after_write();
                 return Ok(Attempt::Granted(token(f)));
             }
@@ -167,7 +149,8 @@ impl PostgresBackend {
     ) -> Result<bool> {
         let key = Self::key(kind, name);
         // Stamped after every attempt of this owner was sent.
-        let left: Option<i64> = self.unanswered.contains(&key, owner).then(stamp);
+        let seen = self.unanswered.seen(&key, owner);
+        let left: Option<i64> = seen.map(|_| stamp());
         let who = *owner;
         let owner: &[u8] = owner.as_bytes();
         let kind = kind.to_string();
@@ -204,7 +187,9 @@ impl PostgresBackend {
                         ],
                     )
                     .await?;
-                self.unanswered.forget(&key, &who);
+                if let Some(seen) = seen {
+                    self.unanswered.forget(&key, &who, seen);
+                }
                 rows
             }
         };
@@ -212,6 +197,13 @@ impl PostgresBackend {
             Some(r) => r.try_get(0).map_err(|e| map_pg(operation, e))?,
             None => false,
         };
+        // The row was freed: a waiter of this client tries at once rather
+        // than when this release's NOTIFY comes back through the LISTEN
+        // connection (a server process and a task later). That NOTIFY
+        // still wakes one more (refused, if this one got in).
+        if !rows.is_empty() {
+            self.wakeups.notify_one(&key);
+        }
         Ok(held)
     }
 
@@ -349,7 +341,12 @@ impl Lock for PostgresBackend {
                 ],
             )
             .await?;
-        Ok(!rows.is_empty())
+        if rows.is_empty() {
+            return Ok(false);
+        }
+        // As for release: a waiter of this client tries at once.
+        self.wakeups.notify_one(&Self::key(KIND_LOCK, &name));
+        Ok(true)
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {

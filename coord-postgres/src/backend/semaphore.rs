@@ -247,7 +247,8 @@ impl Semaphore for PostgresBackend {
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
         // Stamped after every attempt of this owner was sent.
-        let left: Option<i64> = self.unanswered.contains(name, owner).then(stamp);
+        let seen = self.unanswered.seen(name, owner);
+        let left: Option<i64> = seen.map(|_| stamp());
         let left_ttl = micros_ceil(SEMAPHORE_LEFT_TTL);
         let rows = self
             .query(
@@ -262,8 +263,8 @@ impl Semaphore for PostgresBackend {
                 ],
             )
             .await?;
-        if left.is_some() {
-            self.unanswered.forget(name, owner);
+        if let Some(seen) = seen {
+            self.unanswered.forget(name, owner, seen);
         }
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         row.try_get(0).map_err(|e| map_pg(OP, e))

@@ -4,11 +4,11 @@
 -- Rows stay (layout 11): a name has one row from its first grant until the
 -- sweep deletes it. Release sets owner NULL in place (metadata and
 -- candidate go with it; fencing, expires_at and waiting stay), so the
--- common attempt is the one statement `claim_take` (src/sql.rs): an
--- UPDATE of the name's row in place when it is free or expired (a HOT
--- update: no index entry, no new row), else, when the name has no row in
--- its snapshot, claim_insert below. When it returns no token, the client
--- calls claim_acquire (and waiters and elections call it directly). The
+-- common attempt is one call of `claim_take` below: an UPDATE of the
+-- name's row in place when it is free or expired (a HOT update: no index
+-- entry, no new row), else, when the name has no row, claim_insert. When
+-- it returns no token, the client calls claim_acquire (and waiters and
+-- elections call it directly). The
 -- sweep deletes a row whose last grant ended more than its grace ago
 -- (expires_at < now - grace, free or not): an idle name costs nothing.
 --
@@ -164,13 +164,37 @@ LANGUAGE sql AS $fn$
 $fn$;
 
 -- A new name's grant (layout 11), called by `claim_take` when the name has
--- no row in its snapshot: the row is inserted as a free placeholder (no
--- token), then taken in place, so the token is drawn once the row is in
--- the index (see above). NULL when another's insert came first and its
--- grant is live, or a mark says p_owner left since p_stamp (the caller
--- then calls claim_acquire). Only called by `claim_take`, which checks
--- the isolation level first.
+-- no row: the row is inserted as a free placeholder (no token), then taken
+-- in place by `claim_take` (layout 14; before, an UPDATE of its own), so
+-- the token is drawn once the row is in the index (see above). NULL when
+-- another's insert came first and its grant is live, or a mark says
+-- p_owner left since p_stamp (the caller then calls claim_acquire). Also
+-- called by the statement of layouts 11-13 clients, which checks the
+-- isolation level first (as `claim_take` does again).
 CREATE OR REPLACE FUNCTION @s@.claim_insert(
+    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
+    p_metadata bytea, p_stamp bigint)
+RETURNS bigint
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
+    VALUES (p_kind, p_name, NULL, 0, clock_timestamp())
+    ON CONFLICT (kind, name) DO NOTHING;
+    RETURN @s@.claim_take(p_kind, p_name, p_owner, p_candidate, p_ttl_us, p_metadata, p_stamp);
+END
+$fn$;
+
+-- The common attempt (layout 14; layouts 11-13 sent its body as one
+-- statement, a CTE with both branches, whose executor set-up was about a
+-- fifth of the backend's instructions per lock cycle): the row taken in
+-- place when it is free or expired, the token drawn under the row lock;
+-- only when that finds nothing and the name has no row, claim_insert. A
+-- name held by another (or whose row appeared since the UPDATE's
+-- snapshot) gets NULL, and the client calls claim_acquire. Nothing is
+-- written (no row lock, no transaction id) when the row is held. Like
+-- claim_acquire, it refuses another isolation level than read committed
+-- before it writes. p_metadata: the grant's metadata (NULL: none).
+CREATE OR REPLACE FUNCTION @s@.claim_take(
     p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
     p_metadata bytea, p_stamp bigint)
 RETURNS bigint
@@ -178,9 +202,9 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     granted bigint;
 BEGIN
-    INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
-    VALUES (p_kind, p_name, NULL, 0, clock_timestamp())
-    ON CONFLICT (kind, name) DO NOTHING;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
     UPDATE @s@.claims c
        SET owner = p_owner, candidate = p_candidate, fencing = @s@.fencing_next(),
            metadata = p_metadata,
@@ -191,7 +215,16 @@ BEGIN
        AND (c.left_owners IS NULL
             OR NOT @s@.claim_is_left(c.left_owners, c.left_stamps, c.left_until, p_owner, p_stamp))
     RETURNING c.fencing INTO granted;
-    RETURN granted;
+    IF FOUND THEN
+        RETURN granted;
+    END IF;
+    -- No row: claim_insert inserts one and calls this again, which takes
+    -- it (or, if its insert met a row the sweep deleted since, comes back
+    -- here to insert again).
+    IF EXISTS (SELECT 1 FROM @s@.claims x WHERE x.kind = p_kind AND x.name = p_name) THEN
+        RETURN NULL;
+    END IF;
+    RETURN @s@.claim_insert(p_kind, p_name, p_owner, p_candidate, p_ttl_us, p_metadata, p_stamp);
 END
 $fn$;
 

@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::stamp;
+use coord_core::late::{Seen, stamp};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
@@ -38,23 +38,24 @@ impl RedisBackend {
     }
 
     /// Whether `owner`'s release of the claim (or election) at `key` must
-    /// leave a mark: `Some((mark key, stamp, mark ttl ms))` if one of its
-    /// attempts went unanswered. Stamped after every attempt of this owner
-    /// was sent. Call [`Self::left_marked`] once the release was answered.
+    /// leave a mark: `Some((mark key, stamp, mark ttl ms, record seen))` if
+    /// one of its attempts went unanswered. Stamped after every attempt of
+    /// this owner was sent. Call [`Self::left_marked`] once the release was
+    /// answered.
     pub(crate) fn left_mark(
         &self,
         key: &str,
         owner: &OwnerToken,
         mark_key: impl FnOnce() -> String,
-    ) -> Option<(String, String, String)> {
-        self.claims_unanswered
-            .contains(key, owner)
-            .then(|| (mark_key(), stamp().to_string(), self.left_marker_ms()))
+    ) -> Option<(String, String, String, Seen)> {
+        let seen = self.claims_unanswered.seen(key, owner)?;
+        Some((mark_key(), stamp().to_string(), self.left_marker_ms(), seen))
     }
 
-    /// The mark of `owner` at `key` is on the server: forget the owner.
-    pub(crate) fn left_marked(&self, key: &str, owner: &OwnerToken) {
-        self.claims_unanswered.forget(key, owner);
+    /// The mark of `owner` at `key` is on the server: forget the owner,
+    /// unless another attempt of it went unanswered since (`seen`).
+    pub(crate) fn left_marked(&self, key: &str, owner: &OwnerToken, seen: Seen) {
+        self.claims_unanswered.forget(key, owner, seen);
     }
 
     /// Run `one` on a default-layout claim, or `seed` on a seed-layout
@@ -166,7 +167,8 @@ impl RedisBackend {
     ) -> Result<bool> {
         let hex = owner.to_hex();
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
-        let Some((left, at, ttl)) = self.left_mark(keys.claim(), owner, || keys.left(&hex)) else {
+        let Some((left, at, ttl, seen)) = self.left_mark(keys.claim(), owner, || keys.left(&hex))
+        else {
             let scripts = (&self.scripts.release, &self.scripts.seed_release);
             let v = self.claim_eval(operation, keys, scripts, &args).await?;
             return flag(operation, &v);
@@ -186,7 +188,7 @@ impl RedisBackend {
                     .await?
             }
         };
-        self.left_marked(keys.claim(), owner);
+        self.left_marked(keys.claim(), owner, seen);
         flag(operation, &v)
     }
 

@@ -79,14 +79,15 @@ impl coord_core::Election for RedisBackend {
         let op = "election resign";
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
         let script = &self.scripts.resign;
-        let Some((left, at, ttl)) = self.left_mark(&key, owner, || left_key(&key, &hex)) else {
+        let Some((left, at, ttl, seen)) = self.left_mark(&key, owner, || left_key(&key, &hex))
+        else {
             let v = self.eval(op, script, &[&key], &args).await?;
             return flag(op, &v);
         };
         // A campaign attempt of this owner went unanswered: leave its mark.
         let args = [args[0], args[1], args[2], at.as_bytes(), ttl.as_bytes()];
         let v = self.eval(op, script, &[&key, &left], &args).await?;
-        self.left_marked(&key, owner);
+        self.left_marked(&key, owner, seen);
         flag(op, &v)
     }
 

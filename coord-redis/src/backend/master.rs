@@ -110,13 +110,6 @@ impl RedisBackend {
             .await
     }
 
-    /// Whether `owner`'s release of `kind`'s claim of `name` here must
-    /// leave a late-copy mark: one of its attempts here went unanswered.
-    pub(crate) fn master_must_mark(&self, kind: ClaimKind, name: &str, owner: &OwnerToken) -> bool {
-        self.master_keys(kind, name)
-            .is_ok_and(|k| self.claims_unanswered.contains(k.claim(), owner))
-    }
-
     /// Compare-and-expire.
     pub(crate) async fn master_extend(
         &self,

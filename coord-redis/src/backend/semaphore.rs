@@ -158,7 +158,8 @@ impl coord_core::Semaphore for RedisBackend {
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         // Stamped after every attempt of this owner was sent.
-        let left = self.unanswered.contains(name, owner);
+        let seen = self.unanswered.seen(name, owner);
+        let left = seen.is_some();
         let hex = owner.to_hex();
         let at = stamp().to_string();
         let marker = if left {
@@ -170,8 +171,8 @@ impl coord_core::Semaphore for RedisBackend {
         let script = &self.scripts.semaphore_release;
         let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
         let v = self.semaphore_eval(op, script, name, &args).await?;
-        if left {
-            self.unanswered.forget(name, owner);
+        if let Some(seen) = seen {
+            self.unanswered.forget(name, owner, seen);
         }
         flag(op, &v)
     }

@@ -22,7 +22,10 @@
 //!   it returns; a split vote (some grants, not q) is retried after a
 //!   random delay.
 //! - **Release, extend (the watchdog), revoke, renew**: on every master at
-//!   once; an extend holds when q masters extended.
+//!   once; an extend holds when q masters extended, and a release says
+//!   the claim was held when q masters released it (an owner's claim
+//!   left on fewer masters, a slow one's straggler, is released there
+//!   too, but was no longer a lock: another owner can hold the rest).
 //! - **Waiting**: every master's wake-up channel feeds one registry, so a
 //!   release on any master wakes the waiters of this client.
 //!
@@ -47,16 +50,17 @@
 //!   tokens for one resource are issued one at a time.
 //!   For fencing a resource can rely on whatever happens, use etcd or
 //!   PostgreSQL.
-//! - **Retries by the same owner** get the grant's token again, except
-//!   when a master had not yet been set to the quorum's token (too slow to
-//!   take part in the decision, or its raise still on the way: the grant
-//!   stands once q masters are raised) and holds a higher token of its
-//!   own: a retry that counts it then gets that higher token (and every
-//!   master is set to it), so tokens still rise, and never fall (any q
-//!   answers include a master already raised). Through another client as
-//!   well: the conformance case
-//!   `lock_same_owner_through_another_client_gets_no_other_token` allows
-//!   this higher token on stores with best-effort fencing only.
+//! - **Retries by the same owner** get the grant's token again: a retry
+//!   whose granting masters include a quorum holding one token answers
+//!   that token, and sets the others to it (a master that missed the
+//!   first attempt, down, skipped as slow or not yet connected, grants
+//!   the retry with a later token of its own). Only when fewer than a
+//!   quorum of the masters counted hold the grant's token (one of them
+//!   lost the claim, or was too slow for this decision too) does the
+//!   retry get the highest token it saw (and every master is set to it),
+//!   so tokens still rise, and never fall. Through another client as well: the conformance
+//!   case `lock_same_owner_through_another_client_gets_no_other_token`
+//!   allows this higher token on stores with best-effort fencing only.
 //! - **Not offered** (see [`capabilities`]): elections, barriers, rate
 //!   limiters, semaphores, read-write locks, work queues. Each needs one
 //!   order of events that every client sees (a count, a queue, a history
@@ -328,22 +332,16 @@ impl Master {
         })
     }
 
-    /// As [`get`](Self::get), but a master skipped for its slowness is
-    /// still asked when `needed` says so: a release whose owner had an
-    /// attempt unanswered there must leave its late-copy mark
-    /// (`coord_core::late`), or the late copy would take the claim there.
-    fn get_if(
-        self: &Arc<Self>,
-        operation: &'static str,
-        needed: &(dyn Fn(&RedisBackend) -> bool + Sync),
-    ) -> Result<Arc<RedisBackend>> {
+    /// As [`get`](Self::get), but a connected master skipped for its
+    /// slowness is asked too: a release must reach every master that may
+    /// hold the claim, and where its owner has an attempt unanswered it
+    /// leaves the mark a late copy of that attempt meets
+    /// (`coord_core::late`).
+    fn get_even_slow(self: &Arc<Self>, operation: &'static str) -> Result<Arc<RedisBackend>> {
         {
             let st = self.state();
-            let slow = st.slow_until.is_some_and(|u| Instant::now() < u);
-            if let (true, None, Some(b)) = (slow, &st.excluded, &st.backend) {
-                if needed(b) {
-                    return Ok(b.clone());
-                }
+            if let (None, Some(b)) = (&st.excluded, &st.backend) {
+                return Ok(b.clone());
             }
         }
         self.get(operation)
@@ -537,18 +535,18 @@ impl RedlockBackend {
         T: Send + 'static,
         F: Fn(usize, Arc<RedisBackend>) -> BoxFuture<'static, Result<T>>,
     {
-        self.fan_if(operation, only, linger, &|_| false, call, decided)
+        self.fan_if(operation, only, linger, false, call, decided)
             .await
     }
 
     /// [`fan`](Self::fan), also asking a master skipped for its slowness
-    /// when `needed` says so for its backend (see `Master::get_if`).
+    /// when `even_slow` (see `Master::get_even_slow`).
     pub(crate) async fn fan_if<T, F>(
         &self,
         operation: &'static str,
         only: Option<&[bool]>,
         linger: bool,
-        needed: &(dyn Fn(&RedisBackend) -> bool + Sync),
+        even_slow: bool,
         call: F,
         decided: impl Fn(&Answers<T>) -> bool,
     ) -> Answers<T>
@@ -562,7 +560,12 @@ impl RedlockBackend {
             if only.is_some_and(|o| !o[i]) {
                 continue;
             }
-            match m.get_if(operation, needed) {
+            let got = if even_slow {
+                m.get_even_slow(operation)
+            } else {
+                m.get(operation)
+            };
+            match got {
                 Ok(b) => {
                     let (fut, m, limit) = (call(i, b), m.clone(), self.timeout.mul_f32(0.8));
                     let task = tokio::spawn(async move {

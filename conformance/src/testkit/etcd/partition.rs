@@ -108,13 +108,22 @@ struct Holder {
     pid: u32,
 }
 
+/// What the holder prints once `ip link set lo up` has returned.
+const LO_UP: &str = "coord-netns: lo is up";
+
 /// Start a holder of a new network namespace with `lo` up; returns it and
-/// the namespace once a socket can be bound in it.
+/// the namespace once `lo` is up in it: the holder said so after `ip`
+/// returned, and a listener bound in the namespace is reached by a
+/// connect from it. (A bind alone proves nothing: a bind to 127.0.0.1
+/// succeeds while `lo` is still down, and fails with EADDRNOTAVAIL for an
+/// instant while it comes up.)
 fn new_namespace(log: &Path, probe_port: u16) -> (Holder, NetNs) {
     let args: Vec<String> = ["unshare", "--net", "--", "sh", "-c"]
         .iter()
         .map(|s| s.to_string())
-        .chain(["ip link set lo up && exec sleep 100000".to_string()])
+        .chain([format!(
+            "ip link set lo up && echo '{LO_UP}' && exec sleep 100000"
+        )])
         .collect();
     let holder = Wrapped::spawn(&args, log, None);
     let own = std::fs::read_link("/proc/self/ns/net").expect("read /proc/self/ns/net");
@@ -123,12 +132,16 @@ fn new_namespace(log: &Path, probe_port: u16) -> (Holder, NetNs) {
     while Instant::now() < until {
         if let Some(pid) = read_pid(log) {
             let link = std::fs::read_link(format!("/proc/{pid}/ns/net"));
+            let up = || std::fs::read_to_string(log).is_ok_and(|l| l.contains(LO_UP));
             match link {
+                Ok(l) if l != own && !up() => last = "lo not up yet".into(),
                 Ok(l) if l != own => match NetNs::of_pid(pid) {
-                    // `lo` is up once 127.0.0.1 can be bound.
-                    Ok(ns) => match ns.bind(probe_port) {
+                    Ok(ns) => match ns.run(move || {
+                        let l = TcpListener::bind(("127.0.0.1", probe_port))?;
+                        TcpStream::connect(l.local_addr()?)
+                    }) {
                         Ok(_) => return (Holder { _proc: holder, pid }, ns),
-                        Err(e) => last = format!("bind in the namespace: {e}"),
+                        Err(e) => last = format!("loopback in the namespace: {e}"),
                     },
                     Err(e) => last = format!("open the namespace: {e}"),
                 },
@@ -498,6 +511,48 @@ mod tests {
             thread::sleep(Duration::from_millis(100));
         }
         false
+    }
+
+    /// A namespace is handed out only once its loopback works: a
+    /// listener bound in it at once is reached by a connect from it. (On
+    /// this kernel a bind to 127.0.0.1 succeeds while `lo` is still down,
+    /// and fails with EADDRNOTAVAIL for an instant while it comes up, so
+    /// a bind alone proves nothing; CI once failed binding a link there.)
+    ///
+    /// Busy threads keep both cores loaded, as CI's parallel tests do, so
+    /// the holder's `ip` runs late.
+    #[test]
+    fn a_new_namespace_has_its_loopback_up() {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let _spinners: Vec<_> = (0..4)
+            .map(|_| {
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        struct Stop(Arc<std::sync::atomic::AtomicBool>);
+        impl Drop for Stop {
+            fn drop(&mut self) {
+                self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        let _stop = Stop(stop);
+        for round in 0..20 {
+            let dir = temp_dir("netns-probe");
+            let _guard = Wrapped::spawn(&["true".to_string()], &dir.join("guard.log"), Some(&dir));
+            let (_holder, ns) = new_namespace(&dir.join("ns.log"), CLIENT_PORT);
+            let reached = ns.run(|| {
+                let l = TcpListener::bind(("127.0.0.1", PEER_PORT))?;
+                TcpStream::connect(l.local_addr()?)
+            });
+            if let Err(e) = reached {
+                panic!("round {round}: loopback not working in a new namespace: {e}");
+            }
+        }
     }
 
     /// The partition is real: the cut-off member loses its leader and

@@ -19,8 +19,12 @@
 //! Lifetime: each server runs under `sh -c`, whose stdin is a pipe held by
 //! the test process. When the test process exits (normally, by panic or by
 //! a signal) the pipe closes, the shell's `read` returns and it kills the
-//! server. The kit keeps no client connection in statics: every test runs
-//! in its own tokio runtime, so clients belong to tests.
+//! server and removes its folder: servers in statics ([`server()`],
+//! [`cluster()`], [`sentinel()`], [`redlock()`]) are never dropped. Only
+//! [`RedisServer::stop`] (which says `keep` first, for
+//! [`RedisServer::start_again`]) leaves the folder. The kit keeps no client
+//! connection in statics: every test runs in its own tokio runtime, so
+//! clients belong to tests.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -32,11 +36,15 @@ use std::time::{Duration, Instant};
 
 use super::port::free_port;
 
-/// The shell wrapper: start the server in the background, wait until our
-/// stdin closes (the test process ended, or [`RedisServer::stop`]), then
-/// kill it, wait for it, and remove its directory if asked to (`$2`: the
-/// shared server, which lives in a static and is never dropped).
-const WRAPPER: &str = r#"redis-server "$0" </dev/null >"$1" 2>&1 & pid=$!; read -r _; kill $pid 2>/dev/null; wait $pid; [ -n "$2" ] && rm -rf "$2"; exit 0"#;
+/// The shell wrapper (deaf to the `SIGINT`/`SIGHUP` a terminal or a job
+/// runner sends the test's whole process group: it must outlive the test
+/// process to clean up): start the server in the background, wait until our
+/// stdin closes, then kill it (woken first, should a test have left it
+/// paused), wait for it, and remove its directory `$2` unless the line
+/// read was `keep` ([`RedisServer::stop`], to start it again). A bare end
+/// of input is the test process gone: whether it was dropped or not (a
+/// server in a static never is), its folder goes with it.
+const WRAPPER: &str = r#"trap '' INT HUP; redis-server "$0" </dev/null >"$1" 2>&1 & pid=$!; read -r keep; kill -CONT $pid 2>/dev/null; kill $pid 2>/dev/null; wait $pid; [ "$keep" = keep ] || rm -rf "$2"; exit 0"#;
 
 /// Where `redis-server` is: `$REDIS_SERVER`, else the first on `PATH`,
 /// else `/usr/bin/redis-server`. Panics naming the Debian package if none.
@@ -66,7 +74,6 @@ pub struct RedisServer {
     port: u16,
     password: Option<String>,
     tls: bool,
-    shared: bool,
     /// Append-only file with `appendfsync always` (survives kill -9).
     aof: bool,
     /// More configuration lines (e.g. cluster mode), appended last.
@@ -82,7 +89,7 @@ pub struct RedisServer {
 /// The shared server of this test binary, started on first use.
 pub fn server() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    SERVER.get_or_init(|| RedisServer::start_inner(None, false, true, false))
+    SERVER.get_or_init(|| RedisServer::start_inner(None, false, false))
 }
 
 /// The shared server's URL (`redis://127.0.0.1:<port>`).
@@ -93,19 +100,19 @@ pub fn url() -> String {
 impl RedisServer {
     /// Start a private server on a free port.
     pub fn start() -> RedisServer {
-        Self::start_inner(None, false, false, false)
+        Self::start_inner(None, false, false)
     }
 
     /// Start a private server that persists every write before replying
     /// (`appendonly yes`, `appendfsync always`): its data survives
     /// [`kill`](Self::kill) + [`start_again`](Self::start_again).
     pub fn start_with_aof() -> RedisServer {
-        Self::start_inner(None, false, false, true)
+        Self::start_inner(None, false, true)
     }
 
     /// Start a private server that requires `password` (`requirepass`).
     pub fn start_with_password(password: &str) -> RedisServer {
-        Self::start_inner(Some(password.to_string()), false, false, false)
+        Self::start_inner(Some(password.to_string()), false, false)
     }
 
     /// Start a private server that speaks TLS only, with a fresh
@@ -114,30 +121,29 @@ impl RedisServer {
     /// [`tls_ca_certificate_pem`](Self::tls_ca_certificate_pem). Raw
     /// [`command`](Self::command)s are not available on it.
     pub fn start_tls() -> RedisServer {
-        Self::start_inner(None, true, false, false)
+        Self::start_inner(None, true, false)
     }
 
     /// Start a private server with `conf` (redis.conf lines) appended to
     /// the kit's configuration; later lines override earlier ones.
     pub fn start_with_config(conf: &str) -> RedisServer {
-        Self::start_full(None, false, false, false, conf, false)
+        Self::start_full(None, false, false, conf, false)
     }
 
     /// Start a Redis Sentinel (`redis-server <conf> --sentinel`) with the
     /// `sentinel ...` lines in `conf`; it rewrites its configuration file
     /// as it learns the deployment.
     pub fn start_sentinel(conf: &str) -> RedisServer {
-        Self::start_full(None, false, false, false, conf, true)
+        Self::start_full(None, false, false, conf, true)
     }
 
-    fn start_inner(password: Option<String>, tls: bool, shared: bool, aof: bool) -> RedisServer {
-        Self::start_full(password, tls, shared, aof, "", false)
+    fn start_inner(password: Option<String>, tls: bool, aof: bool) -> RedisServer {
+        Self::start_full(password, tls, aof, "", false)
     }
 
     fn start_full(
         password: Option<String>,
         tls: bool,
-        shared: bool,
         aof: bool,
         extra_conf: &str,
         sentinel: bool,
@@ -162,7 +168,6 @@ impl RedisServer {
                 port,
                 password: password.clone(),
                 tls,
-                shared,
                 aof,
                 extra_conf: extra_conf.to_string(),
                 sentinel,
@@ -216,11 +221,7 @@ impl RedisServer {
             .arg(wrapper)
             .arg(&conf)
             .arg(&log)
-            .arg(if self.shared {
-                self.dir.as_os_str()
-            } else {
-                "".as_ref()
-            })
+            .arg(&self.dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -364,11 +365,14 @@ impl RedisServer {
     }
 
     /// Stop the server (its data is gone: no persistence). Returns once the
-    /// process has exited. Idempotent.
+    /// process has exited. Idempotent. Its folder stays (for
+    /// [`start_again`](Self::start_again); dropping removes it).
     pub fn stop(&self) {
         let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut child) = child {
-            drop(child.stdin.take());
+            if let Some(mut stdin) = child.stdin.take() {
+                let _ = stdin.write_all(b"keep\n");
+            }
             let _ = child.wait();
         }
     }

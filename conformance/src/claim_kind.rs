@@ -1,0 +1,67 @@
+//! A lock or a one-permit semaphore through the raw traits, for review
+//! tests that run one scenario on both (the late-attempt tests of
+//! `coord-redis` and `coord-postgres`).
+
+use std::time::Duration;
+
+use coord_core::{Attempt, Lock, OwnerToken, PermitRequest, Result, Semaphore};
+
+/// Which raw trait a scenario goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimKind {
+    /// [`Lock`].
+    Lock,
+    /// [`Semaphore`], one permit of one.
+    Semaphore,
+}
+
+impl ClaimKind {
+    /// `owner`'s single attempt on `name` for `ttl` (a semaphore: one
+    /// permit of one, not queued).
+    pub async fn attempt<B: Lock + Semaphore + ?Sized>(
+        self,
+        b: &B,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<Attempt> {
+        match self {
+            ClaimKind::Lock => Lock::try_acquire(b, name, owner, ttl).await,
+            ClaimKind::Semaphore => {
+                let req = PermitRequest {
+                    permits: 1,
+                    total: 1,
+                    ttl,
+                    queue: false,
+                };
+                Semaphore::try_acquire(b, name, owner, &req).await
+            }
+        }
+    }
+
+    /// `owner`'s release of `name`.
+    pub async fn release<B: Lock + Semaphore + ?Sized>(
+        self,
+        b: &B,
+        name: &str,
+        owner: &OwnerToken,
+    ) -> Result<bool> {
+        match self {
+            ClaimKind::Lock => Lock::release(b, name, owner).await,
+            ClaimKind::Semaphore => Semaphore::release(b, name, owner).await,
+        }
+    }
+
+    /// The owners holding `name` now (panics on a store error).
+    pub async fn holders<B: Lock + Semaphore + ?Sized>(self, b: &B, name: &str) -> Vec<OwnerToken> {
+        let r = match self {
+            ClaimKind::Lock => Lock::inspect(b, name).await,
+            ClaimKind::Semaphore => Semaphore::inspect(b, name).await,
+        };
+        r.expect("inspect")
+            .holders
+            .iter()
+            .map(|h| h.owner)
+            .collect()
+    }
+}
