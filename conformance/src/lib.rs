@@ -4,7 +4,7 @@
 //! public async fn per case in [`cases`], and the test kit ([`testkit`]) that
 //! starts real servers for the networked backends.
 //!
-//! A backend runs the whole suite with a few lines in `tests/conformance.rs`:
+//! A backend runs the whole suite with a few lines in a module of its tests (`tests/it/suite_single.rs`):
 //!
 //! ```ignore
 //! async fn make_coord() -> coord_core::Coord {

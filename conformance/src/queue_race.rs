@@ -1,7 +1,7 @@
 //! Review scenarios for any store's raw `coord_core::Queue`: concurrent
 //! calls on ONE delivery (or of one consumer) through ONE client (written
 //! by helper-17; no defect found on etcd, Redis or PostgreSQL). Used by
-//! `tests/review_wq_same_delivery.rs` in coord-etcd, coord-redis and
+//! `tests/it/queue_same_delivery_races.rs` in coord-etcd, coord-redis and
 //! coord-postgres.
 //!
 //! Each scenario runs [`ROUNDS`] rounds on fresh queue names; the two (or

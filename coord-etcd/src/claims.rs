@@ -8,7 +8,7 @@
 //! live claims never share a key, and the next claim on the spare writes
 //! the same key again. A busy name thus reuses a few keys rather than
 //! leaving one per acquire in etcd's key index until a compaction
-//! (tests/key_history.rs). The owner is in the value. An attempt retried
+//! (tests/it/key_history.rs). The owner is in the value. An attempt retried
 //! after a lost reply keeps its claim's key (on a new lease): whether the
 //! lost write landed is read from that key, as before.
 
@@ -388,7 +388,7 @@ impl Shared {
                         // TTL as an extend does, keeping its create
                         // revision, so the holder keeps its token and
                         // nobody else can take the name meanwhile
-                        // (tests/review_same_owner.rs). Gone meanwhile:
+                        // (tests/it/same_owner_one_client.rs). Gone meanwhile:
                         // start again, below.
                         let deadline = start + ttl;
                         if matches!(

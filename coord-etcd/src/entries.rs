@@ -92,7 +92,7 @@ impl Shared {
     /// removed the new grant's record and revoked its lease; a release
     /// spared a lease a moving extend was revoking; two extends of
     /// different TTLs each dropped the other's key
-    /// (tests/review_same_owner.rs). Calls on other claims never wait.
+    /// (tests/it/same_owner_one_client.rs). Calls on other claims never wait.
     pub(crate) async fn one_call(self: &Arc<Self>, ek: &EntryKey) -> OneCall {
         self.take_turn(Turn::Claim(ek.clone())).await
     }
@@ -103,7 +103,7 @@ impl Shared {
     /// own (two tokens, twice the permits) and the second to land revoked
     /// the other's lease; an attempt racing the owner's moving extend
     /// revoked the lease the grant had just moved to
-    /// (tests/review_sem_same_owner.rs).
+    /// (tests/it/semaphore_same_owner_one_client.rs).
     pub(crate) async fn sem_one_call(self: &Arc<Self>, sk: &SemKey) -> OneCall {
         self.take_turn(Turn::Semaphore(sk.clone())).await
     }

@@ -78,7 +78,7 @@ impl Shared {
         // Delete the key at its create revision, never revoke its lease:
         // that lease is another client's (or one whose bookkeeping is
         // gone), and once its holder released it, a spare carrying that
-        // client's next claim (tests/cross_client_owner.rs).
+        // client's next claim (tests/it/cross_client_owner.rs).
         self.delete_at(&kv, op).await
     }
 
@@ -117,7 +117,7 @@ impl Shared {
             // A place in line of another client's waiting acquire: the
             // owner does not hold, so nothing changes (that client's handoff
             // trusts its place to live as long as its lease and its own
-            // release; tests/review_cross_client.rs).
+            // release; tests/it/owner_queued_through_another_client.rs).
             return Ok(false);
         }
         self.delete_at(kv, op).await
@@ -349,7 +349,7 @@ impl Shared {
     /// outlives the claim it carried (a released claim's lease is a spare
     /// that carries its client's next claim), so between the read and the
     /// revoke the lease may come to carry a claim nobody asked to remove
-    /// (tests/force_release.rs). The holder's lease, left without the key,
+    /// (tests/it/force_release.rs). The holder's lease, left without the key,
     /// is ended by the holder (its next extend or release finds the key
     /// gone) or lapses with its TTL.
     pub(crate) async fn force_release_claim(

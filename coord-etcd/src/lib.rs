@@ -50,7 +50,7 @@
 //!   claims never share a key, while the next claim on that spare writes
 //!   the same key again: a busy name reuses a few keys instead of adding
 //!   one per acquire to etcd's key index, which every attempt's range read
-//!   on the name walks until a compaction (`tests/key_history.rs`). A
+//!   on the name walks until a compaction (`tests/it/key_history.rs`). A
 //!   reused key deleted and created again gets a new create revision, so
 //!   fencing tokens still rise. A release or extend goes by this client's
 //!   record of the owner's claim (its key and create revision); a release
@@ -59,7 +59,7 @@
 //!   A client runs one call at a time per claim (its kind, name and
 //!   owner): an attempt, extend, release or lease grant waits for the
 //!   owner's other call on the same name through the same client, if any,
-//!   so none undoes another's outcome (`tests/review_same_owner.rs`);
+//!   so none undoes another's outcome (`tests/it/same_owner_one_client.rs`);
 //!   calls on other names or of other owners never wait. A holder's
 //!   attempt with another TTL moves its key, as `extend` does, and keeps
 //!   its token.
@@ -95,7 +95,7 @@
 //!   once it was deleted; a retry after a lost reply writes the same key,
 //!   compared to be absent), so a busy name reuses a few keys instead of
 //!   adding one per acquire to etcd's key index
-//!   (`tests/sem_key_history.rs`). A release or extend acts on a grant
+//!   (`tests/it/sem_key_history.rs`). A release or extend acts on a grant
 //!   (or place) at the create revision it was written with, never on a
 //!   key for existing (a key may be written again for the next owner); one
 //!   of an owner this client has no record of finds its key by the value.

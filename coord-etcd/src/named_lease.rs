@@ -127,7 +127,7 @@ impl EtcdBackend {
             // revision, value and token) onto the lease just granted, so
             // this client never keeps, pools or revokes a lease it did not
             // create: another client's lease becomes a spare carrying its
-            // next claim once released there (tests/cross_client_owner.rs).
+            // next claim once released there (tests/it/cross_client_owner.rs).
             // The other client's renewals then find the key off their lease.
             let txn = Txn::new()
                 .when([Compare::create_revision(

@@ -68,7 +68,7 @@ impl Shared {
                     // Not the grant this client knows any more (released
                     // and granted again to the owner through another
                     // client, say): the owner's live grant, if any, is
-                    // found by its value (tests/review_sem_fix.rs).
+                    // found by its value (tests/it/semaphore_grant_revisions.rs).
                     self.sem_release_found(&n, op).await?
                 }
             }
@@ -77,7 +77,7 @@ impl Shared {
         // A grant of the owner recorded by an attempt through this client
         // since the read above, and not deleted here, was answered
         // Granted: its record (and lease) stay, whatever this release
-        // found (tests/review_sem_race.rs). Checked and removed under one
+        // found (tests/it/semaphore_extend_racing_release.rs). Checked and removed under one
         // lock.
         let local = {
             let mut m = lock(&self.sems);

@@ -24,7 +24,7 @@
 //! grants (or places) never share a key, while the next grant on the spare
 //! writes the same key again: a busy name reuses a few keys instead of
 //! adding one per acquire to etcd's key index, which every range read on
-//! the name walks until a compaction (`tests/sem_key_history.rs`). A write
+//! the name walks until a compaction (`tests/it/sem_key_history.rs`). A write
 //! whose reply was lost (or that was dropped on its way) is recorded with
 //! its key, and the owner's next attempts write that key (on a new lease)
 //! compared to be absent, so a write landing late never makes a second
@@ -76,7 +76,7 @@ pub(crate) const QUEUE_REFRESH: Duration = Duration::from_secs(10);
 /// When the local bookkeeping is swept.
 const PRUNE_AT: usize = 1024;
 /// How long one new key's lease may spend trying spares before it grants
-/// a new lease (tests/review_sem_race.rs).
+/// a new lease (tests/it/semaphore_extend_racing_release.rs).
 const SPARE_BUDGET: Duration = Duration::from_secs(1);
 
 /// A semaphore claim of this client: (name, owner).
@@ -279,7 +279,7 @@ impl Shared {
     /// none): the grant a call read before awaiting the store. A grant made
     /// again for the owner through this client meanwhile (a concurrent
     /// attempt, which answered it) is left alone
-    /// (tests/review_sem_race.rs). Checked and removed under one lock.
+    /// (tests/it/semaphore_extend_racing_release.rs). Checked and removed under one lock.
     pub(crate) fn sem_forget_of(self: &Arc<Self>, sk: &SemKey, read: Option<&Grant>) {
         let id = |g: &Grant| (g.lease, g.rev);
         let removed = {

@@ -64,7 +64,7 @@
 //! With every server of a primary and its streaming standbys in the URL,
 //! clients follow a promotion by themselves (tested with the primary
 //! killed and with it fenced read-only, a lock workload running:
-//! `tests/conformance_failover.rs`). Calls on connections to the dead
+//! `tests/it/suite_failover.rs`). Calls on connections to the dead
 //! server fail with [`Error::Unavailable`](coord_core::Error::Unavailable)
 //! (retryable), as do writes refused by a read-only server (SQLSTATE
 //! 25006), whose connection is dropped; new connections find the new
@@ -143,7 +143,7 @@
 //! `claim_leave`, which also marks the owner as left on the name's row for
 //! [`CLAIM_LEFT_TTL`] (30 s), and an attempt of that owner stamped before
 //! the mark is refused. The mark is on the row, so the row lock orders a
-//! late attempt and the marking release either way (`tests/late_claims.rs`
+//! late attempt and the marking release either way (`tests/it/late_claims.rs`
 //! forces both orders). Releases after answered attempts are the plain
 //! statement and mark nothing. Clients of layout 11 and before send no
 //! stamp and are never refused.

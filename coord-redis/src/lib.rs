@@ -127,8 +127,8 @@
 //!   took), so fence every write. See [`cluster_capabilities`].
 //!
 //! Tested against a real 3-master, 3-replica cluster: the whole
-//! conformance suite (`tests/conformance_cluster.rs`), a master killed
-//! mid-workload and a slot moved mid-workload (`tests/cluster.rs`).
+//! conformance suite (`tests/it/suite_cluster.rs`), a master killed
+//! mid-workload and a slot moved mid-workload (`tests/it/cluster.rs`).
 //!
 //! ```no_run
 //! # async fn demo() -> coord_core::Result<()> {
@@ -170,8 +170,8 @@
 //!   a grant; see [`sentinel_capabilities`].
 //!
 //! Tested against a real master, replica and three sentinels: the whole
-//! conformance suite (`tests/conformance_sentinel.rs`), the master killed
-//! mid-workload and a switch-over mid-workload (`tests/sentinel.rs`).
+//! conformance suite (`tests/it/suite_sentinel.rs`), the master killed
+//! mid-workload and a switch-over mid-workload (`tests/it/sentinel.rs`).
 //!
 //! ## Wake-ups
 //!
@@ -298,7 +298,7 @@
 //!
 //! Only a new grant stores metadata; a retry by the holder keeps its grant
 //! as it is. An acquire without metadata runs the same scripts' commands
-//! as before metadata existed (`tests/inspect.rs` counts every command
+//! as before metadata existed (`tests/it/inspect.rs` counts every command
 //! the server runs). `inspect` is one read-only script: the holder's owner
 //! token (the core shows only its fingerprint), fencing token, `PTTL` (or
 //! the grant's expiry on the server clock) and metadata; for a semaphore
@@ -317,7 +317,7 @@
 //! ## What stays in Redis
 //!
 //! Nothing, for a name idle past its TTL, window or idle grace
-//! (`tests/state.rs` touches 100,000 names and watches the key count come
+//! (`tests/it/state.rs` touches 100,000 names and watches the key count come
 //! back to where it was):
 //! - a lock or lease ([`Layout::Coord`]) is ONE key, `<owner>:<token>` while
 //!   held; a release leaves `=<token>` for the rest of the TTL (so a grant

@@ -20,7 +20,7 @@ const ROUNDS: u64 = 100;
 /// the name once the client's background work settled: another owner is
 /// refused, and O's release reports `true`. (etcd's client lost such
 /// grants, and once handed the name to another owner, before it ran one
-/// call per claim at a time: `coord-etcd/tests/review_same_owner.rs`.)
+/// call per claim at a time: `coord-etcd/tests/it/same_owner_one_client.rs`.)
 pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Factory) {
     let (c, other_client) = (f.client().await, f.client().await);
     let raw = c.raw_lock().unwrap();
@@ -83,7 +83,7 @@ pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Facto
 /// else; O's release reports `true` and leaves nothing. (etcd's client
 /// made two grants of O, with two tokens and their permits added, then
 /// revoked one of them, before it ran one call per semaphore owner at a
-/// time: `coord-etcd/tests/review_sem_same_owner.rs`.)
+/// time: `coord-etcd/tests/it/semaphore_same_owner_one_client.rs`.)
 pub async fn semaphore_same_owner_attempts_racing_in_one_client_make_one_grant(f: &Factory) {
     let (c, other_client) = (f.client().await, f.client().await);
     let (raw, other_raw) = match (c.raw_semaphore(), other_client.raw_semaphore()) {

@@ -258,7 +258,9 @@ impl PgCluster {
                        host all postgres 127.0.0.1/32 trust\n\
                        host all all 127.0.0.1/32 scram-sha-256\n"
             .to_string();
-        let mut conf = "max_connections = 400\n\
+        // One test binary runs every module of a crate against this cluster,
+        // eight tests at a time, each with clients of its own.
+        let mut conf = "max_connections = 1000\n\
                         password_encryption = 'scram-sha-256'\n\
                         shared_buffers = 64MB\n\
                         log_min_messages = warning\n"

@@ -120,7 +120,7 @@ async fn compaction_during_watches() {
     for p in &proxies {
         // Calls as slow as on a server with slow disk writes, where this
         // test found a waiter whose attempt a reset failed sleeping out its
-        // wait unqueued (tests/lock_waiters.rs): resets land mid-call more
+        // wait unqueued (tests/it/lock_waiters.rs): resets land mid-call more
         // often.
         p.latency(LINK_LATENCY);
     }

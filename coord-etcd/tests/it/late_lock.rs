@@ -1,0 +1,123 @@
+//! Late lock attempts (the etcd twin of `coord-redis/tests/review_claims.rs`
+//! and `late_claims.rs`): a transaction of a lock attempt that its client
+//! gave up on (the call timed out on a slow link) still reaches etcd after
+//! the acquire has ended. It must take nothing: no lock nobody releases
+//! (for its TTL, 60 s) and no place in line nobody waits for.
+//!
+//! On etcd the attempt writes its key on a lease that the client revokes
+//! when it gives the owner up (or never hands on as a spare while the
+//! attempt may still land), and etcd refuses a transaction whose lease is
+//! gone. These tests hold that to account.
+//!
+//! The fault is [`FaultProxy::deliver_late`], as in `semaphore_late.rs`:
+//! the attempt's transaction (picked by the owner's lock key in its bytes)
+//! is held [`DELAY`] and then written on its old connection, while the
+//! client's end of that connection is cut after [`CUT_AFTER`], so its
+//! retry, release and cleanup reach etcd first, on a new connection.
+
+use std::sync::Arc;
+
+use conformance::testkit::etcd;
+use conformance::testkit::proxy::FaultProxy;
+use coord_core::{Attempt, Error, Lock, OwnerToken};
+use coord_etcd::EtcdBackend;
+use late_support::{
+    CALL_TIMEOUT, CUT_AFTER, DELAY, SEC, connect, direct, unique, until_the_late_copy_landed,
+    writes_an_owner_key,
+};
+
+use crate::late_support;
+/// The slow client, its connection warmed by a lock cycle on another name.
+async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
+    let b = connect(proxy.port(), prefix, CALL_TIMEOUT).await;
+    let o = OwnerToken::random();
+    granted(b.try_acquire("warm", &o, 2 * SEC).await);
+    assert!(b.release("warm", &o).await.unwrap());
+    b
+}
+
+fn granted(a: coord_core::Result<Attempt>) {
+    assert!(
+        matches!(a, Ok(Attempt::Granted(_))),
+        "expected a grant: {a:?}"
+    );
+}
+
+/// The keys of the lock `name` under `prefix`, with their leases.
+async fn keys(prefix: &str, name: &str) -> Vec<(String, i64)> {
+    late_support::keys(prefix, &format!("lock/{name}/")).await
+}
+
+/// A waiting acquire's attempt is held in the network; the acquire times
+/// out (the lock is held), the holder releases, then the held transaction
+/// lands on the free lock. The next acquire must be granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
+    let prefix = unique("late-lock");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = slow(&prefix, &proxy).await;
+    let near = direct(&prefix).await;
+    let holder = OwnerToken::random();
+    granted(near.try_acquire("ghost", &holder, 60 * SEC).await);
+    proxy.deliver_late(
+        writes_an_owner_key("lock/ghost/".to_string()),
+        DELAY,
+        CUT_AFTER,
+    );
+    let locks = far.coord().locks().unwrap();
+    let r = locks.acquire("ghost", 60 * SEC, SEC).await;
+    assert!(
+        matches!(r, Err(Error::Timeout { .. })),
+        "expected a timeout: {r:?}"
+    );
+    assert_eq!(proxy.held(), 1, "no attempt was held");
+    assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
+    assert!(near.release("ghost", &holder).await.unwrap());
+    until_the_late_copy_landed(&proxy).await;
+    let left = keys(&prefix, "ghost").await;
+    let a = near
+        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .await;
+    assert!(
+        matches!(a, Ok(Attempt::Granted(_))),
+        "the lock is free and nobody waits, yet an attempt got {a:?} (keys: \
+         {left:?}: the timed-out waiter's late attempt took it)"
+    );
+    assert!(left.is_empty(), "keys left: {left:?}");
+}
+
+/// An acquire's first attempt is held in the network past the call
+/// timeout; its retry is granted and the lock released; then the held
+/// transaction lands. It must not take the lock (its lease may have gone
+/// back to the spare pool with the grant, still alive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
+    let prefix = unique("late-retry");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = slow(&prefix, &proxy).await;
+    let near = direct(&prefix).await;
+    proxy.deliver_late(
+        writes_an_owner_key("lock/ghost/".to_string()),
+        DELAY,
+        CUT_AFTER,
+    );
+    let locks = far.coord().locks().unwrap();
+    let g = locks
+        .acquire("ghost", 60 * SEC, 3 * SEC)
+        .await
+        .expect("the retry was not granted");
+    assert_eq!(proxy.held(), 1, "no attempt was held");
+    g.release().await.unwrap();
+    assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
+    until_the_late_copy_landed(&proxy).await;
+    let left = keys(&prefix, "ghost").await;
+    let a = near
+        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .await;
+    assert!(
+        matches!(a, Ok(Attempt::Granted(_))),
+        "the lock is free and nobody waits, yet an attempt got {a:?} (keys: \
+         {left:?}: the released owner's late attempt took it)"
+    );
+    assert!(left.is_empty(), "keys left by a released owner: {left:?}");
+}

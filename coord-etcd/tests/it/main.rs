@@ -1,0 +1,45 @@
+//! coord-etcd's integration tests, one binary: each module checks one
+//! behaviour against real etcd servers (a single node, 3-node clusters)
+//! started by the test kit. `faults` is a binary of its own: its scenarios'
+//! time bounds assume nothing else runs beside them.
+
+mod claim_support;
+mod history_support;
+mod late_support;
+mod semaphore_support;
+
+mod backend;
+mod claim_faults_through_proxy;
+mod claim_keys_named_by_lease;
+mod cluster;
+mod cross_client_owner;
+mod force_release;
+mod handoff;
+mod inspect;
+mod key_history;
+mod lagging_member;
+mod late_lock;
+mod lock_waiters;
+mod metrics_recorded;
+mod owner_queued_through_another_client;
+mod queue;
+mod queue_same_delivery_races;
+mod same_owner_one_client;
+mod sem_key_history;
+mod semaphore;
+mod semaphore_adopted_grants;
+mod semaphore_extend_racing_release;
+mod semaphore_grant_revisions;
+mod semaphore_keys_by_lease;
+mod semaphore_late;
+mod semaphore_moving_retry;
+mod semaphore_queue_by_lease;
+mod semaphore_same_owner_one_client;
+mod server;
+mod soak;
+mod spare_lease_pool_faults;
+mod spare_reuse;
+mod suite_cluster;
+mod suite_single;
+mod tls;
+mod work_queue;

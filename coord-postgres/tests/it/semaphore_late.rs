@@ -1,0 +1,292 @@
+//! Late semaphore attempts on a slow network: an attempt whose reply is
+//! delayed past the call timeout is given up by its client, but still
+//! reaches the server, possibly after the acquire has ended and its
+//! owner's place (or grant) has been released. It must then change
+//! nothing: no place in line nobody waits for (FIFO: it would hold up
+//! every later waiter until it lapses, `SEMAPHORE_QUEUE_TTL`), and no
+//! grant nobody releases.
+//!
+//! The slow client goes through a `FaultProxy` that delays every chunk by
+//! [`LATENCY`] (a chunk already read keeps its delay after the latency is
+//! turned off), with a call timeout of 200 ms and one pooled connection,
+//! warmed so its statements are prepared (the late attempt is then one
+//! message, sent at once). The cases run one after the other.
+
+use crate::support;
+use std::time::{Duration, Instant};
+
+use conformance::testkit::postgres::cluster;
+use conformance::testkit::proxy::FaultProxy;
+use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
+use coord_postgres::PostgresBackend;
+use support::{HEAL_AFTER, LATENCY, LONG, direct, slow, unique, until_late_attempts_landed};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Make `b`'s one pooled connection prepare the semaphore statements.
+async fn warm(b: &PostgresBackend, name: &str) {
+    let o = OwnerToken::random();
+    let got = b
+        .try_acquire(name, &o, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(b.release(name, &o).await.unwrap());
+}
+
+fn req(permits: u32, total: u32, ttl: Duration, queue: bool) -> PermitRequest {
+    PermitRequest {
+        permits,
+        total,
+        ttl,
+        queue,
+    }
+}
+
+/// (grant rows, queue rows) of `name`.
+async fn rows(b: &PostgresBackend, name: &str) -> (i64, i64) {
+    let c = b.pool().get().await.unwrap();
+    let s = b.schema();
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM \"{s}\".semaphore_holders WHERE name = $1), \
+                        (SELECT count(*) FROM \"{s}\".semaphore_queue WHERE name = $1)"
+            ),
+            &[&name],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// Marks of owners that left, on `name`.
+async fn left(b: &PostgresBackend, name: &str) -> i64 {
+    let c = b.pool().get().await.unwrap();
+    let s = b.schema();
+    c.query_one(
+        &format!("SELECT count(*) FROM \"{s}\".semaphore_left WHERE name = $1"),
+        &[&name],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// The defect: a waiting acquire times out while its first attempt is
+/// still on its way; the acquire's release runs first (removing nothing,
+/// or the place of a later attempt), then the late attempt lands and
+/// queues the owner again. Nobody waits for that place, yet the waiters
+/// behind it (FIFO) wait until it lapses. Fixed: the late attempt finds
+/// its owner left after it was sent and writes nothing, so a later
+/// acquire of the free permit is granted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("late_place");
+    let proxy = FaultProxy::start(cluster().port());
+    let here = direct(&schema).await;
+    let far = slow(&schema, &proxy).await;
+    let name = unique("late-place");
+    warm(&far, &name).await;
+
+    // The one permit is held, so the slow acquire queues.
+    let holder = OwnerToken::random();
+    let got = here
+        .try_acquire(&name, &holder, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+
+    proxy.latency(LATENCY);
+    let started = Instant::now();
+    let sem = far.coord().semaphores().unwrap();
+    let n = name.clone();
+    let acquire =
+        tokio::spawn(async move { sem.acquire(&n, 1, LONG, Duration::from_millis(600)).await });
+    tokio::time::sleep(HEAL_AFTER).await;
+    proxy.latency(Duration::ZERO);
+    let r = acquire.await.unwrap();
+    assert!(r.is_err(), "the slow acquire got the held permit: {r:?}");
+    until_late_attempts_landed(started).await;
+    let after_late = rows(&here, &name).await;
+
+    // The holder leaves: the permit is free, and nobody else waits.
+    assert!(here.release(&name, &holder).await.unwrap());
+    let sem = here.coord().semaphores().unwrap();
+    let t = Instant::now();
+    let next = sem.acquire(&name, 1, LONG, Duration::from_secs(5)).await;
+    let waited = t.elapsed();
+    let end = rows(&here, &name).await;
+    assert!(
+        after_late == (1, 0) && next.is_ok() && waited < Duration::from_secs(1),
+        "after the late attempt landed the name had (grants, places) = {after_late:?} \
+         (want (1, 0): the holder's grant, no place); the next acquire of the free \
+         permit gave {:?} after {waited:?} (want a grant well under 1 s); \
+         rows at the end: {end:?}",
+        next.as_ref().map(|p| p.fencing_token())
+    );
+    next.unwrap().release().await.unwrap();
+    assert_eq!(rows(&here, &name).await, (0, 0));
+
+    // The slow owner's mark is the name's only state left; once lapsed,
+    // the sweep deletes it.
+    assert_eq!(left(&here, &name).await, 1, "the timed-out owner's mark");
+    let c = here.pool().get().await.unwrap();
+    c.execute(
+        &format!(
+            "UPDATE \"{schema}\".semaphore_left SET expires_at = now() - interval '1 day' \
+              WHERE name = $1"
+        ),
+        &[&name],
+    )
+    .await
+    .unwrap();
+    drop(c);
+    assert!(here.sweep().await.unwrap() >= 1);
+    assert_eq!(
+        left(&here, &name).await,
+        0,
+        "a lapsed mark outlived the sweep"
+    );
+}
+
+/// The same late attempt after an acquire that succeeded (a retry got the
+/// grant) and whose permit was released at once: the late attempt must
+/// not take the permit again for nobody (it would be lost until its TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_after_a_release_takes_no_permit() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("late_grant");
+    let proxy = FaultProxy::start(cluster().port());
+    let here = direct(&schema).await;
+    let far = slow(&schema, &proxy).await;
+    let name = unique("late-grant");
+    warm(&far, &name).await;
+
+    proxy.latency(LATENCY);
+    let started = Instant::now();
+    let sem = far.coord().semaphores().unwrap();
+    let n = name.clone();
+    let acquire =
+        tokio::spawn(async move { sem.acquire(&n, 1, LONG, Duration::from_secs(3)).await });
+    tokio::time::sleep(HEAL_AFTER).await;
+    proxy.latency(Duration::ZERO);
+    let permit = acquire
+        .await
+        .unwrap()
+        .expect("a retry on a healed path is granted");
+    permit.release().await.unwrap();
+    until_late_attempts_landed(started).await;
+    let after_late = rows(&here, &name).await;
+
+    let sem = here.coord().semaphores().unwrap();
+    let next = sem.try_acquire(&name, 1, LONG).await.unwrap();
+    assert!(
+        after_late == (0, 0) && next.is_some(),
+        "after the late attempt landed the name had (grants, places) = {after_late:?} \
+         (want none); another client's try_acquire of the free permit gave {:?}",
+        next.as_ref().map(|p| p.fencing_token())
+    );
+    next.unwrap().release().await.unwrap();
+    assert_eq!(left(&here, &name).await, 1, "the released owner's mark");
+}
+
+/// Through the raw trait, an owner may be used again after its release:
+/// its new attempts are not taken for late ones, also when the release
+/// marked it as left (an attempt of it was given up on). A lapsed mark is
+/// pruned by the next write on the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_used_again_after_its_release_is_served() {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("late_reuse");
+    let here = direct(&schema).await;
+    let name = unique("reuse");
+    let (holder, o) = (OwnerToken::random(), OwnerToken::random());
+    let got = here
+        .try_acquire(&name, &holder, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
+    assert!(!here.release(&name, &o).await.unwrap());
+    assert_eq!(rows(&here, &name).await, (1, 0));
+    // Queued again, then granted once the holder leaves.
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
+    assert_eq!(rows(&here, &name).await, (1, 1));
+    assert!(here.release(&name, &holder).await.unwrap());
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(here.release(&name, &o).await.unwrap());
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(here.release(&name, &o).await.unwrap());
+    assert_eq!(rows(&here, &name).await, (0, 0));
+    assert_eq!(left(&here, &name).await, 0, "answered attempts left marks");
+
+    // An attempt given up on mid-call (whether it reached the server or
+    // not, and when): the release marks the owner; its later attempts are
+    // served all the same.
+    let got = here
+        .try_acquire(&name, &holder, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    let r = req(1, 1, LONG, true);
+    let mut gave_up = Box::pin(here.try_acquire(&name, &o, &r));
+    // Polled once (it is sent, or about to be), then dropped.
+    let first = futures::poll!(gave_up.as_mut());
+    assert!(first.is_pending(), "answered at once: {first:?}");
+    drop(gave_up);
+    assert!(!here.release(&name, &o).await.unwrap());
+    assert_eq!(left(&here, &name).await, 1, "the release marked the owner");
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
+    assert_eq!(rows(&here, &name).await, (1, 1), "queued again");
+    assert!(here.release(&name, &holder).await.unwrap());
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, true))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert!(here.release(&name, &o).await.unwrap());
+    assert_eq!(rows(&here, &name).await, (0, 0));
+
+    // Lapsed: the next grant on the name prunes it.
+    let c = here.pool().get().await.unwrap();
+    c.execute(
+        &format!(
+            "UPDATE \"{schema}\".semaphore_left SET expires_at = now() - interval '1 s' \
+              WHERE name = $1"
+        ),
+        &[&name],
+    )
+    .await
+    .unwrap();
+    drop(c);
+    let got = here
+        .try_acquire(&name, &o, &req(1, 1, LONG, false))
+        .await
+        .unwrap();
+    assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
+    assert_eq!(left(&here, &name).await, 0, "a lapsed mark was not pruned");
+    assert!(here.release(&name, &o).await.unwrap());
+    assert_eq!(rows(&here, &name).await, (0, 0));
+}

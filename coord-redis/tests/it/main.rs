@@ -1,0 +1,31 @@
+//! coord-redis's integration tests, one binary: each module checks one
+//! behaviour against real Redis servers (single, Cluster, Sentinel, Redlock)
+//! started by the test kit. Two are binaries of their own: `faults` (its
+//! scenarios' time bounds assume nothing else runs beside them) and
+//! `tracing` (tracing's per-callsite interest is process-wide state).
+
+mod common;
+
+mod claim_wakeups_and_tokens;
+mod cluster;
+mod cluster_edges;
+mod fencing;
+mod inspect;
+mod keys;
+mod late_claims;
+mod limiter;
+mod metrics_recorded;
+mod queue;
+mod queue_same_delivery_races;
+mod redis_specific;
+mod redlock;
+mod redlock_faults;
+mod same_owner_one_client;
+mod semaphore;
+mod semaphore_races;
+mod sentinel;
+mod state;
+mod suite_cluster;
+mod suite_redlock;
+mod suite_sentinel;
+mod suite_single;

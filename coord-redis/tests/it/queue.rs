@@ -1,0 +1,693 @@
+//! Redis work queues beyond the shared cases: what stays in Redis (nothing
+//! once acked or purged), the request count of an uncontended push, pop
+//! and ack, binary payloads, names with braces, a pop woken by another
+//! client's push (and no `PUBLISH` while nobody waits), fencing tokens and
+//! ids after the server lost its data, a mass lapse larger than one step's
+//! batch, lost keys, the delivery rule against a model of it, and some
+//! shared queue cases in the seed layout.
+
+use crate::common;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use common::{SEC, eventually, unique};
+use conformance::testkit::redis::{self as kit, CountingProxy, RedisServer};
+use coord_core::{
+    Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue, QueueConfig,
+};
+use coord_redis::{RedisBackend, RedisOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+const MS: Duration = Duration::from_millis(1);
+const LONG: Duration = Duration::from_secs(60);
+
+async fn backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisOptions::new(url))
+        .await
+        .expect("connect")
+}
+
+fn dbsize(server: &RedisServer) -> i64 {
+    server.command(&["DBSIZE"]).as_int().unwrap()
+}
+
+fn keys(server: &RedisServer) -> Vec<String> {
+    match server.command(&["KEYS", "*"]) {
+        kit::Resp::Array(Some(items)) => items
+            .iter()
+            .filter_map(|k| k.as_str().map(str::to_string))
+            .collect(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+/// How many times the server ran `cmd` (scripts' calls included).
+fn calls(server: &RedisServer, cmd: &str) -> i64 {
+    server
+        .info("commandstats", &format!("cmdstat_{cmd}"))
+        .split(',')
+        .find_map(|f| f.strip_prefix("calls="))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+fn msg<'a>(payload: &'a [u8], group: Option<&'a str>) -> NewMessage<'a> {
+    NewMessage {
+        payload,
+        delay: Duration::ZERO,
+        group,
+        dedup_id: None,
+        dedup_window: Duration::ZERO,
+    }
+}
+
+/// The id and token of a delivery; panics on an empty attempt.
+fn delivered(a: PopAttempt) -> (coord_core::Message, u64) {
+    match a {
+        PopAttempt::Delivered { message, token } => (message, token.get()),
+        other => panic!("expected a delivery, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_acked_or_purged_queue_leaves_no_keys() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let cfg = QueueConfig::default().max_deliveries(1);
+    let me = OwnerToken::random();
+
+    // Acked: nothing left at once.
+    let name = unique("q-keys");
+    let id = b.push(&name, &msg(b"x", Some("g"))).await.unwrap().id;
+    assert!(dbsize(&server) > 0);
+    let (m, _) = delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+    assert_eq!(m.id, id);
+    assert!(b.ack(&name, Lane::Main, id, &me).await.unwrap());
+    assert_eq!(
+        dbsize(&server),
+        0,
+        "an acked queue left {:?}",
+        keys(&server)
+    );
+
+    // Every state at once (ready, delayed, in flight, dead, several
+    // groups), then purged: nothing left.
+    for i in 0..20u8 {
+        let group = ["a", "b", "c"][i as usize % 3];
+        let body = [i];
+        let m = NewMessage {
+            delay: if i % 4 == 0 { 10 * SEC } else { Duration::ZERO },
+            ..msg(&body, Some(group))
+        };
+        b.push(&name, &m).await.unwrap();
+    }
+    for _ in 0..6 {
+        let (m, _) = delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+        assert!(
+            b.nack(&name, Lane::Main, m.id, &me, Duration::ZERO)
+                .await
+                .unwrap()
+        );
+    }
+    delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+    delivered(b.try_pop(&name, Lane::Dead, &me, LONG, &cfg).await.unwrap());
+    let s = b.stats(&name).await.unwrap();
+    assert_eq!((s.delayed, s.in_flight, s.dead), (5, 1, 6), "{s:?}");
+    assert_eq!(b.purge(&name).await.unwrap(), 20);
+    assert_eq!(
+        dbsize(&server),
+        0,
+        "a purged queue left {:?}",
+        keys(&server)
+    );
+    assert_eq!(b.stats(&name).await.unwrap(), Default::default());
+
+    // A dedup id outlives its message for its window, on a TTL, and only it.
+    let d = NewMessage {
+        dedup_id: Some("once"),
+        dedup_window: 700 * MS,
+        ..msg(b"d", None)
+    };
+    let id = b.push(&name, &d).await.unwrap().id;
+    let (m, _) = delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+    assert!(b.ack(&name, Lane::Main, m.id, &me).await.unwrap());
+    let left = keys(&server);
+    assert_eq!(left.len(), 2, "{left:?}");
+    for k in &left {
+        assert!(k.contains(":dedup"), "{k}");
+        let ttl = server.command(&["PTTL", k]).as_int().unwrap();
+        assert!(ttl > 0 && ttl <= 701, "{k}: PTTL {ttl}");
+    }
+    let again = b.push(&name, &d).await.unwrap();
+    assert!(again.duplicate && again.id == id);
+    sleep(800 * MS).await;
+    assert_eq!(dbsize(&server), 0, "{:?}", keys(&server));
+
+    // A waiting pop on an empty queue leaves its mark on a TTL only.
+    let coord = backend(&server.url()).await.into_coord();
+    let q = coord.queues().unwrap();
+    assert!(q.pop(&name, LONG, 300 * MS).await.unwrap().is_none());
+    let left = keys(&server);
+    assert_eq!(left.len(), 1, "{left:?}");
+    let ttl = server.command(&["PTTL", &left[0]]).as_int().unwrap();
+    // 60 s, rounded up to the next millisecond (`tidy` sets floor + 1 ms so
+    // the key outlives the mark): 60,001 when read within the millisecond.
+    assert!(ttl > 0 && ttl <= 60_001, "the mark's PTTL {ttl}");
+}
+
+#[tokio::test]
+async fn uncontended_push_pop_and_ack_cost_one_request_each() {
+    let proxy = CountingProxy::start(kit::server().port());
+    let q = backend(&proxy.url()).await.into_coord().queues().unwrap();
+    let name = unique("q-requests");
+    // Warm up (first use of the connection).
+    q.push(&name, b"warm").await.unwrap();
+    q.pop(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap()
+        .ack()
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let mut sent = Vec::new();
+        let before = proxy.command_names().len();
+        q.push(&name, format!("m{i}")).await.unwrap();
+        sent.push(proxy.command_names()[before..].to_vec());
+        let before = proxy.command_names().len();
+        let d = q.pop(&name, LONG, SEC).await.unwrap().expect("a message");
+        sent.push(proxy.command_names()[before..].to_vec());
+        let before = proxy.command_names().len();
+        d.ack().await.unwrap();
+        sent.push(proxy.command_names()[before..].to_vec());
+        for (op, names) in ["push", "pop", "ack"].iter().zip(&sent) {
+            assert_eq!(names, &["EVALSHA"], "{op} sent {names:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn payloads_with_every_byte_value_round_trip() {
+    let b = backend(&kit::url()).await;
+    let name = unique("q-bytes");
+    let me = OwnerToken::random();
+    let every: Vec<u8> = (0..=255u8).cycle().take(256 * 3).collect();
+    let tricky: &[&[u8]] = &[
+        &every,
+        b"",
+        b"\0",
+        b"%d %s [^]*$ \\0",
+        b"a:b:c:d",
+        &[0xff; 17],
+    ];
+    let group = "t\u{e9}nant:7 {x}";
+    for p in tricky {
+        b.push(&name, &msg(p, Some(group))).await.unwrap();
+    }
+    let peeked = b.peek(&name, Lane::Main, 100).await.unwrap();
+    assert_eq!(peeked.len(), tricky.len());
+    for (m, p) in peeked.iter().zip(tricky) {
+        assert_eq!(&m.payload[..], *p, "peek changed a payload");
+        assert_eq!(m.group.as_deref(), Some(group));
+    }
+    let cfg = QueueConfig::default();
+    for p in tricky {
+        let (m, _) = delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+        assert_eq!(&m.payload[..], *p, "a delivery changed a payload");
+        assert_eq!(m.group.as_deref(), Some(group));
+        assert!(b.ack(&name, Lane::Main, m.id, &me).await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn names_with_braces_work_and_keep_one_hash_slot() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let me = OwnerToken::random();
+    let cfg = QueueConfig::default();
+    let names = ["{", "}", "a}{b", "{x}", "%7D", "}}{{:main:meta"];
+    for name in names {
+        b.push(name, &msg(name.as_bytes(), Some("}{")))
+            .await
+            .unwrap();
+        b.push(name, &msg(b"delayed", None).delayed(10 * SEC))
+            .await
+            .unwrap();
+    }
+    // Each name's keys share one hash tag (so one Cluster slot), and no two
+    // names share a key.
+    let mut tags: HashMap<String, usize> = HashMap::new();
+    for k in keys(&server) {
+        let open = k.find('{').expect("a hash tag");
+        let close = open + k[open..].find('}').expect("a closed hash tag");
+        *tags.entry(k[open + 1..close].to_string()).or_default() += 1;
+    }
+    assert_eq!(tags.len(), names.len(), "{tags:?}");
+    for name in names {
+        let (m, _) = delivered(b.try_pop(name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+        assert_eq!(m.payload, name.as_bytes());
+        assert_eq!(m.group.as_deref(), Some("}{"));
+        assert!(b.ack(name, Lane::Main, m.id, &me).await.unwrap());
+        let s = b.stats(name).await.unwrap();
+        assert_eq!((s.ready, s.delayed), (0, 1), "{name}: {s:?}");
+        assert_eq!(b.purge(name).await.unwrap(), 1);
+    }
+    assert_eq!(dbsize(&server), 0);
+}
+
+trait Delayed {
+    fn delayed(self, d: Duration) -> Self;
+}
+
+impl Delayed for NewMessage<'_> {
+    fn delayed(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+}
+
+#[tokio::test]
+async fn a_pop_is_woken_by_another_clients_push_and_nobody_waiting_costs_no_publish() {
+    let server = RedisServer::start();
+    let pusher = backend(&server.url()).await.into_coord().queues().unwrap();
+    let waiter = backend(&server.url())
+        .await
+        .into_coord()
+        .with_poll_interval(Duration::from_secs(30))
+        .queues()
+        .unwrap();
+    let name = unique("q-wake");
+    let pubs = calls(&server, "publish");
+    for _ in 0..3 {
+        pusher.push(&name, b"nobody waits").await.unwrap();
+        let d = pusher.pop(&name, LONG, Duration::ZERO).await.unwrap();
+        d.unwrap().ack().await.unwrap();
+    }
+    assert_eq!(
+        calls(&server, "publish"),
+        pubs,
+        "published with nobody waiting"
+    );
+
+    for round in 0..3 {
+        let (w, n) = (waiter.clone(), name.clone());
+        let task = tokio::spawn(async move { w.pop(&n, LONG, 20 * SEC).await });
+        sleep(300 * MS).await;
+        let pushed_at = Instant::now();
+        pusher.push(&name, format!("wake {round}")).await.unwrap();
+        let d = timeout(5 * SEC, task)
+            .await
+            .expect("the pop returned")
+            .unwrap()
+            .unwrap()
+            .expect("the pushed message");
+        assert!(
+            pushed_at.elapsed() < SEC,
+            "woken only after {:?}",
+            pushed_at.elapsed()
+        );
+        assert_eq!(d.payload(), format!("wake {round}").as_bytes());
+        d.ack().await.unwrap();
+    }
+    assert!(calls(&server, "publish") > pubs);
+
+    // A delayed push wakes a waiter only when it comes due before anything
+    // else the waiter was told of.
+    let (w, n) = (waiter.clone(), name.clone());
+    let task = tokio::spawn(async move { w.pop(&n, LONG, 1500 * MS).await });
+    sleep(300 * MS).await;
+    let pubs = calls(&server, "publish");
+    let later = PushOptions::new().delay(20 * SEC);
+    pusher.push_with(&name, b"in 20 s", &later).await.unwrap();
+    assert_eq!(
+        calls(&server, "publish"),
+        pubs + 1,
+        "the soonest delayed push"
+    );
+    let latest = PushOptions::new().delay(30 * SEC);
+    pusher.push_with(&name, b"in 30 s", &latest).await.unwrap();
+    assert_eq!(calls(&server, "publish"), pubs + 1, "a later delayed push");
+    assert!(task.await.unwrap().unwrap().is_none());
+    assert_eq!(pusher.purge(&name).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn fencing_tokens_and_ids_keep_rising_after_the_server_lost_its_data() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let name = unique("q-fence");
+    let me = OwnerToken::random();
+    let cfg = QueueConfig::default();
+    let mut last = (MessageId(0), 0u64);
+    let x = msg(b"x", None);
+    for round in 0..3 {
+        for _ in 0..5 {
+            let id = eventually("push", || b.push(&name, &x)).await.id;
+            let (m, token) = delivered(
+                eventually("pop", || b.try_pop(&name, Lane::Main, &me, LONG, &cfg)).await,
+            );
+            assert_eq!(m.id, id);
+            assert!(
+                id > last.0 && token > last.1,
+                "round {round}: id {id} token {token} after {last:?}"
+            );
+            last = (id, token);
+        }
+        match round {
+            0 => {
+                server.command(&["FLUSHALL"]);
+            }
+            _ => server.restart(),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_lapse_larger_than_one_steps_batch_redelivers_everything() {
+    let b = backend(&kit::url()).await;
+    let name = unique("q-mass-lapse");
+    let (me, other) = (OwnerToken::random(), OwnerToken::random());
+    let cfg = QueueConfig::default();
+    const N: usize = 600;
+    for i in 0..N {
+        let group = ["a", "b", "c"][i % 3];
+        b.push(&name, &msg(b"m", Some(group))).await.unwrap();
+    }
+    // Every delivery lapses at the same moment (give or take the pops).
+    let vis = 3 * SEC;
+    let start = Instant::now();
+    for _ in 0..N {
+        delivered(b.try_pop(&name, Lane::Main, &me, vis, &cfg).await.unwrap());
+    }
+    let empty = b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap();
+    assert!(start.elapsed() < vis, "the pops took {:?}", start.elapsed());
+    assert!(
+        matches!(empty, PopAttempt::Empty { next_in: Some(n) } if n <= vis),
+        "{empty:?}"
+    );
+    sleep(vis + 100 * MS).await;
+    assert_eq!(b.stats(&name).await.unwrap().ready, N as u64);
+    let mut seen = BTreeSet::new();
+    for _ in 0..N {
+        let (m, _) = delivered(
+            b.try_pop(&name, Lane::Main, &other, LONG, &cfg)
+                .await
+                .unwrap(),
+        );
+        assert_eq!(m.attempts, 2);
+        assert!(seen.insert(m.id), "{} delivered twice", m.id);
+        assert!(!b.ack(&name, Lane::Main, m.id, &me).await.unwrap());
+        assert!(b.ack(&name, Lane::Main, m.id, &other).await.unwrap());
+    }
+    assert_eq!(b.stats(&name).await.unwrap(), Default::default());
+}
+
+#[tokio::test]
+async fn a_queue_whose_keys_were_lost_never_fails_and_works_after_a_purge() {
+    let server = RedisServer::start();
+    let b = backend(&server.url()).await;
+    let name = "lost";
+    let me = OwnerToken::random();
+    let cfg = QueueConfig::default().ordered_groups(true);
+    for lost in [
+        ":bodies",
+        ":main:meta",
+        ":main:all",
+        ":main:ready",
+        ":main:groups",
+        "",
+    ] {
+        for i in 0..4u8 {
+            b.push(name, &msg(&[i], Some(["a", "b"][i as usize % 2])))
+                .await
+                .unwrap();
+        }
+        server.command(&["DEL", &format!("coord:queue:{{{name}}}{lost}")]);
+        for _ in 0..8 {
+            match b.try_pop(name, Lane::Main, &me, LONG, &cfg).await.unwrap() {
+                PopAttempt::Delivered { message, .. } => {
+                    b.ack(name, Lane::Main, message.id, &me).await.unwrap();
+                }
+                PopAttempt::Empty { .. } => break,
+            }
+        }
+        b.stats(name).await.unwrap();
+        b.peek(name, Lane::Main, 10).await.unwrap();
+        b.purge(name).await.unwrap();
+        // Working again.
+        let id = b.push(name, &msg(b"ok", None)).await.unwrap().id;
+        let (m, _) = delivered(b.try_pop(name, Lane::Main, &me, LONG, &cfg).await.unwrap());
+        assert_eq!(m.id, id, "after losing {lost:?}");
+        assert!(b.ack(name, Lane::Main, id, &me).await.unwrap());
+        assert_eq!(
+            dbsize(&server),
+            0,
+            "after losing {lost:?}: {:?}",
+            keys(&server)
+        );
+    }
+}
+
+/// The delivery rule of `coord_core::queue_backend`, without time (no
+/// delays, no lapses), as the test's model.
+#[derive(Default)]
+struct ModelLane {
+    msgs: BTreeMap<MessageId, (String, u32, Option<usize>)>,
+    groups: HashMap<String, (BTreeSet<MessageId>, BTreeSet<MessageId>, u64)>,
+    clock: u64,
+}
+
+impl ModelLane {
+    fn insert(&mut self, id: MessageId, group: String, attempts: u32) {
+        let clock = self.clock;
+        let g = self.groups.entry(group.clone()).or_insert_with(|| {
+            let turn = clock;
+            (BTreeSet::new(), BTreeSet::new(), turn)
+        });
+        g.0.insert(id);
+        g.1.insert(id);
+        self.msgs.insert(id, (group, attempts, None));
+    }
+
+    fn remove(&mut self, id: MessageId) -> (String, u32, Option<usize>) {
+        let m = self.msgs.remove(&id).unwrap();
+        let g = self.groups.get_mut(&m.0).unwrap();
+        g.0.remove(&id);
+        g.1.remove(&id);
+        if g.0.is_empty() {
+            self.groups.remove(&m.0);
+        }
+        m
+    }
+
+    fn next(&self, ordered: bool) -> Option<(MessageId, String)> {
+        let mut best: Option<(u64, MessageId, &String)> = None;
+        for (name, (all, ready, turn)) in &self.groups {
+            let cand = if ordered {
+                all.first().filter(|a| ready.first() == Some(a)).copied()
+            } else {
+                ready.first().copied()
+            };
+            if let Some(id) = cand {
+                if best.is_none_or(|(t, i, _)| (*turn, id) < (t, i)) {
+                    best = Some((*turn, id, name));
+                }
+            }
+        }
+        best.map(|(_, id, n)| (id, n.clone()))
+    }
+}
+
+/// A tiny deterministic generator (xorshift), so a failure replays.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Random pushes, pops (ordered or not, with dead-lettering), acks, nacks,
+/// stale acks and redrives: every pop delivers what the model of the rule
+/// delivers, and stats and peeks agree with it.
+#[tokio::test]
+async fn deliveries_follow_the_rule_as_the_model_does() {
+    let b = backend(&kit::url()).await;
+    // Deliveries per lane, dead-letterings, redriven messages, blocked
+    // ordered pops: each must have happened, or the test proves little.
+    let mut seen = [0usize; 5];
+    for seed in [1u64, 7, 42, 1234] {
+        let name = unique("q-model");
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let owners: Vec<OwnerToken> = (0..4).map(|_| OwnerToken::random()).collect();
+        let mut lanes = [ModelLane::default(), ModelLane::default()];
+        let mut last_token = 0;
+        for step in 0..600 {
+            let what = rng.below(10);
+            let li = usize::from(rng.below(3) == 0);
+            let lane = [Lane::Main, Lane::Dead][li];
+            let held: Vec<(MessageId, usize)> = lanes[li]
+                .msgs
+                .iter()
+                .filter_map(|(id, m)| m.2.map(|o| (*id, o)))
+                .collect();
+            let ctx = format!("seed {seed} step {step} op {what} lane {lane:?}");
+            match what {
+                0..=2 => {
+                    let group = ["", "a", "b", "c", "d"][rng.below(5)];
+                    let g = (!group.is_empty()).then_some(group);
+                    let id = b.push(&name, &msg(b"p", g)).await.unwrap().id;
+                    lanes[0].insert(id, group.to_string(), 0);
+                }
+                3..=5 => {
+                    let ordered = rng.below(2) == 0;
+                    let max = [None, Some(2)][rng.below(2)];
+                    let o = rng.below(owners.len());
+                    let cfg = QueueConfig {
+                        max_deliveries: max.filter(|_| li == 0),
+                        ordered_groups: ordered,
+                    };
+                    let expect = loop {
+                        let Some((id, _)) = lanes[li].next(ordered) else {
+                            break None;
+                        };
+                        let attempts = lanes[li].msgs[&id].1;
+                        if li == 0 && cfg.max_deliveries.is_some_and(|m| attempts >= m) {
+                            let (g, a, _) = lanes[0].remove(id);
+                            lanes[1].insert(id, g, a);
+                            seen[2] += 1;
+                            continue;
+                        }
+                        break Some(id);
+                    };
+                    let got = b
+                        .try_pop(&name, lane, &owners[o], LONG, &cfg)
+                        .await
+                        .unwrap();
+                    if ordered && lanes[li].next(true) != lanes[li].next(false) {
+                        seen[4] += 1;
+                    }
+                    match (expect, got) {
+                        (None, PopAttempt::Empty { .. }) => {}
+                        (Some(id), PopAttempt::Delivered { message, token }) => {
+                            seen[li] += 1;
+                            assert_eq!(message.id, id, "{ctx}");
+                            assert!(token.get() > last_token, "{ctx}");
+                            last_token = token.get();
+                            let l = &mut lanes[li];
+                            let group = l.msgs[&id].0.clone();
+                            let g = l.groups.get_mut(&group).unwrap();
+                            l.clock = l.clock.max(g.2);
+                            g.2 = l.clock + 1;
+                            g.1.remove(&id);
+                            let m = l.msgs.get_mut(&id).unwrap();
+                            m.1 += 1;
+                            m.2 = Some(o);
+                            assert_eq!(message.attempts, m.1, "{ctx}");
+                            assert_eq!(message.group.unwrap_or_default(), group, "{ctx}");
+                        }
+                        (e, g) => panic!("{ctx}: expected {e:?}, got {g:?}"),
+                    }
+                }
+                6 | 7 if !held.is_empty() => {
+                    let (id, o) = held[rng.below(held.len())];
+                    let wrong = &owners[(o + 1) % owners.len()];
+                    assert!(!b.ack(&name, lane, id, wrong).await.unwrap(), "{ctx}");
+                    if what == 6 {
+                        assert!(b.ack(&name, lane, id, &owners[o]).await.unwrap(), "{ctx}");
+                        lanes[li].remove(id);
+                    } else {
+                        let nacked = b.nack(&name, lane, id, &owners[o], Duration::ZERO);
+                        assert!(nacked.await.unwrap(), "{ctx}");
+                        let l = &mut lanes[li];
+                        let m = l.msgs.get_mut(&id).unwrap();
+                        m.2 = None;
+                        let group = m.0.clone();
+                        l.groups.get_mut(&group).unwrap().1.insert(id);
+                    }
+                }
+                8 => {
+                    let limit = 1 + rng.below(3);
+                    let ids: Vec<MessageId> = lanes[1]
+                        .msgs
+                        .iter()
+                        .filter(|(_, m)| m.2.is_none())
+                        .take(limit)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    assert_eq!(
+                        b.redrive(&name, limit).await.unwrap(),
+                        ids.len() as u64,
+                        "{ctx}"
+                    );
+                    for id in ids {
+                        seen[3] += 1;
+                        let (g, _, _) = lanes[1].remove(id);
+                        lanes[0].insert(id, g, 0);
+                    }
+                }
+                _ => {
+                    let s = b.stats(&name).await.unwrap();
+                    let flying = lanes[0].msgs.values().filter(|m| m.2.is_some()).count();
+                    let want = (
+                        (lanes[0].msgs.len() - flying) as u64,
+                        flying as u64,
+                        lanes[1].msgs.len() as u64,
+                    );
+                    assert_eq!((s.ready, s.in_flight, s.dead), want, "{ctx}");
+                    let peeked = b.peek(&name, lane, 1000).await.unwrap();
+                    let got: Vec<(MessageId, u32)> =
+                        peeked.iter().map(|m| (m.id, m.attempts)).collect();
+                    let want: Vec<(MessageId, u32)> =
+                        lanes[li].msgs.iter().map(|(id, m)| (*id, m.1)).collect();
+                    assert_eq!(got, want, "{ctx}");
+                }
+            }
+        }
+        b.purge(&name).await.unwrap();
+    }
+    assert!(seen.iter().all(|n| *n > 10), "{seen:?}");
+    // Pushing through the handle with options works as the raw trait.
+    let q = backend(&kit::url()).await.into_coord().queues().unwrap();
+    let name = unique("q-handle");
+    let p = q
+        .push_with(&name, b"x", &PushOptions::new().group("g").dedup_id("d"))
+        .await
+        .unwrap();
+    assert!(!p.duplicate);
+    q.purge(&name).await.unwrap();
+}
+
+async fn seed_coord() -> coord_core::Coord {
+    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(coord_redis::Layout::Seed))
+        .await
+        .expect("connect")
+        .into_coord()
+}
+
+/// Queues are offered in [`Layout::Seed`](coord_redis::Layout::Seed) too
+/// (the seed has no queue keys; they live under the prefix, as leases
+/// do): some of the shared queue cases run there as well.
+macro_rules! seed_layout_cases {
+    ($($case:ident),* $(,)?) => {
+        mod seed_layout {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    let f = conformance::Factory::new(super::seed_coord);
+                    conformance::cases::$case(&f).await;
+                }
+            )*
+        }
+    };
+}
+
+seed_layout_cases!(
+    queue_stale_consumer_is_refused_and_fenced_out,
+    queue_fifo_within_a_group_and_ordered_groups_one_at_a_time,
+    queue_dead_letters_after_max_deliveries_and_redrive,
+    queue_binary_payloads_round_trip,
+    queue_blocked_pop_is_woken_by_a_push,
+);
