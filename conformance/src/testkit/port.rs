@@ -77,7 +77,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ports_are_distinct_free_and_below_the_ephemeral_range() {
+    fn ports_are_distinct_and_below_the_ephemeral_range() {
         let ports: Vec<u16> = (0..500).map(|_| free_port()).collect();
         let mut sorted = ports.clone();
         sorted.sort_unstable();
@@ -91,8 +91,34 @@ mod tests {
                 "a port from the ephemeral range"
             );
         }
-        for p in ports.iter().take(20) {
-            TcpListener::bind(("127.0.0.1", *p)).expect("a handed-out port is free");
+    }
+
+    /// A port held by someone else is skipped. (Whether a handed-out port
+    /// is still free when its server binds it cannot be promised: another
+    /// process may take it first, so every server start in the kit tries
+    /// again on another port.)
+    #[test]
+    fn a_port_in_use_is_never_handed_out() {
+        let last = free_port();
+        // Hold the ports that come next in turn (those this test can bind).
+        let held: Vec<TcpListener> = (1..=50u32)
+            .filter_map(|d| {
+                let p = u32::from(last) + d;
+                u16::try_from(p)
+                    .ok()
+                    .and_then(|p| TcpListener::bind(("127.0.0.1", p)).ok())
+            })
+            .collect();
+        let held_ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().expect("local_addr").port())
+            .collect();
+        for _ in 0..10 {
+            let p = free_port();
+            assert!(
+                !held_ports.contains(&p),
+                "port {p} was handed out while this test held it"
+            );
         }
     }
 }

@@ -53,7 +53,8 @@ use conformance::spin;
 use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use tokio::time::sleep;
 
-use crate::semaphore_support;
+#[path = "it/semaphore_support/mod.rs"]
+mod semaphore_support;
 use semaphore_support::{Rec, coord, raw, raw_etcd, req, state, unique};
 
 /// The TTL of the grants (never runs out within a test).
