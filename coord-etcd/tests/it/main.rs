@@ -1,12 +1,7 @@
 //! coord-etcd's integration tests, one binary: each module checks one
 //! behaviour against real etcd servers (a single node, 3-node clusters)
-//! started by the test kit. Binaries of their own: `faults` (its
-//! scenarios' time bounds assume nothing else runs beside them) and
-//! `semaphore_same_owner_one_client`: alone, all its races hold; run beside
-//! the other modules, its acquire-release-acquire, extend-extend and
-//! attempt-extend races lost the owner's live grant in 138 to 180 of 320
-//! to 360 rounds. Whether that is load widening a real race or the test's
-//! spun delays is not known yet.
+//! started by the test kit. `faults` is a binary of its own: its scenarios'
+//! time bounds assume nothing else runs beside them.
 
 mod claim_support;
 mod history_support;
@@ -39,6 +34,7 @@ mod semaphore_keys_by_lease;
 mod semaphore_late;
 mod semaphore_moving_retry;
 mod semaphore_queue_by_lease;
+mod semaphore_same_owner_one_client;
 mod server;
 mod soak;
 mod spare_lease_pool_faults;

@@ -1,4 +1,4 @@
-//! Adversarial review of the etcd semaphore's moving extend (`sem_extend`
+//! The etcd semaphore's moving extend (`sem_extend`
 //! in `sem_hold.rs`) racing a release through another client and a grant
 //! of the same owner again through the extending client itself.
 //!
@@ -135,7 +135,7 @@ impl Race {
 /// it. Fixed: a failed extend forgets the record only if it is still the
 /// grant the extend read (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client() {
+async fn a_failed_move_keeps_a_grant_made_again_through_the_same_client() {
     let race = Race::new("race-forget", "x").await;
     let (p, c, b, n, o) = (&race.p, &race.c, &race.b, race.n, race.o);
     let e = {
@@ -176,7 +176,7 @@ async fn defect_failed_move_forgets_a_grant_made_again_through_the_same_client()
 /// the moment etcd deletes the grant answered t2, may take the permit
 /// meanwhile. Fixed with the test above (`sem_forget_of`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client() {
+async fn a_moving_retry_keeps_a_grant_made_again_through_the_same_client() {
     let race = Race::new("race-retry", "y").await;
     let (p, c, b, n, o) = (&race.p, &race.c, &race.b, race.n, race.o);
     let key = state(p, n).await.0[0].key.clone();
@@ -236,7 +236,7 @@ async fn defect_moving_retry_revokes_a_grant_made_again_through_the_same_client(
 /// (dead spares): the move fails, R starts afresh and makes a new grant;
 /// it answers the token of that grant, the only one of O in etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_moving_retry_after_a_release_through_another_client_grants_afresh() {
+async fn a_moving_retry_after_a_release_through_another_client_grants_afresh() {
     let race = Race::new("race-fresh", "z").await;
     let (p, c, b, n, o, t1) = (&race.p, &race.c, &race.b, race.n, race.o, race.t1);
     let retry = {
@@ -276,7 +276,7 @@ async fn holds_moving_retry_after_a_release_through_another_client_grants_afresh
 /// answers the owner's only grant in etcd, and no more than the total is
 /// ever held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_moving_retries_end_against_a_cycling_regrant() {
+async fn moving_retries_end_against_a_cycling_regrant() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let p = unique("race-cycle");
@@ -349,7 +349,7 @@ async fn holds_moving_retries_end_against_a_cycling_regrant() {
 /// 2.1 s to try them all) a fresh owner on a fresh name is granted within
 /// 1.6 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_an_acquire_tries_dead_spares_for_a_second_at_most() {
+async fn an_acquire_tries_dead_spares_for_a_second_at_most() {
     let p = unique("race-spares");
     let cc = coord(&p).await;
     let c = raw(&cc);
@@ -374,7 +374,7 @@ async fn holds_an_acquire_tries_dead_spares_for_a_second_at_most() {
 /// record with it, and revoked that grant's lease: the grant answered
 /// vanished. Run over a sweep of delays between the two calls, many rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect_a_release_finding_nothing_forgets_a_grant_made_meanwhile() {
+async fn a_release_finding_nothing_keeps_a_grant_made_meanwhile() {
     let p = unique("race-release");
     let cc = coord(&p).await;
     let c = raw(&cc);

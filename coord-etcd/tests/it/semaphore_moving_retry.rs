@@ -1,7 +1,7 @@
-//! Adversarial review of dcef25b (etcd semaphores: a retry with another
-//! TTL moves the grant onto a lease of its own via `sem_extend`; a moving
-//! extend whose reply is lost no longer revokes the lease the grant moved
-//! to; stale records fall back to finding the owner's grant by its value).
+//! etcd semaphores' moving retry: a retry with another TTL moves the grant
+//! onto a lease of its own via `sem_extend`; a moving extend whose reply
+//! is lost does not revoke the lease the grant moved to; stale records
+//! fall back to finding the owner's grant by its value.
 //!
 //! Every test drives the binary's shared real etcd, with a key prefix of
 //! its own; lost replies go through a `FaultProxy` whose replies are
@@ -37,7 +37,7 @@ async fn lease_ttl(lease: i64) -> i64 {
 /// what the server would say"). Fixed in 1eb99bc: a shorter extend caps
 /// the deadline as it is sent, whatever its outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect_lost_reply_of_shorter_extend_leaves_remaining_above_the_server() {
+async fn a_lost_reply_of_a_shorter_extend_brings_remaining_down_to_the_server() {
     let p = unique("d25-shorter");
     let proxy = Arc::new(FaultProxy::start(etcd::shared().client_port()));
     let far_c = coord_at(proxy.port(), &p, 3000).await;
@@ -98,7 +98,7 @@ async fn defect_lost_reply_of_shorter_extend_leaves_remaining_above_the_server()
 /// lease (its TTL jumps back up), well before A's next request passes the
 /// proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn defect_retry_with_other_ttl_answers_the_token_of_a_released_grant() {
+async fn a_retry_with_another_ttl_answers_the_token_of_the_grant_it_moved() {
     let p = unique("d25-token");
     let proxy = Arc::new(FaultProxy::start(etcd::shared().client_port()));
     let a_c = coord_at(proxy.port(), &p, 30_000).await;
@@ -161,7 +161,7 @@ async fn defect_retry_with_other_ttl_answers_the_token_of_a_released_grant() {
 /// the name is left in etcd, the permits are free again, and the client's
 /// later extend and release of the owner answer false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_lost_reply_of_moving_extend_then_release_leaves_nothing() {
+async fn a_lost_reply_of_a_moving_extend_then_release_leaves_nothing() {
     let p = unique("d25-lostrel");
     let proxy = Arc::new(FaultProxy::start(etcd::shared().client_port()));
     let far_c = coord_at(proxy.port(), &p, 3000).await;
@@ -214,7 +214,7 @@ async fn holds_lost_reply_of_moving_extend_then_release_leaves_nothing() {
 /// release, which answers true through the writer and leaves nothing; the
 /// other client then answers false; all permits are free again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_cancelled_moving_retry_then_release_leaves_nothing() {
+async fn a_cancelled_moving_retry_then_release_leaves_nothing() {
     let p = unique("d25-cancel");
     let (ca, cb) = (coord(&p).await, coord(&p).await);
     let (a, b) = (raw(&ca), raw(&cb));
@@ -269,7 +269,7 @@ async fn holds_cancelled_moving_retry_then_release_leaves_nothing() {
 /// throughout; then one release answers true, the other false, and
 /// nothing of the owner is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holds_concurrent_moving_extends_through_two_clients() {
+async fn concurrent_moving_extends_through_two_clients_keep_one_grant() {
     let p = unique("d25-ext2");
     let (ca, cb, cc) = (coord(&p).await, coord(&p).await, coord(&p).await);
     let (a, b, c) = (raw(&ca), raw(&cb), raw(&cc));
