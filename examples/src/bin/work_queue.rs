@@ -43,6 +43,10 @@ impl Results {
     }
 }
 
+/// Each acked task: which worker finished it, at which attempt, with
+/// which token.
+type Finished = HashMap<MessageId, (usize, u32, FencingToken)>;
+
 /// What the draining workers share.
 #[derive(Clone)]
 struct Shared {
@@ -51,7 +55,7 @@ struct Shared {
     results: Arc<Results>,
     /// The tenant of each delivery, in the order taken.
     order: Arc<Mutex<Vec<String>>>,
-    finished: Arc<Mutex<HashMap<MessageId, (usize, u32, FencingToken)>>>,
+    finished: Arc<Mutex<Finished>>,
 }
 
 impl Shared {
@@ -157,11 +161,7 @@ async fn main() -> coord::Result<()> {
     // exactly the queue's rule (round-robin across ready tenants), whatever
     // the machine's speed. Then three workers drain the rest.
     let order = Arc::new(Mutex::new(Vec::<String>::new()));
-    // Each acked task: which worker finished it, at which attempt, with
-    // which token.
-    let finished = Arc::new(Mutex::new(
-        HashMap::<MessageId, (usize, u32, FencingToken)>::new(),
-    ));
+    let finished = Arc::new(Mutex::new(Finished::new()));
     let shared = Shared {
         queues: queues.clone(),
         queue: queue.clone(),
