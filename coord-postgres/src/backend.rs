@@ -347,6 +347,7 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
             match client
                 .batch_execute(&format!(
                     "SET LOCAL statement_timeout = {ms};\n\
+                     SET LOCAL lock_timeout = 0;\n\
                      SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\n{}",
                     sql.ddl
                 ))

@@ -104,8 +104,16 @@ impl FencedTable {
     }
 
     fn check_columns<'c>(&self, set: impl IntoIterator<Item = &'c str>) -> Result<()> {
+        let mut seen: Vec<&str> = Vec::new();
         for c in set {
             identifier("column", c, 63)?;
+            if seen.contains(&c) {
+                return Err(Error::invalid(
+                    "column",
+                    format!("`{c}` is named twice; name each column to set once"),
+                ));
+            }
+            seen.push(c);
             if quote(c) == self.key_column || quote(c) == self.token_column {
                 return Err(Error::invalid(
                     "column",
@@ -241,5 +249,27 @@ impl FencedTable {
             .await
             .map_err(|e| map_pg("fenced upsert", e))?;
         Ok(Self::upsert_outcome(!rows.is_empty()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_column_named_twice_is_refused_before_any_io() {
+        let t = FencedTable::new("accounts", "id", "fence").unwrap();
+        for columns in [
+            &["balance", "balance"][..],
+            &["balance", "note", "balance"][..],
+        ] {
+            for sql in [t.update_sql(columns), t.upsert_sql(columns)] {
+                match sql {
+                    Err(Error::InvalidArgument { .. }) => {}
+                    other => panic!("{columns:?}: {other:?}"),
+                }
+            }
+        }
+        assert!(t.update_sql(&["balance", "note"]).is_ok());
     }
 }

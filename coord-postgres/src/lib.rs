@@ -150,7 +150,9 @@
 //!
 //! Every statement runs in its own transaction, at READ COMMITTED (see
 //! "Transaction isolation"), with
-//! `statement_timeout = <call timeout>` and `synchronous_commit` raised to
+//! `statement_timeout = <call timeout>`, `lock_timeout = 0` (a step waits
+//! for a name's lock as long as its call may take, whatever the role's or
+//! database's `lock_timeout`) and `synchronous_commit` raised to
 //! `on` when the server's or the role's default is `off` or `local`. On a
 //! direct connection (see
 //! [`PostgresBuilder::prepared_statements`]) these are session settings,

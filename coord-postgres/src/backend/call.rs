@@ -30,6 +30,9 @@ use super::{BACKEND, PostgresBackend};
 ///   `ignore_startup_parameters` lists them.
 /// - `statement_timeout`: the server gives up when the client does, even
 ///   if the cancel request cannot reach it.
+/// - `lock_timeout = 0`: a step waits for a name's lock as long as its
+///   call may take; a database's or role's `lock_timeout` would otherwise
+///   turn ordinary contention into an error long before the call timeout.
 /// - `synchronous_commit`: grants (locks, leases, terms, barrier arrivals,
 ///   fencing tokens) are durable whatever the server's or the role's
 ///   default; `off` and `local` are raised to `on`, stronger settings
@@ -39,7 +42,7 @@ pub(super) fn begin_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; \
-         SELECT set_config('synchronous_commit', \
+         SET LOCAL lock_timeout = 0; SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, true)"
     )
@@ -57,7 +60,8 @@ pub(super) fn session_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
         "SET default_transaction_isolation = 'read committed'; \
-         SET statement_timeout = {ms}; SET plan_cache_mode = force_generic_plan; \
+         SET statement_timeout = {ms}; SET lock_timeout = 0; \
+         SET plan_cache_mode = force_generic_plan; \
          SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, false)"

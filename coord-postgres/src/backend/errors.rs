@@ -62,6 +62,20 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
             ),
         };
     }
+    // 55P03: a lock wait ran past a `lock_timeout`. coord pins it to 0 on
+    // its transactions and sessions, so only a session changed after it
+    // was opened gets here; the name's lock is held by a step that ends.
+    if code == "55P03" {
+        return Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "{message}: a lock wait ran past a lock_timeout set on this connection's \
+                 session after coord opened it; try again, and leave lock_timeout alone on \
+                 coord's connections"
+            ),
+        };
+    }
     if code.starts_with("08")
         || code.starts_with("57P")
         || code == "53300"

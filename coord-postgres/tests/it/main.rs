@@ -18,6 +18,7 @@ mod barrier;
 mod inspect;
 mod late_claims;
 mod limiter;
+mod lock_timeout;
 mod metrics_recorded;
 mod pool;
 mod postgres_specific;
