@@ -163,7 +163,17 @@ impl Sql {
                   WHERE c.kind = 'election' AND c.name = $1::text AND c.owner IS NOT NULL \
                     AND c.expires_at > n.t"
             ),
-            fencing_next: format!("SELECT {s}.fencing_next()"),
+            // The draw writes WAL only when it logs the sequence ahead; most
+            // draws are covered by an earlier record, maybe another
+            // transaction's whose commit was asynchronous and not flushed
+            // yet. A commit flushes only if its transaction wrote WAL and
+            // took a transaction id: setval of the scratch sequence does
+            // both (as after a queue step), so the WAL up to here, the
+            // record covering the token included, is flushed before the
+            // token is returned (synchronous_commit is raised to on).
+            fencing_next: format!(
+                "SELECT {s}.fencing_next(), setval('{s}.queue_flush', 1)"
+            ),
             // $1 name, $2 parties, $3 participant, $4 channel.
             barrier_arrive: format!(
                 "SELECT generation, complete, started_with FROM {s}.barrier_arrive($1::text, $2::int4, $3::text, $4::text, $5::text)"

@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 use conformance::testkit::postgres::cluster;
 use coord_core::{Attempt, FencingSource, Lease, Lock, OwnerToken};
 
+/// The tests change the server's WAL writer delay and crash it: one at a
+/// time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
@@ -23,6 +27,7 @@ fn unique(tag: &str) -> String {
 /// are still held and the next token is above every token handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
+    let _serial = SERIAL.lock().await;
     let db = unique("durable");
     cluster().create_database(&db);
     let user = unique("async_role");
@@ -109,5 +114,65 @@ async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
     assert!(
         next > max,
         "a token after the crash ({next:?}) is not above those before it ({tokens:?})"
+    );
+}
+
+/// A token from `FencingSource::next` is durable when it is returned,
+/// whoever wrote the sequence's WAL record that covers it. PostgreSQL logs
+/// a sequence 32 values ahead, so most draws write no WAL of their own.
+/// Another session draws 40 values with an asynchronous commit (as a
+/// semaphore grant or a queue delivery commits), so the record covering
+/// the next values is its, and the WAL writer flushes only every 10 s.
+/// Then `next()` draws one of those values and the server crashes at once.
+/// After the restart `next()` must hand out a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_token_is_durable_when_returned() {
+    let _serial = SERIAL.lock().await;
+    let db = unique("next_durable");
+    let url = cluster().create_database(&db);
+    let b = coord_postgres::builder(&url)
+        .listen(false)
+        .connect_backend()
+        .await
+        .expect("connect");
+    let first = b.next("durable").await.unwrap();
+    cluster().psql("postgres", "ALTER SYSTEM SET wal_writer_delay = '10s'");
+    cluster().psql("postgres", "SELECT pg_reload_conf()");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let other = cluster().psql(
+        &db,
+        "SET synchronous_commit = off; \
+         SELECT max(coord.fencing_next()) FROM generate_series(1, 40)",
+    );
+    let before = b.next("durable").await.unwrap();
+    drop(b);
+    tokio::task::spawn_blocking(|| {
+        cluster().crash();
+        cluster().start();
+    })
+    .await
+    .unwrap();
+    cluster().psql("postgres", "ALTER SYSTEM RESET wal_writer_delay");
+    cluster().psql("postgres", "SELECT pg_reload_conf()");
+    let b = coord_postgres::builder(&url)
+        .listen(false)
+        .connect_backend()
+        .await
+        .expect("connect after the restart");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        match b.next("durable").await {
+            Ok(t) => break t,
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        after > before,
+        "a token went back across the crash: {before} before it (the other session drew {}, \
+         the first draw was {first}), {after} after",
+        other.trim()
     );
 }
