@@ -1,6 +1,6 @@
-//! A lock or a one-permit semaphore through the raw traits, for review
-//! tests that run one scenario on both (the late-attempt tests of
-//! `coord-redis` and `coord-postgres`).
+//! A lock or a one-permit semaphore through the raw traits, for tests
+//! that run one scenario on both (the late-copy races of
+//! `coord-redis` and `coord-postgres`, `tests/it/same_owner_one_client.rs`).
 
 use std::time::Duration;
 

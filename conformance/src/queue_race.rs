@@ -1,6 +1,5 @@
-//! Review scenarios for any store's raw `coord_core::Queue`: concurrent
-//! calls on ONE delivery (or of one consumer) through ONE client (written
-//! by helper-17; no defect found on etcd, Redis or PostgreSQL). Used by
+//! Race scenarios for any store's raw `coord_core::Queue`: concurrent
+//! calls on ONE delivery (or of one consumer) through ONE client. Used by
 //! `tests/it/queue_same_delivery_races.rs` in coord-etcd, coord-redis and
 //! coord-postgres.
 //!
@@ -729,13 +728,14 @@ pub async fn pops_of_one_consumer(env: &Env) {
     verdict("pops_of_one_consumer", &counts, &bad);
 }
 
-/// (g) The owner's ack of its delivery racing its own next pop, on a queue
+/// (f) The owner's ack of its delivery racing its own next pop, on a queue
 /// with ordered groups (a worker that fetches its next message while
 /// acking the last): two messages of one group, the first delivered. The
 /// ack must answer true; the pop delivers the second message (once the ack
-/// landed) or nothing, never the first (the delay swept 0 to 3 ms); a delivered second one is acked
-/// by the owner (true); after settling another client drains the second
-/// message iff the pop did not get it, and nothing is left.
+/// landed) or nothing, never the first (the delay swept 0 to 3 ms); a
+/// delivered second one is acked by the owner (true); after settling
+/// another client drains the second message iff the pop did not get it,
+/// and nothing is left.
 pub async fn ack_racing_next_pop_ordered(env: &Env) {
     let mut rounds = Vec::new();
     let mut counts = HashMap::new();
@@ -809,7 +809,7 @@ pub async fn ack_racing_next_pop_ordered(env: &Env) {
     verdict("ack_racing_next_pop_ordered", &counts, &bad);
 }
 
-/// The review tests of this module for one store, each on fresh queues:
+/// The tests of this module's scenarios for one store, each on fresh queues:
 /// `$env` names an `async fn(&str) -> Env` of the calling test file (its
 /// argument, a tag of letters and underscores, names the clients' prefix
 /// or schema).

@@ -162,8 +162,7 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
         .unwrap();
     let name = unique("blocked");
     let owner = OwnerToken::random();
-    // An expired row (a released one is deleted): the next attempt must
-    // lock it to take it over.
+    // An expired row: the next attempt must lock it to take it over.
     let got = b
         .try_acquire(&name, &owner, Duration::from_millis(50))
         .await

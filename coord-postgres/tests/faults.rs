@@ -191,8 +191,8 @@ async fn dropped_replies_for_one_client() {
     // background sweep, so the attempt runs on the connection the warm-up
     // prepared: with more, a sweep started by the warm-up's write could
     // hold it, and the attempt would open a new one that never logs in or
-    // take one on which only the release was prepared (it failed 2 runs in
-    // 8 so).
+    // take one on which only the release was prepared (the test then
+    // fails about 2 runs in 8).
     let victim = client_with(&urls[4], |b| b.pool_size(1).sweep_every(None)).await;
     let warm = victim.locks().unwrap();
     warm.acquire("dropped-replies", TTL, TTL)

@@ -668,8 +668,9 @@ async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
     .await
     .unwrap();
     check_bookkeeping(&b, &name).await;
-    // The seed delivery is still live: group g0's turn is 1, the others'
-    // 0, so the rule picks the lowest id of g1..g3 (due the latest).
+    // The first message's delivery is still live: group g0's turn is 1,
+    // the others' 0, so the rule picks the lowest id of g1..g3 (due the
+    // latest).
     let q = b.coord().queues().unwrap();
     let d = q
         .pop(&name, LONG, Duration::from_secs(20))

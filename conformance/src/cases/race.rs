@@ -18,9 +18,9 @@ const ROUNDS: u64 = 100;
 /// extend. Each round ends with O answered `Granted` by the re-acquire and
 /// not released since, so whatever the extend answered, O still holds
 /// the name once the client's background work settled: another owner is
-/// refused, and O's release reports `true`. (etcd's client lost such
-/// grants, and once handed the name to another owner, before it ran one
-/// call per claim at a time: `coord-etcd/tests/it/same_owner_one_client.rs`.)
+/// refused, and O's release reports `true`. (Without running one call
+/// per claim at a time, etcd's client lost such grants, and once handed
+/// the name to another owner: `coord-etcd/tests/it/same_owner_one_client.rs`.)
 pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Factory) {
     let (c, other_client) = (f.client().await, f.client().await);
     let raw = c.raw_lock().unwrap();
@@ -80,10 +80,10 @@ pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Facto
 /// succeeds again with the same token") makes them one grant: both are
 /// answered `Granted` with one token, and once the client's background
 /// work settled the store shows O once, with that token, and nobody
-/// else; O's release reports `true` and leaves nothing. (etcd's client
-/// made two grants of O, with two tokens and their permits added, then
-/// revoked one of them, before it ran one call per semaphore owner at a
-/// time: `coord-etcd/tests/it/semaphore_same_owner_one_client.rs`.)
+/// else; O's release reports `true` and leaves nothing. (Without running
+/// one call per semaphore owner at a time, etcd's client made two grants
+/// of O, with two tokens and their permits added, then revoked one of
+/// them: `coord-etcd/tests/it/semaphore_same_owner_one_client.rs`.)
 pub async fn semaphore_same_owner_attempts_racing_in_one_client_make_one_grant(f: &Factory) {
     let (c, other_client) = (f.client().await, f.client().await);
     let (raw, other_raw) = match (c.raw_semaphore(), other_client.raw_semaphore()) {

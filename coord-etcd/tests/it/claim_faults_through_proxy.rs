@@ -1,8 +1,7 @@
-//! Regression tests for review findings E4 and E2, each reproducing the
-//! defect with the real fault the review described: a real etcd server, a
-//! client that reaches it through a [`FaultProxy`] (a link with some
-//! latency, then a cut longer than the lease TTL), steady traffic from
-//! tasks while the fault lasts.
+//! Limiter checks and lock grants across a real network fault: a real
+//! etcd server, a client that reaches it through a [`FaultProxy`] (a link
+//! with some latency, then a cut longer than the lease TTL), steady
+//! traffic from tasks while the fault lasts.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,7 +45,7 @@ async fn partition(proxy: &FaultProxy, d: Duration) {
     proxy.latency(LINK_LATENCY);
 }
 
-/// E4: after a partition longer than the limiter's lease TTL, checks
+/// After a partition longer than the limiter's lease TTL, checks
 /// recover by themselves while traffic goes on.
 ///
 /// The limiter's state is on a lease of 2 s (window 1 s: needed 1 s, plus
@@ -57,7 +56,7 @@ async fn partition(proxy: &FaultProxy, d: Duration) {
 /// Every check issued from 3 s after the cut ended must be answered with a
 /// decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e4_limiter_recovers_after_a_partition_longer_than_its_lease() {
+async fn limiter_recovers_after_a_partition_longer_than_its_lease() {
     let server = EtcdServer::start();
     let proxy = FaultProxy::start(server.client_port());
     proxy.latency(LINK_LATENCY);
@@ -134,7 +133,7 @@ async fn e4_limiter_recovers_after_a_partition_longer_than_its_lease() {
     b.check("steady", &q, 1).await.unwrap();
 }
 
-/// E2: a grant is only ever reported for a key on a lease that is renewed
+/// A grant is only ever reported for a key on a lease that is renewed
 /// for the grant's TTL, even when a same-owner retry follows a cut that
 /// outlasted the lease on the client's side.
 ///
@@ -148,7 +147,7 @@ async fn e4_limiter_recovers_after_a_partition_longer_than_its_lease() {
 /// then tries the same lock every 20 ms: B must never be granted while one
 /// of A's grants is still within its TTL (attempt start + TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2_a_retried_grant_after_a_cut_stays_exclusive() {
+async fn a_retried_grant_after_a_cut_stays_exclusive() {
     let server = EtcdServer::start();
     let proxy = FaultProxy::start(server.client_port());
     let a = fast(proxy.port()).await;

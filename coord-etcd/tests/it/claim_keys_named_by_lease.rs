@@ -1,6 +1,7 @@
-//! Adversarial review of 09e2036 (claim keys named by their lease:
-//! `<prefix>lock|election/<name>/<lease hex>`, the owner in the value, a
-//! spare lease's key written again by the client's next claim).
+//! Claim keys named by their lease (`<prefix>lock|election/<name>/<lease
+//! hex>`, the owner in the value, a spare lease's key written again by the
+//! client's next claim): stale owners, reused keys and leases, races with
+//! releases, force releases and cancellations, odd names.
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
 //! its own per test) and checks the contract (/work/shared/DESIGN.md):

@@ -208,9 +208,9 @@ async fn a_member_down_fails_no_connect_and_no_call() {
             }
             match lock.extend(&name, &owner, ttl).await {
                 Ok(true) => {}
-                // The lock is held: "gone" is wrong. (It was 4 to 9 of
-                // 200 under a loaded machine while the ownership check
-                // read a member that had not applied the grant yet: see
+                // The lock is held: "gone" is wrong. (An ownership check
+                // that reads a member that has not applied the grant yet
+                // answers so, 4 to 9 of 200 on a loaded machine: see
                 // lagging_member.rs.)
                 Ok(false) => failures.push(format!("{name}: extend found it gone")),
                 Err(e) => failures.push(format!("{name} extend: {e}")),

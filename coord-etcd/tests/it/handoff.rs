@@ -119,8 +119,8 @@ async fn a_waiter_behind_a_waiter_that_gave_up_does_not_hold_while_the_holder_ho
 }
 
 /// H holds; W1 (b) and W2 (c) queue. H releases: W1 is woken and holds,
-/// and writes its head marker; W2 must not be woken by it (E5: one wake
-/// per release). W1's release then wakes W2, which holds by the handoff;
+/// and writes its head marker; W2 must not be woken by it (one wake per
+/// release). W1's release then wakes W2, which holds by the handoff;
 /// the handoff grant's validity (reported to a refused owner of the same
 /// client) ends before the server expires the key, and before the
 /// server's lease TTL says.

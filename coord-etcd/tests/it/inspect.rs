@@ -430,7 +430,8 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
 /// Metadata costs no call: an uncontended acquire + release with it is
 /// still one transaction and one delete, and at most one keepalive message
 /// per cycle (as `server.rs`'s
-/// `acquire_release_is_a_txn_a_delete_and_a_keepalive_per_slack` without it), and `inspect` of a held lock is one range read and one
+/// `acquire_release_is_a_txn_a_delete_and_a_keepalive_per_slack` without
+/// it), and `inspect` of a held lock is one range read and one
 /// `LeaseTimeToLive`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_costs_no_call_and_inspect_is_one_range() {

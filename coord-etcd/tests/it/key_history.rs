@@ -3,13 +3,13 @@
 //! etcd keeps an index entry for every key ever written until a compaction
 //! removes the deleted ones, and a range read (the queue read of every
 //! attempt, the empty-queue compare of a first attempt) visits every entry
-//! in its range, deleted or not. A claim key per acquire (the layout
-//! before this test passed: `<queue>/<owner hex>`, a new owner token each
-//! time) made each attempt on a name cost more with every earlier cycle
-//! on it: on this machine an uncontended cycle on one name went from 711
-//! to 3526 µs of server CPU over about 10,000 cycles
+//! in its range, deleted or not. A claim key per acquire
+//! (`<queue>/<owner hex>`, a new owner token each time) makes each
+//! attempt on a name cost more with every earlier cycle on it: measured
+//! with such keys, an uncontended cycle on one name went from 711 to
+//! 3526 µs of server CPU over about 10,000 cycles
 //! (`examples/lock_speed.rs 2 6 coord 1`), where etcd's lock RPC, whose
-//! key is `<name>/<lease>` and so reused, stayed flat. Claim keys are now
+//! key is `<name>/<lease>` and so reused, stayed flat. So claim keys are
 //! named by their lease too (`<queue>/<lease hex>`, the owner in the
 //! value).
 //!

@@ -1,15 +1,16 @@
 //! Renewing a claim right after its grant, when the member that answers
-//! the renewal applies the leader's log late (a loaded 3-node cluster: the
-//! conformance case `lease_renew_after_expiry_fails` failed so, 1 run in
-//! 10 with two busy cores). Made certain here: the follower's link from
-//! the leader gets a latency (`PartitionedEtcdCluster`, network
+//! the renewal applies the leader's log late (as on a loaded 3-node
+//! cluster, where an ownership check answered from the member's own state
+//! made the conformance case `lease_renew_after_expiry_fails` fail about
+//! 1 run in 10 with two busy cores). Made certain here: the follower's
+//! link from the leader gets a latency (`PartitionedEtcdCluster`, network
 //! namespaces; needs root), the grant goes to the leader and the renewal
 //! to that follower, which then has not applied the grant yet. It must
 //! answer as the leader would: the claim is live.
 //!
-//! The renewal's ownership check was a transaction of compares only,
-//! which etcd counts as a serializable read and answers from the member's
-//! own state; it said "not held". A linearizable check waits for the
+//! A transaction of compares only is a serializable read to etcd, which
+//! answers it from the member's own state: there it says "not held". The
+//! renewal's ownership check must be linearizable, which waits for the
 //! member to catch up.
 
 use std::net::{TcpListener, TcpStream};

@@ -1,7 +1,8 @@
-//! Late lock attempts (the etcd twin of `coord-redis/tests/review_claims.rs`
-//! and `late_claims.rs`): a transaction of a lock attempt that its client
-//! gave up on (the call timed out on a slow link) still reaches etcd after
-//! the acquire has ended. It must take nothing: no lock nobody releases
+//! Late lock attempts (the etcd twin of coord-redis's
+//! `tests/it/claim_wakeups_and_tokens.rs` and `tests/it/late_claims.rs`):
+//! a transaction of a lock attempt that its client gave up on (the call
+//! timed out on a slow link) still reaches etcd after the acquire has
+//! ended. It must take nothing: no lock nobody releases
 //! (for its TTL, 60 s) and no place in line nobody waits for.
 //!
 //! On etcd the attempt writes its key on a lease that the client revokes

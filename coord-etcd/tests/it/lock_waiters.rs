@@ -6,10 +6,11 @@
 //! refused one (coord-core attempts, subscribes, then attempts again); a
 //! one-shot attempt writes only into an empty queue. An attempt that failed
 //! with an error is a waiter's too (coord-core retries only inside a wait),
-//! so the attempt after it must queue. Found by the fault suite
-//! (`compaction_during_watches`, on a server with slow disk writes): a
-//! waiter whose attempt died with a connection reset was refused once more
-//! without queueing and slept until its deadline while the lock stood free.
+//! so the attempt after it must queue. Otherwise (as the fault suite's
+//! `compaction_during_watches` shows, on a server with slow disk writes)
+//! a waiter whose attempt died with a connection reset is refused once
+//! more without queueing and sleeps until its deadline while the lock
+//! stands free.
 
 use std::sync::Arc;
 use std::time::Duration;

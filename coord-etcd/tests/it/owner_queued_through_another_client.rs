@@ -1,11 +1,11 @@
-//! Adversarial review of e8c6451 (a refused attempt whose head is the
-//! owner's own claim never queues; a release of an owner this client only
-//! queued, or whose attempt's outcome is unknown, also frees the owner's
-//! claim taken through another client) and ed32f35 (a named lease granted
-//! again to its owner through a second client moves the key onto the
-//! lease just granted; an unknown-owner release of a named lease deletes
-//! the key at its create revision; every extend also compares the key's
-//! lease).
+//! One owner through several etcd clients: a refused attempt whose head
+//! is the owner's own claim never queues; a release of an owner this
+//! client only queued, or whose attempt's outcome is unknown, frees the
+//! owner's claim held through another client but never its place in
+//! another client's queue; a named lease granted again to its owner
+//! through a second client moves the key onto the lease just granted; an
+//! unknown-owner release of a named lease deletes the key at its create
+//! revision; every extend also compares the key's lease.
 //!
 //! Each test drives the shared real etcd with a key prefix of its own and
 //! reads keys and leases from etcd directly. What must hold (DESIGN.md §4):
@@ -78,7 +78,7 @@ where
 }
 
 // ---------------------------------------------------------------------
-// Named leases moved by a grant through a second client (ed32f35)
+// Named leases moved by a grant through a second client
 // ---------------------------------------------------------------------
 
 /// The moved key keeps its create revision (the token), its value (owner
@@ -224,12 +224,12 @@ fn is_move_of(key: &[u8], bytes: &[u8]) -> bool {
 }
 
 /// A grant of the same owner through a second client whose move is
-/// applied but whose reply is lost: the client answers an error and
-/// revokes the lease it just granted, which now carries the owner's live
-/// key. A failed grant thus ends the named lease the owner held (through
-/// client 1) and the owner's retry gets another token. Before ed32f35 the
-/// second client only sent a keepalive on the key's lease: its loss
-/// changed nothing.
+/// applied but whose reply is lost: the client answers an error, but must
+/// not revoke the lease it just granted, which now carries the owner's
+/// live key. Revoking it would end the named lease the owner held
+/// (through client 1) and give the owner's retry another token. The key
+/// keeps its create revision, and the owner's retry through client 2 gets
+/// the same token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_of_a_move_never_ends_the_owners_live_lease() {
     let prefix = unique("lostmove");
@@ -547,11 +547,12 @@ async fn watchdog_guards_extended_to_other_ttls_stay_held() {
 /// Two extends of one lock at once through its client (a raw-trait caller
 /// renewing from two tasks), one with the lock's TTL, one with another:
 /// whatever each answers, an extend that answered `true` must leave the
-/// lock held on the server. It does not: the same-TTL extend, whose check
-/// now also compares the key's lease, finds the key moved by the other
-/// extend, answers false and drops the entry, revoking the entry's lease,
-/// which by then is the one the other extend moved the key to (it
-/// answered true): the key is gone and another owner gets the lock.
+/// lock held on the server. Without one call per claim at a time in a
+/// client (`same_owner_one_client.rs`), the same-TTL extend, whose check
+/// also compares the key's lease, found the key moved by the other
+/// extend, answered false and dropped the entry, revoking the entry's
+/// lease, which by then was the one the other extend moved the key to (it
+/// answered true): the key was gone and another owner got the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_extends_never_answer_true_for_a_removed_lock() {
     let prefix = unique("extends");
@@ -588,13 +589,12 @@ async fn concurrent_extends_never_answer_true_for_a_removed_lock() {
 }
 
 // ---------------------------------------------------------------------
-// Release of an owner only queued or pending here (e8c6451)
+// Release of an owner only queued or pending here
 // ---------------------------------------------------------------------
 
 /// Waits that queued, then were cancelled or timed out, run a release
-/// that (since e8c6451) also looks the owner up in the queue: it must
-/// delete only that waiter's own key, never the holder's nor another
-/// waiter's.
+/// that also looks the owner up in the queue: it must delete only that
+/// waiter's own key, never the holder's nor another waiter's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_and_timed_out_waits_remove_only_their_own_place() {
     let prefix = unique("waits");
@@ -676,15 +676,14 @@ async fn cancelled_and_timed_out_waits_remove_only_their_own_place() {
 
 /// One owner `o` queued through client 2 behind holder `x`, and `y`
 /// queued behind `o`; then a release of `o` through client 1, which either
-/// queued `o` too (`c1_queued`: the path e8c6451 adds, revoke then
+/// queued `o` too (`c1_queued`: the queued-owner path, revoke then
 /// `release_unknown`) or has no record of it (the unknown-owner path).
-/// Before the fix both deleted `o`'s key in client 2's queue; after `x`
-/// left, client 2's handoff (handoff.rs), which trusts its own key to die
-/// only with its own lease or release, granted `o` on a key that no
-/// longer existed while `y`, the real head, was granted too: two holders.
-/// Now a release by owner through another client frees only a held claim:
+/// A release by owner through another client frees only a held claim:
 /// `o` keeps its place through client 2, is granted after `x`, and `y`
-/// after `o`.
+/// after `o`. Were `o`'s key in client 2's queue deleted, then after `x`
+/// left, client 2's handoff (handoff.rs), which trusts its own key to die
+/// only with its own lease or release, would grant `o` on a key that no
+/// longer exists while `y`, the real head, is granted too: two holders.
 async fn owner_queued_through_two_clients(c1_queued: bool) {
     let prefix = unique("queued2");
     let (c1, c2, c3) = (
@@ -706,8 +705,8 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
     let n = if c1_queued { 4 } else { 3 };
     assert_eq!(claim_keys(&prefix, "lock", "x").await.len(), n);
     // o held nowhere: false. Client 1's own place (if any) is gone;
-    // client 2's place is its waiting acquire's and stays (since the fix:
-    // a release by owner through another client frees a held claim only).
+    // client 2's place is its waiting acquire's and stays (a release by
+    // owner through another client frees a held claim only).
     assert!(!Lock::release(&*c1, "x", &o).await.unwrap());
     let owners: Vec<_> = claim_keys(&prefix, "lock", "x")
         .await

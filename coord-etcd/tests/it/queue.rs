@@ -22,7 +22,7 @@ fn granted(a: Attempt) -> u64 {
     }
 }
 
-/// E1: a refused one-shot attempt leaves no key, even while another task of
+/// A refused one-shot attempt leaves no key, even while another task of
 /// the same client waits on the name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_beside_a_local_waiter_leaves_no_ghost() {
@@ -147,7 +147,7 @@ async fn handoffs(clients: Vec<coord_core::Coord>, name: &'static str) -> Vec<Du
     h
 }
 
-/// E5: 8 waiters on one shared client, polling every 10 s: each release
+/// 8 waiters on one shared client, polling every 10 s: each release
 /// hands over to the next waiter within a few round trips.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn handoff_between_waiters_of_one_client_is_prompt() {
@@ -173,12 +173,12 @@ async fn handoff_between_waiters_of_separate_clients_is_prompt() {
     handoffs(clients, "separate-handoff").await;
 }
 
-/// E7: a release after the claim's TTL ran out never reports success.
+/// A release after the claim's TTL ran out never reports success.
 /// The TTL counts from when the acquire was sent, which is after `start`
 /// was read, by a little or (on a loaded machine) by milliseconds; so the
 /// release is timed from when the grant came back, after every point the
-/// TTL can count from (timed from `start`, fresh CI released 1.0028 s
-/// after `start` and was told, rightly, that it still held).
+/// TTL can count from (timed from `start`, a release 1.0028 s after
+/// `start` on a fresh CI machine was told, rightly, that it still held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_after_the_ttl_is_not_held() {
     let a = backend().await;
@@ -203,7 +203,7 @@ async fn release_after_the_ttl_is_not_held() {
     }
 }
 
-/// E3: a waiter's write applied after its cleanup (as a put forwarded by a
+/// A waiter's write applied after its cleanup (as a put forwarded by a
 /// follower, or retried across a leader change, can land after the
 /// delete) is replayed by hand: it must fail, or the key must expire within
 /// its TTL, never stay held while the client lives.
@@ -261,7 +261,7 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     assert!(a.release(name, &oh).await.unwrap());
 }
 
-/// E5: with several waiters of one name in one client, a release wakes the
+/// With several waiters of one name in one client, a release wakes the
 /// waiter whose predecessor left, and only it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waiter_whose_predecessor_left_is_woken_alone() {

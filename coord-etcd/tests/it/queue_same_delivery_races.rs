@@ -1,9 +1,8 @@
-//! Adversarial review: concurrent calls on ONE delivery (or of one
-//! consumer) of the etcd work queue through ONE client, through the raw
-//! `coord_core::Queue` trait. This happens in normal use: a watchdog (or a
-//! user's own task) extends a delivery while the user acks or nacks it, a
-//! user retries an ack whose reply was slow, two tasks share a consumer
-//! token and pop together.
+//! Concurrent calls on ONE delivery (or of one consumer) of the etcd work
+//! queue through ONE client, through the raw `coord_core::Queue` trait.
+//! This happens in normal use: a watchdog (or a user's own task) extends a
+//! delivery while the user acks or nacks it, a user retries an ack whose
+//! reply was slow, two tasks share a consumer token and pop together.
 //!
 //! The etcd client keeps records of the deliveries it made (`Local::mine`
 //! in `work_queue.rs`: the record and its mod revision, written after each
@@ -17,26 +16,25 @@
 //! queue that names the message (record, payload, group member and ready
 //! entries, candidate index entries, timeline entries).
 //!
-//! Found nothing (3 runs each, 320 rounds per scenario; 100 since, for
-//! CI's time): every `Local::mine` record pairs a record
+//! What keeps these races safe: every `Local::mine` record pairs a record
 //! with the mod revision it was written at (the pop's and the extend's
 //! transaction revision), and every one-transaction path compares that
 //! revision, so a stale record (an extend's written after a racing ack or
 //! nack removed it) only costs a failed transaction and a read; the calls
 //! themselves are single compare-guarded transactions.
 //!
-//! The checks can fail: on a scratch copy of the source (not this tree),
-//! an extend without its compare of the record's mod revision
-//! (`wq_ops.rs`, `queue_extend`) failed (a) in 61 of 320 rounds (the acked
-//! record and its timeline entry written back, late extends and acks
-//! answering true) and (d) in 137; an ack's one-transaction path without
-//! that compare (`queue_ack`) failed (c) in 75 rounds (both acks true) and
-//! (b) in 15 (ack and nack both true); a pop level without its compares
-//! (`wq_pop.rs`, `level_txn`) failed (e) in 50 (one message delivered to
-//! both racing pops, two of one ordered group in flight); an extend
-//! recording its new revision with the record it replaced (a mispaired
-//! `Local::mine`) failed (a) in 2 (the ack's one-transaction path deleted
-//! the old timeline entry, leaving the new one).
+//! What each scenario guards (each of these changes to the source made
+//! it fail when tried): an extend without its compare of the record's mod
+//! revision (`wq_ops.rs`, `queue_extend`) fails (a) (the acked record and
+//! its timeline entry written back, late extends and acks answering true)
+//! and (d); an ack's one-transaction path without that compare
+//! (`queue_ack`) fails (c) (both acks true) and (b) (ack and nack both
+//! true); a pop level without its compares (`wq_pop.rs`, `level_txn`)
+//! fails (e) (one message delivered to both racing pops, two of one
+//! ordered group in flight); an extend recording its new revision with
+//! the record it replaced (a mispaired `Local::mine`) fails (a) rarely,
+//! about one round in 160 (the ack's one-transaction path deletes the old
+//! timeline entry, leaving the new one).
 
 use crate::claim_support;
 use claim_support::{client, raw_etcd, unique};

@@ -1,8 +1,9 @@
-//! Adversarial review: one owner's calls racing through ONE client (the raw
-//! traits), looking for local records (`Shared::entries`, the spare pool,
-//! `Shared::sems`) that a call reads before an await and writes or removes
-//! after it without checking that the record is still the one it read
-//! (the shape of the defect fixed in 3e5a9cc, `tests/it/semaphore_extend_racing_release.rs`).
+//! One owner's calls racing through ONE client (the raw traits), on local
+//! records (`Shared::entries`, the spare pool, `Shared::sems`) that a call
+//! reads before an await and writes or removes after it: a call must not
+//! act on a record that is no longer the one it read (the race
+//! `semaphore_extend_racing_release.rs` forces for a semaphore's moving
+//! extend).
 //!
 //! Each test drives the binary's shared etcd with a key prefix of its own,
 //! runs many rounds on fresh names with a sweep of small delays between

@@ -4,14 +4,14 @@
 //! etcd keeps an index entry for every key ever written until a compaction
 //! removes the deleted ones, and a range read visits every entry in its
 //! range, deleted or not. Every semaphore attempt reads the name's grants
-//! (`<prefix>sem/<name>/h/`) and waiters (`.../w/`) by range. A grant was
-//! named by its owner (`h/<owner hex>`, a new random owner per acquire),
-//! so each cycle on a name added an entry that every later attempt on the
-//! name visited: N cycles wrote N distinct keys. Grants and waiters are now
-//! named by their lease (`h/<lease hex>`, `w/<lease hex>`, the owner in the
-//! value), and a client reuses its leases, so a busy name rewrites a few
-//! keys. Slot keys (`s/<i>`, `i` below the total) are bounded and were
-//! never the problem.
+//! (`<prefix>sem/<name>/h/`) and waiters (`.../w/`) by range. A grant
+//! named by its owner (`h/<owner hex>`, a new random owner per acquire)
+//! would add, with each cycle on a name, an entry that every later
+//! attempt on the name visits: N cycles would write N distinct keys.
+//! Grants and waiters are named by their lease (`h/<lease hex>`,
+//! `w/<lease hex>`, the owner in the value), and a client reuses its
+//! leases, so a busy name rewrites a few keys. Slot keys (`s/<i>`, `i`
+//! below the total) are bounded.
 
 use crate::history_support;
 use std::time::{Duration, Instant};
@@ -31,20 +31,20 @@ async fn cycle(sems: &coord_core::Semaphores, name: &str) {
         .unwrap();
 }
 
-/// Measured when this test was written and ignored (one etcd from the
-/// test kit, no compaction, shared 2-core machine, load 1.1-2.8): 500
-/// cycles on one name wrote 503 distinct keys under `coord:sem/busy/`
-/// (500 grant keys `h/<owner hex>` and the 3 slots). Server CPU per
-/// uncontended cycle on that name (`server_cpu_per_cycle_on_one_name`)
-/// rose from 883 to 2020 µs over 30,000 cycles (850 -> 1440-1780 µs over
-/// 20,000 in another run), while a fresh name right after cost 837-855
-/// µs: the cost follows the dead keys of the name, not the server's age.
-/// The fix is the one `key_history.rs` pins for locks and elections:
-/// name grants and waiters by their lease, the owner in the value. With
-/// it (2026-12-03, same machine): 500 cycles write 4 distinct keys (the
-/// grant and the 3 slots); over 20,000 cycles on one name 730-1035 µs
-/// with no trend (885 -> 2290-2380 µs before, in the same run of the old
-/// code; a fresh name 860-870 µs both times).
+/// 500 uncontended cycles on one name write a few distinct keys, not one
+/// per cycle. Measured (one etcd from the test kit, no compaction, shared
+/// 2-core machine, load 1.1-2.8) with grant keys named by their owner
+/// (`h/<owner hex>`): 500 cycles on one name wrote 503 distinct keys
+/// under `coord:sem/busy/` (500 grant keys and the 3 slots), and server
+/// CPU per uncontended cycle on that name
+/// (`server_cpu_per_cycle_on_one_name`) rose from 883 to 2020 µs over
+/// 30,000 cycles, while a fresh name right after cost 837-855 µs: the
+/// cost follows the dead keys of the name, not the server's age. With
+/// grants and waiters named by their lease, the owner in the value (as
+/// `key_history.rs` checks for locks and elections): 500 cycles write 4
+/// distinct keys (the grant and the 3 slots), and over 20,000 cycles on
+/// one name a cycle costs 730-1035 µs with no trend (a fresh name
+/// 860-870 µs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cycles_on_one_name_do_not_grow_the_key_index() {
     let server = EtcdServer::start();

@@ -1,6 +1,6 @@
-//! Adversarial review of efb9b71 (semaphore grant and place keys named by
-//! their lease: `<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`,
-//! the owner first in the value, keys reused through the spare pool).
+//! Semaphore grant and place keys named by their lease
+//! (`<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`, the owner
+//! first in the value, keys reused through the spare pool).
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
 //! its own per test) and checks the contract (/work/shared/DESIGN.md):
@@ -12,7 +12,7 @@
 //!
 //! This file: one owner token through two clients of the raw trait, so
 //! that one client adopts the grant or place the other wrote (on the
-//! other's lease). See `review_sem_keys.rs`.
+//! other's lease). See `semaphore_keys_by_lease.rs`.
 
 use std::time::Duration;
 
@@ -187,11 +187,11 @@ async fn adopter_stale_extend_keeps_the_creators_next_grant() {
     assert!(b.release(n, &o1).await.unwrap());
     let t2 = granted(b.try_acquire(n, &o2, &req(3, 4, LONG, false)).await);
     assert!(t2 > t1);
-    // Before A's retry moved an adopted grant onto its own lease (since
-    // the review in review_sem_fix.rs: the adopted lease's TTL is unknown),
-    // B's next grant reused B's spare and key here; now B's lease went with
-    // the moved grant's release and o2 is on another. A's stale calls must
-    // leave o2 alone either way.
+    // A's retry moved the adopted grant onto A's own lease (the adopted
+    // lease's TTL is unknown), so B's lease went with the moved grant's
+    // release and o2 is on another lease. Were the grant left on B's
+    // lease, B's next grant would reuse B's spare and key here. A's stale
+    // calls must leave o2 alone either way.
     let before = state(&p, n).await;
     let _ = &k1;
     assert!(

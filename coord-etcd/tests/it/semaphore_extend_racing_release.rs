@@ -1,6 +1,6 @@
-//! The etcd semaphore's moving extend (`sem_extend`
-//! in `sem_hold.rs`) racing a release through another client and a grant
-//! of the same owner again through the extending client itself.
+//! The etcd semaphore's moving extend (`sem_extend` in `sem_hold.rs`)
+//! racing a release through another client and a grant of the same owner
+//! again through the extending client itself.
 //!
 //! The window between the extend's read of the grant and its moving
 //! transaction is widened deterministically, without timing luck: the
@@ -94,13 +94,13 @@ impl Race {
     }
 
     /// The race took place as set up: the regrant answered a token above
-    /// the first grant's. Since calls of one owner through one client
-    /// take turns (`Shared::sem_one_call`, after
-    /// tests/it/semaphore_same_owner_one_client.rs), the regrant through C waits for
-    /// the raced call (`what`) to end instead of landing inside it: the
-    /// grant answered must hold either way. (Before the turn, the release
-    /// and regrant took a few milliseconds, and the raced call ended
-    /// after them: these tests failed then, before their fix.)
+    /// the first grant's. Calls of one owner through one client take
+    /// turns (`Shared::sem_one_call`, see
+    /// `semaphore_same_owner_one_client.rs`), so the regrant through C
+    /// waits for the raced call (`what`) to end instead of landing inside
+    /// it: the grant answered must hold either way. (Without the turns,
+    /// the release and regrant take a few milliseconds and the raced call
+    /// ends after them, the interleaving each test below describes.)
     fn assert_raced(
         &self,
         t2: u64,
@@ -128,12 +128,12 @@ impl Race {
 /// O to another TTL (a move): E reads O's grant, then (held by dead
 /// spares) has not moved it yet when O is released through client B and
 /// granted again through C itself (a raw `try_acquire`, answered
-/// Granted(t2), recorded by C). E's move then fails its compare and
-/// `sem_forget` drops C's record of O — now the record of the grant just
-/// answered — and revokes its lease: the grant C answered vanishes while
-/// its holder believes it holds the permit, and another owner is granted
-/// it. Fixed: a failed extend forgets the record only if it is still the
-/// grant the extend read (`sem_forget_of`).
+/// Granted(t2), recorded by C). E's move then fails its compare. A failed
+/// extend forgets C's record of O only if it is still the grant the
+/// extend read (`sem_forget_of`): dropping the record of the grant just
+/// answered and revoking its lease would make the grant C answered vanish
+/// while its holder believes it holds the permit, and another owner would
+/// be granted it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_move_keeps_a_grant_made_again_through_the_same_client() {
     let race = Race::new("race-forget", "x").await;
@@ -166,15 +166,16 @@ async fn a_failed_move_keeps_a_grant_made_again_through_the_same_client() {
     );
 }
 
-/// The same race through the moving retry of e9dc9a9: a `try_acquire` of
-/// O through C with another TTL (R) reads O's grant, keeps its lease
-/// alive, and moves it with `sem_extend`, whose move (held by dead
-/// spares) fails after O was released through B and granted again through
-/// C (answered Granted(t2)). `sem_forget` then revokes the lease of the
-/// grant answered t2: it vanishes without a release; R starts afresh and
-/// makes another grant (another token). A third owner, trying through B
-/// the moment etcd deletes the grant answered t2, may take the permit
-/// meanwhile. Fixed with the test above (`sem_forget_of`).
+/// The same race through the moving retry (which starts afresh when its
+/// move fails): a `try_acquire` of O through C with another TTL (R) reads
+/// O's grant, keeps its lease alive, and moves it with `sem_extend`, whose
+/// move (held by dead spares) fails after O was released through B and
+/// granted again through C (answered Granted(t2)). The grant answered t2
+/// must stay (`sem_forget_of`, as in the test above). Were its lease
+/// revoked, it would vanish without a release, R would start afresh and
+/// make another grant (another token), and a third owner, trying through
+/// B the moment etcd deletes the grant answered t2, could take the permit
+/// meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moving_retry_keeps_a_grant_made_again_through_the_same_client() {
     let race = Race::new("race-retry", "y").await;
@@ -231,10 +232,10 @@ async fn a_moving_retry_keeps_a_grant_made_again_through_the_same_client() {
     );
 }
 
-/// e9dc9a9, the grant released (not made again) while a moving retry R of
-/// O through C (another TTL) waits between its extend's read and its move
-/// (dead spares): the move fails, R starts afresh and makes a new grant;
-/// it answers the token of that grant, the only one of O in etcd.
+/// O's grant released through B (not made again) while a moving retry R
+/// of O through C (another TTL) waits between its extend's read and its
+/// move (dead spares): the move fails, R starts afresh and makes a new
+/// grant; it answers the token of that grant, the only one of O in etcd.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_moving_retry_after_a_release_through_another_client_grants_afresh() {
     let race = Race::new("race-fresh", "z").await;
@@ -268,8 +269,8 @@ async fn a_moving_retry_after_a_release_through_another_client_grants_afresh() {
     assert!(released_again.unwrap(), "release through C");
 }
 
-/// e9dc9a9 restarts a moving retry whose extend moved another grant than
-/// the one it read: against an owner released and granted again through
+/// A moving retry whose extend moved another grant than the one it read
+/// starts afresh: against an owner released and granted again through
 /// B over and over, each retry of that owner through C with another TTL
 /// still ends (within the call timeout) and answers a grant, never a
 /// token below one B answered before it began; once B stops, a last retry
@@ -369,10 +370,11 @@ async fn an_acquire_tries_dead_spares_for_a_second_at_most() {
 /// O through C itself is under way (a release that finds nothing: it reads
 /// the name, then forgets C's record of O). When the grant lands between
 /// the release's read and its end, the release must leave the grant just
-/// answered alone: its key stays, on its lease, while it is held.
-/// Before, the release removed C's record of O unconditionally, the grant's
-/// record with it, and revoked that grant's lease: the grant answered
-/// vanished. Run over a sweep of delays between the two calls, many rounds.
+/// answered alone: its key stays, on its lease, while it is held. (A
+/// release that removed C's record of O unconditionally would take the
+/// grant's record with it and revoke that grant's lease: the grant
+/// answered would vanish.) Run over a sweep of delays between the two
+/// calls, many rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_finding_nothing_keeps_a_grant_made_meanwhile() {
     let p = unique("race-release");

@@ -1,6 +1,7 @@
-//! Adversarial review of a21be23 (semaphore release and extend act on a
-//! grant at its create revision; a lease adopted from another client is
-//! never spared or revoked; adopted grants move onto the extender's lease).
+//! etcd semaphore grants through several clients: release and extend act
+//! on a grant at its create revision; a lease adopted from another client
+//! is never spared or revoked; adopted grants move onto the extender's
+//! lease.
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
 //! its own per test): one owner token through several clients of the raw
@@ -127,10 +128,10 @@ async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
     let _ = far.release(n, &o).await;
 }
 
-/// Same, for an adopted grant. Since the fix, a retry of the owner through
-/// another client moves the grant onto that client's lease with the
-/// retry's TTL at once (the adopted lease's TTL is unknown), so the move
-/// whose reply is lost here is the retry's own.
+/// Same, for an adopted grant. A retry of the owner through another
+/// client moves the grant onto that client's lease with the retry's TTL
+/// at once (the adopted lease's TTL is unknown), so the move whose reply
+/// is lost here is the retry's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
     let p = unique("fix-lostadopt");
@@ -249,9 +250,10 @@ async fn one_owner_through_three_clients_answers_add_up() {
                     (Some(_), 1 | 2) => {
                         let r = c.extend(n, &o, ttl).await.unwrap();
                         hist.push(format!("ext c{ci} {ttl:?}: {r}"));
-                        // A false answer here is the stale-record defect
-                        // (see `stale_record_in_one_client_...`): the
-                        // grant must then still be there (belief kept).
+                        // A false answer here would come from a stale
+                        // record deciding alone (see
+                        // `stale_record_in_one_client_...`): the grant
+                        // must then still be there (belief kept).
                         if !r {
                             assert!(
                                 has_grant(&p, n, &o).await,
@@ -260,9 +262,9 @@ async fn one_owner_through_three_clients_answers_add_up() {
                         }
                     }
                     (Some(_), _) => {
-                        // Belief ends before the call; a false answer
-                        // (the stale-record defect) leaves the grant in
-                        // etcd, and the belief comes back.
+                        // Belief ends before the call; a false answer (a
+                        // stale record deciding alone) leaves the grant
+                        // in etcd, and the belief comes back.
                         beliefs.lock().await.held -= permits;
                         let r = c.release(n, &o).await.unwrap();
                         hist.push(format!("rel c{ci}: {r}"));
@@ -469,9 +471,9 @@ async fn release_of_queued_owners_under_churn_never_unavailable() {
 /// released through another client, and the owner granted again there)
 /// must still answer for the owner's live grant: the trait's extend is
 /// true and release returns the permits iff the owner holds a live grant
-/// (as on memory). Here the stale record (its create revision) decides
-/// alone: extend answers false and release answers false and leaves the
-/// grant and its permits held until its TTL.
+/// (as on memory). The stale record (its create revision) must not
+/// decide alone: if it did, extend would answer false, and release would
+/// answer false and leave the grant and its permits held until its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_record_in_one_client_still_answers_for_the_live_grant() {
     let p = unique("fix-stale");

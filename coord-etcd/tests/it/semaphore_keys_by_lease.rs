@@ -1,6 +1,6 @@
-//! Adversarial review of efb9b71 (semaphore grant and place keys named by
-//! their lease: `<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`,
-//! the owner first in the value, keys reused through the spare pool).
+//! Semaphore grant and place keys named by their lease
+//! (`<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`, the owner
+//! first in the value, keys reused through the spare pool).
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
 //! its own per test) and checks the contract (/work/shared/DESIGN.md):
@@ -12,8 +12,8 @@
 //!
 //! This file: over-grant and tokens under churn, stale owners after a
 //! key was reused, releases and force releases racing reuse, extend moving
-//! a lease, inspect. Queues and lost replies: `review_sem_queue.rs`; one
-//! owner through two clients: `review_sem_adopt.rs`.
+//! a lease, inspect. Queues and lost replies: `semaphore_queue_by_lease.rs`;
+//! one owner through two clients: `semaphore_adopted_grants.rs`.
 
 use std::sync::Arc;
 use std::sync::Mutex;

@@ -29,13 +29,13 @@ async fn lease_ttl(lease: i64) -> i64 {
 }
 
 /// A permit (the guard API) extended to a shorter TTL whose move landed
-/// but whose reply was lost. Since dcef25b the new lease is no longer
-/// revoked, but it has the extend's shorter TTL and nobody keeps it: etcd
-/// drops the grant at the short TTL and a second owner is granted the only
-/// permit. Defect found here: `Guard::extend` erred and kept its old
-/// deadline, so `remaining()` still promised ~20 s (DESIGN: "never exceeds
-/// what the server would say"). Fixed in 1eb99bc: a shorter extend caps
-/// the deadline as it is sent, whatever its outcome.
+/// but whose reply was lost. The new lease is not revoked, but it has the
+/// extend's shorter TTL and nobody keeps it: etcd drops the grant at the
+/// short TTL and a second owner may be granted the only permit. So the
+/// guard's `remaining()` must come down with it (DESIGN: "never exceeds
+/// what the server would say"): a shorter extend caps the deadline as it
+/// is sent, whatever its outcome. Were `Guard::extend` to err and keep its
+/// old deadline, `remaining()` would still promise ~20 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_reply_of_a_shorter_extend_brings_remaining_down_to_the_server() {
     let p = unique("d25-shorter");
@@ -85,13 +85,13 @@ async fn a_lost_reply_of_a_shorter_extend_brings_remaining_down_to_the_server() 
 
 /// A retry through client A of an owner whose grant (at token t1) was
 /// made through B, with another TTL: A reads the grant, keeps its lease
-/// alive, then moves it (dcef25b: `sem_extend` before answering). If,
-/// between A's read and A's move, the owner's grant is released and
-/// granted again through B (token t2 > t1, B answered t2), `sem_extend`
-/// falls back to the owner's live grant by value and moves that one.
-/// Defect found here: A then answered Granted(t1), a token of a grant that
-/// no longer existed. Fixed in e9dc9a9: the attempt starts afresh unless
-/// the grant moved is the one it read.
+/// alive, then moves it (`sem_extend` before answering). If, between A's
+/// read and A's move, the owner's grant is released and granted again
+/// through B (token t2 > t1, B answered t2), `sem_extend` falls back to
+/// the owner's live grant by value and moves that one. A must answer the
+/// token of the grant it moved, never Granted(t1), a token of a grant
+/// that no longer exists: the attempt starts afresh unless the grant
+/// moved is the one it read.
 ///
 /// Deterministic: A goes through a proxy with latency; B's release and
 /// regrant are started the moment etcd shows A's keepalive of the grant's

@@ -1,6 +1,6 @@
-//! Adversarial review of efb9b71 (semaphore grant and place keys named by
-//! their lease: `<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`,
-//! the owner first in the value, keys reused through the spare pool).
+//! Semaphore grant and place keys named by their lease
+//! (`<prefix>sem/<name>/h/<lease hex>` and `w/<lease hex>`, the owner
+//! first in the value, keys reused through the spare pool).
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
 //! its own per test) and checks the contract (/work/shared/DESIGN.md):
@@ -12,7 +12,8 @@
 //!
 //! This file: the queue over reused keys (FIFO for the head, blocked
 //! waiters across clients, cancelled and timed-out waits), read-write
-//! exclusion, lost replies and late copies. See `review_sem_keys.rs`.
+//! exclusion, lost replies and late copies. See
+//! `semaphore_keys_by_lease.rs`.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -375,8 +376,8 @@ async fn lost_replies_with_reuse_never_over_grant() {
     assert!(grants.load(Ordering::SeqCst) > 30, "too few grants");
     // Within 15 s, not the 30 s a place's lease lasts: a waiter whose
     // leaving the queue failed (a lost reply) sends it again (coord-core's
-    // cleanup); before, its place stayed until its lease ran out, and held
-    // up every waiter behind it.
+    // cleanup); without that, its place would stay until its lease ran
+    // out and hold up every waiter behind it.
     until("the name empties", Duration::from_secs(15), || async {
         let (h, w, s) = state(&p, name).await;
         h.is_empty() && w.is_empty() && s == 0

@@ -20,21 +20,21 @@
 //! holds a grant of `name`, the attempt succeeds again with the same
 //! token".
 //!
-//! Without the one call at a time, three races broke that (the tests
-//! below failed):
-//! - D1: two attempts with room for both each read no grant of the owner, took
-//!   a lease of their own and wrote their own key `h/<lease>`, compared
-//!   absent only by that key and its slots: both were granted, with two
-//!   tokens, the owner holding twice what it asked for; the one recorded
-//!   second then revoked the other's lease, deleting a grant answered
-//!   Granted and never released;
-//! - D2: a holder's attempt racing its moving extend: the attempt read the
-//!   grant on lease L; the extend moved it to L2 and recorded L2; the
-//!   attempt recorded the grant on L as adopted and revoked the replaced
-//!   record's lease L2, which carried the moved grant;
-//! - D3 (rare): two attempts for the only permit: the loser found the
-//!   winner's grant before the winner recorded it, adopted it and moved it
-//!   to its own lease L2; the winner's late record then revoked L2: both
+//! Without the one call at a time, three races break that (the tests
+//! below fail):
+//! - D1: two attempts with room for both each read no grant of the owner,
+//!   take a lease of their own and write their own key `h/<lease>`,
+//!   compared absent only by that key and its slots: both are granted,
+//!   with two tokens, the owner holding twice what it asked for; the one
+//!   recorded second then revokes the other's lease, deleting a grant
+//!   answered Granted and never released;
+//! - D2: a holder's attempt racing its moving extend: the attempt reads
+//!   the grant on lease L; the extend moves it to L2 and records L2; the
+//!   attempt records the grant on L as adopted and revokes the replaced
+//!   record's lease L2, which carries the moved grant;
+//! - D3 (rare): two attempts for the only permit: the loser finds the
+//!   winner's grant before the winner recorded it, adopts it and moves it
+//!   to its own lease L2; the winner's late record then revokes L2: both
 //!   answered Granted, nothing held.
 
 use std::sync::Arc;
@@ -48,9 +48,9 @@ use crate::semaphore_support;
 use semaphore_support::{Rec, coord, raw, raw_etcd, req, state, unique};
 
 /// The TTL of the grants: never runs out within a test, which checks the
-/// grants of its first rounds only after its last. (At 30 s, a test run
-/// beside the crate's other modules outlived it: the first third of its
-/// rounds found their grants expired.)
+/// grants of its first rounds only after its last. (30 s is too short: a
+/// test run beside the crate's other modules outlives it, and its first
+/// rounds find their grants expired.)
 const TTL: Duration = Duration::from_secs(600);
 /// Another TTL: an extend (or an attempt of the holder) with it moves the
 /// grant's keys to a new lease.
@@ -354,13 +354,13 @@ async fn two_acquires(
     (first, second, at_once)
 }
 
-/// Suspicion (c): two concurrent attempts of one owner, `a` and `b`, on
-/// fresh names, `rounds` rounds. Checked: both answered Granted (the
-/// total always has room for either); both with the same token (the
-/// trait: an owner that holds is granted again with the same token, and
-/// nothing released it); the owner never had two grants (right after the
-/// answers); afterwards its one grant is the token answered, on a live
-/// lease; its client extends and releases it.
+/// Two concurrent attempts of one owner, `a` and `b`, on fresh names,
+/// `rounds` rounds. Checked: both answered Granted (the total always has
+/// room for either); both with the same token (the trait: an owner that
+/// holds is granted again with the same token, and nothing released it);
+/// the owner never had two grants (right after the answers); afterwards
+/// its one grant is the token answered, on a live lease; its client
+/// extends and releases it.
 async fn acquires_race(tag: &str, rounds: u64, a: PermitRequest, b: PermitRequest) {
     let p = unique(tag);
     let cc = coord(&p).await;
@@ -431,30 +431,31 @@ async fn acquires_race(tag: &str, rounds: u64, a: PermitRequest, b: PermitReques
     );
 }
 
-/// (c) Same TTL, one permit each, room for both (total 2). Each attempt
+/// Same TTL, one permit each, room for both (total 2). Each attempt
 /// reads no grant of the owner, takes a lease (L1, L2) and writes its own
 /// key `h/<L1>`, `h/<L2>` with free slots: nothing in the grant
-/// transaction compares the owner's other keys (D1: fails in about a
-/// third of the rounds, the two attempts having drawn different slots).
+/// transaction compares the owner's other keys (D1 without one call at a
+/// time: about a third of the rounds fail, those where the two attempts
+/// draw different slots).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_acquires_with_room_for_both_make_one_grant() {
     let r = req(1, 2, TTL, false);
     acquires_race("sso-acq-room", 320, r, r).await;
 }
 
-/// (c) Same TTL, the only permit (total 1): one attempt's slot compare
+/// Same TTL, the only permit (total 1): one attempt's slot compare
 /// fails and its next round finds the other's grant (adopting it if the
-/// winner has not recorded it yet). D3: fails rarely (0 to 4 rounds of
-/// several hundred), when the winner's task is polled late after its
-/// reply: the loser has by then adopted and moved the grant, and the
-/// winner's record revokes the lease it moved to.
+/// winner has not recorded it yet). D3 without one call at a time fails
+/// rarely (0 to 4 rounds of several hundred), when the winner's task is
+/// polled late after its reply: the loser has by then adopted and moved
+/// the grant, and the winner's record revokes the lease it moved to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_acquires_for_the_only_permit_keep_the_grant() {
     let r = req(1, 1, TTL, false);
     acquires_race("sso-acq-one", 150, r, r).await;
 }
 
-/// (c) Two TTLs, the only permit: the loser finds the owner's grant of
+/// Two TTLs, the only permit: the loser finds the owner's grant of
 /// the other TTL and moves it (`sem_extend`) to a lease of its TTL. D3 as
 /// above (rare).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,8 +469,8 @@ async fn two_acquires_of_two_ttls_for_the_only_permit_keep_the_grant() {
     .await;
 }
 
-/// (c) Different permit counts (1 and 2), room for both (total 4): D1,
-/// the owner holding 3 permits for a moment, then one of the grants
+/// Different permit counts (1 and 2), room for both (total 4): D1 would
+/// have the owner hold 3 permits for a moment, then one of the grants
 /// answered revoked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_acquires_of_different_permits_make_one_grant() {
@@ -482,18 +483,17 @@ async fn two_acquires_of_different_permits_make_one_grant() {
     .await;
 }
 
-/// Suspicions (a) and (b): owner O holds the only permit of a fresh name
-/// (TTL) through client C. Through C: an extend of O (the grant's TTL in
-/// even rounds: a keepalive; another TTL in odd rounds: a move of its keys
-/// to a new lease, then the old lease revoked) and, after a spun delay, a
-/// release of O. The release must answer true (the grant is live until
-/// it), and leave nothing of O. Then O is granted the name again through
-/// C (the TTL of the first grant: it may take a lease the race spared),
-/// and, once background revocations landed, that grant must be in etcd at
-/// its token, and C must extend and release it. Found nothing (a
-/// regression test: fails if a release of a live grant answers false, if
-/// a move lands after a release and brings the grant back, or if either
-/// call leaves a record or spare that costs the next grant its key).
+/// Owner O holds the only permit of a fresh name (TTL) through client C.
+/// Through C: an extend of O (the grant's TTL in even rounds: a keepalive;
+/// another TTL in odd rounds: a move of its keys to a new lease, then the
+/// old lease revoked) and, after a spun delay, a release of O. The release
+/// must answer true (the grant is live until it), and leave nothing of O.
+/// Then O is granted the name again through C (the TTL of the first grant:
+/// it may take a lease the race spared), and, once background revocations
+/// landed, that grant must be in etcd at its token, and C must extend and
+/// release it. Fails if a release of a live grant answers false, if a move
+/// lands after a release and brings the grant back, or if either call
+/// leaves a record or spare that costs the next grant its key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_racing_a_release_leaves_nothing_and_the_next_grant_holds() {
     let tag = "sso-ext-rel";
@@ -563,15 +563,14 @@ async fn an_extend_racing_a_release_leaves_nothing_and_the_next_grant_holds() {
     );
 }
 
-/// Suspicion (b): owner O holds the only permit of a fresh name (TTL)
-/// through client C. Through C, concurrently: an extend of O to TTL2 (a
-/// move) and, after a spun delay, an extend of O to TTL3 (another move) in
-/// even rounds, or with the grant's TTL (a keepalive, or a move if the
-/// first moved it already) in odd ones. Nobody releases: both answer true,
-/// and afterwards O's one grant is still there at its token, on a live
-/// lease; C extends and releases it. Found nothing (a regression test:
-/// fails if either extend answers false, or one revokes the lease the
-/// other moved the grant to).
+/// Owner O holds the only permit of a fresh name (TTL) through client C.
+/// Through C, concurrently: an extend of O to TTL2 (a move) and, after a
+/// spun delay, an extend of O to TTL3 (another move) in even rounds, or
+/// with the grant's TTL (a keepalive, or a move if the first moved it
+/// already) in odd ones. Nobody releases: both answer true, and afterwards
+/// O's one grant is still there at its token, on a live lease; C extends
+/// and releases it. Fails if either extend answers false, or one revokes
+/// the lease the other moved the grant to.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_extends_of_other_ttls_keep_the_grant() {
     let tag = "sso-ext-ext";
@@ -617,17 +616,18 @@ async fn two_extends_of_other_ttls_keep_the_grant() {
     f.assert_none(tag, rounds as usize, "");
 }
 
-/// Suspicion (c) on a holder: owner O holds the only permit of a fresh
-/// name (TTL, token t) through client C. Through C, concurrently: an
-/// extend of O to TTL2 (a move to a new lease, the old one revoked) and,
-/// after a spun delay, an attempt of O with TTL (even rounds) or TTL2 (odd
-/// rounds). The attempt reads O's grant on the old lease, keeps that lease
-/// alive and records it; the extend records the new lease. Nobody
-/// releases: the attempt must answer Granted(t) (the owner holds), the
-/// extend true, and O's one grant stays at t. D2: in about a fifth of
-/// the rounds the grant moved to the extend's lease is deleted (that
-/// lease revoked by the attempt, `sem_acquire.rs` line 233) and the
-/// attempt answers a new token: between the two, the permit was free.
+/// A holder's attempt racing its moving extend: owner O holds the only
+/// permit of a fresh name (TTL, token t) through client C. Through C,
+/// concurrently: an extend of O to TTL2 (a move to a new lease, the old
+/// one revoked) and, after a spun delay, an attempt of O with TTL (even
+/// rounds) or TTL2 (odd rounds). The attempt reads O's grant on the old
+/// lease, keeps that lease alive and records it; the extend records the
+/// new lease. Nobody releases: the attempt must answer Granted(t) (the
+/// owner holds), the extend true, and O's one grant stays at t. With D2
+/// (without one call at a time), in about a fifth of the rounds the grant
+/// moved to the extend's lease is deleted (that lease revoked by the
+/// attempt, in `sem_acquire.rs`) and the attempt answers a new token:
+/// between the two, the permit was free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_attempt_racing_a_moving_extend_keeps_the_moved_grant() {
     let tag = "sso-att-ext";
@@ -685,19 +685,18 @@ async fn a_holder_attempt_racing_a_moving_extend_keeps_the_moved_grant() {
     f.assert_none(tag, rounds as usize, "");
 }
 
-/// Suspicion (d): owner O, no grant, on a fresh name with room for two
-/// (total 2, one permit asked). Through client C: an attempt A1, after a
-/// spun delay a release R, after another an attempt A2 (the same
-/// request). What the answers imply:
+/// Owner O, no grant, on a fresh name with room for two (total 2, one
+/// permit asked). Through client C: an attempt A1, after a spun delay a
+/// release R, after another an attempt A2 (the same request). What the
+/// answers imply:
 /// - both Granted with one token t: R true means it came after both
 ///   (nothing of O left), false before both (t held);
 /// - two tokens: only a release between them explains it, so R must be
 ///   true and the later token's grant held (the earlier one gone);
 /// - never two grants of O, never more permits than the total.
 ///
-/// Fails by D1 (two tokens with the release answered false: the two
-/// attempts both granted); found nothing else (a release answered true
-/// always left the later grant or nothing, as the answers imply).
+/// D1 makes it fail (two tokens with the release answered false: the two
+/// attempts both granted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_release_acquire_answer_two_tokens_only_around_a_release() {
     let tag = "sso-arc";

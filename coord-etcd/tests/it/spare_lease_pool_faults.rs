@@ -1,5 +1,5 @@
-//! Adversarial review of the spare-lease pool, against a real etcd through
-//! a real TCP fault proxy: lost replies (requests applied, answers
+//! The spare-lease pool against a real etcd through a real TCP fault
+//! proxy: lost replies (requests applied, answers
 //! dropped), latency near the call timeout and connection resets while a
 //! client cycles claims, then steady reuse of its spares. A spare that
 //! still carried a key (of a lost-reply acquire, a timed-out txn applied

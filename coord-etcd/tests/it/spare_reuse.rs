@@ -1,5 +1,5 @@
 //! A spare lease whose server-side life is known to reach far enough serves
-//! the next claim without a keepalive (issue 11). These tests pin what that
+//! the next claim without a keepalive. These tests pin what that
 //! may cost: the validity basis a grant carries is the spare's last
 //! answered keepalive or grant, never the attempt's start; a released
 //! claim puts its spare back with that basis (so a busy client still

@@ -1,6 +1,7 @@
-//! Work queue regressions on the in-memory backend (bugs found in review of
-//! `coord-memory/src/queue.rs` against the rule in
-//! `coord_core::queue_backend`), on paused time where timing matters.
+//! Work queues on the in-memory backend held to the rule in
+//! `coord_core::queue_backend` where `coord-memory/src/queue.rs` could
+//! stray from it (ids after a purge, wake-ups for delayed messages, the
+//! order of ordered groups), on paused time where timing matters.
 
 use std::time::Duration;
 
@@ -11,9 +12,9 @@ use tokio::time::Instant;
 const S: Duration = Duration::from_secs(1);
 
 /// "Message ids are unique per queue name and rise in push order": a purge
-/// deletes the messages and dedup ids, not the id sequence. (The ids
-/// restarted at 1, so a consumer keying its idempotency on the message id
-/// dropped the first messages pushed after a purge as already done.)
+/// deletes the messages and dedup ids, not the id sequence. (Were the ids
+/// to restart at 1, a consumer keying its idempotency on the message id
+/// would drop the first messages pushed after a purge as already done.)
 #[tokio::test(start_paused = true)]
 async fn message_ids_keep_rising_after_a_purge() {
     let q = MemoryBackend::coord().queues().unwrap();
@@ -51,8 +52,8 @@ async fn message_ids_keep_rising_after_the_idle_queue_is_swept() {
 /// A pop waiting on an empty queue (polling every 10 s) gets a message
 /// pushed with a delay when the delay is over, not at its next poll: the
 /// docs promise that waiting pops "retry when a delayed message ... comes
-/// due". (The delayed push woke nobody, so the waiter only learned of it at
-/// its poll, 5 to 10 s later.)
+/// due". (A delayed push that wakes nobody leaves the waiter to learn of
+/// it at its poll, 5 to 10 s later.)
 #[tokio::test(start_paused = true)]
 async fn a_waiting_pop_gets_a_delayed_push_when_it_comes_due() {
     let q = MemoryBackend::coord()

@@ -1,5 +1,6 @@
-//! Regression tests for bugs found in review of the store-independent
-//! logic (coord-core), run on the in-memory backend with paused time.
+//! Edge cases of the store-independent logic (coord-core): guards and
+//! watchdogs, waits and their cancellation, barriers, limiters, the sweep
+//! of idle names, run on the in-memory backend with paused time.
 
 use std::sync::Arc;
 use std::time::Duration;

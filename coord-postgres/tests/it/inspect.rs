@@ -1,9 +1,9 @@
-//! Holder metadata and inspection on the real server (layout 9): the
-//! metadata is stored with a new grant only, ends with it (release,
-//! expiry, force release) and is kept by a retry of the live owner;
-//! a semaphore's grants are listed with their permits and its queued
-//! waiters counted; the same through PgBouncer in transaction mode; and a
-//! layout-8 schema is upgraded keeping the grants it holds.
+//! Holder metadata and inspection on the real server: the metadata is
+//! stored with a new grant only, ends with it (release, expiry, force
+//! release) and is kept by a retry of the live owner; a semaphore's grants
+//! are listed with their permits and its queued waiters counted; the same
+//! through PgBouncer in transaction mode; and a layout-8 schema is
+//! upgraded keeping the grants it holds.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,10 +1,10 @@
-//! Late copies of timed-out claim attempts (`coord_core::late`, layout 12)
-//! on locks, leases and elections: an attempt delayed in the network past
-//! the call timeout, landing after its owner gave up and released, takes
-//! nothing; the race of such a copy with the release that marks its owner
-//! is decided by the row lock, whichever comes first; the owner's own
-//! later attempts and other owners are not refused; answered attempts
-//! leave no mark; a mark keeps its row from the sweep while it holds.
+//! Late copies of timed-out claim attempts (`coord_core::late`) on locks,
+//! leases and elections: an attempt delayed in the network past the call
+//! timeout, landing after its owner gave up and released, takes nothing;
+//! the race of such a copy with the release that marks its owner is
+//! decided by the row lock, whichever comes first; the owner's own later
+//! attempts and other owners are not refused; answered attempts leave no
+//! mark; a mark keeps its row from the sweep while it holds.
 //!
 //! The slow client goes through a `FaultProxy` (see `support`). The
 //! cases run one after the other.

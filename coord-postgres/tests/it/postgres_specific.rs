@@ -659,8 +659,8 @@ async fn url_options_take_effect() {
 /// no schema, then waited for the schema lock while another first user
 /// created it) runs no DDL once it holds the lock: clients already at work
 /// on the tables never wait behind it, and are never aborted as a deadlock
-/// with it (seen in the suite: a semaphore acquire failed with 40P01
-/// against a late first user's DDL).
+/// with it (otherwise a semaphore acquire can fail with 40P01 against a
+/// late first user's DDL).
 ///
 /// Deterministic: a session holds the schema lock while first user A,
 /// then session R (a session-level lock on the same key), then first user

@@ -1,14 +1,13 @@
-//! Adversarial review: concurrent calls on ONE delivery (or of one
-//! consumer) of the PostgreSQL work queue through ONE client, through the
-//! raw `coord_core::Queue` trait: an ack racing an extend, an ack racing a
-//! nack, two acks, a nack (with and without a delay) racing an extend,
-//! pops of one consumer racing, an ack racing the owner's next pop in an
-//! ordered group. The scenarios are `conformance::queue_race`'s (where
-//! each says what it checks); here what the store holds is read with
-//! `peek` (both lanes) and `stats`. Every step is one statement under the
-//! queue's advisory lock and the client keeps no record of its
-//! deliveries, so these are regression tests of the contract: found
-//! nothing (3 runs each).
+//! Concurrent calls on ONE delivery (or of one consumer) of the PostgreSQL
+//! work queue through ONE client, through the raw `coord_core::Queue`
+//! trait: an ack racing an extend, an ack racing a nack, two acks, a nack
+//! (with and without a delay) racing an extend, pops of one consumer
+//! racing, an ack racing the owner's next pop in an ordered group. The
+//! scenarios are `conformance::queue_race`'s (where each says what it
+//! checks); here what the store holds is read with `peek` (both lanes) and
+//! `stats`. Every step is one statement under the queue's advisory lock
+//! and the client keeps no record of its deliveries, so these guard the
+//! contract against a change that would break it.
 
 use crate::support;
 use conformance::queue_race::{Env, PeekProbe, Q};

@@ -1,8 +1,8 @@
-//! Claim rows are reused (layout 11): a release frees its row in place, the
-//! next grant takes it in place with a higher fencing token, and only the
-//! sweep deletes a row (once its last grant ended more than the grace ago),
+//! Claim rows are reused: a release frees its row in place, the next grant
+//! takes it in place with a higher fencing token, and only the sweep
+//! deletes a row (once its last grant ended more than the grace ago),
 //! after which the name's next grant still gets a higher token. A row of a
-//! name idle past its TTL and grace is gone (tests/it/soak.rs counts them at
+//! name idle past its TTL and grace is gone (tests/soak.rs counts them at
 //! scale).
 
 use crate::support;
@@ -157,9 +157,10 @@ async fn a_name_swept_away_gets_a_higher_token_next() {
 /// 12 tasks cycle on 16 names for 4 s (half their grants released, half
 /// left to expire after 60 ms; a pause of 0-150 ms after each) while
 /// another client sweeps in a loop with a 100 ms grace: rows are taken in
-/// place, taken over expired, deleted and made again. Each name's tokens, in grant order, strictly rise. A
-/// grant counts only when its task recorded it within the TTL of sending
-/// the attempt (so no later grant could have come before the record).
+/// place, taken over expired, deleted and made again. Each name's tokens,
+/// in grant order, strictly rise. A grant counts only when its task
+/// recorded it within the TTL of sending the attempt (so no later grant
+/// could have come before the record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_rise_per_name_while_rows_are_reused_and_swept() {
     let schema = unique("churn");

@@ -1,17 +1,17 @@
-//! Adversarial review (PostgreSQL; as coord-redis/tests/it/same_owner_one_client.rs):
-//! one owner's calls racing through ONE client (the raw traits), on the
+//! One owner's calls racing through ONE client (the raw traits), on the
 //! client's record of owners with an unanswered attempt
-//! (`coord_core::late::Unanswered`, the backend's `unanswered`).
+//! (`coord_core::late::Unanswered`, the backend's `unanswered`); the
+//! PostgreSQL twin of coord-redis's `tests/it/same_owner_one_client.rs`.
 //!
 //! The release of an owner with an unanswered attempt leaves a mark with
 //! its stamp, so a late copy of that attempt (stamped before) takes
-//! nothing; then it forgets the owner. The defect (fixed in 083dc0e:
-//! `forget` takes the record the release saw, `Unanswered::seen`): it
-//! forgot unconditionally after its round trip, so an attempt of the same
-//! owner stamped AFTER the release (not covered by its mark) that went
-//! unanswered DURING that round trip lost its record; the owner's next
-//! release then left no mark, and the attempt's late copy took the name
-//! for nobody until its TTL.
+//! nothing; then it forgets the owner, but only the record the release
+//! saw (`forget` takes `Unanswered::seen`). Were it to forget
+//! unconditionally after its round trip, an attempt of the same owner
+//! stamped AFTER the release (not covered by its mark) that went
+//! unanswered DURING that round trip would lose its record; the owner's
+//! next release would then leave no mark, and the attempt's late copy
+//! would take the name for nobody until its TTL.
 //!
 //! The window is forced, with no timing guess, by locks and the client's
 //! own connection pool (2 connections, FIFO, recycled without a check):
@@ -30,10 +30,10 @@
 //! - X is let through and answered; then Y, O's next release, on X's
 //!   connection; then the advisory lock is let go and A1's copy runs.
 //!
-//! Before the fix X forgot A1's record, Y left no mark, and A1's copy took
-//! the name for O, who had released it. A control round runs the same
-//! calls with X answered before A1 is sent: Y marks O and A1's copy takes
-//! nothing, before the fix too.
+//! X must not forget A1's record: else Y leaves no mark, and A1's copy
+//! takes the name for O, who has released it. A control round runs the
+//! same calls with X answered before A1 is sent: Y marks O and A1's copy
+//! takes nothing, whatever X forgets.
 
 use crate::support;
 use std::future::Future;

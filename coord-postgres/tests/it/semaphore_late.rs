@@ -73,13 +73,13 @@ async fn left(b: &PostgresBackend, name: &str) -> i64 {
     .get(0)
 }
 
-/// The defect: a waiting acquire times out while its first attempt is
-/// still on its way; the acquire's release runs first (removing nothing,
-/// or the place of a later attempt), then the late attempt lands and
-/// queues the owner again. Nobody waits for that place, yet the waiters
-/// behind it (FIFO) wait until it lapses. Fixed: the late attempt finds
-/// its owner left after it was sent and writes nothing, so a later
-/// acquire of the free permit is granted at once.
+/// A waiting acquire times out while its first attempt is still on its
+/// way; the acquire's release runs first (removing nothing, or the place
+/// of a later attempt), then the late attempt lands. It must find its
+/// owner left after it was sent and write nothing, so a later acquire of
+/// the free permit is granted at once. (Were it to queue the owner again,
+/// nobody would wait for that place, yet the waiters behind it (FIFO)
+/// would wait until it lapses.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let _serial = SERIAL.lock().await;

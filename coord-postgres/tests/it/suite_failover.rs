@@ -1,17 +1,18 @@
-//! PostgreSQL primary failover (issue 14 item 4): a primary and a
-//! streaming standby (asynchronous replication) from the test kit
+//! PostgreSQL primary failover: a primary and a streaming standby
+//! (asynchronous replication) from the test kit
 //! (`conformance::testkit::postgres_failover`), and clients on a
-//! multi-host URL (`postgres://h1:p1,h2:p2/db?target_session_attrs=read-write`).
+//! multi-host URL
+//! (`postgres://h1:p1,h2:p2/db?target_session_attrs=read-write`).
 //!
 //! - The whole shared conformance suite through the multi-host URL, on a
 //!   pair that is never failed over, with the polling fallback at 60 s so
 //!   that every prompt wake-up comes from LISTEN/NOTIFY.
 //! - Fencing tokens of every source (lock and lease grants, semaphore
 //!   permits, election terms, barrier generations, `FencingSource::next`,
-//!   queue deliveries), and queue message ids, never repeat across a failover to a standby that
-//!   missed the newest WAL: the replication link is cut, more tokens are
-//!   drawn than a sequence logs ahead (32), the primary is killed with
-//!   `SIGKILL` and the standby promoted.
+//!   queue deliveries), and queue message ids, never repeat across a
+//!   failover to a standby that missed the newest WAL: the replication
+//!   link is cut, more tokens are drawn than a sequence logs ahead (32),
+//!   the primary is killed with `SIGKILL` and the standby promoted.
 //! - A lock workload (the fenced-register judge of `conformance::faults`)
 //!   runs while the primary is killed and the standby promoted, with the
 //!   link cut first (the tail the standby missed is lost for real): locks
@@ -263,14 +264,13 @@ async fn a_primary_fenced_read_only_is_left_for_the_promoted_standby() {
 /// A lock workload (4 clients, 1 s TTL, watchdog on, fenced register)
 /// while the primary fails: the replication link is cut (the standby
 /// misses every grant from then on), another client draws 100 tokens, and
-/// 500 ms later the primary is killed
-/// with SIGKILL, and the standby is promoted one TTL later (with
-/// asynchronous replication, promoting no sooner than the longest TTL after
-/// the old primary stopped is what keeps locks exclusive: every guard it
-/// acknowledged has lapsed by then, lost grants and extends included).
-/// Locks exclude throughout, tokens rise, every client works on the new
-/// primary within TTL + 2 s, and a client connected before the failover
-/// is woken by NOTIFY on the new primary.
+/// 500 ms later the primary is killed with SIGKILL, and the standby is
+/// promoted one TTL later (with asynchronous replication, promoting no
+/// sooner than the longest TTL after the old primary stopped is what keeps
+/// locks exclusive: every guard it acknowledged has lapsed by then, lost
+/// grants and extends included). Locks exclude throughout, tokens rise,
+/// every client works on the new primary within TTL + 2 s, and a client
+/// connected before the failover is woken by NOTIFY on the new primary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn locks_exclude_and_clients_follow_a_failover() {
     let _serial = SERIAL.lock().await;

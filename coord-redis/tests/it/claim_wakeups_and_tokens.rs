@@ -1,5 +1,4 @@
-//! Adversarial review of the one-key claims: wake-ups and tokens against a
-//! real redis-server.
+//! The one-key claims: wake-ups and tokens against a real redis-server.
 
 use crate::common;
 use std::time::{Duration, Instant};
@@ -151,10 +150,10 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
 /// It must not take the lock for nobody (for its whole TTL, 60 s): the
 /// next acquire must be granted.
 ///
-/// Failed before the claims got late-copy marks (the late copy was
-/// granted). Fixed as semaphores are (`coord_core::late`): the waiter's
-/// cleanup release leaves its owner's mark, and the copy, stamped before
-/// it, is refused. `tests/it/late_claims.rs` has the same case for the seed
+/// Claims get late-copy marks as semaphores do (`coord_core::late`): the
+/// waiter's cleanup release leaves its owner's mark, and the copy,
+/// stamped before it, is refused (without the mark, the late copy is
+/// granted). `tests/it/late_claims.rs` has the same case for the seed
 /// layout, leases and elections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {

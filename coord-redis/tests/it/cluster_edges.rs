@@ -1,12 +1,11 @@
-//! An adversarial review of Redis Cluster support (`redis+cluster://`),
-//! against real 3-master, 3-replica clusters of the test kit: key names
+//! Edge cases of Redis Cluster support (`redis+cluster://`), against real
+//! 3-master, 3-replica clusters of the test kit: key names
 //! and prefixes that play with hash tags, nodes that are paused, dead or
 //! restarted when a client connects or calls, authentication and TLS (a
 //! TLS cluster of our own: the kit has none).
 //!
-//! Tests that show a defect are `#[ignore = "defect: ..."]` (run them with
-//! `--ignored`); one that passes but is slow is `#[ignore = "slow, ..."]`;
-//! the others pass, each well under 20 s.
+//! One test is slow and `#[ignore = "slow, ..."]` (run it with
+//! `--ignored`); the others take well under 20 s each.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -144,10 +143,10 @@ async fn a_prefix_with_an_open_brace_works_on_a_cluster() {
 /// barrier, sliding-log limiter, semaphore, read-write lock or queue land
 /// in different slots and every script on them fails with `CROSSSLOT`
 /// (locks, leases, fencing, elections and the other limiters use one key
-/// and still work). The prefix is accepted without a word, and
-/// `Keys::key`'s doc says a prefix containing `{` keeps one instance's keys
-/// in one slot. Fixed: such a prefix is refused on a cluster with a
-/// `Config` error that says why, before anything is written.
+/// and still work). So such a prefix must be refused on a cluster with a
+/// `Config` error that says why, before anything is written, rather than
+/// accepted without a word (`Keys::key`'s doc says a prefix containing
+/// `{` keeps one instance's keys in one slot).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_with_an_empty_hash_tag_is_refused_on_a_cluster() {
     let prefix = format!("{}{{}}:", conformance::unique("empty-tag"));
@@ -186,13 +185,14 @@ fn replicas(c: &RedisCluster) -> Vec<&RedisServer> {
 
 /// One replica frozen (`SIGSTOP`: a hung host; one that accepts TCP
 /// connections and never answers). It serves no slot, the cluster is
-/// healthy, and the first seed is a live master, yet `connect` fails:
-/// `redis`' cluster client waits for EVERY seed up to its connection
-/// timeout, which coord sets to `connect_timeout`, the very limit coord
-/// puts on the whole connect (`Source::open`). So one unresponsive seed
-/// out of six makes every new client fail, and the docs' advice ("list
-/// several seeds, so a client can start while one is down") holds only
-/// for a seed that refuses connections.
+/// healthy, and the first seed is a live master: `connect` must succeed
+/// and every primitive work. `redis`' cluster client waits for EVERY seed
+/// up to its connection timeout, so that timeout must be well under the
+/// limit coord puts on the whole connect (`Source::open`): were it
+/// `connect_timeout` itself, one unresponsive seed out of six would make
+/// every new client fail, and the docs' advice ("list several seeds, so a
+/// client can start while one is down") would hold only for a seed that
+/// refuses connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_connects_while_one_seed_is_frozen() {
     let cluster = Arc::new(blocking(RedisCluster::start).await);
@@ -266,14 +266,14 @@ fn name_on(c: &RedisCluster, prefix: &str, port: u16) -> String {
 /// stays frozen; its replica takes over after the node timeout (1 s). A
 /// client connected before, with every node as a seed (as the docs advise
 /// and the test kit's `url()` does), must go on with that lock on the
-/// promoted replica within a few seconds. It does not: its calls time out
-/// for as long as the old master stays frozen (40 s seen; 15 ms after a
-/// `SIGCONT` it works again), and a fresh client cannot connect at all. The cluster client does not leave a node that stops
-/// answering by itself, and coord's background rebuild after a timeout
-/// (`CommandConnection::replace`) fails every time for the reason of
-/// `a_client_connects_while_one_seed_is_frozen`: the frozen master is a
-/// seed. With the frozen master left out of the seeds the same client
-/// goes on within about a second
+/// promoted replica within a few seconds. The cluster client does not
+/// leave a node that stops answering by itself; coord's background
+/// rebuild after a timeout (`CommandConnection::replace`) does, provided
+/// a frozen seed does not use up the whole connect limit (see
+/// `a_client_connects_while_one_seed_is_frozen`): else the client's calls
+/// time out for as long as the old master stays frozen, and a fresh
+/// client cannot connect at all. With the frozen master left out of the
+/// seeds the same client goes on within about a second
 /// (`a_client_follows_the_replica_of_a_frozen_master_that_is_no_seed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_follows_the_replica_of_a_frozen_master() {
@@ -823,11 +823,11 @@ async fn a_failover_while_an_unrelated_replica_is_frozen() {
 /// A wrong password on a cluster. `RedisBackend::connect` documents
 /// "[`Error::Store`] saying \"authentication failed\" for a wrong user or
 /// password", as a plain `redis://` URL gives (and as a missing password
-/// on the cluster gives). With `redis+cluster://` and a wrong password it
-/// is a retryable `Error::Unavailable` that says "Check that the server is
-/// up and reachable; the call can be retried" (`redis`' cluster client
-/// wraps the authentication failure as an I/O error, which `map_err` does
-/// not recognise), so a service retries a configuration error forever.
+/// on the cluster gives); `redis+cluster://` must give the same.
+/// `redis`' cluster client wraps the authentication failure as an I/O
+/// error: taken for a retryable `Error::Unavailable` ("Check that the
+/// server is up and reachable; the call can be retried"), it would have a
+/// service retry a configuration error forever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_password_on_a_cluster_is_an_authentication_error() {
     let cluster = blocking(|| cluster_with_password("s3cret-Pa55")).await;
@@ -840,18 +840,16 @@ async fn a_wrong_password_on_a_cluster_is_an_authentication_error() {
     );
 }
 
-/// The docs (coord-redis "Redis Cluster": "Scripts are loaded on every
-/// node, replicas included"; the comment at the `SCRIPT LOAD` in
-/// `RedisBackend::connect`: "which the client sends to every node
-/// (replicas too, so a promoted one has them)"). After a client connected
-/// to a fresh cluster, no replica has a script cached: `SCRIPT LOAD` is
-/// routed to every node the cluster client has a connection to, and it
-/// has none to replicas (it reads from masters only). It does no harm
-/// (a promoted replica answers `NOSCRIPT` once per script and coord loads
-/// it again; `a_client_goes_on_through_a_rolling_restart` passes), but
-/// the claim is false, and every first call of a script after a failover
-/// costs two more round trips plus a `SCRIPT LOAD` on every node. Fixed:
-/// the docs say masters, and this checks every master has them.
+/// After a client connected to a fresh cluster, every master has the
+/// scripts cached, as the docs (coord-redis "Redis Cluster") and the
+/// comment at the `SCRIPT LOAD` in `RedisBackend::connect` say. Replicas
+/// have none: `SCRIPT LOAD` is routed to every node the cluster client has
+/// a connection to, and it has none to replicas (it reads from masters
+/// only). That does no harm (a promoted replica answers `NOSCRIPT` once
+/// per script and coord loads it again;
+/// `a_client_goes_on_through_a_rolling_restart` checks it), but every
+/// first call of a script after a failover costs two more round trips
+/// plus a `SCRIPT LOAD` on every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_cached_on_every_master_after_connect() {
     let cluster = Arc::new(blocking(RedisCluster::start).await);
@@ -877,11 +875,12 @@ async fn scripts_are_cached_on_every_master_after_connect() {
 /// base64 password has `/`; `?` and `#` are common in generated ones):
 /// the URL is malformed and refused, but the error must not show the
 /// password or a piece of it (DESIGN §6: "Passwords never appear in
-/// Debug, Display, errors or logs"). Found: the cluster URL's path check
-/// prints what follows the `/` ("database `ss@127.0.0.1:1,...` in the
-/// path"), the unknown-option check what follows the `?`, and on one
-/// server (`redis://:pa/ss@...`) the whole URL, password included, is
-/// printed as "invalid Redis URL `redis://:pa/ss@127.0.0.1:1`".
+/// Debug, Display, errors or logs"). The checks that could leak it: the
+/// cluster URL's path check (what follows the `/`, as in "database
+/// `ss@127.0.0.1:1,...` in the path"), the unknown-option check (what
+/// follows the `?`), and on one server (`redis://:pa/ss@...`) the URL
+/// parser's own error, which would print the whole URL, password
+/// included ("invalid Redis URL `redis://:pa/ss@127.0.0.1:1`").
 #[tokio::test]
 async fn a_password_with_reserved_characters_stays_out_of_errors() {
     for (url, secret) in [

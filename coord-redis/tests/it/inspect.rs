@@ -666,13 +666,13 @@ fn counts(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
 
 /// The server's own work (every command it ran, scripts' calls included)
 /// for 10 rounds of a step, without metadata and with it, must be exactly
-/// what the scripts ran before metadata existed (measured on the previous
-/// commit's scripts with the same rounds): holder metadata costs a cycle
-/// without it nothing on the server, and a cycle with it no command more.
+/// the commands listed below, which are what the scripts run without any
+/// metadata support: holder metadata costs a cycle without it nothing on
+/// the server, and a cycle with it no command more.
 ///
-/// Since the late-copy marks (`coord_core::late`), every claim attempt
-/// also looks up its owner's mark first: one `GET` (a miss) more per
-/// attempt, nothing more per release.
+/// For the late-copy marks (`coord_core::late`), every claim attempt also
+/// looks up its owner's mark first: one `GET` (a miss) per attempt,
+/// nothing per release.
 ///
 /// - lock or lease cycle on a free name: `GET` of the mark + `TIME` +
 ///   `SET NX PX`; release past the token's µs: `GET` + `TIME` + `DEL`;

@@ -3,7 +3,7 @@
 //! timeout, landing after its owner gave up and left, takes nothing; the
 //! owner's own later attempts are not refused; answered attempts leave no
 //! mark. (The lock case in the default layout is
-//! `review_claims::a_late_attempt_after_a_timed_out_acquire_takes_no_lock`.)
+//! `claim_wakeups_and_tokens::a_late_attempt_after_a_timed_out_acquire_takes_no_lock`.)
 
 use crate::common;
 use std::time::Duration;
@@ -71,7 +71,8 @@ async fn take(
     }
 }
 
-/// As `review_claims::a_late_attempt_after_a_timed_out_acquire_takes_no_lock`
+/// As
+/// `claim_wakeups_and_tokens::a_late_attempt_after_a_timed_out_acquire_takes_no_lock`
 /// for `case`: the first attempt of a client behind a slow proxy is
 /// delayed 1.5 s, past its 200 ms call timeout; it gives up (its cleanup
 /// leaves the mark); the holder releases; the late copy lands on the free

@@ -179,8 +179,8 @@ async fn gcra_burst_faster_than_the_rate_admits_exactly_the_quota() {
         // The burst is timed by the server's wall clock (`TIME`), which
         // the VM's time keeping may nudge by some µs during it (seen once
         // under load: 1 over the bound). Rounding the sub-µs part away on
-        // every admission, the defect this guards against, would admit
-        // about 0.12 / 38 of the burst too many (over a hundred here).
+        // every admission, what this guards against, would admit about
+        // 0.12 / 38 of the burst too many (over a hundred here).
         let bound = limit + (elapsed * limit).div_ceil(window_us) + 2;
         assert!(
             admitted <= bound,
@@ -213,7 +213,11 @@ async fn gcra_slow_rate_is_exact() {
     assert_eq!(d.remaining, 0);
 }
 
-/// common.md's quota-change expectations, for every algorithm.
+/// A quota change carries the key's state over, for every algorithm:
+/// 1000 checks alternating 10/600s and 11/600s admit at most 11; after 15
+/// admitted under 20/600s, a check under 10/600s is denied; after 10
+/// admitted under 10/600s, a shorter window (10/60s) does not start
+/// afresh either.
 #[tokio::test]
 async fn a_quota_change_never_grants_a_fresh_allowance() {
     let b = backend(&kit::url()).await;
@@ -373,7 +377,7 @@ async fn seed_sliding_log_counts_the_php_entries_and_uses_unique_members() {
     let server = kit::server();
     let b = seed_backend(&server.url()).await;
     let key = unique("api");
-    // What the seed's checkRateLimit leaves behind: score = member = now in
+    // What PHP's checkRateLimit leaves behind: score = member = now in
     // seconds (microtime(true)).
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -441,9 +445,9 @@ async fn extreme_quotas_are_exact_or_refused() {
     }
 }
 
-/// A GCRA key in the layout before the hash (the TAT as a decimal µs
-/// string) is carried over: its backlog still counts, and it becomes the
-/// hash.
+/// A GCRA key in the older string layout (the TAT as a decimal µs string,
+/// before the state became a hash) is carried over: its backlog still
+/// counts, and it becomes the hash.
 #[tokio::test]
 async fn a_gcra_key_of_the_string_layout_keeps_its_backlog() {
     let server = kit::server();

@@ -668,8 +668,8 @@ async fn seed_coord() -> coord_core::Coord {
 }
 
 /// Queues are offered in [`Layout::Seed`](coord_redis::Layout::Seed) too
-/// (the seed has no queue keys; they live under the prefix, as leases
-/// do): some of the shared queue cases run there as well.
+/// (the PHP key names include no queue keys; they live under the prefix,
+/// as leases do): some of the shared queue cases run there as well.
 macro_rules! seed_layout_cases {
     ($($case:ident),* $(,)?) => {
         mod seed_layout {

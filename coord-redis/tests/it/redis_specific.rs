@@ -1,4 +1,4 @@
-//! Redis-specific tests: interoperation with the seed's PHP `RedisLock`,
+//! Redis-specific tests: interoperation with the PHP `RedisLock` class,
 //! script reloading, authentication, restarts and outages, round-trip
 //! counts, and that no password ever shows. (Fencing after data loss is in
 //! `fencing.rs`, limiters in `limiter.rs`, key layout in `keys.rs`.)
@@ -22,7 +22,7 @@ async fn seed_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     let name = unique("order_process");
     let php_token = "0123456789abcdef0123456789abcdef";
 
-    // What the seed's PHP RedisLock::acquire sends.
+    // What PHP's RedisLock::acquire sends.
     let reply = server.command(&["SET", &name, php_token, "NX", "EX", "30"]);
     assert_eq!(reply, Resp::Simple("OK".into()));
 
@@ -47,7 +47,7 @@ async fn seed_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     let token = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
 
     // The key holds coord's owner token as 32 hex digits, as PHP's would,
-    // with the TTL set; the fencing counter is the seed's key.
+    // with the TTL set; the fencing counter is the PHP class's key.
     assert_eq!(
         server.command(&["GET", &name]).as_str(),
         Some(me.to_hex().as_str())
@@ -69,7 +69,7 @@ async fn seed_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     assert!(b.release(&name, &me).await.unwrap());
     assert!(server.command(&["GET", &name]).is_nil());
 
-    // The seed's `INCR fencing_token_<resource>` and coord's fencing source
+    // PHP's `INCR fencing_token_<resource>` and coord's fencing source
     // share the counter and keep it rising.
     let php_next = server
         .command(&["INCR", &format!("fencing_token_{name}")])

@@ -1,4 +1,4 @@
-//! Adversarial review of the Redlock backend against real redis-servers:
+//! The Redlock backend against real redis-servers under faults:
 //! a master frozen with SIGSTOP while clients contend, fencing tokens
 //! under contention with a master down, the watchdog while masters go,
 //! cancelled acquires, leaked connections, a master that stays down,
@@ -226,10 +226,10 @@ async fn a_frozen_master_while_clients_contend_is_safe() {
 /// Liveness while a master is frozen: "a master that does not answer
 /// costs a call at most its call timeout", so with two of three masters
 /// answering, four contending clients should still take turns (several
-/// grants a second). Seen before the fix: the clients split the two live
-/// masters' votes, each waited out the frozen master's timeout, undid and
-/// retried, and hardly anyone was granted while the master stayed frozen
-/// (now a master that ran into the timeout is skipped for a second).
+/// grants a second). A master that ran into the timeout is skipped for a
+/// second: otherwise the clients split the two live masters' votes, each
+/// waits out the frozen master's timeout, undoes and retries, and hardly
+/// anyone is granted while the master stays frozen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_while_clients_contend_still_grants() {
     let windows = [(1000, 3500, 1), (4000, 6500, 2)];
@@ -337,8 +337,10 @@ async fn fencing_tokens_under_contention_with_a_master_frozen() {
         started.elapsed(),
         failed.first()
     );
-    // How many succeed varies (see the livelock below): 27 to 30 in most
-    // runs, far fewer in some; only safety is asserted here.
+    // How many succeed varies (split votes wait out the frozen master's
+    // timeout, see `a_frozen_master_while_clients_contend_still_grants`):
+    // 27 to 30 in most runs, far fewer in some; only safety is asserted
+    // here.
     assert!(ok + failed.len() == 30);
 }
 
@@ -830,11 +832,11 @@ async fn masters_restarted_without_their_data_during_a_hold() {
 }
 
 /// One server listed twice under two spellings (`127.0.0.1:P` and
-/// `localhost:P`) must not count as two independent masters. Before the
-/// fix it did: once it lost its data (one master of three, which the docs
-/// say exclusion survives), a client whose URL listed it twice got a
-/// quorum from it alone while another client held the lock. Now the
-/// second entry is refused by the server's `run_id`.
+/// `localhost:P`) must not count as two independent masters: the second
+/// entry is refused by the server's `run_id`. Counted twice, once it lost
+/// its data (one master of three, which the docs say exclusion survives),
+/// it would give a client whose URL listed it twice a quorum on its own
+/// while another client held the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_listed_twice_under_two_spellings() {
     let set = RedlockMasters::start(3);
@@ -850,7 +852,7 @@ async fn one_server_listed_twice_under_two_spellings() {
     let a = match coord_redis::connect(&twice).await {
         Ok(c) => c,
         Err(e) => {
-            // The fix: refused as listed twice.
+            // Refused as listed twice.
             assert!(matches!(e, Error::Config(_)), "{e:?}");
             return;
         }
@@ -952,10 +954,10 @@ async fn a_late_master_is_set_to_the_quorum_token() {
 
 /// Reads with one master frozen: the module docs say a master that does
 /// not answer costs a call its call timeout "only when the masters that
-/// did answer could not decide the attempt alone"; `Leases::remaining`
-/// and `Locks::inspect` used to wait for every master (each cost the
-/// frozen master's whole call timeout although two masters answered at
-/// once); they now return once a quorum agrees.
+/// did answer could not decide the attempt alone"; so `Leases::remaining`
+/// and `Locks::inspect` return once a quorum agrees, rather than waiting
+/// for every master (which would cost each the frozen master's whole call
+/// timeout although two masters answered at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_with_a_frozen_master_do_not_wait_for_it() {
     let set = RedlockMasters::start(3);
@@ -1054,12 +1056,13 @@ async fn persistent_masters_killed_during_a_hold_keep_exclusion() {
 /// The holder is cut off from two of the three masters (their traffic
 /// dropped for the call timeout) while it releases, then the network
 /// heals. If `Guard::release` returns `Ok(())`, the lock must be free.
-/// Before the fix `quorum_release` counted the one master that released as
-/// success, and the claim stayed on a majority for the rest of its TTL
-/// (20 s here): another client timed out. (On one Redis server a release whose
-/// connection broke returns `Err(Unavailable { .. "broken pipe" })`; a
+/// `quorum_release` must not count the one master that released as
+/// success: the claim would stay on a majority for the rest of its TTL
+/// (20 s here), and another client would time out. (On one Redis server a
+/// release whose connection broke returns
+/// `Err(Unavailable { .. "broken pipe" })`; counted that way, a
 /// connection reset of two masters' connections just before the release
-/// gives the same `Ok(())` with the claim left, in most runs.)
+/// would give the same `Ok(())` with the claim left, in most runs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_that_reached_one_master_is_not_ok() {
     let set = RedlockMasters::start_behind_proxies(3);
@@ -1132,7 +1135,7 @@ async fn watchdog_survives_a_connection_blip() {
 
 /// `RedlockBackend::connect` says it returns "once a quorum of them is
 /// connected"; with one master frozen (SIGSTOP: TCP accepts, nothing
-/// answers) it used to wait the frozen master's whole connect timeout.
+/// answers) it must not wait the frozen master's whole connect timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_returns_once_a_quorum_is_connected() {
     let set = RedlockMasters::start(3);
@@ -1158,11 +1161,11 @@ async fn connect_returns_once_a_quorum_is_connected() {
 /// A `try_acquire` refused by two masters that hold the lock, while the
 /// third master (which lost the claim: as after a restart without data,
 /// or a freeze past its TTL) is slower than the decision: its late grant
-/// for the refused attempt's owner must be undone. Before the fix it was
-/// kept ("it counts for this owner's next attempt"), but a
-/// `try_acquire`'s owner never attempts again, so the ghost claim lived
-/// its whole TTL (20 s here), and after the holder released and one other
-/// master stopped (one of three: tolerated), nobody could take the lock.
+/// for the refused attempt's owner must be undone. Kept ("it counts for
+/// this owner's next attempt"), it would be a ghost claim living its
+/// whole TTL (20 s here), since a `try_acquire`'s owner never attempts
+/// again, and after the holder released and one other master stopped
+/// (one of three: tolerated), nobody could take the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_try_acquire_leaves_no_late_grant() {
     let set = RedlockMasters::start_behind_proxies(3);
@@ -1211,10 +1214,10 @@ async fn a_refused_try_acquire_leaves_no_late_grant() {
 }
 
 /// A retry by the owner gets its grant's token again when a master missed
-/// the first attempt and granted it later with a token of its own (CI:
-/// conformance_redlock's `lock_attempts_are_idempotent_per_owner` got a
-/// higher token on its retry, a master of a just-connected client having
-/// been out for the first attempt). Here master 2 is frozen for the
+/// the first attempt and granted it later with a token of its own (as
+/// when a master of a just-connected client is out for the first attempt:
+/// otherwise conformance_redlock's `lock_attempts_are_idempotent_per_owner`
+/// gets a higher token on its retry). Here master 2 is frozen for the
 /// first attempt: its call runs into the call timeout, and the script
 /// queued on its socket grants the claim (a token of its own, later)
 /// when it resumes. The retry, once the master is asked again, must
@@ -1266,15 +1269,15 @@ async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
 }
 
 /// A stale release through another client reports false although a slow
-/// master still holds the owner's released claim (CI:
+/// master still holds the owner's released claim (otherwise
 /// conformance_redlock's
-/// `lock_same_owner_through_another_client_gets_no_other_token`, "the
-/// first client's stale release reported success"). Client A reaches the
-/// masters through proxies, client B directly. A releases owner O; master
-/// 2, slowed for A (200 ms each way), is still out when A's release
-/// answers (a quorum released; it lingers at most 50 ms). B grants
-/// another owner on masters 0 and 1, then B's release of O finds O on
-/// master 2 alone: the lock was no longer O's (a minority held it), so
+/// `lock_same_owner_through_another_client_gets_no_other_token` fails
+/// with "the first client's stale release reported success"). Client A
+/// reaches the masters through proxies, client B directly. A releases
+/// owner O; master 2, slowed for A (200 ms each way), is still out when
+/// A's release answers (a quorum released; it lingers at most 50 ms). B
+/// grants another owner on masters 0 and 1, then B's release of O finds O
+/// on master 2 alone: the lock was no longer O's (a minority held it), so
 /// the release must say false.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_release_finding_the_owner_on_a_minority_reports_false() {

@@ -1,17 +1,18 @@
-//! Adversarial review: one owner's calls racing through ONE client (the raw
-//! traits), on the client's record of owners with an unanswered attempt
+//! One owner's calls racing through ONE client (the raw traits), on the
+//! client's record of owners with an unanswered attempt
 //! (`coord_core::late::Unanswered`, the backend's `claims_unanswered` and
 //! `unanswered`).
 //!
 //! The release of an owner with an unanswered attempt leaves a mark with
 //! its stamp, so a late copy of that attempt (stamped before) takes
-//! nothing; then it forgets the owner. The defect (fixed: `forget` now
-//! takes the record the release saw, `Unanswered::seen`): it forgot
-//! unconditionally after its round trip, so an attempt of the same owner
+//! nothing; then it forgets the owner, but only the record the release
+//! saw (`forget` takes `Unanswered::seen`). Were it to forget
+//! unconditionally after its round trip, an attempt of the same owner
 //! stamped AFTER the release (not covered by its mark) that went
-//! unanswered DURING that round trip loses its record; the owner's next
-//! release (after it gave up on that attempt) then leaves no mark, and the
-//! attempt's late copy takes the name for nobody until its TTL.
+//! unanswered DURING that round trip would lose its record; the owner's
+//! next release (after it gave up on that attempt) would then leave no
+//! mark, and the attempt's late copy would take the name for nobody until
+//! its TTL.
 //!
 //! The window is forced, not swept: a proxy latency keeps release X in
 //! flight (80 ms) while attempt A1, sent after X, is cancelled (its future

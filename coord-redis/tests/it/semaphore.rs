@@ -285,9 +285,9 @@ async fn seed_coord() -> coord_core::Coord {
         .into_coord()
 }
 
-/// Semaphores are offered in [`Layout::Seed`] too (the seed has no
-/// semaphore keys; they live under the prefix, as leases do): the shared
-/// semaphore cases run there as well.
+/// Semaphores are offered in [`Layout::Seed`] too (the PHP key names
+/// include no semaphore keys; they live under the prefix, as leases do):
+/// the shared semaphore cases run there as well.
 macro_rules! seed_layout_cases {
     ($($case:ident),* $(,)?) => {
         mod seed_layout {

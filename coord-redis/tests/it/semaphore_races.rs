@@ -1,8 +1,8 @@
-//! Adversarial review of the Redis semaphores (issue 13): races between
-//! many clients with cancellations, lost replies, cancelled queue heads,
-//! the total binding while only waiters are queued, tokens across a
-//! restart without persistence, grant expiry racing other attempts, names
-//! with braces, and a writer taking every permit while readers stream in.
+//! Redis semaphores under races: many clients with cancellations, lost
+//! replies, cancelled queue heads, the total binding while only waiters
+//! are queued, tokens across a restart without persistence, grant expiry
+//! racing other attempts, names with braces, and a writer taking every
+//! permit while readers stream in.
 
 use crate::common;
 use std::sync::Arc;
@@ -827,14 +827,14 @@ async fn queue_costs(
     (w1 - w0, w2 - w1, per_grant)
 }
 
-/// A step's cost on the server should not grow with the queue length for
-/// a waiter near the head. It does: each grant's `wake()` walks the whole
+/// A step's cost on the server must not grow with the queue length for
+/// a waiter near the head. Were each grant's `wake()` to walk the whole
 /// grantable prefix from the head again (one HGET per entry, a ZRANGE per
-/// 16), although every entry in it was woken already, so draining a queue
-/// of n waiters that all fit costs O(n²) commands inside Redis (which
-/// serves nobody else meanwhile); and a waiter at rank r renews its place
-/// with O(r) commands (HGET + ZSCORE of every place ahead), so n polling
-/// waiters cost O(n²) per poll round.
+/// 16), although every entry in it was woken already, draining a queue of
+/// n waiters that all fit would cost O(n²) commands inside Redis (which
+/// serves nobody else meanwhile); and were a waiter at rank r to renew its
+/// place with O(r) commands (HGET + ZSCORE of every place ahead), n
+/// polling waiters would cost O(n²) per poll round.
 #[tokio::test]
 async fn per_step_cost_does_not_grow_with_the_queue() {
     let server = RedisServer::start();
@@ -854,11 +854,11 @@ async fn per_step_cost_does_not_grow_with_the_queue() {
 /// A waiting acquire times out while one of its attempts is still in
 /// flight on a connection the client gave up on (the request is delayed
 /// past the call timeout, as by a TCP retransmission). The core removes
-/// the place (a release) before reporting the timeout, but the late
-/// attempt lands after that release and queues the owner again: a ghost
-/// place nobody renews or removes, which blocks every request on the name
-/// (even a single attempt with every permit free) for QUEUE_ENTRY_TTL
-/// (30 s), whatever the grants' TTLs.
+/// the place (a release) before reporting the timeout, and the late
+/// attempt lands after that release. It must not queue the owner again:
+/// that would be a ghost place nobody renews or removes, which blocks
+/// every request on the name (even a single attempt with every permit
+/// free) for QUEUE_ENTRY_TTL (30 s), whatever the grants' TTLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let server = RedisServer::start();
@@ -945,8 +945,9 @@ async fn a_state_hash_rebuilt_by_a_refused_extend_expires_with_the_name() {
 /// away; then the delayed attempt lands. It must not take the permit again
 /// for nobody (until its TTL, 60 s): its owner had an unanswered attempt,
 /// so its release leaves a mark that refuses attempts sent before it
-/// (`coord_core::late`). Failed before: the release found the owner
-/// holding, so it left no mark, and the late copy was granted.
+/// (`coord_core::late`), even though it finds the owner holding (a
+/// release that leaves no mark when the owner holds lets the late copy be
+/// granted).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_release_takes_no_permit() {
     let server = RedisServer::start();
@@ -1212,10 +1213,11 @@ async fn waiters_are_granted_after_a_restart_that_loses_the_state() {
 /// goes; the waiter must be granted within its wait, and then the name
 /// still admits no more than its total (2 more permits are refused).
 ///
-/// It failed for the `holders` hash: the cached `held` sum is only
-/// decremented through it, so it stayed at `total`, and since a waiting
-/// acquire renews its place (which extends every key's TTL), the name
-/// stayed full of nothing for as long as anybody waited.
+/// The `holders` hash is the hard case: the cached `held` sum is only
+/// decremented through it, so without a repair it stays at `total`, and
+/// since a waiting acquire renews its place (which extends every key's
+/// TTL), the name would stay full of nothing for as long as anybody
+/// waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_one_key_does_not_wedge_the_semaphore() {
     let server = RedisServer::start();

@@ -1,6 +1,7 @@
 //! Shared by the etcd claim tests that drive the shared test server with
-//! clients of their own and read its keys directly (`review_lease_keys.rs`,
-//! `review_cross_client.rs`, `cross_client_owner.rs`): a key prefix per
+//! clients of their own and read its keys directly
+//! (`claim_keys_named_by_lease.rs`, `owner_queued_through_another_client.rs`,
+//! `cross_client_owner.rs`, `same_owner_one_client.rs`): a key prefix per
 //! test, clients, a raw etcd client, and the claim keys as stored.
 
 #![allow(dead_code)]
