@@ -171,9 +171,7 @@ impl Sql {
             // both (as after a queue step), so the WAL up to here, the
             // record covering the token included, is flushed before the
             // token is returned (synchronous_commit is raised to on).
-            fencing_next: format!(
-                "SELECT {s}.fencing_next(), setval('{s}.queue_flush', 1)"
-            ),
+            fencing_next: format!("SELECT {s}.fencing_next(), setval('{s}.queue_flush', 1)"),
             // $1 name, $2 parties, $3 participant, $4 channel.
             barrier_arrive: format!(
                 "SELECT generation, complete, started_with FROM {s}.barrier_arrive($1::text, $2::int4, $3::text, $4::text, $5::text)"
