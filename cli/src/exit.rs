@@ -14,8 +14,10 @@ pub const OTHER: u8 = 70;
 /// Busy: the lock or leadership was not acquired within `--wait`, a limit
 /// denied the request, or a barrier did not fill in time (`EX_TEMPFAIL`).
 pub const BUSY: u8 = 75;
-/// The lock or leadership was lost while the command ran; the command was
-/// sent SIGTERM (then SIGKILL after `--grace`).
+/// The lock, leadership or delivery was lost while the command ran (its
+/// process group was sent SIGTERM, then SIGKILL after `--grace`), had
+/// lapsed when it ended, or ending it (release, resign, ack, give back)
+/// found it no longer held.
 pub const LOST: u8 = 76;
 
 /// Print `e` in plain words with what to do, and pick its exit code.

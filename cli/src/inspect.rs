@@ -62,6 +62,8 @@ pub fn holder_metadata(command: &[String], extra: Option<&str>) -> Result<Value,
     Ok(v)
 }
 
+/// `coord inspect KIND NAME`: print what the store records, as text or
+/// JSON.
 pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Result<ExitCode, Error> {
     let out = match kind {
         Kind::Lock => claim(coord.locks()?.inspect(name).await?),

@@ -15,11 +15,55 @@
 //! coord inspect lock nightly-report --json
 //! ```
 //!
-//! Exit codes: a command run under `lock` or `elect` exits with the
-//! child's code (128 + N when signal N ended it), except for the codes in
-//! [`exit`]. Errors are printed in plain words with what to do.
+//! Exit codes: a command run under `lock`, `elect` or `queue work` exits
+//! with the child's code (128 + N when signal N ended it), except for the
+//! codes in [`exit`]. Errors are printed in plain words with what to do.
+//! How the command is run (process group, signals, parent-death signal,
+//! release on every path): [`run`], and `coord lock --help`.
+
+/// What `lock`, `elect` and `queue work` guarantee about the command they
+/// run (the `--help` of each, and of `coord`): exactly what run.rs does.
+macro_rules! running {
+    () => {
+        "Exit codes: the command's own under lock/elect/queue work (128 + N when
+signal N ended it); 75 busy (not acquired within --wait, no message within
+--wait, or a limit denied); 76 the lock, leadership or delivery was lost
+while the command ran, had lapsed when it ended, or releasing (resigning,
+acking, giving back) found it no longer held; 64 bad input or
+configuration, or the command cannot start; 69 the store is unavailable;
+70 other errors.
+
+Running a command (lock, elect, queue work):
+  - The command runs in a process group of its own, and every signal coord
+    sends it goes to that whole group (what it started, unless that left
+    the group, included). That group is not the terminal's foreground
+    group: reading from the terminal stops the command (SIGTTIN).
+  - Once coord has read its arguments, SIGINT, SIGTERM, SIGHUP and SIGQUIT
+    no longer end it. One that comes before the command runs stops coord:
+    exit 128 + N, nothing run; what the store granted just then is given
+    back (coord waits up to 2 s for that). While the command runs, each
+    one coord gets is passed on once to the command's group, then SIGCONT;
+    the command decides when to stop. A terminal's Ctrl-C reaches coord
+    only, so the command gets it once, from coord. Ctrl-Z (SIGTSTP) stops
+    the command's group, then coord; continuing coord continues the group.
+  - Lost while the command runs (expired, force-released, visibility
+    lapsed): SIGTERM to the group, SIGKILL to what is left --grace later;
+    exit 76.
+  - Once the command has exited, what is left of its group gets SIGTERM,
+    then SIGKILL after --grace. Then the lock is released, the leadership
+    resigned, or the message acked (exit 0) or given back, and coord waits
+    for the store's answer on every path, a command that cannot start
+    (exit 64) included. A store error there is reported; the claim then
+    ends at its TTL.
+  - Linux: the command gets SIGKILL when coord dies, however it dies
+    (parent-death signal, PR_SET_PDEATHSIG); what the command started is
+    not signalled then. Other systems have no parent-death signal: a coord
+    killed by SIGKILL leaves its command running while the lock lapses."
+    };
+}
 
 mod exit;
+mod hold;
 mod inspect;
 mod queue;
 mod run;
@@ -46,7 +90,8 @@ struct Cli {
     command: Command,
 }
 
-const EXAMPLES: &str = "Examples:
+const EXAMPLES: &str = concat!(
+    "Examples:
   COORD_URL=redis://127.0.0.1:6379 coord lock nightly --ttl 30s --wait 1m -- ./report.sh
   coord elect scheduler --id \"$(hostname)\" -- ./scheduler
   coord leader scheduler --watch
@@ -56,16 +101,15 @@ const EXAMPLES: &str = "Examples:
   echo 'hello' | coord queue push emails --group tenant-7
   coord queue work emails --wait 30s -- ./send-email.sh   # payload on stdin; exit 0 acks
 
-Exit codes: the child's own under lock/elect/queue work; 75 busy (not acquired
-within --wait, no message within --wait, or a limit denied); 76 the lock or leadership was lost while the
-command ran, or a queue delivery's visibility lapsed (it was sent SIGTERM,
-then SIGKILL after --grace); 64 bad
-input or configuration; 69 the store is unavailable; 70 other errors.";
+",
+    running!()
+);
 
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a command while holding a lock (kept alive by a watchdog); its
     /// fencing token is in the child's COORD_FENCING_TOKEN.
+    #[command(after_help = running!())]
     Lock {
         /// The lock's name.
         name: String,
@@ -82,6 +126,7 @@ enum Command {
     },
     /// Run a command while leader of an election; the term is in the
     /// child's COORD_FENCING_TOKEN and COORD_TERM.
+    #[command(after_help = running!())]
     Elect {
         /// The election's name.
         name: String,
@@ -213,7 +258,9 @@ pub struct Hold {
     /// if busy; `elect`: 0s (the default) waits until elected.
     #[arg(long, value_parser = duration, default_value = "0s")]
     wait: Duration,
-    /// After losing it: how long the command has between SIGTERM and SIGKILL.
+    /// How long the command's process group has between SIGTERM and
+    /// SIGKILL: after losing it, and for what the command leaves running
+    /// when it exits.
     #[arg(long, value_parser = duration, default_value = "10s")]
     grace: Duration,
 }
@@ -224,8 +271,7 @@ fn duration(s: &str) -> Result<Duration, String> {
     })
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -237,93 +283,58 @@ async fn main() -> ExitCode {
             };
         }
     };
-    match dispatch(cli).await {
+    let runs_a_command = matches!(
+        cli.command,
+        Command::Lock { .. }
+            | Command::Elect { .. }
+            | Command::Queue {
+                op: queue::QueueOp::Work(_)
+            }
+    );
+    if runs_a_command {
+        // Held pending, not lost, until the handlers are in place (the
+        // runtime's threads inherit the mask): run::Signals::install.
+        run::defer_signals();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&Error::Config(format!("cannot start the runtime: {e}"))),
+    };
+    // The main thread runs `dispatch`: a command is spawned from it (the
+    // parent-death signal is tied to the thread that spawned).
+    match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => fail(&e),
     }
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
-    let coord = coord::connect(&cli.url).await?;
-    match cli.command {
+    // The commands that run a command install their signal handlers before
+    // they connect.
+    let command = match cli.command {
         Command::Lock {
             name,
             hold,
             meta,
             command,
-        } => {
-            let locks = coord.locks()?;
-            let opts = coord::LockOptions::new(hold.ttl)
-                .wait(hold.wait)
-                .watchdog(true);
-            let metadata = inspect::holder_metadata(&command, meta.as_deref())?;
-            let taken = match locks.acquire_or_holders(&name, opts, Some(&metadata)).await {
-                Err(Error::Unsupported { backend, .. }) => {
-                    eprintln!(
-                        "coord: the {backend} store keeps no holder metadata; locking without it"
-                    );
-                    locks.acquire_or_holders(&name, opts, None).await
-                }
-                other => other,
-            }?;
-            let guard = match taken {
-                coord::Acquired::Granted(g) => g,
-                coord::Acquired::Held(info) => {
-                    eprintln!(
-                        "coord: lock `{name}` is held by another; not acquired within {:?}{}",
-                        hold.wait,
-                        inspect::held_by(info.as_ref())
-                    );
-                    return Ok(ExitCode::from(BUSY));
-                }
-            };
-            let token = guard.fencing_token().0.to_string();
-            let env = [("COORD_FENCING_TOKEN", token.clone()), ("COORD_LOCK", name)];
-            let lost = guard.lost();
-            let code = run::supervise(&command, &env, lost, hold.grace, None).await?;
-            if let Err(e) = guard.release().await {
-                if !code.lost {
-                    eprintln!("coord: the command ended but releasing the lock failed: {e}");
-                }
-            }
-            Ok(code.exit())
-        }
+        } => return hold::lock(&cli.url, name, hold, meta.as_deref(), &command).await,
         Command::Elect {
             name,
             id,
             hold,
             command,
-        } => {
-            let elections = coord.elections()?;
-            let wait = if hold.wait.is_zero() {
-                Duration::MAX
-            } else {
-                hold.wait
-            };
-            let mut leadership = match elections.campaign(&name, &id, hold.ttl, wait).await {
-                Ok(l) => l,
-                Err(Error::Timeout { .. }) => {
-                    let leader = match elections.leader(&name).await {
-                        Ok(Some(l)) => format!("; the leader is {} (term {})", l.candidate, l.term),
-                        _ => String::new(),
-                    };
-                    eprintln!("coord: not elected leader of `{name}` within {wait:?}{leader}");
-                    return Ok(ExitCode::from(BUSY));
-                }
-                Err(e) => return Err(e),
-            };
-            leadership.keep_alive();
-            let term = leadership.term().0.to_string();
-            let env = [
-                ("COORD_FENCING_TOKEN", term.clone()),
-                ("COORD_TERM", term),
-                ("COORD_ELECTION", name),
-            ];
-            let lost = leadership.lost();
-            let code = run::supervise(&command, &env, lost, hold.grace, None).await?;
-            let _ = leadership.resign().await;
-            Ok(code.exit())
-        }
+        } => return hold::elect(&cli.url, name, &id, hold, &command).await,
+        Command::Queue {
+            op: queue::QueueOp::Work(work),
+        } => return queue::work(&cli.url, work).await,
+        other => other,
+    };
+    let coord = coord::connect(&cli.url).await?;
+    match command {
+        Command::Lock { .. } | Command::Elect { .. } => unreachable!("run above"),
         Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,
         Command::Release {
             force: _,

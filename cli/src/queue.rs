@@ -5,11 +5,12 @@ use std::io::Read;
 use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use coord::{Coord, Error, Lane, Message, PopOptions, PushOptions, QueueConfig};
 
+use crate::duration;
 use crate::exit::{BUSY, USAGE, confirm};
-use crate::{duration, run};
+use crate::run::{self, Signals};
 
 #[derive(Subcommand, Debug)]
 pub enum QueueOp {
@@ -35,39 +36,13 @@ pub enum QueueOp {
     },
     /// Take one message and run a command with its payload on standard
     /// input (the delivery kept alive by a watchdog): exit 0 acks it, any
-    /// other exit gives it back after --retry-delay. Exit 75 when no
-    /// message came within --wait; 76 when the delivery was lost while the
-    /// command ran (SIGTERM, then SIGKILL after --grace).
-    Work {
-        /// The queue's name.
-        queue: String,
-        /// How long the message stays invisible to others (renewed while
-        /// the command runs).
-        #[arg(long, value_parser = duration, default_value = "30s")]
-        visibility: Duration,
-        /// How long to wait for a message.
-        #[arg(long, value_parser = duration, default_value = "0s")]
-        wait: Duration,
-        /// After a failed command, when the message may be delivered again.
-        #[arg(long, value_parser = duration, default_value = "0s")]
-        retry_delay: Duration,
-        /// Dead-letter a message delivered this many times without an ack.
-        #[arg(long)]
-        max_deliveries: Option<u32>,
-        /// Deliver a group's messages one at a time, in order.
-        #[arg(long)]
-        ordered_groups: bool,
-        /// Take from the dead-letter lane instead.
-        #[arg(long)]
-        dead: bool,
-        /// After losing the delivery: the command's time between SIGTERM
-        /// and SIGKILL.
-        #[arg(long, value_parser = duration, default_value = "10s")]
-        grace: Duration,
-        /// The command and its arguments (after `--`).
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    /// other exit gives it back after --retry-delay (at once when the
+    /// command cannot start: exit 64). Exit 75 when no message came within
+    /// --wait; 76 when the delivery was lost while the command ran (SIGTERM
+    /// to its process group, then SIGKILL after --grace) or the ack or give
+    /// back found it no longer held.
+    #[command(after_help = running!())]
+    Work(Work),
     /// How many messages are ready, delayed, in flight and dead.
     Stats {
         /// The queue's name.
@@ -109,6 +84,109 @@ pub enum QueueOp {
     },
 }
 
+/// `coord queue work`'s arguments.
+#[derive(Args, Debug)]
+pub struct Work {
+    /// The queue's name.
+    queue: String,
+    /// How long the message stays invisible to others (renewed while
+    /// the command runs).
+    #[arg(long, value_parser = duration, default_value = "30s")]
+    visibility: Duration,
+    /// How long to wait for a message.
+    #[arg(long, value_parser = duration, default_value = "0s")]
+    wait: Duration,
+    /// After a failed command, when the message may be delivered again.
+    #[arg(long, value_parser = duration, default_value = "0s")]
+    retry_delay: Duration,
+    /// Dead-letter a message delivered this many times without an ack.
+    #[arg(long)]
+    max_deliveries: Option<u32>,
+    /// Deliver a group's messages one at a time, in order.
+    #[arg(long)]
+    ordered_groups: bool,
+    /// Take from the dead-letter lane instead.
+    #[arg(long)]
+    dead: bool,
+    /// How long the command's process group has between SIGTERM and
+    /// SIGKILL: after losing the delivery, and for what the command leaves
+    /// running when it exits.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `coord queue work`: take one message and run the command on it; ack
+/// or give it back (awaited) however the command ended, even when it could
+/// not start.
+pub async fn work(url: &str, w: Work) -> Result<ExitCode, Error> {
+    let mut signals = Signals::install()?;
+    let coord = match crate::hold::connect(&mut signals, url).await? {
+        Ok(c) => c,
+        Err(code) => return Ok(code),
+    };
+    let mut config = QueueConfig::default().ordered_groups(w.ordered_groups);
+    config.max_deliveries = w.max_deliveries;
+    let lane = if w.dead { Lane::Dead } else { Lane::Main };
+    let opts = PopOptions::new(w.visibility)
+        .wait(w.wait)
+        .lane(lane)
+        .watchdog(true);
+    let queues = coord.queues()?.with_config(config);
+    let pop = queues.pop_with(&w.queue, opts);
+    let delivery = match signals.unless(crate::hold::SETTLE, pop).await {
+        Ok(popped) => popped?,
+        Err(sig) => return Ok(run::interrupted(sig)),
+    };
+    let Some(delivery) = delivery else {
+        eprintln!("coord: no message in `{}` within {:?}", w.queue, w.wait);
+        return Ok(ExitCode::from(BUSY));
+    };
+    let id = delivery.id();
+    let env = [
+        (
+            "COORD_FENCING_TOKEN",
+            delivery.fencing_token().0.to_string(),
+        ),
+        ("COORD_QUEUE", w.queue.clone()),
+        ("COORD_MESSAGE_ID", id.to_string()),
+        ("COORD_ATTEMPT", delivery.attempts().to_string()),
+        ("COORD_GROUP", delivery.group().unwrap_or("").to_string()),
+    ];
+    let input = delivery.payload().to_vec();
+    let lost = delivery.lost();
+    let ran = run::supervise(&w.command, &env, lost, w.grace, Some(input), &mut signals).await;
+    let kept = delivery.is_valid();
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(e) => {
+            // Nothing ran: give the message back at once.
+            if let Err(back) = delivery.nack(Duration::ZERO).await {
+                eprintln!("coord: giving message {id} back failed too: {back}");
+            }
+            return Err(e);
+        }
+    };
+    let settled = if ran.code == 0 && !ran.lost && kept {
+        delivery.ack().await
+    } else {
+        delivery.nack(w.retry_delay).await
+    };
+    match settled {
+        Err(e) if !e.is_ownership_lost() => {
+            eprintln!(
+                "coord: the command ended (exit {}) but settling message {id} failed: {e}",
+                ran.code
+            );
+            Err(e)
+        }
+        settled => Ok(run::verdict(&format!("message {id}"), &ran, kept, settled)),
+    }
+}
+
+/// `coord queue OP` but `work`: push, stats, peek, redrive, purge.
 pub async fn queue(coord: &Coord, op: QueueOp) -> Result<ExitCode, Error> {
     let queues = coord.queues()?;
     match op {
@@ -145,62 +223,8 @@ pub async fn queue(coord: &Coord, op: QueueOp) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        QueueOp::Work {
-            queue,
-            visibility,
-            wait,
-            retry_delay,
-            max_deliveries,
-            ordered_groups,
-            dead,
-            grace,
-            command,
-        } => {
-            let mut config = QueueConfig::default().ordered_groups(ordered_groups);
-            config.max_deliveries = max_deliveries;
-            let lane = if dead { Lane::Dead } else { Lane::Main };
-            let opts = PopOptions::new(visibility)
-                .wait(wait)
-                .lane(lane)
-                .watchdog(true);
-            let Some(delivery) = queues.with_config(config).pop_with(&queue, opts).await? else {
-                eprintln!("coord: no message in `{queue}` within {wait:?}");
-                return Ok(ExitCode::from(BUSY));
-            };
-            let env = [
-                (
-                    "COORD_FENCING_TOKEN",
-                    delivery.fencing_token().0.to_string(),
-                ),
-                ("COORD_QUEUE", queue.clone()),
-                ("COORD_MESSAGE_ID", delivery.id().to_string()),
-                ("COORD_ATTEMPT", delivery.attempts().to_string()),
-                ("COORD_GROUP", delivery.group().unwrap_or("").to_string()),
-            ];
-            let input = delivery.payload().to_vec();
-            let lost = delivery.lost();
-            let ended = run::supervise(&command, &env, lost, grace, Some(input)).await?;
-            if ended.lost {
-                return Ok(ended.exit());
-            }
-            let id = delivery.id();
-            let settled = if ended.code == 0 {
-                delivery.ack().await
-            } else {
-                delivery.nack(retry_delay).await
-            };
-            if let Err(e) = settled {
-                eprintln!(
-                    "coord: the command ended (exit {}) but settling message {id} failed: {e}",
-                    ended.code
-                );
-                if e.is_ownership_lost() {
-                    return Ok(ExitCode::from(crate::exit::LOST));
-                }
-                return Err(e);
-            }
-            Ok(ended.exit())
-        }
+        // Routed to `work` before connecting (signal handlers first).
+        QueueOp::Work(_) => unreachable!("`coord queue work` runs through queue::work"),
         QueueOp::Stats { queue, json } => {
             let s = queues.stats(&queue).await?;
             if json {

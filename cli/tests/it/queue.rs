@@ -1,8 +1,7 @@
 //! `coord queue ...` run as a user runs it, against real Redis, PostgreSQL
 //! and etcd servers started by the test kit.
 
-mod common;
-
+use crate::common;
 use common::*;
 use std::process::Stdio;
 use std::time::{Duration, Instant};

@@ -3,8 +3,7 @@
 //! `coord lock` with its metadata (host, pid, since, command, `--meta`),
 //! semaphores, leases, elections and queues.
 
-mod common;
-
+use crate::common;
 use common::*;
 use std::process::Stdio;
 use std::time::Duration;
