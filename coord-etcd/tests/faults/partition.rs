@@ -42,11 +42,18 @@ const CUT: Duration = Duration::from_millis(4300);
 /// When the cut begins, from the workload's start.
 const CUT_AT: Duration = Duration::from_millis(1000);
 
-/// The workload runs long enough for the cut, the heal and TTL +
-/// [`PARTITION_SLACK`] of observation after it.
+/// The longest a cut can last: `cut_off`'s two checks of the leaders
+/// (each bounded by [`CUT`]) and its two writes (1 s and 2 s) when they
+/// take longer than [`CUT`] itself, as on a loaded machine.
+const CUT_AT_MOST: Duration = Duration::from_millis(2 * 4300 + 3000);
+
+/// The workload runs long enough for the cut however long it lasts, the
+/// heal and TTL + [`PARTITION_SLACK`] of observation after it (a fixed
+/// 15 s leaves too little to judge when the cut's checks take 7 s).
 fn partition_workload() -> LockWorkload {
     let mut w = workload(true);
-    w.duration = conformance::faults::schedule(Duration::from_secs(15));
+    let needed = CUT_AT + CUT_AT_MOST + TTL + PARTITION_SLACK + Duration::from_secs(1);
+    w.duration = conformance::faults::schedule(needed);
     w
 }
 
