@@ -81,13 +81,18 @@ async fn idle_names_cost_nothing_in_the_store() {
         async move {
             let owner = OwnerToken::random();
             let name = format!("order:{i}");
-            // The half released at once gets a TTL no slow machine outlasts
-            // between the grant and the release; the other half expires.
-            let ttl = if i % 2 == 0 { 60 * TTL } else { TTL };
-            let got = Lock::try_acquire(&*b, &name, &owner, ttl).await.unwrap();
+            let sent = std::time::Instant::now();
+            let got = Lock::try_acquire(&*b, &name, &owner, TTL).await.unwrap();
             assert!(matches!(got, coord_core::Attempt::Granted(_)));
             if i % 2 == 0 {
-                assert!(Lock::release(&*b, &name, &owner).await.unwrap());
+                // Released at once; on a slow machine the release can come
+                // after the TTL, when the lock is already free.
+                let released = Lock::release(&*b, &name, &owner).await.unwrap();
+                assert!(
+                    released || sent.elapsed() >= TTL,
+                    "order:{i}: the release found the lock not held {:?} after it was asked for",
+                    sent.elapsed()
+                );
             }
             touched.fetch_add(1, Ordering::Relaxed);
         }

@@ -2,7 +2,8 @@
 //! only when somebody waits, and nothing left of a name once it has been
 //! idle past its TTL, window or the idle grace (a 100,000-name soak).
 
-use crate::common;
+#[path = "it/common/mod.rs"]
+mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -248,8 +249,18 @@ async fn soak_100k_idle_names_leave_nothing_behind() {
     each(N, |c, i| {
         Box::pin(async move {
             let locks = c.locks().unwrap();
+            let sent = Instant::now();
             let g = locks.try_acquire(&format!("order:{i}"), 500 * MS).await;
-            g.unwrap().expect("free").release().await.unwrap();
+            // Released at once; on a slow machine the release can come
+            // after the TTL, when the lock is already free.
+            match g.unwrap().expect("free").release().await {
+                Ok(()) => {}
+                Err(coord_core::Error::NotHeld { .. }) if sent.elapsed() >= 500 * MS => {}
+                Err(e) => panic!(
+                    "order:{i}: {e} {:?} after the grant was asked for",
+                    sent.elapsed()
+                ),
+            }
         })
     })
     .await;
