@@ -87,8 +87,7 @@ impl Elections {
     /// leader's expiry. The leadership is not renewed unless you call
     /// [`Guard::keep_alive`] on it (through `Deref`).
     /// Cancel-safe: a dropped campaign holds nothing (a grant that raced the
-    /// cancellation is resigned in the background, as this candidate's
-    /// grant; it expires at its TTL if the store does not answer).
+    /// cancellation expires at its TTL).
     pub async fn campaign(
         &self,
         name: &str,

@@ -39,7 +39,6 @@ mod queue;
 pub mod queue_backend;
 mod rwlock;
 mod semaphore;
-mod settle;
 mod types;
 pub mod util;
 pub mod validate;
