@@ -576,7 +576,7 @@ impl Drop for CancelCleanup<'_> {
 /// (see [`CLEANUP_RETRIES`]). One failed release used to leave a queued
 /// waiter's place in line until the store dropped it (30 s on etcd), and
 /// every waiter queued behind it waited that long
-/// (coord-etcd/tests/review_sem_queue.rs, `lost_replies_with_reuse_never_over_grant`).
+/// (coord-etcd/tests/it/semaphore_queue_by_lease.rs, `lost_replies_with_reuse_never_over_grant`).
 fn cleanup(backend: &ClaimBackend, name: &str, owner: OwnerToken) {
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
         let backend = backend.clone();

@@ -241,7 +241,7 @@ impl Shared {
                 // (gone, or released and granted again through another
                 // client meanwhile), the attempt starts afresh, its next
                 // read finding the live grant: a token is only ever
-                // answered for a grant that exists (tests/review_dcef25b.rs).
+                // answered for a grant that exists (tests/it/semaphore_moving_retry.rs).
                 let other_ttl =
                     self.sem_local(&sk, |s| s.grant.as_ref().is_some_and(|g| g.ttl != ttl_s));
                 if other_ttl
