@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 14;
+pub(crate) const SCHEMA_VERSION: i32 = 15;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -171,9 +171,7 @@ impl Sql {
             // both (as after a queue step), so the WAL up to here, the
             // record covering the token included, is flushed before the
             // token is returned (synchronous_commit is raised to on).
-            fencing_next: format!(
-                "SELECT {s}.fencing_next(), setval('{s}.queue_flush', 1)"
-            ),
+            fencing_next: format!("SELECT {s}.fencing_next(), setval('{s}.queue_flush', 1)"),
             // $1 name, $2 parties, $3 participant, $4 channel.
             barrier_arrive: format!(
                 "SELECT generation, complete, started_with FROM {s}.barrier_arrive($1::text, $2::int4, $3::text, $4::text, $5::text)"
@@ -182,10 +180,12 @@ impl Sql {
             // A generation older than the row (`born`: the row was swept
             // and made again) is unknown, not complete.
             barrier_is_complete: format!(
-                "SELECT b.generation > $2::int8 AND $2::int8 >= b.born FROM {s}.barriers b WHERE b.name = $1::text"
+                "SELECT b.generation > $2::int8, $2::int8 < b.born FROM {s}.barriers b WHERE b.name = $1::text"
             ),
             // $1 name, $2 generation, $3 participant.
-            barrier_withdraw: format!("SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text)"),
+            barrier_withdraw: format!(
+                "SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text, $4::text)"
+            ),
             // $1 name, $2 owner, $3 permits, $4 total, $5 ttl µs, $6 queue,
             // $7 wake by NOTIFY, $8 channel, $9 queue place TTL µs,
             // $10 longest hint µs, $11 hint µs of a polling waiter near the
