@@ -43,9 +43,18 @@ const CUT: Duration = Duration::from_millis(4300);
 const CUT_AT: Duration = Duration::from_millis(1000);
 
 /// The longest a cut can last: `cut_off`'s two checks of the leaders
-/// (each bounded by [`CUT`]) and its two writes (1 s and 2 s) when they
-/// take longer than [`CUT`] itself, as on a loaded machine.
-const CUT_AT_MOST: Duration = Duration::from_millis(2 * 4300 + 3000);
+/// (each bounded by [`CUT`]) and its two writes ([`PUT_ALONE`],
+/// [`PUT_MAJORITY`]) when they take longer than [`CUT`] itself, as on a
+/// loaded machine.
+const CUT_AT_MOST: Duration = Duration::from_millis(
+    2 * CUT.as_millis() as u64 + PUT_ALONE.as_millis() as u64 + PUT_MAJORITY.as_millis() as u64,
+);
+
+/// How long the cut-off member is given to (wrongly) commit a write.
+const PUT_ALONE: Duration = Duration::from_millis(1000);
+
+/// How long the majority is given to commit a write.
+const PUT_MAJORITY: Duration = Duration::from_secs(2);
 
 /// The workload runs long enough for the cut however long it lasts, the
 /// heal and TTL + [`PARTITION_SLACK`] of observation after it (a fixed
@@ -129,8 +138,8 @@ async fn cut_off(
     let c2 = c.clone();
     let (committed_alone, majority_leader, committed_majority, changes) = blocking(move || {
         let l = c2.leader().expect("the majority's leader");
-        let alone = c2.put_through(v, Duration::from_millis(1000));
-        let majority = c2.put_through(l, Duration::from_secs(2));
+        let alone = c2.put_through(v, PUT_ALONE);
+        let majority = c2.put_through(l, PUT_MAJORITY);
         (alone, l, majority, c2.metric(l, LEADER_CHANGES, &[]))
     })
     .await;

@@ -3,20 +3,12 @@
 //! transactions and sessions, as it pins `statement_timeout` (its steps
 //! are bounded by the call timeout instead).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use conformance::testkit::postgres::cluster;
 use coord_core::{Algorithm, Limiter, Quota};
 
-fn unique(tag: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{tag}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use crate::support::unique;
 
 /// A role with `lock_timeout = 50ms`; another session holds the row lock
 /// of a limiter key's state for 300 ms while a check of the key comes in

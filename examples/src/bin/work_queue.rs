@@ -43,6 +43,10 @@ impl Results {
     }
 }
 
+/// How many deliveries one worker takes alone, one after another, before
+/// three drain the rest: alice's and bob's tasks must all be among them.
+const TAKEN_ALONE: usize = 12;
+
 /// Each acked task: which worker finished it, at which attempt, with
 /// which token.
 type Finished = HashMap<MessageId, (usize, u32, FencingToken)>;
@@ -156,7 +160,7 @@ async fn main() -> coord::Result<()> {
     tokio::time::sleep(visibility + Duration::from_millis(300)).await;
 
     // 4. The killed and the paused workers' tasks come back with attempt 2.
-    // Worker 1 takes the first 12 deliveries alone, one after another:
+    // Worker 1 takes the first TAKEN_ALONE deliveries alone, one after another:
     // every tenant with tasks left is ready at each pop, so the turns are
     // exactly the queue's rule (round-robin across ready tenants), whatever
     // the machine's speed. Then three workers drain the rest.
@@ -170,7 +174,7 @@ async fn main() -> coord::Result<()> {
         finished: finished.clone(),
     };
     let mut total = 0usize;
-    for _ in 0..12 {
+    for _ in 0..TAKEN_ALONE {
         let Some(task) = shared.pop().await? else {
             break;
         };
@@ -204,11 +208,11 @@ async fn main() -> coord::Result<()> {
         .unwrap_or(0);
     println!(
         "fairness: alice's and bob's tasks were all done by delivery {small_by} of {} \
-         (taken one at a time: 12 at most)",
+         (taken one at a time: {TAKEN_ALONE} at most)",
         order.len()
     );
     assert!(
-        small_by <= 12,
+        small_by <= TAKEN_ALONE,
         "small tenants waited behind the backlog (done by {small_by})"
     );
 
