@@ -143,53 +143,67 @@ fn pair(case: &str) -> (String, String) {
     (format!("{a:0>48}"), format!("{b:0>48}"))
 }
 
-/// A GCRA burst faster than the rate admits no more than the quota allows
-/// over the burst's duration on the server clock. The emission interval
-/// has a sub-µs part (x.12 µs), which a TAT kept as an absolute µs double
-/// (ulp 0.25 µs at today's clock) rounds away on every admission; exact
-/// arithmetic never admits more than limit + elapsed * limit / window.
-/// The checks are the backend's own `EVALSHA`, captured and replayed in one
-/// pipeline (no client sends them faster), and the interval is chosen
-/// above this server's time per check so the burst outpaces the rate.
+/// GCRA's theoretical arrival time stays exact to the last fraction of a
+/// µs over a long burst, and the burst admits exactly the quota. The
+/// emission interval T = window / limit has a sub-µs part (0.1237 µs); a
+/// TAT kept as an absolute µs double (ulp 0.25 µs at today's clock) rounds
+/// it away on every admission, so over 10,000 admissions the TAT falls
+/// behind by about a millisecond and a fast enough burst is admitted too
+/// much. The window is days long, so the server's speed and clock cannot
+/// change what is admitted: the check is the exact stored TAT, which must
+/// move by exactly (limit - 1) * T from the first admission to the last.
+/// The checks are the backend's own `EVALSHA`, captured and replayed in
+/// one pipeline.
 #[tokio::test]
-async fn gcra_burst_faster_than_the_rate_admits_exactly_the_quota() {
+async fn gcra_keeps_its_arrival_time_exact_over_a_burst_of_the_whole_quota() {
     let server = kit::server();
     let proxy = CountingProxy::start(server.port());
-    // How long does the server take per check? (A quota that admits all.)
-    let (a, b) = pair("gcra-warm");
-    let warm = Quota::new(1_000_000_000, SEC, Algorithm::Gcra);
-    let check = captured_check(&proxy, &a, &warm).await;
-    let (_, elapsed) = pipelined_burst(server, &replace(&check, &a, &b), 10_000);
-    let per_check = elapsed / 10_000;
-    // The server may be slower during the burst (other load): if the burst
-    // did not outpace the rate, try again with a longer interval.
-    for factor in [3, 6, 12, 24] {
-        // Emission interval T = (factor/2 * per_check + 1).12 µs; limit 10,000.
-        let limit = 10_000u64;
-        let t_hundredths = (per_check * factor / 2 + 1) * 100 + 12;
-        let window_us = t_hundredths * limit / 100;
-        let q = Quota::new(limit, Duration::from_micros(window_us), Algorithm::Gcra);
-        let (c, d) = pair("gcra-fast");
-        let check = captured_check(&proxy, &c, &q).await;
-        let n = 60_000;
-        let (admitted, elapsed) = pipelined_burst(server, &replace(&check, &c, &d), n);
-        if admitted == n as u64 {
-            continue;
-        }
-        // The burst is timed by the server's wall clock (`TIME`), which
-        // the VM's time keeping may nudge by some µs during it (seen once
-        // under load: 1 over the bound). Rounding the sub-µs part away on
-        // every admission, what this guards against, would admit about
-        // 0.12 / 38 of the burst too many (over a hundred here).
-        let bound = limit + (elapsed * limit).div_ceil(window_us) + 2;
-        assert!(
-            admitted <= bound,
-            "admitted {admitted} in {elapsed} µs at T = {t_hundredths}/100 µs; the quota \
-             allows at most {bound}"
-        );
-        return;
-    }
-    panic!("no burst outpaced the rate (the server took {per_check} µs per check at first)");
+    let prefix = format!("{}:", unique("gcra-exact"));
+    let limit = 10_000u64;
+    // T = 100,000,000.1237 µs: the burst ends long before one more is due.
+    let window_us = 100_000_000 * limit + 1_237;
+    let q = Quota::new(limit, Duration::from_micros(window_us), Algorithm::Gcra);
+    let b = RedisBackend::connect(RedisOptions::new(&proxy.url()).prefix(&prefix))
+        .await
+        .unwrap();
+    let name = unique("burst");
+    // The first admission, through the backend; its bytes are replayed.
+    assert!(b.check(&name, &q, 1).await.unwrap().allowed);
+    let check = proxy.last_command();
+    assert!(
+        check.windows(7).any(|w| w == b"EVALSHA"),
+        "captured {check:?}"
+    );
+    let Resp::Array(Some(keys)) = server.command(&["KEYS", &format!("{prefix}*")]) else {
+        panic!("KEYS reply");
+    };
+    assert_eq!(keys.len(), 1, "one key per GCRA limiter: {keys:?}");
+    let key = keys[0].as_str().unwrap().to_owned();
+    // The stored TAT as (µs, 1/limit µs).
+    let tat = || {
+        let Resp::Array(Some(f)) = server.command(&["HMGET", &key, "t", "r"]) else {
+            panic!("HMGET reply");
+        };
+        let int = |r: &Resp| r.as_int().unwrap_or_else(|| panic!("field {r:?}")) as i128;
+        (int(&f[0]), int(&f[1]))
+    };
+    let (t1, r1) = tat();
+    assert_eq!(r1, 1_237, "after one admission the TAT is now + T");
+    let extra = 50;
+    let (admitted, _) = pipelined_burst(server, &check, limit as usize - 1 + extra);
+    assert_eq!(
+        admitted,
+        limit - 1,
+        "a burst within one emission interval admits exactly the quota"
+    );
+    let (tn, rn) = tat();
+    let moved = (tn - t1) * limit as i128 + (rn - r1);
+    assert_eq!(
+        moved,
+        (limit as i128 - 1) * window_us as i128,
+        "the TAT moved by {moved}/{limit} µs over {} admissions of T = {window_us}/{limit} µs",
+        limit - 1
+    );
 }
 
 #[tokio::test]
