@@ -10,6 +10,7 @@ use tracing::Instrument;
 use crate::backend::Barrier;
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::settle::{self, Armed, Undo};
 use crate::types::{Arrival, OwnerToken};
 use crate::wake::Waiter;
 use crate::{validate, wait};
@@ -74,9 +75,16 @@ impl Barriers {
     /// Errors: [`Error::Timeout`] after `timeout` (the participant has been
     /// withdrawn); [`Error::InvalidArgument`] for bad input, or a `parties`
     /// different from the one the current generation was started with
-    /// (nothing changed). Cancel-safe: a dropped wait (even one dropped
-    /// while its arrival was being recorded) withdraws the participant in
-    /// the background. One participant should not wait twice at the same
+    /// (nothing changed); store errors. Cancel-safe: a dropped wait (even
+    /// one dropped while its arrival was being recorded) withdraws the
+    /// participant in the background. An arrival whose outcome the wait
+    /// never learned (its reply lost, and every retry failing until the
+    /// deadline: the wait returns that error) is settled in the background
+    /// too: it is sent again with the same arrival id (which counts once;
+    /// for about 6 s while the store does not answer) to learn its
+    /// generation, and the participant is withdrawn from it (should the
+    /// first never have reached the store, that late arrival counts until
+    /// the withdraw, a round trip later). One participant should not wait twice at the same
     /// time: the two waits share one arrival, and either one's timeout
     /// withdraws it.
     pub async fn wait(
@@ -99,40 +107,66 @@ impl Barriers {
         );
         let r = async {
             let deadline = wait::deadline_in(timeout);
+            let arrival = OwnerToken::random();
             // The arrival runs in its own task: if this wait is dropped while
-            // the store records it, the guard below still learns the
-            // generation and withdraws the participant.
-            let mut pending = Pending {
-                backend: self.backend.clone(),
-                name: name.to_string(),
-                participant: participant.to_string(),
-                stage: Stage::Done,
-            };
+            // the store records it, the cleanup still learns the generation
+            // and withdraws the participant.
             let arriving = tokio::spawn(arrive(
                 self.backend.clone(),
                 name.to_string(),
                 parties,
                 participant.to_string(),
-                OwnerToken::random(),
+                arrival,
                 deadline,
                 self.settings.poll_interval,
             ));
-            pending.stage = Stage::Arriving(arriving);
-            let arrival = match &mut pending.stage {
+            // Armed until the store said the participant passed or was
+            // withdrawn.
+            let mut pending = Armed::new(Withdraw {
+                backend: self.backend.clone(),
+                name: name.to_string(),
+                participant: participant.to_string(),
+                parties,
+                arrival,
+                stage: Stage::Arriving(arriving),
+            });
+            let arrived = match &mut pending.get_mut().stage {
                 Stage::Arriving(handle) => handle.await,
                 _ => unreachable!("set just above"),
             };
-            pending.stage = Stage::Done;
-            let arrival = arrival.map_err(|e| Error::Store {
-                backend: self.backend.capabilities().backend,
-                operation: "barrier arrive",
-                message: format!("the arrival task failed: {e}"),
-            })??;
+            let arrived = match arrived {
+                Ok(arrived) => arrived,
+                Err(e) => {
+                    // Its arrival may have landed: settle it.
+                    pending.get_mut().stage = Stage::Unsettled;
+                    return Err(Error::Store {
+                        backend: self.backend.capabilities().backend,
+                        operation: "barrier arrive",
+                        message: format!("the arrival task failed: {e}"),
+                    });
+                }
+            };
+            let arrival = match arrived.result {
+                Ok(arrival) => arrival,
+                Err(e) if arrived.ambiguous => {
+                    // A try may have been recorded without an answer, and
+                    // none came before the deadline: the participant may
+                    // count. Settled in the background.
+                    pending.get_mut().stage = Stage::Unsettled;
+                    return Err(e);
+                }
+                Err(e) => {
+                    // Refused by the store: nothing was recorded.
+                    pending.settled();
+                    return Err(e);
+                }
+            };
             if arrival.complete {
+                pending.settled();
                 return Ok(arrival.generation);
             }
             let generation = arrival.generation;
-            pending.stage = Stage::Waiting(generation);
+            pending.get_mut().stage = Stage::Waiting(generation);
             let waiter = match self.backend.subscribe(name).await {
                 Ok(w) => w,
                 Err(e) if e.is_retryable() => Waiter::never(),
@@ -145,7 +179,7 @@ impl Barriers {
                 let mut sleep = wait::jittered(self.settings.poll_interval);
                 match self.backend.is_complete(name, generation).await {
                     Ok(true) => {
-                        pending.stage = Stage::Done;
+                        pending.settled();
                         return Ok(generation);
                     }
                     Ok(false) => {}
@@ -156,10 +190,12 @@ impl Barriers {
                     Err(e) => return Err(e),
                 }
                 if Instant::now() >= deadline {
-                    // If this is cancelled or fails, the guard withdraws in
-                    // the background (withdrawing is idempotent).
-                    let withdrawn = self.backend.withdraw(name, generation, participant).await?;
-                    pending.stage = Stage::Done;
+                    // Armed until the store answered: cancelled, or failed,
+                    // the withdraw is sent again in the background
+                    // (withdrawing is idempotent).
+                    let withdrawn = pending
+                        .settle_with(self.backend.withdraw(name, generation, participant))
+                        .await?;
                     return if withdrawn {
                         Err(Error::Timeout {
                             operation: "barrier wait",
@@ -197,6 +233,14 @@ impl Barriers {
     }
 }
 
+/// How an arrival ended: its result, and whether any try failed in a way
+/// that may have been recorded (a retryable error: a lost reply looks the
+/// same as a request that never left).
+struct Arrived {
+    result: Result<Arrival>,
+    ambiguous: bool,
+}
+
 /// Record an arrival, retrying retryable errors until the deadline
 /// (arriving is idempotent per participant and per arrival id, so a retry
 /// after a lost reply counts once, even if that arrival completed its
@@ -209,65 +253,117 @@ async fn arrive(
     arrival: OwnerToken,
     deadline: Instant,
     poll: Duration,
-) -> Result<Arrival> {
+) -> Arrived {
     let mut backoff = Duration::from_millis(20);
+    let mut ambiguous = false;
     loop {
         match backend.arrive(&name, parties, &participant, &arrival).await {
-            Err(e) if e.is_retryable() && Instant::now() + backoff < deadline => {
+            Err(e) if e.is_retryable() => {
+                ambiguous = true;
+                if Instant::now() + backoff >= deadline {
+                    return Arrived {
+                        result: Err(e),
+                        ambiguous,
+                    };
+                }
                 tracing::debug!(error = %e, "barrier arrive failed, retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(poll).min(Duration::from_secs(1));
             }
-            other => return other,
+            result => return Arrived { result, ambiguous },
         }
     }
 }
 
-/// Where a barrier wait stands, for the guard that cleans up after a wait
-/// that was dropped (or failed) midway.
+/// Where a barrier wait stands, for the cleanup that withdraws the
+/// participant of a wait that ended without passing or withdrawing.
 enum Stage {
     /// The arrival is being recorded.
-    Arriving(JoinHandle<Result<Arrival>>),
+    Arriving(JoinHandle<Arrived>),
+    /// The arrival ended without an answer that says where it stands: it
+    /// may have been recorded.
+    Unsettled,
     /// Arrived in this generation, not yet passed.
     Waiting(u64),
-    /// Passed, withdrawn, or never arrived: nothing to undo.
-    Done,
 }
 
-/// Withdraws the participant of a wait that ended without passing or
-/// withdrawing (cancelled, or failed after arriving).
-struct Pending {
+/// The undo of a barrier wait: withdraw the participant from the generation
+/// it arrived in, unless that completed (it passed).
+struct Withdraw {
     backend: Arc<dyn Barrier>,
     name: String,
     participant: String,
+    parties: u32,
+    /// The wait's arrival id.
+    arrival: OwnerToken,
     stage: Stage,
 }
 
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let stage = std::mem::replace(&mut self.stage, Stage::Done);
-        if matches!(stage, Stage::Done) {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = self.backend.clone();
-        let name = std::mem::take(&mut self.name);
-        let participant = std::mem::take(&mut self.participant);
-        rt.spawn(async move {
+impl Undo for Withdraw {
+    fn start(self) {
+        settle::spawn(async move {
+            let Withdraw {
+                backend,
+                name,
+                participant,
+                parties,
+                arrival,
+                stage,
+            } = self;
             let generation = match stage {
-                Stage::Waiting(g) => g,
+                Stage::Waiting(g) => Some(g),
                 Stage::Arriving(handle) => match handle.await {
-                    Ok(Ok(a)) if !a.complete => a.generation,
-                    _ => return,
+                    Ok(Arrived { result: Ok(a), .. }) => (!a.complete).then_some(a.generation),
+                    Ok(Arrived {
+                        result: Err(_),
+                        ambiguous: false,
+                    }) => None,
+                    Ok(Arrived { result: Err(_), .. }) | Err(_) => {
+                        generation_of(&*backend, &name, parties, &participant, &arrival).await
+                    }
                 },
-                Stage::Done => return,
+                Stage::Unsettled => {
+                    generation_of(&*backend, &name, parties, &participant, &arrival).await
+                }
             };
-            if let Err(e) = backend.withdraw(&name, generation, &participant).await {
+            let Some(generation) = generation else {
+                return;
+            };
+            let withdrawn = settle::retrying("barrier withdraw", &name, || {
+                backend.withdraw(&name, generation, &participant)
+            })
+            .await;
+            if let Err(e) = withdrawn {
                 crate::metrics::error(backend.capabilities().backend, &e);
                 tracing::debug!(name, error = %e, "withdraw after an abandoned barrier wait failed");
             }
         });
+    }
+}
+
+/// The open generation an arrival whose outcome was never learned counts
+/// in, if any: it is sent again with the same arrival id, which counts
+/// once, so the store answers where the first one stands (recorded in the
+/// open generation, or in the one that completed last: `None`, it passed).
+/// Had the first never reached the store, this one is recorded, and the
+/// withdraw that follows removes it a round trip later.
+async fn generation_of(
+    backend: &dyn Barrier,
+    name: &str,
+    parties: u32,
+    participant: &str,
+    arrival: &OwnerToken,
+) -> Option<u64> {
+    let again = settle::retrying("barrier arrive", name, || {
+        backend.arrive(name, parties, participant, arrival)
+    })
+    .await;
+    match again {
+        Ok(a) => (!a.complete).then_some(a.generation),
+        Err(e) => {
+            crate::metrics::error(backend.capabilities().backend, &e);
+            tracing::debug!(name, error = %e, "settling an unanswered barrier arrival failed");
+            None
+        }
     }
 }

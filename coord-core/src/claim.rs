@@ -111,6 +111,43 @@ impl ClaimBackend {
     }
 }
 
+/// The undo of an operation that may have left a claim on the store for
+/// `owner` (an acquire dropped or failed midway, a release, ack or nack
+/// whose reply never came): end it as that owner (`end`), sent again while
+/// the store does not answer. Owner-checked, so it never touches another
+/// owner's claim, and ending what is not there changes nothing.
+pub(crate) struct EndClaim<'a> {
+    pub(crate) backend: &'a ClaimBackend,
+    pub(crate) name: &'a str,
+    pub(crate) owner: OwnerToken,
+    pub(crate) end: End,
+}
+
+/// End `owner`'s claim on `name` the way `end` says, sending it again
+/// while the store does not answer.
+pub(crate) async fn end_retrying(
+    backend: &ClaimBackend,
+    name: &str,
+    owner: &OwnerToken,
+    end: End,
+) -> Result<bool> {
+    crate::settle::retrying("end a claim", name, || backend.end(name, owner, end)).await
+}
+
+impl crate::settle::Undo for EndClaim<'_> {
+    fn start(self) {
+        let (backend, name, owner, end) = (
+            self.backend.clone(),
+            self.name.to_string(),
+            self.owner,
+            self.end,
+        );
+        crate::settle::spawn(async move {
+            let _ = end_retrying(&backend, &name, &owner, end).await;
+        });
+    }
+}
+
 /// The safety margin taken off every validity deadline, for clock drift
 /// between this process and the store: 1 % of the TTL plus 2 ms (as in
 /// Redlock).
@@ -211,6 +248,20 @@ impl Inner {
         }
     }
 
+    /// Whether ownership is lost: the signal fired, or the validity
+    /// deadline passed without renewal (which fires it now, whether or not
+    /// anybody runs the lost timer). Once lost, a guard stays lost.
+    fn lost_now(&self) -> bool {
+        if self.is_lost() {
+            return true;
+        }
+        if Instant::now() >= self.deadline() {
+            self.mark_lost("validity deadline passed without renewal");
+            return true;
+        }
+        false
+    }
+
     fn token(&self) -> CancellationToken {
         let t = self.lost_token.get_or_init(CancellationToken::new).clone();
         if self.is_lost() {
@@ -281,8 +332,9 @@ fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
 /// # Dropping
 /// Dropping a guard without calling `release` stops its watchdog and, if a
 /// tokio runtime is available, starts a best-effort release in the
-/// background; otherwise the claim is freed by its TTL. Call `release` to
-/// know that it happened.
+/// background (sent again for about 6 s while the store does not answer);
+/// otherwise the claim is freed by its TTL. Call `release` to know that it
+/// happened.
 #[must_use = "dropping a guard releases it in the background; keep it while you rely on the claim"]
 pub struct Guard {
     inner: Arc<Inner>,
@@ -400,7 +452,14 @@ impl Guard {
     /// in time) and the lost signal follows the new deadline.
     ///
     /// Errors: [`Error::NotHeld`] if the claim was lost (the lost signal
-    /// fires too); [`Error::InvalidArgument`] for a bad TTL (nothing sent).
+    /// fires too): the store no longer holds it for this owner, or the
+    /// guard was already lost (its lost signal fired, or its validity
+    /// deadline passed without renewal; nothing is sent then, and the store
+    /// ends the claim at its TTL), or the store's answer came only after
+    /// the guard was lost (the store extended it; the guard stays lost, and
+    /// its release or drop frees it). Once lost, a guard stays lost: acquire
+    /// the claim again. [`Error::InvalidArgument`] for a bad TTL (nothing
+    /// sent).
     /// Cost: one store round trip. Cancel-safe: if cancelled, the claim may
     /// or may not have been extended. The deadline moves later only on
     /// success; a `ttl` shorter than what is left brings it forward as the
@@ -419,7 +478,9 @@ impl Guard {
         );
         let r = async {
             let _op = inner.op.lock().await;
-            if inner.is_released() {
+            // Released, or lost: a lost guard stays lost, and extending it
+            // on the store would keep a claim its holder was told is gone.
+            if inner.is_released() || inner.lost_now() {
                 return Err(Error::NotHeld {
                     name: inner.name.to_string(),
                 });
@@ -433,6 +494,15 @@ impl Guard {
             let renewed = inner.backend.renew(&inner.name, &inner.owner, ttl).await;
             metrics::observe(inner.backend.store(), &renewed);
             if renewed? {
+                // Answered only after the guard was lost (its deadline
+                // passed, or the signal fired, while the call was on its
+                // way): the work under it was told to stop, so it must not
+                // hear "extended" now.
+                if inner.lost_now() {
+                    return Err(Error::NotHeld {
+                        name: inner.name.to_string(),
+                    });
+                }
                 inner.renewed(sent_at, ttl);
                 // A shorter TTL must bring the watchdog's next renewal and
                 // the lost timer forward.
@@ -532,10 +602,12 @@ impl Guard {
     ///
     /// Errors: [`Error::NotHeld`] if it had already expired or been taken
     /// over (nothing was changed on the store); store errors as they come
-    /// (the claim then ends at its TTL). Cost: one round trip. Not
-    /// cancel-safe in the strict sense: if the future is dropped before the
-    /// store answers, the guard counts as released and the claim may stay
-    /// held until its TTL.
+    /// (the release may or may not have landed: it is sent again in the
+    /// background, for about 6 s while the store does not answer, and the
+    /// claim ends at its TTL at the latest). Cost: one round trip.
+    /// Cancel-safe: if the future is dropped before the store answers, the
+    /// guard counts as released and the release is sent again in the
+    /// background.
     pub async fn release(self) -> Result<()> {
         self.end(End::Release).await
     }
@@ -577,7 +649,20 @@ impl Guard {
             }
             inner.ended.notify_waiters();
             inner.record_release();
-            let r = inner.backend.end(&inner.name, &inner.owner, end).await;
+            // The guard counts as ended from here on, so the cleanup that
+            // its drop would start is off: keep one armed until the store
+            // answered. Dropped midway, or answered with an error (the
+            // call may or may not have landed), the end is sent again in
+            // the background as this owner.
+            let again = crate::settle::Armed::new(EndClaim {
+                backend: &inner.backend,
+                name: &inner.name,
+                owner: inner.owner,
+                end,
+            });
+            let r = again
+                .settle_with(inner.backend.end(&inner.name, &inner.owner, end))
+                .await;
             metrics::observe(inner.backend.store(), &r);
             if r? {
                 Ok(())
@@ -626,7 +711,7 @@ impl Drop for Guard {
                 }
                 inner.ended.notify_waiters();
                 inner.record_release();
-                let r = inner.backend.release(&inner.name, &inner.owner).await;
+                let r = end_retrying(&inner.backend, &inner.name, &inner.owner, End::Release).await;
                 let span = tracing::Span::current();
                 match r {
                     Ok(true) => {
@@ -715,7 +800,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                     g = inner.op.lock() => g,
                     _ = stop.cancelled() => return,
                 };
-                if stop.is_cancelled() || inner.is_released() {
+                if stop.is_cancelled() || inner.is_released() || inner.is_lost() {
                     return;
                 }
                 let deadline = inner.deadline();
@@ -738,6 +823,10 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                     metrics::error(inner.backend.store(), e);
                 }
                 match r {
+                    Ok(Ok(true)) if inner.is_lost() => {
+                        // Lost while the renewal was on its way: stays lost.
+                        return;
+                    }
                     Ok(Ok(true)) => {
                         metrics::renewal(inner.backend.store(), inner.backend.metric_kind(), true);
                         inner.renewed(sent_at, ttl);

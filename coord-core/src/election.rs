@@ -87,7 +87,8 @@ impl Elections {
     /// leader's expiry. The leadership is not renewed unless you call
     /// [`Guard::keep_alive`] on it (through `Deref`).
     /// Cancel-safe: a dropped campaign holds nothing (a grant that raced the
-    /// cancellation expires at its TTL).
+    /// cancellation is resigned in the background, as this candidate's
+    /// grant; it expires at its TTL if the store does not answer).
     pub async fn campaign(
         &self,
         name: &str,

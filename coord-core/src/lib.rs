@@ -39,6 +39,7 @@ mod queue;
 pub mod queue_backend;
 mod rwlock;
 mod semaphore;
+mod settle;
 mod types;
 pub mod util;
 pub mod validate;

@@ -8,10 +8,11 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::backend::{Attempt, Lock};
-use crate::claim::{ClaimBackend, Guard, Ownership};
+use crate::claim::{ClaimBackend, End, EndClaim, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
 use crate::metrics;
+use crate::settle::Armed;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::wait::WaitOutcome;
 use crate::{validate, wait};
@@ -459,15 +460,16 @@ where
     // The validity deadline counts from before the request that won was
     // sent: remember the send time of each attempt.
     let sent = std::sync::Mutex::new(start);
-    // If this future is dropped mid-wait, an attempt may have been granted
-    // (or a queueing store may hold our place in line): release whatever
-    // this owner left, in the background.
-    let mut on_cancel = CancelCleanup {
+    // An attempt may be granted (or a queueing store may keep our place in
+    // line) without this acquire learning it: a lost reply, or this future
+    // dropped mid-wait. The cleanup stays armed until the outcome is known
+    // and nothing of ours is left on the store.
+    let cleanup = Armed::new(EndClaim {
         backend: &backend,
         name,
         owner,
-        armed: true,
-    };
+        end: End::Release,
+    });
     let outcome = wait::until(
         || {
             let now = Instant::now();
@@ -479,8 +481,6 @@ where
         poll,
     )
     .await;
-    on_cancel.armed = false;
-    drop(on_cancel);
     let (store, kind) = (backend.store(), backend.metric_kind());
     // The caller's span (`coord.lock.acquire`, ...) gets the outcome.
     let span = tracing::Span::current();
@@ -495,7 +495,7 @@ where
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
-            cleanup(&backend, name, owner);
+            cleanup.undo();
             metrics::acquire(store, kind, "error");
             metrics::error(store, &e);
             return Err(e);
@@ -505,26 +505,31 @@ where
         Some(token) => {
             metrics::granted(store, kind, start.elapsed(), outcome.subscribed);
             let sent_at = *sent.lock().unwrap_or_else(|p| p.into_inner());
+            // The guard owns the grant from here on (its release, or its
+            // drop's): nothing to undo.
+            cleanup.settled();
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
             match queued {
                 // Our place in line must be gone before the caller hears
                 // "timed out": a request it makes next must not find itself
-                // queued behind us. So remove it now, not in the background.
+                // queued behind us. So remove it now, not in the background,
+                // with the cleanup still armed: if the caller's timeout drops
+                // this future during that round trip, or the store does not
+                // answer it, it is sent again in the background (a place left
+                // in line holds up every waiter behind it).
                 Queueing::FromFirstAttempt => {
-                    if let Err(e) = backend.release(name, &owner).await {
-                        // Sent again in the background: a place left in
-                        // line holds up every waiter behind it.
+                    if let Err(e) = cleanup.settle_with(backend.release(name, &owner)).await {
                         tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
-                        cleanup(&backend, name, owner);
                     }
                 }
                 Queueing::OnceSubscribed if outcome.ambiguous || outcome.subscribed => {
-                    cleanup(&backend, name, owner);
+                    cleanup.undo();
                 }
-                _ if outcome.ambiguous => cleanup(&backend, name, owner),
-                _ => {}
+                _ if outcome.ambiguous => cleanup.undo(),
+                // Every reply seen, every one a refusal: nothing of ours.
+                _ => cleanup.settled(),
             }
             match outcome.last_error {
                 Some(e) => {
@@ -549,63 +554,6 @@ where
 async fn release_all(guards: Vec<Guard>) {
     for g in guards.into_iter().rev() {
         let _ = g.release().await;
-    }
-}
-
-/// Releases what an owner may have left when its acquire is dropped
-/// mid-wait.
-struct CancelCleanup<'a> {
-    backend: &'a ClaimBackend,
-    name: &'a str,
-    owner: OwnerToken,
-    armed: bool,
-}
-
-impl Drop for CancelCleanup<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            cleanup(self.backend, self.name, self.owner);
-        }
-    }
-}
-
-/// After a failed or abandoned attempt whose effect is unknown (a lost
-/// reply), or on a store that queues waiters, remove whatever this owner may
-/// have left behind, in the background: a release that fails for a reason
-/// that may pass (a lost reply, a store briefly unreachable) is sent again
-/// (see [`CLEANUP_RETRIES`]). One failed release used to leave a queued
-/// waiter's place in line until the store dropped it (30 s on etcd), and
-/// every waiter queued behind it waited that long
-/// (coord-etcd/tests/it/semaphore_queue_by_lease.rs, `lost_replies_with_reuse_never_over_grant`).
-fn cleanup(backend: &ClaimBackend, name: &str, owner: OwnerToken) {
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        let backend = backend.clone();
-        let name = name.to_string();
-        rt.spawn(async move { release_retrying(&backend, &name, &owner).await });
-    }
-}
-
-/// The pauses between a cleanup's releases: up to 8 more after the first,
-/// 50 ms doubling to 2 s (about 6 s in all, plus each call's timeout);
-/// what is still left then ends with its TTL, or the store drops it.
-const CLEANUP_RETRIES: [u64; 8] = [50, 100, 200, 400, 800, 1600, 2000, 2000];
-
-async fn release_retrying(backend: &ClaimBackend, name: &str, owner: &OwnerToken) {
-    let mut pauses = CLEANUP_RETRIES.iter();
-    loop {
-        match backend.release(name, owner).await {
-            Ok(_) => return,
-            Err(e) => match pauses.next() {
-                Some(ms) if e.is_retryable() => {
-                    tracing::debug!(name, error = %e, "cleanup release failed; sending it again");
-                    tokio::time::sleep(Duration::from_millis(*ms)).await;
-                }
-                _ => {
-                    tracing::debug!(name, error = %e, "cleanup after failed acquire did not complete; the TTL will free it");
-                    return;
-                }
-            },
-        }
     }
 }
 

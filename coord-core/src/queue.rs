@@ -23,6 +23,7 @@ use crate::queue_backend::{
     DEFAULT_DEDUP_WINDOW, Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue,
     QueueConfig, QueueStats,
 };
+use crate::settle::{self, Armed, Undo};
 use crate::types::{Capabilities, OwnerToken};
 use crate::validate;
 use crate::wait;
@@ -498,7 +499,10 @@ impl Queues {
     /// Errors: [`Error::InvalidArgument`] (nothing sent); store errors. A
     /// pop whose reply was lost may have delivered a message nobody
     /// holds: it is delivered again once its visibility lapses.
-    /// Cost: one round trip when a message is ready.
+    /// Cost: one round trip when a message is ready. Cancel-safe: if the
+    /// future is dropped while an attempt is on its way, the attempt's
+    /// reply is still awaited (each attempt runs in a task of its own) and
+    /// a message it delivered is given back at once, in the background.
     ///
     /// ```
     /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
@@ -568,7 +572,31 @@ impl Queues {
                 let got = &got;
                 async move {
                     let sent = Instant::now();
-                    match b.try_pop(queue, lane, &owner, visibility, &config).await? {
+                    // The attempt runs in its own task, and the cleanup that
+                    // gives back what it delivered stays armed until its
+                    // reply is in hand: if this pop is dropped meanwhile,
+                    // the reply still arrives, to the cleanup.
+                    let (b2, name) = (b.clone(), queue.to_string());
+                    let task = tokio::spawn(async move {
+                        b2.try_pop(&name, lane, &owner, visibility, &config).await
+                    });
+                    let mut in_flight = Armed::new(GiveBack {
+                        backend: b,
+                        queue: queue.to_string(),
+                        lane,
+                        owner,
+                        task,
+                    });
+                    let reply = (&mut in_flight.get_mut().task).await;
+                    // The reply is in hand: a delivery goes to the guard
+                    // built from it, with no await in between.
+                    in_flight.settled();
+                    let reply = reply.map_err(|e| Error::Store {
+                        backend: store,
+                        operation: "queue pop",
+                        message: format!("the pop attempt's task failed: {e}"),
+                    })?;
+                    match reply? {
                         PopAttempt::Delivered { message, token } => {
                             *got.lock().unwrap_or_else(|p| p.into_inner()) = Some((message, sent));
                             Ok(Attempt::Granted(token))
@@ -709,6 +737,45 @@ impl Queues {
         validate::name("queue", queue)?;
         let store = self.backend.capabilities().backend;
         op!("coord.queue.purge", store, queue, self.backend.purge(queue))
+    }
+}
+
+/// The undo of a pop attempt whose reply its pop did not wait for: once the
+/// reply comes, a message it delivered is given back (a nack without
+/// delay, as this consumer), sent again while the store does not answer.
+/// (An attempt whose reply was lost cannot be undone: which message it
+/// delivered is unknown. That one is delivered again once its visibility
+/// lapses.)
+struct GiveBack {
+    backend: Arc<dyn Queue>,
+    queue: String,
+    lane: Lane,
+    owner: OwnerToken,
+    /// The attempt on its way.
+    task: tokio::task::JoinHandle<Result<PopAttempt>>,
+}
+
+impl Undo for GiveBack {
+    fn start(self) {
+        let GiveBack {
+            backend,
+            queue,
+            lane,
+            owner,
+            task,
+        } = self;
+        settle::spawn(async move {
+            let Ok(Ok(PopAttempt::Delivered { message, .. })) = task.await else {
+                return;
+            };
+            let given = settle::retrying("queue nack", &queue, || {
+                backend.nack(&queue, lane, message.id, &owner, Duration::ZERO)
+            })
+            .await;
+            if let Err(e) = given {
+                metrics::error(backend.capabilities().backend, &e);
+            }
+        });
     }
 }
 

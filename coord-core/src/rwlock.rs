@@ -111,7 +111,10 @@ impl RwLocks {
     ///
     /// Errors: [`Error::Timeout`] when not granted in time (nothing is
     /// left in the queue); [`Error::InvalidArgument`] for a bad name or
-    /// TTL (before any I/O); store errors as they come.
+    /// TTL (before any I/O); store errors as they come. Cancel-safe: if the
+    /// future is dropped, at any point (leaving the queue after a timeout
+    /// included), what it may have been granted and its place in the queue
+    /// are released in the background.
     ///
     /// ```
     /// # async fn demo(rw: coord_core::RwLocks) -> coord_core::Result<()> {

@@ -8,9 +8,14 @@
 
 mod support;
 
+mod cleanup_on_cancel;
 mod conformance_suite;
 mod core_logic;
+mod leaving_the_line;
+mod lost_stays_lost;
 mod metrics_recorded;
 mod queue;
 mod queue_faults;
 mod regressions;
+mod slow_store;
+mod unsettled_arrival;
