@@ -392,7 +392,12 @@ pub trait Barrier: Send + Sync + 'static {
     /// `Arrival { generation: that one, complete: true }` and changes
     /// nothing: a retried completing arrival never joins the next
     /// generation. Backends keep the ids of at least the last completed
-    /// generation.
+    /// generation. An arrival id withdrawn from the current generation
+    /// (see [`withdraw`](Barrier::withdraw)) is refused with
+    /// [`Error::ArrivalLost`](crate::Error::ArrivalLost) and changes
+    /// nothing. A participant arriving through a second arrival id (a
+    /// second wait) while still in the generation counts once; each of its
+    /// arrivals is withdrawn on its own.
     async fn arrive(
         &self,
         name: &str,
@@ -401,13 +406,33 @@ pub trait Barrier: Send + Sync + 'static {
         arrival: &OwnerToken,
     ) -> Result<Arrival>;
 
-    /// Whether `generation` of `name` has completed.
+    /// Whether `generation` of `name` has completed. A barrier state that
+    /// can be lost and made again (swept, expired) carries the generation
+    /// it was made at: `generation` below it belongs to a state that was
+    /// lost with its arrivals, and is
+    /// [`Error::ArrivalLost`](crate::Error::ArrivalLost), never "complete".
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool>;
 
-    /// Withdraw `participant` from `generation` if it has not completed.
-    /// Returns `true` if withdrawn, `false` if the generation had already
-    /// completed (the participant passed).
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool>;
+    /// Undo one arrival: withdraw arrival `arrival` of `participant` from
+    /// `generation` if that has not completed. Returns `true` if the
+    /// arrival no longer counts (withdrawn, never recorded, or lost with
+    /// an earlier state of the barrier), `false` if the generation had
+    /// already completed (the participant passed).
+    ///
+    /// Only that arrival is undone: if the participant is also in the
+    /// generation through another arrival (its next wait), that one stays.
+    /// The arrival id is remembered (a tombstone) until the current
+    /// generation completes: a late copy of the same arrival that lands
+    /// after the withdraw is refused by [`arrive`](Barrier::arrive) with
+    /// [`Error::ArrivalLost`](crate::Error::ArrivalLost) and changes
+    /// nothing.
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool>;
 
     /// Register for wake-ups when a generation of `name` completes.
     async fn subscribe(&self, _name: &str) -> Result<Waiter> {

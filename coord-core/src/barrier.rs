@@ -82,11 +82,16 @@ impl Barriers {
     /// deadline: the wait returns that error) is settled in the background
     /// too: it is sent again with the same arrival id (which counts once;
     /// for about 6 s while the store does not answer) to learn its
-    /// generation, and the participant is withdrawn from it (should the
-    /// first never have reached the store, that late arrival counts until
-    /// the withdraw, a round trip later). One participant should not wait twice at the same
-    /// time: the two waits share one arrival, and either one's timeout
-    /// withdraws it.
+    /// generation, and that arrival is withdrawn from it. Every withdraw
+    /// names the wait's arrival id: it undoes that arrival only (a next
+    /// wait of the same participant stays), and a late copy of it landing
+    /// afterwards is refused and counts for nothing. One participant may
+    /// wait twice at the same time: it counts once while either waits.
+    ///
+    /// [`Error::ArrivalLost`] when the barrier's state was lost (swept as
+    /// abandoned, or expired while this waiter was cut off from the store)
+    /// and made again after this wait arrived: the wait did not pass; wait
+    /// again to arrive anew.
     pub async fn wait(
         &self,
         name: &str,
@@ -107,7 +112,7 @@ impl Barriers {
         );
         let r = async {
             let deadline = wait::deadline_in(timeout);
-            let arrival = OwnerToken::random();
+            let arrival_id = OwnerToken::random();
             // The arrival runs in its own task: if this wait is dropped while
             // the store records it, the cleanup still learns the generation
             // and withdraws the participant.
@@ -116,7 +121,7 @@ impl Barriers {
                 name.to_string(),
                 parties,
                 participant.to_string(),
-                arrival,
+                arrival_id,
                 deadline,
                 self.settings.poll_interval,
             ));
@@ -127,7 +132,7 @@ impl Barriers {
                 name: name.to_string(),
                 participant: participant.to_string(),
                 parties,
-                arrival,
+                arrival: arrival_id,
                 stage: Stage::Arriving(arriving),
             });
             let arrived = match &mut pending.get_mut().stage {
@@ -194,7 +199,12 @@ impl Barriers {
                     // the withdraw is sent again in the background
                     // (withdrawing is idempotent).
                     let withdrawn = pending
-                        .settle_with(self.backend.withdraw(name, generation, participant))
+                        .settle_with(self.backend.withdraw(
+                            name,
+                            generation,
+                            participant,
+                            &arrival_id,
+                        ))
                         .await?;
                     return if withdrawn {
                         Err(Error::Timeout {
@@ -330,7 +340,7 @@ impl Undo for Withdraw {
                 return;
             };
             let withdrawn = settle::retrying("barrier withdraw", &name, || {
-                backend.withdraw(&name, generation, &participant)
+                backend.withdraw(&name, generation, &participant, &arrival)
             })
             .await;
             if let Err(e) = withdrawn {
@@ -360,6 +370,8 @@ async fn generation_of(
     .await;
     match again {
         Ok(a) => (!a.complete).then_some(a.generation),
+        // Already withdrawn: it does not count, nothing to undo.
+        Err(Error::ArrivalLost { .. }) => None,
         Err(e) => {
             crate::metrics::error(backend.capabilities().backend, &e);
             tracing::debug!(name, error = %e, "settling an unanswered barrier arrival failed");

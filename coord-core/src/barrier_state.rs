@@ -7,9 +7,16 @@
 use crate::error::{Error, Result};
 use crate::types::{Arrival, OwnerToken};
 
-/// One barrier: its party count, its current generation, who has arrived
-/// in it (with each arrival's id), and the arrival ids of the generation
-/// that completed last (so a retried completing arrival is recognised).
+/// One barrier: its party count, its current generation, the generation
+/// this state was made at, who has arrived in it (with each arrival's id),
+/// the arrival ids withdrawn from it, and the arrival ids of the
+/// generation that completed last (so a retried completing arrival is
+/// recognised).
+///
+/// Every cleanup names the arrival it undoes: a withdraw removes one
+/// arrival id (a participant's next wait stays) and leaves a tombstone of
+/// it, so a late copy of that arrival is refused. Tombstones belong to the
+/// current generation and are cleared when it completes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BarrierState {
     /// The party count of the current generation (meaningful while anybody
@@ -17,22 +24,42 @@ pub struct BarrierState {
     pub parties: u32,
     /// The current generation.
     pub generation: u64,
-    /// The distinct participants of the current generation, each with the
-    /// id of the arrival (wait) that recorded it, as 32 hex digits.
+    /// The generation this state was made at: a generation below it
+    /// belongs to an earlier state of the barrier, lost (expired, swept)
+    /// with its arrivals. 0: never lost (the state is only dropped idle).
+    pub born: u64,
+    /// The arrivals of the current generation: participant and arrival id
+    /// (32 hex digits). A participant may appear with several ids (two
+    /// waits); it counts once.
     pub arrived: Vec<(String, String)>,
+    /// The arrival ids withdrawn from the current generation (tombstones).
+    pub withdrawn: Vec<String>,
     /// The generation that completed last and its arrival ids.
     pub last: Option<(u64, Vec<String>)>,
 }
 
 impl BarrierState {
-    /// An idle barrier at `generation`.
+    /// An idle barrier made at `generation` (its birth).
     pub fn new(generation: u64) -> Self {
         BarrierState {
             parties: 0,
             generation,
+            born: generation,
             arrived: Vec::new(),
+            withdrawn: Vec::new(),
             last: None,
         }
+    }
+
+    /// The number of distinct participants of the current generation.
+    fn members(&self) -> usize {
+        let mut seen: Vec<&str> = Vec::with_capacity(self.arrived.len());
+        for (p, _) in &self.arrived {
+            if !seen.contains(&p.as_str()) {
+                seen.push(p);
+            }
+        }
+        seen.len()
     }
 
     /// Record `participant` (arrival id `arrival`) in the current
@@ -40,8 +67,10 @@ impl BarrierState {
     /// with another count refuses with [`Error::InvalidArgument`] and changes
     /// nothing. Arriving twice counts once. An arrival id recorded in the
     /// generation that completed last returns that generation as complete
-    /// and changes nothing (a retry whose first reply was lost). The
-    /// `parties`-th arrival completes the generation and moves to
+    /// and changes nothing (a retry whose first reply was lost). A
+    /// withdrawn arrival id is refused with [`Error::ArrivalLost`] and
+    /// changes nothing (a late copy of an undone arrival). The
+    /// `parties`-th participant completes the generation and moves to
     /// `next_generation(current)`, which must be greater.
     /// Returns the arrival and whether the state changed.
     pub fn arrive(
@@ -62,6 +91,9 @@ impl BarrierState {
                 return Ok((arrival, false));
             }
         }
+        if self.withdrawn.contains(&id) {
+            return Err(Error::arrival_withdrawn(name));
+        }
         if self.arrived.is_empty() {
             self.parties = parties;
         } else if self.parties != parties {
@@ -73,73 +105,96 @@ impl BarrierState {
                 ),
             ));
         }
-        if self.arrived.iter().any(|(p, _)| p == participant) {
-            let arrival = Arrival {
-                generation: self.generation,
-                complete: false,
-            };
-            return Ok((arrival, false));
+        let open = Arrival {
+            generation: self.generation,
+            complete: false,
+        };
+        if self.arrived.iter().any(|(_, a)| *a == id) {
+            return Ok((open, false));
         }
+        let member = self.arrived.iter().any(|(p, _)| p == participant);
         self.arrived.push((participant.to_string(), id));
-        if self.arrived.len() as u64 >= u64::from(self.parties) {
-            let g = self.generation;
-            self.generation = next_generation(g);
-            debug_assert!(self.generation > g, "generations must rise");
-            let ids = self.arrived.drain(..).map(|(_, id)| id).collect();
-            self.last = Some((g, ids));
-            Ok((
-                Arrival {
-                    generation: g,
-                    complete: true,
-                },
-                true,
-            ))
-        } else {
-            Ok((
-                Arrival {
-                    generation: self.generation,
-                    complete: false,
-                },
-                true,
-            ))
+        if member || (self.members() as u64) < u64::from(self.parties) {
+            // A second wait of a member counts once.
+            return Ok((open, true));
         }
+        let g = self.generation;
+        self.generation = next_generation(g);
+        debug_assert!(self.generation > g, "generations must rise");
+        let ids = self.arrived.drain(..).map(|(_, id)| id).collect();
+        self.withdrawn.clear();
+        self.last = Some((g, ids));
+        let done = Arrival {
+            generation: g,
+            complete: true,
+        };
+        Ok((done, true))
     }
 
-    /// Whether `generation` has completed.
-    pub fn is_complete(&self, generation: u64) -> bool {
-        self.generation > generation
+    /// Whether `generation` has completed; [`Error::ArrivalLost`] if it
+    /// belongs to an earlier state of the barrier (lost with its arrivals:
+    /// whether it completed is unknown, and it must not pass).
+    pub fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
+        if generation < self.born {
+            return Err(Error::arrival_state_lost(name, generation));
+        }
+        Ok(self.generation > generation)
     }
 
-    /// Withdraw `participant` from `generation` unless it completed.
-    /// Returns (`true` if withdrawn or not there, `false` if the generation
-    /// completed; whether the state changed).
-    pub fn withdraw(&mut self, generation: u64, participant: &str) -> (bool, bool) {
-        if self.is_complete(generation) {
+    /// Withdraw arrival `arrival` of `participant` from `generation`
+    /// unless that completed, and leave a tombstone of the id in the
+    /// current generation. Only that arrival goes: the participant's other
+    /// arrivals (a next wait) stay. A generation of an earlier state (lost)
+    /// has nothing to withdraw. Returns (`true` if the arrival no longer
+    /// counts, `false` if the generation completed; whether the state
+    /// changed).
+    pub fn withdraw(
+        &mut self,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> (bool, bool) {
+        if generation >= self.born && self.generation > generation {
             return (false, false);
         }
+        let id = arrival.to_hex();
         let before = self.arrived.len();
-        self.arrived.retain(|(p, _)| p != participant);
-        (true, self.arrived.len() != before)
+        self.arrived
+            .retain(|(p, a)| !(p == participant && *a == id));
+        let mut changed = self.arrived.len() != before;
+        if !self.withdrawn.contains(&id) {
+            self.withdrawn.push(id);
+            changed = true;
+        }
+        (true, changed)
     }
 
-    /// Nobody waits: the state may be dropped (if generations keep rising
-    /// when it is made again). The last generation's arrival ids go with
-    /// it; a retry of an arrival that old finds a new generation (the
-    /// barrier went idle, so its waiter has long passed or given up).
+    /// Nobody waits and no withdrawn arrival is remembered: the state may
+    /// be dropped (if generations keep rising when it is made again). The
+    /// last generation's arrival ids go with it; a retry of an arrival
+    /// that old finds a new generation (the barrier went idle, so its
+    /// waiter has long passed or given up).
     pub fn is_idle(&self) -> bool {
-        self.arrived.is_empty()
+        self.arrived.is_empty() && self.withdrawn.is_empty()
     }
 
     /// The state as text: the party count, the generation, the last
-    /// completed generation and its arrival ids (`-` if none), then one
-    /// arrival per line as `id participant` (names have no control
-    /// characters, so a newline never occurs in one; ids have no space).
+    /// completed generation and its arrival ids (`-` if none), `=` with the
+    /// birth and the withdrawn ids, then one arrival per line as
+    /// `id participant` (names have no control characters, so a newline
+    /// never occurs in one; ids have no space).
     pub fn encode(&self) -> String {
         let last = match &self.last {
             Some((g, ids)) => format!("{g} {}", ids.join(",")),
             None => "-".to_string(),
         };
-        let mut s = format!("{}\n{}\n{last}", self.parties, self.generation);
+        let mut s = format!(
+            "{}\n{}\n{last}\n={} {}",
+            self.parties,
+            self.generation,
+            self.born,
+            self.withdrawn.join(",")
+        );
         for (p, id) in &self.arrived {
             s.push('\n');
             s.push_str(id);
@@ -150,22 +205,32 @@ impl BarrierState {
     }
 
     /// Parse [`encode`](BarrierState::encode)'s text; `None` if corrupt.
+    /// Text written before births and tombstones were kept reads as born
+    /// 0 with none withdrawn.
     pub fn decode(text: &str) -> Option<Self> {
-        let mut lines = text.split('\n');
+        let ids = |s: &str| -> Vec<String> {
+            if s.is_empty() {
+                Vec::new()
+            } else {
+                s.split(',').map(str::to_string).collect()
+            }
+        };
+        let mut lines = text.split('\n').peekable();
         let parties = lines.next()?.parse().ok()?;
         let generation = lines.next()?.parse().ok()?;
         let last = match lines.next()? {
             "-" => None,
             l => {
-                let (g, ids) = l.split_once(' ')?;
-                let ids = if ids.is_empty() {
-                    Vec::new()
-                } else {
-                    ids.split(',').map(str::to_string).collect()
-                };
-                Some((g.parse().ok()?, ids))
+                let (g, l) = l.split_once(' ')?;
+                Some((g.parse().ok()?, ids(l)))
             }
         };
+        let (mut born, mut withdrawn) = (0, Vec::new());
+        if let Some(l) = lines.next_if(|l| l.starts_with('=')) {
+            let (b, w) = l[1..].split_once(' ')?;
+            born = b.parse().ok()?;
+            withdrawn = ids(w);
+        }
         let mut arrived = Vec::new();
         for l in lines {
             let (id, p) = l.split_once(' ')?;
@@ -174,7 +239,9 @@ impl BarrierState {
         Some(BarrierState {
             parties,
             generation,
+            born,
             arrived,
+            withdrawn,
             last,
         })
     }
@@ -205,11 +272,12 @@ mod tests {
         assert_eq!(round, b);
         let (a, _) = b.arrive("x", 2, "p2", &ids[1], |g| g + 1).unwrap();
         assert_eq!((a.generation, a.complete), (7, true));
-        assert!(b.is_complete(7) && !b.is_complete(8) && b.is_idle());
-        assert_eq!(b.withdraw(7, "p1"), (false, false));
+        assert!(b.is_complete("x", 7).unwrap() && !b.is_complete("x", 8).unwrap());
+        assert!(b.is_idle());
+        assert_eq!(b.withdraw(7, "p1", &ids[0]), (false, false));
         b.arrive("x", 5, "q", &ids[2], |g| g + 1).unwrap();
-        assert_eq!(b.withdraw(8, "q"), (true, true));
-        assert_eq!(b.withdraw(8, "q"), (true, false));
+        assert_eq!(b.withdraw(8, "q", &ids[2]), (true, true));
+        assert_eq!(b.withdraw(8, "q", &ids[2]), (true, false));
         let round = BarrierState::decode(&b.encode()).unwrap();
         assert_eq!(round, b);
         assert!(BarrierState::decode("x").is_none());
@@ -234,5 +302,69 @@ mod tests {
             .arrive("x", 2, "p2", &OwnerToken::random(), |g| g + 1)
             .unwrap();
         assert_eq!((next.generation, next.complete), (2, false));
+    }
+
+    #[test]
+    fn a_late_copy_of_a_withdrawn_arrival_is_refused_until_the_generation_completes() {
+        let (a, b, c) = (
+            OwnerToken::random(),
+            OwnerToken::random(),
+            OwnerToken::random(),
+        );
+        let mut s = BarrierState::new(1);
+        s.arrive("x", 3, "b", &b, |g| g + 1).unwrap();
+        s.arrive("x", 3, "a", &a, |g| g + 1).unwrap();
+        assert_eq!(s.withdraw(1, "a", &a), (true, true));
+        let late = s.arrive("x", 3, "a", &a, |g| g + 1).unwrap_err();
+        assert!(matches!(late, Error::ArrivalLost { .. }), "{late:?}");
+        let round = BarrierState::decode(&s.encode()).unwrap();
+        assert_eq!(round, s);
+        let (open, _) = s.arrive("x", 3, "c", &c, |g| g + 1).unwrap();
+        assert!(
+            !open.complete,
+            "2 live participants completed a barrier of 3"
+        );
+        let (done, _) = s
+            .arrive("x", 3, "a", &OwnerToken::random(), |g| g + 1)
+            .unwrap();
+        assert!(done.complete);
+        assert!(
+            s.withdrawn.is_empty(),
+            "tombstones outlived their generation"
+        );
+    }
+
+    #[test]
+    fn a_withdraw_names_one_arrival_and_leaves_the_next_wait() {
+        let (old, next, other) = (
+            OwnerToken::random(),
+            OwnerToken::random(),
+            OwnerToken::random(),
+        );
+        let mut s = BarrierState::new(1);
+        s.arrive("x", 2, "p1", &old, |g| g + 1).unwrap();
+        let (again, changed) = s.arrive("x", 2, "p1", &next, |g| g + 1).unwrap();
+        assert_eq!((again.complete, changed), (false, true));
+        assert_eq!(s.withdraw(1, "p1", &old), (true, true));
+        let (done, _) = s.arrive("x", 2, "p2", &other, |g| g + 1).unwrap();
+        assert!(
+            done.complete,
+            "the next wait was withdrawn with the old one"
+        );
+    }
+
+    #[test]
+    fn a_generation_of_a_lost_state_neither_passes_nor_completes() {
+        // A state made again at 10 after the one holding generation 4 was
+        // lost.
+        let mut s = BarrierState::new(10);
+        let e = s.is_complete("x", 4).unwrap_err();
+        assert!(matches!(e, Error::ArrivalLost { .. }), "{e:?}");
+        let a = OwnerToken::random();
+        assert_eq!(s.withdraw(4, "p", &a), (true, true));
+        assert!(!s.is_complete("x", 10).unwrap());
+        // Text written before births were kept reads as never lost.
+        let old = BarrierState::decode("2\n5\n-").unwrap();
+        assert_eq!((old.born, old.generation), (0, 5));
     }
 }

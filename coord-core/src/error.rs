@@ -76,6 +76,22 @@ pub enum Error {
         message: String,
     },
 
+    /// A barrier arrival no longer counts: it was withdrawn (this was a late
+    /// copy of an arrival whose wait had already given up), or the
+    /// barrier's state was lost after it arrived (swept as abandoned,
+    /// expired while its waiter was cut off) and made again without it.
+    /// Nothing was changed and the wait did not pass; wait again to arrive
+    /// anew. Not retryable: the same arrival will never count again.
+    #[error(
+        "the arrival at barrier `{name}` no longer counts: {reason}; nothing was changed. Wait again to arrive anew"
+    )]
+    ArrivalLost {
+        /// The barrier's name.
+        name: String,
+        /// Why: withdrawn, or the barrier's state was lost.
+        reason: String,
+    },
+
     /// The store answered with an error (bad configuration, permissions,
     /// authentication, an unexpected reply).
     #[error("{backend} store error during {operation}: {message}")]
@@ -144,6 +160,27 @@ impl Error {
         Error::InvalidArgument {
             field,
             reason: reason.into(),
+        }
+    }
+
+    /// Build an [`Error::ArrivalLost`]: a late copy of a withdrawn
+    /// arrival, refused.
+    pub fn arrival_withdrawn(name: &str) -> Self {
+        Error::ArrivalLost {
+            name: name.to_string(),
+            reason: "it was withdrawn (this is a late copy of an arrival whose wait had given up)"
+                .into(),
+        }
+    }
+
+    /// Build an [`Error::ArrivalLost`]: the barrier's state that held
+    /// `generation` was lost and made again since.
+    pub fn arrival_state_lost(name: &str, generation: u64) -> Self {
+        Error::ArrivalLost {
+            name: name.to_string(),
+            reason: format!(
+                "the barrier's state holding generation {generation} was lost (swept as abandoned, or expired while nobody kept it alive) and made again since"
+            ),
         }
     }
 

@@ -84,7 +84,7 @@ pub(crate) fn error(store: &'static str, e: &Error) {
     let kind = match e {
         Error::Unavailable { .. } => "unavailable",
         Error::Store { .. } => "store",
-        Error::Lost { .. } => "lost",
+        Error::Lost { .. } | Error::ArrivalLost { .. } => "lost",
         Error::Config(_) => "config",
         Error::Unsupported { .. } => "unsupported",
         Error::InvalidArgument { .. }

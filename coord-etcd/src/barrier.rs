@@ -235,12 +235,14 @@ impl Shared {
         let op = "barrier is_complete";
         let kv = self.get(op, key, None).await?.into_iter().next();
         match kv {
-            // Gone: idle past its grace, or abandoned (nobody kept it
-            // alive); a waiter's generation did not complete.
-            None => Ok(false),
+            // Gone: its lease ran out (nobody kept it alive for the grace:
+            // this waiter was cut off), and the arrival went with it.
+            None => Err(Error::arrival_state_lost(name, generation)),
+            // Made again since (at a higher revision, its birth): a
+            // generation below that was lost with its arrivals.
             Some(kv) => {
                 let b = decode(kv.value()).ok_or_else(|| corrupt(op, "barrier"))?;
-                Ok(b.is_complete(generation))
+                b.is_complete(name, generation)
             }
         }
     }
@@ -250,15 +252,18 @@ impl Shared {
         name: &str,
         generation: u64,
         participant: &str,
+        arrival: &OwnerToken,
     ) -> Result<bool> {
         let key = self.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier withdraw";
-        self.barrier_cas(op, key, |cur, _| {
-            let Some(v) = cur else {
-                return Ok((None, true));
+        self.barrier_cas(op, key, |cur, base| {
+            // Gone: made again, holding the withdrawn arrival's tombstone so
+            // a late copy of it is refused.
+            let mut b = match cur {
+                Some(v) => decode(v).ok_or_else(|| corrupt(op, "barrier"))?,
+                None => BarrierState::new(base),
             };
-            let mut b = decode(v).ok_or_else(|| corrupt(op, "barrier"))?;
-            let (withdrawn, changed) = b.withdraw(generation, participant);
+            let (withdrawn, changed) = b.withdraw(generation, participant, arrival);
             Ok((changed.then(|| b.encode().into_bytes()), withdrawn))
         })
         .await
@@ -274,6 +279,8 @@ mod tests {
         let b = BarrierState {
             parties: 3,
             generation: 7,
+            born: 5,
+            withdrawn: vec![OwnerToken::random().to_hex()],
             arrived: vec![
                 ("a b".into(), OwnerToken::random().to_hex()),
                 ("ünï".into(), OwnerToken::random().to_hex()),
@@ -283,6 +290,7 @@ mod tests {
         assert_eq!(BarrierState::decode(&b.encode()), Some(b.clone()));
         let empty = BarrierState {
             arrived: vec![],
+            withdrawn: vec![],
             ..b
         };
         assert_eq!(BarrierState::decode(&empty.encode()), Some(empty));

@@ -450,9 +450,15 @@ impl coord_core::Barrier for EtcdBackend {
         self.shared.barrier_is_complete(name, generation).await
     }
 
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool> {
         self.shared
-            .barrier_withdraw(name, generation, participant)
+            .barrier_withdraw(name, generation, participant, arrival)
             .await
     }
 

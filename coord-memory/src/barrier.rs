@@ -19,10 +19,15 @@ impl coord_core::Barrier for MemoryBackend {
         let arrival = {
             let mut shard = self.barriers.shard(name);
             // Generations come from the store's counter, so they keep
-            // rising even if an idle barrier was swept and made again.
+            // rising even if an idle barrier was swept and made again. Born
+            // 0: only an idle state (nobody waits, nothing withdrawn) is
+            // swept, so no arrival is ever lost with one.
             let b = shard.entry(
                 name,
-                || BarrierState::new(self.next_token()),
+                || BarrierState {
+                    born: 0,
+                    ..BarrierState::new(self.next_token())
+                },
                 BarrierState::is_idle,
             );
             b.arrive(name, parties, participant, arrival, |_| self.next_token())?
@@ -38,19 +43,25 @@ impl coord_core::Barrier for MemoryBackend {
         let shard = self.barriers.shard(name);
         // No entry: it was swept while idle, which a generation with a
         // waiter only becomes by completing.
-        Ok(shard
-            .map
-            .get(name)
-            .is_none_or(|b| b.is_complete(generation)))
+        match shard.map.get(name) {
+            None => Ok(true),
+            Some(b) => b.is_complete(name, generation),
+        }
     }
 
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool> {
         let mut shard = self.barriers.shard(name);
         // No entry: swept while idle, so the generation completed.
         Ok(shard
             .map
             .get_mut(name)
-            .is_some_and(|b| b.withdraw(generation, participant).0))
+            .is_some_and(|b| b.withdraw(generation, participant, arrival).0))
     }
 
     async fn subscribe(&self, name: &str) -> Result<Waiter> {

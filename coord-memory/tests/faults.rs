@@ -214,8 +214,14 @@ impl coord_core::Barrier for Broken {
     async fn is_complete(&self, name: &str, generation: u64) -> Result<bool> {
         coord_core::Barrier::is_complete(&*self.inner, name, generation).await
     }
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
-        coord_core::Barrier::withdraw(&*self.inner, name, generation, participant).await
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool> {
+        coord_core::Barrier::withdraw(&*self.inner, name, generation, participant, arrival).await
     }
 }
 

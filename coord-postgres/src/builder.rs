@@ -222,7 +222,9 @@ impl PostgresBuilder {
     /// How long a barrier generation may go without any arrival or
     /// withdrawal before the sweep takes it for abandoned (its waiters
     /// died without withdrawing) and deletes it (default 24 h). A waiter
-    /// still waiting on it then times out; it never passes.
+    /// still waiting on it then ends with
+    /// [`Error::ArrivalLost`](coord_core::Error::ArrivalLost); it never
+    /// passes.
     pub fn barrier_abandon_after(mut self, after: Duration) -> Self {
         self.barrier_abandon_after = after;
         self

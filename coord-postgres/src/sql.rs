@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 14;
+pub(crate) const SCHEMA_VERSION: i32 = 15;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -180,10 +180,12 @@ impl Sql {
             // A generation older than the row (`born`: the row was swept
             // and made again) is unknown, not complete.
             barrier_is_complete: format!(
-                "SELECT b.generation > $2::int8 AND $2::int8 >= b.born FROM {s}.barriers b WHERE b.name = $1::text"
+                "SELECT b.generation > $2::int8, $2::int8 < b.born FROM {s}.barriers b WHERE b.name = $1::text"
             ),
             // $1 name, $2 generation, $3 participant.
-            barrier_withdraw: format!("SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text)"),
+            barrier_withdraw: format!(
+                "SELECT {s}.barrier_withdraw($1::text, $2::int8, $3::text, $4::text)"
+            ),
             // $1 name, $2 owner, $3 permits, $4 total, $5 ttl µs, $6 queue,
             // $7 wake by NOTIFY, $8 channel, $9 queue place TTL µs,
             // $10 longest hint µs, $11 hint µs of a polling waiter near the

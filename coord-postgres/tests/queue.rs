@@ -879,7 +879,7 @@ async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
     assert_eq!(cluster().psql("postgres", &tables).trim(), "12");
     // Upgraded to the current layout.
     let version = format!("SELECT version FROM \"{schema}\".meta");
-    assert_eq!(cluster().psql("postgres", &version).trim(), "14");
+    assert_eq!(cluster().psql("postgres", &version).trim(), "15");
     let coord = new.coord();
     assert!(
         coord

@@ -140,7 +140,11 @@ async fn idle_names_cost_nothing_in_the_store() {
                 0 => assert!(b.arrive(&name, 1, "p", &arrival).await.unwrap().complete),
                 1 => {
                     let a = b.arrive(&name, 2, "p", &arrival).await.unwrap();
-                    assert!(b.withdraw(&name, a.generation, "p").await.unwrap());
+                    assert!(
+                        b.withdraw(&name, a.generation, "p", &arrival)
+                            .await
+                            .unwrap()
+                    );
                 }
                 _ => assert!(!b.arrive(&name, 2, "p", &arrival).await.unwrap().complete),
             }

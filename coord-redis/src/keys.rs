@@ -242,8 +242,9 @@ impl Keys {
     }
 
     /// A barrier: state hash, members of the open generation, their
-    /// arrival ids (participant -> id), and the arrival ids of the
-    /// generation that completed last.
+    /// arrival ids (id -> participant; an empty participant marks a
+    /// withdrawn id), and the arrival ids of the generation that completed
+    /// last.
     pub fn barrier(&self, name: &str) -> [String; 4] {
         [
             self.key(Kind::Barrier, name, ""),

@@ -274,16 +274,18 @@ pub async fn barrier_retried_completing_arrival_joins_no_later_generation(f: &Fa
         "a retried completing arrival was not recognised"
     );
     // The next generation starts empty: one arrival does not complete it.
-    let next = raw
-        .arrive(&name, 2, "p3", &OwnerToken::random())
-        .await
-        .unwrap();
+    let p3 = OwnerToken::random();
+    let next = raw.arrive(&name, 2, "p3", &p3).await.unwrap();
     assert!(
         !next.complete,
         "the retry joined the next generation as a phantom member"
     );
     assert!(next.generation > done.generation);
-    assert!(raw.withdraw(&name, next.generation, "p3").await.unwrap());
+    assert!(
+        raw.withdraw(&name, next.generation, "p3", &p3)
+            .await
+            .unwrap()
+    );
     // And through the handle: the same participant's next wait is a new
     // arrival in the new generation.
     let c = f.client().await;

@@ -2,6 +2,7 @@
 //! and panics with a message saying what the backend got wrong.
 
 mod barrier;
+mod barrier_late;
 mod election;
 mod expiry;
 mod fencing;
@@ -16,6 +17,7 @@ mod rwlock;
 mod semaphore;
 
 pub use barrier::*;
+pub use barrier_late::*;
 pub use election::*;
 pub use expiry::*;
 pub use fencing::*;

@@ -207,6 +207,9 @@ where
                 let outcome = match r {
                     Ok(g) => Outcome::Passed(g),
                     Err(coord_core::Error::Timeout { .. }) => Outcome::TimedOut,
+                    // The barrier's state was lost (expired while this
+                    // participant was cut off): it did not pass.
+                    Err(coord_core::Error::ArrivalLost { .. }) => Outcome::Failed,
                     Err(e) => {
                         expect_retryable(&me, &e);
                         Outcome::Failed

@@ -321,13 +321,11 @@ async fn barrier_generations_idempotence_and_party_mismatch() {
         .expect("completion wakes waiters");
     assert!(a.is_complete(name, r1.generation).await.unwrap());
     // Next generation; withdraw before it completes.
-    let r3 = a
-        .arrive(name, 2, "p1", &coord_core::OwnerToken::random())
-        .await
-        .unwrap();
+    let id3 = coord_core::OwnerToken::random();
+    let r3 = a.arrive(name, 2, "p1", &id3).await.unwrap();
     assert_eq!(r3.generation, r1.generation + 1);
-    assert!(a.withdraw(name, r3.generation, "p1").await.unwrap());
-    assert!(!a.withdraw(name, r1.generation, "p1").await.unwrap());
+    assert!(a.withdraw(name, r3.generation, "p1", &id3).await.unwrap());
+    assert!(!a.withdraw(name, r1.generation, "p1", &id3).await.unwrap());
 }
 
 #[tokio::test]

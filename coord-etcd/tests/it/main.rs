@@ -9,6 +9,7 @@ mod late_support;
 mod semaphore_support;
 
 mod backend;
+mod barrier_lost_state;
 mod claim_faults_through_proxy;
 mod claim_keys_named_by_lease;
 mod cluster;

@@ -307,12 +307,12 @@ async fn a_write_lock_dropped_at_any_await_leaves_no_grant_or_place() {
 /// counted); it is withdrawn again if it does not.
 async fn completes_alone(plain: &Coord, name: &str) -> bool {
     let raw = plain.raw_barrier().unwrap();
-    let a = raw
-        .arrive(name, 2, "other", &coord_core::OwnerToken::random())
-        .await
-        .unwrap();
+    let id = coord_core::OwnerToken::random();
+    let a = raw.arrive(name, 2, "other", &id).await.unwrap();
     if !a.complete {
-        raw.withdraw(name, a.generation, "other").await.unwrap();
+        raw.withdraw(name, a.generation, "other", &id)
+            .await
+            .unwrap();
     }
     a.complete
 }

@@ -190,8 +190,8 @@ impl coord_core::Barrier for Slow {
         let f = coord_core::Barrier::is_complete(&*self.inner, n, g);
         self.call("barrier.is_complete", f).await
     }
-    async fn withdraw(&self, n: &str, g: u64, who: &str) -> Result<bool> {
-        let f = coord_core::Barrier::withdraw(&*self.inner, n, g, who);
+    async fn withdraw(&self, n: &str, g: u64, who: &str, id: &OwnerToken) -> Result<bool> {
+        let f = coord_core::Barrier::withdraw(&*self.inner, n, g, who, id);
         self.call("barrier.withdraw", f).await
     }
     async fn subscribe(&self, n: &str) -> Result<Waiter> {

@@ -44,6 +44,9 @@ impl Barrier for PostgresBackend {
         let complete: bool = row.try_get(1).map_err(|e| map_pg(OP, e))?;
         let started_with: i32 = row.try_get(2).map_err(|e| map_pg(OP, e))?;
         self.after_write();
+        if generation == -2 {
+            return Err(Error::arrival_withdrawn(name));
+        }
         if started_with != parties_i {
             return Err(Error::invalid(
                 "parties",
@@ -69,22 +72,41 @@ impl Barrier for PostgresBackend {
                 &[(&n, Type::TEXT), (&g, Type::INT8)],
             )
             .await?;
-        match rows.first() {
-            None => Ok(false),
-            Some(r) => r.try_get(0).map_err(|e| map_pg(OP, e)),
+        // No row: the sweep deleted it (abandoned, or idle past the
+        // grace), and the arrival with it. A generation below the row's
+        // birth belongs to a row deleted so and made again.
+        let Some(r) = rows.first() else {
+            return Err(Error::arrival_state_lost(name, generation));
+        };
+        let lost: bool = r.try_get(1).map_err(|e| map_pg(OP, e))?;
+        if lost {
+            return Err(Error::arrival_state_lost(name, generation));
         }
+        r.try_get(0).map_err(|e| map_pg(OP, e))
     }
 
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool> {
         const OP: &str = "barrier withdraw";
         let n = name.to_string();
         let g = generation as i64;
         let p = participant.to_string();
+        let id = arrival.to_hex();
         let rows = self
             .query(
                 OP,
                 &self.sql.barrier_withdraw,
-                &[(&n, Type::TEXT), (&g, Type::INT8), (&p, Type::TEXT)],
+                &[
+                    (&n, Type::TEXT),
+                    (&g, Type::INT8),
+                    (&p, Type::TEXT),
+                    (&id, Type::TEXT),
+                ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;

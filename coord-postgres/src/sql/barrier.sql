@@ -3,13 +3,17 @@
 -- p_arrival identifies one wait (the same on its retries): an arrival id of
 -- the generation that completed last returns that generation as complete
 -- and changes nothing, so a retried completing arrival never joins the
--- next generation.
+-- next generation. A withdrawn arrival id (withdrawn_ids: the tombstones of
+-- the open generation, a late copy of an arrival whose wait gave up)
+-- changes nothing and returns generation -2. A member arriving with a
+-- second id (a second wait) counts once; each id is withdrawn on its own.
 CREATE OR REPLACE FUNCTION @s@.barrier_arrive(
     p_name text, p_parties integer, p_participant text, p_channel text, p_arrival text,
     OUT generation bigint, OUT complete boolean, OUT started_with integer)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
+    member boolean;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -32,6 +36,11 @@ BEGIN
         complete := true;
         RETURN;
     END IF;
+    IF p_arrival = ANY (b.withdrawn_ids) THEN
+        generation := -2;
+        complete := false;
+        RETURN;
+    END IF;
     -- An open generation with nobody in it that was drawn on an earlier
     -- timeline (this server is a promoted standby) may have completed on
     -- the old primary in WAL this one never got: it gets a number of this
@@ -47,14 +56,17 @@ BEGIN
         started_with := b.parties;
         RETURN;
     END IF;
-    IF p_participant = ANY (b.members) THEN
+    IF p_arrival = ANY (b.member_ids) THEN
         RETURN;
     END IF;
+    member := p_participant = ANY (b.members);
     b.members := array_append(b.members, p_participant);
     b.member_ids := array_append(b.member_ids, p_arrival);
-    IF cardinality(b.members) >= p_parties THEN
+    IF NOT member
+       AND (SELECT count(DISTINCT m) FROM unnest(b.members) AS u(m)) >= p_parties THEN
         UPDATE @s@.barriers x
            SET generation = @s@.fencing_next(), members = '{}', member_ids = '{}',
+               withdrawn_ids = '{}',
                passed = b.members, passed_ids = b.member_ids,
                passed_generation = b.generation, parties = p_parties,
                updated_at = clock_timestamp()
@@ -69,12 +81,18 @@ BEGIN
 END
 $fn$;
 
--- Withdraw a participant from a generation unless it has completed,
--- decided on the row locked FOR UPDATE (the newest version, after any
--- completing arrival that held the lock has committed). True: withdrawn
--- (or not there); false: the generation completed, the participant passed.
+-- Withdraw one arrival (p_arrival, of p_participant) from a generation
+-- unless it has completed, decided on the row locked FOR UPDATE (the
+-- newest version, after any completing arrival that held the lock has
+-- committed). Only that arrival goes: the participant stays while another
+-- of its arrivals (a next wait) is in. The id is kept as a tombstone until
+-- the open generation completes, so a late copy of it is refused. A
+-- generation below `born` belongs to a row the sweep deleted (its
+-- arrivals went with it): nothing to withdraw, never "passed". A missing
+-- row is made again to hold the tombstone. True: the arrival no longer
+-- counts; false: the generation completed, the participant passed.
 CREATE OR REPLACE FUNCTION @s@.barrier_withdraw(
-    p_name text, p_generation bigint, p_participant text)
+    p_name text, p_generation bigint, p_participant text, p_arrival text)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -83,25 +101,30 @@ BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
     END IF;
-    SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN true;
-    END IF;
-    IF b.generation > p_generation THEN
+    LOOP
+        INSERT INTO @s@.barriers AS x (name, parties, generation, born, updated_at)
+        SELECT p_name, 0, g.v, g.v, clock_timestamp()
+          FROM (SELECT @s@.fencing_next() AS v
+                 WHERE NOT EXISTS (SELECT 1 FROM @s@.barriers y WHERE y.name = p_name)) g
+        ON CONFLICT (name) DO NOTHING;
+        SELECT * INTO b FROM @s@.barriers x WHERE x.name = p_name FOR UPDATE;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF p_generation >= b.born AND b.generation > p_generation THEN
         RETURN false;
     END IF;
-    IF b.generation = p_generation AND p_participant = ANY (b.members) THEN
-        -- Remove the member and its arrival id (same position).
-        UPDATE @s@.barriers x
-           SET members = (SELECT coalesce(array_agg(m ORDER BY i), '{}')
-                            FROM unnest(b.members, b.member_ids) WITH ORDINALITY AS u(m, a, i)
-                           WHERE m <> p_participant),
-               member_ids = (SELECT coalesce(array_agg(a ORDER BY i), '{}')
-                               FROM unnest(b.members, b.member_ids) WITH ORDINALITY AS u(m, a, i)
-                              WHERE m <> p_participant),
-               updated_at = clock_timestamp()
-         WHERE x.name = p_name;
-    END IF;
+    -- Remove the arrival and its member entry (same position).
+    UPDATE @s@.barriers x
+       SET members = (SELECT coalesce(array_agg(m ORDER BY i), '{}')
+                        FROM unnest(b.members, b.member_ids) WITH ORDINALITY AS u(m, a, i)
+                       WHERE NOT (m = p_participant AND a = p_arrival)),
+           member_ids = (SELECT coalesce(array_agg(a ORDER BY i), '{}')
+                           FROM unnest(b.members, b.member_ids) WITH ORDINALITY AS u(m, a, i)
+                          WHERE NOT (m = p_participant AND a = p_arrival)),
+           withdrawn_ids = CASE WHEN p_arrival = ANY (b.withdrawn_ids) THEN b.withdrawn_ids
+                                ELSE array_append(b.withdrawn_ids, p_arrival) END,
+           updated_at = clock_timestamp()
+     WHERE x.name = p_name;
     RETURN true;
 END
 $fn$;

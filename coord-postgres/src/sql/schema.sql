@@ -52,6 +52,11 @@ ALTER TABLE @s@.barriers
 ALTER TABLE @s@.barriers
     ADD COLUMN IF NOT EXISTS updated_at timestamptz NOT NULL DEFAULT now(),
     ADD COLUMN IF NOT EXISTS born bigint NOT NULL DEFAULT 0;
+-- withdrawn_ids: the arrival ids withdrawn from the open generation
+-- (tombstones), so a late copy of a withdrawn arrival is refused; cleared
+-- when the generation completes (layout 15).
+ALTER TABLE @s@.barriers
+    ADD COLUMN IF NOT EXISTS withdrawn_ids text[] NOT NULL DEFAULT '{}';
 SELECT setval('@s@.fencing', greatest(
     (SELECT last_value FROM @s@.fencing), (SELECT coalesce(max(generation), 1) FROM @s@.barriers)));
 -- One row per (algorithm, key). Times in microseconds since the Unix epoch

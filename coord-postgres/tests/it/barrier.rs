@@ -35,10 +35,8 @@ async fn backend(pool: usize) -> Arc<PostgresBackend> {
 /// arrival completed the generation).
 async fn round(b: &Arc<PostgresBackend>, stall: Option<bool>) -> (bool, bool) {
     let name = unique("withdraw");
-    let a = b
-        .arrive(&name, 2, "a", &coord_core::OwnerToken::random())
-        .await
-        .unwrap();
+    let a_id = coord_core::OwnerToken::random();
+    let a = b.arrive(&name, 2, "a", &a_id).await.unwrap();
     assert!(!a.complete);
     let holder = match stall {
         Some(_) => {
@@ -64,7 +62,7 @@ async fn round(b: &Arc<PostgresBackend>, stall: Option<bool>) -> (bool, bool) {
     };
     let withdraw = {
         let (b, name) = (b.clone(), name.clone());
-        async move { b.withdraw(&name, a.generation, "a").await.unwrap() }
+        async move { b.withdraw(&name, a.generation, "a", &a_id).await.unwrap() }
     };
     let (arrival, withdrawn) = match stall {
         None => {

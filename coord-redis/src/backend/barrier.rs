@@ -40,6 +40,9 @@ impl coord_core::Barrier for RedisBackend {
             )
             .await?;
         let a = array("barrier arrive", &v, 2)?;
+        if a[0] == -2 {
+            return Err(Error::arrival_withdrawn(name));
+        }
         if a[0] < 0 {
             return Err(Error::invalid(
                 "parties",
@@ -70,29 +73,39 @@ impl coord_core::Barrier for RedisBackend {
         match int(&v) {
             Some(1) => Ok(true),
             Some(0) => Ok(false),
-            Some(-1) => Err(Error::Store {
-                backend: super::BACKEND,
-                operation: "barrier check",
-                message: format!(
-                    "the state of barrier `{name}` generation {generation} is gone: it \
-                     expired (nobody reached Redis for longer than the idle grace, \
-                     RedisOptions::idle_grace) or was lost with the server's data. \
-                     Arrive again to join a new generation"
+            Some(-1) => Err(Error::ArrivalLost {
+                name: name.to_string(),
+                reason: format!(
+                    "the state holding generation {generation} is gone: it expired \
+                     (nobody reached Redis for longer than the idle grace, \
+                     RedisOptions::idle_grace) or was lost with the server's data"
                 ),
             }),
             _ => Err(unexpected("barrier check", &v)),
         }
     }
 
-    async fn withdraw(&self, name: &str, generation: u64, participant: &str) -> Result<bool> {
+    async fn withdraw(
+        &self,
+        name: &str,
+        generation: u64,
+        participant: &str,
+        arrival: &OwnerToken,
+    ) -> Result<bool> {
         let keys = self.keys.barrier(name);
         let generation = generation.to_string();
+        let id = arrival.to_hex();
         let v = self
             .eval(
                 "barrier withdraw",
                 &self.scripts.withdraw,
                 &[&keys[0], &keys[1], &keys[2], &keys[3]],
-                &[generation.as_bytes(), participant.as_bytes()],
+                &[
+                    generation.as_bytes(),
+                    participant.as_bytes(),
+                    id.as_bytes(),
+                    self.idle_grace_ms.as_bytes(),
+                ],
             )
             .await?;
         flag("barrier withdraw", &v)

@@ -1,12 +1,16 @@
 -- Arrive at a barrier. KEYS: state hash (gen, parties, last, base), members
--- of the open generation (set), their arrival ids (hash participant -> id),
--- the arrival ids of the generation that completed last (set).
+-- of the open generation (set), the open generation's arrival ids (hash
+-- id -> participant; an empty participant marks a withdrawn id, a
+-- tombstone), the arrival ids of the generation that completed last (set).
 -- ARGV: parties, participant, channel, payload, arrival id, grace ms.
 -- An arrival id of the last completed generation (a retry whose reply was
--- lost) returns that generation as complete and changes nothing.
--- Arriving again in the open generation counts once; after the generation
--- completed, the same participant's next arrival (a new id) joins the next
--- one (reusable barrier, as the reference backend does).
+-- lost) returns that generation as complete and changes nothing. A
+-- withdrawn arrival id (a late copy of an arrival whose wait gave up)
+-- changes nothing and returns `{-2, 0}`.
+-- Arriving again in the open generation counts once (a second arrival id
+-- of a member is recorded, so each is withdrawn on its own); after the
+-- generation completed, the same participant's next arrival (a new id)
+-- joins the next one (reusable barrier, as the reference backend does).
 -- State lives for the grace after the last arrival or check (`barrier_is_complete.lua`
 -- refreshes it while anybody waits). A barrier with no state starts its
 -- generations at the server time in µs (`base`), so generations never
@@ -19,6 +23,10 @@ local function keep()
 end
 if redis.call('SISMEMBER', KEYS[4], ARGV[5]) == 1 then
   return {tonumber(redis.call('HGET', KEYS[1], 'last')), 1}
+end
+local who = redis.call('HGET', KEYS[3], ARGV[5])
+if who == '' then
+  return {-2, 0}
 end
 local gen = tonumber(redis.call('HGET', KEYS[1], 'gen'))
 if not gen then
@@ -33,17 +41,20 @@ if n > 0 then
     return {-1, tonumber(p)}
   end
 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1 then
+if who then
   keep()
   return {gen, 0}
 end
+local member = redis.call('SISMEMBER', KEYS[2], ARGV[2])
 redis.call('HSET', KEYS[1], 'parties', ARGV[1], 'gen', string.format('%.0f', gen))
 redis.call('SADD', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[2], ARGV[5])
-if n + 1 >= tonumber(ARGV[1]) then
-  local ids = redis.call('HVALS', KEYS[3])
+redis.call('HSET', KEYS[3], ARGV[5], ARGV[2])
+if member == 0 and n + 1 >= tonumber(ARGV[1]) then
+  local all = redis.call('HGETALL', KEYS[3])
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-  for _, id in ipairs(ids) do redis.call('SADD', KEYS[4], id) end
+  for i = 1, #all, 2 do
+    if all[i + 1] ~= '' then redis.call('SADD', KEYS[4], all[i]) end
+  end
   redis.call('HSET', KEYS[1], 'gen', string.format('%.0f', gen + 1),
     'last', string.format('%.0f', gen))
   redis.call('PUBLISH', ARGV[3], ARGV[4])

@@ -460,13 +460,11 @@ async fn lease_election_barrier_basics() {
         .unwrap();
     assert!(a2.complete && a2.generation == a1.generation);
     assert!(b.is_complete(&bar, a1.generation).await.unwrap());
-    assert!(!b.withdraw(&bar, a1.generation, "p1").await.unwrap());
-    let a3 = b
-        .arrive(&bar, 2, "p1", &coord_core::OwnerToken::random())
-        .await
-        .unwrap();
+    let id3 = coord_core::OwnerToken::random();
+    assert!(!b.withdraw(&bar, a1.generation, "p1", &id3).await.unwrap());
+    let a3 = b.arrive(&bar, 2, "p1", &id3).await.unwrap();
     assert_eq!(a3.generation, a1.generation + 1);
-    assert!(b.withdraw(&bar, a3.generation, "p1").await.unwrap());
+    assert!(b.withdraw(&bar, a3.generation, "p1", &id3).await.unwrap());
     // After the withdrawal the generation is empty: another party count is fine.
     assert!(
         !b.arrive(&bar, 3, "p1", &coord_core::OwnerToken::random())

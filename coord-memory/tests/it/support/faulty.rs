@@ -316,10 +316,10 @@ impl coord_core::Barrier for Faulty {
         )
         .await
     }
-    async fn withdraw(&self, n: &str, g: u64, who: &str) -> Result<bool> {
+    async fn withdraw(&self, n: &str, g: u64, who: &str, id: &OwnerToken) -> Result<bool> {
         self.call(
             "barrier.withdraw",
-            coord_core::Barrier::withdraw(&*self.inner, n, g, who),
+            coord_core::Barrier::withdraw(&*self.inner, n, g, who, id),
         )
         .await
     }
