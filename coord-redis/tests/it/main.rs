@@ -8,6 +8,7 @@
 
 mod common;
 
+mod barrier_late;
 mod claim_wakeups_and_tokens;
 mod cluster;
 mod cluster_edges;
