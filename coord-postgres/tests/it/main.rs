@@ -15,6 +15,7 @@
 mod support;
 
 mod barrier;
+mod barrier_late;
 mod barrier_lost_state;
 mod inspect;
 mod late_claims;
