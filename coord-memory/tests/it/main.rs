@@ -14,6 +14,7 @@ mod core_logic;
 mod leaving_the_line;
 mod lost_stays_lost;
 mod metrics_recorded;
+mod next_wait;
 mod queue;
 mod queue_faults;
 mod regressions;
