@@ -339,12 +339,12 @@ impl Undo for Withdraw {
             let Some(generation) = generation else {
                 return;
             };
-            let withdrawn = settle::retrying("barrier withdraw", &name, || {
+            let store = backend.capabilities().backend;
+            let withdrawn = settle::retrying(store, "barrier_withdraw", &name, || {
                 backend.withdraw(&name, generation, &participant, &arrival)
             })
             .await;
             if let Err(e) = withdrawn {
-                crate::metrics::error(backend.capabilities().backend, &e);
                 tracing::debug!(name, error = %e, "withdraw after an abandoned barrier wait failed");
             }
         });
@@ -364,7 +364,8 @@ async fn generation_of(
     participant: &str,
     arrival: &OwnerToken,
 ) -> Option<u64> {
-    let again = settle::retrying("barrier arrive", name, || {
+    let store = backend.capabilities().backend;
+    let again = settle::retrying(store, "barrier_settle_arrival", name, || {
         backend.arrive(name, parties, participant, arrival)
     })
     .await;
@@ -373,7 +374,6 @@ async fn generation_of(
         // Already withdrawn: it does not count, nothing to undo.
         Err(Error::ArrivalLost { .. }) => None,
         Err(e) => {
-            crate::metrics::error(backend.capabilities().backend, &e);
             tracing::debug!(name, error = %e, "settling an unanswered barrier arrival failed");
             None
         }

@@ -131,7 +131,10 @@ pub(crate) async fn end_retrying(
     owner: &OwnerToken,
     end: End,
 ) -> Result<bool> {
-    crate::settle::retrying("end a claim", name, || backend.end(name, owner, end)).await
+    crate::settle::retrying(backend.store(), "end_claim", name, || {
+        backend.end(name, owner, end)
+    })
+    .await
 }
 
 impl crate::settle::Undo for EndClaim<'_> {

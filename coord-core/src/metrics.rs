@@ -19,7 +19,8 @@
 //! | `coord_watchdog_renewals_total` | counter | store, kind, outcome | watchdog renewals: `ok`, `failed` (each failed try) |
 //! | `coord_limiter_checks_total` | counter | store, outcome | rate-limit checks: `allowed`, `denied` |
 //! | `coord_queue_ops_total` | counter | store, op | queue messages `push`ed, `deliver`ed, `ack`ed, `nack`ed |
-//! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, …; once per operation that returned one (acquires, extends, releases, inspects, force releases, fencing tokens, leader reads, barrier waits, limiter checks, every queue call), once per failed renewal of a watchdog or read of an election's observer, and once per failed release on drop |
+//! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, …; once per operation that returned one (acquires, extends, releases, inspects, force releases, fencing tokens, leader reads, barrier waits, limiter checks, every queue call), once per failed renewal of a watchdog or read of an election's observer, and once per release on drop that failed after its resends |
+//! | `coord_cleanup_failures_total` | counter | store, what | a cleanup in the background that still failed after its resends, by what it undid: `end_claim` (a release, or leaving a queue, after a failed, timed-out or dropped call, and a release on drop), `barrier_settle_arrival`, `barrier_withdraw`, `queue_give_back` (a delivery whose pop was dropped); what it would have removed ends with its TTL. The operation's own error, if any, is counted once in `coord_store_errors_total` |
 //! | `coord_reconnects_total` | counter | store, what | a backend's connection or subscription re-established |
 //!
 //! ```
@@ -93,6 +94,12 @@ pub(crate) fn error(store: &'static str, e: &Error) {
         | Error::Payload { .. } => return,
     };
     metrics::counter!("coord_store_errors_total", "store" => store, "kind" => kind).increment(1);
+}
+
+/// `coord_cleanup_failures_total`: a background cleanup (`what`) gave up.
+pub(crate) fn cleanup_failed(store: &'static str, what: &'static str) {
+    metrics::counter!("coord_cleanup_failures_total", "store" => store, "what" => what)
+        .increment(1);
 }
 
 /// Record the outcome of a store call: an error is counted by kind.

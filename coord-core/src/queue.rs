@@ -768,13 +768,11 @@ impl Undo for GiveBack {
             let Ok(Ok(PopAttempt::Delivered { message, .. })) = task.await else {
                 return;
             };
-            let given = settle::retrying("queue nack", &queue, || {
+            let store = backend.capabilities().backend;
+            let _ = settle::retrying(store, "queue_give_back", &queue, || {
                 backend.nack(&queue, lane, message.id, &owner, Duration::ZERO)
             })
             .await;
-            if let Err(e) = given {
-                metrics::error(backend.capabilities().backend, &e);
-            }
         });
     }
 }

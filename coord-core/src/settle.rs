@@ -110,8 +110,15 @@ pub(crate) const RETRY_PAUSES: [u64; 8] = [50, 100, 200, 400, 800, 1600, 2000, 2
 /// Send `call` until it is answered: a retryable error (a lost reply, a
 /// store briefly unreachable) sends it again after the next of
 /// [`RETRY_PAUSES`]; the answer, a non-retryable error or the last error
-/// is returned. `what` and `name` are for the logs.
-pub(crate) async fn retrying<T, F, Fut>(what: &'static str, name: &str, mut call: F) -> Result<T>
+/// is returned. An error returned is counted once as a failed cleanup of
+/// `store` (`coord_cleanup_failures_total`, labelled `what`); `name` is for
+/// the logs.
+pub(crate) async fn retrying<T, F, Fut>(
+    store: &'static str,
+    what: &'static str,
+    name: &str,
+    mut call: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
@@ -127,6 +134,7 @@ where
                 }
                 _ => {
                     tracing::debug!(name, what, error = %e, "cleanup did not complete; the TTL will end what is left");
+                    crate::metrics::cleanup_failed(store, what);
                     return Err(e);
                 }
             },
@@ -196,7 +204,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn retrying_sends_again_only_what_may_pass() {
         let calls = AtomicU32::new(0);
-        let r: Result<()> = retrying("release", "n", || {
+        let r: Result<()> = retrying("test", "release", "n", || {
             calls.fetch_add(1, Ordering::SeqCst);
             async { Err(unavailable()) }
         })
@@ -204,14 +212,14 @@ mod tests {
         assert!(r.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 1 + RETRY_PAUSES.len() as u32);
         let calls = AtomicU32::new(0);
-        let r: Result<()> = retrying("release", "n", || {
+        let r: Result<()> = retrying("test", "release", "n", || {
             calls.fetch_add(1, Ordering::SeqCst);
             async { Err(Error::invalid("x", "y")) }
         })
         .await;
         assert!(r.is_err());
         assert_eq!(calls.load(Ordering::SeqCst), 1);
-        let r = retrying("release", "n", || async { Ok(7) }).await;
+        let r = retrying("test", "release", "n", || async { Ok(7) }).await;
         assert_eq!(r.unwrap(), 7);
     }
 }

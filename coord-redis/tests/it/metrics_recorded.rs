@@ -57,25 +57,38 @@ fn a_killed_subscriber_connection_is_counted_as_a_reconnect() {
     });
 }
 
-/// `coord_store_errors_total{store="redis"}`, all kinds, counted since the
-/// last snapshot (the debugging recorder hands out a counter's increments
-/// since the last snapshot).
+/// Counted since the last snapshot (the debugging recorder hands out a
+/// counter's increments since the last snapshot, of every counter at
+/// once): `coord_store_errors_total{store="redis"}` of all kinds, and
+/// `coord_cleanup_failures_total{store="redis"}` by `what`.
+fn counts(snapshotter: &metrics_util::debugging::Snapshotter) -> (u64, Vec<(String, u64)>) {
+    let (mut errors, mut cleanups) = (0, Vec::new());
+    for (k, _, _, v) in snapshotter.snapshot().into_vec() {
+        let key = k.key();
+        if !key
+            .labels()
+            .any(|l| l.key() == "store" && l.value() == "redis")
+        {
+            continue;
+        }
+        let DebugValue::Counter(n) = v else {
+            continue;
+        };
+        match key.name() {
+            "coord_store_errors_total" => errors += n,
+            "coord_cleanup_failures_total" => {
+                let what = key.labels().find(|l| l.key() == "what");
+                cleanups.push((what.map(|l| l.value().to_string()).unwrap_or_default(), n));
+            }
+            _ => {}
+        }
+    }
+    (errors, cleanups)
+}
+
+/// Store errors counted since the last snapshot (see [`counts`]).
 fn store_errors(snapshotter: &metrics_util::debugging::Snapshotter) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, _, _, _)| {
-            k.key().name() == "coord_store_errors_total"
-                && k.key()
-                    .labels()
-                    .any(|l| l.key() == "store" && l.value() == "redis")
-        })
-        .map(|(_, _, _, v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("not a counter: {other:?}"),
-        })
-        .sum::<u64>()
+    counts(snapshotter).0
 }
 
 #[test]
@@ -154,16 +167,34 @@ fn every_operation_that_fails_at_the_store_counts_one_store_error() {
                     }
                 }
                 // A guard dropped while the store is down: its release in
-                // the background counts once too.
+                // the background is sent again for about 10 s (each send
+                // times out after 300 ms) and then counts once, as a store
+                // error and as a failed cleanup. The background cleanups of
+                // the failed calls above (the barrier arrival's) count as
+                // failed cleanups, not as store errors again.
                 drop(held2);
-                let mut counted = 0;
-                let until = tokio::time::Instant::now() + Duration::from_secs(5);
-                while tokio::time::Instant::now() < until {
-                    counted += store_errors(&snapshotter);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                // (A snapshot hands out every counter's increments once.)
+                let (mut counted, mut cleanups) = (0, Vec::new());
+                let until = tokio::time::Instant::now() + Duration::from_secs(20);
+                while tokio::time::Instant::now() < until && counted == 0 {
+                    let (errors, more) = counts(&snapshotter);
+                    counted += errors;
+                    cleanups.extend(more);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let (errors, more) = counts(&snapshotter);
+                counted += errors;
+                cleanups.extend(more);
                 if counted != 1 {
                     failed.push(format!("release on drop: {counted} store errors counted"));
+                }
+                for what in ["end_claim", "barrier_settle_arrival"] {
+                    if !cleanups.iter().any(|(w, n)| w == what && *n >= 1) {
+                        failed.push(format!(
+                            "no failed cleanup counted for {what}: {cleanups:?}"
+                        ));
+                    }
                 }
                 assert!(failed.is_empty(), "{failed:#?}");
                 drop(coord);
