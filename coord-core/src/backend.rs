@@ -426,6 +426,14 @@ pub trait Barrier: Send + Sync + 'static {
     /// after the withdraw is refused by [`arrive`](Barrier::arrive) with
     /// [`Error::ArrivalLost`](crate::Error::ArrivalLost) and changes
     /// nothing.
+    ///
+    /// `generation` is [`ANY_GENERATION`] when the caller never learned
+    /// where the arrival stands (every reply to it was lost): the arrival
+    /// is removed from the open generation if it is there, and tombstoned
+    /// there either way; the answer is then `true` (an arrival that
+    /// already completed a generation is not told apart). Nothing is
+    /// arrived to find out: a copy sent now could complete a generation
+    /// for a participant whose wait has already ended.
     async fn withdraw(
         &self,
         name: &str,
@@ -439,6 +447,11 @@ pub trait Barrier: Send + Sync + 'static {
         Ok(Waiter::never())
     }
 }
+
+/// The `generation` to [`Barrier::withdraw`] an arrival from when its
+/// generation was never learned: above every generation a store hands out
+/// (they fit a signed 64-bit integer).
+pub const ANY_GENERATION: u64 = i64::MAX as u64;
 
 /// A rate limiter: the store-specific half of
 /// [`RateLimiter`](crate::RateLimiter).

@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::Barrier;
+use crate::backend::{ANY_GENERATION, Barrier};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
 use crate::settle::{self, Armed, Undo};
@@ -131,7 +131,6 @@ impl Barriers {
                 backend: self.backend.clone(),
                 name: name.to_string(),
                 participant: participant.to_string(),
-                parties,
                 arrival: arrival_id,
                 stage: Stage::Arriving(arriving),
             });
@@ -303,7 +302,6 @@ struct Withdraw {
     backend: Arc<dyn Barrier>,
     name: String,
     participant: String,
-    parties: u32,
     /// The wait's arrival id.
     arrival: OwnerToken,
     stage: Stage,
@@ -316,7 +314,6 @@ impl Undo for Withdraw {
                 backend,
                 name,
                 participant,
-                parties,
                 arrival,
                 stage,
             } = self;
@@ -328,13 +325,11 @@ impl Undo for Withdraw {
                         result: Err(_),
                         ambiguous: false,
                     }) => None,
-                    Ok(Arrived { result: Err(_), .. }) | Err(_) => {
-                        generation_of(&*backend, &name, parties, &participant, &arrival).await
-                    }
+                    // Maybe recorded, somewhere: withdrawn wherever it
+                    // stands (see `ANY_GENERATION`).
+                    Ok(Arrived { result: Err(_), .. }) | Err(_) => Some(ANY_GENERATION),
                 },
-                Stage::Unsettled => {
-                    generation_of(&*backend, &name, parties, &participant, &arrival).await
-                }
+                Stage::Unsettled => Some(ANY_GENERATION),
             };
             let Some(generation) = generation else {
                 return;
@@ -348,34 +343,5 @@ impl Undo for Withdraw {
                 tracing::debug!(name, error = %e, "withdraw after an abandoned barrier wait failed");
             }
         });
-    }
-}
-
-/// The open generation an arrival whose outcome was never learned counts
-/// in, if any: it is sent again with the same arrival id, which counts
-/// once, so the store answers where the first one stands (recorded in the
-/// open generation, or in the one that completed last: `None`, it passed).
-/// Had the first never reached the store, this one is recorded, and the
-/// withdraw that follows removes it a round trip later.
-async fn generation_of(
-    backend: &dyn Barrier,
-    name: &str,
-    parties: u32,
-    participant: &str,
-    arrival: &OwnerToken,
-) -> Option<u64> {
-    let store = backend.capabilities().backend;
-    let again = settle::retrying(store, "barrier_settle_arrival", name, || {
-        backend.arrive(name, parties, participant, arrival)
-    })
-    .await;
-    match again {
-        Ok(a) => (!a.complete).then_some(a.generation),
-        // Already withdrawn: it does not count, nothing to undo.
-        Err(Error::ArrivalLost { .. }) => None,
-        Err(e) => {
-            tracing::debug!(name, error = %e, "settling an unanswered barrier arrival failed");
-            None
-        }
     }
 }

@@ -48,7 +48,8 @@ pub mod wake;
 
 pub use async_trait::async_trait;
 pub use backend::{
-    Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock, PermitRequest, Semaphore,
+    ANY_GENERATION, Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock, PermitRequest,
+    Semaphore,
 };
 pub use barrier::Barriers;
 pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};

@@ -57,6 +57,19 @@ impl coord_core::Barrier for MemoryBackend {
         arrival: &OwnerToken,
     ) -> Result<bool> {
         let mut shard = self.barriers.shard(name);
+        if generation == coord_core::ANY_GENERATION {
+            // Where it stands is unknown: the tombstone goes into the
+            // state there is, made anew if gone.
+            let b = shard.entry(
+                name,
+                || BarrierState {
+                    born: 0,
+                    ..BarrierState::new(self.next_token())
+                },
+                BarrierState::is_idle,
+            );
+            return Ok(b.withdraw(generation, participant, arrival).0);
+        }
         // No entry: swept while idle, so the generation completed.
         Ok(shard
             .map

@@ -87,3 +87,67 @@ pub async fn barrier_withdraw_of_an_earlier_wait_leaves_the_next_wait(f: &crate:
             .unwrap()
     );
 }
+
+/// A withdraw of an arrival whose generation was never learned
+/// ([`ANY_GENERATION`](coord_core::ANY_GENERATION)) undoes it wherever it
+/// stands: recorded in the open generation, it no longer counts; never
+/// recorded, a late copy of it is refused; recorded in a generation that
+/// completed, the next generation is untouched.
+pub async fn barrier_withdraw_of_an_arrival_of_unknown_generation(f: &crate::Factory) {
+    if crate::cases::offered(f.client().await.barriers()).is_none() {
+        return;
+    }
+    let any = coord_core::ANY_GENERATION;
+    let raw = f.client().await.raw_barrier().unwrap();
+    // Recorded in the open generation.
+    let name = unique("barrier-any-open");
+    let a = OwnerToken::random();
+    let g = raw.arrive(&name, 2, "p1", &a).await.unwrap();
+    assert!(!g.complete);
+    assert!(raw.withdraw(&name, any, "p1", &a).await.unwrap());
+    let other = raw
+        .arrive(&name, 2, "p2", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(
+        !other.complete,
+        "a barrier of 2 completed with an arrival withdrawn from an unknown generation"
+    );
+    // Never recorded: the late copy is refused.
+    let name = unique("barrier-any-never");
+    let a = OwnerToken::random();
+    assert!(raw.withdraw(&name, any, "p1", &a).await.unwrap());
+    let late = raw.arrive(&name, 2, "p1", &a).await;
+    assert!(
+        matches!(late, Err(coord_core::Error::ArrivalLost { .. })),
+        "a late copy of an arrival withdrawn before it landed was not refused: {late:?}"
+    );
+    let other = raw
+        .arrive(&name, 2, "p2", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(!other.complete, "a refused late copy counted");
+    // Recorded in a generation that completed: the next one is untouched.
+    let name = unique("barrier-any-passed");
+    let a = OwnerToken::random();
+    raw.arrive(&name, 2, "p1", &a).await.unwrap();
+    let done = raw
+        .arrive(&name, 2, "p2", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(done.complete);
+    let next = raw
+        .arrive(&name, 2, "p1", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(!next.complete && next.generation > done.generation);
+    raw.withdraw(&name, any, "p1", &a).await.unwrap();
+    let last = raw
+        .arrive(&name, 2, "p2", &OwnerToken::random())
+        .await
+        .unwrap();
+    assert!(
+        last.complete && last.generation == next.generation,
+        "withdrawing an arrival that had passed removed the participant's next wait"
+    );
+}

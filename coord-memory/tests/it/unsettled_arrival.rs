@@ -82,3 +82,33 @@ async fn a_failed_wait_whose_arrival_never_landed_is_not_counted_later() {
         "p2 passed a 2-party barrier alone: {r:?}"
     );
 }
+
+/// An arrival whose tries were all unanswered and never reached the store
+/// is not sent again by its cleanup: with another participant already
+/// waiting, a copy sent now would complete the generation, and that
+/// participant would pass with one whose wait had already failed. The
+/// cleanup withdraws the arrival id instead, wherever it stands.
+#[tokio::test(start_paused = true)]
+async fn the_cleanup_of_an_unanswered_arrival_never_completes_a_generation() {
+    let f = Faulty::new();
+    let coord = f.coord(100 * MS);
+    let b = coord.barriers().unwrap();
+    let waiting = tokio::spawn({
+        let b = coord.barriers().unwrap();
+        async move { b.wait("phase", 2, "p2", 30 * S).await }
+    });
+    tokio::time::sleep(100 * MS).await;
+    f.next("barrier.arrive", Fault::Unavailable, 1000);
+    let e = b.wait("phase", 2, "p1", S).await.unwrap_err();
+    assert!(matches!(e, Error::Unavailable { .. }), "got {e:?}");
+    f.heal();
+    tokio::time::sleep(10 * S).await;
+    assert!(
+        !waiting.is_finished(),
+        "p2 passed a 2-party barrier with p1, whose wait had failed: {:?}",
+        waiting.await
+    );
+    // The barrier still works: another participant completes it.
+    b.wait("phase", 2, "p3", S).await.unwrap();
+    waiting.await.unwrap().unwrap();
+}
