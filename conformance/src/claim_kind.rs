@@ -52,6 +52,20 @@ impl ClaimKind {
         }
     }
 
+    /// `owner`'s extend of its claim on `name` to `ttl`.
+    pub async fn extend<B: Lock + Semaphore + ?Sized>(
+        self,
+        b: &B,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+    ) -> Result<bool> {
+        match self {
+            ClaimKind::Lock => Lock::extend(b, name, owner, ttl).await,
+            ClaimKind::Semaphore => Semaphore::extend(b, name, owner, ttl).await,
+        }
+    }
+
     /// The owners holding `name` now (panics on a store error).
     pub async fn holders<B: Lock + Semaphore + ?Sized>(self, b: &B, name: &str) -> Vec<OwnerToken> {
         let r = match self {

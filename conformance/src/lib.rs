@@ -1,6 +1,6 @@
 //! # conformance
 //!
-//! The suite every coord backend must pass: DESIGN.md turned into code, one
+//! The suite every coord backend must pass: `docs/guarantees.md` turned into code, one
 //! public async fn per case in [`cases`], and the test kit ([`testkit`]) that
 //! starts real servers for the networked backends.
 //!
@@ -32,6 +32,7 @@ use futures::future::BoxFuture;
 pub mod cases;
 pub mod claim_kind;
 pub mod faults;
+pub mod late_copy;
 pub mod queue_race;
 pub mod testkit;
 

@@ -26,7 +26,7 @@
 //! nothing and return `false`"; an ack deletes the message. So an ack is
 //! not idempotent: of two acks of one delivery exactly one answers true
 //! (the second finds no message in flight), and of an ack and a nack
-//! exactly one (DESIGN.md: "no message lost or acked twice"). An extend
+//! exactly one (docs/guarantees.md: "no message lost or acked twice"). An extend
 //! never ends a delivery, so an ack or nack racing only extends of the
 //! same owner must answer true.
 

@@ -5,24 +5,28 @@
 //! cancelled mid-call) may still reach the store afterwards, when the
 //! acquire has ended and released. Landing then, it would queue a place
 //! nobody waits for (holding up every later waiter of a FIFO name until the
-//! place lapses) or take permits nobody releases (until their TTL).
+//! place lapses) or take permits nobody releases (until their TTL). Landing
+//! while its owner holds the claim (its retry was granted, then extended),
+//! it would be taken for the holder retrying and set the expiry back to its
+//! own, shorter TTL: another owner would be granted while the holder's
+//! guard is still valid.
 //!
 //! A backend that can refuse such a copy on the server does three things:
-//! - it sends a [`stamp`] with every attempt and every release: the stamps
-//!   of one process rise strictly, so an owner's calls are ordered by when
-//!   they were made, whichever connection carries them;
+//! - it sends a [`stamp`] with every attempt, every release and every
+//!   extend: the stamps of one process rise strictly, so an owner's calls
+//!   are ordered by when they were made, whichever connection carries them;
 //! - it wraps every attempt in [`Unanswered::attempt`] and calls
 //!   [`Pending::answered`] once the reply arrived, so the owners with an
 //!   attempt that may still be on its way are known;
-//! - the release of such an owner ([`Unanswered::seen`]) leaves a mark
-//!   with its stamp on the server for a while, and an attempt of that owner
-//!   stamped before the mark is refused there and changes nothing; after
-//!   the release the backend calls [`Unanswered::forget`] with what it saw,
-//!   which keeps the owner if another attempt of it went unanswered
+//! - the release or extend of such an owner ([`Unanswered::seen`]) leaves a
+//!   mark with its stamp on the server for a while, and an attempt of that
+//!   owner stamped before the mark is refused there and changes nothing;
+//!   after the call the backend calls [`Unanswered::forget`] with what it
+//!   saw, which keeps the owner if another attempt of it went unanswered
 //!   meanwhile (that one may be stamped after the mark, so the owner's next
-//!   release must mark again).
+//!   release or extend must mark again).
 //!
-//! Releases after answered attempts (nearly all) leave no mark, so an idle
+//! Releases and extends after answered attempts (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
 //! processes is not covered (only the process that gave up knows); stamps
 //! of different processes compare by their wall clocks.

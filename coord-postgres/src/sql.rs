@@ -17,6 +17,7 @@ pub(crate) struct Sql {
     pub(crate) claim_release: String,
     pub(crate) claim_leave: String,
     pub(crate) claim_extend: String,
+    pub(crate) claim_extend_marking: String,
     pub(crate) claim_force_release: String,
     pub(crate) claim_remaining: String,
     pub(crate) claim_inspect: String,
@@ -32,6 +33,7 @@ pub(crate) struct Sql {
     pub(crate) semaphore_durable: String,
     pub(crate) semaphore_release: String,
     pub(crate) semaphore_extend: String,
+    pub(crate) semaphore_extend_marking: String,
     pub(crate) semaphore_force_release: String,
     pub(crate) semaphore_inspect: String,
     pub(crate) queue_push: String,
@@ -113,6 +115,31 @@ impl Sql {
                    WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
                  n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
                  UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond' FROM n \
+                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
+                 RETURNING 1"
+            ),
+            // As `claim_extend`, for an owner one of whose attempts went
+            // unanswered: in the same step the owner is marked as left at
+            // $5, the client's stamp of the extend, for $6 µs (the marks
+            // `claim_leave` keeps; lapsed ones pruned). That attempt's late
+            // copy, stamped before, is then refused rather than taken for
+            // the holder retrying, which would set the expiry back to its
+            // own TTL.
+            claim_extend_marking: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
+                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
+                 UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond', \
+                   left_owners = (SELECT coalesce(array_agg(x.o), '{{}}'::bytea[]) \
+                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                     WHERE x.u > n.t AND x.o <> $3::bytea) || $3::bytea, \
+                   left_stamps = (SELECT coalesce(array_agg(x.s), '{{}}'::int8[]) \
+                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                     WHERE x.u > n.t AND x.o <> $3::bytea) || $5::int8, \
+                   left_until = (SELECT coalesce(array_agg(x.u), '{{}}'::timestamptz[]) \
+                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                     WHERE x.u > n.t AND x.o <> $3::bytea) || (n.t + $6::int8 * interval '1 microsecond') \
+                 FROM n \
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
                  RETURNING 1"
             ),
@@ -219,6 +246,24 @@ impl Sql {
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
                    WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
                  n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
+                 UPDATE {s}.semaphore_holders h SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
+                  WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
+                 RETURNING 1"
+            ),
+            // As `semaphore_extend`, for an owner one of whose attempts
+            // went unanswered: the owner is also marked as left at $4, the
+            // client's stamp of the extend, for $5 µs (a `semaphore_left`
+            // row, as a release leaves), so that attempt's late copy is
+            // refused rather than taken for the holder retrying.
+            semaphore_extend_marking: format!(
+                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
+                   WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
+                 m AS (INSERT INTO {s}.semaphore_left AS x (name, owner, stamp, expires_at) \
+                   SELECT $1::text, $2::bytea, $4::int8, n.t + $5::int8 * interval '1 microsecond' FROM n \
+                   ON CONFLICT (name, owner) DO UPDATE \
+                   SET stamp = greatest(x.stamp, EXCLUDED.stamp), \
+                       expires_at = greatest(x.expires_at, EXCLUDED.expires_at)) \
                  UPDATE {s}.semaphore_holders h SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
                   WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
                  RETURNING 1"

@@ -254,7 +254,8 @@ return 1
 "#;
 
 /// Compare-and-PEXPIRE. Never resurrects (a missing key or a released
-/// marker does not match). KEYS: claim. ARGV: owner, ttl ms.
+/// marker does not match). KEYS: claim [, the owner's mark (see
+/// [`mark`])]. ARGV: owner, ttl ms [, stamp, mark ttl ms].
 const EXTEND: &str = r#"
 if not held_by(redis.call('GET', KEYS[1]), ARGV[1]) then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -362,7 +363,8 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {1, term}
 "#;
 
-/// Renew leadership. KEYS: election hash. ARGV: owner, ttl ms.
+/// Renew leadership. KEYS: election hash [, the owner's mark (see
+/// [`mark`])]. ARGV: owner, ttl ms [, stamp, mark ttl ms].
 const ELECTION_RENEW: &str = r#"
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -520,6 +522,11 @@ impl Scripts {
         let mut sources = Vec::new();
         let (late_claim, late_seed, late_campaign) = (late(2, 4), late(4, 3), late(2, 6));
         let (mark_claim, mark_seed) = (mark(2, 4), mark(3, 4));
+        // An extend (or renewal) of an owner with an unanswered attempt
+        // marks it as a release does: the attempt's late copy, stamped
+        // before, would otherwise be taken for the holder retrying and set
+        // the claim's expiry back to its own TTL.
+        let (mark_extend, mark_seed_extend) = (mark(2, 3), mark(3, 3));
         let mut mk = |parts: &[&str]| {
             let src = parts.concat();
             let script = Script::new(&src);
@@ -529,7 +536,7 @@ impl Scripts {
         Scripts {
             acquire: mk(&[&late_claim, NOW, ACQUIRE_FREE, NEXT_TOKEN, ACQUIRE]),
             release: mk(&[HELD_BY, FREE, &mark_claim, RELEASE]),
-            extend: mk(&[HELD_BY, EXTEND]),
+            extend: mk(&[HELD_BY, &mark_extend, EXTEND]),
             force_release: mk(&[FREE, FORCE_RELEASE]),
             raise: mk(&[RAISE]),
             remaining: mk(&[REMAINING]),
@@ -539,11 +546,11 @@ impl Scripts {
             seed_acquire_meta: mk(&[&late_seed, ISSUE, SEED_ACQUIRE_META, SEED_ACQUIRE_REST]),
             seed_inspect: mk(&[SEED_INSPECT]),
             seed_release: mk(&[&mark_seed, SEED_RELEASE]),
-            seed_extend: mk(&[SEED_EXTEND]),
+            seed_extend: mk(&[&mark_seed_extend, SEED_EXTEND]),
             seed_force_release: mk(&[SEED_FORCE_RELEASE]),
             fence_next: mk(&[ISSUE, NOW, NEXT_TOKEN, FENCE_NEXT]),
             campaign: mk(&[&late_campaign, NOW, NEXT_TOKEN, CAMPAIGN]),
-            election_renew: mk(&[ELECTION_RENEW]),
+            election_renew: mk(&[&mark_extend, ELECTION_RENEW]),
             resign: mk(&[&mark_claim, RESIGN]),
             election_inspect: mk(&[ELECTION_INSPECT]),
             arrive: mk(&[ARRIVE]),

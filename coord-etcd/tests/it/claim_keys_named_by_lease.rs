@@ -4,7 +4,7 @@
 //! releases, force releases and cancellations, odd names.
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
-//! its own per test) and checks the contract (/work/shared/DESIGN.md):
+//! its own per test) and checks the contract (docs/guarantees.md):
 //! release and extend act only for the owner that holds and otherwise
 //! report not held and change nothing; tokens rise over the grants of a
 //! name; at most one holder at a time; a cancelled or refused attempt

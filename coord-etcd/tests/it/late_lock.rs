@@ -122,3 +122,29 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
     );
     assert!(left.is_empty(), "keys left by a released owner: {left:?}");
 }
+
+/// See `conformance::late_copy::late_copy_after_extend`.
+async fn late_copy_after_extend(kind: conformance::claim_kind::ClaimKind) {
+    let prefix = unique("late-extend");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_copy_after_extend(
+        kind,
+        &*far,
+        &*near,
+        &proxy,
+        unique("late-extend").trim_end_matches('/'),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(conformance::claim_kind::ClaimKind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(conformance::claim_kind::ClaimKind::Semaphore).await;
+}

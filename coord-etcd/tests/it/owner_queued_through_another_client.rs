@@ -8,7 +8,7 @@
 //! revision; every extend also compares the key's lease.
 //!
 //! Each test drives the shared real etcd with a key prefix of its own and
-//! reads keys and leases from etcd directly. What must hold (DESIGN.md §4):
+//! reads keys and leases from etcd directly. What must hold (docs/guarantees.md §4):
 //! never two holders, tokens never repeat or go back, no client ends a
 //! lease it did not create (such a lease may carry that client's next
 //! claim), `remaining()` never exceeds what the server would say, a

@@ -3,7 +3,7 @@
 //! first in the value, keys reused through the spare pool).
 //!
 //! Each test drives a real etcd (the binary's shared server, a prefix of
-//! its own per test) and checks the contract (/work/shared/DESIGN.md):
+//! its own per test) and checks the contract (docs/guarantees.md):
 //! never more permits granted than the total (read from etcd and from the
 //! clients' view), FIFO for the head of the queue, tokens rising per name,
 //! release and extend acting only for the owner that holds, cancelled and

@@ -32,7 +32,7 @@ async fn lease_ttl(lease: i64) -> i64 {
 /// but whose reply was lost. The new lease is not revoked, but it has the
 /// extend's shorter TTL and nobody keeps it: etcd drops the grant at the
 /// short TTL and a second owner may be granted the only permit. So the
-/// guard's `remaining()` must come down with it (DESIGN: "never exceeds
+/// guard's `remaining()` must come down with it (docs/guarantees.md: "never exceeds
 /// what the server would say"): a shorter extend caps the deadline as it
 /// is sent, whatever its outcome. Were `Guard::extend` to err and keep its
 /// old deadline, `remaining()` would still promise ~20 s.

@@ -251,22 +251,48 @@ impl PostgresBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
+        let key = Self::key(kind, name);
+        // Stamped after every attempt of this owner was sent.
+        let seen = self.unanswered.seen(&key, owner);
+        let who = *owner;
         let owner: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
         let kind = kind.to_string();
         let name = name.to_string();
+        let Some(seen) = seen else {
+            let rows = self
+                .query(
+                    operation,
+                    &self.sql.claim_extend,
+                    &[
+                        (&kind, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&owner, Type::BYTEA),
+                        (&ttl, Type::INT8),
+                    ],
+                )
+                .await?;
+            return Ok(!rows.is_empty());
+        };
+        // An attempt of this owner went unanswered: the extend marks the
+        // owner as left at its stamp (`claim_extend_marking`), so that
+        // attempt's late copy never sets the expiry back.
+        let (at, left_ttl) = (stamp(), micros_ceil(CLAIM_LEFT_TTL));
         let rows = self
             .query(
                 operation,
-                &self.sql.claim_extend,
+                &self.sql.claim_extend_marking,
                 &[
                     (&kind, Type::TEXT),
                     (&name, Type::TEXT),
                     (&owner, Type::BYTEA),
                     (&ttl, Type::INT8),
+                    (&at, Type::INT8),
+                    (&left_ttl, Type::INT8),
                 ],
             )
             .await?;
+        self.unanswered.forget(&key, &who, seen);
         Ok(!rows.is_empty())
     }
 }

@@ -275,13 +275,33 @@ impl Semaphore for PostgresBackend {
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
+        // An owner with an unanswered attempt is marked as by a release
+        // (`semaphore_extend_marking`); stamped after every attempt of it.
+        let Some(seen) = self.unanswered.seen(name, owner) else {
+            let rows = self
+                .query(
+                    OP,
+                    &self.sql.semaphore_extend,
+                    &[(&n, Type::TEXT), (&o, Type::BYTEA), (&ttl, Type::INT8)],
+                )
+                .await?;
+            return Ok(!rows.is_empty());
+        };
+        let (at, left_ttl) = (stamp(), micros_ceil(SEMAPHORE_LEFT_TTL));
         let rows = self
             .query(
                 OP,
-                &self.sql.semaphore_extend,
-                &[(&n, Type::TEXT), (&o, Type::BYTEA), (&ttl, Type::INT8)],
+                &self.sql.semaphore_extend_marking,
+                &[
+                    (&n, Type::TEXT),
+                    (&o, Type::BYTEA),
+                    (&ttl, Type::INT8),
+                    (&at, Type::INT8),
+                    (&left_ttl, Type::INT8),
+                ],
             )
             .await?;
+        self.unanswered.forget(name, owner, seen);
         Ok(!rows.is_empty())
     }
 

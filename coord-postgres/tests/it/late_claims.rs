@@ -517,3 +517,30 @@ async fn only_a_release_after_an_unanswered_attempt_marks() {
         "the owner's own later attempt: {t:?}"
     );
 }
+
+/// See `conformance::late_copy::late_copy_after_extend`.
+async fn late_copy_after_extend(kind: conformance::claim_kind::ClaimKind) {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("late_extend");
+    let proxy = FaultProxy::start(cluster().port());
+    let here = direct(&schema).await;
+    let far = slow(&schema, &proxy).await;
+    conformance::late_copy::late_copy_after_extend(
+        kind,
+        &*far,
+        &*here,
+        &proxy,
+        &unique("late-extend"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(conformance::claim_kind::ClaimKind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(conformance::claim_kind::ClaimKind::Semaphore).await;
+}

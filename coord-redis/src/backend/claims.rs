@@ -199,11 +199,31 @@ impl RedisBackend {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
-        let owner = owner.to_hex();
+        let hex = owner.to_hex();
         let ttl = ms(ttl).to_string();
-        let args = [owner.as_bytes(), ttl.as_bytes()];
+        let args = [hex.as_bytes(), ttl.as_bytes()];
         let scripts = (&self.scripts.extend, &self.scripts.seed_extend);
-        let v = self.claim_eval(operation, keys, scripts, &args).await?;
+        let Some((left, at, mark_ttl, seen)) =
+            self.left_mark(keys.claim(), owner, || keys.left(&hex))
+        else {
+            let v = self.claim_eval(operation, keys, scripts, &args).await?;
+            return flag(operation, &v);
+        };
+        // The owner has an attempt unanswered: the extend names its mark
+        // (see `scripts::mark`), so that attempt's late copy is not taken
+        // for the holder retrying and never sets the expiry back.
+        let args = [args[0], args[1], at.as_bytes(), mark_ttl.as_bytes()];
+        let v = match keys {
+            ClaimKeys::One(claim) => {
+                let keys = [claim.as_str(), &left];
+                self.eval(operation, scripts.0, &keys, &args).await?
+            }
+            ClaimKeys::Seed(k) => {
+                let keys = [k[0].as_str(), &k[1], &left];
+                self.eval(operation, scripts.1, &keys, &args).await?
+            }
+        };
+        self.left_marked(keys.claim(), owner, seen);
         flag(operation, &v)
     }
 }

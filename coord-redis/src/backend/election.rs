@@ -58,18 +58,22 @@ impl coord_core::Election for RedisBackend {
     }
 
     async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let keys = self.keys.election(name);
-        let owner = owner.to_hex();
+        let [key] = self.keys.election(name);
+        let hex = owner.to_hex();
         let ttl = ms(ttl).to_string();
-        let v = self
-            .eval(
-                "election renew",
-                &self.scripts.election_renew,
-                &[&keys[0]],
-                &[owner.as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
-        flag("election renew", &v)
+        let (op, script) = ("election renew", &self.scripts.election_renew);
+        let args = [hex.as_bytes(), ttl.as_bytes()];
+        let Some((left, at, mark_ttl, seen)) = self.left_mark(&key, owner, || left_key(&key, &hex))
+        else {
+            let v = self.eval(op, script, &[&key], &args).await?;
+            return flag(op, &v);
+        };
+        // A campaign attempt of this owner went unanswered: mark it, so its
+        // late copy never sets the term's expiry back.
+        let args = [args[0], args[1], at.as_bytes(), mark_ttl.as_bytes()];
+        let v = self.eval(op, script, &[&key, &left], &args).await?;
+        self.left_marked(&key, owner, seen);
+        flag(op, &v)
     }
 
     async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {

@@ -178,12 +178,27 @@ impl coord_core::Semaphore for RedisBackend {
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let (owner, ttl) = (owner.to_hex(), ms(ttl).to_string());
+        // An owner with an unanswered attempt is marked as by a release
+        // (see `semaphore_extend.lua`); stamped after every attempt of it.
+        let seen = self.unanswered.seen(name, owner);
+        let marker = if seen.is_some() {
+            self.left_marker_ms()
+        } else {
+            "0".to_string()
+        };
+        let (hex, ttl, at) = (owner.to_hex(), ms(ttl).to_string(), stamp().to_string());
         let op = "semaphore extend";
         let script = &self.scripts.semaphore_extend;
-        let v = self
-            .semaphore_eval(op, script, name, &[owner.as_bytes(), ttl.as_bytes()])
-            .await?;
+        let args = [
+            hex.as_bytes(),
+            ttl.as_bytes(),
+            at.as_bytes(),
+            marker.as_bytes(),
+        ];
+        let v = self.semaphore_eval(op, script, name, &args).await?;
+        if let Some(seen) = seen {
+            self.unanswered.forget(name, owner, seen);
+        }
         flag(op, &v)
     }
 

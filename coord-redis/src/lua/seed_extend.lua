@@ -1,4 +1,5 @@
--- Seed layout: compare-and-PEXPIRE. KEYS: claim, grant. ARGV: owner, ttl.
+-- Seed layout: compare-and-PEXPIRE. KEYS: claim, grant [, the owner's mark
+-- (see `mark` in scripts.rs)]. ARGV: owner, ttl [, stamp, mark ttl ms].
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])

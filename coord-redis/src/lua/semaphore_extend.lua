@@ -1,6 +1,15 @@
--- Extend. ARGV: channel, name, owner, ttl ms. Moves a live grant's expiry
--- to now + ttl (never resurrects one that ended, never changes the token).
+-- Extend. ARGV: channel, name, owner, ttl ms, the client's stamp of the
+-- extend, marker ttl ms (0: none). Moves a live grant's expiry to now +
+-- ttl (never resurrects one that ended, never changes the token). With a
+-- marker ttl (the owner had an attempt that went unanswered), the owner is
+-- marked as in `semaphore_release.lua`: a late copy of that attempt,
+-- stamped before this extend, would otherwise be taken for the holder
+-- retrying and set the grant's expiry back to its own TTL.
 repair()
+if tonumber(ARGV[6]) > 0 then
+  redis.call('HSET', LA, ARGV[3], ARGV[5])
+  redis.call('ZADD', LE, fmt(now_ms + tonumber(ARGV[6])), ARGV[3])
+end
 local e = tonumber(redis.call('ZSCORE', GE, ARGV[3]))
 if not e or e <= now_ms then
   -- `repair` may have written the state hash: give it its lifetime.

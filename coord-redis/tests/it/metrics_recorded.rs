@@ -189,7 +189,7 @@ fn every_operation_that_fails_at_the_store_counts_one_store_error() {
                 if counted != 1 {
                     failed.push(format!("release on drop: {counted} store errors counted"));
                 }
-                for what in ["end_claim", "barrier_settle_arrival"] {
+                for what in ["end_claim", "barrier_withdraw"] {
                     if !cleanups.iter().any(|(w, n)| w == what && *n >= 1) {
                         failed.push(format!(
                             "no failed cleanup counted for {what}: {cleanups:?}"

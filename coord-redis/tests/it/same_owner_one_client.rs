@@ -173,3 +173,33 @@ async fn lock_late_copy_of_an_attempt_dropped_during_a_release_takes_nothing() {
 async fn semaphore_late_copy_of_an_attempt_dropped_during_a_release_takes_nothing() {
     late_copy_after_release_race(Kind::Semaphore).await;
 }
+
+/// See `conformance::late_copy::late_copy_after_extend`.
+async fn late_copy_after_extend(kind: Kind) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisBackend::connect(
+        RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(CALL_TIMEOUT),
+    )
+    .await
+    .unwrap();
+    let direct = common::backend(&server.url()).await;
+    conformance::late_copy::late_copy_after_extend(
+        kind,
+        &via,
+        &direct,
+        &proxy,
+        &unique("rso-extend"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(Kind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
+    late_copy_after_extend(Kind::Semaphore).await;
+}

@@ -1,0 +1,95 @@
+//! Late copies of an owner's own attempts, one scenario for every store
+//! that refuses them (`coord_core::late`): each backend's tests call it
+//! with a client behind a [`FaultProxy`] and one connected directly.
+
+use std::time::{Duration, Instant};
+
+use coord_core::{Attempt, Lock, OwnerToken, Semaphore};
+
+use crate::claim_kind::ClaimKind;
+use crate::testkit::proxy::FaultProxy;
+
+/// The first attempt's TTL, and the retry's.
+const SHORT: Duration = Duration::from_secs(1);
+/// The extend's TTL.
+const LONG: Duration = Duration::from_secs(30);
+/// When the held attempt reaches the store, from its send.
+const DELAY: Duration = Duration::from_millis(1500);
+/// When the held attempt's connection is cut (the client reconnects).
+const CUT_AFTER: Duration = Duration::from_millis(300);
+
+/// The owner's first attempt on `name` (TTL 1 s) is held in the network
+/// past its call (`via`, through `proxy`, is dropped after 10 ms); its
+/// retry is granted and the owner extends to 30 s; then the first attempt's
+/// copy lands. It must not be taken for the holder retrying and set the
+/// expiry back to 1 s: another owner (through `direct`) would be granted
+/// while the holder's guard is valid for half a minute more. The extend of
+/// an owner with an unanswered attempt marks it, so the copy (stamped
+/// before) changes nothing. `name` must not occur in any other request
+/// `via` sends meanwhile.
+pub async fn late_copy_after_extend<B: Lock + Semaphore>(
+    kind: ClaimKind,
+    via: &B,
+    direct: &B,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    let o = OwnerToken::random();
+    // Warm the connection, so the held attempt is one request.
+    let _ = kind.holders(via, "warm").await;
+    let n = name.to_string();
+    proxy.deliver_late(
+        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
+        DELAY,
+        CUT_AFTER,
+    );
+    let held_at = Instant::now();
+    let a1 = tokio::time::timeout(
+        Duration::from_millis(10),
+        kind.attempt(via, name, &o, SHORT),
+    )
+    .await;
+    assert!(
+        a1.is_err(),
+        "the first attempt should be dropped unanswered: {a1:?}"
+    );
+    // The retry, on a new connection once the first one's is cut.
+    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let a2 = loop {
+        match kind.attempt(via, name, &o, SHORT).await {
+            Ok(a) => break a,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the retry never answered: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    assert!(matches!(a2, Attempt::Granted(_)), "the retry: {a2:?}");
+    assert!(
+        kind.extend(via, name, &o, LONG).await.unwrap(),
+        "the extend"
+    );
+    assert!(
+        held_at.elapsed() < DELAY,
+        "the extend ended after the first attempt's copy landed: the round proves nothing"
+    );
+    // The copy lands at DELAY; with its TTL it would end 1 s later.
+    tokio::time::sleep_until((held_at + DELAY + SHORT + Duration::from_millis(500)).into()).await;
+    assert_eq!(proxy.held(), 1, "the first attempt was held by the proxy");
+    assert_eq!(
+        proxy.delivered(),
+        1,
+        "the first attempt's copy was delivered"
+    );
+    let other = kind
+        .attempt(direct, name, &OwnerToken::random(), LONG)
+        .await
+        .unwrap();
+    assert!(
+        !matches!(other, Attempt::Granted(_)),
+        "{kind:?}: another owner was granted while the holder's extend to 30 s had 27 s to \
+         run: the late copy of the holder's first attempt set its expiry back"
+    );
+    assert_eq!(kind.holders(direct, name).await, vec![o]);
+}
