@@ -55,10 +55,10 @@ Running a command (lock, elect, queue work):
     for the store's answer on every path, a command that cannot start
     (exit 64) included. A store error there is reported; the claim then
     ends at its TTL.
-  - Linux: the command gets SIGKILL when coord dies, however it dies
-    (parent-death signal, PR_SET_PDEATHSIG); what the command started is
-    not signalled then. Other systems have no parent-death signal: a coord
-    killed by SIGKILL leaves its command running while the lock lapses."
+  - If coord dies without stopping the group (SIGKILL), a watcher process
+    it started (`coord __watch-group`, in a group of its own) sends SIGKILL
+    to the command's group; on Linux the command also gets SIGKILL from the
+    kernel (parent-death signal, PR_SET_PDEATHSIG)."
     };
 }
 
@@ -67,6 +67,7 @@ mod hold;
 mod inspect;
 mod queue;
 mod run;
+mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -272,6 +273,12 @@ fn duration(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // coord run again as the watcher of a command's process group.
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|a| a == watch::ARG) {
+        let group = args.next().unwrap_or_default();
+        return watch::run(&group.to_string_lossy());
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

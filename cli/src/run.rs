@@ -10,9 +10,10 @@
 //! command they stop coord ([`Signals::unless`]), while it runs each is
 //! passed on once; SIGTSTP stops the group, then coord; a lost claim gets
 //! the group SIGTERM, then SIGKILL after the grace; once the command has
-//! exited what is left of its group is stopped the same way; on Linux the
-//! command gets SIGKILL when coord dies (`PR_SET_PDEATHSIG`), elsewhere
-//! nothing does that. Callers end the claim themselves, awaited, on every
+//! exited what is left of its group is stopped the same way; when coord
+//! dies without doing that (SIGKILL), a watcher process kills the group
+//! (`crate::watch`), and on Linux the command also gets SIGKILL from the
+//! kernel (`PR_SET_PDEATHSIG`). Callers end the claim themselves, awaited, on every
 //! path ([`verdict`] picks the exit code).
 
 use std::future::Future;
@@ -232,6 +233,9 @@ pub async fn supervise(
     };
     // Its own process group: the group id is its process id.
     let group = Pid::from_raw(id as i32);
+    // Kills the group if coord dies first (the parent-death signal reaches
+    // the command only); dropped on an early return, it does so too.
+    let watcher = crate::watch::Watcher::start(group);
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
@@ -259,6 +263,10 @@ pub async fn supervise(
         let _ = killpg(group, Signal::SIGTERM);
         let _ = killpg(group, Signal::SIGCONT);
         clear(group, Instant::now() + grace).await;
+    }
+    // The group is gone, or left to what `clear` could not end.
+    if let Some(w) = watcher {
+        w.finish();
     }
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c.clamp(0, 255) as u8,

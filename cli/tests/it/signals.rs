@@ -159,6 +159,31 @@ async fn sigkill_of_coord_kills_the_command() {
     );
 }
 
+/// coord killed with SIGKILL: what the command started in the background
+/// (in its process group) ends too, not only the command. coord's watcher
+/// process sees coord gone and kills the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_coord_kills_what_the_command_started() {
+    let url = conformance::testkit::redis::url();
+    let reaper = Reaper::default();
+    let name = unique("pdeath-group");
+    let mut child = job(&url)
+        .args(["lock", &name, "--ttl", "30s", "--"])
+        .args(["sh", "-c", "sleep 30 & echo $$ $!; wait"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = pids(&mut child, &reaper).await;
+    child.start_kill().unwrap();
+    exited(&mut child).await;
+    for pid in started {
+        assert!(
+            eventually(Duration::from_secs(5), || !running(pid)).await,
+            "process {pid} started by the command outlived coord"
+        );
+    }
+}
+
 /// SIGINT as the command starts (here sent by the command itself to
 /// coord, its parent; and sent as soon as coord handles SIGINT at all):
 /// coord is not killed by it; it passes it on or stops before running
