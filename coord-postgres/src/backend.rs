@@ -224,7 +224,7 @@ impl PostgresBackend {
         caps.server_clock = true;
         caps.notifications = notifications;
         // Several hosts: a primary and its standbys, followed through a
-        // failover (see the crate docs, "Failover"). Streaming replication
+        // failover (see docs/postgres.md, "Failover"). Streaming replication
         // acknowledges a grant before a standby has it unless it is
         // synchronous and only a synchronous standby is promoted, which
         // coord cannot check: not promised.
@@ -284,7 +284,7 @@ impl PostgresBackend {
     /// [`FencedTable`](crate::FencedTable)). Statements through it must not
     /// rely on session state if you run behind PgBouncer, and must not
     /// change `default_transaction_isolation` (coord's steps refuse to run
-    /// at another level than read committed; see the crate docs,
+    /// at another level than read committed; see docs/postgres.md,
     /// "Transaction isolation").
     pub fn pool(&self) -> &Pool {
         &self.pool
