@@ -1,6 +1,6 @@
 //! Limiter scripts on a real Redis: cost does not cost time or memory, GCRA
-//! is exact at high rates, and a quota change never grants a fresh
-//! allowance.
+//! is exact at high rates, a sliding log stays exact however long a key is
+//! busy, and a quota change never grants a fresh allowance.
 
 use crate::common;
 use std::sync::Arc;
@@ -537,4 +537,165 @@ async fn a_fixed_window_admits_no_more_in_its_last_millisecond() {
         per_window.len(),
         &doubled[..doubled.len().min(5)]
     );
+}
+
+/// The members of a sorted set with their scores.
+fn zrange(server: &kit::RedisServer, key: &str) -> Vec<(String, f64)> {
+    let Resp::Array(Some(items)) = server.command(&["ZRANGE", key, "0", "-1", "WITHSCORES"]) else {
+        panic!("ZRANGE reply");
+    };
+    items
+        .chunks(2)
+        .map(|p| {
+            let score = p[1].as_str().unwrap().parse().unwrap();
+            (p[0].as_str().unwrap().to_owned(), score)
+        })
+        .collect()
+}
+
+/// A sliding-log key kept busy for ever never admits over its limit, and
+/// every total its script stores stays an exact integer. The script keeps
+/// a running total of the extra cost (cost - 1) of the key's admissions,
+/// which only grows while the key is busy; past 2^53 a double no longer
+/// holds it exactly, and the window's count (a difference of two such
+/// totals) can come out short and admit more than the limit. Rather than
+/// run for years, the key starts where years of full-quota traffic would
+/// leave it: one admission of half the quota through the backend, then
+/// every stored total (the state's `x` and `xb`, and the total each cost
+/// member carries) raised by the same offset, which leaves what the
+/// window holds unchanged, to four admissions short of 2^53. Each round
+/// then moves the log half a window into the past (what the script sees
+/// of half a window passing), admits the other half of the quota, and
+/// probes with one unit more, which the full window must deny. The window
+/// is ten minutes long, so the test's own speed cannot change a decision.
+#[tokio::test]
+async fn a_sliding_log_key_busy_for_ever_never_admits_over_its_limit() {
+    let server = kit::server();
+    let prefix = format!("{}:", unique("logbusy"));
+    let b = RedisBackend::connect(RedisOptions::new(&server.url()).prefix(&prefix))
+        .await
+        .unwrap();
+    let name = unique("busy");
+    let (log, costs, state) = (
+        format!("{prefix}limiter:{{{name}}}:log"),
+        format!("{prefix}limiter:{{{name}}}:logc"),
+        format!("{prefix}limiter:{{{name}}}:logs"),
+    );
+    let limit = (1u64 << 49) - 2;
+    let half = limit / 2;
+    let window = 600 * SEC;
+    let q = Quota::new(limit, window, Algorithm::SlidingLog);
+    assert!(b.check(&name, &q, half).await.unwrap().allowed);
+    for k in [&log, &costs, &state] {
+        assert_eq!(server.command(&["EXISTS", k]).as_int(), Some(1), "{k}");
+    }
+
+    // Raise every stored total by the same offset.
+    let offset = (1u64 << 53) - 5 * (half - 1);
+    let Resp::Array(Some(f)) = server.command(&["HMGET", &state, "x", "xb"]) else {
+        panic!("HMGET reply");
+    };
+    let field = |r: &Resp| r.as_int().unwrap_or(0) as u64;
+    let (x, xb) = (field(&f[0]) + offset, field(&f[1]) + offset);
+    server.command(&["HSET", &state, "x", &x.to_string(), "xb", &xb.to_string()]);
+    for (member, score) in zrange(server, &costs) {
+        let (id, total) = member.rsplit_once('*').unwrap();
+        let total: u64 = total.parse().unwrap();
+        server.command(&["ZREM", &costs, &member]);
+        let raised = format!("{id}*{}", total + offset);
+        server.command(&["ZADD", &costs, &format!("{score}"), &raised]);
+    }
+
+    let half_window = window.as_micros() as f64 / 2.0;
+    let mut previous = half;
+    let mut over = Vec::new();
+    let mut refused = Vec::new();
+    for round in 0..12 {
+        // Half a window passes: the previous admission is half a window
+        // old, the one before it leaves the window.
+        for key in [&log, &costs] {
+            for (member, score) in zrange(server, key) {
+                let moved = format!("{}", score - half_window);
+                server.command(&["ZADD", key, "XX", &moved, &member]);
+            }
+        }
+        let mut admitted = 0;
+        if b.check(&name, &q, half).await.unwrap().allowed {
+            admitted += half;
+        } else {
+            refused.push(round);
+        }
+        let probe = b.check(&name, &q, 1).await.unwrap();
+        if probe.allowed {
+            admitted += 1;
+        }
+        if previous + admitted > limit {
+            over.push(format!(
+                "round {round}: the window holds {} over its limit of {limit}",
+                previous + admitted - limit
+            ));
+        }
+        previous = admitted;
+    }
+    assert!(over.is_empty(), "{over:#?}");
+    assert!(
+        refused.is_empty(),
+        "half the quota was refused with half the window free in rounds {refused:?}"
+    );
+
+    // Every total the script keeps is still an exact integer.
+    let exact = 1u64 << 53;
+    let Resp::Array(Some(f)) = server.command(&["HMGET", &state, "x", "xb"]) else {
+        panic!("HMGET reply");
+    };
+    let mut totals = vec![field(&f[0]), field(&f[1])];
+    for (member, _) in zrange(server, &costs) {
+        totals.push(member.rsplit_once('*').unwrap().1.parse().unwrap());
+    }
+    assert!(
+        totals.iter().all(|t| *t < exact),
+        "stored totals {totals:?} reach 2^53"
+    );
+}
+
+/// A sliding-log key whose kept entries come near 2^51 units of extra
+/// cost (only a key mixing a long window with short windows of huge
+/// limits can keep that many) admits no request that would take its
+/// totals past exact integers: it says to retry once the oldest entry
+/// has left the long window, and a smaller request still fits.
+#[tokio::test]
+async fn a_sliding_log_key_keeping_2_pow_51_units_waits_for_the_oldest_to_leave() {
+    let server = kit::server();
+    let prefix = format!("{}:", unique("logroom"));
+    let b = RedisBackend::connect(RedisOptions::new(&server.url()).prefix(&prefix))
+        .await
+        .unwrap();
+    let name = unique("mixed");
+    let (log, costs, state) = (
+        format!("{prefix}limiter:{{{name}}}:log"),
+        format!("{prefix}limiter:{{{name}}}:logc"),
+        format!("{prefix}limiter:{{{name}}}:logs"),
+    );
+    let long = Quota::new((1 << 49) - 1, 600 * SEC, Algorithm::SlidingLog);
+    let short = Quota::new(100, SEC, Algorithm::SlidingLog);
+    assert!(b.check(&name, &long, 1).await.unwrap().allowed);
+    // An entry of 2^51 - 9 units, admitted (under short windows) five
+    // minutes ago: the key keeps 2^51 - 10 units of extra cost.
+    let now = micros(&server.command(&["TIME"]));
+    let then = (now - 300_000_000).to_string();
+    let kept = (1u64 << 51) - 10;
+    server.command(&["ZADD", &log, &then, &format!("old*{}", kept + 1)]);
+    server.command(&["ZADD", &costs, &then, &format!("old*{kept}")]);
+    server.command(&["HSET", &state, "x", &kept.to_string(), "xb", "0"]);
+
+    let d = b.check(&name, &short, 20).await.unwrap();
+    assert!(!d.allowed, "{d:?}");
+    assert!(
+        d.retry_after > 299 * SEC && d.retry_after <= 300 * SEC,
+        "{d:?}"
+    );
+    let d = b.check(&name, &short, 10).await.unwrap();
+    assert!(d.allowed, "{d:?}");
+    let x = server.command(&["HGET", &state, "x"]).as_int().unwrap();
+    assert_eq!(x as u64, kept + 9);
 }
