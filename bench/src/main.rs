@@ -11,7 +11,7 @@
 //! cargo run --release -p coord-bench -- --table run1.txt run2.txt run3.txt
 //! ```
 //!
-//! `--table` prints the speed table of docs/speed.md from saved full runs (min–max
+//! `--table` prints the speed table of docs/benchmarks.md from saved full runs (min–max
 //! over them; see `table`).
 //!
 //! Rows, for each store (memory, redis, postgres, etcd):

@@ -1,4 +1,4 @@
-//! `coord-bench --table RUN...`: the speed table of docs/speed.md from the output
+//! `coord-bench --table RUN...`: the speed table of docs/benchmarks.md from the output
 //! of several full runs (each file what one run printed; only its `BENCH`
 //! lines are read), every number a min–max range over the runs.
 //!
