@@ -15,8 +15,8 @@ use crate::types::{Arrival, OwnerToken};
 use crate::wake::Waiter;
 use crate::{validate, wait};
 
-/// Barriers on one store (the seed's "barrier synchronization: wait for
-/// all nodes").
+/// Barriers on one store (the "barrier synchronization: wait for
+/// all nodes" scenario).
 ///
 /// `wait` returns once `parties` distinct participants of the same
 /// generation have arrived; the next arrivals form the next generation, so

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::types::FencingToken;
 use crate::validate;
 
-/// Fencing tokens per resource, independent of any lock (the seed's
+/// Fencing tokens per resource, independent of any lock (the PHP original's
 /// `INCR fencing_token_<resource>`).
 ///
 /// ```
@@ -63,7 +63,7 @@ impl Fencing {
 
 /// A resource that honours fencing tokens, in process: it accepts a write
 /// iff its token is at least the highest it has seen, check and update
-/// atomic. The shape every fenced resource needs (the seed's
+/// atomic. The shape every fenced resource needs (the PHP original's
 /// `WHERE fencing_token < ?`, with `<=` so the same holder may write twice).
 ///
 /// ```

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::types::{Capabilities, Decision, Quota};
 use crate::validate;
 
-/// Rate limiters on one store (the seed's `checkRateLimit`, corrected).
+/// Rate limiters on one store (the PHP original's `checkRateLimit`, corrected).
 ///
 /// Each check-and-record is one atomic step on the store, on the store's
 /// clock where it has one (see [`Capabilities::server_clock`]). Across all

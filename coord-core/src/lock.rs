@@ -329,7 +329,7 @@ impl Locks {
 
     /// Take every lock in `names`, all or nothing, in a deadlock-free order:
     /// the names are deduplicated and sorted, then taken one by one, so two
-    /// callers with the same names in any order never deadlock (the seed's
+    /// callers with the same names in any order never deadlock (the PHP original's
     /// lock-ordering rule, made a function). Locks already taken are kept
     /// alive by the watchdog while later ones are awaited (and afterwards
     /// only if `opts.watchdog`), so none lapses before all are held. If one

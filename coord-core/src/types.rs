@@ -55,7 +55,7 @@ impl OwnerToken {
         &self.0
     }
 
-    /// The token as 32 lowercase hex digits (the seed's `bin2hex(random_bytes(16))`).
+    /// The token as 32 lowercase hex digits (the PHP original's `bin2hex(random_bytes(16))`).
     pub fn to_hex(&self) -> String {
         let mut s = String::with_capacity(32);
         for b in self.0 {
@@ -247,7 +247,7 @@ impl Quota {
         }
     }
 
-    /// `limit` per `window`, exact sliding log (the seed's algorithm).
+    /// `limit` per `window`, exact sliding log (the PHP original's algorithm).
     pub fn per(limit: u64, window: Duration) -> Self {
         Quota::new(limit, window, Algorithm::SlidingLog)
     }

@@ -1,4 +1,4 @@
-//! Fenced writes: the seed's "fencing token" scenario, made safe.
+//! Fenced writes: the "fencing token" scenario scenario, made safe.
 //!
 //! Worker A takes the lock on an account, then stalls (a GC pause, a slow
 //! disk) past its TTL. Worker B takes the lock, with a higher fencing

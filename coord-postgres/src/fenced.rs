@@ -1,4 +1,4 @@
-//! Fenced writes to your own tables: the seed's
+//! Fenced writes to your own tables: the PHP original's
 //! `UPDATE ... WHERE fencing_token < ?`, corrected to accept a write iff its
 //! token is >= the highest the row has seen, check and update in one
 //! statement.

@@ -3,7 +3,7 @@
 use coord_core::util::Kind;
 use coord_core::{Error, Result};
 
-/// Every kind, for the seed layout's collision rule.
+/// Every kind, for the PHP layout's collision rule.
 const KINDS: [Kind; 6] = [
     Kind::Lock,
     Kind::Lease,
@@ -24,8 +24,8 @@ const QUEUE_LANE: [&str; 9] = [
     ":meta", ":ids", ":all", ":ready", ":delayed", ":flight", ":groups", ":turns", ":ordered",
 ];
 
-/// The seed's fencing counter of a lock: `fencing_token_<name>`.
-const SEED_COUNTER: &str = "fencing_token_";
+/// The PHP original's fencing counter of a lock: `fencing_token_<name>`.
+const PHP_COUNTER: &str = "fencing_token_";
 
 /// How keys are named in Redis.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,7 +37,7 @@ pub enum Layout {
     /// hashes to the same Redis Cluster slot. The default.
     #[default]
     Coord,
-    /// The seed PHP `RedisLock`'s exact keys, so a service still running it
+    /// the PHP `RedisLock` class's exact keys, so a service still running it
     /// and a Rust service using coord lock each other out:
     ///
     /// - a lock is the key `<name>` holding the holder's random token (PHP:
@@ -50,16 +50,16 @@ pub enum Layout {
     ///   PHP's `microtime(true)` writes them, one member per request. Each
     ///   PHP member counts 1 for coord; a coord request of cost k is ONE
     ///   member (`<id>*<k>`, its cost kept in coord's own keys beside it),
-    ///   so the seed's PHP, which counts members, counts it as 1.
+    ///   so the PHP, which counts members, counts it as 1.
     ///
-    /// What the seed has no key for (the grant's fencing token kept beside a
+    /// What the PHP class has no key for (the grant's fencing token kept beside a
     /// lock, with the grant's holder metadata if any, leases, elections, barriers, the other limiter algorithms, the
     /// sliding log's cost bookkeeping) uses the [`Layout::Coord`] keys under
     /// the prefix. These keys have no common hash tag: this layout is for a
     /// single Redis server, not a Cluster.
     ///
-    /// Which keys are shared, and what is refused: only the seed's own kinds
-    /// share keys, as the seed does (lock `X` and fencing source `X` share
+    /// Which keys are shared, and what is refused: only the PHP original's own kinds
+    /// share keys, as the PHP class does (lock `X` and fencing source `X` share
     /// the counter `fencing_token_X`). Every name that would make two
     /// different things share a key is refused with
     /// [`Error::InvalidArgument`] (field `name`, or `key` for a limiter):
@@ -72,8 +72,8 @@ pub enum Layout {
     ///   string and a sorted set): whichever comes second is refused while
     ///   the other's key exists (Redis' `WRONGTYPE`, turned into
     ///   `InvalidArgument`), and neither's state is touched. Use distinct
-    ///   names for locks and limiters, as the seed's callers do.
-    Seed,
+    ///   names for locks and limiters, as the PHP original's callers do.
+    Php,
 }
 
 /// Where a claim (lock or lease) lives.
@@ -83,10 +83,10 @@ pub(crate) enum ClaimKeys {
     /// with holder metadata) while held and `=<token>` for the rest of the
     /// TTL after a release (see `scripts::ACQUIRE`).
     One(String),
-    /// [`Layout::Seed`]: the claim holding the bare owner token, the
+    /// [`Layout::Php`]: the claim holding the bare owner token, the
     /// grant's token beside it (`<token>~<owner>~<metadata>~` with holder
-    /// metadata), and the seed's fencing counter.
-    Seed([String; 3]),
+    /// metadata), and the PHP original's fencing counter.
+    Php([String; 3]),
 }
 
 impl ClaimKeys {
@@ -94,18 +94,18 @@ impl ClaimKeys {
     pub fn claim(&self) -> &str {
         match self {
             ClaimKeys::One(k) => k,
-            ClaimKeys::Seed(k) => &k[0],
+            ClaimKeys::Php(k) => &k[0],
         }
     }
 
     /// The mark `owner` (32 hex digits) leaves against late copies of its
     /// attempts (`coord_core::late`, see `scripts::late`):
     /// `<claim>:left:<owner>`, in the claim's hash slot; in
-    /// [`Layout::Seed`] beside the grant key, under the prefix.
+    /// [`Layout::Php`] beside the grant key, under the prefix.
     pub fn left(&self, owner: &str) -> String {
         let base = match self {
             ClaimKeys::One(k) => k.as_str(),
-            ClaimKeys::Seed(k) => k[1].strip_suffix(":grant").unwrap_or(&k[1]),
+            ClaimKeys::Php(k) => k[1].strip_suffix(":grant").unwrap_or(&k[1]),
         };
         left_key(base, owner)
     }
@@ -164,14 +164,14 @@ impl Keys {
         k
     }
 
-    /// In [`Layout::Seed`], refuse a name used as a bare key (a lock, a
+    /// In [`Layout::Php`], refuse a name used as a bare key (a lock, a
     /// sliding-log limiter) that would be another thing's key.
-    fn seed_bare(&self, field: &'static str, name: &str) -> Result<()> {
-        if let Some(lock) = name.strip_prefix(SEED_COUNTER) {
+    fn php_bare(&self, field: &'static str, name: &str) -> Result<()> {
+        if let Some(lock) = name.strip_prefix(PHP_COUNTER) {
             return Err(Error::invalid(
                 field,
                 format!(
-                    "`{name}` starts with `{SEED_COUNTER}`: in Layout::Seed that is the \
+                    "`{name}` starts with `{PHP_COUNTER}`: in Layout::Php that is the \
                      fencing counter of the lock `{lock}`; choose a name without that prefix"
                 ),
             ));
@@ -187,7 +187,7 @@ impl Keys {
                     field,
                     format!(
                         "`{name}` spells a key of a coord {} under the prefix `{}`; in \
-                         Layout::Seed such names would share that key. Choose another name",
+                         Layout::Php such names would share that key. Choose another name",
                         kind, self.prefix
                     ),
                 ));
@@ -206,17 +206,17 @@ impl Keys {
         format!("{}:{}", kind.as_str(), name)
     }
 
-    /// A lock's keys. In [`Layout::Seed`], names that would collide are
+    /// A lock's keys. In [`Layout::Php`], names that would collide are
     /// refused (see there).
     pub fn lock(&self, name: &str) -> Result<ClaimKeys> {
         Ok(match self.layout {
             Layout::Coord => ClaimKeys::One(self.key(Kind::Lock, name, "")),
-            Layout::Seed => {
-                self.seed_bare("name", name)?;
-                ClaimKeys::Seed([
+            Layout::Php => {
+                self.php_bare("name", name)?;
+                ClaimKeys::Php([
                     name.to_string(),
                     self.key(Kind::Lock, name, ":grant"),
-                    format!("{SEED_COUNTER}{name}"),
+                    format!("{PHP_COUNTER}{name}"),
                 ])
             }
         })
@@ -231,7 +231,7 @@ impl Keys {
     pub fn fence(&self, resource: &str) -> String {
         match self.layout {
             Layout::Coord => self.key(Kind::Fence, resource, ""),
-            Layout::Seed => format!("{SEED_COUNTER}{resource}"),
+            Layout::Php => format!("{PHP_COUNTER}{resource}"),
         }
     }
 
@@ -295,11 +295,11 @@ impl Keys {
     }
 
     /// A limiter's state for one algorithm (`log`, `sw`, `fw`, `gcra`). In
-    /// [`Layout::Seed`], the sliding log is the bare key, and keys that would
+    /// [`Layout::Php`], the sliding log is the bare key, and keys that would
     /// collide are refused (see there).
     pub fn limiter(&self, key: &str, algorithm: &str) -> Result<String> {
-        if self.layout == Layout::Seed && algorithm == "log" {
-            self.seed_bare("key", key)?;
+        if self.layout == Layout::Php && algorithm == "log" {
+            self.php_bare("key", key)?;
             return Ok(key.to_string());
         }
         Ok(self.limiter_aux(key, algorithm))
@@ -355,13 +355,13 @@ mod tests {
     }
 
     #[test]
-    fn seed_layout_uses_the_seeds_keys() {
+    fn php_layout_uses_the_php_class_keys() {
         let k = Keys {
             prefix: "coord:".into(),
-            layout: Layout::Seed,
+            layout: Layout::Php,
         };
-        let ClaimKeys::Seed([lock, _, counter]) = k.lock("order_process_7").unwrap() else {
-            panic!("the seed layout keeps the seed's keys")
+        let ClaimKeys::Php([lock, _, counter]) = k.lock("order_process_7").unwrap() else {
+            panic!("the PHP layout keeps the PHP original's keys")
         };
         assert_eq!(lock, "order_process_7");
         assert_eq!(counter, "fencing_token_order_process_7");

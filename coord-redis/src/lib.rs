@@ -31,7 +31,7 @@
 //!
 //! // Sharing locks with PHP services using the RedisLock class key layout:
 //! let shared = coord_redis::RedisOptions::new("redis://127.0.0.1:6379")
-//!     .layout(coord_redis::Layout::Seed)
+//!     .layout(coord_redis::Layout::Php)
 //!     .timeout(Duration::from_secs(2))
 //!     .connect()
 //!     .await?;

@@ -84,7 +84,7 @@ impl RedisOptions {
     ///
     /// Every one of them can be set in the URL's query instead (so a
     /// deployment is configuration): `prefix`, `layout` (`coord` or
-    /// `seed`), `timeout`, `connect_timeout` and `idle_grace` (durations:
+    /// `php`), `timeout`, `connect_timeout` and `idle_grace` (durations:
     /// `250ms`, `2s`, `1m`); `protocol` (`resp2`/`resp3`) goes to the redis
     /// client; `tls_ca_file`, `tls_cert_file` and `tls_key_file` name PEM
     /// files read here, at once (as [`Self::tls_root_certificate`] and
@@ -219,10 +219,10 @@ impl RedisOptions {
             "layout" => {
                 self.layout = match v {
                     "coord" => Layout::Coord,
-                    "seed" => Layout::Seed,
+                    "php" => Layout::Php,
                     other => {
                         return Err(coord_core::Error::Config(format!(
-                            "Redis URL option `layout`: `{other}` is unknown; use coord or seed"
+                            "Redis URL option `layout`: `{other}` is unknown; use coord or php"
                         )));
                     }
                 }
@@ -547,12 +547,12 @@ mod tests {
     #[test]
     fn every_option_can_come_from_the_url() {
         let o = RedisOptions::parse(
-            "redis://:pw@127.0.0.1:6379/2?prefix=billing%3A&layout=seed&timeout=2s\
+            "redis://:pw@127.0.0.1:6379/2?prefix=billing%3A&layout=php&timeout=2s\
              &connect_timeout=750ms&idle_grace=5m&protocol=resp3#insecure",
         )
         .unwrap();
         assert_eq!(o.prefix, "billing:");
-        assert_eq!(o.layout, Layout::Seed);
+        assert_eq!(o.layout, Layout::Php);
         assert_eq!(o.timeout, Duration::from_secs(2));
         assert_eq!(o.connect_timeout, Duration::from_millis(750));
         assert_eq!(o.idle_grace, Duration::from_secs(300));
@@ -655,7 +655,7 @@ mod tests {
             ("redis://h?timeout=2", "timeout"),
             ("redis://h?timeout=soon", "timeout"),
             ("redis://h?idle_grace=-1s", "idle_grace"),
-            ("redis://h?layout=php", "layout"),
+            ("redis://h?layout=perl", "layout"),
             ("redis://:hunter2@h?password=x", "password"),
         ] {
             let e = RedisOptions::parse(url).unwrap_err();
@@ -799,7 +799,7 @@ mod tests {
         // A malformed value too.
         let e = RedisOptions::parse("redis+sentinel://s1:1/m?timeout=2").unwrap_err();
         assert!(e.to_string().contains("`timeout`"), "{e}");
-        let e = RedisOptions::parse("redis+cluster://h1:1,h2:2?layout=php").unwrap_err();
+        let e = RedisOptions::parse("redis+cluster://h1:1,h2:2?layout=perl").unwrap_err();
         assert!(e.to_string().contains("`layout`"), "{e}");
     }
 }

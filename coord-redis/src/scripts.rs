@@ -13,7 +13,7 @@ use redis::Script;
 /// Issue the next fencing token from the counter in a key: max(stored + 1,
 /// server time in µs). The counter may come back OLDER than tokens already
 /// issued (a restart from an older RDB snapshot, a lost `everysec` AOF
-/// tail, a failover to a lagging replica, the seed PHP's `INCR` on a
+/// tail, a failover to a lagging replica, the PHP's `INCR` on a
 /// missing key); the clock term keeps tokens above every token issued
 /// before, as long as the server clock does not go back and fewer than one
 /// token per µs is issued per counter. Exact: `INCR` does the `+ 1` on a
@@ -310,31 +310,31 @@ end
 return out
 "#;
 
-/// [`Layout::Seed`](crate::Layout::Seed) locks keep the seed's keys; acquire without
+/// [`Layout::Php`](crate::Layout::Php) locks keep the PHP original's keys; acquire without
 /// metadata (see the file).
-const SEED_ACQUIRE: &str = include_str!("lua/seed_acquire.lua");
+const PHP_ACQUIRE: &str = include_str!("lua/php_acquire.lua");
 
-/// Seed-layout acquire with holder metadata (see the file).
-const SEED_ACQUIRE_META: &str = include_str!("lua/seed_acquire_meta.lua");
+/// PHP-layout acquire with holder metadata (see the file).
+const PHP_ACQUIRE_META: &str = include_str!("lua/php_acquire_meta.lua");
 
-/// The rest of a seed-layout acquire (see the file).
-const SEED_ACQUIRE_REST: &str = include_str!("lua/seed_acquire_rest.lua");
+/// The rest of a PHP-layout acquire (see the file).
+const PHP_ACQUIRE_REST: &str = include_str!("lua/php_acquire_rest.lua");
 
-/// Seed layout: who holds a lock, read only (see the file).
-const SEED_INSPECT: &str = include_str!("lua/seed_inspect.lua");
+/// PHP layout: who holds a lock, read only (see the file).
+const PHP_INSPECT: &str = include_str!("lua/php_inspect.lua");
 
-/// Seed layout: compare-and-delete, then publish a wake-up (see the file).
-const SEED_RELEASE: &str = include_str!("lua/seed_release.lua");
+/// PHP layout: compare-and-delete, then publish a wake-up (see the file).
+const PHP_RELEASE: &str = include_str!("lua/php_release.lua");
 
-/// Seed layout: compare-and-PEXPIRE (see the file).
-const SEED_EXTEND: &str = include_str!("lua/seed_extend.lua");
+/// PHP layout: compare-and-PEXPIRE (see the file).
+const PHP_EXTEND: &str = include_str!("lua/php_extend.lua");
 
-/// Seed layout: delete whoever holds it, then publish a wake-up (see the
+/// PHP layout: delete whoever holds it, then publish a wake-up (see the
 /// file).
-const SEED_FORCE_RELEASE: &str = include_str!("lua/seed_force_release.lua");
+const PHP_FORCE_RELEASE: &str = include_str!("lua/php_force_release.lua");
 
 /// The next token of a fencing source. KEYS: counter. ARGV: how long the
-/// counter outlives its last use, in ms; '' keeps it for good (the seed
+/// counter outlives its last use, in ms; '' keeps it for good (the PHP
 /// layout's `fencing_token_<name>`, which the PHP side `INCR`s).
 const FENCE_NEXT: &str = r#"
 if ARGV[1] == '' then return issue(KEYS[1]) end
@@ -481,12 +481,12 @@ pub(crate) struct Scripts {
     pub remaining: Script,
     pub acquire_meta: Script,
     pub inspect: Script,
-    pub seed_acquire: Script,
-    pub seed_acquire_meta: Script,
-    pub seed_inspect: Script,
-    pub seed_release: Script,
-    pub seed_extend: Script,
-    pub seed_force_release: Script,
+    pub php_acquire: Script,
+    pub php_acquire_meta: Script,
+    pub php_inspect: Script,
+    pub php_release: Script,
+    pub php_extend: Script,
+    pub php_force_release: Script,
     pub fence_next: Script,
     pub campaign: Script,
     pub election_renew: Script,
@@ -520,13 +520,13 @@ pub(crate) struct Scripts {
 impl Scripts {
     pub fn new() -> Self {
         let mut sources = Vec::new();
-        let (late_claim, late_seed, late_campaign) = (late(2, 4), late(4, 3), late(2, 6));
-        let (mark_claim, mark_seed) = (mark(2, 4), mark(3, 4));
+        let (late_claim, late_php, late_campaign) = (late(2, 4), late(4, 3), late(2, 6));
+        let (mark_claim, mark_php) = (mark(2, 4), mark(3, 4));
         // An extend (or renewal) of an owner with an unanswered attempt
         // marks it as a release does: the attempt's late copy, stamped
         // before, would otherwise be taken for the holder retrying and set
         // the claim's expiry back to its own TTL.
-        let (mark_extend, mark_seed_extend) = (mark(2, 3), mark(3, 3));
+        let (mark_extend, mark_php_extend) = (mark(2, 3), mark(3, 3));
         let mut mk = |parts: &[&str]| {
             let src = parts.concat();
             let script = Script::new(&src);
@@ -542,12 +542,12 @@ impl Scripts {
             remaining: mk(&[REMAINING]),
             acquire_meta: mk(&[&late_claim, NOW, ACQUIRE_FREE_META, NEXT_TOKEN, ACQUIRE]),
             inspect: mk(&[INSPECT]),
-            seed_acquire: mk(&[&late_seed, ISSUE, SEED_ACQUIRE, SEED_ACQUIRE_REST]),
-            seed_acquire_meta: mk(&[&late_seed, ISSUE, SEED_ACQUIRE_META, SEED_ACQUIRE_REST]),
-            seed_inspect: mk(&[SEED_INSPECT]),
-            seed_release: mk(&[&mark_seed, SEED_RELEASE]),
-            seed_extend: mk(&[&mark_seed_extend, SEED_EXTEND]),
-            seed_force_release: mk(&[SEED_FORCE_RELEASE]),
+            php_acquire: mk(&[&late_php, ISSUE, PHP_ACQUIRE, PHP_ACQUIRE_REST]),
+            php_acquire_meta: mk(&[&late_php, ISSUE, PHP_ACQUIRE_META, PHP_ACQUIRE_REST]),
+            php_inspect: mk(&[PHP_INSPECT]),
+            php_release: mk(&[&mark_php, PHP_RELEASE]),
+            php_extend: mk(&[&mark_php_extend, PHP_EXTEND]),
+            php_force_release: mk(&[PHP_FORCE_RELEASE]),
             fence_next: mk(&[ISSUE, NOW, NEXT_TOKEN, FENCE_NEXT]),
             campaign: mk(&[&late_campaign, NOW, NEXT_TOKEN, CAMPAIGN]),
             election_renew: mk(&[&mark_extend, ELECTION_RENEW]),

@@ -1,4 +1,4 @@
-//! The client-process-paused scenario (the seed's GC-pause story), written
+//! The client-process-paused scenario (the PHP original's GC-pause story), written
 //! once for every store: a child process (the backend's test binary,
 //! re-executed) holds the lock and is frozen with `SIGSTOP` past its TTL;
 //! another client acquires and writes; resumed, the child writes under its

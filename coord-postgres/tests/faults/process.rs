@@ -1,5 +1,5 @@
 //! A client PROCESS frozen past its TTL while it holds the lock (the
-//! seed's GC-pause story), on PostgreSQL: the scenario is
+//! GC-pause story of fencing tokens), on PostgreSQL: the scenario is
 //! `conformance::faults::process`; the child is this test binary,
 //! re-executed.
 

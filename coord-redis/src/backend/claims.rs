@@ -58,23 +58,23 @@ impl RedisBackend {
         self.claims_unanswered.forget(key, owner, seen);
     }
 
-    /// Run `one` on a default-layout claim, or `seed` on a seed-layout
+    /// Run `one` on a default-layout claim, or `php` on a PHP-layout
     /// claim's key and grant key (release, extend, force release).
     pub(crate) async fn claim_eval(
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
-        (one, seed): (&redis::Script, &redis::Script),
+        (one, php): (&redis::Script, &redis::Script),
         args: &[&[u8]],
     ) -> Result<redis::Value> {
         match keys {
             ClaimKeys::One(claim) => self.eval(operation, one, &[claim], args).await,
-            ClaimKeys::Seed(k) => self.eval(operation, seed, &[&k[0], &k[1]], args).await,
+            ClaimKeys::Php(k) => self.eval(operation, php, &[&k[0], &k[1]], args).await,
         }
     }
 
     /// One attempt on a claim; `meta`, if any, is stored with a new grant
-    /// (after its token, in the claim's value; in the seed layout, in the
+    /// (after its token, in the claim's value; in the PHP layout, in the
     /// grant key). Without metadata the scripts are the plain ones.
     pub(crate) async fn claim_acquire(
         &self,
@@ -116,16 +116,16 @@ impl RedisBackend {
                     }
                 }
             }
-            ClaimKeys::Seed(k) => {
+            ClaimKeys::Php(k) => {
                 let keys = [k[0].as_str(), &k[1], &k[2], &left];
                 let args = [owner.as_bytes(), ttl.as_bytes(), at.as_bytes()];
                 match meta {
                     None => {
-                        let script = &self.scripts.seed_acquire;
+                        let script = &self.scripts.php_acquire;
                         self.eval(operation, script, &keys, &args).await?
                     }
                     Some(m) => {
-                        let script = &self.scripts.seed_acquire_meta;
+                        let script = &self.scripts.php_acquire_meta;
                         let args = [args[0], args[1], args[2], m];
                         self.eval(operation, script, &keys, &args).await?
                     }
@@ -147,8 +147,8 @@ impl RedisBackend {
                 let script = &self.scripts.inspect;
                 self.eval(operation, script, &[claim], &[]).await?
             }
-            ClaimKeys::Seed(k) => {
-                let script = &self.scripts.seed_inspect;
+            ClaimKeys::Php(k) => {
+                let script = &self.scripts.php_inspect;
                 self.eval(operation, script, &[&k[0], &k[1]], &[]).await?
             }
         };
@@ -169,7 +169,7 @@ impl RedisBackend {
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
         let Some((left, at, ttl, seen)) = self.left_mark(keys.claim(), owner, || keys.left(&hex))
         else {
-            let scripts = (&self.scripts.release, &self.scripts.seed_release);
+            let scripts = (&self.scripts.release, &self.scripts.php_release);
             let v = self.claim_eval(operation, keys, scripts, &args).await?;
             return flag(operation, &v);
         };
@@ -182,9 +182,9 @@ impl RedisBackend {
                 self.eval(operation, &self.scripts.release, &keys, &args)
                     .await?
             }
-            ClaimKeys::Seed(k) => {
+            ClaimKeys::Php(k) => {
                 let keys = [k[0].as_str(), &k[1], &left];
-                self.eval(operation, &self.scripts.seed_release, &keys, &args)
+                self.eval(operation, &self.scripts.php_release, &keys, &args)
                     .await?
             }
         };
@@ -202,7 +202,7 @@ impl RedisBackend {
         let hex = owner.to_hex();
         let ttl = ms(ttl).to_string();
         let args = [hex.as_bytes(), ttl.as_bytes()];
-        let scripts = (&self.scripts.extend, &self.scripts.seed_extend);
+        let scripts = (&self.scripts.extend, &self.scripts.php_extend);
         let Some((left, at, mark_ttl, seen)) =
             self.left_mark(keys.claim(), owner, || keys.left(&hex))
         else {
@@ -218,7 +218,7 @@ impl RedisBackend {
                 let keys = [claim.as_str(), &left];
                 self.eval(operation, scripts.0, &keys, &args).await?
             }
-            ClaimKeys::Seed(k) => {
+            ClaimKeys::Php(k) => {
                 let keys = [k[0].as_str(), &k[1], &left];
                 self.eval(operation, scripts.1, &keys, &args).await?
             }
@@ -256,10 +256,7 @@ impl coord_core::Lock for RedisBackend {
         let (channel, payload) = self.wake_args(Kind::Lock, name);
         let args = [channel.as_bytes(), payload.as_bytes()];
         let op = "lock force release";
-        let scripts = (
-            &self.scripts.force_release,
-            &self.scripts.seed_force_release,
-        );
+        let scripts = (&self.scripts.force_release, &self.scripts.php_force_release);
         let v = self
             .claim_eval(op, &self.keys.lock(name)?, scripts, &args)
             .await?;
@@ -358,7 +355,7 @@ impl coord_core::FencingSource for RedisBackend {
         let counter = self.keys.fence(resource);
         let grace = match self.keys.layout {
             Layout::Coord => self.idle_grace_ms.clone(),
-            Layout::Seed => String::new(),
+            Layout::Php => String::new(),
         };
         let v = self
             .eval(
@@ -376,7 +373,7 @@ impl coord_core::FencingSource for RedisBackend {
 }
 
 /// Parse an inspect script's reply: `{}` (free), or `{owner, token, pttl
-/// [, metadata]}` (token `''`: a seed-layout holder coord did not grant,
+/// [, metadata]}` (token `''`: a PHP-layout holder coord did not grant,
 /// shown with token 0). Errors never show the reply (it holds the owner
 /// token).
 fn claim_holder(operation: &'static str, v: &Value) -> Result<Option<HolderRecord>> {

@@ -56,7 +56,7 @@ impl coord_core::Limiter for RedisBackend {
                 let costs = self.keys.limiter_aux(key, "logc");
                 let meta = self.keys.limiter_aux(key, "logs");
                 let id = OwnerToken::random().to_hex();
-                let unit = if self.keys.layout == Layout::Seed {
+                let unit = if self.keys.layout == Layout::Php {
                     "1000000"
                 } else {
                     "1"

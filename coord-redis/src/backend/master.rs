@@ -186,10 +186,7 @@ impl RedisBackend {
         let (channel, payload) = self.wake_args(kind.kind(), name);
         let args = [channel.as_bytes(), payload.as_bytes()];
         let op = kind.op(Step::Force);
-        let scripts = (
-            &self.scripts.force_release,
-            &self.scripts.seed_force_release,
-        );
+        let scripts = (&self.scripts.force_release, &self.scripts.php_force_release);
         let keys = self.master_keys(kind, name)?;
         let v = self.claim_eval(op, &keys, scripts, &args).await?;
         flag(op, &v)

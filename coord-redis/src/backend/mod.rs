@@ -159,7 +159,7 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
             "name",
             format!(
                 "{operation}: the key holds another kind's data ({message}). In \
-                 Layout::Seed a lock and a sliding-log limiter of the same name share the \
+                 Layout::Php a lock and a sliding-log limiter of the same name share the \
                  key `<name>`, and the second is refused while the first exists; use \
                  different names for locks and limiters"
             ),
@@ -448,9 +448,9 @@ impl RedisBackend {
                         .into(),
                 ));
             }
-            if opts.layout == Layout::Seed {
+            if opts.layout == Layout::Php {
                 return Err(Error::Config(
-                    "Layout::Seed is for a single Redis server: its keys share no hash tag, \
+                    "Layout::Php is for a single Redis server: its keys share no hash tag, \
                      so one lock's keys may sit on different cluster nodes. Use the default \
                      Layout::Coord on a Redis Cluster"
                         .into(),

@@ -1,14 +1,14 @@
 -- Sliding log: one sorted-set member per admitted request, carrying its
 -- cost, so time and memory do not grow with the cost.
 -- KEYS: [1] the log (member `<id>*<cost>`, score = time; members without
--- `*` -- the seed PHP's, or an older coord's one-per-unit ones -- count 1),
+-- `*` -- the PHP's, or an older coord's one-per-unit ones -- count 1),
 -- [2] the costs above 1 (member `<id>*<extra>`, where extra is the running
 -- total of (cost - 1) over the key's life, less the offsets rebases took
 -- away (see below), same score), [3] a hash: x = that running total,
 -- xb = the total before the oldest entry of [2] still kept, r = the
 -- retention window µs.
 -- ARGV: limit, window µs, cost, request id, score unit (1 = µs scores,
--- 1000000 = seconds as the seed's PHP writes them).
+-- 1000000 = seconds as the PHP writes them).
 -- Entries are kept while younger than the LARGEST window the key has been
 -- checked with since it was last idle (r); a check counts the entries
 -- younger than ITS window against ITS limit. Units in (a, now] = the

@@ -371,7 +371,7 @@ impl RedlockBackend {
     /// connected again when needed (see the [module docs](self)).
     ///
     /// Errors: [`Error::Config`] for a URL that is not `redlock://` with at
-    /// least three masters, for `Layout::Seed`, for a master that is a
+    /// least three masters, for `Layout::Php`, for a master that is a
     /// replica, and for one server reached through two entries of the URL
     /// (checked by its `run_id`); [`Error::Store`] saying "authentication
     /// failed" for a wrong user or password, as with one server (never
@@ -388,9 +388,9 @@ impl RedlockBackend {
                 "not a Redlock URL: write redlock://host1:6379,host2:6379,host3:6379".into(),
             ));
         };
-        if opts.layout == Layout::Seed {
+        if opts.layout == Layout::Php {
             return Err(Error::Config(
-                "Layout::Seed is for a single Redis server (the seed PHP's keys); use the \
+                "Layout::Php is for a single Redis server (the PHP's keys); use the \
                  default Layout::Coord with Redlock"
                     .into(),
             ));

@@ -153,7 +153,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
 /// Claims get late-copy marks as semaphores do (`coord_core::late`): the
 /// waiter's cleanup release leaves its owner's mark, and the copy,
 /// stamped before it, is refused (without the mark, the late copy is
-/// granted). `tests/it/late_claims.rs` has the same case for the seed
+/// granted). `tests/it/late_claims.rs` has the same case for the PHP
 /// layout, leases and elections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {

@@ -84,7 +84,7 @@ async fn names_spread_over_every_master_and_each_lock_is_one_key() {
 async fn what_a_cluster_cannot_take_is_a_config_error() {
     let url = kit::cluster().url();
     let e = RedisOptions::new(&url)
-        .layout(Layout::Seed)
+        .layout(Layout::Php)
         .connect()
         .await
         .unwrap_err();

@@ -1,12 +1,12 @@
 //! Holder metadata and inspection on Redis, beyond the shared cases: where
-//! the metadata lives (in the claim's own value, or the seed layout's
+//! the metadata lives (in the claim's own value, or the PHP layout's
 //! grant key; a semaphore grant's holder entry), that it ends with its
 //! grant (release, expiry, force release; the key count comes back), that
 //! extend keeps it exactly as long as the claim, that a retry by the
 //! holder never replaces it, that no key is written for it, that foreign
 //! values are store errors that never show them, that the request and
 //! server command counts of a cycle without metadata did not change (and
-//! one with it costs no more), and the shared inspect cases in the seed
+//! one with it costs no more), and the shared inspect cases in the PHP
 //! layout.
 
 use crate::common;
@@ -497,16 +497,16 @@ async fn a_foreign_claim_value_is_a_store_error_without_the_value() {
     server.command(&["DEL", &key]);
 }
 
-/// The seed layout: the claim keeps the bare owner token the PHP class
+/// The PHP layout: the claim keeps the bare owner token the PHP class
 /// compares, the metadata goes in coord's grant key beside it (no extra
 /// key), both end together (release, extend, expiry, force release); a
 /// PHP holder is shown with its token as owner, fencing token 0 and no
 /// metadata, even when a coord grant key was left behind by a claim
 /// deleted under it.
 #[tokio::test]
-async fn seed_layout_keeps_metadata_in_the_grant_key() {
+async fn php_layout_keeps_metadata_in_the_grant_key() {
     let server = RedisServer::start();
-    let b = backend_on(&server.url(), Layout::Seed).await;
+    let b = backend_on(&server.url(), Layout::Php).await;
     let me = OwnerToken::random();
     let name = "order_process_7";
     let grant = "coord:lock:{order_process_7}:grant";
@@ -678,7 +678,7 @@ fn counts(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
 ///   `SET NX PX`; release past the token's µs: `GET` + `TIME` + `DEL`;
 /// - a holder's extend (`GET` + `PEXPIRE`) and retry (`GET` of the mark +
 ///   `TIME` + `SET NX` refused + `GET` + `PEXPIRE`);
-/// - seed-layout cycle: `GET` of the mark, `SET NX` of the claim, `TIME`
+/// - PHP-layout cycle: `GET` of the mark, `SET NX` of the claim, `TIME`
 ///   + `EXISTS` + `INCR` + `GET` + `SET` of the counter (the clock is ahead
 ///   of it), `SET` of the grant key; release `GET` + `DEL` + `PUBLISH`;
 /// - an uncontended semaphore cycle (its scripts' bookkeeping).
@@ -686,13 +686,13 @@ fn counts(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
 async fn holder_metadata_costs_the_server_no_command() {
     let server = RedisServer::start();
     let b = backend_on(&server.url(), Layout::Coord).await;
-    let seed = backend_on(&server.url(), Layout::Seed).await;
+    let php = backend_on(&server.url(), Layout::Php).await;
     let me = OwnerToken::random();
     let meta = br#"{"host":"web-3","pid":4242}"#;
     granted(b.try_acquire("warm", &me, 10 * SEC).await.unwrap());
     assert!(b.release("warm", &me).await.unwrap());
-    granted(seed.try_acquire("warm", &me, 10 * SEC).await.unwrap());
-    assert!(seed.release("warm", &me).await.unwrap());
+    granted(php.try_acquire("warm", &me, 10 * SEC).await.unwrap());
+    assert!(php.release("warm", &me).await.unwrap());
     let r = req(1, 3, 10 * SEC, false);
     granted(sem::Sem::try_acquire(&b, "warm", &me, &r).await.unwrap());
     assert!(sem::Sem::release(&b, "warm", &me).await.unwrap());
@@ -711,7 +711,7 @@ async fn holder_metadata_costs_the_server_no_command() {
         ("set", 10),
         ("time", 10),
     ]);
-    let seed_cycle = counts(&[
+    let php_cycle = counts(&[
         ("del", 10),
         ("evalsha", 20),
         ("exists", 10),
@@ -793,19 +793,19 @@ async fn holder_metadata_costs_the_server_no_command() {
         let before = command_calls(&server);
         for _ in 0..10 {
             let a = match m {
-                None => seed.try_acquire("warm", &me, 10 * SEC).await,
+                None => php.try_acquire("warm", &me, 10 * SEC).await,
                 Some(m) => {
-                    seed.try_acquire_with_metadata("warm", &me, 10 * SEC, m)
+                    php.try_acquire_with_metadata("warm", &me, 10 * SEC, m)
                         .await
                 }
             };
             granted(a.unwrap());
-            assert!(seed.release("warm", &me).await.unwrap());
+            assert!(php.release("warm", &me).await.unwrap());
         }
         assert_eq!(
             diff(&command_calls(&server), &before),
-            seed_cycle,
-            "seed, {m:?}"
+            php_cycle,
+            "php, {m:?}"
         );
 
         let before = command_calls(&server);
@@ -825,21 +825,21 @@ async fn holder_metadata_costs_the_server_no_command() {
     }
 }
 
-async fn seed_coord() -> coord_core::Coord {
-    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(Layout::Seed))
+async fn php_coord() -> coord_core::Coord {
+    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(Layout::Php))
         .await
         .expect("connect")
         .into_coord()
 }
 
-/// The shared inspect cases in the seed layout too.
-macro_rules! seed_layout_cases {
+/// The shared inspect cases in the PHP layout too.
+macro_rules! php_layout_cases {
     ($($case:ident),* $(,)?) => {
-        mod seed_layout {
+        mod php_layout {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let f = conformance::Factory::new(super::seed_coord);
+                    let f = conformance::Factory::new(super::php_coord);
                     conformance::cases::$case(&f).await;
                 }
             )*
@@ -847,7 +847,7 @@ macro_rules! seed_layout_cases {
     };
 }
 
-seed_layout_cases!(
+php_layout_cases!(
     inspect_lock_shows_the_holder_and_its_metadata,
     inspect_semaphore_lists_each_grant,
     inspect_lease_shows_the_holder,

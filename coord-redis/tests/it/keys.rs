@@ -1,12 +1,12 @@
 //! Key layout: every key of one primitive instance hashes to one Redis
-//! Cluster slot for every valid name (braces included), and the seed
+//! Cluster slot for every valid name (braces included), and the PHP
 //! layout refuses names whose keys would collide with another kind's.
 
 use crate::common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{SEC, granted, seed_backend, unique};
+use common::{SEC, granted, php_backend, unique};
 use conformance::testkit::redis::{self as kit, Resp};
 use coord_core::{
     Algorithm, Barrier, Election, Error, FencingSource, Lease, Limiter, Lock, OwnerToken, Quota,
@@ -151,9 +151,9 @@ fn is_invalid(r: &Result<impl std::fmt::Debug, Error>) -> bool {
 }
 
 #[tokio::test]
-async fn seed_layout_refuses_a_lock_named_like_another_locks_counter() {
+async fn php_layout_refuses_a_lock_named_like_another_locks_counter() {
     let server = kit::server();
-    let b = seed_backend(&server.url()).await;
+    let b = php_backend(&server.url()).await;
     let x = unique("seedx");
     let me = OwnerToken::random();
     let counter_name = format!("fencing_token_{x}");
@@ -179,9 +179,9 @@ async fn seed_layout_refuses_a_lock_named_like_another_locks_counter() {
 }
 
 #[tokio::test]
-async fn seed_layout_lock_and_sliding_log_of_one_name_refuse_each_other() {
+async fn php_layout_lock_and_sliding_log_of_one_name_refuse_each_other() {
     let server = kit::server();
-    let b = seed_backend(&server.url()).await;
+    let b = php_backend(&server.url()).await;
     let q = Quota::per(5, 10 * SEC);
     let me = OwnerToken::random();
 
@@ -236,12 +236,12 @@ async fn url_options_name_the_keys() {
         [format!("{prefix}lock:{{from-url}}")]
     );
     g.release().await.unwrap();
-    // The seed layout from the URL: the PHP key names (the bare name).
-    let name = unique("seed-url");
-    let seed = coord_redis::connect(&format!("{}?layout=seed", server.url()))
+    // The PHP layout from the URL: the PHP key names (the bare name).
+    let name = unique("php-url");
+    let php = coord_redis::connect(&format!("{}?layout=php", server.url()))
         .await
         .unwrap();
-    let g = seed
+    let g = php
         .locks()
         .unwrap()
         .try_acquire(&name, 30 * SEC)
@@ -252,7 +252,7 @@ async fn url_options_name_the_keys() {
     g.release().await.unwrap();
     // Nothing listens on port 1: a Config error, not Unavailable, means
     // the option was refused before any I/O.
-    for bad in ["prefx=a:", "timeout=3", "layout=php"] {
+    for bad in ["prefx=a:", "timeout=3", "layout=perl"] {
         match coord_redis::connect(&format!("redis://127.0.0.1:1/?{bad}")).await {
             Err(coord_core::Error::Config(m)) => {
                 assert!(m.contains(bad.split('=').next().unwrap()), "{m}")

@@ -81,7 +81,7 @@ async fn a_late_copy_takes_nothing(case: Case) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let layout = match case {
-        Case::SeedLock => Layout::Seed,
+        Case::SeedLock => Layout::Php,
         _ => Layout::Coord,
     };
     let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))

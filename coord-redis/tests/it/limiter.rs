@@ -6,7 +6,7 @@ use crate::common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{SEC, backend, seed_backend, unique};
+use common::{SEC, backend, php_backend, unique};
 use conformance::testkit::redis::{self as kit, CountingProxy, Resp};
 use coord_core::{Algorithm, Limiter, Quota};
 use coord_redis::{RedisBackend, RedisOptions};
@@ -329,9 +329,9 @@ async fn a_limiter_check_costs_exactly_one_round_trip() {
 #[tokio::test]
 async fn limiters_admit_exactly_the_limit_and_say_when_to_retry() {
     let b = backend(&kit::url()).await;
-    for layout_seed in [false, true] {
-        let b = if layout_seed {
-            seed_backend(&kit::url()).await
+    for layout_php in [false, true] {
+        let b = if layout_php {
+            php_backend(&kit::url()).await
         } else {
             backend(&kit::url()).await
         };
@@ -387,9 +387,9 @@ async fn limiter_windows_pass_and_free_again() {
 }
 
 #[tokio::test]
-async fn seed_sliding_log_counts_the_php_entries_and_uses_unique_members() {
+async fn php_sliding_log_counts_the_php_entries_and_uses_unique_members() {
     let server = kit::server();
-    let b = seed_backend(&server.url()).await;
+    let b = php_backend(&server.url()).await;
     let key = unique("api");
     // What PHP's checkRateLimit leaves behind: score = member = now in
     // seconds (microtime(true)).

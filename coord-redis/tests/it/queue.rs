@@ -4,7 +4,7 @@
 //! client's push (and no `PUBLISH` while nobody waits), fencing tokens and
 //! ids after the server lost its data, a mass lapse larger than one step's
 //! batch, lost keys, the delivery rule against a model of it, and some
-//! shared queue cases in the seed layout.
+//! shared queue cases in the PHP layout.
 
 use crate::common;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -660,23 +660,23 @@ async fn deliveries_follow_the_rule_as_the_model_does() {
     q.purge(&name).await.unwrap();
 }
 
-async fn seed_coord() -> coord_core::Coord {
-    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(coord_redis::Layout::Seed))
+async fn php_coord() -> coord_core::Coord {
+    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(coord_redis::Layout::Php))
         .await
         .expect("connect")
         .into_coord()
 }
 
-/// Queues are offered in [`Layout::Seed`](coord_redis::Layout::Seed) too
+/// Queues are offered in [`Layout::Php`](coord_redis::Layout::Php) too
 /// (the PHP key names include no queue keys; they live under the prefix,
 /// as leases do): some of the shared queue cases run there as well.
-macro_rules! seed_layout_cases {
+macro_rules! php_layout_cases {
     ($($case:ident),* $(,)?) => {
-        mod seed_layout {
+        mod php_layout {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let f = conformance::Factory::new(super::seed_coord);
+                    let f = conformance::Factory::new(super::php_coord);
                     conformance::cases::$case(&f).await;
                 }
             )*
@@ -684,7 +684,7 @@ macro_rules! seed_layout_cases {
     };
 }
 
-seed_layout_cases!(
+php_layout_cases!(
     queue_stale_consumer_is_refused_and_fenced_out,
     queue_fifo_within_a_group_and_ordered_groups_one_at_a_time,
     queue_dead_letters_after_max_deliveries_and_redrive,

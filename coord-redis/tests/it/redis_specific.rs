@@ -6,7 +6,7 @@
 use crate::common;
 use std::time::{Duration, Instant};
 
-use common::{SEC, backend, eventually, granted, seed_backend, unique};
+use common::{SEC, backend, eventually, granted, php_backend, unique};
 use conformance::testkit::redis::{self as kit, CountingProxy, RedisServer, Resp};
 use coord_core::util::Secret;
 use coord_core::{
@@ -16,9 +16,9 @@ use coord_core::{
 use coord_redis::{RedisBackend, RedisOptions};
 
 #[tokio::test]
-async fn seed_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
+async fn php_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     let server = kit::server();
-    let b = seed_backend(&server.url()).await;
+    let b = php_backend(&server.url()).await;
     let name = unique("order_process");
     let php_token = "0123456789abcdef0123456789abcdef";
 

@@ -158,8 +158,8 @@ async fn bad_redlock_urls_are_config_errors() {
             "prefx",
         ),
         (
-            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?layout=seed",
-            "Layout::Seed",
+            "redlock://:hunter2@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3?layout=php",
+            "Layout::Php",
         ),
     ] {
         let e = coord_redis::connect(url).await.expect_err(url);

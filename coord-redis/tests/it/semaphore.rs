@@ -1,7 +1,7 @@
 //! Redis semaphores beyond the shared cases: what stays in Redis (nothing
 //! for an idle name), a killed waiter's place lapsing, wake-ups published
 //! only to the waiters a release can grant, the request count of an
-//! uncontended cycle, and the ten semaphore cases in the seed layout.
+//! uncontended cycle, and the ten semaphore cases in the PHP layout.
 
 use crate::common;
 use std::time::Duration;
@@ -278,23 +278,23 @@ async fn wake_ups_go_only_to_waiters_that_can_be_granted() {
     assert_eq!(dbsize(&server), 0);
 }
 
-async fn seed_coord() -> coord_core::Coord {
-    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(Layout::Seed))
+async fn php_coord() -> coord_core::Coord {
+    RedisBackend::connect(RedisOptions::new(&kit::url()).layout(Layout::Php))
         .await
         .expect("connect")
         .into_coord()
 }
 
-/// Semaphores are offered in [`Layout::Seed`] too (the PHP key names
+/// Semaphores are offered in [`Layout::Php`] too (the PHP key names
 /// include no semaphore keys; they live under the prefix, as leases do):
 /// the shared semaphore cases run there as well.
-macro_rules! seed_layout_cases {
+macro_rules! php_layout_cases {
     ($($case:ident),* $(,)?) => {
-        mod seed_layout {
+        mod php_layout {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
-                    let f = conformance::Factory::new(super::seed_coord);
+                    let f = conformance::Factory::new(super::php_coord);
                     conformance::cases::$case(&f).await;
                 }
             )*
@@ -302,7 +302,7 @@ macro_rules! seed_layout_cases {
     };
 }
 
-seed_layout_cases!(
+php_layout_cases!(
     semaphore_never_more_than_total_holders_under_load,
     semaphore_crashed_holders_permit_returns_after_ttl,
     semaphore_multi_permit_acquire_is_all_or_none,

@@ -1,4 +1,4 @@
-//! The seed's "Barrier synchronization: wait for all nodes": N workers
+//! The "Barrier synchronization: wait for all nodes" scenario: N workers
 //! finish phase 1 at their own pace and start phase 2 together; the same
 //! barrier serves the next round.
 

@@ -1,4 +1,4 @@
-//! The seed's "Fencing Token": a holder that paused past its TTL comes back
+//! The "Fencing Token" scenario: a holder that paused past its TTL comes back
 //! and tries to write; the resource rejects its stale token.
 
 use std::time::Duration;

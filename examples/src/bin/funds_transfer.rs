@@ -1,4 +1,4 @@
-//! The seed's "Lock Ordering": transfers between accounts lock both
+//! The "Lock Ordering" scenario: transfers between accounts lock both
 //! accounts with `acquire_all`, which sorts the names, so opposite
 //! transfers never deadlock.
 

@@ -1,4 +1,4 @@
-//! The seed's "Lock Splitting": one lock per product, so updates to
+//! The "Lock Splitting" scenario: one lock per product, so updates to
 //! different products run concurrently while each product's stock stays
 //! exact.
 

@@ -1,4 +1,4 @@
-//! The seed's "Leader Election", corrected: the winner is the candidate that
+//! The "Leader Election" scenario, corrected: the winner is the candidate that
 //! won (not a random pick), terms rise, a leader that resigns hands over at
 //! once, and when a leader dies another takes over within its TTL.
 

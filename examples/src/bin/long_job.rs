@@ -1,4 +1,4 @@
-//! The seed's "Watchdog Pattern", corrected: a long job keeps its lock
+//! The "Watchdog Pattern" scenario, corrected: a long job keeps its lock
 //! alive with the watchdog (owner-checked renewals, never a bare EXPIRE),
 //! and learns at once if the lock is lost.
 

@@ -1,4 +1,4 @@
-//! The seed's "Lock Usage": process an order under its own lock, and fail
+//! The "Lock Usage" scenario: process an order under its own lock, and fail
 //! with a clear error when another worker holds it.
 
 use std::time::Duration;

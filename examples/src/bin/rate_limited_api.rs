@@ -1,4 +1,4 @@
-//! The seed's "Distributed Rate Limiting", corrected: several API servers
+//! The "Distributed Rate Limiting" scenario, corrected: several API servers
 //! share one quota; every request is its own record (no collapsed
 //! timestamps), checked atomically on the store's clock. Shows each
 //! algorithm.

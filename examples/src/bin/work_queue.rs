@@ -1,4 +1,4 @@
-//! The seed's "Distributed Queue: fair task distribution": producers push
+//! The "Distributed Queue: fair task distribution" scenario: producers push
 //! tasks for several tenants, workers share them, a worker killed mid-task
 //! has its task finished by another, and a stale worker's late write is
 //! rejected by its fencing token.
@@ -26,7 +26,7 @@ use coord::{Error, FencedRegister, FencingToken, MessageId, PopOptions, PushOpti
 use coord_examples::{connect, fresh};
 
 /// The results store: one fenced row per task, keeping the highest token
-/// it has seen (the seed's `WHERE fencing_token < ?`).
+/// it has seen (the PHP original's `WHERE fencing_token < ?`).
 #[derive(Default)]
 struct Results {
     rows: Mutex<HashMap<MessageId, Arc<FencedRegister<String>>>>,

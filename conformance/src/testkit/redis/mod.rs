@@ -5,7 +5,7 @@
 //!   for, and killed when the test binary exits.
 //! - [`RedisServer::start`] / [`RedisServer::start_with_password`] start a
 //!   private server (for tests that stop, restart or flush it).
-//! - [`RedisServer::command`] sends a raw command (what the seed's PHP
+//! - [`RedisServer::command`] sends a raw command (what the PHP
 //!   class would send) on a short-lived connection of its own.
 //! - [`RedisServer::pipeline`] sends many commands in one pipeline (a
 //!   burst the server runs back to back).

@@ -21,9 +21,9 @@ pub async fn backend(url: &str) -> RedisBackend {
         .expect("connect to the test redis-server")
 }
 
-/// A backend using the seed's key layout.
-pub async fn seed_backend(url: &str) -> RedisBackend {
-    RedisBackend::connect(RedisOptions::new(url).layout(Layout::Seed))
+/// A backend using the PHP original's key layout.
+pub async fn php_backend(url: &str) -> RedisBackend {
+    RedisBackend::connect(RedisOptions::new(url).layout(Layout::Php))
         .await
         .expect("connect to the test redis-server")
 }

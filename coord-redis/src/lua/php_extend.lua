@@ -1,4 +1,4 @@
--- Seed layout: compare-and-PEXPIRE. KEYS: claim, grant [, the owner's mark
+-- PHP layout: compare-and-PEXPIRE. KEYS: claim, grant [, the owner's mark
 -- (see `mark` in scripts.rs)]. ARGV: owner, ttl [, stamp, mark ttl ms].
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

@@ -1,4 +1,4 @@
--- The rest of a seed-layout acquire: a new grant writes `tail` after its
+-- The rest of a PHP-layout acquire: a new grant writes `tail` after its
 -- token; a retry by the holder keeps its grant (and metadata) as it is.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local tok = issue(KEYS[3])

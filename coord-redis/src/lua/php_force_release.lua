@@ -1,4 +1,4 @@
--- Seed layout: delete whoever holds it, then publish a wake-up.
+-- PHP layout: delete whoever holds it, then publish a wake-up.
 -- KEYS: claim, grant. ARGV: channel, payload.
 local n = redis.call('DEL', KEYS[1])
 redis.call('DEL', KEYS[2])

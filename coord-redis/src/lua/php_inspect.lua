@@ -1,4 +1,4 @@
--- Seed layout: who holds a lock (read only). KEYS: claim, grant.
+-- PHP layout: who holds a lock (read only). KEYS: claim, grant.
 -- Returns `{}` when free, else `{owner, token, pttl}` (token `''` when
 -- the holder has no grant key: a PHP holder), with the metadata as a
 -- fourth item when the grant carries some.

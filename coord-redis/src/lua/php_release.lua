@@ -1,4 +1,4 @@
--- Seed layout: compare-and-delete, then publish a wake-up.
+-- PHP layout: compare-and-delete, then publish a wake-up.
 -- KEYS: claim, grant [, the owner's mark (see `mark` in scripts.rs)]. ARGV: owner,
 -- channel, payload [, stamp, mark ttl ms].
 if redis.call('GET', KEYS[1]) == ARGV[1] then

@@ -1,7 +1,7 @@
--- `Layout::Seed` locks keep the seed's keys: the
+-- `Layout::Php` locks keep the PHP original's keys: the
 -- claim holds the bare owner token (as the PHP class writes it), the
 -- grant's token sits in a second key of the same TTL, and the counter
--- `fencing_token_<name>` is the seed's, kept for the PHP side (which
+-- `fencing_token_<name>` is the PHP original's, kept for the PHP side (which
 -- `INCR`s it).
 --
 -- A grant with holder metadata keeps it in the grant key, after the
@@ -9,7 +9,7 @@
 -- left behind by a claim deleted under it is never shown for another
 -- holder). The PHP class never reads that key.
 --
--- Acquire (the late-copy check, this, then `seed_acquire_rest.lua`).
+-- Acquire (the late-copy check, this, then `php_acquire_rest.lua`).
 -- KEYS: claim, grant, counter, the owner's mark (see `late` in scripts.rs). ARGV:
 -- owner, ttl ms, stamp.
 local tail = ''
