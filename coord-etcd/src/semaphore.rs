@@ -321,7 +321,7 @@ impl Shared {
     }
 }
 
-/// FIFO semaphores on etcd (see the crate docs): grants in arrival order
+/// FIFO semaphores on etcd (see docs/etcd.md): grants in arrival order
 /// of the queued waiters, woken by a watch on the name.
 #[async_trait]
 impl coord_core::Semaphore for EtcdBackend {
