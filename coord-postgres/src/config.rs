@@ -393,6 +393,9 @@ pub(crate) fn tls_connector(
     mode: TlsMode,
     root_cert: Option<&PathBuf>,
 ) -> Result<MakeRustlsConnect> {
+    // ring's provider (deprecated by rustls 0.23.48 for its lack of
+    // post-quantum key exchange; see coord-redis's TLS setup for why ring).
+    #[allow(deprecated)]
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

@@ -391,7 +391,12 @@ impl RedisBackend {
         let tls = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
         if tls {
             // rustls needs a process-wide crypto provider; install ring's
-            // unless the application already chose one.
+            // unless the application already chose one. (rustls 0.23.48
+            // deprecates ring's provider for its lack of post-quantum key
+            // exchange; ring builds without a C toolchain's extras, which
+            // aws-lc-rs needs. An application wanting post-quantum key
+            // exchange installs aws-lc-rs's provider first.)
+            #[allow(deprecated)]
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let custom_tls = opts.tls_root.is_some() || opts.tls_client.is_some();
