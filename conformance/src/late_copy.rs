@@ -93,3 +93,58 @@ pub async fn late_copy_after_extend<B: Lock + Semaphore>(
     );
     assert_eq!(kind.holders(direct, name).await, vec![o]);
 }
+
+/// 3 parties: b waits (through `direct`); a's arrival (through `via`,
+/// whose call timeout must be well under a second) is held in the network
+/// 2.5 s, so a's wait times out and a is withdrawn; then the held copy
+/// lands. It must not make a a member again: c's arrival must not
+/// complete the generation (2 live participants of 3). `name` must not
+/// contain `a-late`.
+pub async fn late_copy_of_a_timed_out_barrier_arrival(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    const SEC: Duration = Duration::from_secs(1);
+    // Warm the slow client's connection, so the held arrival is one request.
+    via.barriers()
+        .unwrap()
+        .wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
+        .await
+        .unwrap();
+    let b = tokio::spawn({
+        let (direct, name) = (direct.clone(), name.to_string());
+        async move {
+            let barriers = direct.barriers().unwrap();
+            barriers.wait(&name, 3, "b", 30 * SEC).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.deliver_late(
+        |chunk| chunk.windows(6).any(|w| w == b"a-late"),
+        Duration::from_millis(2500),
+        Duration::from_millis(300),
+    );
+    let a = via.barriers().unwrap().wait(name, 3, "a-late", SEC).await;
+    assert!(a.is_err(), "a passed alone with b: {a:?}");
+    assert_eq!(proxy.held(), 1, "the arrival was held");
+    let deadline = Instant::now() + 5 * SEC;
+    while proxy.delivered() < 1 {
+        assert!(Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = direct.barriers().unwrap().wait(name, 3, "c", SEC).await;
+    assert!(
+        matches!(c, Err(coord_core::Error::Timeout { .. })),
+        "a barrier of 3 passed with 2 live participants (the late copy of a \
+         withdrawn arrival counted): {c:?}"
+    );
+    assert!(
+        !b.is_finished(),
+        "b passed without a third live participant"
+    );
+    b.abort();
+}

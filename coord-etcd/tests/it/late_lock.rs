@@ -148,3 +148,19 @@ async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
 async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
     late_copy_after_extend(conformance::claim_kind::ClaimKind::Semaphore).await;
 }
+
+/// See `conformance::late_copy::late_copy_of_a_timed_out_barrier_arrival`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_timed_out_barrier_arrival_does_not_count() {
+    let prefix = unique("late-barrier");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_copy_of_a_timed_out_barrier_arrival(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("barrier").trim_end_matches('/'),
+    )
+    .await;
+}
