@@ -115,7 +115,8 @@
 //!   not with `permits_total`. One watch per name and client mirrors the
 //!   name's keys and wakes exactly the local waiters that can be granted
 //!   when a grant or place ends. `permits_total` binds while any key of
-//!   the name lives.
+//!   the name lives: a grant or place is written only while a key its
+//!   read saw (of its total) lives, or while the name has none.
 //! - **Work queues** live under `<prefix>wq/<name>/`: a record and a
 //!   payload key per message, per-group lists (all messages, ready ones),
 //!   two keys per group (its turn and lowest ready id; its head), two
