@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
 use crate::keys::BACKEND;
 use crate::pool::Keeper;
-use crate::sem_view::{Dice, View, choose, reads, view_of};
+use crate::sem_view::{Basis, Dice, View, choose, reads, view_of};
 use crate::semaphore::{Grant, Names, QUEUE_REFRESH, SemKey, slots_of};
 
 /// Rounds (read, compare-and-swap) of a queued attempt before it keeps its
@@ -156,8 +156,10 @@ impl Shared {
         let mut lease: Option<Held> = None;
         // Whether the last state read had no room for the request.
         let mut full = false;
-        // The owner's place as the last read saw it.
+        // The owner's place as the last read saw it, and what that read's
+        // check of the total rests on.
         let mut seen: Option<KeyValue> = None;
+        let mut basis = Basis::Idle;
         // The state a lost compare-and-swap returned, to try again with.
         let mut fresh: Option<View> = None;
         let mut dice = Dice::new(owner);
@@ -183,6 +185,7 @@ impl Shared {
                 },
             };
             seen.clone_from(&v.my_place);
+            basis.clone_from(&v.basis);
             if let Some(mine) = &v.mine {
                 // Ours already (a retry, or a lost reply's write landed):
                 // the same grant, refreshed.
@@ -275,7 +278,7 @@ impl Shared {
                 None => place.map(|k| (k, 0)),
             };
             let keys = (hold.clone(), place);
-            let txn = self.sem_grant_txn(&n, &value, &chosen, l, keys, owner, metadata);
+            let txn = self.sem_grant_txn(&n, &value, &chosen, l, keys, &v.basis, owner, metadata);
             let grant = Some((Duration::from_secs(ttl_s), hold.clone()));
             let resp = match self.sem_txn_on(&sk, l, grant, op, txn).await {
                 Ok(r) => r,
@@ -355,11 +358,14 @@ impl Shared {
             }
             return Ok(Attempt::Held { expires_in: None });
         }
-        self.sem_keep_place(&sk, &n, &value, seen.as_ref()).await?;
-        let expires_in = if full {
+        let placed = self
+            .sem_keep_place(&sk, &n, &value, seen.as_ref(), &basis)
+            .await?;
+        let expires_in = if full && placed {
             QUEUE_REFRESH
         } else {
-            // Lost every compare-and-swap to other grants: again soon.
+            // Lost every compare-and-swap to other grants, or the name
+            // changed under the place's write: again soon.
             Duration::from_millis(20)
         };
         Ok(Attempt::Held {
@@ -374,8 +380,10 @@ impl Shared {
     /// queue `keys.1` goes (its second answer: the place deleted, if any),
     /// compared to have the create revision read (0: a place this client's
     /// write may have queued, unseen: deleted whatever it is, as only this
-    /// client writes that key). Otherwise the name is read as [`reads`]
-    /// does.
+    /// client writes that key). The total stays the name's: the place
+    /// read (it has this total) still lives, or else the read's `basis`
+    /// still stands. Otherwise the name is read as
+    /// [`reads`] does.
     #[allow(clippy::too_many_arguments)]
     fn sem_grant_txn(
         &self,
@@ -384,6 +392,7 @@ impl Shared {
         slots: &[u32],
         lease: i64,
         keys: (Vec<u8>, Option<(Vec<u8>, i64)>),
+        basis: &Basis,
         owner: &OwnerToken,
         metadata: Option<&[u8]>,
     ) -> Txn {
@@ -405,6 +414,8 @@ impl Shared {
                 CompareOp::Equal,
                 place_rev,
             ));
+        } else {
+            when.extend(basis.compares(n));
         }
         let mut then = vec![
             put(hold, v),

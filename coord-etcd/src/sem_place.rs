@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_core::Result;
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::Shared;
+use crate::backend::{Shared, kvs};
+use crate::sem_view::Basis;
 use crate::semaphore::{Names, Place, QUEUE_ENTRY_TTL, SemKey};
 
 /// A place is renewed by an attempt at most this often.
@@ -40,14 +41,19 @@ impl Shared {
         }
     }
 
-    /// Join the queue, or renew the owner's place in it.
+    /// Join the queue, or renew the owner's place in it (`place`: as the
+    /// attempt's read saw it). A new place is written only while `basis`
+    /// (what that read's check of the total rests on) still stands, so the
+    /// name never has places or grants of two totals; `Ok(false)` if it
+    /// no longer did: nothing was written, the caller reads again soon.
     pub(crate) async fn sem_keep_place(
         self: &Arc<Self>,
         sk: &SemKey,
         n: &Names,
         value: &[u8],
         place: Option<&KeyValue>,
-    ) -> Result<()> {
+        basis: &Basis,
+    ) -> Result<bool> {
         let op = "semaphore queue";
         let ttl = QUEUE_ENTRY_TTL.as_secs();
         if let Some(kv) = place {
@@ -57,7 +63,7 @@ impl Shared {
                     .is_some_and(|w| w.lease == kv.lease() && w.at + RENEW_AFTER > now)
             });
             if fresh {
-                return Ok(());
+                return Ok(true);
             }
             if self.keepalive_once(kv.lease(), op).await? {
                 // On the lease this client recorded: its own; on another:
@@ -74,7 +80,7 @@ impl Shared {
                 if let Some(o) = old.filter(|o| o.own && o.lease != kv.lease()) {
                     self.revoke_later(o.lease);
                 }
-                return Ok(());
+                return Ok(true);
             }
             // The place lapsed with its lease: queue again, at the back.
         }
@@ -83,25 +89,39 @@ impl Shared {
         // lost may land: compared to be absent), else named by this lease.
         // Recorded first, with the lease: a release revokes it even if the
         // reply is lost (and a drop mid-call at once).
-        let (old, key) = self.sem_local(sk, |s| {
+        let (old, old_key, key) = self.sem_local(sk, |s| {
+            let old_key = s.place.clone();
             let key = s.place.get_or_insert_with(|| n.wait_on(lease)).clone();
             let place = Place {
                 lease,
                 at: since,
                 own: true,
             };
-            (s.waiter.replace(place), key)
+            (s.waiter.replace(place), old_key, key)
         });
         let named_here = key == n.wait_on(lease);
+        let mut when = vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)];
+        when.extend(basis.compares(n));
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when(when)
             .and_then([TxnOp::put(
-                key,
+                key.clone(),
                 value.to_vec(),
                 Some(PutOptions::new().with_lease(lease)),
-            )]);
+            )])
+            .or_else([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
         let resp = self.sem_txn_on(sk, lease, None, op, txn).await;
         if let Ok(r) = &resp {
+            if !r.succeeded() && kvs(r, 0).is_empty() {
+                // The basis fell (and the key is absent): this answered
+                // transaction wrote nothing, the lease serves the next key.
+                self.sem_local(sk, |s| {
+                    s.waiter = old;
+                    s.place = old_key;
+                });
+                self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                return Ok(false);
+            }
             if !r.succeeded() {
                 // Our place exists already (a lost reply's write landed):
                 // keep that one, and its lease. This lease wrote nothing;
@@ -113,7 +133,7 @@ impl Shared {
                 } else {
                     self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
                 }
-                return Ok(());
+                return Ok(true);
             }
         }
         // The old lease (if any) carried no place: it lapsed or never was.
@@ -121,6 +141,6 @@ impl Shared {
         if let Some(o) = old.filter(|o| o.own) {
             self.revoke_later(o.lease);
         }
-        resp.map(|_| ())
+        resp.map(|_| true)
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 
 use coord_core::{OwnerToken, PermitRequest, Result};
-use etcd_client::{GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
 
 use crate::barrier::corrupt;
 use crate::semaphore::{Names, mismatch, parse};
@@ -25,6 +25,46 @@ pub(crate) struct View {
     pub(crate) ahead: u32,
     /// The slots taken (below the total).
     pub(crate) taken: HashSet<u32>,
+    /// What the total was checked against, for a write to compare.
+    pub(crate) basis: Basis,
+}
+
+/// What a read's check of the total rests on. A write made on that read
+/// (a grant, a place) compares it, so that the name never has grants or
+/// places of two totals: either the name still has no grant and no place
+/// (a first grant of another total since the read fails the compare), or a
+/// grant or place the read saw, with this total, still lives (at its
+/// create revision: a key written again is another grant or place), and
+/// so, as every write compares this, every live one has this total.
+/// A write whose compare fails reads the name again.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Basis {
+    /// The read saw no grant or place of another owner: the write
+    /// compares that the name has none at all (the owner's own place, if
+    /// live, is compared by the grant that deletes it; a place is written
+    /// only where the owner's own lapsed).
+    Idle,
+    /// The newest grant or place of another owner: its key and create
+    /// revision.
+    Key(Vec<u8>, i64),
+}
+
+impl Basis {
+    /// The compares that hold iff the basis still stands.
+    pub(crate) fn compares(&self, n: &Names) -> Vec<Compare> {
+        match self {
+            Basis::Key(k, rev) => vec![Compare::create_revision(k.clone(), CompareOp::Equal, *rev)],
+            // Over a range, every key must match: none has create
+            // revision 0, and an empty range compares as an absent key.
+            Basis::Idle => [&b"h/"[..], b"w/"]
+                .iter()
+                .map(|p| {
+                    let (k, e) = n.range(p);
+                    Compare::create_revision(k, CompareOp::Equal, 0).with_range(e)
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The reads of one snapshot of a name: grants, waiters (with values) and
@@ -58,6 +98,15 @@ pub(crate) fn view_of(
     let (holds, waits, slots) = (next()?, next()?, next()?);
     let mut held = 0u32;
     let mut mine = None;
+    // The newest grant or place of another owner.
+    let basis = holds
+        .iter()
+        .chain(&waits)
+        .filter(|kv| !n.owns(kv.value()))
+        .max_by_key(|kv| kv.create_revision())
+        .map_or(Basis::Idle, |kv| {
+            Basis::Key(kv.key().to_vec(), kv.create_revision())
+        });
     for kv in holds {
         let (permits, total) =
             parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
@@ -110,6 +159,7 @@ pub(crate) fn view_of(
         my_place,
         ahead,
         taken,
+        basis,
     })
 }
 

@@ -51,7 +51,11 @@
 //! tries again with the state a lost compare-and-swap returns while that
 //! state shows room (`sem_acquire.rs`). A refused attempt with `queue`
 //! joins (or renews its place in) the queue (`sem_place.rs`); without it,
-//! writes nothing.
+//! writes nothing. The total is checked on the read, and every grant or
+//! place written compares what that check rested on (a grant or place the
+//! read saw, at its create revision, or that the name has none: see
+//! `sem_view::Basis`), so the name never has grants or places of two
+//! totals, not even when two first grants of an idle name race.
 //! Grants once made are released and extended in `sem_hold.rs`; wake-ups
 //! come from a watch per name and client (`sem_watch.rs`).
 

@@ -36,6 +36,7 @@ mod semaphore_late;
 mod semaphore_moving_retry;
 mod semaphore_queue_by_lease;
 mod semaphore_same_owner_one_client;
+mod semaphore_total_races;
 mod server;
 mod soak;
 mod spare_lease_pool_faults;
