@@ -26,7 +26,9 @@
 //!   timeline of delayed messages and delivery deadlines;
 //! - `c/L`: the lane's virtual clock, while the lane has groups;
 //! - `d/<dedup id>`: the first message's id and when the window ends, on a
-//!   lease that outlives the window.
+//!   lease that outlives the window by the write's call timeout: its life
+//!   counted from before its grant was sent, the window from after the
+//!   lease was taken (a lease is reused while it has that much left).
 //!
 //! # Steps
 //!
@@ -116,7 +118,9 @@
 //!
 //! An acked message leaves nothing; a lane without messages leaves
 //! nothing (its groups and clock go with their last message); dedup ids
-//! stay until their lease ends (the window plus 2 to 3 s). So an idle
+//! stay until their lease ends (after their push: at least the window
+//! plus a call timeout, at most the window plus two call timeouts plus
+//! 3 s). So an idle
 //! queue holds no keys once its dedup windows passed. `purge` deletes
 //! every key of the queue in one transaction.
 
@@ -152,7 +156,8 @@ const LOCAL_CAP: usize = 4096;
 /// its first read). Only hints: a wrong one costs a read.
 #[derive(Default)]
 pub(crate) struct Local {
-    /// Per TTL (seconds): (lease id, when it was granted).
+    /// Per TTL (seconds): (lease id, the earliest instant the server may
+    /// expire it: the send instant of its grant plus its TTL).
     leases: Mutex<HashMap<u64, (i64, Instant)>>,
     /// (queue, lane, id) -> the delivery.
     mine: Mutex<HashMap<(String, Lane, u64), Mine>>,
@@ -217,20 +222,36 @@ impl Shared {
         QKeys::new(self.keys.wq(queue))
     }
 
-    /// The lease dedup ids of `window` are put on: one per TTL, granted
-    /// anew after a second, living at least `window` past any put on it.
-    async fn dedup_lease(&self, window: Duration, fresh: bool) -> Result<i64> {
-        let ttl = secs(window) + 2;
+    /// The lease a dedup key of `window` goes on, for a write sent now:
+    /// one the server keeps at least `window` past the moment that write
+    /// could land (now plus one call timeout). A lease's life is counted
+    /// from before its grant was sent (the server starts it later, never
+    /// earlier), so a slow grant shortens it, never lengthens it. One is
+    /// kept per TTL and reused while it has that much left; else a new one
+    /// of the window plus two call timeouts plus 2 s, which has that much
+    /// left when its grant answers (within one call timeout).
+    async fn dedup_lease(&self, window: Duration) -> Result<i64> {
+        let ttl = secs(window.saturating_add(self.timeout.saturating_mul(2))) + 2;
+        let now = Instant::now();
+        let need = now + self.timeout + window;
         {
             let mut leases = lock(&self.wq.leases);
-            leases.retain(|_, (_, at)| at.elapsed() < Duration::from_secs(1));
-            if let (false, Some((id, _))) = (fresh, leases.get(&ttl)) {
-                return Ok(*id);
+            leases.retain(|_, (_, ends)| *ends > now);
+            if let Some((id, ends)) = leases.get(&ttl) {
+                if *ends >= need {
+                    return Ok(*id);
+                }
             }
         }
+        let sent = Instant::now();
         let id = self.grant_lease(ttl, "queue push").await?;
-        lock(&self.wq.leases).insert(ttl, (id, Instant::now()));
+        lock(&self.wq.leases).insert(ttl, (id, sent + Duration::from_secs(ttl)));
         Ok(id)
+    }
+
+    /// Stop using dedup lease `id` (the server no longer has it).
+    fn forget_dedup_lease(&self, id: i64) {
+        lock(&self.wq.leases).retain(|_, (l, _)| *l != id);
     }
 }
 
@@ -259,10 +280,6 @@ impl Shared {
         if let Some(d) = msg.dedup_id {
             alloc.push(get(k.dedup(d)));
         }
-        let mut lease = match msg.dedup_id {
-            Some(_) => Some(self.dedup_lease(msg.dedup_window, false).await?),
-            None => None,
-        };
         let mut retry = Retry::new(self, op);
         let mut s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
         loop {
@@ -286,6 +303,11 @@ impl Shared {
                     }
                 }
             }
+            // Taken for the write that follows (a duplicate needs none).
+            let lease = match msg.dedup_id {
+                Some(_) => Some(self.dedup_lease(msg.dedup_window).await?),
+                None => None,
+            };
             let state = if msg.delay.is_zero() {
                 State::Ready
             } else {
@@ -326,14 +348,19 @@ impl Shared {
                     Some(kv) => p.same(kv),
                     None => p.absent(k.dedup(d)),
                 }
+                // Measured after the lease was taken: the lease outlives
+                // the window by the write's call timeout.
                 let until = deadline_ms(msg.dedup_window);
                 p.put_leased(k.dedup(d), format!("{id} {until}"), lease);
             }
             let resp = match self.txn(op, p.into_txn(vec![], alloc.clone())).await {
                 Ok(r) => r,
                 Err(e) if lease.is_some() && is_lease_not_found(&e) => {
-                    // The cached lease ended: take a new one, and a new id.
-                    lease = Some(self.dedup_lease(msg.dedup_window, true).await?);
+                    // The lease ended (the server lost it): a new one, and
+                    // a new id.
+                    if let Some(l) = lease {
+                        self.forget_dedup_lease(l);
+                    }
                     retry.again().await?;
                     s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
                     continue;

@@ -24,6 +24,7 @@ mod lock_waiters;
 mod metrics_recorded;
 mod owner_queued_through_another_client;
 mod queue;
+mod queue_dedup_window;
 mod queue_same_delivery_races;
 mod same_owner_one_client;
 mod sem_key_history;

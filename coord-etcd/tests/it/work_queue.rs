@@ -215,8 +215,10 @@ async fn a_dedup_id_is_on_a_lease_that_outlives_its_window() {
     );
     let again = q.push_with("d", b"2", &opts).await.unwrap();
     assert_eq!((again.id, again.duplicate), (first.id, true));
-    // Gone with its lease, some seconds after the window.
-    let until = Instant::now() + window + Duration::from_secs(8);
+    // Gone with its lease: at most the window, two call timeouts and 3 s
+    // after the push.
+    let until =
+        Instant::now() + window + 2 * coord_etcd::DEFAULT_CALL_TIMEOUT + Duration::from_secs(5);
     while !names(&prefix).await.is_empty() {
         assert!(Instant::now() < until, "the dedup id outlived its lease");
         sleep(Duration::from_millis(250)).await;
