@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::{Seen, stamp};
+use coord_core::late::stamp;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
@@ -37,25 +37,47 @@ impl RedisBackend {
         ms(LEFT_MARKER_TTL.max(self.timeout * 2)).to_string()
     }
 
-    /// Whether `owner`'s release of the claim (or election) at `key` must
-    /// leave a mark: `Some((mark key, stamp, mark ttl ms, record seen))` if
-    /// one of its attempts went unanswered. Stamped after every attempt of
-    /// this owner was sent. Call [`Self::left_marked`] once the release was
-    /// answered.
-    pub(crate) fn left_mark(
+    /// Run `script` on `keys` with `args`: a step of `owner` (a release,
+    /// an extend, a resign, a renewal) on the claim or election recorded at
+    /// `key`. If one of the owner's attempts went unanswered, the step also
+    /// names the owner's mark (`mark_key()`, after `keys`) with its stamp,
+    /// taken after every attempt of the owner was sent, and the mark's
+    /// lifetime in ms (after `args`; see `scripts::mark`), so that
+    /// attempt's late copy is refused; once answered, the owner is
+    /// forgotten unless another attempt of it went unanswered meanwhile.
+    pub(crate) async fn marking_eval(
         &self,
-        key: &str,
-        owner: &OwnerToken,
+        operation: &'static str,
+        (key, owner): (&str, &OwnerToken),
+        script: &redis::Script,
+        keys: &[&str],
         mark_key: impl FnOnce() -> String,
-    ) -> Option<(String, String, String, Seen)> {
-        let seen = self.claims_unanswered.seen(key, owner)?;
-        Some((mark_key(), stamp().to_string(), self.left_marker_ms(), seen))
+        args: &[&[u8]],
+    ) -> Result<redis::Value> {
+        let Some(seen) = self.claims_unanswered.seen(key, owner) else {
+            return self.eval(operation, script, keys, args).await;
+        };
+        let (mark, at, ttl) = (mark_key(), stamp().to_string(), self.left_marker_ms());
+        let mut keys = keys.to_vec();
+        keys.push(&mark);
+        let mut args = args.to_vec();
+        args.extend([at.as_bytes(), ttl.as_bytes()]);
+        let v = self.eval(operation, script, &keys, &args).await?;
+        self.claims_unanswered.forget(key, owner, seen);
+        Ok(v)
     }
 
-    /// The mark of `owner` at `key` is on the server: forget the owner,
-    /// unless another attempt of it went unanswered since (`seen`).
-    pub(crate) fn left_marked(&self, key: &str, owner: &OwnerToken, seen: Seen) {
-        self.claims_unanswered.forget(key, owner, seen);
+    /// The script of `scripts` for the layout of `keys` (default, PHP) and
+    /// the keys it runs on: the claim, or the PHP layout's key and grant
+    /// key.
+    fn claim_script<'a>(
+        keys: &'a ClaimKeys,
+        (one, php): (&'a redis::Script, &'a redis::Script),
+    ) -> (&'a redis::Script, Vec<&'a str>) {
+        match keys {
+            ClaimKeys::One(claim) => (one, vec![claim.as_str()]),
+            ClaimKeys::Php(k) => (php, vec![k[0].as_str(), k[1].as_str()]),
+        }
     }
 
     /// Run `one` on a default-layout claim, or `php` on a PHP-layout
@@ -67,10 +89,8 @@ impl RedisBackend {
         (one, php): (&redis::Script, &redis::Script),
         args: &[&[u8]],
     ) -> Result<redis::Value> {
-        match keys {
-            ClaimKeys::One(claim) => self.eval(operation, one, &[claim], args).await,
-            ClaimKeys::Php(k) => self.eval(operation, php, &[&k[0], &k[1]], args).await,
-        }
+        let (script, keys) = Self::claim_script(keys, (one, php));
+        self.eval(operation, script, &keys, args).await
     }
 
     /// One attempt on a claim; `meta`, if any, is stored with a new grant
@@ -158,6 +178,8 @@ impl RedisBackend {
         })
     }
 
+    /// Compare-and-release; an owner with an unanswered attempt leaves a
+    /// mark, so that attempt's late copy is refused ([`Self::marking_eval`]).
     pub(crate) async fn claim_release(
         &self,
         operation: &'static str,
@@ -167,31 +189,19 @@ impl RedisBackend {
     ) -> Result<bool> {
         let hex = owner.to_hex();
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
-        let Some((left, at, ttl, seen)) = self.left_mark(keys.claim(), owner, || keys.left(&hex))
-        else {
-            let scripts = (&self.scripts.release, &self.scripts.php_release);
-            let v = self.claim_eval(operation, keys, scripts, &args).await?;
-            return flag(operation, &v);
-        };
-        // The owner left with an attempt unanswered: the release names its
-        // mark (see `scripts::mark`), so a late copy is refused.
-        let args = [args[0], args[1], args[2], at.as_bytes(), ttl.as_bytes()];
-        let v = match keys {
-            ClaimKeys::One(claim) => {
-                let keys = [claim.as_str(), &left];
-                self.eval(operation, &self.scripts.release, &keys, &args)
-                    .await?
-            }
-            ClaimKeys::Php(k) => {
-                let keys = [k[0].as_str(), &k[1], &left];
-                self.eval(operation, &self.scripts.php_release, &keys, &args)
-                    .await?
-            }
-        };
-        self.left_marked(keys.claim(), owner, seen);
+        let scripts = (&self.scripts.release, &self.scripts.php_release);
+        let (script, ks) = Self::claim_script(keys, scripts);
+        let mark = || keys.left(&hex);
+        let v = self
+            .marking_eval(operation, (keys.claim(), owner), script, &ks, mark, &args)
+            .await?;
         flag(operation, &v)
     }
 
+    /// Compare-and-expire. An owner with an unanswered attempt leaves a
+    /// mark as a release does ([`Self::marking_eval`]): that attempt's
+    /// late copy is then not taken for the holder retrying, and never sets
+    /// the expiry back to its own TTL.
     pub(crate) async fn claim_extend(
         &self,
         operation: &'static str,
@@ -203,27 +213,11 @@ impl RedisBackend {
         let ttl = ms(ttl).to_string();
         let args = [hex.as_bytes(), ttl.as_bytes()];
         let scripts = (&self.scripts.extend, &self.scripts.php_extend);
-        let Some((left, at, mark_ttl, seen)) =
-            self.left_mark(keys.claim(), owner, || keys.left(&hex))
-        else {
-            let v = self.claim_eval(operation, keys, scripts, &args).await?;
-            return flag(operation, &v);
-        };
-        // The owner has an attempt unanswered: the extend names its mark
-        // (see `scripts::mark`), so that attempt's late copy is not taken
-        // for the holder retrying and never sets the expiry back.
-        let args = [args[0], args[1], at.as_bytes(), mark_ttl.as_bytes()];
-        let v = match keys {
-            ClaimKeys::One(claim) => {
-                let keys = [claim.as_str(), &left];
-                self.eval(operation, scripts.0, &keys, &args).await?
-            }
-            ClaimKeys::Php(k) => {
-                let keys = [k[0].as_str(), &k[1], &left];
-                self.eval(operation, scripts.1, &keys, &args).await?
-            }
-        };
-        self.left_marked(keys.claim(), owner, seen);
+        let (script, ks) = Self::claim_script(keys, scripts);
+        let mark = || keys.left(&hex);
+        let v = self
+            .marking_eval(operation, (keys.claim(), owner), script, &ks, mark, &args)
+            .await?;
         flag(operation, &v)
     }
 }

@@ -63,16 +63,12 @@ impl coord_core::Election for RedisBackend {
         let ttl = ms(ttl).to_string();
         let (op, script) = ("election renew", &self.scripts.election_renew);
         let args = [hex.as_bytes(), ttl.as_bytes()];
-        let Some((left, at, mark_ttl, seen)) = self.left_mark(&key, owner, || left_key(&key, &hex))
-        else {
-            let v = self.eval(op, script, &[&key], &args).await?;
-            return flag(op, &v);
-        };
-        // A campaign attempt of this owner went unanswered: mark it, so its
-        // late copy never sets the term's expiry back.
-        let args = [args[0], args[1], at.as_bytes(), mark_ttl.as_bytes()];
-        let v = self.eval(op, script, &[&key, &left], &args).await?;
-        self.left_marked(&key, owner, seen);
+        // A campaign attempt of this owner that went unanswered is marked,
+        // so its late copy never sets the term's expiry back.
+        let mark = || left_key(&key, &hex);
+        let v = self
+            .marking_eval(op, (&key, owner), script, &[&key], mark, &args)
+            .await?;
         flag(op, &v)
     }
 
@@ -83,15 +79,11 @@ impl coord_core::Election for RedisBackend {
         let op = "election resign";
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
         let script = &self.scripts.resign;
-        let Some((left, at, ttl, seen)) = self.left_mark(&key, owner, || left_key(&key, &hex))
-        else {
-            let v = self.eval(op, script, &[&key], &args).await?;
-            return flag(op, &v);
-        };
-        // A campaign attempt of this owner went unanswered: leave its mark.
-        let args = [args[0], args[1], args[2], at.as_bytes(), ttl.as_bytes()];
-        let v = self.eval(op, script, &[&key, &left], &args).await?;
-        self.left_marked(&key, owner, seen);
+        // A campaign attempt of this owner that went unanswered is marked.
+        let mark = || left_key(&key, &hex);
+        let v = self
+            .marking_eval(op, (&key, owner), script, &[&key], mark, &args)
+            .await?;
         flag(op, &v)
     }
 
