@@ -82,6 +82,16 @@ pub async fn rwlock_writer_excludes_readers_and_writers_under_load(f: &Factory) 
                     let n = readers.fetch_add(1, Ordering::SeqCst) + 1;
                     assert!(!writing.load(Ordering::SeqCst), "a reader beside a writer");
                     most.fetch_max(n, Ordering::SeqCst);
+                    // Until two readers have overlapped, a reader stays up
+                    // to 2 s for another to join (a 5 ms read alone may
+                    // never overlap another on a slow store); a writer
+                    // queued meanwhile goes next, and the readers queued
+                    // behind it are let in together.
+                    let joined = tokio::time::Instant::now() + Duration::from_secs(2);
+                    while most.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < joined {
+                        sleep(Duration::from_millis(5)).await;
+                        most.fetch_max(readers.load(Ordering::SeqCst), Ordering::SeqCst);
+                    }
                     sleep(Duration::from_millis(5)).await;
                     readers.fetch_sub(1, Ordering::SeqCst);
                     r.release().await.unwrap();
