@@ -65,7 +65,8 @@ pub use limiter::RateLimiter;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
 pub use queue::{Delivery, MAX_BATCH, PopOptions, PushOptions, Queues};
 pub use queue_backend::{
-    Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue, QueueConfig, QueueStats,
+    ABANDONED_POP_MEMORY, Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue,
+    QueueConfig, QueueStats,
 };
 pub use rwlock::{RW_PERMITS, RwGuard, RwLocks, RwMode};
 pub use semaphore::{Permit, PermitOptions, Semaphores};

@@ -496,13 +496,15 @@ impl Queues {
     /// Take the next message of `queue` for `visibility`, waiting up to
     /// `wait` for one. `Ok(None)`: none came within `wait`.
     ///
-    /// Errors: [`Error::InvalidArgument`] (nothing sent); store errors. A
-    /// pop whose reply was lost may have delivered a message nobody
-    /// holds: it is delivered again once its visibility lapses.
+    /// Errors: [`Error::InvalidArgument`] (nothing sent); store errors.
     /// Cost: one round trip when a message is ready. Cancel-safe: if the
     /// future is dropped while an attempt is on its way, the attempt's
-    /// reply is still awaited (each attempt runs in a task of its own) and
-    /// a message it delivered is given back at once, in the background.
+    /// reply is still awaited (each attempt runs in a task of its own).
+    /// An attempt whose outcome nobody saw (dropped, timed out, its reply
+    /// lost) is abandoned in the background ([`Queue::abandon`]): a
+    /// message it delivered comes back at once, not counted as a delivery
+    /// (so `max_deliveries(1)` still delivers it once), and a copy of it
+    /// landing later delivers nothing.
     ///
     /// ```
     /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
@@ -563,25 +565,28 @@ impl Queues {
             waited_ms = tracing::field::Empty
         );
         let start = Instant::now();
-        let owner = OwnerToken::random();
         let lane = opts.lane;
-        let got: Mutex<Option<(Message, Instant)>> = Mutex::new(None);
+        let got: Mutex<Option<(Message, Instant, OwnerToken)>> = Mutex::new(None);
         let outcome = wait::until(
             || {
                 let b = self.backend.clone();
                 let got = &got;
                 async move {
                     let sent = Instant::now();
+                    // Each attempt is its own consumer: one whose reply
+                    // nobody saw is abandoned on its own, and never used
+                    // again.
+                    let owner = OwnerToken::random();
                     // The attempt runs in its own task, and the cleanup that
-                    // gives back what it delivered stays armed until its
-                    // reply is in hand: if this pop is dropped meanwhile,
-                    // the reply still arrives, to the cleanup.
+                    // undoes it stays armed until its reply is in hand: if
+                    // this pop is dropped meanwhile, the reply still
+                    // arrives, to the cleanup.
                     let (b2, name) = (b.clone(), queue.to_string());
                     let task = tokio::spawn(async move {
                         b2.try_pop(&name, lane, &owner, visibility, &config).await
                     });
                     let mut in_flight = Armed::new(GiveBack {
-                        backend: b,
+                        backend: b.clone(),
                         queue: queue.to_string(),
                         lane,
                         owner,
@@ -591,19 +596,34 @@ impl Queues {
                     // The reply is in hand: a delivery goes to the guard
                     // built from it, with no await in between.
                     in_flight.settled();
-                    let reply = reply.map_err(|e| Error::Store {
-                        backend: store,
-                        operation: "queue pop",
-                        message: format!("the pop attempt's task failed: {e}"),
-                    })?;
-                    match reply? {
-                        PopAttempt::Delivered { message, token } => {
-                            *got.lock().unwrap_or_else(|p| p.into_inner()) = Some((message, sent));
+                    let reply = match reply {
+                        Ok(r) => r,
+                        Err(e) => {
+                            abandon(b, queue.to_string(), lane, owner, None);
+                            return Err(Error::Store {
+                                backend: store,
+                                operation: "queue pop",
+                                message: format!("the pop attempt's task failed: {e}"),
+                            });
+                        }
+                    };
+                    match reply {
+                        Ok(PopAttempt::Delivered { message, token }) => {
+                            *got.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some((message, sent, owner));
                             Ok(Attempt::Granted(token))
                         }
-                        PopAttempt::Empty { next_in } => Ok(Attempt::Held {
+                        Ok(PopAttempt::Empty { next_in }) => Ok(Attempt::Held {
                             expires_in: next_in,
                         }),
+                        Err(e) => {
+                            // A timeout or a lost connection: the attempt
+                            // may have reached the store, or may still.
+                            if e.is_retryable() {
+                                abandon(b, queue.to_string(), lane, owner, None);
+                            }
+                            Err(e)
+                        }
                     }
                 }
             },
@@ -627,7 +647,7 @@ impl Queues {
         };
         let taken = got.lock().unwrap_or_else(|p| p.into_inner()).take();
         match (outcome.granted, taken) {
-            (Some(token), Some((message, sent_at))) => {
+            (Some(token), Some((message, sent_at, owner))) => {
                 span.record("outcome", "delivered");
                 metrics::queue_op(store, "deliver");
                 let mut guard = Guard::new(
@@ -741,11 +761,7 @@ impl Queues {
 }
 
 /// The undo of a pop attempt whose reply its pop did not wait for: once the
-/// reply comes, a message it delivered is given back (a nack without
-/// delay, as this consumer), sent again while the store does not answer.
-/// (An attempt whose reply was lost cannot be undone: which message it
-/// delivered is unknown. That one is delivered again once its visibility
-/// lapses.)
+/// reply comes, what the attempt may have done is abandoned ([`abandon`]).
 struct GiveBack {
     backend: Arc<dyn Queue>,
     queue: String,
@@ -765,15 +781,52 @@ impl Undo for GiveBack {
             task,
         } = self;
         settle::spawn(async move {
-            let Ok(Ok(PopAttempt::Delivered { message, .. })) = task.await else {
-                return;
+            let id = match task.await {
+                Ok(Ok(PopAttempt::Delivered { message, .. })) => Some(message.id),
+                Ok(Ok(PopAttempt::Empty { .. })) => return,
+                Ok(Err(e)) if !e.is_retryable() => return,
+                _ => None,
             };
-            let store = backend.capabilities().backend;
-            let _ = settle::retrying(store, "queue_give_back", &queue, || {
-                backend.nack(&queue, lane, message.id, &owner, Duration::ZERO)
-            })
-            .await;
+            abandon_now(backend, queue, lane, owner, id).await;
         });
+    }
+}
+
+/// Abandon, in the background, the pop attempt made as `owner`, which
+/// delivered `id` if its reply said so ([`abandon_now`]).
+fn abandon(
+    backend: Arc<dyn Queue>,
+    queue: String,
+    lane: Lane,
+    owner: OwnerToken,
+    id: Option<MessageId>,
+) {
+    settle::spawn(abandon_now(backend, queue, lane, owner, id));
+}
+
+/// Undo the pop attempt made as `owner`, whose outcome no caller saw
+/// ([`Queue::abandon`]: what it delivered comes back uncounted, and a copy
+/// landing later delivers nothing), sent again while the store does not
+/// answer. A store without it: the delivery `id` a reply showed is given
+/// back (a nack without delay); one whose reply was lost comes back when
+/// its visibility lapses.
+async fn abandon_now(
+    backend: Arc<dyn Queue>,
+    queue: String,
+    lane: Lane,
+    owner: OwnerToken,
+    id: Option<MessageId>,
+) {
+    let store = backend.capabilities().backend;
+    let r = settle::retrying(store, "queue_give_back", &queue, || {
+        backend.abandon(&queue, lane, &owner)
+    })
+    .await;
+    if let (Err(Error::Unsupported { .. }), Some(id)) = (r, id) {
+        let _ = settle::retrying(store, "queue_give_back", &queue, || {
+            backend.nack(&queue, lane, id, &owner, Duration::ZERO)
+        })
+        .await;
     }
 }
 

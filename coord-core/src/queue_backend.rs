@@ -54,6 +54,12 @@ use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
+/// How long a store remembers a consumer whose pop attempts were
+/// abandoned ([`Queue::abandon`]), so that a copy of such an attempt still
+/// in the network delivers nothing when it lands: as long as the left
+/// marks of claims.
+pub const ABANDONED_POP_MEMORY: Duration = Duration::from_secs(10);
+
 use crate::error::Result;
 use crate::types::{Capabilities, FencingToken, OwnerToken};
 use crate::wake::Waiter;
@@ -326,6 +332,29 @@ pub trait Queue: Send + Sync + 'static {
         consumer: &OwnerToken,
         delay: Duration,
     ) -> Result<bool>;
+
+    /// Undo the pop attempts made as `consumer` whose replies no caller
+    /// saw (a pop dropped, timed out or cut off mid-call; core uses a fresh
+    /// `consumer` per attempt and never another call with it). A message
+    /// in flight to `consumer` is given back at once, its attempt count
+    /// back to what it was before that delivery (no consumer saw it: with
+    /// `max_deliveries(1)` it is still delivered once), waking a waiter;
+    /// and `consumer` is remembered for at least [`ABANDONED_POP_MEMORY`]
+    /// (or twice the store's call timeout, if longer), so that an attempt
+    /// of it that reaches the store later delivers nothing. Idempotent.
+    ///
+    /// The default returns [`Error::Unsupported`](crate::Error::Unsupported):
+    /// core then gives back by id what a reply it did see delivered (a
+    /// nack without delay), and a delivery whose reply was lost stays in
+    /// flight until its visibility lapses.
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        let _ = (queue, lane, consumer);
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            primitive: "abandoning a pop attempt",
+            reason: "",
+        })
+    }
 
     /// Set the visibility deadline of message `id` to now + `visibility`
     /// iff it is in flight to `consumer` and not lapsed. Never changes the

@@ -145,6 +145,9 @@ pub(crate) struct QueueState {
     main: LaneState,
     dead: LaneState,
     dedup: HashMap<Box<str>, (u64, Instant)>,
+    /// Consumers whose pop attempts were abandoned, until when: an
+    /// attempt of one delivers nothing.
+    abandoned: HashMap<OwnerToken, Instant>,
 }
 
 impl QueueState {
@@ -156,7 +159,10 @@ impl QueueState {
     }
 
     pub(crate) fn idle(&self, now: Instant) -> bool {
-        self.main.is_empty() && self.dead.is_empty() && self.dedup.values().all(|(_, e)| *e <= now)
+        self.main.is_empty()
+            && self.dead.is_empty()
+            && self.dedup.values().all(|(_, e)| *e <= now)
+            && self.abandoned.values().all(|e| *e <= now)
     }
 
     /// The in-flight message `id` of `lane` held by `owner`, not lapsed.
@@ -247,6 +253,9 @@ impl coord_core::Queue for MemoryBackend {
         let Some(q) = shard.map.get_mut(queue) else {
             return Ok(PopAttempt::Empty { next_in: None });
         };
+        if q.abandoned.get(consumer).is_some_and(|until| *until > now) {
+            return Ok(PopAttempt::Empty { next_in: None });
+        }
         q.lane(lane).advance(now);
         loop {
             let l = q.lane(lane);
@@ -356,6 +365,44 @@ impl coord_core::Queue for MemoryBackend {
         // With a delay too, so a waiter learns when it comes due.
         self.queue_wakeups.notify_one(&wake_key(queue, lane));
         Ok(true)
+    }
+
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        let now = Instant::now();
+        let gave_back = {
+            let mut shard = self.queues.shard(queue);
+            let q = shard.entry(queue, QueueState::default, |q| q.idle(now));
+            if q.abandoned.len() > 1024 {
+                q.abandoned.retain(|_, until| *until > now);
+            }
+            q.abandoned
+                .insert(*consumer, now + coord_core::ABANDONED_POP_MEMORY);
+            let l = q.lane(lane);
+            l.advance(now);
+            let held = l.msgs.iter_mut().find(|(_, m)| {
+                m.holder.as_ref() == Some(consumer) && m.at.is_some_and(|t| t > now)
+            });
+            match held {
+                Some((&id, m)) => {
+                    let old = m.at.take();
+                    m.holder = None;
+                    m.attempts = m.attempts.saturating_sub(1);
+                    let group = m.group.clone();
+                    if let Some(t) = old {
+                        l.timeline.remove(&(t, id));
+                    }
+                    if let Some(g) = l.groups.get_mut(&group) {
+                        g.ready.insert(id);
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        if gave_back {
+            self.queue_wakeups.notify_one(&wake_key(queue, lane));
+        }
+        Ok(())
     }
 
     async fn extend(

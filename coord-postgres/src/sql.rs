@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 15;
+pub(crate) const SCHEMA_VERSION: i32 = 16;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -42,6 +42,7 @@ pub(crate) struct Sql {
     pub(crate) queue_durable: String,
     pub(crate) queue_ack: String,
     pub(crate) queue_nack: String,
+    pub(crate) queue_abandon: String,
     pub(crate) queue_extend: String,
     pub(crate) queue_peek: String,
     pub(crate) queue_redrive: String,
@@ -326,6 +327,11 @@ impl Sql {
             // $1 queue, $2 lane, $3 id, $4 owner, $5 visibility µs.
             // Compare-and-expire under the message's row lock, durable
             // (see src/sql/queue.sql).
+            // $1 queue, $2 lane, $3 owner, $4 how long it is remembered
+            // (µs), $5 the wake-up channel.
+            queue_abandon: format!(
+                "SELECT {s}.queue_abandon($1::text, $2::int2, $3::bytea, $4::int8, $5::text)"
+            ),
             queue_extend: format!(
                 "SELECT {s}.queue_extend($1::text, $2::int2, $3::int8, $4::bytea, $5::int8)"
             ),

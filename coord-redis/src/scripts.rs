@@ -455,6 +455,8 @@ const QUEUE_ACK: &str = include_str!("lua/queue_ack.lua");
 
 /// Owner-checked nack (see the file).
 const QUEUE_NACK: &str = include_str!("lua/queue_nack.lua");
+/// Abandoning a consumer whose pop attempts no caller saw (see the file).
+const QUEUE_ABANDON: &str = include_str!("lua/queue_abandon.lua");
 
 /// Owner-checked extend of a delivery (see the file).
 const QUEUE_EXTEND: &str = include_str!("lua/queue_extend.lua");
@@ -508,6 +510,8 @@ pub(crate) struct Scripts {
     pub queue_pop: Script,
     pub queue_ack: Script,
     pub queue_nack: Script,
+    /// Abandon a consumer's pop attempts.
+    pub queue_abandon: Script,
     pub queue_extend: Script,
     pub queue_peek: Script,
     pub queue_redrive: Script,
@@ -574,6 +578,7 @@ impl Scripts {
             queue_pop: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_POP]),
             queue_ack: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_ACK]),
             queue_nack: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_NACK]),
+            queue_abandon: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_ABANDON]),
             queue_extend: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_EXTEND]),
             queue_peek: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PEEK]),
             queue_redrive: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_REDRIVE]),

@@ -278,6 +278,27 @@ impl Queue for PostgresBackend {
         .await
     }
 
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        const OP: &str = "queue abandon";
+        let q = queue.to_string();
+        let l = lane_code(lane);
+        let o: &[u8] = consumer.as_bytes();
+        let keep = micros_ceil(coord_core::ABANDONED_POP_MEMORY.max(self.call_timeout * 2));
+        self.queue_step(
+            OP,
+            &self.sql.queue_abandon,
+            &[
+                (&q, Type::TEXT),
+                (&l, Type::INT2),
+                (&o, Type::BYTEA),
+                (&keep, Type::INT8),
+                (&self.channel, Type::TEXT),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn extend(
         &self,
         queue: &str,

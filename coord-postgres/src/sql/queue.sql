@@ -287,6 +287,13 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
     t := clock_timestamp();
+    -- A consumer abandoned (under this lock, so either its abandon sees
+    -- this delivery and gives it back, or this sees the mark): a copy of
+    -- its attempt that landed late delivers nothing.
+    IF EXISTS (SELECT 1 FROM @s@.queue_abandoned a
+                WHERE a.queue = p_queue AND a.owner = p_owner AND a.until > t) THEN
+        RETURN;
+    END IF;
     IF NOT @s@.queue_advance(p_queue, p_lane, t, p_advance) THEN
         o_next_us := 0;
         RETURN;
@@ -459,6 +466,43 @@ BEGIN
     PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
                                  || ':' || p_queue);
     RETURN true;
+END
+$fn$;
+
+-- Abandon the pop attempts of consumer p_owner, whose outcome no caller
+-- saw: remember it until now + p_keep_us (an attempt of it landing
+-- meanwhile delivers nothing), and give back at once a message in flight
+-- to it, its attempt count as before (nobody saw that delivery).
+CREATE OR REPLACE FUNCTION @s@.queue_abandon(
+    p_queue text, p_lane smallint, p_owner bytea, p_keep_us bigint, p_channel text)
+RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t timestamptz;
+    v_id bigint;
+    v_grp text;
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM @s@.not_read_committed();
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM pg_advisory_xact_lock(hashtext('coord-queues:@schema@'), hashtext(p_queue));
+    t := clock_timestamp();
+    INSERT INTO @s@.queue_abandoned AS a (queue, owner, until)
+    VALUES (p_queue, p_owner, t + p_keep_us * interval '1 microsecond')
+    ON CONFLICT (queue, owner) DO UPDATE SET until = greatest(a.until, EXCLUDED.until);
+    SELECT m.id, m.grp INTO v_id, v_grp FROM @s@.queue_messages m
+     WHERE m.owner = p_owner AND m.queue = p_queue AND m.lane = p_lane AND m.due_at > t
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    UPDATE @s@.queue_messages m
+       SET owner = NULL, due_at = NULL, attempts = greatest(m.attempts - 1, 0)
+     WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = v_id;
+    PERFORM @s@.queue_enter(p_queue, p_lane, v_grp, v_id, true);
+    PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
+                                 || ':' || p_queue);
 END
 $fn$;
 

@@ -207,6 +207,15 @@ CREATE TABLE IF NOT EXISTS @s@.queue_dedup (
     PRIMARY KEY (queue, dedup_id)
 );
 CREATE INDEX IF NOT EXISTS queue_dedup_expires ON @s@.queue_dedup (expires_at);
+-- queue_abandoned: consumers whose pop attempts no caller saw the outcome
+-- of, until when: an attempt of one that lands meanwhile delivers nothing.
+CREATE TABLE IF NOT EXISTS @s@.queue_abandoned (
+    queue text NOT NULL,
+    owner bytea NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (queue, owner)
+);
+CREATE INDEX IF NOT EXISTS queue_abandoned_until ON @s@.queue_abandoned (until);
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
 -- Holder metadata (layout 9): the JSON value a lock, lease or semaphore

@@ -21,8 +21,9 @@
 -- * semaphore_holders, semaphore_queue, semaphore_left: grants, queue
 --   places and marks of owners that left, expired more than the grace ago
 --   (a name has no other state).
--- * queue_dedup: dedup ids expired more than the grace ago (a queue's
---   other rows go with its last message, under the queue's lock).
+-- * queue_dedup, queue_abandoned: dedup ids and abandoned consumers
+--   expired more than the grace ago (a queue's other rows go with its
+--   last message, under the queue's lock).
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep. Sequential scans are off in
 -- here (layout 8): each DELETE picks its rows by `ctid = ANY (...)`, and
@@ -109,6 +110,13 @@ BEGIN
     DELETE FROM @s@.queue_dedup WHERE ctid = ANY (ARRAY(
         SELECT d.ctid FROM @s@.queue_dedup d
          WHERE d.expires_at < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.queue_abandoned WHERE ctid = ANY (ARRAY(
+        SELECT a.ctid FROM @s@.queue_abandoned a
+         WHERE a.until < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;

@@ -19,6 +19,7 @@ mod barrier_late;
 mod barrier_lost_state;
 mod inspect;
 mod late_claims;
+mod late_pop;
 mod limiter;
 mod lock_timeout;
 mod metrics_recorded;

@@ -270,6 +270,16 @@ impl coord_core::Queue for RedisBackend {
             .await
     }
 
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        const OP: &str = "queue abandon";
+        let keep = micros(coord_core::ABANDONED_POP_MEMORY.max(self.timeout * 2));
+        let owner = consumer.to_hex();
+        let args = [lane_arg(lane), owner.as_bytes(), keep.as_bytes()];
+        let script = &self.scripts.queue_abandon;
+        let v = self.queue_eval(OP, script, queue, &args).await?;
+        int(&v).map(|_| ()).ok_or_else(|| unexpected(OP, &v))
+    }
+
     async fn extend(
         &self,
         queue: &str,

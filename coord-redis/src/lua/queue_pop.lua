@@ -13,6 +13,10 @@
 -- considered.
 local li = tonumber(ARGV[3])
 local L, DL = LANES[li], LANES[1]
+-- An abandoned consumer (queue_abandon.lua): a copy of its attempt that
+-- lands late delivers nothing.
+local abandoned = redis.call('HGET', S, 'a:' .. ARGV[4])
+if abandoned and tonumber(abandoned) > now_us then return {0, -1} end
 advance(L)
 local maxd = tonumber(ARGV[6])
 if li ~= 0 then maxd = nil end

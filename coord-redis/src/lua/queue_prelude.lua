@@ -184,20 +184,21 @@ end
 
 -- A queue without messages keeps only what must outlive them, on a TTL:
 -- the last id and token while they are ahead of the server clock (so the
--- next ones still rise above them), and live waiting marks. Dedup ids
--- expire on their own.
+-- next ones still rise above them), live waiting marks and live marks of
+-- abandoned consumers ('a:' .. owner). Dedup ids expire on their own.
 local function tidy()
   if redis.call('EXISTS', LANES[0].I) == 1 or redis.call('EXISTS', LANES[1].I) == 1 then
     return
   end
-  local f = redis.call('HMGET', S, 'seq', 'last', 'w0', 'w1')
+  local f = redis.call('HGETALL', S)
   local all = { S, B }
   for i = 5, 22 do all[#all + 1] = KEYS[i] end
   redis.call('DEL', unpack(all))
   local keep, till = {}, now_us
-  for i, k in ipairs({ 'seq', 'last', 'w0', 'w1' }) do
-    local v = f[i]
-    if v and tonumber(v) and tonumber(v) > now_us then
+  for i = 1, #f, 2 do
+    local k, v = f[i], f[i + 1]
+    local kept = k == 'seq' or k == 'last' or k == 'w0' or k == 'w1' or string.sub(k, 1, 2) == 'a:'
+    if kept and tonumber(v) and tonumber(v) > now_us then
       keep[#keep + 1] = k
       keep[#keep + 1] = v
       if tonumber(v) > till then till = tonumber(v) end

@@ -16,6 +16,7 @@ mod fencing;
 mod inspect;
 mod keys;
 mod late_claims;
+mod late_pop;
 mod limiter;
 mod metrics_recorded;
 mod queue;

@@ -1,0 +1,32 @@
+//! Pops whose outcome nobody saw, on a queue that delivers each message
+//! once (see `conformance::late_copy::late_pop_with_one_delivery_allowed`
+//! and `dropped_pop_with_one_delivery_allowed`).
+
+use crate::common;
+use std::time::Duration;
+
+use common::unique;
+use conformance::testkit::proxy::FaultProxy;
+use conformance::testkit::redis::RedisServer;
+use coord_redis::RedisOptions;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    conformance::late_copy::late_pop_with_one_delivery_allowed(&via, &direct, &proxy, &unique("q"))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_pop_gives_back_its_delivery_uncounted() {
+    let server = RedisServer::start();
+    let c = RedisOptions::new(&server.url()).connect().await.unwrap();
+    conformance::late_copy::dropped_pop_with_one_delivery_allowed(&c, &unique("q")).await;
+}
