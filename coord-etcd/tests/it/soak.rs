@@ -15,7 +15,7 @@
 //!   elections and barriers of each kind; about a minute, most of it the
 //!   barrier grace (30 s) and the limiter leases' life.
 //! - `bounded_state_after_idle_names_100k` (`#[ignore]`, run with
-//!   `cargo test -p coord-etcd --test soak -- --ignored`): 100,000 names of
+//!   `cargo test -p coord-etcd --test it -- --ignored soak`): 100,000 names of
 //!   each kind, 1,000 elections and barriers of each kind; several minutes.
 
 use std::sync::Arc;

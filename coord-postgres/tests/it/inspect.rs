@@ -371,7 +371,7 @@ async fn a_layout_8_schema_is_upgraded_keeping_its_grants() {
     let new = backend(&cluster().url(), &schema).await;
     assert_eq!(cluster().psql("postgres", &columns).trim(), "2");
     let version = format!("SELECT version FROM \"{schema}\".meta");
-    assert_eq!(cluster().psql("postgres", &version).trim(), "15");
+    assert_eq!(cluster().psql("postgres", &version).trim(), "16");
     let b = &*new;
     assert_eq!(
         only(&Lock::inspect(b, "kept").await.unwrap()),

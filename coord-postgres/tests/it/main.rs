@@ -2,15 +2,9 @@
 //! behaviour against a real PostgreSQL 15 (directly, through PgBouncer,
 //! under failover) started by the test kit.
 //!
-//! Binaries of their own, because they need the kit's shared cluster to
-//! themselves: `faults` (freezes and crashes it; its time bounds assume
-//! nothing else runs), `durability`, `semaphore_durability`, `restart` and
-//! `queue` (crash or restart it, or change its settings), `isolation`
-//! (changes the superuser's default isolation level), `claims`, `refused`
-//! and `semaphore` (count the transaction ids the whole cluster assigns)
-//! and `listen` (counts the cluster's listening sessions). `soak` too: it
-//! keeps 64 connections busy for tens of seconds, which would starve the
-//! time-bounded tests beside it.
+//! Beside it: `faults` (freezes and crashes the kit's cluster; its time
+//! bounds assume nothing else runs) and `alone` (tests that need the
+//! cluster to themselves, one at a time).
 
 mod support;
 

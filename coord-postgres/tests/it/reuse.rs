@@ -2,7 +2,7 @@
 //! takes it in place with a higher fencing token, and only the sweep
 //! deletes a row (once its last grant ended more than the grace ago),
 //! after which the name's next grant still gets a higher token. A row of a
-//! name idle past its TTL and grace is gone (tests/soak.rs counts them at
+//! name idle past its TTL and grace is gone (tests/alone/soak.rs counts them at
 //! scale).
 
 use crate::support;

@@ -343,7 +343,7 @@ async fn an_upgraded_schema_keeps_old_and_new_clients_tokens_rising() {
     let new = coord_postgres::builder(&url).listen(false).connect().await;
     let new = new.expect("upgrade the schema");
     let version = sql(format!("SELECT version FROM \"{schema}\".meta")).await;
-    assert_eq!(version.trim(), "15");
+    assert_eq!(version.trim(), "16");
     let locks = new.locks().unwrap();
     let mut tokens = Vec::new();
     for _ in 0..2 {

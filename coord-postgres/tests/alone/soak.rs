@@ -61,6 +61,7 @@ async fn settle(b: &Arc<PostgresBackend>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_names_cost_nothing_in_the_store() {
+    let _alone = crate::ALONE.lock().await;
     let db = format!("soak_{}", std::process::id());
     let url = cluster().create_database(&db);
     let b = coord_postgres::builder(&url)

@@ -1,15 +1,10 @@
 //! Grants survive a server crash whatever the role's `synchronous_commit`.
-//! Its own test binary: it crashes the cluster.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
 use coord_core::{Attempt, FencingSource, Lease, Lock, OwnerToken};
-
-/// The tests change the server's WAL writer delay and crash it: one at a
-/// time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -27,7 +22,7 @@ fn unique(tag: &str) -> String {
 /// are still held and the next token is above every token handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let db = unique("durable");
     cluster().create_database(&db);
     let user = unique("async_role");
@@ -127,7 +122,7 @@ async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
 /// After the restart `next()` must hand out a higher token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_token_is_durable_when_returned() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let db = unique("next_durable");
     let url = cluster().create_database(&db);
     let b = coord_postgres::builder(&url)

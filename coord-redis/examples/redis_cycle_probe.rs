@@ -7,7 +7,7 @@
 //! the client's and the server's CPU time per cycle. A profiling aid next
 //! to `coord-bench`.
 //!
-//! `cargo run --release -p coord-redis --example cycle_probe`; with
+//! `cargo run --release -p coord-redis --example redis_cycle_probe`; with
 //! `PROBE_ONLY=trait` (or `coord`) only that path runs, 10 s, for a
 //! profiler (`perf record -p <pid>`), then the server's `commandstats`.
 

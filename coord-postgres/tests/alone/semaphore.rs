@@ -12,8 +12,6 @@ use conformance::testkit::postgres::cluster;
 use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use coord_postgres::PostgresBackend;
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
@@ -75,7 +73,7 @@ fn next_xid() -> u64 {
 /// TTL and the grace have passed, and the name is then bound to no total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_name_leaves_no_rows_after_its_ttl_and_the_grace() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let grace = Duration::from_millis(300);
     let b = backend(grace).await;
     let coord = b.coord();
@@ -140,7 +138,7 @@ async fn an_idle_name_leaves_no_rows_after_its_ttl_and_the_grace() {
 /// dead place after the grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_waiters_place_lapses_and_is_swept() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let grace = Duration::from_millis(300);
     let b = backend(grace).await;
     let name = unique("dead");
@@ -198,7 +196,7 @@ async fn a_dead_waiters_place_lapses_and_is_swept() {
 /// WAL flush), and 200 refused single attempts neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_waiters_write_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = backend(Duration::from_secs(60)).await;
     let name = unique("poll");
     let long = Duration::from_secs(60);
@@ -253,7 +251,7 @@ async fn notifications_go_only_to_waiters_made_grantable() {
     use coord_postgres::tokio_postgres::{self, AsyncMessage, NoTls};
     use futures::StreamExt;
 
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = backend(Duration::from_secs(60)).await;
     assert!(b.capabilities().notifications);
     let (client, mut conn) = tokio_postgres::connect(&cluster().url(), NoTls)

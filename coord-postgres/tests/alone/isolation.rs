@@ -8,7 +8,7 @@
 //! no errors: directly (prepared statements, and without them) and through
 //! PgBouncer in transaction mode.
 //!
-//! A binary of its own: the role default changes every new session of the
+//! The role default changes every new session of the
 //! test cluster. Each level uses a database of its own, so PgBouncer's
 //! server connections (pooled per database) are all opened after the
 //! default they are to show was set. The cases run one after the other.
@@ -24,8 +24,6 @@ use coord_core::{
 };
 use coord_postgres::PostgresBackend;
 use coord_postgres::tokio_postgres::{self, NoTls};
-
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Rounds per primitive and client.
 const ROUNDS: usize = 25;
@@ -254,7 +252,7 @@ async fn contended(b: &Arc<PostgresBackend>, client: &str, report: &mut Vec<(Str
 /// Set the role's default to `level`, check that new sessions (direct and
 /// through PgBouncer) start at it, then contend on three clients.
 async fn under_role_default(level: &str) {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let db = unique(&level.replace(' ', "_"));
     let direct = cluster().create_database(&db);
     raw(
@@ -374,7 +372,7 @@ async fn a_serializable_role_default_grants_no_more_than_there_is() {
 /// every step's transaction pins read committed itself, so it just works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_default_changed_behind_coords_back_is_a_clear_error_not_a_wrong_answer() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let url = cluster().url();
     for prepared in [true, false] {
         let b = coord_postgres::builder(&url)

@@ -11,7 +11,7 @@
 //! a raw connection. A profiling aid next to `coord-bench`'s handoff rows,
 //! against a throwaway cluster the conformance test kit starts.
 //!
-//! `cargo run --release -p coord-postgres --example handoff_probe` (round
+//! `cargo run --release -p coord-postgres --example pg_handoff_probe` (round
 //! trips counted in idle ones: see [`gap`]);
 //! `EXTRA=N` adds N idle connections that LISTEN on the raw channel
 //! (PostgreSQL signals every listening backend of the database on each

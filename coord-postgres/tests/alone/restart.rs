@@ -1,14 +1,11 @@
 //! The server restarts (cleanly, and like a crash) in the middle of use:
 //! locks still exclude, tokens keep rising, the pool and the LISTEN
-//! connection reconnect. Its own test binary, so its restarts do not
-//! disturb other tests; the cases here run one after the other.
+//! connection reconnect.
 
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
 use coord_core::{Coord, Error, FencingToken};
-
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn client() -> Coord {
     coord_postgres::builder(&cluster().url())
@@ -122,12 +119,12 @@ async fn restart_in_the_middle(crash: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clean_restart_in_the_middle_of_use() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     restart_in_the_middle(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_restart_in_the_middle_of_use() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     restart_in_the_middle(true).await;
 }

@@ -8,7 +8,7 @@
 //!
 //! ```sh
 //! PROBE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//!   cargo run --release -p coord-postgres --example cycle_probe -- 5 1 32
+//!   cargo run --release -p coord-postgres --example pg_cycle_probe -- 5 1 32
 //! ```
 //!
 //! Arguments: seconds per run (default 5), then task counts (default 1

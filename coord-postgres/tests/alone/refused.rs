@@ -44,6 +44,7 @@ async fn next_xid() -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_try_acquire_spends_no_transaction_id_and_locks_no_row() {
+    let _alone = crate::ALONE.lock().await;
     const ATTEMPTS: i64 = 200;
     // With prepared statements (direct connections) and without (every
     // call in BEGIN ... COMMIT, as behind PgBouncer).

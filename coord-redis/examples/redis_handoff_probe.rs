@@ -5,7 +5,7 @@
 //! message, a `SET NX PX`) and the idle `PING` round trip. A profiling aid
 //! next to `coord-bench`'s handoff rows.
 //!
-//! `cargo run --release -p coord-redis --example handoff_probe`
+//! `cargo run --release -p coord-redis --example redis_handoff_probe`
 
 use std::time::{Duration, Instant};
 

@@ -18,8 +18,6 @@ use coord_core::{
 };
 use coord_postgres::PostgresBackend;
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 const LONG: Duration = Duration::from_secs(60);
 
 fn unique(tag: &str) -> String {
@@ -128,7 +126,7 @@ async fn pop(b: &PostgresBackend, q: &str, lane: Lane, cfg: &QueueConfig) -> Pop
 /// deletes every row of the queue at once. Ids keep rising for the name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acked_or_purged_queue_leaves_no_rows() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let grace = Duration::from_millis(200);
     let b = backend(&cluster().url(), &unique("qrows"), grace).await;
     let coord = b.coord().with_poll_interval(Duration::from_secs(60));
@@ -200,7 +198,7 @@ async fn an_acked_or_purged_queue_leaves_no_rows() {
 /// such pops use no transaction id and leave the rows as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_pop_writes_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = backend(&cluster().url(), &unique("qempty"), LONG).await;
     let unknown = unique("unknown");
     let name = unique("busy");
@@ -256,7 +254,7 @@ async fn an_empty_pop_writes_nothing() {
 /// group names (quotes, colons, unicode, SQL) are ordinary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payloads_of_every_byte_value_round_trip() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let schema = unique("qbytes");
     let direct = backend(&cluster().url(), &schema, LONG).await;
     let bounced = coord_postgres::builder(&pgbouncer().url())
@@ -316,7 +314,7 @@ async fn payloads_of_every_byte_value_round_trip() {
 /// ack of an ordered group's head wakes a waiter for its next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn blocked_pops_are_woken_by_other_clients() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let schema = unique("qwake");
     let waiter = backend(&cluster().url(), &schema, LONG).await;
     let other = backend(&cluster().url(), &schema, LONG).await;
@@ -523,7 +521,7 @@ impl Model {
 /// the lanes end as the model's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_follow_the_rule_exactly() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = backend(&cluster().url(), &unique("qrule"), LONG).await;
     let groups = ["big", "big", "big", "big", "", "a", "b", "c"];
     let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -639,7 +637,7 @@ async fn deliveries_follow_the_rule_exactly() {
 /// lane are moved in bounded steps before the next good one is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = backend(&cluster().url(), &unique("qburst"), LONG).await;
     let s = b.schema().to_string();
     let name = unique("burst");
@@ -731,7 +729,7 @@ async fn a_burst_of_due_messages_and_a_large_purge_take_bounded_steps() {
 /// every token issued before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_and_tokens_survive_a_crash() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let db = unique("qdurable");
     cluster().create_database(&db);
     let user = unique("q_async_role");
@@ -846,7 +844,7 @@ async fn messages_and_tokens_survive_a_crash() {
 /// work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let schema = unique("qlayout");
     let old = backend(&cluster().url(), &schema, LONG).await;
     let lock = old
@@ -862,13 +860,13 @@ async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
         "postgres",
         &format!(
             "DROP TABLE \"{schema}\".queue_messages, \"{schema}\".queue_groups, \
-               \"{schema}\".queue_lanes, \"{schema}\".queue_dedup; \
+               \"{schema}\".queue_lanes, \"{schema}\".queue_dedup, \"{schema}\".queue_abandoned; \
              DROP SEQUENCE \"{schema}\".queue_ids, \"{schema}\".queue_flush; \
              DROP FUNCTION \"{schema}\".queue_enter, \"{schema}\".queue_leave, \
                \"{schema}\".queue_advance, \"{schema}\".queue_next_us, \"{schema}\".queue_push, \
                \"{schema}\".queue_pop, \"{schema}\".queue_ack, \"{schema}\".queue_nack, \
                \"{schema}\".queue_redrive, \"{schema}\".queue_purge, \"{schema}\".queue_held, \
-               \"{schema}\".queue_extend; \
+               \"{schema}\".queue_extend, \"{schema}\".queue_abandon; \
              UPDATE \"{schema}\".meta SET version = 7"
         ),
     );
@@ -876,10 +874,10 @@ async fn a_layout_7_schema_is_upgraded_with_the_queue_tables() {
     assert_eq!(cluster().psql("postgres", &tables).trim(), "8");
 
     let new = backend(&cluster().url(), &schema, LONG).await;
-    assert_eq!(cluster().psql("postgres", &tables).trim(), "12");
+    assert_eq!(cluster().psql("postgres", &tables).trim(), "13");
     // Upgraded to the current layout.
     let version = format!("SELECT version FROM \"{schema}\".meta");
-    assert_eq!(cluster().psql("postgres", &version).trim(), "15");
+    assert_eq!(cluster().psql("postgres", &version).trim(), "16");
     let coord = new.coord();
     assert!(
         coord

@@ -1,7 +1,6 @@
 //! Semaphore grants survive a server crash although they commit
 //! asynchronously (so the name's lock is never held across a WAL flush):
 //! the pipelined durable update flushes them before they are reported.
-//! Its own test binary: it crashes the cluster.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +33,7 @@ fn req(permits: u32, total: u32) -> PermitRequest {
 /// is free, the total still binds) and the next token is above theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_grants_survive_a_crash() {
+    let _alone = crate::ALONE.lock().await;
     let db = unique("semdurable");
     cluster().create_database(&db);
     let user = unique("sem_async_role");

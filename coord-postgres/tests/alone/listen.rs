@@ -45,6 +45,7 @@ fn listening_sessions() -> u64 {
 /// release wakes the waiter within a second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_that_cannot_connect_at_start_recovers() {
+    let _alone = crate::ALONE.lock().await;
     let port = free_port();
     let listen_url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
     let coord = coord_postgres::builder(&cluster().url())

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 use conformance::testkit::postgres::cluster;
 use coord_core::{Attempt, Lock, OwnerToken};
 
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 fn unique(tag: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
@@ -34,7 +32,7 @@ fn next_xid() -> u64 {
 /// lock or any write would need one, and its commit a WAL flush).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = coord_postgres::builder(&cluster().url())
         .listen(false)
         .connect_backend()
@@ -73,7 +71,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
 /// row lock and a pooled connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let db = unique("slowflush");
     let url = cluster().create_database(&db);
     cluster().psql(
@@ -153,7 +151,7 @@ fn running_coord_statements() -> u64 {
 /// server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = coord_postgres::builder(&cluster().url())
         .call_timeout(Duration::from_millis(500))
         .listen(false)
@@ -231,7 +229,7 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewal_that_waited_past_expiry_resurrects_nothing() {
     use coord_core::Lease;
-    let _serial = SERIAL.lock().await;
+    let _alone = crate::ALONE.lock().await;
     let b = coord_postgres::builder(&cluster().url())
         .listen(false)
         .connect_backend()
