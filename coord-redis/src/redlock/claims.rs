@@ -142,6 +142,25 @@ impl RedlockBackend {
                     let guard = guards.lock().unwrap_or_else(|e| e.into_inner())[i].take();
                     Box::pin(async move {
                         let r = b.master_acquire(kind, &nm, &ow, ttl, me.as_deref()).await;
+                        if matches!(&r, Err(e) if e.is_retryable()) {
+                            // Timed out or cut off: the attempt may have
+                            // been granted there, or may be still. Unless
+                            // the claim is granted, release it there once
+                            // decided: the owner's attempt went unanswered,
+                            // so the release leaves a mark that refuses a
+                            // copy landing later.
+                            tokio::spawn(async move {
+                                let _guard = guard;
+                                let d = match decision.wait_for(Option::is_some).await {
+                                    Ok(d) => d.clone(),
+                                    Err(_) => None,
+                                };
+                                if !matches!(d, Some(Decision::Granted(..))) {
+                                    let _ = b.master_release(kind, &nm, &ow).await;
+                                }
+                            });
+                            return r;
+                        }
                         let Ok(Attempt::Granted(mine)) = r else {
                             return r;
                         };

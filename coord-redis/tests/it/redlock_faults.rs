@@ -1317,3 +1317,73 @@ async fn a_stale_release_finding_the_owner_on_a_minority_reports_false() {
     );
     assert!(rb.release("stale", &other).await.unwrap());
 }
+
+/// A `try_acquire` refused while its call to one master is held in the
+/// network past the call timeout: the held copy lands after the holder
+/// released. It must not leave a claim there (for its whole TTL): with
+/// another master then down, nobody could take the free lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_try_acquire_whose_call_timed_out_leaves_nothing_behind() {
+    use conformance::testkit::proxy::FaultProxy;
+    let set = RedlockMasters::start(3);
+    let ms = set.masters();
+    let proxy = FaultProxy::start(ms[0].port());
+    let slow_url = format!(
+        "redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}?timeout=200ms",
+        proxy.port(),
+        ms[1].port(),
+        ms[2].port()
+    );
+    let (a, b) = (client(&set.url()).await, client(&slow_url).await);
+    // Both connected to every master, b's connection to master 0 warm.
+    let _ = b.locks().unwrap().inspect("timed-out-refused").await;
+    let g = a
+        .locks()
+        .unwrap()
+        .try_acquire("timed-out-refused", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.deliver_late(
+        |chunk| chunk.windows(17).any(|w| w == b"timed-out-refused"),
+        Duration::from_millis(1500),
+        Duration::from_millis(300),
+    );
+    let refused = b
+        .locks()
+        .unwrap()
+        .try_acquire("timed-out-refused", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(refused.is_none(), "granted beside the holder");
+    assert_eq!(proxy.held(), 1, "b's call to master 0 was held");
+    g.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.delivered() < 1 {
+        assert!(Instant::now() < deadline, "never delivered");
+        sleep(Duration::from_millis(50)).await;
+    }
+    sleep(Duration::from_millis(500)).await;
+    // (The owner's mark, which refused the copy, is not a claim.)
+    let left: Vec<_> = live_claims(&ms[0], "timed-out-refused")
+        .into_iter()
+        .filter(|(k, _, _)| !k.contains(":left:"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "the refused attempt's late copy left a claim on master 0: {left:?}"
+    );
+    // With master 2 frozen, the free lock can still be taken.
+    let frozen = Frozen::pause(&ms[2]);
+    let got = a
+        .locks()
+        .unwrap()
+        .acquire(
+            "timed-out-refused",
+            Duration::from_secs(5),
+            Duration::from_secs(3),
+        )
+        .await;
+    drop(frozen);
+    assert!(got.is_ok(), "the free lock could not be taken: {got:?}");
+}
