@@ -17,12 +17,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-use crate::entries::{Entry, EntryKey};
-use crate::keys::{BACKEND, Keys, map_err, not_sent};
+use crate::claim::entries::{Entry, EntryKey};
+use crate::client::keys::{BACKEND, Keys, map_err, not_sent};
+use crate::client::pool::Pool;
+use crate::client::watch::WatchSlot;
 use crate::limiter::LimiterRequest;
 use crate::options::EtcdOptions;
-use crate::pool::Pool;
-use crate::watch::WatchSlot;
 
 /// The etcd backend: implements every coord-core trait
 /// ([`Lock`](coord_core::Lock), [`Lease`](coord_core::Lease),
@@ -76,9 +76,9 @@ pub(crate) struct Shared {
     /// The size of `entries` at which it is next swept.
     pub(crate) prune_at: AtomicUsize,
     /// One call at a time per claim (kind, name, owner) and per
-    /// semaphore owner: see [`Shared::one_call`](crate::entries).
+    /// semaphore owner: see [`Shared::one_call`](crate::claim::entries).
     pub(crate) claim_calls:
-        Mutex<HashMap<crate::entries::Turn, std::sync::Weak<tokio::sync::Mutex<()>>>>,
+        Mutex<HashMap<crate::claim::entries::Turn, std::sync::Weak<tokio::sync::Mutex<()>>>>,
     /// Owners whose one attempt was refused without writing anything: their
     /// next attempt (a waiter's, after subscribing) queues.
     pub(crate) tried: Mutex<HashMap<EntryKey, tokio::time::Instant>>,
@@ -215,7 +215,7 @@ impl EtcdBackend {
             endpoints: opts.hosts.clone(),
             prefix: opts.prefix.clone(),
             entries: Mutex::new(HashMap::new()),
-            prune_at: AtomicUsize::new(crate::entries::PRUNE_AT),
+            prune_at: AtomicUsize::new(crate::claim::entries::PRUNE_AT),
             claim_calls: Mutex::new(HashMap::new()),
             tried: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),

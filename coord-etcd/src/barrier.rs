@@ -12,7 +12,7 @@ use coord_core::{Arrival, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, secs};
-use crate::keys::BACKEND;
+use crate::client::keys::BACKEND;
 use crate::limiter::nanos_now;
 
 /// How long a barrier's state outlives its last write or the last

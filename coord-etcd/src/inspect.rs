@@ -16,7 +16,7 @@ use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 
 use crate::backend::{Shared, kvs};
 use crate::barrier::corrupt;
-use crate::keys::{prefix_end, split_lease_value};
+use crate::client::keys::{prefix_end, split_lease_value};
 use crate::semaphore::{owner_in, parse, split_value};
 
 /// A semaphore's holders whose remaining time is asked for at most (one

@@ -24,31 +24,13 @@
 
 mod backend;
 mod barrier;
-mod claims;
-mod entries;
-mod handoff;
-mod holding;
+mod claim;
+mod client;
 mod inspect;
-mod keys;
 mod limiter;
-mod named_lease;
 mod options;
-mod pool;
-mod queue;
-mod sem_acquire;
-mod sem_hold;
-mod sem_place;
-mod sem_view;
-mod sem_watch;
 mod semaphore;
-mod watch;
 mod work_queue;
-mod wq_due;
-mod wq_group;
-mod wq_keys;
-mod wq_ops;
-mod wq_plan;
-mod wq_pop;
 
 use std::time::Duration;
 
@@ -64,9 +46,9 @@ pub use backend::EtcdBackend;
 pub use options::{DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, EtcdOptions};
 
 use backend::wake_key;
-use claims::ClaimSpec;
-use keys::prefix_end;
-use watch::WatchKind;
+use claim::attempt::ClaimSpec;
+use client::keys::{self, prefix_end};
+use client::watch::WatchKind;
 
 /// Connect to the etcd cluster named by `url` and return a [`Coord`] with
 /// every primitive. See [`EtcdOptions::parse`] for the URL format:

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::backend::{Shared, is_lease_not_found, lock, secs};
 use crate::barrier::corrupt;
-use crate::keys::BACKEND;
+use crate::client::keys::BACKEND;
 
 /// One pending check: quota, cost, and where its answer goes.
 pub(crate) type LimiterRequest = (

@@ -18,7 +18,7 @@
 //!   by create revision.
 //!
 //! Grant and place keys are named by a lease, not by their owner (as lock
-//! keys are, `claims.rs`): the lease the key's first write went on. A
+//! keys are, `claim/attempt.rs`): the lease the key's first write went on. A
 //! lease carries one key of a kind at a time and goes back to the spare
 //! pool only once that key was deleted by an answered call, so two live
 //! grants (or places) never share a key, while the next grant on the spare
@@ -49,15 +49,21 @@
 //! request queued ahead of it (the whole queue for an owner not in it) fit
 //! into the free permits; it then takes free slots chosen at random, and
 //! tries again with the state a lost compare-and-swap returns while that
-//! state shows room (`sem_acquire.rs`). A refused attempt with `queue`
-//! joins (or renews its place in) the queue (`sem_place.rs`); without it,
+//! state shows room (`semaphore/acquire.rs`). A refused attempt with `queue`
+//! joins (or renews its place in) the queue (`semaphore/place.rs`); without it,
 //! writes nothing. The total is checked on the read, and every grant or
 //! place written compares what that check rested on (a grant or place the
 //! read saw, at its create revision, or that the name has none: see
 //! `sem_view::Basis`), so the name never has grants or places of two
 //! totals, not even when two first grants of an idle name race.
-//! Grants once made are released and extended in `sem_hold.rs`; wake-ups
-//! come from a watch per name and client (`sem_watch.rs`).
+//! Grants once made are released and extended in `semaphore/hold.rs`; wake-ups
+//! come from a watch per name and client (`semaphore/watch.rs`).
+
+pub(crate) mod acquire;
+pub(crate) mod hold;
+pub(crate) mod place;
+pub(crate) mod view;
+pub(crate) mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -68,8 +74,8 @@ use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Result, async_trait}
 use tokio::time::Instant;
 
 use crate::backend::{EtcdBackend, Shared, lock};
-use crate::keys::prefix_end;
-use crate::pool::Keeper;
+use crate::client::keys::prefix_end;
+use crate::client::pool::Keeper;
 
 /// How long a queued waiter's place lasts without an attempt renewing it
 /// (as coord-memory's `QUEUE_ENTRY_TTL`).

@@ -34,7 +34,7 @@
 //!
 //! Every operation reads (one read-only transaction, or two when the
 //! second depends on the first) and then sends one transaction whose
-//! compares hold what it read still true (`wq_plan.rs`); one that lost a
+//! compares hold what it read still true (`work_queue/plan.rs`); one that lost a
 //! race changes nothing and is tried again on fresh reads, with a random
 //! backoff, for up to the call timeout (then `Error::Unavailable`).
 //!
@@ -46,7 +46,7 @@
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.
-//! - **pop** (`wq_pop.rs`): the timeline and the index's first keys, the
+//! - **pop** (`work_queue/pop.rs`): the timeline and the index's first keys, the
 //!   groups found there, then one transaction offering the next few
 //!   deliveries as nested levels, so racing consumers do not all lose to
 //!   the winner; it compares the group's record and the lane's clock, not
@@ -124,6 +124,13 @@
 //! queue holds no keys once its dedup windows passed. `purge` deletes
 //! every key of the queue in one transaction.
 
+pub(crate) mod due;
+pub(crate) mod group;
+pub(crate) mod keys;
+pub(crate) mod ops;
+pub(crate) mod plan;
+pub(crate) mod pop;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, UNIX_EPOCH};
@@ -139,11 +146,11 @@ use tokio::time::Instant;
 
 use crate::backend::{EtcdBackend, Shared, is_lease_not_found, lock, secs};
 use crate::barrier::corrupt;
-use crate::keys::prefix_end;
-use crate::watch::WatchKind;
-use crate::wq_group::{Landing, insert, landing_ops};
-use crate::wq_keys::{Meta, QKeys, State};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
+use crate::client::keys::prefix_end;
+use crate::client::watch::WatchKind;
+use crate::work_queue::group::{Landing, insert, landing_ops};
+use crate::work_queue::keys::{Meta, QKeys, State};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
 
 /// How many entries each map of [`Local`] holds at most (it is emptied
 /// when it would hold more: only hints are lost).

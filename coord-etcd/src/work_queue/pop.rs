@@ -24,12 +24,12 @@ use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use crate::backend::{Shared, header_rev};
 use crate::barrier::corrupt;
-use crate::keys::prefix_end;
+use crate::client::keys::prefix_end;
+use crate::work_queue::due::{advance, dead_letter, due_of};
+use crate::work_queue::group::id_in;
+use crate::work_queue::keys::{Group, Meta, QKeys, State, id_of, pair_of, with_id};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read, until_ms};
 use crate::work_queue::{Mine, message_of};
-use crate::wq_due::{advance, dead_letter, due_of};
-use crate::wq_group::id_in;
-use crate::wq_keys::{Group, Meta, QKeys, State, id_of, pair_of, with_id};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read, until_ms};
 
 /// How many timeline entries a pop reads (and makes ready at most, when
 /// due) at a time.

@@ -1,7 +1,7 @@
 //! Semaphore attempts: the grant transaction (see `semaphore.rs` for the
 //! layout; the read of a name and the choice of slots are in
-//! `sem_view.rs`, a refused waiter's place in the queue in
-//! `sem_place.rs`).
+//! `semaphore/view.rs`, a refused waiter's place in the queue in
+//! `semaphore/place.rs`).
 //!
 //! An attempt reads the name in one snapshot: the grant and waiter keys
 //! with their values, the slot keys without (keys only), so a read costs
@@ -45,9 +45,9 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
-use crate::keys::BACKEND;
-use crate::pool::Keeper;
-use crate::sem_view::{Basis, Dice, View, choose, reads, view_of};
+use crate::client::keys::BACKEND;
+use crate::client::pool::Keeper;
+use crate::semaphore::view::{Basis, Dice, View, choose, reads, view_of};
 use crate::semaphore::{Grant, Names, QUEUE_REFRESH, SemKey, slots_of};
 
 /// Rounds (read, compare-and-swap) of a queued attempt before it keeps its

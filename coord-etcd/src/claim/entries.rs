@@ -13,8 +13,8 @@ use etcd_client::KeyValue;
 use tokio::time::Instant;
 
 use crate::backend::{Shared, lock};
-use crate::pool::Keeper;
-use crate::queue::Queued;
+use crate::claim::waiters::Queued;
+use crate::client::pool::Keeper;
 use crate::semaphore::SemKey;
 
 /// Where a local claim stands.

@@ -17,8 +17,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, Txn
 use tokio::time::{Instant, sleep};
 
 use crate::backend::{Shared, header_rev};
-use crate::keys::BACKEND;
-use crate::wq_keys::after;
+use crate::client::keys::BACKEND;
+use crate::work_queue::keys::after;
 
 /// The answers of one transaction's reads, in order, and its revision.
 pub(crate) struct Snap {

@@ -21,11 +21,11 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTar
 use tokio::time::Instant;
 
 use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::handoff::is_head;
-use crate::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
-use crate::pool::fresh_enough;
-use crate::queue::clear_last_refused;
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::claim::handoff::is_head;
+use crate::claim::waiters::clear_last_refused;
+use crate::client::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
+use crate::client::pool::fresh_enough;
 
 /// The retryable error of an attempt whose lease was gone before its write
 /// took effect: nothing of it is left.

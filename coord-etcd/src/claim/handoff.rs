@@ -22,7 +22,7 @@
 //!
 //! The grant's validity basis: the waiter's lease must be known to live a
 //! TTL from the attempt's start, less the reuse slack
-//! ([`reuse_slack`](crate::pool::reuse_slack)); the waiter's keepalives
+//! ([`reuse_slack`](crate::client::pool::reuse_slack)); the waiter's keepalives
 //! record that, and a waiter that learns it is next in line refreshes its
 //! lease at once. Otherwise the handoff sends one keepalive (no
 //! transaction), and a lease the server no longer has falls back to the
@@ -37,9 +37,9 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::backend::{Shared, lock};
-use crate::entries::{Entry, EntryKey, EntryState};
-use crate::pool::fresh_enough;
-use crate::queue::Pred;
+use crate::claim::entries::{Entry, EntryKey, EntryState};
+use crate::claim::waiters::Pred;
+use crate::client::pool::fresh_enough;
 
 /// Whether `pred` is the queue's first key `head` (both read in one
 /// transaction).

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::EtcdBackend;
 use crate::backend::{header_rev, kvs, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::keys::{lease_value, split_lease_value};
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::client::keys::{lease_value, split_lease_value};
 
 #[async_trait]
 impl coord_core::Lease for EtcdBackend {

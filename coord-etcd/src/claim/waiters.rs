@@ -22,7 +22,7 @@ use etcd_client::{EventType, WatchOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::{AbortOnDrop, Shared, lock, wake_key};
-use crate::entries::{Entry, EntryKey, EntryState};
+use crate::claim::entries::{Entry, EntryKey, EntryState};
 
 thread_local! {
     /// (the client, by address; the owner whose attempt was refused).

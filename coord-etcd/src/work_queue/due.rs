@@ -1,4 +1,4 @@
-//! The steps a pop takes before it delivers (see `wq_pop.rs`): making due
+//! The steps a pop takes before it delivers (see `work_queue/pop.rs`): making due
 //! timeline entries ready (delayed messages, lapsed deliveries), and moving
 //! a message delivered `max_deliveries` times to the dead lane.
 
@@ -9,11 +9,11 @@ use etcd_client::{KeyValue, TxnOp};
 
 use crate::backend::Shared;
 use crate::barrier::corrupt;
-use crate::wq_group::{
+use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, insert, landing_ops, remove, set_group,
 };
-use crate::wq_keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
-use crate::wq_plan::{Plan, Snap, get, read};
+use crate::work_queue::keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
+use crate::work_queue::plan::{Plan, Snap, get, read};
 
 /// A timeline entry that is due.
 pub(crate) struct Due {

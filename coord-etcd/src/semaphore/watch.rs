@@ -18,9 +18,9 @@ use tokio::sync::watch;
 use tokio::time::sleep;
 
 use crate::backend::{AbortOnDrop, Shared, lock};
-use crate::keys::prefix_end;
+use crate::client::keys::prefix_end;
+use crate::client::watch::WatchSlot;
 use crate::semaphore::{owner_in, parse};
-use crate::watch::WatchSlot;
 
 /// The wake-up key of one owner's waiting acquire on `name`.
 fn owner_wake(name: &str, owner_hex: &str) -> String {

@@ -14,8 +14,8 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::backend::{Shared, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::keys::{prefix_end, split_lease_value};
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::client::keys::{prefix_end, split_lease_value};
 
 impl Shared {
     /// Release (or resign, or leave the queue, or revoke a named lease):
@@ -144,7 +144,7 @@ impl Shared {
     ///
     /// A key of this claim alone (`own_key`: its name carries the lease of
     /// the claim's first attempt, which no other claim writes while this
-    /// one lives: see `claims.rs`) takes a plain delete that returns what
+    /// one lives: see `claim/attempt.rs`) takes a plain delete that returns what
     /// was there: the claim was live until now iff the key deleted has
     /// this claim's create revision. A key re-created by a late copy of
     /// one of this claim's attempts is then deleted too, which is what its

@@ -1,6 +1,6 @@
 //! A semaphore attempt's view of a name (one snapshot of its grants,
 //! waiters and slots) and its random choice of free slots (see
-//! `sem_acquire.rs`).
+//! `semaphore/acquire.rs`).
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};

@@ -11,7 +11,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs, lock, secs};
-use crate::keys::{BACKEND, prefix_end};
+use crate::client::keys::{BACKEND, prefix_end};
 use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 
 /// Reads and deletes of a release whose owner's keys keep changing

@@ -26,7 +26,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, sleep};
 
 use crate::backend::{Shared, lock};
-use crate::keys::BACKEND;
+use crate::client::keys::BACKEND;
 
 /// How long a spare lease may stay unused before it is revoked.
 pub(crate) const IDLE_GRACE: Duration = Duration::from_secs(5);

@@ -10,7 +10,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, Txn
 use tokio::time::Instant;
 
 use crate::backend::{Shared, kvs};
-use crate::sem_view::Basis;
+use crate::semaphore::view::Basis;
 use crate::semaphore::{Names, Place, QUEUE_ENTRY_TTL, SemKey};
 
 /// A place is renewed by an attempt at most this often.

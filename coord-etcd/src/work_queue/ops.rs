@@ -9,13 +9,15 @@ use etcd_client::{CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, Tx
 
 use crate::backend::{Shared, header_rev};
 use crate::barrier::corrupt;
-use crate::keys::prefix_end;
-use crate::work_queue::{Mine, message_of};
-use crate::wq_group::{
+use crate::client::keys::prefix_end;
+use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, id_in, insert, landing_ops, remove, set_group,
 };
-use crate::wq_keys::{Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, read};
+use crate::work_queue::keys::{
+    Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id,
+};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, read};
+use crate::work_queue::{Mine, message_of};
 
 /// At most this many payload bytes per read of a peek.
 const PEEK_BYTES: u64 = 2 * 1024 * 1024;
