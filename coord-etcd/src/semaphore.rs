@@ -65,17 +65,17 @@ pub(crate) mod place;
 pub(crate) mod view;
 pub(crate) mod watch;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::inspect::ClaimRecord;
-use coord_core::wake::Waiter;
-use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Result, async_trait};
+use coord_core::{Error, OwnerToken, Result};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, Shared, lock};
 use crate::client::keys::prefix_end;
 use crate::client::pool::Keeper;
+use crate::client::turns::{OneCall, Turns};
+use crate::client::{Etcd, lock};
 
 /// How long a queued waiter's place lasts without an attempt renewing it
 /// (as coord-memory's `QUEUE_ENTRY_TTL`).
@@ -262,9 +262,38 @@ impl Names {
     }
 }
 
-impl Shared {
+/// This client's semaphore grants and queue places.
+pub(crate) struct Semaphores {
+    pub(crate) etcd: Arc<Etcd>,
+    /// This client's semaphore grants and queue places.
+    pub(crate) sems: Mutex<HashMap<SemKey, SemLocal>>,
+    /// One call at a time per owner of a semaphore: see
+    /// [`Semaphores::one_call`].
+    turns: Turns<SemKey>,
+}
+
+impl Semaphores {
+    pub(crate) fn new(etcd: Arc<Etcd>) -> Self {
+        Semaphores {
+            etcd,
+            sems: Mutex::new(HashMap::new()),
+            turns: Turns::default(),
+        }
+    }
+
+    /// Wait until no other call of this client on one owner's's permits of a
+    /// semaphore (`sk`: its name and owner), for the same reason: two
+    /// attempts of one owner with room for both each wrote a grant of its
+    /// own (two tokens, twice the permits) and the second to land revoked
+    /// the other's lease; an attempt racing the owner's moving extend
+    /// revoked the lease the grant had just moved to
+    /// (tests/it/semaphore_same_owner_one_client.rs).
+    pub(crate) async fn one_call(&self, sk: &SemKey) -> OneCall<SemKey> {
+        self.turns.take(sk.clone()).await
+    }
+
     pub(crate) fn sem_names(&self, name: &str, owner: &OwnerToken) -> Names {
-        let base = self.keys.sem(name);
+        let base = self.etcd.keys.sem(name);
         let owner = owner.to_hex().into_bytes();
         Names { base, owner }
     }
@@ -303,7 +332,7 @@ impl Shared {
             let place = s.waiter.filter(|w| w.own).map(|w| w.lease);
             let grant = s.grant.filter(|g| g.own).map(|g| g.lease);
             for l in place.into_iter().chain(grant) {
-                self.revoke_later(l);
+                self.etcd.revoke_later(l);
             }
         }
     }
@@ -322,79 +351,14 @@ impl Shared {
         // spare is dead (after an etcd restore, say), the rest are left
         // to later calls once SPARE_BUDGET is spent.
         while since.elapsed() < SPARE_BUDGET {
-            let Some(s) = self.take_spare(ttl) else { break };
-            if let (true, keeper) = self.refresh(s.id, s.keeper, op).await? {
+            let Some(s) = self.etcd.take_spare(ttl) else {
+                break;
+            };
+            if let (true, keeper) = self.etcd.refresh(s.id, s.keeper, op).await? {
                 return Ok((s.id, keeper, since));
             }
         }
-        Ok((self.grant_lease(ttl, op).await?, None, since))
-    }
-}
-
-/// FIFO semaphores on etcd (see docs/etcd.md): grants in arrival order
-/// of the queued waiters, woken by a watch on the name.
-#[async_trait]
-impl coord_core::Semaphore for EtcdBackend {
-    fn capabilities(&self) -> &coord_core::Capabilities {
-        &self.shared.caps
-    }
-
-    fn fifo(&self) -> bool {
-        true
-    }
-
-    /// A grant writes one slot key per permit in one transaction, and etcd
-    /// takes at most 128 operations per transaction by default
-    /// (`--max-txn-ops`): at most 64 permits per request.
-    fn max_permits_per_request(&self) -> u32 {
-        64
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        request: &PermitRequest,
-    ) -> Result<Attempt> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared
-            .sem_try_acquire(name, owner, request, None)
-            .await
-    }
-
-    async fn try_acquire_with_metadata(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        request: &PermitRequest,
-        metadata: &[u8],
-    ) -> Result<Attempt> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared
-            .sem_try_acquire(name, owner, request, Some(metadata))
-            .await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
-        self.shared.sem_inspect(name).await
-    }
-
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared.sem_release(name, owner).await
-    }
-
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        Ok(self.shared.sem_extend(name, owner, ttl).await?.is_some())
-    }
-
-    async fn force_release(&self, name: &str) -> Result<bool> {
-        self.shared.sem_force_release(name).await
-    }
-
-    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
-        self.shared.subscribe_sem(name, owner).await
+        Ok((self.etcd.grant_lease(ttl, op).await?, None, since))
     }
 }
 

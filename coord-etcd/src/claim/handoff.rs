@@ -36,9 +36,10 @@ use coord_core::{Attempt, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::{Shared, lock};
+use crate::claim::Claims;
 use crate::claim::entries::{Entry, EntryKey, EntryState};
 use crate::claim::waiters::Pred;
+use crate::client::lock;
 use crate::client::pool::fresh_enough;
 
 /// Whether `pred` is the queue's first key `head` (both read in one
@@ -47,7 +48,7 @@ pub(crate) fn is_head(head: Option<&KeyValue>, pred: Option<&KeyValue>) -> bool 
     head.zip(pred).is_some_and(|(h, p)| h.key() == p.key())
 }
 
-impl Shared {
+impl Claims {
     /// The watch of `ek`'s predecessor `pred` saw that it was the holder:
     /// remember it (waking nobody), and refresh `ek`'s lease now so that
     /// the handoff needs no request.
@@ -69,7 +70,11 @@ impl Shared {
         let ek = ek.clone();
         tokio::spawn(async move {
             let sent = Instant::now();
-            if let Ok(alive) = shared.keepalive_once(lease, "lock wait keepalive").await {
+            if let Ok(alive) = shared
+                .etcd
+                .keepalive_once(lease, "lock wait keepalive")
+                .await
+            {
                 shared.set_fresh(&ek, lease, alive.then(|| sent + Duration::from_secs(ttl)));
             }
         });
@@ -121,7 +126,7 @@ impl Shared {
         let deadline = match fresh.filter(|f| fresh_enough(*f, start, ttl)) {
             Some(f) => f,
             // Sent after the attempt began: the lease lives a TTL from then.
-            None if self.keepalive_once(lease, op).await? => start + ttl,
+            None if self.etcd.keepalive_once(lease, op).await? => start + ttl,
             None => return Ok(None),
         };
         let granted = {
@@ -163,7 +168,7 @@ impl Shared {
             )]);
         let shared = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = shared.txn("lock head marker", txn).await {
+            if let Err(e) = shared.etcd.txn("lock head marker", txn).await {
                 tracing::debug!(error = %e, "a lock head marker failed; the next waiter reads the queue");
             }
         });

@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use coord_core::{Lane, Result};
 use etcd_client::{KeyValue, TxnOp};
 
-use crate::backend::Shared;
-use crate::barrier::corrupt;
+use crate::client::{Etcd, corrupt};
 use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, insert, landing_ops, remove, set_group,
 };
@@ -46,7 +45,7 @@ pub(crate) fn due_of(s: &Snap, now: u64, op: &'static str) -> Result<(Vec<Due>, 
 
 /// Make the due messages ready. `Ok(false)`: lost a race (nothing done).
 pub(crate) async fn advance(
-    sh: &Shared,
+    sh: &Etcd,
     k: &QKeys,
     l: Lane,
     due: &[Due],
@@ -109,7 +108,7 @@ pub(crate) async fn advance(
 /// Move the main lane's next message `id` (its ready entry as read: `rkv`)
 /// to the dead lane, attempts kept, ready. `Ok(false)`: lost a race.
 pub(crate) async fn dead_letter(
-    sh: &Shared,
+    sh: &Etcd,
     k: &QKeys,
     id: u64,
     meta: &Meta,

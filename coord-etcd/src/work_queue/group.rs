@@ -7,7 +7,7 @@
 use coord_core::{Lane, Result};
 use etcd_client::{CompareOp, GetOptions, KeyValue, TxnOp};
 
-use crate::barrier::corrupt;
+use crate::client::corrupt;
 use crate::client::keys::prefix_end;
 use crate::work_queue::keys::{Group, Meta, QKeys, after, id_of, with_id};
 use crate::work_queue::plan::{Plan, Snap, get, range};
