@@ -13,10 +13,9 @@ use etcd_client::KeyValue;
 use tokio::time::Instant;
 
 use crate::claim::Claims;
-use crate::claim::waiters::Queued;
-use crate::client::lock;
 use crate::client::pool::Keeper;
 use crate::client::turns::OneCall;
+use crate::client::{AbortOnDrop, lock};
 
 /// Where a local claim stands.
 pub(crate) enum EntryState {
@@ -39,6 +38,33 @@ pub(crate) struct Entry {
     /// The lease's keepalive stream, if one is open.
     pub(crate) keeper: Option<Keeper>,
     pub(crate) state: EntryState,
+}
+
+/// A queued waiter's predecessor: its key and create revision.
+pub(crate) type Pred = (Vec<u8>, i64);
+
+/// A queued waiter's state.
+pub(crate) struct Queued {
+    /// The key just before ours.
+    pub(crate) pred: Option<Pred>,
+    /// `pred` was the queue's first key (the holder) at some point: a read
+    /// showed it first, or its head marker was seen (see `handoff.rs`).
+    /// Once it is gone, this waiter is the first key.
+    pub(crate) pred_head: bool,
+    /// `pred` (that create revision) is known deleted: a delete event, or
+    /// absent when its watch began (not a cancelled watch).
+    pub(crate) pred_deleted: bool,
+    /// The server keeps our lease at least until then (send instant of its
+    /// last answered keepalive or grant, plus its TTL), if known.
+    pub(crate) fresh_until: Option<Instant>,
+    /// When the predecessor's deletion was seen.
+    pub(super) pred_gone_at: Option<Instant>,
+    /// When this waiter last attempted (see `waiters.rs`).
+    pub(super) last_attempt: Instant,
+    /// The watch on the predecessor's key, while it is on.
+    pub(super) watch: Option<AbortOnDrop>,
+    /// The keepalive of our lease, ended with this state.
+    pub(super) _keepalive: AbortOnDrop,
 }
 
 pub(crate) type EntryKey = (Kind, Box<str>, [u8; 16]);

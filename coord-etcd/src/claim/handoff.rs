@@ -37,8 +37,8 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
 use crate::claim::Claims;
+use crate::claim::entries::Pred;
 use crate::claim::entries::{Entry, EntryKey, EntryState};
-use crate::claim::waiters::Pred;
 use crate::client::lock;
 use crate::client::pool::fresh_enough;
 

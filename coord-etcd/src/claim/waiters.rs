@@ -22,7 +22,7 @@ use etcd_client::{EventType, WatchOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::claim::Claims;
-use crate::claim::entries::{Entry, EntryKey, EntryState};
+use crate::claim::entries::{Entry, EntryKey, EntryState, Pred, Queued};
 use crate::client::{AbortOnDrop, lock, wake_key};
 
 thread_local! {
@@ -49,30 +49,6 @@ fn owner_wake_key(ek: &EntryKey) -> String {
 /// gone and its key removed: at least this, plus two call timeouts (during
 /// a leader election one attempt can take a call timeout).
 const PENDING_GRACE: Duration = Duration::from_secs(2);
-
-/// A queued waiter's predecessor: its key and create revision.
-pub(crate) type Pred = (Vec<u8>, i64);
-
-/// A queued waiter's state.
-pub(crate) struct Queued {
-    /// The key just before ours.
-    pub(crate) pred: Option<Pred>,
-    /// `pred` was the queue's first key (the holder) at some point: a read
-    /// showed it first, or its head marker was seen (see `handoff.rs`).
-    /// Once it is gone, this waiter is the first key.
-    pub(crate) pred_head: bool,
-    /// `pred` (that create revision) is known deleted: a delete event, or
-    /// absent when its watch began (not a cancelled watch).
-    pub(crate) pred_deleted: bool,
-    /// The server keeps our lease at least until then (send instant of its
-    /// last answered keepalive or grant, plus its TTL), if known.
-    pub(crate) fresh_until: Option<Instant>,
-    /// When the predecessor's deletion was seen.
-    pred_gone_at: Option<Instant>,
-    last_attempt: Instant,
-    watch: Option<AbortOnDrop>,
-    _keepalive: AbortOnDrop,
-}
 
 impl Claims {
     /// Remember the owner whose attempt was just refused (see the module
