@@ -1,4 +1,4 @@
-//! Lock handoff without reading the queue again (issue 11): a queued
+//! Lock handoff without reading the queue again: a queued
 //! waiter that knows its predecessor was the holder, and sees that key
 //! deleted, is the first key itself, so it holds without another read.
 //!
