@@ -118,9 +118,7 @@ impl Etcd {
             shutdown,
         }
     }
-}
 
-impl Etcd {
     /// Run one etcd call with the call timeout, mapping its error. A call
     /// that was never sent (the connection to a member was refused, or the
     /// member has no leader) is retried on another member within the same
