@@ -262,7 +262,7 @@ impl Names {
     }
 }
 
-/// This client's semaphore grants and queue places.
+/// The FIFO semaphores of one backend.
 pub(crate) struct Semaphores {
     pub(crate) etcd: Arc<Etcd>,
     /// This client's semaphore grants and queue places.
@@ -281,9 +281,9 @@ impl Semaphores {
         }
     }
 
-    /// Wait until no other call of this client on one owner's's permits of a
-    /// semaphore (`sk`: its name and owner), for the same reason: two
-    /// attempts of one owner with room for both each wrote a grant of its
+    /// Wait until no other call of this client on one owner's permits of a
+    /// semaphore (`sk`: its name and owner) is under way, as for claims
+    /// (`claim/entries.rs`): two attempts of one owner with room for both each wrote a grant of its
     /// own (two tokens, twice the permits) and the second to land revoked
     /// the other's lease; an attempt racing the owner's moving extend
     /// revoked the lease the grant had just moved to
