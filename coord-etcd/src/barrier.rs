@@ -1,19 +1,21 @@
 //! Barriers: one key per barrier, updated by compare-and-swap on the
 //! key's mod revision, on a lease of its own that local waiters keep alive
-//! (so the state of a barrier nobody waits on goes after a grace); and the
-//! compare-and-swap limiters use.
+//! (so the state of a barrier nobody waits on goes after a grace).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_core::barrier_state::BarrierState;
-use coord_core::util::bounded;
+use coord_core::util::{Kind, bounded};
+use coord_core::wake::Waiter;
 use coord_core::{Arrival, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 
-use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, secs};
-use crate::keys::BACKEND;
-use crate::limiter::nanos_now;
+use crate::client::keys::BACKEND;
+use crate::client::watch::WatchKind;
+use crate::client::{
+    Etcd, corrupt, header_rev, is_lease_not_found, kvs, nanos_now, secs, wake_key,
+};
 
 /// How long a barrier's state outlives its last write or the last
 /// keepalive of a waiter: the state of a completed generation (kept so a
@@ -23,7 +25,7 @@ use crate::limiter::nanos_now;
 pub(crate) const BARRIER_GRACE: Duration = Duration::from_secs(30);
 
 /// The generation stored in a barrier key's value.
-pub(crate) fn generation_of(b: &[u8]) -> Option<u64> {
+fn generation_of(b: &[u8]) -> Option<u64> {
     decode(b).map(|s| s.generation)
 }
 
@@ -31,65 +33,13 @@ fn decode(b: &[u8]) -> Option<BarrierState> {
     BarrierState::decode(std::str::from_utf8(b).ok()?)
 }
 
-pub(crate) fn corrupt(operation: &'static str, what: &str) -> Error {
-    Error::Store {
-        backend: BACKEND,
-        operation,
-        message: format!(
-            "the stored {what} state is not in coord's format; was the key written by something else?"
-        ),
-    }
+/// The barriers of one backend.
+pub(crate) struct Barriers {
+    pub(crate) etcd: Arc<Etcd>,
 }
 
-impl Shared {
-    /// Read-modify-write `key` until the compare-and-swap on its mod
-    /// revision wins. `f` gets the current value and returns the new value
-    /// to write (`None`: write nothing) and the result.
-    pub(crate) async fn cas<R>(
-        self: &Arc<Self>,
-        op: &'static str,
-        key: Vec<u8>,
-        lease: Option<i64>,
-        mut f: impl FnMut(Option<&[u8]>) -> Result<(Option<Vec<u8>>, R)> + Send,
-    ) -> Result<R>
-    where
-        R: Send,
-    {
-        let limit = self.timeout;
-        bounded(BACKEND, op, limit, async {
-            let mut current = self.get(op, key.clone(), None).await?.into_iter().next();
-            let mut attempt = 0u32;
-            loop {
-                let (new, r) = f(current.as_ref().map(|kv| kv.value()))?;
-                let Some(new) = new else { return Ok(r) };
-                let cmp = match &current {
-                    Some(kv) => {
-                        Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())
-                    }
-                    None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                };
-                let put = lease.map(|l| PutOptions::new().with_lease(l));
-                let txn = Txn::new()
-                    .when([cmp])
-                    .and_then([TxnOp::put(key.clone(), new, put)])
-                    .or_else([TxnOp::get(key.clone(), None)]);
-                let resp = self.txn(op, txn).await?;
-                if resp.succeeded() {
-                    return Ok(r);
-                }
-                current = kvs(&resp, 0).into_iter().next();
-                attempt += 1;
-                if attempt > 3 {
-                    // Heavy contention: back off a little, with jitter.
-                    let jitter = u64::from(attempt.min(20)) * (1 + nanos_now() as u64 % 3);
-                    tokio::time::sleep(Duration::from_millis(jitter)).await;
-                }
-            }
-        })
-        .await
-    }
-
-    /// Read-modify-write a barrier key, as [`Shared::cas`], keeping the
+impl Barriers {
+    /// Read-modify-write a barrier key, as [`Etcd::cas`], keeping the
     /// key on a lease of its own of [`BARRIER_GRACE`]: the lease it is on
     /// (refreshed by a keepalive sent with the write), or a new one if it
     /// has none. `f` also gets the generation an absent barrier starts at:
@@ -105,10 +55,11 @@ impl Shared {
         R: Send,
     {
         let grace = secs(BARRIER_GRACE);
-        bounded(BACKEND, op, self.timeout, async {
+        bounded(BACKEND, op, self.etcd.timeout, async {
             let read = || async {
                 let k = key.clone();
                 let mut r = self
+                    .etcd
                     .call(op, |mut c| {
                         let k = k.clone();
                         async move { c.get(k, None).await }
@@ -126,14 +77,14 @@ impl Shared {
                 let existing = current.as_ref().map(|kv| kv.lease()).filter(|l| *l != 0);
                 let Some(new) = new else {
                     if let Some(l) = fresh {
-                        self.revoke_later(l);
+                        self.etcd.revoke_later(l);
                     }
                     return Ok(r);
                 };
                 let lease = match (existing, fresh) {
                     (Some(l), _) => l,
                     (None, Some(l)) => l,
-                    (None, None) => *fresh.insert(self.grant_lease(grace, op).await?),
+                    (None, None) => *fresh.insert(self.etcd.grant_lease(grace, op).await?),
                 };
                 let cmp = match &current {
                     Some(kv) => {
@@ -150,15 +101,15 @@ impl Shared {
                     )])
                     .or_else([TxnOp::get(key.clone(), None)]);
                 let (resp, alive) = if existing.is_some() {
-                    tokio::join!(self.txn(op, txn), self.keepalive_once(lease, op))
+                    tokio::join!(self.etcd.txn(op, txn), self.etcd.keepalive_once(lease, op))
                 } else {
-                    (self.txn(op, txn).await, Ok(true))
+                    (self.etcd.txn(op, txn).await, Ok(true))
                 };
                 match resp {
                     Ok(resp) if resp.succeeded() => {
                         if alive? {
                             if let Some(l) = fresh.filter(|_| existing.is_some()) {
-                                self.revoke_later(l);
+                                self.etcd.revoke_later(l);
                             }
                             return Ok(r);
                         }
@@ -178,7 +129,7 @@ impl Shared {
                     }
                     Err(e) => {
                         if let Some(l) = fresh {
-                            self.revoke_later(l);
+                            self.etcd.revoke_later(l);
                         }
                         return Err(e);
                     }
@@ -193,23 +144,6 @@ impl Shared {
         .await
     }
 
-    /// Keep the lease of barrier `key` alive (a local waiter waits on it).
-    pub(crate) async fn keep_barrier_alive(&self, key: &[u8]) {
-        let op = "barrier keepalive";
-        let kv = match self.get(op, key.to_vec(), None).await {
-            Ok(kvs) => kvs.into_iter().next(),
-            Err(e) => {
-                tracing::debug!(error = %e, "reading a barrier to keep it alive failed");
-                return;
-            }
-        };
-        if let Some(l) = kv.map(|kv| kv.lease()).filter(|l| *l != 0) {
-            if let Err(e) = self.keepalive_once(l, op).await {
-                tracing::debug!(error = %e, "keeping a barrier's lease alive failed");
-            }
-        }
-    }
-
     pub(crate) async fn barrier_arrive(
         self: &Arc<Self>,
         name: &str,
@@ -217,7 +151,7 @@ impl Shared {
         participant: &str,
         arrival: &OwnerToken,
     ) -> Result<Arrival> {
-        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let key = self.etcd.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier arrive";
         self.barrier_cas(op, key, |cur, base| {
             let mut b = match cur {
@@ -231,9 +165,9 @@ impl Shared {
     }
 
     pub(crate) async fn barrier_is_complete(&self, name: &str, generation: u64) -> Result<bool> {
-        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let key = self.etcd.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier is_complete";
-        let kv = self.get(op, key, None).await?.into_iter().next();
+        let kv = self.etcd.get(op, key, None).await?.into_iter().next();
         match kv {
             // Gone: its lease ran out (nobody kept it alive for the grace:
             // this waiter was cut off), and the arrival went with it.
@@ -254,7 +188,7 @@ impl Shared {
         participant: &str,
         arrival: &OwnerToken,
     ) -> Result<bool> {
-        let key = self.keys.single(coord_core::util::Kind::Barrier, name);
+        let key = self.etcd.keys.single(coord_core::util::Kind::Barrier, name);
         let op = "barrier withdraw";
         self.barrier_cas(op, key, |cur, base| {
             // Gone: made again, holding the withdrawn arrival's tombstone so
@@ -267,6 +201,23 @@ impl Shared {
             Ok((changed.then(|| b.encode().into_bytes()), withdrawn))
         })
         .await
+    }
+}
+
+impl Barriers {
+    /// Register a local waiter of barrier `name`: a shared watch on its
+    /// key wakes it when the generation changes, and keeps the barrier's
+    /// state alive meanwhile.
+    pub(crate) async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        let key = self.etcd.keys.single(Kind::Barrier, name);
+        let kind = WatchKind::Generation {
+            of: generation_of,
+            keep_alive: BARRIER_GRACE / 3,
+            op: "barrier keepalive",
+        };
+        self.etcd
+            .subscribe_watch(wake_key(Kind::Barrier, name), key, None, kind)
+            .await
     }
 }
 

@@ -14,9 +14,8 @@ use coord_core::util::Kind;
 use coord_core::{FencingToken, OwnerToken, Result};
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
 
-use crate::backend::{Shared, kvs};
-use crate::barrier::corrupt;
-use crate::keys::{prefix_end, split_lease_value};
+use crate::client::keys::{prefix_end, split_lease_value};
+use crate::client::{Etcd, corrupt, kvs};
 use crate::semaphore::{owner_in, parse, split_value};
 
 /// A semaphore's holders whose remaining time is asked for at most (one
@@ -31,164 +30,159 @@ fn owner_of(hex: &[u8], op: &'static str, what: &str) -> Result<OwnerToken> {
         .ok_or_else(|| corrupt(op, what))
 }
 
-impl Shared {
-    /// The remaining time of lease `id` as etcd reports it (whole
-    /// seconds): `Ok(None)` if the server no longer has it (its keys are
-    /// gone), `Ok(Some(None))` if it cannot tell (no lease, or the call
-    /// failed: the holder is shown without its remaining time).
-    async fn lease_left(&self, id: i64, op: &'static str) -> Option<Option<Duration>> {
-        if id == 0 {
-            return Some(None);
-        }
-        match self
-            .call(
-                op,
-                |mut c| async move { c.lease_time_to_live(id, None).await },
-            )
-            .await
-        {
-            Ok(r) if r.ttl() < 0 => None,
-            Ok(r) => Some(Some(Duration::from_secs(r.ttl() as u64))),
-            Err(_) => Some(None),
-        }
+/// The remaining time of lease `id` as etcd reports it (whole
+/// seconds): `Ok(None)` if the server no longer has it (its keys are
+/// gone), `Ok(Some(None))` if it cannot tell (no lease, or the call
+/// failed: the holder is shown without its remaining time).
+async fn lease_left(etcd: &Etcd, id: i64, op: &'static str) -> Option<Option<Duration>> {
+    if id == 0 {
+        return Some(None);
     }
+    match etcd
+        .call(
+            op,
+            |mut c| async move { c.lease_time_to_live(id, None).await },
+        )
+        .await
+    {
+        Ok(r) if r.ttl() < 0 => None,
+        Ok(r) => Some(Some(Duration::from_secs(r.ttl() as u64))),
+        Err(_) => Some(None),
+    }
+}
 
-    /// A lock's holder (the first key of its queue) and how many keys wait
-    /// behind it: one range read with a limit of one (its count is the
-    /// whole queue's).
-    pub(crate) async fn lock_inspect(&self, name: &str) -> Result<ClaimRecord> {
-        let op = "lock inspect";
-        let queue = self.keys.queue(Kind::Lock, name);
-        let end = prefix_end(&queue);
-        let opts = GetOptions::new()
-            .with_range(end)
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let resp = self
-            .call(op, |mut c| {
-                let (k, o) = (queue.clone(), opts.clone());
-                async move { c.get(k, Some(o)).await }
-            })
-            .await?;
-        let count = u64::try_from(resp.count()).unwrap_or(0);
-        let Some(head) = resp.kvs().first().cloned() else {
-            return Ok(ClaimRecord {
-                holders: Vec::new(),
-                waiters: Some(0),
-            });
-        };
-        let (hex, metadata) = split_lease_value(head.value());
-        let owner = owner_of(hex, op, "lock key")?;
-        let metadata = metadata.map(<[u8]>::to_vec);
-        let holders = self
-            .holder(&head, owner, metadata, 1, op)
+/// A lock's holder (the first key of its queue) and how many keys wait
+/// behind it: one range read with a limit of one (its count is the
+/// whole queue's).
+pub(crate) async fn lock(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
+    let op = "lock inspect";
+    let queue = etcd.keys.queue(Kind::Lock, name);
+    let end = prefix_end(&queue);
+    let opts = GetOptions::new()
+        .with_range(end)
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let resp = etcd
+        .call(op, |mut c| {
+            let (k, o) = (queue.clone(), opts.clone());
+            async move { c.get(k, Some(o)).await }
+        })
+        .await?;
+    let count = u64::try_from(resp.count()).unwrap_or(0);
+    let Some(head) = resp.kvs().first().cloned() else {
+        return Ok(ClaimRecord {
+            holders: Vec::new(),
+            waiters: Some(0),
+        });
+    };
+    let (hex, metadata) = split_lease_value(head.value());
+    let owner = owner_of(hex, op, "lock key")?;
+    let metadata = metadata.map(<[u8]>::to_vec);
+    let holders = holder(etcd, &head, owner, metadata, 1, op)
+        .await
+        .into_iter()
+        .collect();
+    Ok(ClaimRecord {
+        holders,
+        waiters: Some(count.saturating_sub(1)),
+    })
+}
+
+/// An election's leader: the first key of its queue (candidates do
+/// not queue keys while they wait, so no waiters are counted), its
+/// owner and candidate from the value, its remaining time from its
+/// lease.
+pub(crate) async fn election(etcd: &Etcd, name: &str) -> Result<Option<LeaderRecord>> {
+    let op = "election inspect";
+    let Some(head) = etcd.head(Kind::Election, name, op).await? else {
+        return Ok(None);
+    };
+    let (hex, candidate) = split_lease_value(head.value());
+    let owner = owner_of(hex, op, "election key")?;
+    let candidate = String::from_utf8_lossy(candidate.unwrap_or_default()).into_owned();
+    Ok(holder(etcd, &head, owner, None, 1, op)
+        .await
+        .map(|holder| LeaderRecord { candidate, holder }))
+}
+
+/// A named lease's holder: one read of its key.
+pub(crate) async fn lease(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
+    let op = "lease inspect";
+    let key = etcd.keys.single(Kind::Lease, name);
+    let Some(kv) = etcd.get(op, key, None).await?.into_iter().next() else {
+        return Ok(ClaimRecord::default());
+    };
+    let (hex, metadata) = split_lease_value(kv.value());
+    let owner = owner_of(hex, op, "lease")?;
+    let metadata = metadata.map(<[u8]>::to_vec);
+    Ok(ClaimRecord {
+        holders: holder(etcd, &kv, owner, metadata, 1, op)
             .await
             .into_iter()
-            .collect();
-        Ok(ClaimRecord {
-            holders,
-            waiters: Some(count.saturating_sub(1)),
-        })
-    }
+            .collect(),
+        waiters: None,
+    })
+}
 
-    /// An election's leader: the first key of its queue (candidates do
-    /// not queue keys while they wait, so no waiters are counted), its
-    /// owner and candidate from the value, its remaining time from its
-    /// lease.
-    pub(crate) async fn election_inspect(&self, name: &str) -> Result<Option<LeaderRecord>> {
-        let op = "election inspect";
-        let Some(head) = self.head(Kind::Election, name, op).await? else {
-            return Ok(None);
-        };
-        let (hex, candidate) = split_lease_value(head.value());
-        let owner = owner_of(hex, op, "election key")?;
-        let candidate = String::from_utf8_lossy(candidate.unwrap_or_default()).into_owned();
-        Ok(self
-            .holder(&head, owner, None, 1, op)
-            .await
-            .map(|holder| LeaderRecord { candidate, holder }))
+/// A semaphore's grants (with their values) and the number of queued
+/// waiters, in one transaction; the grants' remaining times are asked
+/// for concurrently (up to [`MAX_TTL_CALLS`] of them).
+pub(crate) async fn semaphore(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
+    let op = "semaphore inspect";
+    let base = etcd.keys.sem(name);
+    let range = |p: &[u8]| {
+        let k = [&base[..], p].concat();
+        let e = prefix_end(&k);
+        (k, e)
+    };
+    let ((h, he), (w, we)) = (range(b"h/"), range(b"w/"));
+    let txn = Txn::new().and_then([
+        TxnOp::get(h, Some(GetOptions::new().with_range(he))),
+        TxnOp::get(w, Some(GetOptions::new().with_range(we).with_count_only())),
+    ]);
+    let resp = etcd.txn(op, txn).await?;
+    let waiters = match resp.op_responses().into_iter().nth(1) {
+        Some(etcd_client::TxnOpResponse::Get(g)) => u64::try_from(g.count()).unwrap_or(0),
+        _ => return Err(corrupt(op, "a semaphore read's answer")),
+    };
+    let mut grants = Vec::new();
+    for kv in kvs(&resp, 0) {
+        let hex = owner_in(kv.value()).unwrap_or_default();
+        let owner = owner_of(hex, op, "semaphore grant")?;
+        let (permits, _) =
+            parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
+        let metadata = split_value(kv.value()).1.map(<[u8]>::to_vec);
+        grants.push((kv, owner, metadata, permits));
     }
+    let ask = grants.len() <= MAX_TTL_CALLS;
+    let holders = futures::future::join_all(grants.into_iter().map(
+        |(kv, owner, metadata, permits)| async move {
+            if ask {
+                holder(etcd, &kv, owner, metadata, permits, op).await
+            } else {
+                Some(record(&kv, owner, metadata, permits, None))
+            }
+        },
+    ))
+    .await;
+    Ok(ClaimRecord {
+        holders: holders.into_iter().flatten().collect(),
+        waiters: Some(waiters),
+    })
+}
 
-    /// A named lease's holder: one read of its key.
-    pub(crate) async fn lease_inspect(&self, name: &str) -> Result<ClaimRecord> {
-        let op = "lease inspect";
-        let key = self.keys.single(Kind::Lease, name);
-        let Some(kv) = self.get(op, key, None).await?.into_iter().next() else {
-            return Ok(ClaimRecord::default());
-        };
-        let (hex, metadata) = split_lease_value(kv.value());
-        let owner = owner_of(hex, op, "lease")?;
-        let metadata = metadata.map(<[u8]>::to_vec);
-        Ok(ClaimRecord {
-            holders: self
-                .holder(&kv, owner, metadata, 1, op)
-                .await
-                .into_iter()
-                .collect(),
-            waiters: None,
-        })
-    }
-
-    /// A semaphore's grants (with their values) and the number of queued
-    /// waiters, in one transaction; the grants' remaining times are asked
-    /// for concurrently (up to [`MAX_TTL_CALLS`] of them).
-    pub(crate) async fn sem_inspect(&self, name: &str) -> Result<ClaimRecord> {
-        let op = "semaphore inspect";
-        let base = self.keys.sem(name);
-        let range = |p: &[u8]| {
-            let k = [&base[..], p].concat();
-            let e = prefix_end(&k);
-            (k, e)
-        };
-        let ((h, he), (w, we)) = (range(b"h/"), range(b"w/"));
-        let txn = Txn::new().and_then([
-            TxnOp::get(h, Some(GetOptions::new().with_range(he))),
-            TxnOp::get(w, Some(GetOptions::new().with_range(we).with_count_only())),
-        ]);
-        let resp = self.txn(op, txn).await?;
-        let waiters = match resp.op_responses().into_iter().nth(1) {
-            Some(etcd_client::TxnOpResponse::Get(g)) => u64::try_from(g.count()).unwrap_or(0),
-            _ => return Err(corrupt(op, "a semaphore read's answer")),
-        };
-        let mut grants = Vec::new();
-        for kv in kvs(&resp, 0) {
-            let hex = owner_in(kv.value()).unwrap_or_default();
-            let owner = owner_of(hex, op, "semaphore grant")?;
-            let (permits, _) =
-                parse(kv.value()).ok_or_else(|| corrupt(op, "a semaphore key's value"))?;
-            let metadata = split_value(kv.value()).1.map(<[u8]>::to_vec);
-            grants.push((kv, owner, metadata, permits));
-        }
-        let ask = grants.len() <= MAX_TTL_CALLS;
-        let holders = futures::future::join_all(grants.into_iter().map(
-            |(kv, owner, metadata, permits)| async move {
-                if ask {
-                    self.holder(&kv, owner, metadata, permits, op).await
-                } else {
-                    Some(record(&kv, owner, metadata, permits, None))
-                }
-            },
-        ))
-        .await;
-        Ok(ClaimRecord {
-            holders: holders.into_iter().flatten().collect(),
-            waiters: Some(waiters),
-        })
-    }
-
-    /// The holder of `kv` with its lease's remaining time, or `None` if
-    /// the server says its lease is gone (and the key with it).
-    async fn holder(
-        &self,
-        kv: &KeyValue,
-        owner: OwnerToken,
-        metadata: Option<Vec<u8>>,
-        permits: u32,
-        op: &'static str,
-    ) -> Option<HolderRecord> {
-        let remaining = self.lease_left(kv.lease(), op).await?;
-        Some(record(kv, owner, metadata, permits, remaining))
-    }
+/// The holder of `kv` with its lease's remaining time, or `None` if
+/// the server says its lease is gone (and the key with it).
+async fn holder(
+    etcd: &Etcd,
+    kv: &KeyValue,
+    owner: OwnerToken,
+    metadata: Option<Vec<u8>>,
+    permits: u32,
+    op: &'static str,
+) -> Option<HolderRecord> {
+    let remaining = lease_left(etcd, kv.lease(), op).await?;
+    Some(record(kv, owner, metadata, permits, remaining))
 }
 
 fn record(

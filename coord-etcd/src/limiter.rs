@@ -3,17 +3,17 @@
 //! this client's clock), and attached to a lease that outlives the state's
 //! retention, so idle state costs nothing.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use coord_core::limit::LimitState;
 use coord_core::{Algorithm, Decision, Error, Result};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::backend::{Shared, is_lease_not_found, lock, secs};
-use crate::barrier::corrupt;
-use crate::keys::BACKEND;
+use crate::client::keys::BACKEND;
+use crate::client::{Etcd, corrupt, is_lease_not_found, lock, nanos_now, secs};
 
 /// One pending check: quota, cost, and where its answer goes.
 pub(crate) type LimiterRequest = (
@@ -32,7 +32,25 @@ fn retention(quota: &coord_core::Quota) -> u64 {
     secs(quota.window * span)
 }
 
-impl Shared {
+/// The rate limiters of one backend.
+pub(crate) struct Limiters {
+    pub(crate) etcd: Arc<Etcd>,
+    /// Pending limiter checks per key, combined into one compare-and-swap.
+    queue: Mutex<HashMap<Vec<u8>, Vec<LimiterRequest>>>,
+    /// The lease limiter state is attached to, per retention (seconds):
+    /// (lease id, the earliest instant the server may expire it).
+    leases: Mutex<HashMap<u64, (i64, Instant)>>,
+}
+
+impl Limiters {
+    pub(crate) fn new(etcd: Arc<Etcd>) -> Self {
+        Limiters {
+            etcd,
+            queue: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// A lease that the server keeps at least `needed` seconds after a
     /// write sent now (plus one call timeout). Leases are granted, never
     /// renewed: each is used while it has that much left, then the next
@@ -40,9 +58,9 @@ impl Shared {
     /// partition longer than its TTL) is replaced on the spot.
     async fn limiter_lease(&self, needed: u64, op: &'static str) -> Result<i64> {
         let now = Instant::now();
-        let min_left = Duration::from_secs(needed) + self.timeout;
+        let min_left = Duration::from_secs(needed) + self.etcd.timeout;
         {
-            let mut leases = lock(&self.limiter_leases);
+            let mut leases = lock(&self.leases);
             if let Some((id, expires)) = leases.get(&needed) {
                 if *expires >= now + min_left {
                     return Ok(*id);
@@ -50,14 +68,14 @@ impl Shared {
             }
             leases.retain(|_, (_, expires)| *expires > now);
         }
-        let ttl = 2 * needed + secs(self.timeout) + 2;
-        let id = self.grant_lease(ttl, op).await?;
-        lock(&self.limiter_leases).insert(needed, (id, now + Duration::from_secs(ttl)));
+        let ttl = 2 * needed + secs(self.etcd.timeout) + 2;
+        let id = self.etcd.grant_lease(ttl, op).await?;
+        lock(&self.leases).insert(needed, (id, now + Duration::from_secs(ttl)));
         Ok(id)
     }
 
     fn forget_limiter_lease(&self, id: i64) {
-        lock(&self.limiter_leases).retain(|_, (l, _)| *l != id);
+        lock(&self.leases).retain(|_, (l, _)| *l != id);
     }
 
     /// Check a limiter. Concurrent checks of one key in this client are
@@ -78,10 +96,10 @@ impl Shared {
             _ => "gcra",
         };
         let op = "limiter check";
-        let k = self.keys.limiter(tag, key);
+        let k = self.etcd.keys.limiter(tag, key);
         let (tx, rx) = oneshot::channel();
         let lead = {
-            let mut q = lock(&self.limiter_queue);
+            let mut q = lock(&self.queue);
             match q.get_mut(&k) {
                 Some(v) => {
                     v.push((*quota, cost, tx));
@@ -97,12 +115,12 @@ impl Shared {
             let shared = self.clone();
             tokio::spawn(async move { shared.limiter_batches(k).await });
         }
-        match tokio::time::timeout(self.timeout * 2, rx).await {
+        match tokio::time::timeout(self.etcd.timeout * 2, rx).await {
             Ok(Ok(r)) => r,
             _ => Err(Error::Unavailable {
                 backend: BACKEND,
                 operation: op,
-                message: format!("no answer within {:?}", self.timeout * 2),
+                message: format!("no answer within {:?}", self.etcd.timeout * 2),
             }),
         }
     }
@@ -117,6 +135,7 @@ impl Shared {
     ) -> Result<Vec<Decision>> {
         let lease = self.limiter_lease(needed, op).await?;
         let r = self
+            .etcd
             .cas(op, k.to_vec(), Some(lease), |cur| {
                 let since = nanos_now();
                 let mut state: Option<Vec<u8>> = cur.map(<[u8]>::to_vec);
@@ -152,7 +171,7 @@ impl Shared {
         let op = "limiter check";
         loop {
             let batch = {
-                let mut q = lock(&self.limiter_queue);
+                let mut q = lock(&self.queue);
                 match q.get_mut(&k) {
                     Some(v) if !v.is_empty() => std::mem::take(v),
                     _ => {
@@ -187,14 +206,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// Nanoseconds since the Unix epoch on this client's clock.
-pub(crate) fn nanos_now() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }
 
 /// One limiter decision on the stored state `cur` at client time `since`

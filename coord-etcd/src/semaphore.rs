@@ -18,7 +18,7 @@
 //!   by create revision.
 //!
 //! Grant and place keys are named by a lease, not by their owner (as lock
-//! keys are, `claims.rs`): the lease the key's first write went on. A
+//! keys are, `claim/attempt.rs`): the lease the key's first write went on. A
 //! lease carries one key of a kind at a time and goes back to the spare
 //! pool only once that key was deleted by an answered call, so two live
 //! grants (or places) never share a key, while the next grant on the spare
@@ -49,27 +49,33 @@
 //! request queued ahead of it (the whole queue for an owner not in it) fit
 //! into the free permits; it then takes free slots chosen at random, and
 //! tries again with the state a lost compare-and-swap returns while that
-//! state shows room (`sem_acquire.rs`). A refused attempt with `queue`
-//! joins (or renews its place in) the queue (`sem_place.rs`); without it,
+//! state shows room (`semaphore/acquire.rs`). A refused attempt with `queue`
+//! joins (or renews its place in) the queue (`semaphore/place.rs`); without it,
 //! writes nothing. The total is checked on the read, and every grant or
 //! place written compares what that check rested on (a grant or place the
 //! read saw, at its create revision, or that the name has none: see
 //! `sem_view::Basis`), so the name never has grants or places of two
 //! totals, not even when two first grants of an idle name race.
-//! Grants once made are released and extended in `sem_hold.rs`; wake-ups
-//! come from a watch per name and client (`sem_watch.rs`).
+//! Grants once made are released and extended in `semaphore/hold.rs`; wake-ups
+//! come from a watch per name and client (`semaphore/watch.rs`).
 
-use std::sync::Arc;
+pub(crate) mod acquire;
+pub(crate) mod hold;
+pub(crate) mod place;
+pub(crate) mod view;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::inspect::ClaimRecord;
-use coord_core::wake::Waiter;
-use coord_core::{Attempt, Error, OwnerToken, PermitRequest, Result, async_trait};
+use coord_core::{Error, OwnerToken, Result};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, Shared, lock};
-use crate::keys::prefix_end;
-use crate::pool::Keeper;
+use crate::client::keys::prefix_end;
+use crate::client::pool::Keeper;
+use crate::client::turns::{OneCall, Turns};
+use crate::client::{Etcd, lock};
 
 /// How long a queued waiter's place lasts without an attempt renewing it
 /// (as coord-memory's `QUEUE_ENTRY_TTL`).
@@ -256,9 +262,38 @@ impl Names {
     }
 }
 
-impl Shared {
+/// The FIFO semaphores of one backend.
+pub(crate) struct Semaphores {
+    pub(crate) etcd: Arc<Etcd>,
+    /// This client's semaphore grants and queue places.
+    pub(crate) sems: Mutex<HashMap<SemKey, SemLocal>>,
+    /// One call at a time per owner of a semaphore: see
+    /// [`Semaphores::one_call`].
+    turns: Turns<SemKey>,
+}
+
+impl Semaphores {
+    pub(crate) fn new(etcd: Arc<Etcd>) -> Self {
+        Semaphores {
+            etcd,
+            sems: Mutex::new(HashMap::new()),
+            turns: Turns::default(),
+        }
+    }
+
+    /// Wait until no other call of this client on one owner's permits of a
+    /// semaphore (`sk`: its name and owner) is under way, as for claims
+    /// (`claim/entries.rs`): two attempts of one owner with room for both each wrote a grant of its
+    /// own (two tokens, twice the permits) and the second to land revoked
+    /// the other's lease; an attempt racing the owner's moving extend
+    /// revoked the lease the grant had just moved to
+    /// (tests/it/semaphore_same_owner_one_client.rs).
+    pub(crate) async fn one_call(&self, sk: &SemKey) -> OneCall<SemKey> {
+        self.turns.take(sk.clone()).await
+    }
+
     pub(crate) fn sem_names(&self, name: &str, owner: &OwnerToken) -> Names {
-        let base = self.keys.sem(name);
+        let base = self.etcd.keys.sem(name);
         let owner = owner.to_hex().into_bytes();
         Names { base, owner }
     }
@@ -297,7 +332,7 @@ impl Shared {
             let place = s.waiter.filter(|w| w.own).map(|w| w.lease);
             let grant = s.grant.filter(|g| g.own).map(|g| g.lease);
             for l in place.into_iter().chain(grant) {
-                self.revoke_later(l);
+                self.etcd.revoke_later(l);
             }
         }
     }
@@ -316,79 +351,14 @@ impl Shared {
         // spare is dead (after an etcd restore, say), the rest are left
         // to later calls once SPARE_BUDGET is spent.
         while since.elapsed() < SPARE_BUDGET {
-            let Some(s) = self.take_spare(ttl) else { break };
-            if let (true, keeper) = self.refresh(s.id, s.keeper, op).await? {
+            let Some(s) = self.etcd.take_spare(ttl) else {
+                break;
+            };
+            if let (true, keeper) = self.etcd.refresh(s.id, s.keeper, op).await? {
                 return Ok((s.id, keeper, since));
             }
         }
-        Ok((self.grant_lease(ttl, op).await?, None, since))
-    }
-}
-
-/// FIFO semaphores on etcd (see docs/etcd.md): grants in arrival order
-/// of the queued waiters, woken by a watch on the name.
-#[async_trait]
-impl coord_core::Semaphore for EtcdBackend {
-    fn capabilities(&self) -> &coord_core::Capabilities {
-        &self.shared.caps
-    }
-
-    fn fifo(&self) -> bool {
-        true
-    }
-
-    /// A grant writes one slot key per permit in one transaction, and etcd
-    /// takes at most 128 operations per transaction by default
-    /// (`--max-txn-ops`): at most 64 permits per request.
-    fn max_permits_per_request(&self) -> u32 {
-        64
-    }
-
-    async fn try_acquire(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        request: &PermitRequest,
-    ) -> Result<Attempt> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared
-            .sem_try_acquire(name, owner, request, None)
-            .await
-    }
-
-    async fn try_acquire_with_metadata(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        request: &PermitRequest,
-        metadata: &[u8],
-    ) -> Result<Attempt> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared
-            .sem_try_acquire(name, owner, request, Some(metadata))
-            .await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
-        self.shared.sem_inspect(name).await
-    }
-
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        self.shared.sem_release(name, owner).await
-    }
-
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let _turn = self.shared.sem_one_call(&sem_key(name, owner)).await;
-        Ok(self.shared.sem_extend(name, owner, ttl).await?.is_some())
-    }
-
-    async fn force_release(&self, name: &str) -> Result<bool> {
-        self.shared.sem_force_release(name).await
-    }
-
-    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
-        self.shared.subscribe_sem(name, owner).await
+        Ok((self.etcd.grant_lease(ttl, op).await?, None, since))
     }
 }
 

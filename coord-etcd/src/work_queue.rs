@@ -34,7 +34,7 @@
 //!
 //! Every operation reads (one read-only transaction, or two when the
 //! second depends on the first) and then sends one transaction whose
-//! compares hold what it read still true (`wq_plan.rs`); one that lost a
+//! compares hold what it read still true (`work_queue/plan.rs`); one that lost a
 //! race changes nothing and is tried again on fresh reads, with a random
 //! backoff, for up to the call timeout (then `Error::Unavailable`).
 //!
@@ -46,7 +46,7 @@
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.
-//! - **pop** (`wq_pop.rs`): the timeline and the index's first keys, the
+//! - **pop** (`work_queue/pop.rs`): the timeline and the index's first keys, the
 //!   groups found there, then one transaction offering the next few
 //!   deliveries as nested levels, so racing consumers do not all lose to
 //!   the winner; it compares the group's record and the lane's clock, not
@@ -124,26 +124,30 @@
 //! queue holds no keys once its dedup windows passed. `purge` deletes
 //! every key of the queue in one transaction.
 
+pub(crate) mod due;
+pub(crate) mod group;
+pub(crate) mod keys;
+pub(crate) mod ops;
+pub(crate) mod plan;
+pub(crate) mod pop;
+
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
-use coord_core::{
-    Capabilities, Lane, Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed,
-    QueueConfig, QueueStats, Result, async_trait,
-};
+use coord_core::{Lane, Message, MessageId, NewMessage, Pushed, Result};
 use etcd_client::{Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::{EtcdBackend, Shared, is_lease_not_found, lock, secs};
-use crate::barrier::corrupt;
-use crate::keys::prefix_end;
-use crate::watch::WatchKind;
-use crate::wq_group::{Landing, insert, landing_ops};
-use crate::wq_keys::{Meta, QKeys, State};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
+use crate::client::corrupt;
+use crate::client::keys::prefix_end;
+use crate::client::watch::WatchKind;
+use crate::client::{Etcd, is_lease_not_found, lock, secs};
+use crate::work_queue::group::{Landing, insert, landing_ops};
+use crate::work_queue::keys::{Meta, QKeys, State};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
 
 /// How many entries each map of [`Local`] holds at most (it is emptied
 /// when it would hold more: only hints are lost).
@@ -217,9 +221,23 @@ impl Local {
     }
 }
 
-impl Shared {
+/// The work queues of one backend.
+pub(crate) struct WorkQueues {
+    pub(crate) etcd: Arc<Etcd>,
+    /// This client's work queue state (dedup leases, hints).
+    pub(crate) local: Local,
+}
+
+impl WorkQueues {
+    pub(crate) fn new(etcd: Arc<Etcd>) -> Self {
+        WorkQueues {
+            etcd,
+            local: Local::default(),
+        }
+    }
+
     pub(crate) fn qkeys(&self, queue: &str) -> QKeys {
-        QKeys::new(self.keys.wq(queue))
+        QKeys::new(self.etcd.keys.wq(queue))
     }
 
     /// The lease a dedup key of `window` goes on, for a write sent now:
@@ -231,11 +249,11 @@ impl Shared {
     /// of the window plus two call timeouts plus 2 s, which has that much
     /// left when its grant answers (within one call timeout).
     async fn dedup_lease(&self, window: Duration) -> Result<i64> {
-        let ttl = secs(window.saturating_add(self.timeout.saturating_mul(2))) + 2;
+        let ttl = secs(window.saturating_add(self.etcd.timeout.saturating_mul(2))) + 2;
         let now = Instant::now();
-        let need = now + self.timeout + window;
+        let need = now + self.etcd.timeout + window;
         {
-            let mut leases = lock(&self.wq.leases);
+            let mut leases = lock(&self.local.leases);
             leases.retain(|_, (_, ends)| *ends > now);
             if let Some((id, ends)) = leases.get(&ttl) {
                 if *ends >= need {
@@ -244,14 +262,14 @@ impl Shared {
             }
         }
         let sent = Instant::now();
-        let id = self.grant_lease(ttl, "queue push").await?;
-        lock(&self.wq.leases).insert(ttl, (id, sent + Duration::from_secs(ttl)));
+        let id = self.etcd.grant_lease(ttl, "queue push").await?;
+        lock(&self.local.leases).insert(ttl, (id, sent + Duration::from_secs(ttl)));
         Ok(id)
     }
 
     /// Stop using dedup lease `id` (the server no longer has it).
     fn forget_dedup_lease(&self, id: i64) {
-        lock(&self.wq.leases).retain(|_, (l, _)| *l != id);
+        lock(&self.local.leases).retain(|_, (l, _)| *l != id);
     }
 }
 
@@ -265,14 +283,14 @@ pub(crate) fn message_of(id: u64, meta: &Meta, payload: Vec<u8>) -> Message {
     }
 }
 
-impl Shared {
-    async fn queue_push(&self, queue: &str, msg: &NewMessage<'_>) -> Result<Pushed> {
+impl WorkQueues {
+    pub(crate) async fn queue_push(&self, queue: &str, msg: &NewMessage<'_>) -> Result<Pushed> {
         let op = "queue push";
         let k = self.qkeys(queue);
         let g = msg.group.unwrap_or("");
         // The id is this put's revision; the reads see the group then.
         let mut alloc = vec![TxnOp::put(
-            self.keys.single(Kind::Fence, ""),
+            self.etcd.keys.single(Kind::Fence, ""),
             Vec::new(),
             None,
         )];
@@ -280,8 +298,13 @@ impl Shared {
         if let Some(d) = msg.dedup_id {
             alloc.push(get(k.dedup(d)));
         }
-        let mut retry = Retry::new(self, op);
-        let mut s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+        let mut retry = Retry::new(&self.etcd, op);
+        let mut s = Snap::of(
+            &self
+                .etcd
+                .txn(op, Txn::new().and_then(alloc.clone()))
+                .await?,
+        );
         loop {
             let id = u64::try_from(s.rev)
                 .ok()
@@ -329,7 +352,12 @@ impl Shared {
                 // overtake a message that may be in flight in an ordered
                 // group. Take a new id.
                 retry.again().await?;
-                s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+                s = Snap::of(
+                    &self
+                        .etcd
+                        .txn(op, Txn::new().and_then(alloc.clone()))
+                        .await?,
+                );
                 continue;
             }
             let mut p = Plan::new();
@@ -353,7 +381,7 @@ impl Shared {
                 let until = deadline_ms(msg.dedup_window);
                 p.put_leased(k.dedup(d), format!("{id} {until}"), lease);
             }
-            let resp = match self.txn(op, p.into_txn(vec![], alloc.clone())).await {
+            let resp = match self.etcd.txn(op, p.into_txn(vec![], alloc.clone())).await {
                 Ok(r) => r,
                 Err(e) if lease.is_some() && is_lease_not_found(&e) => {
                     // The lease ended (the server lost it): a new one, and
@@ -362,7 +390,12 @@ impl Shared {
                         self.forget_dedup_lease(l);
                     }
                     retry.again().await?;
-                    s = Snap::of(&self.txn(op, Txn::new().and_then(alloc.clone())).await?);
+                    s = Snap::of(
+                        &self
+                            .etcd
+                            .txn(op, Txn::new().and_then(alloc.clone()))
+                            .await?,
+                    );
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -384,90 +417,22 @@ fn wake(queue: &str, lane: Lane) -> String {
     format!("wq\u{0}{}\u{0}{queue}", lane.as_str())
 }
 
-#[async_trait]
-impl coord_core::Queue for EtcdBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.shared.caps
-    }
-
-    fn durable(&self) -> bool {
-        true
-    }
-
-    async fn push(&self, queue: &str, message: &NewMessage<'_>) -> Result<Pushed> {
-        self.shared.queue_push(queue, message).await
-    }
-
-    async fn try_pop(
-        &self,
-        queue: &str,
-        lane: Lane,
-        consumer: &OwnerToken,
-        visibility: Duration,
-        config: &QueueConfig,
-    ) -> Result<PopAttempt> {
-        self.shared
-            .queue_pop(queue, lane, consumer, visibility, config)
-            .await
-    }
-
-    async fn ack(
-        &self,
-        queue: &str,
-        lane: Lane,
-        id: MessageId,
-        consumer: &OwnerToken,
-    ) -> Result<bool> {
-        self.shared.queue_ack(queue, lane, id.0, consumer).await
-    }
-
-    async fn nack(
-        &self,
-        queue: &str,
-        lane: Lane,
-        id: MessageId,
-        consumer: &OwnerToken,
-        delay: Duration,
-    ) -> Result<bool> {
-        self.shared
-            .queue_give_back(queue, lane, id.0, consumer, delay)
-            .await
-    }
-
-    async fn extend(
-        &self,
-        queue: &str,
-        lane: Lane,
-        id: MessageId,
-        consumer: &OwnerToken,
-        visibility: Duration,
-    ) -> Result<bool> {
-        self.shared
-            .queue_extend(queue, lane, id.0, consumer, visibility)
-            .await
-    }
-
-    async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
-        self.shared.queue_peek(queue, lane, limit).await
-    }
-
-    async fn redrive(&self, queue: &str, limit: usize) -> Result<u64> {
-        self.shared.queue_redrive(queue, limit).await
-    }
-
-    async fn stats(&self, queue: &str) -> Result<QueueStats> {
-        self.shared.queue_stats(queue).await
-    }
-
-    async fn purge(&self, queue: &str) -> Result<u64> {
-        self.shared.queue_purge(queue).await
-    }
-
-    async fn subscribe(&self, queue: &str, lane: Lane) -> Result<Waiter> {
-        let start = self.shared.qkeys(queue).indexes(lane);
+impl WorkQueues {
+    /// Register a local waiter of `lane` of `queue`: a shared watch on
+    /// the lane's candidate indexes (see the module doc) wakes it.
+    pub(crate) async fn subscribe(&self, queue: &str, lane: Lane) -> Result<Waiter> {
+        let start = self.qkeys(queue).indexes(lane);
         let end = prefix_end(&start);
-        self.shared
-            .subscribe_watch(wake(queue, lane), start, Some(end), WatchKind::QueueLane)
+        self.etcd
+            .subscribe_watch(wake(queue, lane), start, Some(end), WatchKind::Puts(wakes))
             .await
     }
+}
+
+/// Whether a put under a lane's `i/<lane>/` (`rest`: the key past it)
+/// wakes the lane's waiters: a key put into a candidate index (a message
+/// became deliverable), or a delayed message joining the timeline (the
+/// waiters learn when it comes due); not a delivery deadline.
+fn wakes(rest: &[u8], value: &[u8]) -> bool {
+    !rest.starts_with(b"t/") || value.first() == Some(&b'D')
 }

@@ -8,6 +8,7 @@ mod claims;
 mod election;
 pub(crate) mod errors;
 mod limiter;
+mod listen;
 mod queue;
 mod semaphore;
 mod sweep;
@@ -26,11 +27,11 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::builder::{DEFAULT_POOL_SIZE, PostgresBuilder};
 use crate::config::{DEFAULT_SCHEMA, MAX_SCHEMA_LEN, identifier, parse_url, tls_connector};
-use crate::listen::Listener;
 use crate::sql::{SCHEMA_VERSION, Sql};
 pub use claims::CLAIM_LEFT_TTL;
 pub(crate) use errors::map_pg;
 use errors::{map_pool, with_target};
+use listen::Listener;
 pub use semaphore::{SEMAPHORE_LEFT_TTL, SEMAPHORE_QUEUE_REFRESH, SEMAPHORE_QUEUE_TTL};
 
 pub(crate) const BACKEND: &str = "postgres";

@@ -41,7 +41,6 @@ mod backend;
 mod builder;
 mod config;
 mod fenced;
-mod listen;
 mod sql;
 #[cfg(feature = "sqlx")]
 mod sqlx_support;

@@ -56,14 +56,13 @@
 
 mod backend;
 mod keys;
-mod listener;
 mod options;
 pub mod redlock;
 mod scripts;
 
+pub use backend::listener::HEALTH_CHECK;
 pub use backend::{RedisBackend, capabilities, cluster_capabilities, sentinel_capabilities};
 pub use keys::Layout;
-pub use listener::HEALTH_CHECK;
 pub use options::RedisOptions;
 
 /// How long a waiter's place in a semaphore's queue lasts without a new
@@ -95,4 +94,20 @@ pub const QUEUE_REFRESH: std::time::Duration = std::time::Duration::from_secs(10
 /// ```
 pub async fn connect(url: &str) -> coord_core::Result<coord_core::Coord> {
     RedisOptions::new(url).connect().await
+}
+
+// Here rather than in `options`: options are read by every backend, and
+// this picks one.
+impl RedisOptions {
+    /// Connect and return a [`Coord`](coord_core::Coord) handle with every
+    /// primitive.
+    pub async fn connect(self) -> coord_core::Result<coord_core::Coord> {
+        if self.redlock.is_some() {
+            return redlock::RedlockBackend::connect(self)
+                .await
+                .map(redlock::RedlockBackend::into_coord);
+        }
+        let backend = RedisBackend::connect(self).await?;
+        Ok(backend.into_coord())
+    }
 }

@@ -328,18 +328,6 @@ impl RedisOptions {
         self.tls_client = Some((cert_pem.into(), key_pem));
         self
     }
-
-    /// Connect and return a [`Coord`](coord_core::Coord) handle with every
-    /// primitive.
-    pub async fn connect(self) -> coord_core::Result<coord_core::Coord> {
-        if self.redlock.is_some() {
-            return crate::redlock::RedlockBackend::connect(self)
-                .await
-                .map(crate::redlock::RedlockBackend::into_coord);
-        }
-        let backend = crate::RedisBackend::connect(self).await?;
-        Ok(backend.into_coord())
-    }
 }
 
 /// The bytes of the file named by URL option `option` (a certificate or

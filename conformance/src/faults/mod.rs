@@ -33,6 +33,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::testkit::proxy::FaultProxy;
 
+pub use crate::testkit::signal;
 pub use barrier::{BarrierWorkload, run_barrier_workload};
 pub use election::{ElectionWorkload, run_election_workload};
 pub use history::{Access, FencedResource, Grant, Violation, check_lock_history};
@@ -152,17 +153,6 @@ impl LockReport {
             self.recovery
         );
     }
-}
-
-/// Send `sig` (a name such as `STOP`, `CONT`, `KILL`) to process `pid`
-/// with the `kill` command. Panics if it cannot be sent.
-pub fn signal(pid: u32, sig: &str) {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .unwrap_or_else(|e| panic!("could not run `kill -{sig} {pid}`: {e}"));
-    assert!(status.success(), "`kill -{sig} {pid}` failed: {status}");
 }
 
 /// The times at which faults were injected and healed.

@@ -143,6 +143,17 @@ fn shm_has_room() -> bool {
     }
 }
 
+/// Send `sig` (a name such as `STOP`, `CONT`, `KILL`) to process `pid`
+/// with the `kill` command. Panics if it cannot be sent.
+pub fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap_or_else(|e| panic!("could not run `kill -{sig} {pid}`: {e}"));
+    assert!(status.success(), "`kill -{sig} {pid}` failed: {status}");
+}
+
 #[cfg(test)]
 mod tests {
     use super::folder_owner;

@@ -354,7 +354,7 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
     let t2 = granted(b.try_acquire("h", &o2, LONG).await);
     assert!(t2 > t1);
     // A claim granted after queueing marks its key as the head (a put in
-    // the background, see handoff.rs): let it land before the snapshot.
+    // the background, see claim/handoff.rs): let it land before the snapshot.
     until("the head marker", Duration::from_secs(5), || async {
         lock_keys(&p, "h").await[0].version() > 1
     })

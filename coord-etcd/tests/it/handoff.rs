@@ -1,4 +1,4 @@
-//! Lock handoff without reading the queue again (src/handoff.rs): a waiter
+//! Lock handoff without reading the queue again (src/claim/handoff.rs): a waiter
 //! whose predecessor was the holder holds once that key is deleted. These
 //! tests pin its limits, against a real etcd and separate clients: a
 //! predecessor that was only a waiter (and gave up) hands nothing over; a

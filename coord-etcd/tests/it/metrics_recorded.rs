@@ -50,7 +50,7 @@ fn a_watch_reopened_after_a_reset_connection_is_counted_as_a_reconnect() {
                     EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
                         .await
                         .unwrap();
-                // An election observer's shared watch (watch.rs), opened
+                // An election observer's shared watch (client/watch.rs), opened
                 // and running.
                 let waiter = Election::subscribe(&*b, "m").await.unwrap();
                 tokio::time::sleep(Duration::from_millis(500)).await;

@@ -681,7 +681,7 @@ async fn cancelled_and_timed_out_waits_remove_only_their_own_place() {
 /// A release by owner through another client frees only a held claim:
 /// `o` keeps its place through client 2, is granted after `x`, and `y`
 /// after `o`. Were `o`'s key in client 2's queue deleted, then after `x`
-/// left, client 2's handoff (handoff.rs), which trusts its own key to die
+/// left, client 2's handoff (claim/handoff.rs), which trusts its own key to die
 /// only with its own lease or release, would grant `o` on a key that no
 /// longer exists while `y`, the real head, is granted too: two holders.
 async fn owner_queued_through_two_clients(c1_queued: bool) {

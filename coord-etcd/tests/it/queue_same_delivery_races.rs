@@ -25,11 +25,11 @@
 //!
 //! What each scenario guards (each of these changes to the source made
 //! it fail when tried): an extend without its compare of the record's mod
-//! revision (`wq_ops.rs`, `queue_extend`) fails (a) (the acked record and
+//! revision (`work_queue/ops.rs`, `queue_extend`) fails (a) (the acked record and
 //! its timeline entry written back, late extends and acks answering true)
 //! and (d); an ack's one-transaction path without that compare
 //! (`queue_ack`) fails (c) (both acks true) and (b) (ack and nack both
-//! true); a pop level without its compares (`wq_pop.rs`, `level_txn`)
+//! true); a pop level without its compares (`work_queue/pop.rs`, `level_txn`)
 //! fails (e) (one message delivered to both racing pops, two of one
 //! ordered group in flight); an extend recording its new revision with
 //! the record it replaced (a mispaired `Local::mine`) fails (a) rarely,

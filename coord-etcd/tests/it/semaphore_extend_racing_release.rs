@@ -1,4 +1,4 @@
-//! The etcd semaphore's moving extend (`sem_extend` in `sem_hold.rs`)
+//! The etcd semaphore's moving extend (`sem_extend` in `semaphore/hold.rs`)
 //! racing a release through another client and a grant of the same owner
 //! again through the extending client itself.
 //!

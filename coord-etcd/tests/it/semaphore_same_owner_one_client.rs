@@ -626,7 +626,7 @@ async fn two_extends_of_other_ttls_keep_the_grant() {
 /// owner holds), the extend true, and O's one grant stays at t. With D2
 /// (without one call at a time), in about a fifth of the rounds the grant
 /// moved to the extend's lease is deleted (that lease revoked by the
-/// attempt, in `sem_acquire.rs`) and the attempt answers a new token:
+/// attempt, in `semaphore/acquire.rs`) and the attempt answers a new token:
 /// between the two, the permit was free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_attempt_racing_a_moving_extend_keeps_the_moved_grant() {

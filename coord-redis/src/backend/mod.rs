@@ -16,7 +16,6 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 pub(crate) use self::connection::Targets;
 use self::connection::{CommandConnection, SentinelMaster, Source};
 use crate::keys::{Keys, Layout};
-use crate::listener;
 use crate::options::RedisOptions;
 use crate::scripts::Scripts;
 
@@ -659,6 +658,7 @@ mod claims;
 mod connection;
 mod election;
 mod limiter;
+pub(crate) mod listener;
 mod master;
 
 pub(crate) use master::{ClaimKind, Step};

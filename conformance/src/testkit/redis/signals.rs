@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::{RedisServer, Resp};
-use crate::faults::signal;
+use crate::testkit::signal;
 
 impl RedisServer {
     /// Remember the server's process id (`process_id` of `INFO server`).

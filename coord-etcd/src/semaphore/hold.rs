@@ -10,8 +10,9 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, kvs, lock, secs};
-use crate::keys::{BACKEND, prefix_end};
+use crate::client::keys::{BACKEND, prefix_end};
+use crate::client::{kvs, lock, secs};
+use crate::semaphore::Semaphores;
 use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 
 /// Reads and deletes of a release whose owner's keys keep changing
@@ -19,7 +20,7 @@ use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 /// up with `Error::Unavailable`.
 const RELEASE_ROUNDS: usize = 5;
 
-impl Shared {
+impl Semaphores {
     /// Delete `owner`'s grant (its key and slots) and its place in the
     /// queue, each only at the create revision it was written with: a key
     /// deleted and written again (its lease reused for the next claim, by
@@ -61,7 +62,7 @@ impl Shared {
                 let txn = Txn::new()
                     .when([Compare::create_revision(key, CompareOp::Equal, rev)])
                     .and_then(then);
-                let resp = self.txn(op, txn).await?;
+                let resp = self.etcd.txn(op, txn).await?;
                 if resp.succeeded() {
                     (true, kvs(&resp, 0).iter().map(KeyValue::lease).collect())
                 } else {
@@ -100,9 +101,10 @@ impl Shared {
         let grant_lease = local.grant.as_ref().map(|g| g.lease);
         if let Some(g) = local.grant.filter(|g| g.own) {
             if gone.contains(&g.lease) && g.deadline > now {
-                self.put_spare(g.lease, g.ttl, g.deadline, local.keeper);
+                self.etcd
+                    .put_spare(g.lease, g.ttl, g.deadline, local.keeper);
             } else {
-                self.revoke_later(g.lease);
+                self.etcd.revoke_later(g.lease);
             }
         }
         if let Some(w) = local
@@ -111,9 +113,10 @@ impl Shared {
         {
             if gone.contains(&w.lease) {
                 let ttl = QUEUE_ENTRY_TTL.as_secs();
-                self.put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
+                self.etcd
+                    .put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
             } else {
-                self.revoke_later(w.lease);
+                self.etcd.revoke_later(w.lease);
             }
         }
         Ok(held)
@@ -151,7 +154,10 @@ impl Shared {
                         .map(|i| TxnOp::delete(n.slot(*i), None)),
                 );
             }
-            let resp = self.txn(op, Txn::new().when(when).and_then(then)).await?;
+            let resp = self
+                .etcd
+                .txn(op, Txn::new().when(when).and_then(then))
+                .await?;
             if resp.succeeded() {
                 let gone = (0..deletes)
                     .flat_map(|i| kvs(&resp, i))
@@ -197,12 +203,13 @@ impl Shared {
         let mut refreshed = None;
         if let Some(g) = known.as_ref().filter(|g| g.ttl == ttl_s) {
             let since = Instant::now();
-            refreshed = Some((g.lease, since, self.keepalive_once(g.lease, op).await?));
+            refreshed = Some((g.lease, since, self.etcd.keepalive_once(g.lease, op).await?));
         }
         // The one this client knows (at its create revision), else the one
         // whose value names the owner.
         let kv = match &known {
             Some(g) => self
+                .etcd
                 .get(op, g.key.clone(), None)
                 .await?
                 .into_iter()
@@ -259,16 +266,17 @@ impl Shared {
         // the live grant now, so it is not revoked (it ends at its TTL,
         // nobody keeping it alive); the record stays as it was, and the
         // next extend or release finds the grant by its key.
-        let resp = self.txn(op, txn).await?;
+        let resp = self.etcd.txn(op, txn).await?;
         if !resp.succeeded() {
-            self.put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
+            self.etcd
+                .put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
             self.sem_forget_of(&sk, known.as_ref());
             return Ok(None);
         }
         // The lease the grant was on carries nothing now; this client's
         // own is revoked, another client's left to it.
         if let Some(g) = known.filter(|g| g.own) {
-            self.revoke_later(g.lease);
+            self.etcd.revoke_later(g.lease);
         }
         self.sem_local(&sk, |s| {
             s.grant = Some(Grant {
@@ -298,6 +306,7 @@ impl Shared {
             TxnOp::get(k, Some(GetOptions::new().with_range(e)))
         };
         let resp = self
+            .etcd
             .txn(op, Txn::new().and_then([get(b"h/"), get(b"w/")]))
             .await?;
         let grant = kvs(&resp, 0).into_iter().find(|kv| n.owns(kv.value()));
@@ -310,7 +319,7 @@ impl Shared {
 
     /// Delete every grant of `name` (keys and slots) in one transaction.
     pub(crate) async fn sem_force_release(&self, name: &str) -> Result<bool> {
-        let base = self.keys.sem(name);
+        let base = self.etcd.keys.sem(name);
         let range = |p: &[u8]| {
             let k = [&base[..], p].concat();
             let e = prefix_end(&k);
@@ -321,7 +330,7 @@ impl Shared {
             TxnOp::delete(h, Some(DeleteOptions::new().with_range(he).with_prev_key())),
             TxnOp::delete(s, Some(DeleteOptions::new().with_range(se))),
         ]);
-        let resp = self.txn("semaphore force_release", txn).await?;
+        let resp = self.etcd.txn("semaphore force_release", txn).await?;
         Ok(!kvs(&resp, 0).is_empty())
     }
 }

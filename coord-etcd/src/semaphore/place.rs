@@ -9,14 +9,15 @@ use coord_core::Result;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::{Shared, kvs};
-use crate::sem_view::Basis;
+use crate::client::kvs;
+use crate::semaphore::Semaphores;
+use crate::semaphore::view::Basis;
 use crate::semaphore::{Names, Place, QUEUE_ENTRY_TTL, SemKey};
 
 /// A place is renewed by an attempt at most this often.
 const RENEW_AFTER: Duration = Duration::from_secs(5);
 
-impl Shared {
+impl Semaphores {
     /// The owner is granted (on lease `grant`): its place in the queue is
     /// gone. The place's lease serves the next key only if the answered
     /// grant transaction deleted the place on it (`deleted`: the lease of
@@ -34,9 +35,10 @@ impl Shared {
         if let Some(w) = place.filter(|w| w.own) {
             if deleted == Some(w.lease) {
                 let ttl = QUEUE_ENTRY_TTL.as_secs();
-                self.put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
+                self.etcd
+                    .put_spare(w.lease, ttl, w.at + QUEUE_ENTRY_TTL, None);
             } else if w.lease != grant {
-                self.revoke_later(w.lease);
+                self.etcd.revoke_later(w.lease);
             }
         }
     }
@@ -65,7 +67,7 @@ impl Shared {
             if fresh {
                 return Ok(true);
             }
-            if self.keepalive_once(kv.lease(), op).await? {
+            if self.etcd.keepalive_once(kv.lease(), op).await? {
                 // On the lease this client recorded: its own; on another:
                 // queued through another client (the same owner), adopted
                 // (see `SemLocal`).
@@ -78,7 +80,7 @@ impl Shared {
                     })
                 });
                 if let Some(o) = old.filter(|o| o.own && o.lease != kv.lease()) {
-                    self.revoke_later(o.lease);
+                    self.etcd.revoke_later(o.lease);
                 }
                 return Ok(true);
             }
@@ -119,7 +121,8 @@ impl Shared {
                     s.waiter = old;
                     s.place = old_key;
                 });
-                self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                self.etcd
+                    .put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
                 return Ok(false);
             }
             if !r.succeeded() {
@@ -129,9 +132,10 @@ impl Shared {
                 // spare's keys were deleted).
                 self.sem_local(sk, |s| s.waiter = old);
                 if named_here {
-                    self.revoke_later(lease);
+                    self.etcd.revoke_later(lease);
                 } else {
-                    self.put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
+                    self.etcd
+                        .put_spare(lease, ttl, since + QUEUE_ENTRY_TTL, None);
                 }
                 return Ok(true);
             }
@@ -139,7 +143,7 @@ impl Shared {
         // The old lease (if any) carried no place: it lapsed or never was.
         // An adopted one is left to its client.
         if let Some(o) = old.filter(|o| o.own) {
-            self.revoke_later(o.lease);
+            self.etcd.revoke_later(o.lease);
         }
         resp.map(|_| true)
     }

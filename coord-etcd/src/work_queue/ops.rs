@@ -7,15 +7,18 @@ use std::time::Duration;
 use coord_core::{Lane, Message, OwnerToken, QueueStats, Result};
 use etcd_client::{CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
-use crate::backend::{Shared, header_rev};
-use crate::barrier::corrupt;
-use crate::keys::prefix_end;
-use crate::work_queue::{Mine, message_of};
-use crate::wq_group::{
+use crate::client::corrupt;
+use crate::client::header_rev;
+use crate::client::keys::prefix_end;
+use crate::work_queue::WorkQueues;
+use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, id_in, insert, landing_ops, remove, set_group,
 };
-use crate::wq_keys::{Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, read};
+use crate::work_queue::keys::{
+    Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id,
+};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, read};
+use crate::work_queue::{Mine, message_of};
 
 /// At most this many payload bytes per read of a peek.
 const PEEK_BYTES: u64 = 2 * 1024 * 1024;
@@ -42,7 +45,7 @@ fn count_in(r: Option<&TxnOpResponse>) -> u64 {
     }
 }
 
-/// What [`Shared::held`] found.
+/// What [`WorkQueues::held`] found.
 struct Held {
     kv: KeyValue,
     meta: Meta,
@@ -61,7 +64,7 @@ fn held_by(meta: &Meta, consumer: &OwnerToken) -> Option<u64> {
     }
 }
 
-impl Shared {
+impl WorkQueues {
     /// Message `id`'s record, if it is in flight to `consumer` and its
     /// deadline has not passed on this client's clock; with `around`, also
     /// the reads of [`around_ops`] for its group (made with the record's
@@ -78,14 +81,14 @@ impl Shared {
         op: &'static str,
     ) -> Result<Option<Held>> {
         let hint = match around {
-            true => self.wq.mine(queue, lane, id).map(|m| m.meta.group),
+            true => self.local.mine(queue, lane, id).map(|m| m.meta.group),
             false => None,
         };
         let mut ops = vec![get(k.meta(lane, id))];
         if let Some(g) = &hint {
             ops.extend(around_ops(k, lane, g, id));
         }
-        let s = read(self, op, ops).await?;
+        let s = read(&self.etcd, op, ops).await?;
         let found = match s.one(0) {
             Some(kv) => Some((kv.clone(), meta_of(kv, op)?)),
             None => None,
@@ -93,7 +96,7 @@ impl Shared {
         let Some((kv, meta, deadline)) =
             found.and_then(|(kv, m)| held_by(&m, consumer).map(|t| (kv, m, t)))
         else {
-            self.wq.set_mine(queue, lane, id, None);
+            self.local.set_mine(queue, lane, id, None);
             return Ok(None);
         };
         let around = match hint {
@@ -101,7 +104,7 @@ impl Shared {
             Some(g) if g == meta.group => Some((s, 1)),
             _ => {
                 let ops = around_ops(k, lane, &meta.group, id);
-                Some((read(self, op, ops).await?, 0))
+                Some((read(&self.etcd, op, ops).await?, 0))
             }
         };
         Ok(Some(Held {
@@ -122,7 +125,7 @@ impl Shared {
         id: u64,
         consumer: &OwnerToken,
     ) -> Option<(i64, Meta, u64)> {
-        let m = self.wq.mine(queue, lane, id)?;
+        let m = self.local.mine(queue, lane, id)?;
         let t = held_by(&m.meta, consumer)?;
         Some((m.rev, m.meta, t))
     }
@@ -148,12 +151,17 @@ impl Shared {
             p.del(k.payload(lane, id));
             p.del(with_id(&k.members(lane, &meta.group), id));
             p.del(k.time_entry(lane, deadline, id));
-            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
-                self.wq.set_mine(queue, lane, id, None);
+            if self
+                .etcd
+                .txn(op, p.into_txn(vec![], vec![]))
+                .await?
+                .succeeded()
+            {
+                self.local.set_mine(queue, lane, id, None);
                 return Ok(true);
             }
         }
-        let mut retry = Retry::new(self, op);
+        let mut retry = Retry::new(&self.etcd, op);
         loop {
             let Some(h) = self.held(&k, queue, lane, id, consumer, true, op).await? else {
                 return Ok(false);
@@ -164,9 +172,13 @@ impl Shared {
             let mut p = Plan::new();
             p.same(&h.kv);
             if remove(&mut p, &k, lane, id, &h.meta, &Around::of(s, *at), op)?
-                && self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded()
+                && self
+                    .etcd
+                    .txn(op, p.into_txn(vec![], vec![]))
+                    .await?
+                    .succeeded()
             {
-                self.wq.set_mine(queue, lane, id, None);
+                self.local.set_mine(queue, lane, id, None);
                 return Ok(true);
             }
             retry.again().await?;
@@ -196,13 +208,18 @@ impl Shared {
                 m.state = State::Delayed(at);
                 p.put(k.time_entry(lane, at, id), m.time_value());
                 p.put(k.meta(lane, id), m.encode());
-                if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
-                    self.wq.set_mine(queue, lane, id, None);
+                if self
+                    .etcd
+                    .txn(op, p.into_txn(vec![], vec![]))
+                    .await?
+                    .succeeded()
+                {
+                    self.local.set_mine(queue, lane, id, None);
                     return Ok(true);
                 }
             }
         }
-        let mut retry = Retry::new(self, op);
+        let mut retry = Retry::new(&self.etcd, op);
         loop {
             let Some(h) = self.held(&k, queue, lane, id, consumer, now, op).await? else {
                 return Ok(false);
@@ -236,8 +253,13 @@ impl Shared {
                 p.put(k.time_entry(lane, at, id), m.time_value());
             }
             p.put(k.meta(lane, id), m.encode());
-            if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
-                self.wq.set_mine(queue, lane, id, None);
+            if self
+                .etcd
+                .txn(op, p.into_txn(vec![], vec![]))
+                .await?
+                .succeeded()
+            {
+                self.local.set_mine(queue, lane, id, None);
                 return Ok(true);
             }
             retry.again().await?;
@@ -257,7 +279,7 @@ impl Shared {
         let op = "queue extend";
         let k = self.qkeys(queue);
         let mut known = self.mine_held(queue, lane, id, consumer);
-        let mut retry = Retry::new(self, op);
+        let mut retry = Retry::new(&self.etcd, op);
         loop {
             let (rev, mut m, deadline) = match known.take() {
                 Some(k) => k,
@@ -275,10 +297,10 @@ impl Shared {
             m.state = State::InFlight(at, *consumer);
             p.put(k.time_entry(lane, at, id), m.time_value());
             p.put(k.meta(lane, id), m.encode());
-            let resp = self.txn(op, p.into_txn(vec![], vec![])).await?;
+            let resp = self.etcd.txn(op, p.into_txn(vec![], vec![])).await?;
             if resp.succeeded() {
                 let rev = header_rev(&resp);
-                self.wq
+                self.local
                     .set_mine(queue, lane, id, Some(Mine { rev, meta: m }));
                 return Ok(true);
             }
@@ -302,7 +324,7 @@ impl Shared {
             .with_range(prefix_end(&m))
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         let mut metas = Vec::new();
-        for kv in self.get(op, m, Some(opts)).await? {
+        for kv in self.etcd.get(op, m, Some(opts)).await? {
             metas.push((id_in(&kv, op)?, meta_of(&kv, op)?));
         }
         let mut out = Vec::with_capacity(metas.len());
@@ -318,6 +340,7 @@ impl Shared {
             let start = k.payload(lane, metas[i].0);
             let end = after(&k.payload(lane, metas[j - 1].0));
             let got = self
+                .etcd
                 .get(op, start, Some(GetOptions::new().with_range(end)))
                 .await?;
             let mut payloads = HashMap::new();
@@ -347,7 +370,7 @@ impl Shared {
             let opts = GetOptions::new()
                 .with_range(end.clone())
                 .with_limit(REDRIVE_PAGE);
-            let page = self.get(op, from.clone(), Some(opts)).await?;
+            let page = self.etcd.get(op, from.clone(), Some(opts)).await?;
             for kv in &page {
                 if moved >= limit {
                     break 'pages;
@@ -374,7 +397,7 @@ impl Shared {
         mut kv: KeyValue,
         op: &'static str,
     ) -> Result<bool> {
-        let mut retry = Retry::new(self, op);
+        let mut retry = Retry::new(&self.etcd, op);
         loop {
             let meta = meta_of(&kv, op)?;
             if matches!(meta.state, State::InFlight(t, _) if t > now_ms()) {
@@ -384,7 +407,7 @@ impl Shared {
             let mut ops = around_ops(k, Lane::Dead, g, id);
             ops.push(get(k.payload(Lane::Dead, id)));
             ops.extend(landing_ops(k, Lane::Main, g));
-            let s = read(self, op, ops).await?;
+            let s = read(&self.etcd, op, ops).await?;
             if let Some(payload) = s.one(AROUND) {
                 let mut p = Plan::new();
                 p.same(&kv);
@@ -396,13 +419,18 @@ impl Shared {
                     };
                     let v = Landing::of(&s, AROUND + 1);
                     insert(&mut p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
-                    if self.txn(op, p.into_txn(vec![], vec![])).await?.succeeded() {
+                    if self
+                        .etcd
+                        .txn(op, p.into_txn(vec![], vec![]))
+                        .await?
+                        .succeeded()
+                    {
                         return Ok(true);
                     }
                 }
             }
             retry.again().await?;
-            match self.get(op, k.meta(Lane::Dead, id), None).await?.pop() {
+            match self.etcd.get(op, k.meta(Lane::Dead, id), None).await?.pop() {
                 Some(fresh) => kv = fresh,
                 None => return Ok(false),
             }
@@ -423,7 +451,7 @@ impl Shared {
             ),
             count_only(k.metas(Lane::Dead)),
         ];
-        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
+        let resp = self.etcd.txn(op, Txn::new().and_then(ops)).await?;
         let rs = resp.op_responses();
         let mut s = QueueStats {
             ready: count_in(rs.first()),
@@ -457,7 +485,7 @@ impl Shared {
             count_only(k.metas_both()),
             TxnOp::delete(start, Some(DeleteOptions::new().with_range(end))),
         ];
-        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
+        let resp = self.etcd.txn(op, Txn::new().and_then(ops)).await?;
         Ok(count_in(resp.op_responses().first()))
     }
 }

@@ -15,7 +15,7 @@ use tokio_postgres::{AsyncMessage, Notification};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::map_pg;
+use super::map_pg;
 
 /// How long the startup probe waits for its own NOTIFY to come back.
 const PROBE_WAIT: Duration = Duration::from_secs(2);

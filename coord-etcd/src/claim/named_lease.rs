@@ -1,68 +1,26 @@
 //! Named leases: `<prefix>lease/<name>`, valued with the owner's token
 //! (then ` <metadata>` for a grant made with metadata: see
-//! `keys::lease_value`), attached to an etcd lease of its own (`remaining` is what the server
+//! `client/keys.rs`), attached to an etcd lease of its own (`remaining` is what the server
 //! says; `revoke` ends it at once).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::inspect::ClaimRecord;
 use coord_core::util::Kind;
-use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
+use coord_core::{Attempt, FencingToken, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::EtcdBackend;
-use crate::backend::{header_rev, kvs, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::keys::{lease_value, split_lease_value};
+use crate::claim::Claims;
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::client::keys::{lease_value, split_lease_value};
+use crate::client::{header_rev, kvs, lock, secs};
 
-#[async_trait]
-impl coord_core::Lease for EtcdBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.shared.caps
-    }
-
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.grant_lease_named(name, owner, ttl, None).await
-    }
-
-    async fn grant_with_metadata(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        ttl: Duration,
-        metadata: &[u8],
-    ) -> Result<Attempt> {
-        self.grant_lease_named(name, owner, ttl, Some(metadata))
-            .await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
-        self.shared.lease_inspect(name).await
-    }
-
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.shared
-            .extend_claim(Kind::Lease, name, owner, ttl, "lease renew")
-            .await
-    }
-
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.shared
-            .release_claim(Kind::Lease, name, owner, "lease revoke")
-            .await
-    }
-
-    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
-        self.lease_remaining(name).await
-    }
-}
-
-impl EtcdBackend {
+impl Claims {
     /// A grant of a named lease: a live one of the owner's is renewed and
     /// kept as it is (metadata too); a new one stores `metadata`.
-    async fn grant_lease_named(
-        &self,
+    pub(crate) async fn grant_lease_named(
+        self: &Arc<Self>,
         name: &str,
         owner: &OwnerToken,
         ttl: Duration,
@@ -70,7 +28,7 @@ impl EtcdBackend {
     ) -> Result<Attempt> {
         let op = "lease grant";
         let start = Instant::now();
-        let shared = &self.shared;
+        let shared = self;
         let ek = entry_key(Kind::Lease, name, owner);
         let _turn = shared.one_call(&ek).await;
         let live = lock(&shared.entries).get(&ek).and_then(|e| match e.state {
@@ -84,10 +42,10 @@ impl EtcdBackend {
             }
         }
         shared.drop_entry(&ek);
-        let key = shared.keys.single(Kind::Lease, name);
+        let key = shared.etcd.keys.single(Kind::Lease, name);
         let hex = owner.to_hex();
         let ttl_s = secs(ttl);
-        let id = shared.grant_lease(ttl_s, op).await?;
+        let id = shared.etcd.grant_lease(ttl_s, op).await?;
         let entry = |rev: i64, lease: i64| Entry {
             key: key.clone(),
             rev,
@@ -107,9 +65,10 @@ impl EtcdBackend {
             )])
             .or_else([TxnOp::get(key.clone(), None)]);
         let resp = shared
+            .etcd
             .txn(op, txn)
             .await
-            .inspect_err(|_| shared.revoke_later(id))?;
+            .inspect_err(|_| shared.etcd.revoke_later(id))?;
         if resp.succeeded() {
             let rev = header_rev(&resp);
             let mut entries = lock(&shared.entries);
@@ -118,7 +77,7 @@ impl EtcdBackend {
             return Ok(Attempt::Granted(FencingToken(rev as u64)));
         }
         let Some(kv) = kvs(&resp, 0).into_iter().next() else {
-            shared.revoke_later(id);
+            shared.etcd.revoke_later(id);
             return Ok(Attempt::Held { expires_in: None });
         };
         if split_lease_value(kv.value()).0 == hex.as_bytes() {
@@ -143,18 +102,19 @@ impl EtcdBackend {
             // On an error the move may have landed: the lease just granted
             // may carry the owner's live key now, so it is not revoked (it
             // ends at its TTL, nobody keeping it alive, like the claim).
-            let moved = shared.txn(op, txn).await?;
+            let moved = shared.etcd.txn(op, txn).await?;
             if moved.succeeded() {
                 let mut entries = lock(&shared.entries);
                 entries.insert(ek, entry(kv.create_revision(), id));
                 shared.prune(&mut entries);
                 return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
             }
-            shared.revoke_later(id);
+            shared.etcd.revoke_later(id);
             return Ok(Attempt::Held { expires_in: None });
         }
-        shared.revoke_later(id);
+        shared.etcd.revoke_later(id);
         let ttl_left = shared
+            .etcd
             .call(op, |mut c| {
                 let id = kv.lease();
                 async move { c.lease_time_to_live(id, None).await }
@@ -170,11 +130,11 @@ impl EtcdBackend {
 
     /// What the server says of a named lease's remaining time (this
     /// client's own deadline for a lease it holds).
-    async fn lease_remaining(&self, name: &str) -> Result<Option<Duration>> {
+    pub(crate) async fn lease_remaining(&self, name: &str) -> Result<Option<Duration>> {
         let op = "lease remaining";
-        let shared = &self.shared;
-        let key = shared.keys.single(Kind::Lease, name);
-        let Some(kv) = shared.get(op, key, None).await?.into_iter().next() else {
+        let shared = self;
+        let key = shared.etcd.keys.single(Kind::Lease, name);
+        let Some(kv) = shared.etcd.get(op, key, None).await?.into_iter().next() else {
             return Ok(None);
         };
         // Held by this client: its own deadline is exact.
@@ -199,6 +159,7 @@ impl EtcdBackend {
         // TTL+1 seconds". Report that bound (never above the granted TTL),
         // so no holder's local validity exceeds what the store says.
         let resp = shared
+            .etcd
             .call(op, |mut c| {
                 let id = kv.lease();
                 async move { c.lease_time_to_live(id, None).await }

@@ -1,4 +1,4 @@
-//! The steps a pop takes before it delivers (see `wq_pop.rs`): making due
+//! The steps a pop takes before it delivers (see `work_queue/pop.rs`): making due
 //! timeline entries ready (delayed messages, lapsed deliveries), and moving
 //! a message delivered `max_deliveries` times to the dead lane.
 
@@ -7,13 +7,12 @@ use std::collections::HashMap;
 use coord_core::{Lane, Result};
 use etcd_client::{KeyValue, TxnOp};
 
-use crate::backend::Shared;
-use crate::barrier::corrupt;
-use crate::wq_group::{
+use crate::client::{Etcd, corrupt};
+use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, insert, landing_ops, remove, set_group,
 };
-use crate::wq_keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
-use crate::wq_plan::{Plan, Snap, get, read};
+use crate::work_queue::keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
+use crate::work_queue::plan::{Plan, Snap, get, read};
 
 /// A timeline entry that is due.
 pub(crate) struct Due {
@@ -46,7 +45,7 @@ pub(crate) fn due_of(s: &Snap, now: u64, op: &'static str) -> Result<(Vec<Due>, 
 
 /// Make the due messages ready. `Ok(false)`: lost a race (nothing done).
 pub(crate) async fn advance(
-    sh: &Shared,
+    sh: &Etcd,
     k: &QKeys,
     l: Lane,
     due: &[Due],
@@ -109,7 +108,7 @@ pub(crate) async fn advance(
 /// Move the main lane's next message `id` (its ready entry as read: `rkv`)
 /// to the dead lane, attempts kept, ready. `Ok(false)`: lost a race.
 pub(crate) async fn dead_letter(
-    sh: &Shared,
+    sh: &Etcd,
     k: &QKeys,
     id: u64,
     meta: &Meta,

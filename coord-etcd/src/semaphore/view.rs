@@ -1,6 +1,6 @@
 //! A semaphore attempt's view of a name (one snapshot of its grants,
 //! waiters and slots) and its random choice of free slots (see
-//! `sem_acquire.rs`).
+//! `semaphore/acquire.rs`).
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
@@ -8,7 +8,7 @@ use std::hash::{BuildHasher, Hasher};
 use coord_core::{OwnerToken, PermitRequest, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
 
-use crate::barrier::corrupt;
+use crate::client::corrupt;
 use crate::semaphore::{Names, mismatch, parse};
 
 /// The state of a name as one snapshot saw it.

@@ -1,5 +1,5 @@
-//! Shared watches, one per name and client, for elections and barriers:
-//! every local waiter of the name is woken on a change.
+//! Shared watches, one per name and client (elections, barriers, work
+//! queue lanes): every local waiter of the name is woken on a change.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +10,7 @@ use etcd_client::{EventType, WatchOptions};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep};
 
-use crate::backend::{AbortOnDrop, Shared, lock};
-use crate::barrier::BARRIER_GRACE;
+use crate::client::{AbortOnDrop, Etcd, lock};
 
 pub(crate) struct WatchSlot {
     ready: watch::Receiver<bool>,
@@ -32,20 +31,25 @@ impl WatchSlot {
 }
 
 /// What a shared (per name) watch does with events.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 pub(crate) enum WatchKind {
     /// Wake every local waiter on any change (elections).
     AnyChange,
-    /// Wake every local waiter when the barrier's generation changes.
-    BarrierGeneration,
-    /// A work queue lane (`i/<lane>/` of `work_queue.rs`): wake every local
-    /// waiter when a key is put into a candidate index (a message became
-    /// deliverable) or a delayed message joins the timeline (the waiters
-    /// learn when it comes due); not for delivery deadlines or deletions.
-    QueueLane,
+    /// Wake every local waiter on a put for which the function holds,
+    /// given the key past the watched prefix and the value; never on a
+    /// deletion.
+    Puts(fn(&[u8], &[u8]) -> bool),
+    /// Wake every local waiter when the generation `of` reads from the
+    /// key's value changes, or the key goes; while local waiters wait, the
+    /// key's lease is kept alive every `keep_alive` (as `op`).
+    Generation {
+        of: fn(&[u8]) -> Option<u64>,
+        keep_alive: Duration,
+        op: &'static str,
+    },
 }
 
-impl Shared {
+impl Etcd {
     // ---------------------------------------------------------------
 
     /// Register a local waiter on `wake`, making sure a watch on `key`
@@ -93,7 +97,7 @@ impl Shared {
 }
 
 async fn shared_watch_task(
-    shared: Arc<Shared>,
+    shared: Arc<Etcd>,
     wake: String,
     key: Vec<u8>,
     end: Option<Vec<u8>>,
@@ -132,13 +136,13 @@ async fn shared_watch_task(
                             drop(slot);
                             return;
                         }
-                        if kind == WatchKind::BarrierGeneration
-                            && kept_alive.elapsed() >= BARRIER_GRACE / 3
-                        {
-                            // Local waiters wait on this barrier: keep its
-                            // state from expiring.
-                            kept_alive = Instant::now();
-                            shared.keep_barrier_alive(&key).await;
+                        if let WatchKind::Generation { keep_alive, op, .. } = kind {
+                            if kept_alive.elapsed() >= keep_alive {
+                                // Local waiters wait on this key: keep it
+                                // from expiring.
+                                kept_alive = Instant::now();
+                                shared.keep_lease_of(&key, op).await;
+                            }
                         }
                         continue;
                     }
@@ -179,21 +183,18 @@ async fn shared_watch_task(
                                 start_rev = start_rev.max(kv.mod_revision() + 1);
                                 match kind {
                                     WatchKind::AnyChange => wake_all = true,
-                                    WatchKind::QueueLane => {
+                                    WatchKind::Puts(wakes) => {
                                         let put = ev.event_type() == EventType::Put;
                                         let rest = kv.key().get(key.len()..).unwrap_or_default();
-                                        if put
-                                            && (!rest.starts_with(b"t/")
-                                                || kv.value().first() == Some(&b'D'))
-                                        {
+                                        if put && wakes(rest, kv.value()) {
                                             wake_all = true;
                                         }
                                     }
-                                    WatchKind::BarrierGeneration => {
+                                    WatchKind::Generation { of, .. } => {
                                         let g = if ev.event_type() == EventType::Delete {
                                             None
                                         } else {
-                                            crate::barrier::generation_of(kv.value())
+                                            of(kv.value())
                                         };
                                         if g.is_none() || g != last_gen {
                                             wake_all = true;

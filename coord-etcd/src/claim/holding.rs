@@ -13,15 +13,16 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::keys::{prefix_end, split_lease_value};
+use crate::claim::Claims;
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::client::keys::{prefix_end, split_lease_value};
+use crate::client::{lock, secs};
 
-impl Shared {
+impl Claims {
     /// Release (or resign, or leave the queue, or revoke a named lease):
     /// revoke the lease of the owner's key, whether it holds or waits.
     /// `Ok(true)` iff it held a claim whose TTL had not run out. After the
-    /// client's other calls on the claim ([`Shared::one_call`]).
+    /// client's other calls on the claim ([`Claims::one_call`]).
     pub(crate) async fn release_claim(
         self: &Arc<Self>,
         kind: Kind,
@@ -51,8 +52,8 @@ impl Shared {
                 let own_key = kind != Kind::Lease;
                 return self.release_held(e, deadline, now, own_key, op).await;
             }
-            if let Err(err) = self.revoke(e.lease, op).await {
-                self.revoke_later(e.lease);
+            if let Err(err) = self.etcd.revoke(e.lease, op).await {
+                self.etcd.revoke_later(e.lease);
                 return Err(err);
             }
             // A place in line, or an attempt whose outcome is unknown, is
@@ -70,8 +71,8 @@ impl Shared {
         if kind != Kind::Lease {
             return self.release_unknown(kind, name, &hex, op).await;
         }
-        let key = self.keys.single(kind, name);
-        let kv = self.get(op, key, None).await?.into_iter().next();
+        let key = self.etcd.keys.single(kind, name);
+        let kv = self.etcd.get(op, key, None).await?.into_iter().next();
         let Some(kv) = kv.filter(|kv| split_lease_value(kv.value()).0 == hex.as_bytes()) else {
             return Ok(false);
         };
@@ -100,12 +101,12 @@ impl Shared {
         hex: &str,
         op: &'static str,
     ) -> Result<bool> {
-        let queue = self.keys.queue(kind, name);
+        let queue = self.etcd.keys.queue(kind, name);
         let end = prefix_end(&queue);
         let all = GetOptions::new()
             .with_range(end)
             .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let queued = self.get(op, queue, Some(all)).await?;
+        let queued = self.etcd.get(op, queue, Some(all)).await?;
         let Some((i, kv)) = queued
             .iter()
             .enumerate()
@@ -133,7 +134,7 @@ impl Shared {
                 kv.create_revision(),
             )])
             .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-        Ok(self.txn(op, txn).await?.succeeded())
+        Ok(self.etcd.txn(op, txn).await?.succeeded())
     }
 
     /// Release a held claim: delete its key if it is still this claim's.
@@ -144,7 +145,7 @@ impl Shared {
     ///
     /// A key of this claim alone (`own_key`: its name carries the lease of
     /// the claim's first attempt, which no other claim writes while this
-    /// one lives: see `claims.rs`) takes a plain delete that returns what
+    /// one lives: see `claim/attempt.rs`) takes a plain delete that returns what
     /// was there: the claim was live until now iff the key deleted has
     /// this claim's create revision. A key re-created by a late copy of
     /// one of this claim's attempts is then deleted too, which is what its
@@ -162,15 +163,16 @@ impl Shared {
         op: &'static str,
     ) -> Result<bool> {
         let ours = if own_key {
-            self.call_kv(op, |mut c| {
-                let key = e.key.clone();
-                async move {
-                    c.delete(key, Some(DeleteOptions::new().with_prev_key()))
-                        .await
-                }
-            })
-            .await
-            .map(|r| r.prev_kvs().iter().any(|kv| kv.create_revision() == e.rev))
+            self.etcd
+                .call_kv(op, |mut c| {
+                    let key = e.key.clone();
+                    async move {
+                        c.delete(key, Some(DeleteOptions::new().with_prev_key()))
+                            .await
+                    }
+                })
+                .await
+                .map(|r| r.prev_kvs().iter().any(|kv| kv.create_revision() == e.rev))
         } else {
             let txn = Txn::new()
                 .when([Compare::create_revision(
@@ -179,22 +181,23 @@ impl Shared {
                     e.rev,
                 )])
                 .and_then([TxnOp::delete(e.key.clone(), None)]);
-            self.txn(op, txn).await.map(|r| r.succeeded())
+            self.etcd.txn(op, txn).await.map(|r| r.succeeded())
         };
         match ours {
             Ok(true) => {
                 // The server keeps the lease at least until the claim's
                 // deadline (its last grant or keepalive came after the
                 // attempt or extend that set it began).
-                self.put_spare(e.lease, e.lease_ttl, deadline, e.keeper);
+                self.etcd
+                    .put_spare(e.lease, e.lease_ttl, deadline, e.keeper);
                 Ok(deadline > now)
             }
             Ok(false) => {
-                self.revoke_later(e.lease);
+                self.etcd.revoke_later(e.lease);
                 Ok(false)
             }
             Err(err) => {
-                self.revoke_later(e.lease);
+                self.etcd.revoke_later(e.lease);
                 Err(err)
             }
         }
@@ -203,7 +206,7 @@ impl Shared {
     /// Extend (renew a leadership, renew a named lease): only the holder,
     /// never resurrecting. The same TTL refreshes the key's lease; another
     /// TTL moves the key (keeping its create revision) to a new lease.
-    /// After the client's other calls on the claim ([`Shared::one_call`]).
+    /// After the client's other calls on the claim ([`Claims::one_call`]).
     pub(crate) async fn extend_claim(
         self: &Arc<Self>,
         kind: Kind,
@@ -258,8 +261,8 @@ impl Shared {
             Some(Err(lease)) => {
                 // Expired: end it on the server now too, so that nobody
                 // sees it after this answer.
-                if self.revoke(lease, op).await.is_err() {
-                    self.revoke_later(lease);
+                if self.etcd.revoke(lease, op).await.is_err() {
+                    self.etcd.revoke_later(lease);
                 }
                 return Ok(false);
             }
@@ -287,7 +290,8 @@ impl Shared {
                 key.clone(),
                 Some(GetOptions::new().with_count_only()),
             )]);
-            let (resp, alive) = tokio::join!(self.txn(op, check), self.refresh(lease, kept, op));
+            let (resp, alive) =
+                tokio::join!(self.etcd.txn(op, check), self.etcd.refresh(lease, kept, op));
             let (alive, k) = alive?;
             if !resp?.succeeded() || !alive {
                 self.drop_entry_of(&ek, lease);
@@ -298,11 +302,13 @@ impl Shared {
         } else {
             // Check the old lease still lives (so an expired claim is never
             // resurrected), then move the key.
-            let (alive, new) =
-                tokio::join!(self.keepalive_once(lease, op), self.grant_lease(ttl_s, op));
+            let (alive, new) = tokio::join!(
+                self.etcd.keepalive_once(lease, op),
+                self.etcd.grant_lease(ttl_s, op)
+            );
             let new = new?;
-            if !alive.inspect_err(|_| self.revoke_later(new))? {
-                self.revoke_later(new);
+            if !alive.inspect_err(|_| self.etcd.revoke_later(new))? {
+                self.etcd.revoke_later(new);
                 self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
@@ -312,15 +318,16 @@ impl Shared {
                 Some(PutOptions::new().with_lease(new).with_ignore_value()),
             )]);
             let resp = self
+                .etcd
                 .txn(op, txn)
                 .await
-                .inspect_err(|_| self.revoke_later(new))?;
+                .inspect_err(|_| self.etcd.revoke_later(new))?;
             if !resp.succeeded() {
-                self.revoke_later(new);
+                self.etcd.revoke_later(new);
                 self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
-            self.revoke_later(lease);
+            self.etcd.revoke_later(lease);
             new
         };
         let mut entries = lock(&self.entries);
@@ -337,7 +344,7 @@ impl Shared {
             _ => {
                 drop(entries);
                 if new_lease != lease {
-                    self.revoke_later(new_lease);
+                    self.etcd.revoke_later(new_lease);
                 }
                 Ok(false)
             }
@@ -359,7 +366,7 @@ impl Shared {
         op: &'static str,
     ) -> Result<bool> {
         for _ in 0..5 {
-            let Some(first) = self.head(kind, name, op).await? else {
+            let Some(first) = self.etcd.head(kind, name, op).await? else {
                 return Ok(false);
             };
             if self.delete_at(&first, op).await? {
@@ -367,29 +374,5 @@ impl Shared {
             }
         }
         Ok(false)
-    }
-
-    /// The first key of a claim's queue (the holder / leader).
-    pub(crate) async fn head(
-        &self,
-        kind: Kind,
-        name: &str,
-        op: &'static str,
-    ) -> Result<Option<KeyValue>> {
-        let queue = self.keys.queue(kind, name);
-        let end = prefix_end(&queue);
-        let g = self
-            .get(
-                op,
-                queue,
-                Some(
-                    GetOptions::new()
-                        .with_range(end)
-                        .with_sort(SortTarget::Create, SortOrder::Ascend)
-                        .with_limit(1),
-                ),
-            )
-            .await?;
-        Ok(g.into_iter().next())
     }
 }

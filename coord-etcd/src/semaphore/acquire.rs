@@ -1,7 +1,7 @@
 //! Semaphore attempts: the grant transaction (see `semaphore.rs` for the
 //! layout; the read of a name and the choice of slots are in
-//! `sem_view.rs`, a refused waiter's place in the queue in
-//! `sem_place.rs`).
+//! `semaphore/view.rs`, a refused waiter's place in the queue in
+//! `semaphore/place.rs`).
 //!
 //! An attempt reads the name in one snapshot: the grant and waiter keys
 //! with their values, the slot keys without (keys only), so a read costs
@@ -44,10 +44,11 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
-use crate::keys::BACKEND;
-use crate::pool::Keeper;
-use crate::sem_view::{Basis, Dice, View, choose, reads, view_of};
+use crate::client::keys::BACKEND;
+use crate::client::pool::Keeper;
+use crate::client::{header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::semaphore::Semaphores;
+use crate::semaphore::view::{Basis, Dice, View, choose, reads, view_of};
 use crate::semaphore::{Grant, Names, QUEUE_REFRESH, SemKey, slots_of};
 
 /// Rounds (read, compare-and-swap) of a queued attempt before it keeps its
@@ -63,7 +64,7 @@ type Held = (i64, Option<Keeper>, Instant);
 /// or dies with the lease; a grant's lease is also marked doomed for as
 /// long as it could live, so that no attempt adopts a grant on it.
 struct OnItsWay<'a> {
-    shared: &'a Arc<Shared>,
+    shared: &'a Arc<Semaphores>,
     sk: &'a SemKey,
     lease: i64,
     /// For a grant: the lease's TTL (it was last refreshed before the
@@ -93,14 +94,14 @@ impl Drop for OnItsWay<'_> {
                 }
             });
         }
-        self.shared.revoke_later(self.lease);
+        self.shared.etcd.revoke_later(self.lease);
     }
 }
 
-impl Shared {
+impl Semaphores {
     /// Read the name in one snapshot and check the total.
     async fn sem_view(&self, n: &Names, req: &PermitRequest, op: &'static str) -> Result<View> {
-        let resp = self.txn(op, Txn::new().and_then(reads(n))).await?;
+        let resp = self.etcd.txn(op, Txn::new().and_then(reads(n))).await?;
         view_of(n, req, resp, op)
     }
 
@@ -124,7 +125,7 @@ impl Shared {
             hold,
             returned: false,
         };
-        let r = self.txn(op, txn).await;
+        let r = self.etcd.txn(op, txn).await;
         on_its_way.returned = true;
         r
     }
@@ -165,10 +166,11 @@ impl Shared {
         let mut dice = Dice::new(owner);
         // An attempt that keeps finding room but losing its slots to other
         // grants makes way for them: this long at most.
-        let give_up = Instant::now() + self.timeout;
+        let give_up = Instant::now() + self.etcd.timeout;
         let spare = |me: &Arc<Self>, l: Option<Held>| {
             if let Some((id, k, since)) = l {
-                me.put_spare(id, ttl_s, since + Duration::from_secs(ttl_s), k);
+                me.etcd
+                    .put_spare(id, ttl_s, since + Duration::from_secs(ttl_s), k);
             }
         };
         let mut rounds = 0;
@@ -202,7 +204,7 @@ impl Shared {
                     });
                 }
                 let since = Instant::now();
-                if !self.keepalive_once(mine.lease(), op).await? {
+                if !self.etcd.keepalive_once(mine.lease(), op).await? {
                     continue; // gone with its lease just now
                 }
                 // On the lease this client recorded: its own write landed.
@@ -233,7 +235,7 @@ impl Shared {
                 });
                 // A lost reply's lease whose write did not land here.
                 if let Some(o) = old.filter(|o| o.own && o.lease != mine.lease()) {
-                    self.revoke_later(o.lease);
+                    self.etcd.revoke_later(o.lease);
                 }
                 self.sem_place_done(&sk, None, mine.lease());
                 // A lease of another TTL than this attempt's (or of an
@@ -304,7 +306,7 @@ impl Shared {
                         })
                     });
                     if let Some(old) = old.filter(|o| o.own && o.lease != l) {
-                        self.revoke_later(old.lease);
+                        self.etcd.revoke_later(old.lease);
                     }
                     return Err(e);
                 }
@@ -337,7 +339,7 @@ impl Shared {
             });
             // A lost reply's lease whose write did not land.
             if let Some(o) = old.filter(|o| o.own && o.lease != l) {
-                self.revoke_later(o.lease);
+                self.etcd.revoke_later(o.lease);
             }
             let deleted = kvs(&resp, 1).first().map(KeyValue::lease);
             self.sem_place_done(&sk, deleted, l);
@@ -352,7 +354,7 @@ impl Shared {
                     message: format!(
                         "permits were free, but other grants took the slots chosen in \
                          every round for {:?}; nothing is held",
-                        self.timeout
+                        self.etcd.timeout
                     ),
                 });
             }

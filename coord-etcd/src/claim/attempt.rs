@@ -20,12 +20,13 @@ use coord_core::{Attempt, Error, OwnerToken, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::{Shared, header_rev, is_lease_not_found, kvs, lock, secs};
-use crate::entries::{Entry, EntryState, entry_key};
-use crate::handoff::is_head;
-use crate::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
-use crate::pool::fresh_enough;
-use crate::queue::clear_last_refused;
+use crate::claim::Claims;
+use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::claim::handoff::is_head;
+use crate::claim::waiters::clear_last_refused;
+use crate::client::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
+use crate::client::pool::fresh_enough;
+use crate::client::{header_rev, is_lease_not_found, kvs, lock, secs};
 
 /// The retryable error of an attempt whose lease was gone before its write
 /// took effect: nothing of it is left.
@@ -89,14 +90,14 @@ enum Known {
     },
 }
 
-impl Shared {
+impl Claims {
     /// One attempt at a claim. A fair claim (lock) queues a key only on the
     /// owner's attempt after a refused or failed one (a waiter's:
     /// coord-core's wait loop attempts, subscribes, then attempts again, and
     /// repeats a failed attempt only inside a wait); a first or one-shot
     /// attempt writes only into an empty queue, so a refused one leaves
     /// nothing behind. After the client's other calls on the claim
-    /// ([`Shared::one_call`]).
+    /// ([`Claims::one_call`]).
     pub(crate) async fn try_claim(
         self: &Arc<Self>,
         spec: ClaimSpec<'_>,
@@ -130,7 +131,7 @@ impl Shared {
         } = spec;
         let start = Instant::now();
         let ek = entry_key(kind, name, owner);
-        let queue = self.keys.queue(kind, name);
+        let queue = self.etcd.keys.queue(kind, name);
         let end = prefix_end(&queue);
         let hex = owner.to_hex();
         let value = claim_value(&hex, value);
@@ -149,7 +150,7 @@ impl Shared {
         };
         if let Some(e) = expired {
             // Ended locally: make sure the server agrees before starting anew.
-            self.revoke(e.lease, op).await?;
+            self.etcd.revoke(e.lease, op).await?;
         }
         let mut known = match lock(&self.entries).get(&ek) {
             Some(Entry {
@@ -172,7 +173,7 @@ impl Shared {
                     // A spare lease (refreshed alongside the write), or a
                     // new one.
                     let spare = if use_spare {
-                        self.take_spare(ttl_s)
+                        self.etcd.take_spare(ttl_s)
                     } else {
                         None
                     };
@@ -185,7 +186,7 @@ impl Shared {
                     let reused = spare.is_some() && basis.is_none();
                     let (lease, keeper) = match spare {
                         Some(s) => (s.id, s.keeper),
-                        None => (self.grant_lease(ttl_s, op).await?, None),
+                        None => (self.etcd.grant_lease(ttl_s, op).await?, None),
                     };
                     let deadline = basis.unwrap_or(start + ttl);
                     // The claim's key: a retry after a lost reply keeps
@@ -240,9 +241,9 @@ impl Shared {
                     // makes it live the claim's TTL from then on (a new
                     // lease does from its grant).
                     let (resp, alive) = if reused {
-                        tokio::join!(self.txn(op, txn), self.refresh(lease, keeper, op))
+                        tokio::join!(self.etcd.txn(op, txn), self.etcd.refresh(lease, keeper, op))
                     } else {
-                        (self.txn(op, txn).await, Ok((true, keeper)))
+                        (self.etcd.txn(op, txn).await, Ok((true, keeper)))
                     };
                     let resp = match resp {
                         Ok(r) => r,
@@ -283,7 +284,7 @@ impl Shared {
                     if let Some(o) =
                         old_lease.filter(|o| mine.as_ref().is_none_or(|m| m.lease() != *o))
                     {
-                        self.revoke_later(o);
+                        self.etcd.revoke_later(o);
                     }
                     if resp.succeeded() {
                         let rev = header_rev(&resp);
@@ -304,7 +305,7 @@ impl Shared {
                             // has the TTL of the attempt that wrote it, which
                             // may not be this one's (0: unknown); a lease of
                             // another TTL is not kept (see below).
-                            self.revoke_later(lease);
+                            self.etcd.revoke_later(lease);
                             let mine_ttl = old
                                 .as_ref()
                                 .filter(|o| o.lease == mine.lease())
@@ -330,7 +331,7 @@ impl Shared {
                             // write was answered) serves the next claim.
                             if alive {
                                 if let Some(e) = lock(&self.entries).remove(&ek) {
-                                    self.put_spare(e.lease, ttl_s, deadline, keeper);
+                                    self.etcd.put_spare(e.lease, ttl_s, deadline, keeper);
                                 }
                             } else {
                                 self.drop_entry(&ek);
@@ -374,7 +375,7 @@ impl Shared {
                     // The keepalive, sent after this attempt began, makes the
                     // key live its TTL from then on if the lease still lives.
                     let (resp, alive) =
-                        tokio::join!(self.txn(op, txn), self.keepalive_once(lease, op));
+                        tokio::join!(self.etcd.txn(op, txn), self.etcd.keepalive_once(lease, op));
                     let resp = resp?;
                     let alive = alive?;
                     let head = kvs(&resp, 0).into_iter().next();

@@ -20,7 +20,7 @@ pub(crate) const BACKEND: &str = "etcd";
 ///   named by a lease as claims are and with the owner's hex first in the
 ///   value, and `<prefix>sem/<escaped name>/s/<i>` (permit slots);
 /// - work queues: everything under `<prefix>wq/<escaped name>/` (see
-///   `wq_keys.rs`).
+///   `work_queue/keys.rs`).
 ///
 /// Names are escaped (`%` -> `%25`, `/` -> `%2F`) so that the queue of
 /// `a` never contains the keys of `a/b`.
@@ -97,7 +97,7 @@ impl Keys {
 /// A claim's key: its queue, then the hex of `lease`, the lease its
 /// claim's first attempt wrote on. Such a lease serves one claim at a
 /// time, and a lease goes back to the spare pool only once its key was
-/// deleted (see `pool.rs`), so two live claims never share a key, while a
+/// deleted (see `client/pool.rs`), so two live claims never share a key, while a
 /// busy name reuses a few keys instead of writing one per acquire.
 pub(crate) fn claim_key(queue: &[u8], lease: i64) -> Vec<u8> {
     let mut key = queue.to_vec();

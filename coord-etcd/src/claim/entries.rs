@@ -12,10 +12,10 @@ use coord_core::{Attempt, FencingToken, OwnerToken};
 use etcd_client::KeyValue;
 use tokio::time::Instant;
 
-use crate::backend::{Shared, lock};
-use crate::pool::Keeper;
-use crate::queue::Queued;
-use crate::semaphore::SemKey;
+use crate::claim::Claims;
+use crate::client::pool::Keeper;
+use crate::client::turns::OneCall;
+use crate::client::{AbortOnDrop, lock};
 
 /// Where a local claim stands.
 pub(crate) enum EntryState {
@@ -40,6 +40,33 @@ pub(crate) struct Entry {
     pub(crate) state: EntryState,
 }
 
+/// A queued waiter's predecessor: its key and create revision.
+pub(crate) type Pred = (Vec<u8>, i64);
+
+/// A queued waiter's state.
+pub(crate) struct Queued {
+    /// The key just before ours.
+    pub(crate) pred: Option<Pred>,
+    /// `pred` was the queue's first key (the holder) at some point: a read
+    /// showed it first, or its head marker was seen (see `handoff.rs`).
+    /// Once it is gone, this waiter is the first key.
+    pub(crate) pred_head: bool,
+    /// `pred` (that create revision) is known deleted: a delete event, or
+    /// absent when its watch began (not a cancelled watch).
+    pub(crate) pred_deleted: bool,
+    /// The server keeps our lease at least until then (send instant of its
+    /// last answered keepalive or grant, plus its TTL), if known.
+    pub(crate) fresh_until: Option<Instant>,
+    /// When the predecessor's deletion was seen.
+    pub(super) pred_gone_at: Option<Instant>,
+    /// When this waiter last attempted (see `waiters.rs`).
+    pub(super) last_attempt: Instant,
+    /// The watch on the predecessor's key, while it is on.
+    pub(super) watch: Option<AbortOnDrop>,
+    /// The keepalive of our lease, ended with this state.
+    pub(super) _keepalive: AbortOnDrop,
+}
+
 pub(crate) type EntryKey = (Kind, Box<str>, [u8; 16]);
 
 pub(crate) fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey {
@@ -56,34 +83,7 @@ pub(crate) const PRUNE_AT: usize = 1024;
 /// `release` of it answers `false` either way).
 const EXPIRED_MEMORY: Duration = Duration::from_secs(60);
 
-/// What this client makes one call at a time on (see
-/// [`Shared::one_call`]): a claim, or one owner's permits of a semaphore.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Turn {
-    Claim(EntryKey),
-    Semaphore(SemKey),
-}
-
-/// This client's turn on one claim or semaphore owner (see
-/// [`Shared::one_call`]); the next call on it goes when this is dropped.
-pub(crate) struct OneCall {
-    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
-    shared: Arc<Shared>,
-    turn: Turn,
-}
-
-impl Drop for OneCall {
-    fn drop(&mut self) {
-        drop(self.guard.take());
-        // Nobody else waits on this claim: forget its mutex.
-        let mut calls = lock(&self.shared.claim_calls);
-        if calls.get(&self.turn).is_some_and(|w| w.strong_count() == 0) {
-            calls.remove(&self.turn);
-        }
-    }
-}
-
-impl Shared {
+impl Claims {
     /// Wait until no other call of this client on the claim `ek` (its
     /// kind, name and owner) is under way. Each call (attempt, extend,
     /// release, lease grant) reads the claim's record before a round trip
@@ -93,42 +93,8 @@ impl Shared {
     /// spared a lease a moving extend was revoking; two extends of
     /// different TTLs each dropped the other's key
     /// (tests/it/same_owner_one_client.rs). Calls on other claims never wait.
-    pub(crate) async fn one_call(self: &Arc<Self>, ek: &EntryKey) -> OneCall {
-        self.take_turn(Turn::Claim(ek.clone())).await
-    }
-
-    /// [`one_call`](Self::one_call) for one owner's permits of a
-    /// semaphore (`sk`: its name and owner), for the same reason: two
-    /// attempts of one owner with room for both each wrote a grant of its
-    /// own (two tokens, twice the permits) and the second to land revoked
-    /// the other's lease; an attempt racing the owner's moving extend
-    /// revoked the lease the grant had just moved to
-    /// (tests/it/semaphore_same_owner_one_client.rs).
-    pub(crate) async fn sem_one_call(self: &Arc<Self>, sk: &SemKey) -> OneCall {
-        self.take_turn(Turn::Semaphore(sk.clone())).await
-    }
-
-    async fn take_turn(self: &Arc<Self>, turn: Turn) -> OneCall {
-        let m = {
-            let mut calls = lock(&self.claim_calls);
-            match calls.get(&turn).and_then(std::sync::Weak::upgrade) {
-                Some(m) => m,
-                None => {
-                    if calls.len() >= PRUNE_AT {
-                        // Left by calls cancelled while waiting their turn.
-                        calls.retain(|_, w| w.strong_count() > 0);
-                    }
-                    let m = Arc::new(tokio::sync::Mutex::new(()));
-                    calls.insert(turn.clone(), Arc::downgrade(&m));
-                    m
-                }
-            }
-        };
-        OneCall {
-            guard: Some(m.lock_owned().await),
-            shared: self.clone(),
-            turn,
-        }
+    pub(crate) async fn one_call(&self, ek: &EntryKey) -> OneCall<EntryKey> {
+        self.turns.take(ek.clone()).await
     }
 
     pub(crate) fn remember_tried(&self, ek: EntryKey) {
@@ -149,7 +115,7 @@ impl Shared {
     /// Forget a local claim and revoke its lease in the background.
     pub(crate) fn drop_entry(self: &Arc<Self>, ek: &EntryKey) {
         if let Some(e) = lock(&self.entries).remove(ek) {
-            self.revoke_later(e.lease);
+            self.etcd.revoke_later(e.lease);
         }
     }
 
@@ -166,7 +132,7 @@ impl Shared {
             }
         };
         if removed.is_some() {
-            self.revoke_later(lease);
+            self.etcd.revoke_later(lease);
         }
     }
 

@@ -22,14 +22,15 @@ use std::time::Duration;
 use coord_core::{FencingToken, Lane, OwnerToken, PopAttempt, QueueConfig, Result};
 use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use crate::backend::{Shared, header_rev};
-use crate::barrier::corrupt;
-use crate::keys::prefix_end;
+use crate::client::corrupt;
+use crate::client::header_rev;
+use crate::client::keys::prefix_end;
+use crate::work_queue::WorkQueues;
+use crate::work_queue::due::{advance, dead_letter, due_of};
+use crate::work_queue::group::id_in;
+use crate::work_queue::keys::{Group, Meta, QKeys, State, id_of, pair_of, with_id};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read, until_ms};
 use crate::work_queue::{Mine, message_of};
-use crate::wq_due::{advance, dead_letter, due_of};
-use crate::wq_group::id_in;
-use crate::wq_keys::{Group, Meta, QKeys, State, id_of, pair_of, with_id};
-use crate::wq_plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read, until_ms};
 
 /// How many timeline entries a pop reads (and makes ready at most, when
 /// due) at a time.
@@ -238,7 +239,7 @@ fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
     p.into_txn(vec![get(k.payload(l, id))], failure)
 }
 
-impl Shared {
+impl WorkQueues {
     pub(crate) async fn queue_pop(
         &self,
         queue: &str,
@@ -251,13 +252,13 @@ impl Shared {
         let k = self.qkeys(queue);
         let ordered = config.ordered_groups;
         let scan = scan_ops(&k, lane, ordered);
-        let mut retry = Retry::new(self, op);
+        let mut retry = Retry::new(&self.etcd, op);
         // A lost delivery's fresh reads: the scan, then the details of
         // these groups.
         let mut carried: Option<(Snap, Vec<String>)> = None;
         // The groups likely to be found: their details are read with the
         // scan.
-        let mut hint = self.wq.seen(queue, lane, ordered);
+        let mut hint = self.local.seen(queue, lane, ordered);
         loop {
             let (s1, known) = match carried.take() {
                 Some(c) => c,
@@ -266,12 +267,12 @@ impl Shared {
                     for g in &hint {
                         ops.extend(detail_ops(&k, lane, g));
                     }
-                    (read(self, op, ops).await?, std::mem::take(&mut hint))
+                    (read(&self.etcd, op, ops).await?, std::mem::take(&mut hint))
                 }
             };
             let (due, next_at) = due_of(&s1, now_ms(), op)?;
             if !due.is_empty() {
-                if advance(self, &k, lane, &due, op).await? {
+                if advance(&self.etcd, &k, lane, &due, op).await? {
                     retry.within("making due messages ready")?;
                 } else {
                     retry.again().await?;
@@ -287,7 +288,7 @@ impl Shared {
                 entries.push((turn, id, g.to_string()));
             }
             if entries.is_empty() {
-                self.wq.set_seen(queue, lane, ordered, &[]);
+                self.local.set_seen(queue, lane, ordered, &[]);
                 return Ok(PopAttempt::Empty {
                     next_in: next_at.map(until_ms),
                 });
@@ -317,7 +318,7 @@ impl Shared {
                     .iter()
                     .flat_map(|g| detail_ops(&k, lane, g))
                     .collect();
-                (read(self, op, ops).await?, 0)
+                (read(&self.etcd, op, ops).await?, 0)
             };
             let names = if at == SCAN { &known } else { &groups };
             let mut details = HashMap::new();
@@ -354,7 +355,7 @@ impl Shared {
                             .filter(|_| pos == 0)
                             .and_then(|st| Some((st, st.ready.first()?)))
                         {
-                            if !dead_letter(self, &k, st.id, &st.meta, rkv, op).await? {
+                            if !dead_letter(&self.etcd, &k, st.id, &st.meta, rkv, op).await? {
                                 retry.again().await?;
                             }
                             continue;
@@ -387,7 +388,7 @@ impl Shared {
                 retry.again().await?;
                 continue;
             };
-            let resp = self.txn(op, txn).await?;
+            let resp = self.etcd.txn(op, txn).await?;
             let rev = header_rev(&resp);
             let (level, inner) = took(resp, steps.len());
             let Some(level) = level else {
@@ -408,12 +409,12 @@ impl Shared {
                 .ok_or_else(|| corrupt(op, "revision"))?;
             let mut meta = st.meta.clone();
             meta.attempts = meta.attempts.saturating_add(1);
-            self.wq.set_seen(queue, lane, ordered, &groups);
+            self.local.set_seen(queue, lane, ordered, &groups);
             let mut mine = st.meta.clone();
             mine.attempts = mine.attempts.saturating_add(1);
             mine.state = State::InFlight(take.deadline, *consumer);
             let rev = i64::try_from(token).unwrap_or(0);
-            self.wq
+            self.local
                 .set_mine(queue, lane, st.id, Some(Mine { rev, meta: mine }));
             return Ok(PopAttempt::Delivered {
                 message: message_of(st.id, &meta, payload),

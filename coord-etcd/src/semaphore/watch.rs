@@ -17,10 +17,11 @@ use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
 use tokio::sync::watch;
 use tokio::time::sleep;
 
-use crate::backend::{AbortOnDrop, Shared, lock};
-use crate::keys::prefix_end;
+use crate::client::keys::prefix_end;
+use crate::client::watch::WatchSlot;
+use crate::client::{AbortOnDrop, lock};
+use crate::semaphore::Semaphores;
 use crate::semaphore::{owner_in, parse};
-use crate::watch::WatchSlot;
 
 /// The wake-up key of one owner's waiting acquire on `name`.
 fn owner_wake(name: &str, owner_hex: &str) -> String {
@@ -85,7 +86,7 @@ impl Mirror {
     }
 }
 
-impl Shared {
+impl Semaphores {
     /// Register `owner`'s waiting acquire on `name` for wake-ups, making
     /// sure the name's watch is established before returning.
     pub(crate) async fn subscribe_sem(
@@ -94,8 +95,11 @@ impl Shared {
         owner: &OwnerToken,
     ) -> Result<Waiter> {
         let (waiter, mut ready) = {
-            let mut w = lock(&self.watchers);
-            let waiter = self.wakeups.subscribe(&owner_wake(name, &owner.to_hex()));
+            let mut w = lock(&self.etcd.watchers);
+            let waiter = self
+                .etcd
+                .wakeups
+                .subscribe(&owner_wake(name, &owner.to_hex()));
             let slot = w.entry(slot_key(name)).or_insert_with(|| {
                 let (tx, rx) = watch::channel(false);
                 let task = tokio::spawn(mirror_task(self.clone(), name.to_string(), tx));
@@ -104,21 +108,21 @@ impl Shared {
             (waiter, slot.ready())
         };
         // Best effort: if the watch is slow to start, polling covers it.
-        let _ = tokio::time::timeout(self.timeout, ready.wait_for(|r| *r)).await;
+        let _ = tokio::time::timeout(self.etcd.timeout, ready.wait_for(|r| *r)).await;
         Ok(waiter)
     }
 
     /// The wake-up keys of this client's waiters of `name`.
     fn sem_waiting(&self, name: &str) -> Vec<String> {
         let prefix = format!("{}\u{0}", slot_key(name));
-        let mut keys = self.wakeups.keys();
+        let mut keys = self.etcd.wakeups.keys();
         keys.retain(|k| k.starts_with(&prefix));
         keys
     }
 
     /// Stop the watch of `name` if nobody in this client waits on it.
     fn retire_sem_watch(&self, name: &str) -> Option<WatchSlot> {
-        let mut w = lock(&self.watchers);
+        let mut w = lock(&self.etcd.watchers);
         if !self.sem_waiting(name).is_empty() {
             return None;
         }
@@ -127,16 +131,16 @@ impl Shared {
 
     fn wake_sem(&self, name: &str, owners: Vec<String>) {
         for hex in owners {
-            self.wakeups.notify_all(&owner_wake(name, &hex));
+            self.etcd.wakeups.notify_all(&owner_wake(name, &hex));
         }
     }
 }
 
-async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<bool>) {
+async fn mirror_task(shared: Arc<Semaphores>, name: String, ready: watch::Sender<bool>) {
     let op = "semaphore watch";
-    let base = shared.keys.sem(&name);
+    let base = shared.etcd.keys.sem(&name);
     let end = prefix_end(&base);
-    let mut shutdown = shared.shutdown.clone();
+    let mut shutdown = shared.etcd.shutdown.clone();
     let mut backoff = Duration::from_millis(50);
     let mut check = tokio::time::interval(Duration::from_secs(1));
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,18 +154,18 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
         // compaction's revision under a watch catching up from it, without
         // cancelling the watch (etcd-io/etcd#18089).
         let opts = WatchOptions::new().with_range(end.clone());
-        let mut wc = shared.client.watch_client();
+        let mut wc = shared.etcd.client.watch_client();
         let opened = tokio::select! {
             _ = shutdown.changed() => return,
-            r = tokio::time::timeout(shared.timeout, wc.watch(base.clone(), Some(opts))) => r,
+            r = tokio::time::timeout(shared.etcd.timeout, wc.watch(base.clone(), Some(opts))) => r,
         };
         if let Ok(Ok(mut stream)) = opened {
             let created = tokio::select! {
                 _ = shutdown.changed() => return,
-                r = tokio::time::timeout(shared.timeout, stream.message()) => r,
+                r = tokio::time::timeout(shared.etcd.timeout, stream.message()) => r,
             };
             let created = matches!(created, Ok(Ok(Some(r))) if r.created() && !r.canceled());
-            let read = shared.call(op, |mut c| {
+            let read = shared.etcd.call(op, |mut c| {
                 let (k, e) = (base.clone(), end.clone());
                 async move { c.get(k, Some(GetOptions::new().with_range(e))).await }
             });
@@ -226,7 +230,7 @@ async fn mirror_task(shared: Arc<Shared>, name: String, ready: watch::Sender<boo
         // again, and the mirror is read afresh.
         let all = shared.sem_waiting(&name);
         for k in all {
-            shared.wakeups.notify_all(&k);
+            shared.etcd.wakeups.notify_all(&k);
         }
         tokio::select! {
             _ = shutdown.changed() => return,

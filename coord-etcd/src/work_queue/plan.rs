@@ -16,9 +16,9 @@ use coord_core::{Error, Result};
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use tokio::time::{Instant, sleep};
 
-use crate::backend::{Shared, header_rev};
-use crate::keys::BACKEND;
-use crate::wq_keys::after;
+use crate::client::keys::BACKEND;
+use crate::client::{Etcd, header_rev};
+use crate::work_queue::keys::after;
 
 /// The answers of one transaction's reads, in order, and its revision.
 pub(crate) struct Snap {
@@ -59,7 +59,7 @@ impl Snap {
 }
 
 /// Read `ops` in one snapshot.
-pub(crate) async fn read(sh: &Shared, op: &'static str, ops: Vec<TxnOp>) -> Result<Snap> {
+pub(crate) async fn read(sh: &Etcd, op: &'static str, ops: Vec<TxnOp>) -> Result<Snap> {
     Ok(Snap::of(&sh.txn(op, Txn::new().and_then(ops)).await?))
 }
 
@@ -230,7 +230,7 @@ pub(crate) struct Retry {
 }
 
 impl Retry {
-    pub(crate) fn new(sh: &Shared, op: &'static str) -> Self {
+    pub(crate) fn new(sh: &Etcd, op: &'static str) -> Self {
         Retry {
             started: Instant::now(),
             limit: sh.timeout,

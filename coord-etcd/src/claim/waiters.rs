@@ -21,8 +21,9 @@ use coord_core::wake::Waiter;
 use etcd_client::{EventType, WatchOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use crate::backend::{AbortOnDrop, Shared, lock, wake_key};
-use crate::entries::{Entry, EntryKey, EntryState};
+use crate::claim::Claims;
+use crate::claim::entries::{Entry, EntryKey, EntryState, Pred, Queued};
+use crate::client::{AbortOnDrop, lock, wake_key};
 
 thread_local! {
     /// (the client, by address; the owner whose attempt was refused).
@@ -49,48 +50,24 @@ fn owner_wake_key(ek: &EntryKey) -> String {
 /// a leader election one attempt can take a call timeout).
 const PENDING_GRACE: Duration = Duration::from_secs(2);
 
-/// A queued waiter's predecessor: its key and create revision.
-pub(crate) type Pred = (Vec<u8>, i64);
-
-/// A queued waiter's state.
-pub(crate) struct Queued {
-    /// The key just before ours.
-    pub(crate) pred: Option<Pred>,
-    /// `pred` was the queue's first key (the holder) at some point: a read
-    /// showed it first, or its head marker was seen (see `handoff.rs`).
-    /// Once it is gone, this waiter is the first key.
-    pub(crate) pred_head: bool,
-    /// `pred` (that create revision) is known deleted: a delete event, or
-    /// absent when its watch began (not a cancelled watch).
-    pub(crate) pred_deleted: bool,
-    /// The server keeps our lease at least until then (send instant of its
-    /// last answered keepalive or grant, plus its TTL), if known.
-    pub(crate) fresh_until: Option<Instant>,
-    /// When the predecessor's deletion was seen.
-    pred_gone_at: Option<Instant>,
-    last_attempt: Instant,
-    watch: Option<AbortOnDrop>,
-    _keepalive: AbortOnDrop,
-}
-
-impl Shared {
+impl Claims {
     /// Remember the owner whose attempt was just refused (see the module
     /// doc).
     pub(crate) fn set_last_refused(&self, kind: Kind, name: &str, owner: &OwnerToken) {
-        let me = self as *const Shared as usize;
+        let me = self as *const Claims as usize;
         LAST_REFUSED.with(|c| *c.borrow_mut() = Some((me, (kind, name.into(), *owner.as_bytes()))));
     }
 
     /// Register a local waiter of lock `name` (see the module doc).
     pub(crate) fn subscribe_lock(&self, kind: Kind, name: &str) -> Waiter {
-        let me = self as *const Shared as usize;
+        let me = self as *const Claims as usize;
         let bound = LAST_REFUSED
             .with(|c| c.borrow_mut().take())
             .filter(|(who, ek)| *who == me && ek.0 == kind && &*ek.1 == name)
             .map(|(_, ek)| ek);
         match bound {
-            Some(ek) => self.wakeups.subscribe(&owner_wake_key(&ek)),
-            None => self.wakeups.subscribe(&wake_key(kind, name)),
+            Some(ek) => self.etcd.wakeups.subscribe(&owner_wake_key(&ek)),
+            None => self.etcd.wakeups.subscribe(&wake_key(kind, name)),
         }
     }
 
@@ -155,7 +132,7 @@ impl Shared {
     fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Pred) -> AbortOnDrop {
         let shared = self.clone();
         AbortOnDrop(tokio::spawn(async move {
-            let mut shutdown = shared.shutdown.clone();
+            let mut shutdown = shared.etcd.shutdown.clone();
             let mut backoff = Duration::from_millis(50);
             let mut broke = false;
             loop {
@@ -200,14 +177,16 @@ impl Shared {
         reopening: bool,
     ) -> std::result::Result<bool, bool> {
         let opts = WatchOptions::new();
-        let mut wc = self.client.watch_client();
+        let mut wc = self.etcd.client.watch_client();
         let mut stream =
-            match tokio::time::timeout(self.timeout, wc.watch(pred.0.clone(), Some(opts))).await {
+            match tokio::time::timeout(self.etcd.timeout, wc.watch(pred.0.clone(), Some(opts)))
+                .await
+            {
                 Ok(Ok(stream)) => stream,
                 _ => return Err(false),
             };
         // etcd answers a new watch with a "created" response first.
-        match tokio::time::timeout(self.timeout, stream.message()).await {
+        match tokio::time::timeout(self.etcd.timeout, stream.message()).await {
             Ok(Ok(Some(resp))) if resp.canceled() => return Ok(false),
             Ok(Ok(Some(resp))) if resp.created() => {
                 if reopening {
@@ -216,7 +195,7 @@ impl Shared {
             }
             _ => return Err(false),
         }
-        match self.get("lock wait", pred.0.clone(), None).await {
+        match self.etcd.get("lock wait", pred.0.clone(), None).await {
             Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {
                 if kvs[0].version() > 1 {
                     self.pred_was_head(ek, pred);
@@ -268,8 +247,8 @@ impl Shared {
     }
 
     pub(crate) fn wake_owner(&self, ek: &EntryKey) {
-        if !self.wakeups.notify_one(&owner_wake_key(ek)) {
-            self.wakeups.notify_all(&wake_key(ek.0, &ek.1));
+        if !self.etcd.wakeups.notify_one(&owner_wake_key(ek)) {
+            self.etcd.wakeups.notify_all(&wake_key(ek.0, &ek.1));
         }
     }
 
@@ -278,9 +257,9 @@ impl Shared {
     fn spawn_waiter_keepalive(self: &Arc<Self>, ek: EntryKey, lease: i64, ttl: u64) -> AbortOnDrop {
         let shared = self.clone();
         let period = (Duration::from_secs(ttl) / 3).max(Duration::from_millis(300));
-        let grace = self.timeout * 2 + PENDING_GRACE;
+        let grace = self.etcd.timeout * 2 + PENDING_GRACE;
         AbortOnDrop(tokio::spawn(async move {
-            let mut shutdown = shared.shutdown.clone();
+            let mut shutdown = shared.etcd.shutdown.clone();
             let mut next_keepalive = Instant::now() + period;
             loop {
                 let next_check = Instant::now() + Duration::from_millis(500);
@@ -297,7 +276,11 @@ impl Shared {
                     continue;
                 }
                 let sent = Instant::now();
-                match shared.keepalive_once(lease, "lock wait keepalive").await {
+                match shared
+                    .etcd
+                    .keepalive_once(lease, "lock wait keepalive")
+                    .await
+                {
                     Ok(true) => {
                         shared.set_fresh(&ek, lease, Some(sent + Duration::from_secs(ttl)));
                         next_keepalive = Instant::now() + period;
@@ -322,8 +305,8 @@ impl Shared {
     /// client waits for it, or its predecessor left `grace` ago and it did
     /// not attempt since (while no task is known to wait for this owner).
     fn abandoned(&self, ek: &EntryKey, lease: i64, grace: Duration) -> bool {
-        let bound = self.wakeups.has_waiters(&owner_wake_key(ek));
-        let any = bound || self.wakeups.has_waiters(&wake_key(ek.0, &ek.1));
+        let bound = self.etcd.wakeups.has_waiters(&owner_wake_key(ek));
+        let any = bound || self.etcd.wakeups.has_waiters(&wake_key(ek.0, &ek.1));
         let now = Instant::now();
         match lock(&self.entries).get(ek) {
             Some(Entry {

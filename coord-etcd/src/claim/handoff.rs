@@ -1,4 +1,4 @@
-//! Lock handoff without reading the queue again (issue 11): a queued
+//! Lock handoff without reading the queue again: a queued
 //! waiter that knows its predecessor was the holder, and sees that key
 //! deleted, is the first key itself, so it holds without another read.
 //!
@@ -22,7 +22,7 @@
 //!
 //! The grant's validity basis: the waiter's lease must be known to live a
 //! TTL from the attempt's start, less the reuse slack
-//! ([`reuse_slack`](crate::pool::reuse_slack)); the waiter's keepalives
+//! ([`reuse_slack`](crate::client::pool::reuse_slack)); the waiter's keepalives
 //! record that, and a waiter that learns it is next in line refreshes its
 //! lease at once. Otherwise the handoff sends one keepalive (no
 //! transaction), and a lease the server no longer has falls back to the
@@ -36,10 +36,11 @@ use coord_core::{Attempt, Result};
 use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use tokio::time::Instant;
 
-use crate::backend::{Shared, lock};
-use crate::entries::{Entry, EntryKey, EntryState};
-use crate::pool::fresh_enough;
-use crate::queue::Pred;
+use crate::claim::Claims;
+use crate::claim::entries::Pred;
+use crate::claim::entries::{Entry, EntryKey, EntryState};
+use crate::client::lock;
+use crate::client::pool::fresh_enough;
 
 /// Whether `pred` is the queue's first key `head` (both read in one
 /// transaction).
@@ -47,7 +48,7 @@ pub(crate) fn is_head(head: Option<&KeyValue>, pred: Option<&KeyValue>) -> bool 
     head.zip(pred).is_some_and(|(h, p)| h.key() == p.key())
 }
 
-impl Shared {
+impl Claims {
     /// The watch of `ek`'s predecessor `pred` saw that it was the holder:
     /// remember it (waking nobody), and refresh `ek`'s lease now so that
     /// the handoff needs no request.
@@ -69,7 +70,11 @@ impl Shared {
         let ek = ek.clone();
         tokio::spawn(async move {
             let sent = Instant::now();
-            if let Ok(alive) = shared.keepalive_once(lease, "lock wait keepalive").await {
+            if let Ok(alive) = shared
+                .etcd
+                .keepalive_once(lease, "lock wait keepalive")
+                .await
+            {
                 shared.set_fresh(&ek, lease, alive.then(|| sent + Duration::from_secs(ttl)));
             }
         });
@@ -121,7 +126,7 @@ impl Shared {
         let deadline = match fresh.filter(|f| fresh_enough(*f, start, ttl)) {
             Some(f) => f,
             // Sent after the attempt began: the lease lives a TTL from then.
-            None if self.keepalive_once(lease, op).await? => start + ttl,
+            None if self.etcd.keepalive_once(lease, op).await? => start + ttl,
             None => return Ok(None),
         };
         let granted = {
@@ -163,7 +168,7 @@ impl Shared {
             )]);
         let shared = self.clone();
         tokio::spawn(async move {
-            if let Err(e) = shared.txn("lock head marker", txn).await {
+            if let Err(e) = shared.etcd.txn("lock head marker", txn).await {
                 tracing::debug!(error = %e, "a lock head marker failed; the next waiter reads the queue");
             }
         });

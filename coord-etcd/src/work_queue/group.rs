@@ -7,10 +7,10 @@
 use coord_core::{Lane, Result};
 use etcd_client::{CompareOp, GetOptions, KeyValue, TxnOp};
 
-use crate::barrier::corrupt;
-use crate::keys::prefix_end;
-use crate::wq_keys::{Group, Meta, QKeys, after, id_of, with_id};
-use crate::wq_plan::{Plan, Snap, get, range};
+use crate::client::corrupt;
+use crate::client::keys::prefix_end;
+use crate::work_queue::keys::{Group, Meta, QKeys, after, id_of, with_id};
+use crate::work_queue::plan::{Plan, Snap, get, range};
 
 /// Write group `g` as `new` (`None`: delete it) where it differs from
 /// `old`: its record, its head, and its entries in both candidate indexes.

@@ -8,7 +8,7 @@
 
 use coord_core::{Lane, OwnerToken};
 
-use crate::keys::{escape, prefix_end};
+use crate::client::keys::{escape, prefix_end};
 
 /// `M` or `D`.
 fn tag(l: Lane) -> &'static str {

@@ -21,7 +21,7 @@ use futures::StreamExt;
 use redis::aio::PubSub;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{BACKEND, Targets, map_err};
+use super::{BACKEND, Targets, map_err};
 
 /// Open a pub/sub connection and subscribe `channel`.
 pub(crate) async fn subscribe(

@@ -25,8 +25,8 @@ use coord_core::util::bounded;
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::time::{Instant, sleep};
 
-use crate::backend::{Shared, lock};
-use crate::keys::BACKEND;
+use crate::client::keys::BACKEND;
+use crate::client::{Etcd, lock};
 
 /// How long a spare lease may stay unused before it is revoked.
 pub(crate) const IDLE_GRACE: Duration = Duration::from_secs(5);
@@ -82,7 +82,7 @@ impl Pool {
     }
 }
 
-impl Shared {
+impl Etcd {
     /// A spare lease of `ttl` seconds that the server keeps at least half
     /// its TTL more (so a keepalive sent now surely finds it), if any.
     pub(crate) fn take_spare(&self, ttl: u64) -> Option<Spare> {
@@ -204,14 +204,14 @@ impl Shared {
                 }
                 // The stream broke, or the lease was not found: a new one.
             }
-            let mut again = crate::backend::NOT_FOUND_RETRIES.iter();
+            let mut again = crate::client::NOT_FOUND_RETRIES.iter();
             loop {
                 match self
                     .call(op, |c| async move { c.lease_client().keep_alive(id).await })
                     .await
                 {
                     Ok((keeper, stream)) => return Ok((true, Some(Keeper { keeper, stream }))),
-                    Err(e) if crate::backend::is_lease_not_found(&e) => match again.next() {
+                    Err(e) if crate::client::is_lease_not_found(&e) => match again.next() {
                         Some(ms) => sleep(Duration::from_millis(*ms)).await,
                         None => return Ok((false, None)),
                     },

@@ -1,0 +1,302 @@
+//! Everything the primitives share: the etcd calls (bounded by the call
+//! timeout, retried while unsent), lease grants, keepalives and
+//! revocations, the key layout and error mapping, shared watches, the
+//! compare-and-swap loop and the lease pool.
+
+pub(crate) mod cas;
+pub(crate) mod connect;
+pub(crate) mod keys;
+pub(crate) mod pool;
+pub(crate) mod turns;
+pub(crate) mod watch;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use coord_core::util::{Kind, bounded};
+use coord_core::wake::Wakeups;
+use coord_core::{Error, Result};
+use etcd_client::{
+    Client, GetOptions, KeyValue, KvClient, SortOrder, SortTarget, Txn, TxnOpResponse, TxnResponse,
+};
+use tokio::sync::watch as channel;
+use tokio::task::JoinHandle;
+use tokio::time::sleep;
+
+use keys::{BACKEND, Keys, map_err, not_sent, prefix_end};
+use pool::Pool;
+use watch::WatchSlot;
+
+/// The connection and what every primitive of one backend shares: the
+/// key layout, the call timeout, local wake-ups, shared watches and the
+/// spare leases.
+pub(crate) struct Etcd {
+    pub(crate) client: Client,
+    /// `client`'s KV service alone: a call clones what it uses, and a
+    /// whole `Client` is nine gRPC service handles (its clone and drop
+    /// were a tenth of a lock cycle's client CPU).
+    kv: KvClient,
+    pub(crate) keys: Keys,
+    pub(crate) timeout: Duration,
+    pub(crate) wakeups: Wakeups,
+    /// Shared watches by wake-up key (see [`watch`]).
+    pub(crate) watchers: Mutex<HashMap<String, WatchSlot>>,
+    /// Leases of claims that ended cleanly, for the next claims.
+    pub(crate) pool: Mutex<Pool>,
+    /// Changes (closes) when the backend is dropped: background tasks end.
+    pub(crate) shutdown: channel::Receiver<()>,
+}
+
+/// A spawned task aborted when this handle is dropped.
+pub(crate) struct AbortOnDrop(pub(crate) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whole seconds, rounded up, at least 1.
+pub(crate) fn secs(d: Duration) -> u64 {
+    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
+}
+
+/// The wake-up key of every local waiter of a name.
+pub(crate) fn wake_key(kind: Kind, name: &str) -> String {
+    format!("{}\u{0}{}", kind.as_str(), name)
+}
+
+pub(crate) fn kvs(resp: &TxnResponse, idx: usize) -> Vec<KeyValue> {
+    match resp.op_responses().into_iter().nth(idx) {
+        Some(TxnOpResponse::Get(mut g)) => g.take_kvs(),
+        Some(TxnOpResponse::Delete(mut d)) => d.take_prev_kvs(),
+        _ => Vec::new(),
+    }
+}
+
+pub(crate) fn header_rev(resp: &TxnResponse) -> i64 {
+    resp.header().map(|h| h.revision()).unwrap_or(0)
+}
+
+/// etcd 3.4 can answer a keepalive with "lease not found" for a lease it
+/// granted a moment ago, when the leader has not applied the grant yet
+/// (etcd-io/etcd#13675; 3.5 waits for the apply). Seen here: extends right
+/// after a grant failed so on a loaded 3-node cluster. A lease is taken
+/// for gone only once it was not found again after each of these delays
+/// (ms); a truly gone lease is reported 350 ms later, nothing else changes
+/// (a late "gone" never extends a claim's local validity).
+pub(crate) const NOT_FOUND_RETRIES: [u64; 3] = [50, 100, 200];
+
+/// Whether a mapped error says the lease a request used is gone.
+pub(crate) fn is_lease_not_found(e: &Error) -> bool {
+    matches!(e, Error::Store { message, .. } if message.contains("lease not found"))
+}
+
+impl Etcd {
+    /// The shared state over `client`, with keys under `prefix` and calls
+    /// bounded by `timeout`; background tasks end when `shutdown` closes.
+    pub(crate) fn new(
+        client: Client,
+        prefix: &str,
+        timeout: Duration,
+        shutdown: channel::Receiver<()>,
+    ) -> Self {
+        Etcd {
+            kv: client.kv_client(),
+            client,
+            keys: Keys::new(prefix),
+            timeout,
+            wakeups: Wakeups::new(),
+            watchers: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
+            shutdown,
+        }
+    }
+
+    /// Run one etcd call with the call timeout, mapping its error. A call
+    /// that was never sent (the connection to a member was refused, or the
+    /// member has no leader) is retried on another member within the same
+    /// time limit: that is always safe.
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.retrying(op, || self.client.clone(), f).await
+    }
+
+    /// [`call`](Self::call) on the KV service only (transactions, reads).
+    pub(crate) async fn call_kv<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T>
+    where
+        F: FnMut(KvClient) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        self.retrying(op, || self.kv.clone(), f).await
+    }
+
+    /// Run `f` on a fresh handle from `handle` within the call timeout,
+    /// again while the request was not sent (the channel reconnecting).
+    async fn retrying<C, T, F, Fut>(
+        &self,
+        op: &'static str,
+        handle: impl Fn() -> C,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(C) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        bounded(BACKEND, op, self.timeout, async {
+            let mut tries = 0u32;
+            loop {
+                match f(handle()).await {
+                    Ok(v) => return Ok(v),
+                    Err(e) if tries < 20 && not_sent(&e) => {
+                        tries += 1;
+                        sleep(Duration::from_millis(10 * u64::from(tries.min(10)))).await;
+                    }
+                    Err(e) => return Err(map_err(op, e)),
+                }
+            }
+        })
+        .await
+    }
+
+    pub(crate) async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        self.call_kv(op, |mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+    }
+
+    pub(crate) async fn get(
+        &self,
+        op: &'static str,
+        key: Vec<u8>,
+        opts: Option<GetOptions>,
+    ) -> Result<Vec<KeyValue>> {
+        self.call_kv(op, |mut c| {
+            let (k, o) = (key.clone(), opts.clone());
+            async move { c.get(k, o).await }
+        })
+        .await
+        .map(|mut r| r.take_kvs())
+    }
+
+    /// Grant a lease of `ttl` whole seconds: its id. The server expires it
+    /// no earlier than `ttl` after this call began.
+    pub(crate) async fn grant_lease(&self, ttl: u64, op: &'static str) -> Result<i64> {
+        let resp = self
+            .call(
+                op,
+                |mut c| async move { c.lease_grant(ttl as i64, None).await },
+            )
+            .await?;
+        Ok(resp.id())
+    }
+
+    /// Refresh lease `id` once: `Ok(true)` once the server answered with a
+    /// positive TTL (the lease then lives its full TTL from the start of
+    /// this call), `Ok(false)` if the server no longer has it.
+    pub(crate) async fn keepalive_once(&self, id: i64, op: &'static str) -> Result<bool> {
+        let mut again = NOT_FOUND_RETRIES.iter();
+        loop {
+            match self
+                .call(op, |c| async move { c.lease_client().keep_alive(id).await })
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if is_lease_not_found(&e) => match again.next() {
+                    Some(ms) => sleep(Duration::from_millis(*ms)).await,
+                    None => return Ok(false),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Revoke lease `id` (and so every key attached to it): `Ok(false)` if
+    /// it was already gone.
+    pub(crate) async fn revoke(&self, id: i64, op: &'static str) -> Result<bool> {
+        match self
+            .call(op, |mut c| async move { c.lease_revoke(id).await })
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_lease_not_found(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Revoke lease `id` in the background, retrying a few times; if that
+    /// never succeeds, the server expires it at its TTL (nobody renews it).
+    pub(crate) fn revoke_later(self: &Arc<Self>, id: i64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.clone();
+        rt.spawn(async move {
+            let mut shutdown = shared.shutdown.clone();
+            for attempt in 0..5u64 {
+                if shared.revoke(id, "revoke lease").await.is_ok() {
+                    return;
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = sleep(Duration::from_millis(200 << attempt)) => {}
+                }
+            }
+            tracing::debug!(lease = id, "revoking a lease failed; it expires at its TTL");
+        });
+    }
+
+    /// The first key of a claim's queue (the holder / leader).
+    pub(crate) async fn head(
+        &self,
+        kind: Kind,
+        name: &str,
+        op: &'static str,
+    ) -> Result<Option<KeyValue>> {
+        let queue = self.keys.queue(kind, name);
+        let end = prefix_end(&queue);
+        let g = self
+            .get(
+                op,
+                queue,
+                Some(
+                    GetOptions::new()
+                        .with_range(end)
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            )
+            .await?;
+        Ok(g.into_iter().next())
+    }
+}
+
+/// The error for a stored value that is not in coord's format.
+pub(crate) fn corrupt(operation: &'static str, what: &str) -> Error {
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message: format!(
+            "the stored {what} state is not in coord's format; was the key written by something else?"
+        ),
+    }
+}
+
+/// Nanoseconds since the Unix epoch on this client's clock.
+pub(crate) fn nanos_now() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
