@@ -204,6 +204,17 @@ pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: 
     again.ack().await.unwrap();
 }
 
+/// A pop dropped while its attempt is on its way, on a queue that delivers
+/// each message once: the next consumer still gets the message (see
+/// `late_copy::dropped_pop_with_one_delivery_allowed`).
+pub async fn queue_dropped_pop_gives_back_its_delivery_uncounted(f: &Factory) {
+    let c = f.client().await;
+    if queues(&c).is_none() {
+        return;
+    }
+    crate::late_copy::dropped_pop_with_one_delivery_allowed(&c, &unique("q-dropped")).await;
+}
+
 /// A stale consumer (paused past its visibility while the message went to
 /// another): its delivery (no watchdog) fires its lost signal by its
 /// visibility deadline, never before, and is not valid after; its ack,

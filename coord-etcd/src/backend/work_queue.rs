@@ -60,6 +60,10 @@ impl coord_core::Queue for EtcdBackend {
             .await
     }
 
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        self.queues.queue_abandon(queue, lane, consumer).await
+    }
+
     async fn extend(
         &self,
         queue: &str,

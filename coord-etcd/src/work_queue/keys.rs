@@ -151,6 +151,12 @@ impl QKeys {
         self.k(&format!("c/{}", tag(l)))
     }
 
+    /// `x/<owner>`: a consumer whose pop attempts were abandoned, on a
+    /// lease (an attempt of it delivers nothing while the key lives).
+    pub(crate) fn abandoned(&self, consumer: &OwnerToken) -> Vec<u8> {
+        self.k(&format!("x/{}", consumer.to_hex()))
+    }
+
     /// `d/<dedup id>`.
     pub(crate) fn dedup(&self, d: &str) -> Vec<u8> {
         self.k(&format!("d/{}", escape(d)))

@@ -5,19 +5,21 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use coord_core::{Lane, Message, OwnerToken, QueueStats, Result};
-use etcd_client::{CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
 
-use crate::client::corrupt;
 use crate::client::header_rev;
 use crate::client::keys::prefix_end;
+use crate::client::{corrupt, secs};
 use crate::work_queue::WorkQueues;
 use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, id_in, insert, landing_ops, remove, set_group,
 };
 use crate::work_queue::keys::{
-    Group, Meta, QKeys, State, after, pair_of, parse_time_value, with_id,
+    Group, Meta, QKeys, State, after, id_of, pair_of, parse_time_value, with_id,
 };
-use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, read};
+use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read};
 use crate::work_queue::{Mine, message_of};
 
 /// At most this many payload bytes per read of a peek.
@@ -196,6 +198,21 @@ impl WorkQueues {
         consumer: &OwnerToken,
         delay: Duration,
     ) -> Result<bool> {
+        self.give_back(queue, lane, id, consumer, delay, false)
+            .await
+    }
+
+    /// [`queue_give_back`](Self::queue_give_back); `uncount`: the delivery
+    /// is taken back from the attempt count too (nobody saw it).
+    async fn give_back(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+        delay: Duration,
+        uncount: bool,
+    ) -> Result<bool> {
         let op = "queue nack";
         let k = self.qkeys(queue);
         let now = delay.is_zero();
@@ -228,6 +245,9 @@ impl WorkQueues {
             p.same(&h.kv);
             p.del(k.time_entry(lane, h.deadline, id));
             let mut m = h.meta;
+            if uncount {
+                m.attempts = m.attempts.saturating_sub(1);
+            }
             if let Some((s, at)) = &h.around {
                 // Ready at once: the group's lowest ready id (and so its
                 // entries) may change.
@@ -263,6 +283,65 @@ impl WorkQueues {
                 return Ok(true);
             }
             retry.again().await?;
+        }
+    }
+
+    /// Abandon the pop attempts of `consumer` (see
+    /// `coord_core::Queue::abandon`): its mark first, on a lease of its own
+    /// (a pop transaction of it landing after the mark delivers nothing),
+    /// then a message in flight to it, found on the lane's timeline, given
+    /// back at once and uncounted. The timeline is read a page at a time.
+    pub(crate) async fn queue_abandon(
+        &self,
+        queue: &str,
+        lane: Lane,
+        consumer: &OwnerToken,
+    ) -> Result<()> {
+        let op = "queue abandon";
+        const PAGE: i64 = 256;
+        let k = self.qkeys(queue);
+        let keep = coord_core::ABANDONED_POP_MEMORY.max(self.etcd.timeout.saturating_mul(2));
+        let lease = self.etcd.grant_lease(secs(keep) + 1, op).await?;
+        let mark = TxnOp::put(
+            k.abandoned(consumer),
+            Vec::new(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        self.etcd.txn(op, Txn::new().and_then(vec![mark])).await?;
+        let timeline = k.timeline(lane);
+        let end = prefix_end(&timeline);
+        let mut from = timeline;
+        loop {
+            let s = read(&self.etcd, op, vec![range(from.clone(), end.clone(), PAGE)]).await?;
+            let page = s.list(0);
+            let mut ids = Vec::new();
+            for kv in page {
+                let (in_flight, _) = parse_time_value(kv.value())
+                    .ok_or_else(|| corrupt(op, "work queue timeline"))?;
+                if in_flight {
+                    ids.push(id_of(kv.key()).ok_or_else(|| corrupt(op, "work queue timeline"))?);
+                }
+            }
+            if !ids.is_empty() {
+                let metas = read(
+                    &self.etcd,
+                    op,
+                    ids.iter().map(|id| get(k.meta(lane, *id))).collect(),
+                )
+                .await?;
+                for (i, id) in ids.iter().enumerate() {
+                    let Some(kv) = metas.one(i) else { continue };
+                    if held_by(&meta_of(kv, op)?, consumer).is_some() {
+                        self.give_back(queue, lane, *id, consumer, Duration::ZERO, true)
+                            .await?;
+                        return Ok(());
+                    }
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() as i64 >= PAGE => from = after(last.key()),
+                _ => return Ok(()),
+            }
         }
     }
 

@@ -202,6 +202,9 @@ fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
     let entry = k.index_entry(l, ordered, st.turn, id);
     let readies = k.readies(l, &st.g);
     let mut p = Plan::new();
+    // An abandoned consumer's attempt (a copy landing late) delivers
+    // nothing (`queue_abandon`).
+    p.absent(k.abandoned(t.consumer));
     p.value_cmp(
         k.group(l, &st.g),
         CompareOp::Equal,
@@ -376,6 +379,10 @@ impl WorkQueues {
             for g in &groups {
                 reread.extend(detail_ops(&k, lane, g));
             }
+            // Last: whether this consumer was abandoned (every level then
+            // fails on it).
+            let mark_at = reread.len();
+            reread.push(get(k.abandoned(consumer)));
             let mut txn: Option<Txn> = None;
             for st in steps.iter().rev() {
                 let failure = match txn.take() {
@@ -392,7 +399,11 @@ impl WorkQueues {
             let rev = header_rev(&resp);
             let (level, inner) = took(resp, steps.len());
             let Some(level) = level else {
-                carried = Some((Snap::at(&inner, rev), groups));
+                let fresh = Snap::at(&inner, rev);
+                if fresh.one(mark_at).is_some() {
+                    return Ok(PopAttempt::Empty { next_in: None });
+                }
+                carried = Some((fresh, groups));
                 retry.again().await?;
                 continue;
             };

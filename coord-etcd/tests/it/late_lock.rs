@@ -164,3 +164,19 @@ async fn a_late_copy_of_a_timed_out_barrier_arrival_does_not_count() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_pop_with_one_delivery_allowed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
+    let prefix = unique("late-pop");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_pop_with_one_delivery_allowed(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("q").trim_end_matches('/'),
+    )
+    .await;
+}

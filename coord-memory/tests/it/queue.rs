@@ -129,10 +129,3 @@ async fn ordered_group_waits_for_its_delayed_head() {
     d2.ack().await.unwrap();
     d.ack().await.unwrap();
 }
-
-/// See `conformance::late_copy::dropped_pop_with_one_delivery_allowed`.
-#[tokio::test]
-async fn a_dropped_pop_gives_back_its_delivery_uncounted() {
-    let c = MemoryBackend::coord();
-    conformance::late_copy::dropped_pop_with_one_delivery_allowed(&c, "q").await;
-}

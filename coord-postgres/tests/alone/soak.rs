@@ -159,10 +159,17 @@ async fn idle_names_cost_nothing_in_the_store() {
         async move {
             let owner = OwnerToken::random();
             let name = format!("shard:{i}");
+            let sent = std::time::Instant::now();
             let got = b.try_campaign(&name, "me", &owner, TTL).await.unwrap();
             assert!(matches!(got, coord_core::Attempt::Granted(_)));
             if i % 2 == 0 {
-                assert!(b.resign(&name, &owner).await.unwrap());
+                // A term resigns while it lasts (past its TTL, on a loaded
+                // machine, it may be over).
+                let resigned = b.resign(&name, &owner).await.unwrap();
+                assert!(
+                    resigned || sent.elapsed() >= TTL,
+                    "a live term did not resign"
+                );
             }
             touched.fetch_add(1, Ordering::Relaxed);
         }

@@ -64,6 +64,18 @@ pub(super) async fn crash_restart() -> FaultLog {
 /// Terminate every backend of this database's coord clients
 /// (`pg_terminate_backend`), pooled and LISTEN alike; returns (all,
 /// listening).
+/// How many LISTEN connections of coord clients `db` has.
+fn listening_on(db: &str) -> usize {
+    let out = cluster().psql(
+        "postgres",
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = '{db}' AND application_name = 'coord' AND query LIKE 'LISTEN%'"
+        ),
+    );
+    out.trim().parse().unwrap()
+}
+
 fn terminate_coord_backends(db: &str) -> (usize, usize) {
     let out = cluster().psql(
         "postgres",
@@ -94,6 +106,18 @@ async fn every_coord_backend_terminated() {
         let mut total = (0, 0);
         for _ in 0..2 {
             sleep(Duration::from_millis(1500)).await;
+            // Every client's LISTEN connection up again (after the first
+            // round: reconnected; how long that takes is the machine's),
+            // so that each round terminates all five.
+            let up_by = std::time::Instant::now() + Duration::from_secs(15);
+            loop {
+                let d = db.clone();
+                let n = blocking(move || listening_on(&d)).await;
+                if n >= 5 || std::time::Instant::now() >= up_by {
+                    break;
+                }
+                sleep(Duration::from_millis(100)).await;
+            }
             let d = db.clone();
             let (all, listening) = blocking(move || terminate_coord_backends(&d)).await;
             println!("terminate-backends: terminated {all} backends, {listening} listening");

@@ -1,6 +1,6 @@
-//! Pops whose outcome nobody saw, on a queue that delivers each message
-//! once (see `conformance::late_copy::late_pop_with_one_delivery_allowed`
-//! and `dropped_pop_with_one_delivery_allowed`).
+//! A late copy of a timed-out pop, on a queue that delivers each message
+//! once (see `conformance::late_copy::late_pop_with_one_delivery_allowed`;
+//! a dropped pop is a conformance case).
 
 use crate::common;
 use std::time::Duration;
@@ -22,11 +22,4 @@ async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
     let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
     conformance::late_copy::late_pop_with_one_delivery_allowed(&via, &direct, &proxy, &unique("q"))
         .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_pop_gives_back_its_delivery_uncounted() {
-    let server = RedisServer::start();
-    let c = RedisOptions::new(&server.url()).connect().await.unwrap();
-    conformance::late_copy::dropped_pop_with_one_delivery_allowed(&c, &unique("q")).await;
 }
