@@ -2,6 +2,7 @@
 //! liveness probe once the faults have stopped.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::faults::history::{FencedResource, check_lock_history};
@@ -58,15 +59,17 @@ pub fn history(rec: &Recorded, resources: &[FencedResource; 2]) -> Vec<Violation
 }
 
 /// With faults off, every lock and the whole semaphore must be granted
-/// to a fresh client within [`LIVENESS_BOUND`].
-pub async fn liveness(world: &World, probe: &Coord) -> Vec<Violation> {
+/// to a fresh client within [`LIVENESS_BOUND`] of healing (the workload's
+/// tasks are winding down meanwhile: each ends its current operation).
+pub async fn liveness(world: Arc<World>, probe: Coord) -> Vec<Violation> {
     let mut out = Vec::new();
     let locks = probe.locks().expect("locks");
     let sems = probe.semaphores().expect("semaphores");
     let ttl = Duration::from_secs(1);
     let from = Instant::now();
     for name in LOCK_NAMES {
-        let r = locks.acquire(name, ttl, LIVENESS_BOUND).await;
+        let left = LIVENESS_BOUND.saturating_sub(from.elapsed());
+        let r = locks.acquire(name, ttl, left).await;
         let took = from.elapsed();
         world.log(format!(
             "probe {name}: {} after {}ms",
@@ -84,9 +87,9 @@ pub async fn liveness(world: &World, probe: &Coord) -> Vec<Violation> {
             }),
         }
     }
-    let from = Instant::now();
+    let left = LIVENESS_BOUND.saturating_sub(from.elapsed());
     let r = sems
-        .acquire_many(SEM_NAME, SEM_TOTAL, SEM_TOTAL, ttl, LIVENESS_BOUND)
+        .acquire_many(SEM_NAME, SEM_TOTAL, SEM_TOTAL, ttl, left)
         .await;
     world.log(format!(
         "probe {SEM_NAME}: {} after {}ms",

@@ -48,6 +48,8 @@ pub struct SeedReport {
     pub violations: Vec<Violation>,
     /// The trace's lines (only when asked to keep them).
     pub trace: Vec<String>,
+    /// How many grants (locks and permits) the workload recorded.
+    pub grants: usize,
     /// How many trace lines the run logged.
     pub events: usize,
     /// Simulated time the run took.
@@ -119,17 +121,23 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
     }
     tokio::time::sleep_until(end).await;
     world.heal();
+    // The probe starts as the faults stop, while the tasks wind down
+    // (none starts a new operation).
+    let probe = tokio::spawn(check::liveness(world.clone(), client(99, &world, &store)));
     for h in handles {
         if let Err(e) = h.await {
             world.log(format!("task panicked: {e}"));
         }
     }
-    let mut violations = {
+    let (mut violations, grants) = {
         let rec = recorded.lock().unwrap_or_else(|p| p.into_inner());
-        check::history(&rec, &resources)
+        let grants = rec.grants.iter().map(Vec::len).sum::<usize>() + rec.permits.len();
+        (check::history(&rec, &resources), grants)
     };
-    let probe = client(99, &world, &store);
-    violations.extend(check::liveness(&world, &probe).await);
+    match probe.await {
+        Ok(v) => violations.extend(v),
+        Err(e) => world.log(format!("probe panicked: {e}")),
+    }
     for v in &violations {
         world.log(format!("VIOLATION {v}"));
     }
@@ -139,6 +147,7 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
         violations,
         trace: world.lines(),
         events: world.events(),
+        grants,
         simulated: world.elapsed(),
     }
 }

@@ -100,9 +100,10 @@ fn main() -> ExitCode {
             println!("VIOLATION seed {seed}: {v}");
         }
         println!(
-            "seed {seed}: digest {:016x}, {} events, {:?} simulated, {} violations",
+            "seed {seed}: digest {:016x}, {} events, {} grants, {:?} simulated, {} violations",
             r.digest,
             r.events,
+            r.grants,
             r.simulated,
             r.violations.len()
         );
