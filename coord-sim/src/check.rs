@@ -10,7 +10,9 @@ use conformance::faults::permits::check_permit_history;
 use coord_core::Coord;
 use tokio::time::Instant;
 
-use crate::workload::{LOCK_NAMES, Recorded, SEM_NAME, SEM_TOTAL};
+use coord_core::RW_PERMITS;
+
+use crate::workload::{LOCK_NAMES, RW_NAME, Recorded, SEM_NAME, SEM_TOTAL};
 use crate::world::World;
 
 /// How long after the faults stop a free lock (and the whole semaphore)
@@ -36,15 +38,55 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Judge the recorded grants and the resources' accesses.
-pub fn history(rec: &Recorded, resources: &[FencedResource; 2]) -> Vec<Violation> {
+/// The instant a checker printed with `{:?}` (`Instant { tv_sec: S,
+/// tv_nsec: N }` on Unix), in nanoseconds.
+fn parse_instant(s: &str) -> Option<(u128, usize)> {
+    let rest = s.strip_prefix("Instant { tv_sec: ")?;
+    let (sec, rest) = rest.split_once(", tv_nsec: ")?;
+    let (nsec, _) = rest.split_once(" }")?;
+    let len = "Instant { tv_sec: ".len() + sec.len() + ", tv_nsec: ".len() + nsec.len() + 2;
+    Some((
+        sec.parse::<u128>().ok()? * 1_000_000_000 + nsec.parse::<u128>().ok()?,
+        len,
+    ))
+}
+
+/// `detail` with every instant printed as simulated time since `start`
+/// (`@12.345s`), as the trace shows it.
+pub fn readable(detail: &str, start: Instant) -> String {
+    let Some((zero, _)) = parse_instant(&format!("{:?}", start.into_std())) else {
+        return detail.to_string();
+    };
+    let mut out = String::new();
+    let mut rest = detail;
+    while let Some(i) = rest.find("Instant {") {
+        out.push_str(&rest[..i]);
+        match parse_instant(&rest[i..]) {
+            Some((t, len)) => {
+                let ms = t.saturating_sub(zero) as f64 / 1e6;
+                out.push_str(&format!("@{:.3}s", ms / 1e3));
+                rest = &rest[i + len..];
+            }
+            None => {
+                out.push_str("Instant {");
+                rest = &rest[i + "Instant {".len()..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Judge the recorded grants and the resources' accesses; instants in the
+/// evidence are printed as simulated time since `start`.
+pub fn history(rec: &Recorded, resources: &[FencedResource; 2], start: Instant) -> Vec<Violation> {
     let mut out = Vec::new();
     for (i, name) in LOCK_NAMES.iter().enumerate() {
         for v in check_lock_history(&rec.grants[i], &resources[i].log()) {
             out.push(Violation {
                 subject: name.to_string(),
                 rule: v.rule.to_string(),
-                detail: v.detail,
+                detail: readable(&v.detail, start),
             });
         }
     }
@@ -52,7 +94,14 @@ pub fn history(rec: &Recorded, resources: &[FencedResource; 2]) -> Vec<Violation
         out.push(Violation {
             subject: SEM_NAME.to_string(),
             rule: v.rule.to_string(),
-            detail: v.detail,
+            detail: readable(&v.detail, start),
+        });
+    }
+    for v in check_permit_history(&rec.rw, RW_PERMITS) {
+        out.push(Violation {
+            subject: RW_NAME.to_string(),
+            rule: v.rule.to_string(),
+            detail: readable(&v.detail, start),
         });
     }
     out
@@ -65,6 +114,7 @@ pub async fn liveness(world: Arc<World>, probe: Coord) -> Vec<Violation> {
     let mut out = Vec::new();
     let locks = probe.locks().expect("locks");
     let sems = probe.semaphores().expect("semaphores");
+    let rw = probe.rw_locks().expect("read-write locks");
     let ttl = Duration::from_secs(1);
     let from = Instant::now();
     for name in LOCK_NAMES {
@@ -103,6 +153,23 @@ pub async fn liveness(world: Arc<World>, probe: Coord) -> Vec<Violation> {
         Err(e) => out.push(Violation {
             subject: SEM_NAME.to_string(),
             rule: "all permits granted once faults stop".into(),
+            detail: format!("not granted within {LIVENESS_BOUND:?} of healing: {e}"),
+        }),
+    }
+    let left = LIVENESS_BOUND.saturating_sub(from.elapsed());
+    let r = rw.write(RW_NAME, ttl, left).await;
+    world.log(format!(
+        "probe {RW_NAME}: {} after {}ms",
+        r.is_ok(),
+        from.elapsed().as_millis()
+    ));
+    match r {
+        Ok(g) => {
+            let _ = g.release().await;
+        }
+        Err(e) => out.push(Violation {
+            subject: RW_NAME.to_string(),
+            rule: "write lock granted once faults stop".into(),
             detail: format!("not granted within {LIVENESS_BOUND:?} of healing: {e}"),
         }),
     }

@@ -1,7 +1,8 @@
 //! # coord-sim
 //!
 //! A seeded deterministic simulator for coord. It runs coord-core's real
-//! client code (the [`Coord`] facade: locks, semaphores, their guards,
+//! client code (the [`Coord`] facade: locks, semaphores, read-write locks,
+//! their guards,
 //! watchdogs, wait loops and cleanups) on a single-threaded tokio runtime
 //! with paused time, over the in-memory store behind a seeded fault layer
 //! ([`store::SimStore`]): delayed requests and replies, lost requests, lost
@@ -105,13 +106,14 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
     let mut handles = Vec::new();
     for c in 0..opts.shape.clients {
         let coord = client(c, &world, &store);
-        let (locks, sems) = workload::facades(&coord);
+        let (locks, sems, rw) = workload::facades(&coord);
         for t in 0..opts.shape.tasks {
             let task = workload::Task {
                 id: c * 10 + t,
                 world: world.clone(),
                 locks: locks.clone(),
                 sems: sems.clone(),
+                rw: rw.clone(),
                 resources: resources.clone(),
                 recorded: recorded.clone(),
                 end,
@@ -131,8 +133,9 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
     }
     let (mut violations, grants) = {
         let rec = recorded.lock().unwrap_or_else(|p| p.into_inner());
-        let grants = rec.grants.iter().map(Vec::len).sum::<usize>() + rec.permits.len();
-        (check::history(&rec, &resources), grants)
+        let grants =
+            rec.grants.iter().map(Vec::len).sum::<usize>() + rec.permits.len() + rec.rw.len();
+        (check::history(&rec, &resources, world.start()), grants)
     };
     match probe.await {
         Ok(v) => violations.extend(v),

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use conformance::faults::history::{FencedResource, Grant};
 use conformance::faults::permits::PermitGrant;
-use coord_core::{Coord, Guard, LockOptions, Locks, PermitOptions, Semaphores};
+use coord_core::{
+    Coord, Guard, LockOptions, Locks, PermitOptions, RW_PERMITS, RwLocks, Semaphores,
+};
 use tokio::time::Instant;
 
 use crate::world::World;
@@ -18,6 +20,8 @@ pub const LOCK_NAMES: [&str; 2] = ["lock-a", "lock-b"];
 pub const SEM_NAME: &str = "sem";
 /// The semaphore's `permits_total`.
 pub const SEM_TOTAL: u32 = 3;
+/// The read-write lock the workload uses.
+pub const RW_NAME: &str = "rw";
 /// The TTLs operations draw from.
 pub const TTLS: [u64; 4] = [150, 400, 1000, 2000];
 
@@ -49,6 +53,9 @@ pub struct Recorded {
     pub grants: [Vec<Grant>; 2],
     /// Semaphore grants.
     pub permits: Vec<PermitGrant>,
+    /// Read-write lock grants (a reader weighs 1, a writer all of
+    /// [`RW_PERMITS`]).
+    pub rw: Vec<PermitGrant>,
 }
 
 /// Everything one task needs.
@@ -62,6 +69,8 @@ pub struct Task {
     pub locks: Locks,
     /// The client's semaphores.
     pub sems: Semaphores,
+    /// The client's read-write locks.
+    pub rw: RwLocks,
     /// The fenced resources, per lock name.
     pub resources: Arc<[FencedResource; 2]>,
     /// Where grants are recorded.
@@ -70,11 +79,12 @@ pub struct Task {
     pub end: Instant,
 }
 
-/// The handle of client `coord`'s facades.
-pub fn facades(coord: &Coord) -> (Locks, Semaphores) {
+/// The facades of client `coord` the workload uses.
+pub fn facades(coord: &Coord) -> (Locks, Semaphores, RwLocks) {
     (
         coord.locks().expect("sim store has locks"),
         coord.semaphores().expect("sim store has semaphores"),
+        coord.rw_locks().expect("sim store has FIFO semaphores"),
     )
 }
 
@@ -82,9 +92,10 @@ impl Task {
     /// Run random operations until the faulty phase ends.
     pub async fn run(self) {
         while Instant::now() < self.end {
-            match self.world.range(0, 9) {
+            match self.world.range(0, 11) {
                 0..=5 => self.lock_op().await,
                 6..=8 => self.sem_op().await,
+                9..=10 => self.rw_op().await,
                 _ => tokio::time::sleep(self.world.millis(1, 300)).await,
             }
         }
@@ -265,6 +276,66 @@ impl Task {
                 valid_until,
             });
         self.finish(permit.into_guard(), SEM_NAME).await;
+    }
+}
+
+impl Task {
+    async fn rw_op(&self) {
+        let w = &self.world;
+        let write = w.chance(0.4);
+        let ttl = Duration::from_millis(w.pick(&TTLS));
+        let wait = Duration::from_millis(w.pick(&[0, 300, 1500, 4000]));
+        let cancel = w.chance(0.25).then(|| w.millis(1, 2000));
+        let mode = if write { "write" } else { "read" };
+        self.log(format!(
+            "rw {mode} ttl={}ms wait={}ms cancel={cancel:?}",
+            ttl.as_millis(),
+            wait.as_millis()
+        ));
+        let asked = Instant::now();
+        let op = async {
+            if write {
+                self.rw.write(RW_NAME, ttl, wait).await
+            } else {
+                self.rw.read(RW_NAME, ttl, wait).await
+            }
+        };
+        let r = match cancel {
+            Some(c) => match tokio::time::timeout(c, op).await {
+                Ok(r) => r,
+                Err(_) => {
+                    self.log(format!("rw {mode} cancelled"));
+                    return;
+                }
+            },
+            None => op.await,
+        };
+        let guard = match r {
+            Ok(g) => g,
+            Err(e) => {
+                self.log(format!("rw {mode} failed: {}", kind(&e)));
+                return;
+            }
+        };
+        let granted = Instant::now();
+        let token = guard.fencing_token().get();
+        self.log(format!("rw {mode} granted token={token}"));
+        tokio::time::sleep(w.millis(0, ttl.as_millis() as u64)).await;
+        let valid_until = Instant::now().min(guard.valid_until());
+        let weight = if write { RW_PERMITS } else { 1 };
+        self.recorded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .rw
+            .push(PermitGrant {
+                client: self.id,
+                token,
+                weight,
+                asked,
+                granted,
+                valid_until,
+            });
+        self.finish(guard.into_guard(), RW_NAME).await;
     }
 }
 

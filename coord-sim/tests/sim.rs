@@ -39,17 +39,17 @@ fn fixed_budget_has_no_violations() {
 
 /// With an owner's extends free to overtake each other, a delayed
 /// shorter extend lands after a later renewal and the simulator catches
-/// two valid holders (seed 166 is the first of the first 200 seeds to).
+/// two valid holders: the checkers can fail (seed 236 is the first to, as
+/// the workload stands).
 #[test]
 fn unordered_extends_are_caught() {
     let mut opts = Options::default();
     opts.rates.ordered_extends = false;
-    let r = run_seed(166, opts);
-    assert!(
-        r.violations
+    let found = (0..600).find(|&seed| {
+        run_seed(seed, opts)
+            .violations
             .iter()
-            .any(|v| v.rule == "one valid holder at a time"),
-        "{:?}",
-        r.violations
-    );
+            .any(|v| v.rule == "one valid holder at a time")
+    });
+    assert!(found.is_some(), "no seed of 600 caught it");
 }
