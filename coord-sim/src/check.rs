@@ -1,17 +1,20 @@
 //! The judges of a run: the conformance suite's history checkers, and a
 //! liveness probe once the faults have stopped.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::faults::history::{FencedResource, check_lock_history};
 use conformance::faults::permits::check_permit_history;
+use conformance::faults::queue::{Effects, check_queue_history};
 use coord_core::Coord;
 use tokio::time::Instant;
 
 use coord_core::RW_PERMITS;
 
+use crate::queue_work::QUEUE_NAME;
 use crate::workload::{LOCK_NAMES, RW_NAME, Recorded, SEM_NAME, SEM_TOTAL};
 use crate::world::World;
 
@@ -105,6 +108,24 @@ pub fn history(rec: &Recorded, resources: &[FencedResource; 2], start: Instant) 
         });
     }
     out
+}
+
+/// Judge the queue's deliveries, the registers' effects, and that every
+/// pushed message was acked (in the run or by the drain).
+pub fn queue(
+    rec: &Recorded,
+    effects: &Effects,
+    drained: &HashSet<u64>,
+    start: Instant,
+) -> Vec<Violation> {
+    check_queue_history(&rec.deliveries, &effects.log(), &rec.pushed, drained)
+        .into_iter()
+        .map(|v| Violation {
+            subject: QUEUE_NAME.to_string(),
+            rule: v.rule.to_string(),
+            detail: readable(&v.detail, start),
+        })
+        .collect()
 }
 
 /// With faults off, every lock and the whole semaphore must be granted

@@ -27,10 +27,10 @@ use crate::world::{World, short};
 
 /// One client's view of the shared simulated store.
 pub struct SimStore {
-    client: usize,
-    world: Arc<World>,
-    store: Arc<MemoryBackend>,
-    caps: Capabilities,
+    pub(crate) client: usize,
+    pub(crate) world: Arc<World>,
+    pub(crate) store: Arc<MemoryBackend>,
+    pub(crate) caps: Capabilities,
     unanswered: Unanswered,
     paused_until: Mutex<Option<Instant>>,
 }
@@ -63,9 +63,24 @@ impl SimStore {
 
     /// Send `apply` as one request labelled `what`; its reply, or
     /// [`Error::Unavailable`] at the call timeout.
-    async fn call<T, F>(&self, what: String, apply: F) -> Result<T>
+    pub(crate) async fn call<T, F>(&self, what: String, apply: F) -> Result<T>
     where
         T: Send + std::fmt::Debug + 'static,
+        F: FnOnce(Arc<MemoryBackend>) -> BoxFuture<'static, Result<T>> + Send + 'static,
+    {
+        self.call_shown(what, |t: &T| format!("{t:?}"), apply).await
+    }
+
+    /// [`call`](Self::call), with the reply shown in the trace by `show`
+    /// (for replies whose `Debug` carries wall-clock times).
+    pub(crate) async fn call_shown<T, F>(
+        &self,
+        what: String,
+        show: fn(&T) -> String,
+        apply: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
         F: FnOnce(Arc<MemoryBackend>) -> BoxFuture<'static, Result<T>> + Send + 'static,
     {
         if let Some(until) = self.pause_end() {
@@ -111,7 +126,11 @@ impl SimStore {
                 return;
             }
             let out = apply(store).await;
-            world.log(format!("c{client} applied {what} -> {out:?}"));
+            let shown = match &out {
+                Ok(t) => show(t),
+                Err(e) => format!("{e:?}"),
+            };
+            world.log(format!("c{client} applied {what} -> {shown}"));
             tokio::time::sleep(back).await;
             if fate == "lose-reply" {
                 return;

@@ -2,13 +2,15 @@
 //! shared store, each running several tasks of random operations on a few
 //! lock names and one semaphore, with cancellations at random points.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::faults::history::{FencedResource, Grant};
 use conformance::faults::permits::PermitGrant;
+use conformance::faults::queue::{Effects, QueueDelivery};
 use coord_core::{
-    Coord, Guard, LockOptions, Locks, PermitOptions, RW_PERMITS, RwLocks, Semaphores,
+    Coord, Guard, LockOptions, Locks, PermitOptions, Queues, RW_PERMITS, RwLocks, Semaphores,
 };
 use tokio::time::Instant;
 
@@ -56,6 +58,10 @@ pub struct Recorded {
     /// Read-write lock grants (a reader weighs 1, a writer all of
     /// [`RW_PERMITS`]).
     pub rw: Vec<PermitGrant>,
+    /// Queue deliveries.
+    pub deliveries: Vec<QueueDelivery>,
+    /// The messages whose push was answered.
+    pub pushed: HashSet<u64>,
 }
 
 /// Everything one task needs.
@@ -71,6 +77,10 @@ pub struct Task {
     pub sems: Semaphores,
     /// The client's read-write locks.
     pub rw: RwLocks,
+    /// The client's work queues.
+    pub queues: Queues,
+    /// The per-message fenced registers queue deliveries apply to.
+    pub effects: Arc<Effects>,
     /// The fenced resources, per lock name.
     pub resources: Arc<[FencedResource; 2]>,
     /// Where grants are recorded.
@@ -80,11 +90,12 @@ pub struct Task {
 }
 
 /// The facades of client `coord` the workload uses.
-pub fn facades(coord: &Coord) -> (Locks, Semaphores, RwLocks) {
+pub fn facades(coord: &Coord) -> (Locks, Semaphores, RwLocks, Queues) {
     (
         coord.locks().expect("sim store has locks"),
         coord.semaphores().expect("sim store has semaphores"),
         coord.rw_locks().expect("sim store has FIFO semaphores"),
+        coord.queues().expect("sim store has queues"),
     )
 }
 
@@ -92,16 +103,17 @@ impl Task {
     /// Run random operations until the faulty phase ends.
     pub async fn run(self) {
         while Instant::now() < self.end {
-            match self.world.range(0, 11) {
+            match self.world.range(0, 13) {
                 0..=5 => self.lock_op().await,
                 6..=8 => self.sem_op().await,
                 9..=10 => self.rw_op().await,
+                11..=12 => self.queue_op().await,
                 _ => tokio::time::sleep(self.world.millis(1, 300)).await,
             }
         }
     }
 
-    fn log(&self, s: String) {
+    pub(crate) fn log(&self, s: String) {
         self.world.log(format!("t{} {s}", self.id));
     }
 

@@ -39,7 +39,7 @@ fn fixed_budget_has_no_violations() {
 
 /// With an owner's extends free to overtake each other, a delayed
 /// shorter extend lands after a later renewal and the simulator catches
-/// two valid holders: the checkers can fail (seed 236 is the first to, as
+/// two valid holders: the checkers can fail (seed 275 is the first to, as
 /// the workload stands).
 #[test]
 fn unordered_extends_are_caught() {
