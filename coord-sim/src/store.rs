@@ -222,7 +222,7 @@ impl SimStore {
                             "store skipped stale extend #{stamp} of {}",
                             short(&o)
                         ));
-                        return Ok(true);
+                        return Ok(false);
                     }
                     f(s, n, o).await
                 })

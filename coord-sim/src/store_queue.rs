@@ -134,7 +134,7 @@ impl Queue for SimStore {
                         "store skipped stale extend #{stamp} of {}",
                         short(&o)
                     ));
-                    return Ok(true);
+                    return Ok(false);
                 }
                 Queue::extend(&*s, &q, lane, id, &o, visibility).await
             })

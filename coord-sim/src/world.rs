@@ -33,7 +33,9 @@ pub struct FaultRates {
     pub pause: f64,
     /// Whether the store applies an owner's extends in the order they
     /// were sent (an extend stamped before one already applied changes
-    /// nothing and is answered `true`). Off, an extend delayed in the
+    /// nothing and is answered `false`: its caller, if still there, takes
+    /// the claim for lost, which is safe, where `true` would let it count
+    /// its deadline from the stale extend's TTL). Off, an extend delayed in the
     /// network (say one whose caller gave up, with a shorter TTL) may land
     /// after a later renewal and set the store's expiry back below the
     /// guard's deadline: coord-core does not guard against that, and the
