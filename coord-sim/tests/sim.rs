@@ -24,6 +24,17 @@ fn one_seed_one_history() {
     assert_ne!(run_seed(1, opts).digest, run_seed(2, opts).digest);
 }
 
+/// A seed's history does not depend on what ran before it in the process
+/// (no state carried over in statics, thread-locals or the runtime).
+#[test]
+fn history_does_not_depend_on_earlier_seeds() {
+    let first = run_seed(42, Options::default()).digest;
+    for seed in 0..5 {
+        run_seed(seed, Options::default());
+    }
+    assert_eq!(run_seed(42, Options::default()).digest, first);
+}
+
 /// A fixed budget of seeds, every rule kept.
 #[test]
 fn fixed_budget_has_no_violations() {
