@@ -218,6 +218,7 @@ impl Barriers {
                 }
                 let until = (Instant::now() + sleep).min(deadline);
                 tokio::select! {
+                    biased;
                     _ = &mut notified => {}
                     _ = tokio::time::sleep_until(until) => {}
                 }

@@ -300,6 +300,7 @@ impl Inner {
             }
             let deadline = self.deadline();
             tokio::select! {
+                biased;
                 _ = &mut notified => {}
                 _ = &mut ended => {}
                 _ = &mut replanned => {}
@@ -752,6 +753,7 @@ fn spawn_deadline_timer(inner: &Arc<Inner>) {
             return;
         }
         tokio::select! {
+            biased;
             _ = &mut ended => {}
             _ = inner2.clone().lost() => {}
         }
@@ -790,6 +792,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                 .checked_sub(ttl * 2 / 3)
                 .unwrap_or_else(Instant::now);
             tokio::select! {
+                biased;
                 _ = stop.cancelled() => return,
                 _ = &mut replanned => continue,
                 _ = tokio::time::sleep_until(renew_at.max(Instant::now() + Duration::from_millis(1))) => {}
@@ -800,6 +803,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
             // Renew, retrying until the validity deadline.
             loop {
                 let op = tokio::select! {
+                    biased;
                     g = inner.op.lock() => g,
                     _ = stop.cancelled() => return,
                 };
@@ -856,6 +860,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                 let retry = (ttl / 20).max(Duration::from_millis(5));
                 let until = (Instant::now() + retry).min(deadline);
                 tokio::select! {
+                    biased;
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep_until(until) => {}
                 }

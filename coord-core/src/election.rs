@@ -272,6 +272,7 @@ impl ObserveState {
                 }
             }
             tokio::select! {
+                biased;
                 _ = &mut notified => {}
                 _ = tokio::time::sleep(sleep) => {}
             }

@@ -37,6 +37,7 @@ mod lock;
 pub mod metrics;
 mod queue;
 pub mod queue_backend;
+pub mod rng;
 mod rwlock;
 mod semaphore;
 mod settle;

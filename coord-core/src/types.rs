@@ -3,8 +3,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use rand::RngCore;
-
 /// A fencing token: a number that strictly increases over the grants of one
 /// lock name, the terms of one election and the values of one
 /// [`FencingSource`](crate::FencingSource) resource.
@@ -32,7 +30,8 @@ impl fmt::Display for FencingToken {
 ///
 /// Release, extend and renew compare it on the server, so only the holder
 /// can act on its claim. Drawn from `rand`'s thread-local CSPRNG, which is
-/// seeded from the operating system's RNG. Its `Debug` output is redacted so
+/// seeded from the operating system's RNG (unless a simulator seeded the
+/// thread: [`crate::rng::seed_thread`]). Its `Debug` output is redacted so
 /// it never reaches logs; use [`OwnerToken::to_hex`] to store it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
@@ -41,7 +40,7 @@ impl OwnerToken {
     /// A fresh, unguessable token.
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
-        rand::rng().fill_bytes(&mut bytes);
+        crate::rng::fill_bytes(&mut bytes);
         OwnerToken(bytes)
     }
 

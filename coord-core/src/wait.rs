@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio::time::Instant;
 
 use crate::backend::Attempt;
@@ -42,7 +41,7 @@ pub(crate) fn jittered(poll: Duration) -> Duration {
     if nanos < 2 {
         return poll;
     }
-    Duration::from_nanos(rand::rng().random_range(nanos / 2..=nanos))
+    Duration::from_nanos(crate::rng::range_inclusive(nanos / 2, nanos))
 }
 
 /// Attempt until granted or `deadline` passes.
@@ -126,6 +125,7 @@ where
             let now = Instant::now();
             let until = (now + next_sleep).min(deadline);
             tokio::select! {
+                biased;
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
@@ -182,7 +182,7 @@ fn hint(expires_in: Option<Duration>, poll: Duration) -> Duration {
 /// expiry hint `e`.
 fn expiry_spread(e: Duration) -> Duration {
     let max = (e / 10).clamp(Duration::from_millis(2), Duration::from_millis(50));
-    Duration::from_nanos(rand::rng().random_range(0..=max.as_nanos() as u64))
+    Duration::from_nanos(crate::rng::range_inclusive(0, max.as_nanos() as u64))
 }
 
 #[cfg(test)]

@@ -1,0 +1,57 @@
+//! The randomness of the core (owner tokens, wait jitter), with a
+//! per-thread override for deterministic simulation.
+//!
+//! By default every draw comes from `rand`'s thread-local CSPRNG. A
+//! simulator that runs a whole workload on one thread (a current-thread
+//! tokio runtime) calls [`seed_thread`] first: from then on, draws on that
+//! thread come from a generator seeded with that value, so one seed gives
+//! one history. [`unseed_thread`] goes back to the CSPRNG. Never seed a
+//! thread that serves real clients: seeded owner tokens are guessable.
+//!
+//! For the same reason every `tokio::select!` in the core is `biased`:
+//! when several branches are ready at once (common under paused time), the
+//! first listed wins, instead of one drawn from tokio's unseeded generator.
+//!
+//! ```
+//! coord_core::rng::seed_thread(7);
+//! let a = coord_core::OwnerToken::random();
+//! coord_core::rng::seed_thread(7);
+//! assert_eq!(coord_core::OwnerToken::random(), a);
+//! coord_core::rng::unseed_thread();
+//! ```
+
+use std::cell::RefCell;
+
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
+
+thread_local! {
+    static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+}
+
+/// From now on, draws on this thread come from a generator seeded with
+/// `seed` (see the module docs). For simulation and tests only.
+pub fn seed_thread(seed: u64) {
+    SEEDED.with(|s| *s.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
+}
+
+/// Go back to the thread-local CSPRNG on this thread.
+pub fn unseed_thread() {
+    SEEDED.with(|s| *s.borrow_mut() = None);
+}
+
+/// Fill `bytes` with random bytes.
+pub(crate) fn fill_bytes(bytes: &mut [u8]) {
+    SEEDED.with(|s| match s.borrow_mut().as_mut() {
+        Some(r) => r.fill_bytes(bytes),
+        None => rand::rng().fill_bytes(bytes),
+    });
+}
+
+/// A random integer in `lo..=hi`.
+pub(crate) fn range_inclusive(lo: u64, hi: u64) -> u64 {
+    SEEDED.with(|s| match s.borrow_mut().as_mut() {
+        Some(r) => r.random_range(lo..=hi),
+        None => rand::rng().random_range(lo..=hi),
+    })
+}

@@ -1,0 +1,351 @@
+//! The simulated store as one client sees it: the in-memory backend
+//! behind a seeded network, with the late-copy protocol of the networked
+//! backends (`coord_core::late`).
+//!
+//! Every request is spawned as its own task, so it reaches the store (or
+//! not) whatever becomes of the caller's future, as a request already on
+//! the wire does: delayed, lost on the way, applied with its reply lost,
+//! or applied after the caller gave up. The caller waits for the reply at
+//! most the call timeout and then gets [`Error::Unavailable`], as a network
+//! backend's caller does. A paused client sends nothing and hears nothing
+//! until the pause ends.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_core::late::Unanswered;
+use coord_core::wake::Waiter;
+use coord_core::{
+    Attempt, Capabilities, Error, Lock, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
+};
+use coord_memory::MemoryBackend;
+use futures::future::BoxFuture;
+use tokio::time::Instant;
+
+use crate::world::{World, short};
+
+/// One client's view of the shared simulated store.
+pub struct SimStore {
+    pub(crate) client: usize,
+    pub(crate) world: Arc<World>,
+    pub(crate) store: Arc<MemoryBackend>,
+    pub(crate) caps: Capabilities,
+    unanswered: Unanswered,
+    paused_until: Mutex<Option<Instant>>,
+}
+
+/// What a request does on the store, given the store.
+type Apply<T> = Box<dyn FnOnce(Arc<MemoryBackend>) -> BoxFuture<'static, Result<T>> + Send>;
+
+impl SimStore {
+    /// Client `client` of `store`, its faults drawn from `world`.
+    pub fn new(client: usize, world: Arc<World>, store: Arc<MemoryBackend>) -> Self {
+        let mut caps = Lock::capabilities(&*store).clone();
+        caps.backend = "sim";
+        SimStore {
+            client,
+            world,
+            store,
+            caps,
+            unanswered: Unanswered::default(),
+            paused_until: Mutex::new(None),
+        }
+    }
+
+    fn pause_end(&self) -> Option<Instant> {
+        let mut p = self.paused_until.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.world.faults_on() || p.is_some_and(|t| t <= Instant::now()) {
+            *p = None;
+        }
+        *p
+    }
+
+    /// Send `apply` as one request labelled `what`; its reply, or
+    /// [`Error::Unavailable`] at the call timeout.
+    pub(crate) async fn call<T, F>(&self, what: String, apply: F) -> Result<T>
+    where
+        T: Send + std::fmt::Debug + 'static,
+        F: FnOnce(Arc<MemoryBackend>) -> BoxFuture<'static, Result<T>> + Send + 'static,
+    {
+        self.call_shown(what, |t: &T| format!("{t:?}"), apply).await
+    }
+
+    /// [`call`](Self::call), with the reply shown in the trace by `show`
+    /// (for replies whose `Debug` carries wall-clock times).
+    pub(crate) async fn call_shown<T, F>(
+        &self,
+        what: String,
+        show: fn(&T) -> String,
+        apply: F,
+    ) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<MemoryBackend>) -> BoxFuture<'static, Result<T>> + Send + 'static,
+    {
+        if let Some(until) = self.pause_end() {
+            tokio::time::sleep_until(until).await;
+        }
+        let w = &self.world;
+        let r = w.rates;
+        let faulty = w.faults_on();
+        let mut fate = "ok";
+        let mut there = Duration::ZERO;
+        let mut back = Duration::ZERO;
+        if faulty {
+            if w.chance(r.delay) {
+                there = w.millis(1, r.call_timeout.as_millis() as u64 / 2);
+            }
+            if w.chance(r.delay) {
+                back = w.millis(1, r.call_timeout.as_millis() as u64 / 2);
+            }
+            if w.chance(r.lose_request) {
+                fate = "lose-request";
+            } else if w.chance(r.lose_reply) {
+                fate = "lose-reply";
+            } else if w.chance(r.late) {
+                fate = "late";
+                there = r.call_timeout + w.millis(1, 3000);
+            }
+            if w.chance(r.pause) {
+                let len = w.millis(500, 4000);
+                w.log(format!("c{} pause {}ms", self.client, len.as_millis()));
+                *self.paused_until.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(Instant::now() + len);
+            }
+        }
+        let client = self.client;
+        w.log(format!("c{client} send {what} [{fate}]"));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (world, store) = (self.world.clone(), self.store.clone());
+        let apply: Apply<T> = Box::new(apply);
+        let req = async move {
+            tokio::time::sleep(there).await;
+            if fate == "lose-request" {
+                world.log(format!("c{client} lost {what}"));
+                return;
+            }
+            let out = apply(store).await;
+            let shown = match &out {
+                Ok(t) => show(t),
+                Err(e) => format!("{e:?}"),
+            };
+            world.log(format!("c{client} applied {what} -> {shown}"));
+            tokio::time::sleep(back).await;
+            if fate == "lose-reply" {
+                return;
+            }
+            let _ = tx.send(out);
+        };
+        tokio::spawn(req);
+        let deadline = Instant::now() + r.call_timeout;
+        let answer = tokio::time::timeout_at(deadline, rx).await;
+        // A paused client hears nothing until its pause ends.
+        if let Some(until) = self.pause_end() {
+            tokio::time::sleep_until(until).await;
+        }
+        match answer {
+            Ok(Ok(out)) => out,
+            _ => {
+                tokio::time::sleep_until(deadline).await;
+                w.log(format!("c{client} timed out"));
+                Err(Error::Unavailable {
+                    backend: "sim",
+                    operation: "request",
+                    message: "no reply within the call timeout".into(),
+                })
+            }
+        }
+    }
+
+    /// An attempt of `owner` on `name`: stamped when sent, refused on the
+    /// store if a marking release or extend of the owner was sent after
+    /// it; an attempt whose reply never came is remembered, so the owner's
+    /// next release or extend marks.
+    async fn attempt<F, Fut>(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        what: String,
+        f: F,
+    ) -> Result<Attempt>
+    where
+        F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Attempt>> + Send + 'static,
+    {
+        let pending = self.unanswered.attempt(name, *owner);
+        let stamp = self.world.stamp();
+        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
+        let r = self
+            .call(what, move |s| {
+                Box::pin(async move {
+                    if world.refused(&n, &o, stamp) {
+                        world.log(format!("store refused late copy #{stamp} of {}", short(&o)));
+                        return Ok(Attempt::Held { expires_in: None });
+                    }
+                    f(s, n, o).await
+                })
+            })
+            .await;
+        if r.is_ok() {
+            pending.answered();
+        }
+        r
+    }
+
+    /// A release or extend of `owner` on `name`, leaving a mark against
+    /// late copies if one of the owner's attempts went unanswered.
+    async fn ending<F, Fut>(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        what: String,
+        extend: bool,
+        f: F,
+    ) -> Result<bool>
+    where
+        F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool>> + Send + 'static,
+    {
+        let seen = self.unanswered.seen(name, owner);
+        let stamp = self.world.stamp();
+        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
+        let marking = seen.is_some();
+        let r = self
+            .call(what, move |s| {
+                Box::pin(async move {
+                    if marking {
+                        world.mark(&n, &o, stamp);
+                    }
+                    if extend && world.stale_extend(&n, &o, stamp) {
+                        world.log(format!(
+                            "store skipped stale extend #{stamp} of {}",
+                            short(&o)
+                        ));
+                        return Ok(false);
+                    }
+                    f(s, n, o).await
+                })
+            })
+            .await;
+        if let (Ok(_), Some(seen)) = (&r, seen) {
+            self.unanswered.forget(name, owner, seen);
+        }
+        r
+    }
+}
+
+#[async_trait]
+impl Lock for SimStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        let what = format!(
+            "lock.try_acquire {name} {} ttl={}ms",
+            short(owner),
+            ttl.as_millis()
+        );
+        self.attempt(name, owner, what, move |s, n, o| async move {
+            Lock::try_acquire(&*s, &n, &o, ttl).await
+        })
+        .await
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let what = format!("lock.release {name} {}", short(owner));
+        self.ending(name, owner, what, false, |s, n, o| async move {
+            Lock::release(&*s, &n, &o).await
+        })
+        .await
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let what = format!(
+            "lock.extend {name} {} ttl={}ms",
+            short(owner),
+            ttl.as_millis()
+        );
+        self.ending(name, owner, what, true, move |s, n, o| async move {
+            Lock::extend(&*s, &n, &o, ttl).await
+        })
+        .await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let n = name.to_string();
+        self.call(format!("lock.force_release {name}"), move |s| {
+            Box::pin(async move { Lock::force_release(&*s, &n).await })
+        })
+        .await
+    }
+
+    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+        Lock::subscribe(&*self.store, name).await
+    }
+}
+
+#[async_trait]
+impl Semaphore for SimStore {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    fn fifo(&self) -> bool {
+        Semaphore::fifo(&*self.store)
+    }
+
+    async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        request: &PermitRequest,
+    ) -> Result<Attempt> {
+        let req = *request;
+        let what = format!(
+            "sem.try_acquire {name} {} n={}/{} ttl={}ms queue={}",
+            short(owner),
+            req.permits,
+            req.total,
+            req.ttl.as_millis(),
+            req.queue
+        );
+        self.attempt(name, owner, what, move |s, n, o| async move {
+            Semaphore::try_acquire(&*s, &n, &o, &req).await
+        })
+        .await
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        let what = format!("sem.release {name} {}", short(owner));
+        self.ending(name, owner, what, false, |s, n, o| async move {
+            Semaphore::release(&*s, &n, &o).await
+        })
+        .await
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        let what = format!(
+            "sem.extend {name} {} ttl={}ms",
+            short(owner),
+            ttl.as_millis()
+        );
+        self.ending(name, owner, what, true, move |s, n, o| async move {
+            Semaphore::extend(&*s, &n, &o, ttl).await
+        })
+        .await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        let n = name.to_string();
+        self.call(format!("sem.force_release {name}"), move |s| {
+            Box::pin(async move { Semaphore::force_release(&*s, &n).await })
+        })
+        .await
+    }
+
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
+        Semaphore::subscribe(&*self.store, name, owner).await
+    }
+}
