@@ -94,9 +94,11 @@ pub trait Lock: Send + Sync + 'static {
     /// Returns whether a live lock was removed.
     async fn force_release(&self, name: &str) -> Result<bool>;
 
-    /// Register for wake-ups on `name` before attempting. The default never
-    /// wakes: waiting then relies on polling alone.
-    async fn subscribe(&self, _name: &str) -> Result<Waiter> {
+    /// Register `owner`, whose attempt on `name` was just refused, for
+    /// wake-ups before attempting again (a store that queues waiters can
+    /// wake exactly the one whose turn came). The default never wakes:
+    /// waiting then relies on polling alone.
+    async fn subscribe(&self, _name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(Waiter::never())
     }
 

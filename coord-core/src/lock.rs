@@ -249,7 +249,10 @@ impl Locks {
                     }
                 }
             },
-            |_| self.backend.subscribe(name),
+            |owner| {
+                let b = self.backend.clone();
+                async move { b.subscribe(name, &owner).await }
+            },
         )
         .instrument(span)
         .await?;

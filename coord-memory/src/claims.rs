@@ -33,7 +33,7 @@ impl coord_core::Lock for MemoryBackend {
         Ok(released)
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(self.lock_wakeups.subscribe(name))
     }
 

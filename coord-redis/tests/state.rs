@@ -62,7 +62,7 @@ async fn a_release_publishes_a_wake_up_only_when_somebody_waits() {
     // A refused attempt from a client with a waiter on the name: the
     // release publishes once, and the waiter hears it.
     granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    let waiter = Lock::subscribe(&w, &name).await.unwrap();
+    let waiter = Lock::subscribe(&w, &name, &them).await.unwrap();
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();

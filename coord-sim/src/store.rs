@@ -281,8 +281,8 @@ impl Lock for SimStore {
         .await
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
-        Lock::subscribe(&*self.store, name).await
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
+        Lock::subscribe(&*self.store, name, owner).await
     }
 }
 

@@ -72,10 +72,10 @@ impl coord_core::Lock for EtcdBackend {
             .await
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+    async fn subscribe(&self, name: &str, owner: &OwnerToken) -> Result<Waiter> {
         // Wake-ups come from the watch on each waiter's predecessor, set up
         // by the attempt that queues it.
-        Ok(self.claims.subscribe_lock(Kind::Lock, name))
+        Ok(self.claims.subscribe_lock(Kind::Lock, name, owner))
     }
 }
 

@@ -23,7 +23,6 @@ use tokio::time::Instant;
 use crate::claim::Claims;
 use crate::claim::entries::{Entry, EntryState, entry_key};
 use crate::claim::handoff::is_head;
-use crate::claim::waiters::clear_last_refused;
 use crate::client::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lease_value};
 use crate::client::pool::fresh_enough;
 use crate::client::{header_rev, is_lease_not_found, kvs, lock, secs};
@@ -136,7 +135,6 @@ impl Claims {
         let hex = owner.to_hex();
         let value = claim_value(&hex, value);
         let ttl_s = secs(ttl);
-        clear_last_refused();
 
         let expired = {
             let mut entries = lock(&self.entries);
@@ -346,7 +344,6 @@ impl Claims {
                                 .is_some_and(|h| split_lease_value(h.value()).0 == hex.as_bytes());
                             if fair && !own {
                                 self.remember_tried(ek.clone());
-                                self.set_last_refused(kind, name, owner);
                             }
                             return Ok(Attempt::Held {
                                 expires_in: self.remaining_of_local(head.as_ref()),

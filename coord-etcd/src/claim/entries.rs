@@ -75,7 +75,7 @@ pub(crate) fn entry_key(kind: Kind, name: &str, owner: &OwnerToken) -> EntryKey 
 
 /// How long a refused attempt is remembered so that the same owner's next
 /// attempt queues (a waiter attempts again at once after subscribing).
-const TRIED_MEMORY: Duration = Duration::from_secs(30);
+pub(crate) const TRIED_MEMORY: Duration = Duration::from_secs(30);
 
 /// When the local bookkeeping is first swept of long-expired claims.
 pub(crate) const PRUNE_AT: usize = 1024;

@@ -2,16 +2,13 @@
 //! while it waits, watches only its predecessor's key, and is woken alone
 //! when that key goes.
 //!
-//! Which local task waits for which owner: coord-core subscribes (once per
-//! acquire, without the owner) right after the owner's first attempt was
-//! refused, in the same poll of the same task. The refused attempt leaves
-//! its owner in a thread-local slot that the subscription takes, so the
-//! waiter is registered under its owner and the wake-up reaches exactly it.
-//! A subscription that finds no owner (another call order) is registered
-//! under the name, and its owners' wake-ups go to every waiter of the name
-//! in this client.
+//! Which local task waits for which owner: coord-core subscribes with the
+//! owner right after its attempt was refused. An owner whose attempt
+//! queued it (a fair claim, remembered as tried) is registered under its
+//! owner, so the wake-up reaches exactly it; any other subscription is
+//! registered under the name, and its owners' wake-ups go to every waiter
+//! of the name in this client.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,18 +19,8 @@ use etcd_client::{EventType, WatchOptions};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::claim::Claims;
-use crate::claim::entries::{Entry, EntryKey, EntryState, Pred, Queued};
+use crate::claim::entries::{Entry, EntryKey, EntryState, Pred, Queued, TRIED_MEMORY, entry_key};
 use crate::client::{AbortOnDrop, lock, wake_key};
-
-thread_local! {
-    /// (the client, by address; the owner whose attempt was refused).
-    static LAST_REFUSED: RefCell<Option<(usize, EntryKey)>> = const { RefCell::new(None) };
-}
-
-/// Forget it: called as every attempt starts.
-pub(crate) fn clear_last_refused() {
-    LAST_REFUSED.with(|c| c.borrow_mut().take());
-}
 
 fn owner_wake_key(ek: &EntryKey) -> String {
     let mut k = wake_key(ek.0, &ek.1);
@@ -51,23 +38,16 @@ fn owner_wake_key(ek: &EntryKey) -> String {
 const PENDING_GRACE: Duration = Duration::from_secs(2);
 
 impl Claims {
-    /// Remember the owner whose attempt was just refused (see the module
+    /// Register a local waiter of lock `name` for `owner` (see the module
     /// doc).
-    pub(crate) fn set_last_refused(&self, kind: Kind, name: &str, owner: &OwnerToken) {
-        let me = self as *const Claims as usize;
-        LAST_REFUSED.with(|c| *c.borrow_mut() = Some((me, (kind, name.into(), *owner.as_bytes()))));
-    }
-
-    /// Register a local waiter of lock `name` (see the module doc).
-    pub(crate) fn subscribe_lock(&self, kind: Kind, name: &str) -> Waiter {
-        let me = self as *const Claims as usize;
-        let bound = LAST_REFUSED
-            .with(|c| c.borrow_mut().take())
-            .filter(|(who, ek)| *who == me && ek.0 == kind && &*ek.1 == name)
-            .map(|(_, ek)| ek);
-        match bound {
-            Some(ek) => self.etcd.wakeups.subscribe(&owner_wake_key(&ek)),
-            None => self.etcd.wakeups.subscribe(&wake_key(kind, name)),
+    pub(crate) fn subscribe_lock(&self, kind: Kind, name: &str, owner: &OwnerToken) -> Waiter {
+        let ek = entry_key(kind, name, owner);
+        let queued = lock(&self.tried)
+            .get(&ek)
+            .is_some_and(|at| *at + TRIED_MEMORY > Instant::now());
+        match queued {
+            true => self.etcd.wakeups.subscribe(&owner_wake_key(&ek)),
+            false => self.etcd.wakeups.subscribe(&wake_key(kind, name)),
         }
     }
 

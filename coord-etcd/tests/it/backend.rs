@@ -136,7 +136,7 @@ async fn fifo_queue_wakes_exactly_the_next_waiter() {
             b.try_acquire(name, &o, t).await.unwrap(),
             Attempt::Held { .. }
         ));
-        let w = Lock::subscribe(&*b, name).await.unwrap();
+        let w = Lock::subscribe(&*b, name, &o).await.unwrap();
         assert!(matches!(
             b.try_acquire(name, &o, t).await.unwrap(),
             Attempt::Held { .. }
@@ -403,7 +403,7 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
         let attempt = async move {
             // As coord-core's wait loop: the second attempt queues.
             let _ = a.try_acquire(name, &o, t).await;
-            let _w = Lock::subscribe(&*a, name).await.unwrap();
+            let _w = Lock::subscribe(&*a, name, &o).await.unwrap();
             let _ = a.try_acquire(name, &o, t).await;
             sleep(Duration::from_secs(3600)).await;
         };
@@ -449,7 +449,7 @@ async fn an_abandoned_local_waiter_does_not_block_the_live_one() {
         OwnerToken::random(),
     );
     granted(holder.try_acquire(name, &oh, t).await.unwrap());
-    let w = Lock::subscribe(&*a, name).await.unwrap();
+    let w = Lock::subscribe(&*a, name, &o2).await.unwrap();
     // o1 queues first, then is abandoned (never attempts again).
     for o in [&o1, &o1, &o2, &o2] {
         assert!(matches!(

@@ -336,7 +336,7 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
     let t1 = granted(b.try_acquire("h", &o1, LONG).await);
     refused(b.try_acquire("h", &o2, LONG).await);
-    let waiter = Lock::subscribe(&*b, "h").await.unwrap();
+    let waiter = Lock::subscribe(&*b, "h", &o2).await.unwrap();
     refused(b.try_acquire("h", &o2, LONG).await);
     let k = lock_keys(&p, "h").await;
     assert_eq!(

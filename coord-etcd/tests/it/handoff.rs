@@ -42,7 +42,7 @@ async fn queue(b: &EtcdBackend, name: &str, o: &OwnerToken, ttl: Duration) -> Wa
         b.try_acquire(name, o, ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
-    let w = Lock::subscribe(b, name).await.unwrap();
+    let w = Lock::subscribe(b, name, o).await.unwrap();
     assert!(matches!(
         b.try_acquire(name, o, ttl).await.unwrap(),
         Attempt::Held { .. }

@@ -210,7 +210,7 @@ async fn two_waiters_of_one_client_have_keys_of_their_own() {
             b.try_acquire("w", w, ttl).await.unwrap(),
             Attempt::Held { .. }
         ));
-        waiters.push(coord_core::Lock::subscribe(&*b, "w").await.unwrap());
+        waiters.push(coord_core::Lock::subscribe(&*b, "w", w).await.unwrap());
         assert!(matches!(
             b.try_acquire("w", w, ttl).await.unwrap(),
             Attempt::Held { .. }

@@ -88,7 +88,7 @@ async fn a_waiter_with_a_failed_attempt_is_woken(name: &str, fails: Fails) {
     } else {
         refused(b.try_acquire(name, &ob, TTL).await.unwrap());
     }
-    let w = b.subscribe(name).await.unwrap();
+    let w = b.subscribe(name, &ob).await.unwrap();
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
@@ -137,7 +137,7 @@ async fn a_waiter_is_woken_when_the_release_was_compacted_away_meanwhile() {
     let name = "compacted-release";
     granted(a.try_acquire(name, &oa, TTL).await.unwrap());
     refused(b.try_acquire(name, &ob, TTL).await.unwrap());
-    let w = b.subscribe(name).await.unwrap();
+    let w = b.subscribe(name, &ob).await.unwrap();
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();

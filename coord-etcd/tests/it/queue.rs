@@ -44,7 +44,7 @@ async fn one_shot_beside_a_local_waiter_leaves_no_ghost() {
         b.try_acquire(name, &ow, t).await.unwrap(),
         Attempt::Held { .. }
     ));
-    let w = Lock::subscribe(&*b, name).await.unwrap();
+    let w = Lock::subscribe(&*b, name, &ow).await.unwrap();
     assert!(matches!(
         b.try_acquire(name, &ow, t).await.unwrap(),
         Attempt::Held { .. }
@@ -215,7 +215,7 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     let t = b.capabilities().min_ttl * 2;
     let (oh, ow) = (OwnerToken::random(), OwnerToken::random());
     granted(a.try_acquire(name, &oh, t).await.unwrap());
-    let w = Lock::subscribe(&*b, name).await.unwrap();
+    let w = Lock::subscribe(&*b, name, &ow).await.unwrap();
     for _ in 0..2 {
         assert!(matches!(
             b.try_acquire(name, &ow, t).await.unwrap(),
@@ -279,7 +279,7 @@ async fn the_waiter_whose_predecessor_left_is_woken_alone() {
             b.try_acquire(name, &o, t).await.unwrap(),
             Attempt::Held { .. }
         ));
-        let w = Lock::subscribe(&*b, name).await.unwrap();
+        let w = Lock::subscribe(&*b, name, &o).await.unwrap();
         assert!(matches!(
             b.try_acquire(name, &o, t).await.unwrap(),
             Attempt::Held { .. }

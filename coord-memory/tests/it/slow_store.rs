@@ -134,8 +134,8 @@ impl coord_core::Lock for Slow {
         let f = coord_core::Lock::force_release(&*self.inner, n);
         self.call("lock.force_release", f).await
     }
-    async fn subscribe(&self, n: &str) -> Result<Waiter> {
-        let f = coord_core::Lock::subscribe(&*self.inner, n);
+    async fn subscribe(&self, n: &str, o: &OwnerToken) -> Result<Waiter> {
+        let f = coord_core::Lock::subscribe(&*self.inner, n, o);
         self.call("lock.subscribe", f).await
     }
 }

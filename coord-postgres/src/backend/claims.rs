@@ -375,7 +375,7 @@ impl Lock for PostgresBackend {
         Ok(true)
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(self.waiter(KIND_LOCK, name))
     }
 }

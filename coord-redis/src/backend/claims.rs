@@ -257,7 +257,7 @@ impl coord_core::Lock for RedisBackend {
         flag(op, &v)
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(self.wakeups.subscribe(&Keys::wake(Kind::Lock, name)))
     }
 

@@ -531,7 +531,7 @@ impl coord_core::Lock for RedlockBackend {
         self.quorum_force_release(ClaimKind::Lock, name).await
     }
 
-    async fn subscribe(&self, name: &str) -> Result<Waiter> {
+    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
         Ok(self.subscribe_kind(ClaimKind::Lock, name))
     }
 

@@ -85,7 +85,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
                 let owner = OwnerToken::random();
                 let ttl = Duration::from_millis(rng.random_range(2..30));
                 let waiter = if rng.random_bool(0.5) {
-                    Some(Lock::subscribe(b, &name).await.unwrap())
+                    Some(Lock::subscribe(b, &name, &owner).await.unwrap())
                 } else {
                     None
                 };

@@ -157,7 +157,9 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
 
     // Wake-ups work again after the subscriber reconnected.
     let other = backend(&server.url()).await;
-    let waiter = Lock::subscribe(&b, &name).await.unwrap();
+    let waiter = Lock::subscribe(&b, &name, &OwnerToken::random())
+        .await
+        .unwrap();
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
@@ -353,7 +355,9 @@ async fn release_wakes_a_waiter_of_another_client_by_pubsub() {
     let name = unique("wake");
     let me = OwnerToken::random();
     granted(a.try_acquire(&name, &me, 30 * SEC).await.unwrap());
-    let waiter = Lock::subscribe(&w, &name).await.unwrap();
+    let waiter = Lock::subscribe(&w, &name, &OwnerToken::random())
+        .await
+        .unwrap();
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
@@ -489,7 +493,9 @@ async fn rediss_tls_with_a_trusted_certificate() {
     let me = OwnerToken::random();
     granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
     // Wake-ups travel over TLS too.
-    let waiter = Lock::subscribe(&w, &name).await.unwrap();
+    let waiter = Lock::subscribe(&w, &name, &OwnerToken::random())
+        .await
+        .unwrap();
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();

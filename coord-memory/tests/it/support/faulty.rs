@@ -187,10 +187,10 @@ impl coord_core::Lock for Faulty {
         )
         .await
     }
-    async fn subscribe(&self, n: &str) -> Result<Waiter> {
+    async fn subscribe(&self, n: &str, o: &OwnerToken) -> Result<Waiter> {
         self.call(
             "lock.subscribe",
-            coord_core::Lock::subscribe(&*self.inner, n),
+            coord_core::Lock::subscribe(&*self.inner, n, o),
         )
         .await
     }
