@@ -152,7 +152,7 @@ impl PostgresBackend {
         let channel = format!("{schema}_wake");
 
         // First use: create the layout unless it is there already.
-        ensure_schema(&pool, &sql, b.connect_timeout + b.call_timeout)
+        ensure_schema(&pool, &sql, &schema, b.connect_timeout + b.call_timeout)
             .await
             .map_err(|e| with_target(e, &parsed.display))?;
 
@@ -320,7 +320,11 @@ impl PostgresBackend {
 /// database; the DDL itself runs in one implicit transaction holding a
 /// transaction-scoped advisory lock, so concurrent first users serialize
 /// instead of failing on the `CREATE ... IF NOT EXISTS` race.
-async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
+///
+/// One layout version: a schema holding another (an older or a newer
+/// client's) is refused with [`Error::Config`] saying what to do, and
+/// nothing is changed in it.
+async fn ensure_schema(pool: &Pool, sql: &Sql, schema: &str, limit: Duration) -> Result<()> {
     const OP: &str = "connect";
     bounded(BACKEND, OP, limit, async {
         let client = pool.get().await.map_err(|e| map_pool(OP, e))?;
@@ -329,8 +333,10 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
             match client.query_typed(&sql.check_version, &[]).await {
                 Ok(rows) => {
                     let v: Option<i32> = rows.first().and_then(|r| r.try_get(0).ok());
-                    if v.is_some_and(|v| v >= SCHEMA_VERSION) {
-                        return Ok(());
+                    match v {
+                        Some(SCHEMA_VERSION) => return Ok(()),
+                        Some(other) => return Err(other_layout(schema, &other.to_string())),
+                        None => {}
                     }
                 }
                 Err(e) if e.as_db_error().is_some() => {}
@@ -358,6 +364,11 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
                 // Another first user created the current schema while we
                 // waited for the lock: nothing to do.
                 Err(e) if schema_current(&e) => return Ok(()),
+                // Another client's layout is there (created meanwhile).
+                Err(e) if schema_other(&e).is_some() => {
+                    let v = schema_other(&e).unwrap_or_default();
+                    return Err(other_layout(schema, &v));
+                }
                 // Waiting for the advisory lock does not refresh the
                 // server session's catalog caches: a session that looked
                 // the schema up (and cached its absence) before another
@@ -385,6 +396,24 @@ async fn ensure_schema(pool: &Pool, sql: &Sql, limit: Duration) -> Result<()> {
 fn schema_current(e: &tokio_postgres::Error) -> bool {
     e.as_db_error()
         .is_some_and(|db| db.code().code() == crate::sql::SCHEMA_CURRENT)
+}
+
+/// The layout version another client's schema holds, if the layout's
+/// DDL stopped on it (see [`crate::sql::SCHEMA_OTHER`]).
+fn schema_other(e: &tokio_postgres::Error) -> Option<String> {
+    e.as_db_error()
+        .filter(|db| db.code().code() == crate::sql::SCHEMA_OTHER)
+        .map(|db| db.message().to_string())
+}
+
+/// The error for a schema that holds layout `version`, not this client's.
+fn other_layout(schema: &str, version: &str) -> Error {
+    Error::Config(format!(
+        "the schema \"{schema}\" holds coord's PostgreSQL layout {version}; this client \
+         uses layout {SCHEMA_VERSION}, and layouts are not migrated before the first \
+         release: give this client another schema (?schema=), or drop that one (DROP \
+         SCHEMA \"{schema}\" CASCADE: coord's locks, queues and tokens in it are lost)"
+    ))
 }
 
 /// The server aborted the transaction to break a deadlock (`40P01`).

@@ -429,6 +429,10 @@ fn limiter_gcra(s: &str) -> String {
 /// user created the current schema while this one waited for the lock.
 pub(crate) const SCHEMA_CURRENT: &str = "C0D01";
 
+/// The SQLSTATE with which the layout's DDL stops when the schema holds
+/// another layout version (its message names it).
+pub(crate) const SCHEMA_OTHER: &str = "C0D02";
+
 /// The whole layout, created in one transaction (one simple-query message:
 /// an implicit transaction that leaves no state behind on error) under a transaction-scoped
 /// advisory lock so that clients starting together on an empty database
@@ -447,8 +451,11 @@ fn ddl(s: &str, schema: &str) -> String {
     text.push_str(&format!(
         "DO $current$ BEGIN\n\
            IF to_regclass('{s}.meta') IS NOT NULL THEN\n\
-             IF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) >= {SCHEMA_VERSION} THEN\n\
+             IF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) = {SCHEMA_VERSION} THEN\n\
                RAISE EXCEPTION 'coord: the schema is current' USING ERRCODE = '{SCHEMA_CURRENT}';\n\
+             ELSIF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) IS NOT NULL THEN\n\
+               RAISE EXCEPTION '%', (SELECT m.version FROM {s}.meta m WHERE m.id = 1)\n\
+                 USING ERRCODE = '{SCHEMA_OTHER}';\n\
              END IF;\n\
            END IF;\n\
          END $current$;\n"

@@ -757,3 +757,70 @@ async fn a_late_first_user_runs_no_ddl_on_a_current_schema() {
         ),
     }
 }
+
+/// One layout version: a schema holding another (an older client's, or a
+/// newer one's) is refused with a configuration error saying what to do,
+/// before any DDL, and is left as it is (a lock held there stays held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_of_another_layout_is_refused_and_left_as_it_is() {
+    let schema = unique("other_layout");
+    let url = cluster().url();
+    let first = coord_postgres::builder(&url)
+        .schema(schema.clone())
+        .listen(false)
+        .connect_backend()
+        .await
+        .expect("create the schema");
+    let o = OwnerToken::random();
+    assert!(matches!(
+        Lock::try_acquire(&*first, "held", &o, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Attempt::Granted(_)
+    ));
+    let version = format!("SELECT version FROM \"{schema}\".meta");
+    let current: i32 = cluster().psql("postgres", &version).trim().parse().unwrap();
+    let objects = format!(
+        "SELECT (SELECT count(*) FROM pg_tables WHERE schemaname = '{schema}') \
+              + (SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+                  WHERE n.nspname = '{schema}')"
+    );
+    let before = cluster().psql("postgres", &objects);
+    for other in [current - 1, current + 1] {
+        cluster().psql(
+            "postgres",
+            &format!("UPDATE \"{schema}\".meta SET version = {other}"),
+        );
+        let r = coord_postgres::builder(&url)
+            .schema(schema.clone())
+            .listen(false)
+            .connect()
+            .await;
+        match r {
+            Err(Error::Config(m)) => {
+                assert!(
+                    m.contains(&format!("layout {other}")) && m.contains("another schema"),
+                    "the error should name the layout found and what to do: {m}"
+                );
+            }
+            got => panic!("a schema of layout {other} was not refused: {got:?}"),
+        }
+        assert_eq!(
+            cluster().psql("postgres", &version).trim(),
+            other.to_string(),
+            "the refused client changed the schema's version"
+        );
+        assert_eq!(cluster().psql("postgres", &objects), before);
+    }
+    cluster().psql(
+        "postgres",
+        &format!("UPDATE \"{schema}\".meta SET version = {current}"),
+    );
+    let o2 = OwnerToken::random();
+    assert!(matches!(
+        Lock::try_acquire(&*first, "held", &o2, Duration::from_secs(60))
+            .await
+            .unwrap(),
+        Attempt::Held { .. }
+    ));
+}
