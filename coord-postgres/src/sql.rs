@@ -82,7 +82,7 @@ impl Sql {
             ),
             // $1 kind, $2 name, $3 owner, $4 channel, $5 notify always
             // (elections: observers learn of every resignation).
-            // Compare-and-release, in place (layout 11): the owner's row,
+            // Compare-and-release, in place: the owner's row,
             // expired or not (an expired one reports false), is freed
             // (owner, candidate and metadata NULL; the token, expiry and
             // waiting mark stay, for the next grant and the sweep), and

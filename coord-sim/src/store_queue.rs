@@ -1,7 +1,8 @@
 //! Work queues through the simulated network (see [`crate::store`]).
-//! Queue steps leave no late-copy marks (no networked backend's queue
-//! does): a late pop delivers to a consumer that is gone, and the message
-//! comes back when its visibility lapses. With
+//! A pop whose outcome its caller never saw is abandoned by coord-core
+//! (`Queue::abandon`, sent through the network like any step): what it
+//! delivered comes back uncounted, and a copy landing later delivers
+//! nothing. With
 //! [`FaultRates::ordered_extends`](crate::FaultRates::ordered_extends), a
 //! delivery's extends are applied in the order they were sent.
 
@@ -107,6 +108,15 @@ impl Queue for SimStore {
         let what = format!("queue.nack {queue} id={id} {}", short(consumer));
         self.call(what, move |s| {
             Box::pin(async move { Queue::nack(&*s, &q, lane, id, &o, delay).await })
+        })
+        .await
+    }
+
+    async fn abandon(&self, queue: &str, lane: Lane, consumer: &OwnerToken) -> Result<()> {
+        let (q, o) = (queue.to_string(), *consumer);
+        let what = format!("queue.abandon {queue} {}", short(consumer));
+        self.call(what, move |s| {
+            Box::pin(async move { Queue::abandon(&*s, &q, lane, &o).await })
         })
         .await
     }

@@ -45,7 +45,7 @@ BEGIN
     -- timeline (this server is a promoted standby) may have completed on
     -- the old primary in WAL this one never got: it gets a number of this
     -- timeline, so no generation is reported twice. Nobody waits on it,
-    -- and a wait on an older generation still finds it complete (layout 10).
+    -- and a wait on an older generation still finds it complete.
     IF cardinality(b.members) = 0 AND b.generation < @s@.fencing_floor() THEN
         b.generation := @s@.fencing_next();
         UPDATE @s@.barriers x SET generation = b.generation WHERE x.name = p_name;

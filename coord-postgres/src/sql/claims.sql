@@ -1,7 +1,7 @@
 -- Lock, lease and election attempts (`@s@` is the quoted schema,
 -- `@schema@` its bare name).
 --
--- Rows stay (layout 11): a name has one row from its first grant until the
+-- Rows stay: a name has one row from its first grant until the
 -- sweep deletes it. Release sets owner NULL in place (metadata and
 -- candidate go with it; fencing, expires_at and waiting stay), so the
 -- common attempt is one call of `claim_take` below: an UPDATE of the
@@ -23,23 +23,7 @@
 -- between (the placeholder's index entry makes any other insert wait for
 -- this commit), and every grant of a row the sweep deleted before was
 -- drawn before that deletion. So no token is drawn before its row is in
--- the index, where layout 10 drew an inserted row's token first and needed
--- a grant lock (an advisory lock per name, held from before the draw to
--- the commit) so that no grant drawn later could commit and be deleted
--- before that insert landed. claim_acquire still takes it, for clients of
--- layout 10 running during an upgrade: their inserts draw first under it
--- and their releases delete rows, so their grants stay serialized with
--- every grant that goes through this function. But not with claim_take,
--- which takes no grant lock: a layout-10 insert that drew its token and
--- has not reached the index yet can be overtaken by a layout-11 grant of
--- the name, and if a layout-10 force release (a DELETE) then removes that
--- live row, the insert lands with the lower token. Any stall is enough
--- (tests/review_reuse.rs, `a_layout_10_insert_stalled_briefly_...`,
--- ignored: a known defect of the upgrade window). So while layout-10
--- clients run, fencing tokens are monotonic only without layout-10 force
--- releases and without layout-10 inserts stalled longer than a released
--- row's TTL plus the sweep's grace: upgrade every client, and do not
--- force-release from an old one.
+-- the index.
 --
 -- claim_acquire reads the row plainly (no lock): when it is live and held
 -- by another, the attempt takes no row lock, no transaction id and writes
@@ -70,10 +54,11 @@
 -- learn of each new term). Neither granted nor held_us: the row changed
 -- under the attempt (taken or freed by another meanwhile); retry at once.
 --
--- p_metadata (layout 9): stored with a new grant (NULL: none, which also
--- clears an expired holder's); a repeat by the same live owner keeps the
--- grant's metadata as it is.
--- Late attempts (layout 12; `coord_core::late`): an attempt its client
+-- p_metadata: stored with a new grant (NULL: none, which also clears an
+-- expired holder's); a repeat by the same live owner keeps the grant's
+-- metadata as it is.
+--
+-- Late attempts (`coord_core::late`): an attempt its client
 -- gave up on (its call timed out on a slow network) may still land after
 -- the acquire ended and its owner released, and would then take the name
 -- for nobody until its TTL. Every attempt carries its client's stamp
@@ -87,8 +72,8 @@
 -- row first is a grant the release then frees; one that waited for the
 -- release's lock re-reads the newest row, mark included, and takes
 -- nothing. Marks are pruned by the next claim_leave on the name once
--- lapsed; the sweep keeps a row while a mark on it holds. Attempts
--- without a stamp (older clients: NULL) are never refused.
+-- lapsed; the sweep keeps a row while a mark on it holds. An attempt
+-- without a stamp (NULL) is never refused.
 CREATE OR REPLACE FUNCTION @s@.claim_is_left(
     p_owners bytea[], p_stamps bigint[], p_until timestamptz[], p_owner bytea, p_stamp bigint)
 RETURNS boolean
@@ -125,7 +110,8 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    -- The grant lock of the name (for layout-10 clients, see above).
+    -- The name's grant lock: this function's grants of a name one at a time
+    -- (fencing does not rest on it: see above).
     PERFORM pg_advisory_xact_lock(hashtext('coord-claims:@schema@'), hashtext(p_kind || ':' || p_name));
     IF NOT present THEN
         INSERT INTO @s@.claims (kind, name, owner, fencing, expires_at)
@@ -151,26 +137,12 @@ BEGIN
 END
 $fn$;
 
--- The layout 9-11 signature (no stamp: never refused as a late copy), for
--- clients of those layouts still running while a schema is upgraded.
-CREATE OR REPLACE FUNCTION @s@.claim_acquire(
-    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_channel text, p_notify boolean, p_wait boolean, p_metadata bytea,
-    OUT granted bigint, OUT held_us bigint, OUT registered boolean)
-LANGUAGE sql AS $fn$
-    SELECT a.granted, a.held_us, a.registered
-      FROM @s@.claim_acquire(p_kind, p_name, p_owner, p_candidate, p_ttl_us,
-                             p_channel, p_notify, p_wait, p_metadata, NULL::int8) a
-$fn$;
-
--- A new name's grant (layout 11), called by `claim_take` when the name has
--- no row: the row is inserted as a free placeholder (no token), then taken
--- in place by `claim_take` (layout 14; before, an UPDATE of its own), so
--- the token is drawn once the row is in the index (see above). NULL when
--- another's insert came first and its grant is live, or a mark says
--- p_owner left since p_stamp (the caller then calls claim_acquire). Also
--- called by the statement of layouts 11-13 clients, which checks the
--- isolation level first (as `claim_take` does again).
+-- A new name's grant, called by `claim_take` when the name has no row:
+-- the row is inserted as a free placeholder (no token), then taken in
+-- place by `claim_take`, so the token is drawn once the row is in the
+-- index (see above). NULL when another's insert came first and its grant
+-- is live, or a mark says p_owner left since p_stamp (the caller then
+-- calls claim_acquire).
 CREATE OR REPLACE FUNCTION @s@.claim_insert(
     p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
     p_metadata bytea, p_stamp bigint)
@@ -184,9 +156,9 @@ BEGIN
 END
 $fn$;
 
--- The common attempt (layout 14; layouts 11-13 sent its body as one
--- statement, a CTE with both branches, whose executor set-up was about a
--- fifth of the backend's instructions per lock cycle): the row taken in
+-- The common attempt (one function call: as one statement, a CTE with
+-- both branches, its executor set-up was about a fifth of the backend's
+-- instructions per lock cycle): the row taken in
 -- place when it is free or expired, the token drawn under the row lock;
 -- only when that finds nothing and the name has no row, claim_insert. A
 -- name held by another (or whose row appeared since the UPDATE's
@@ -226,16 +198,6 @@ BEGIN
     END IF;
     RETURN @s@.claim_insert(p_kind, p_name, p_owner, p_candidate, p_ttl_us, p_metadata, p_stamp);
 END
-$fn$;
-
--- The layout-11 signature (no stamp), for layout-11 clients during an
--- upgrade.
-CREATE OR REPLACE FUNCTION @s@.claim_insert(
-    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_metadata bytea)
-RETURNS bigint
-LANGUAGE sql AS $fn$
-    SELECT @s@.claim_insert(p_kind, p_name, p_owner, p_candidate, p_ttl_us, p_metadata, NULL::int8)
 $fn$;
 
 -- The release of an owner one of whose attempts went unanswered (see
@@ -298,15 +260,3 @@ BEGIN
 END
 $fn$;
 
--- The layout-8 signature, for clients of that layout still running while
--- a schema is upgraded (they accept any later layout): the same attempt
--- without metadata, so a grant they make never keeps an earlier holder's.
-CREATE OR REPLACE FUNCTION @s@.claim_acquire(
-    p_kind text, p_name text, p_owner bytea, p_candidate text, p_ttl_us bigint,
-    p_channel text, p_notify boolean, p_wait boolean,
-    OUT granted bigint, OUT held_us bigint, OUT registered boolean)
-LANGUAGE sql AS $fn$
-    SELECT a.granted, a.held_us, a.registered
-      FROM @s@.claim_acquire(p_kind, p_name, p_owner, p_candidate, p_ttl_us,
-                             p_channel, p_notify, p_wait, NULL::bytea) a
-$fn$;

@@ -1,5 +1,5 @@
 -- Work queues (`@s@` is the quoted schema, `@schema@` its bare name; the
--- tables are in schema.sql, layout 8). The delivery rule is coord-core's
+-- tables are in schema.sql). The delivery rule is coord-core's
 -- `queue_backend` module docs; coord-memory's queue.rs is its reference.
 --
 -- State, per queue name:

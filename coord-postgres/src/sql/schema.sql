@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS @s@.meta (
 -- WAL-logged, so tokens keep rising across restarts and crashes.
 CREATE SEQUENCE IF NOT EXISTS @s@.fencing AS bigint;
 -- Locks, leases and leaderships: one row per (kind, name) in use. Release
--- frees the row in place (owner NULL, layout 11; layouts 4-10 deleted it)
+-- frees the row in place (owner NULL)
 -- and the next grant takes it in place; the sweep deletes a row whose last
 -- grant expired more than the grace ago, released or not. Deleting is
 -- safe for fencing: every grant draws its token from the sequence in its
@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS @s@.claims (
 ) WITH (fillfactor = 70);
 -- waiting: a client waits for this grant to end (its refused attempt said
 -- so), so its release sends NOTIFY; a release nobody waits for sends none
--- (layout 4).
+--.
 ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS @s@.barriers (
     name text PRIMARY KEY,
@@ -39,14 +39,14 @@ CREATE TABLE IF NOT EXISTS @s@.barriers (
 );
 -- member_ids: the arrival id of each member (same order as members);
 -- passed_ids / passed_generation: the arrival ids of the generation that
--- completed last, so a retried completing arrival is recognised (layout 3).
+-- completed last, so a retried completing arrival is recognised.
 ALTER TABLE @s@.barriers
     ADD COLUMN IF NOT EXISTS member_ids text[] NOT NULL DEFAULT '{}',
     ADD COLUMN IF NOT EXISTS passed_ids text[] NOT NULL DEFAULT '{}',
     ADD COLUMN IF NOT EXISTS passed_generation bigint;
 -- updated_at: the last arrival or withdrawal, for the sweep; born: the
 -- generation the row was created with. Generations are drawn from the
--- fencing sequence (layout 4), so a barrier whose row was swept and made
+-- fencing sequence, so a barrier whose row was swept and made
 -- again never repeats a generation, and a generation older than `born` is
 -- unknown rather than complete.
 ALTER TABLE @s@.barriers
@@ -54,15 +54,14 @@ ALTER TABLE @s@.barriers
     ADD COLUMN IF NOT EXISTS born bigint NOT NULL DEFAULT 0;
 -- withdrawn_ids: the arrival ids withdrawn from the open generation
 -- (tombstones), so a late copy of a withdrawn arrival is refused; cleared
--- when the generation completes (layout 15).
+-- when the generation completes.
 ALTER TABLE @s@.barriers
     ADD COLUMN IF NOT EXISTS withdrawn_ids text[] NOT NULL DEFAULT '{}';
 SELECT setval('@s@.fencing', greatest(
     (SELECT last_value FROM @s@.fencing), (SELECT coalesce(max(generation), 1) FROM @s@.barriers)));
 -- One row per (algorithm, key). Times in microseconds since the Unix epoch
 -- on the database clock. q_limit / q_window: the quota the state was last
--- written under (NULL: no state yet; rows of layout version 1 start
--- afresh). window_start: start of the current (fixed or sliding) window;
+-- written under (NULL: no state yet). window_start: start of the current (fixed or sliding) window;
 -- cur / prev: its count and the previous window's; retain: the sliding
 -- log's retention window; tat_x: GCRA's theoretical arrival time times
 -- q_limit, exact.
@@ -87,7 +86,7 @@ CREATE TABLE IF NOT EXISTS @s@.limiter_log (
     cost bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS limiter_log_key_at ON @s@.limiter_log (key, at);
--- Semaphores (layout 5; see src/sql/semaphore.sql): one row per live
+-- Semaphores (see src/sql/semaphore.sql): one row per live
 -- grant and one per queued waiter, no row per name. total: the name's
 -- permits_total, the same on every live row of a name. place: the
 -- waiter's place in line (from semaphore_places); wake: its client
@@ -115,8 +114,8 @@ CREATE TABLE IF NOT EXISTS @s@.semaphore_queue (
 );
 CREATE INDEX IF NOT EXISTS semaphore_queue_place ON @s@.semaphore_queue (name, place);
 CREATE SEQUENCE IF NOT EXISTS @s@.semaphore_places AS bigint;
--- Owners that left while one of their attempts was unanswered (layout 6;
--- see src/sql/semaphore.sql): the release of such an owner records its
+-- Owners that left while one of their attempts was unanswered (see
+-- src/sql/semaphore.sql): the release of such an owner records its
 -- client's stamp of the release, so that attempt, landing after the
 -- release, changes nothing. A row lasts the left TTL (SEMAPHORE_LEFT_TTL);
 -- lapsed ones are pruned by the next write on the name or deleted by the
@@ -128,7 +127,7 @@ CREATE TABLE IF NOT EXISTS @s@.semaphore_left (
     expires_at timestamptz NOT NULL,
     PRIMARY KEY (name, owner)
 );
--- Isolation (layout 7). Every step decides on rows it reads after taking
+-- Isolation. Every step decides on rows it reads after taking
 -- the name's lock, which only READ COMMITTED shows (each statement takes
 -- a fresh snapshot). At REPEATABLE READ or SERIALIZABLE the snapshot is
 -- the transaction's, taken before the lock was granted: a step that waited
@@ -149,7 +148,7 @@ BEGIN
                          current_setting('transaction_isolation'));
 END
 $fn$;
--- Work queues (layout 8; see src/sql/queue.sql). queue_messages: one row
+-- Work queues (see src/sql/queue.sql). queue_messages: one row
 -- per message of a lane (0 main, 1 dead); due_at NULL: ready, else
 -- delayed until it (owner NULL) or in flight to owner until it.
 -- queue_groups: one row per group with messages in a lane (its turn, its
@@ -218,7 +217,7 @@ CREATE TABLE IF NOT EXISTS @s@.queue_abandoned (
 CREATE INDEX IF NOT EXISTS queue_abandoned_until ON @s@.queue_abandoned (until);
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
--- Holder metadata (layout 9): the JSON value a lock, lease or semaphore
+-- Holder metadata: the JSON value a lock, lease or semaphore
 -- grant was made with (at most 1 KiB, checked by the client), NULL when
 -- none. Only the statement that makes a new grant writes it (a retry by
 -- the live owner keeps the grant as it is, metadata included; a takeover
@@ -226,7 +225,7 @@ CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
 -- force release, pruning or the sweep: it never outlives its grant.
 ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS metadata bytea;
 ALTER TABLE @s@.semaphore_holders ADD COLUMN IF NOT EXISTS metadata bytea;
--- Fencing tokens across a failover (layout 10). Every token, term and
+-- Fencing tokens across a failover. Every token, term and
 -- barrier generation comes from `fencing_next()`, never from the sequence
 -- directly. A standby fed by asynchronous streaming replication may miss
 -- the newest WAL of its primary, the sequence's included: once promoted,
@@ -234,13 +233,10 @@ ALTER TABLE @s@.semaphore_holders ADD COLUMN IF NOT EXISTS metadata bytea;
 -- the tail the standby never got. A promotion starts a new timeline (as
 -- does the end of a point-in-time recovery), so each timeline gets a range
 -- of its own above every earlier one: tokens of timeline T are above
--- T * 2^48. The first draw on a timeline (on an upgraded schema: the
--- first draw of this layout) moves the sequence up to its range, under a
--- transaction-scoped advisory lock, checked again once held; later draws
--- are a plain `nextval` and a look at the timeline. The sequence only ever
--- moves up, so clients of an older layout, whose statements call
--- `nextval` themselves, stay monotonic beside newer ones (they are not
--- safe across a failover themselves: upgrade every client first).
+-- T * 2^48. The first draw on a timeline moves the sequence up to its
+-- range, under a transaction-scoped advisory lock, checked again once
+-- held; later draws are a plain `nextval` and a look at the timeline. The
+-- sequence only ever moves up.
 CREATE OR REPLACE FUNCTION @s@.fencing_floor()
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS $fn$
@@ -257,7 +253,7 @@ BEGIN
 END
 $fn$;
 -- The draw of `timeline_next` whose value was not in this timeline's
--- range (layout 13; before, the body of `timeline_next` itself): draw
+-- range (before, the body of `timeline_next` itself): draw
 -- again, and if still below the range, move the sequence up, once. A
 -- second drawer that got a low value waits here and then draws above it.
 CREATE OR REPLACE FUNCTION @s@.timeline_move(p_seq regclass, p_key integer)
@@ -283,7 +279,7 @@ $fn$;
 -- the sequence in the advisory lock of the move. Also for message ids
 -- (queue_ids: a consumer that records the ids it processed must never
 -- see one again for another message) and semaphore places. A plain SQL
--- expression (layout 13), so the planner inlines it (and `fencing_next`)
+-- expression, so the planner inlines it (and `fencing_next`)
 -- into the statement that draws: the common draw is one `nextval`, a look
 -- at the timeline and `currval` (this session's value of that `nextval`),
 -- with no procedural call. A value in this timeline's range is one with
@@ -304,7 +300,7 @@ LANGUAGE sql AS $fn$
     SELECT @s@.timeline_next('@s@.fencing', 0)
 $fn$;
 -- Owners that left while one of their claim attempts was unanswered
--- (layout 12; see src/sql/claims.sql, "Late attempts"): three arrays of
+-- (see src/sql/claims.sql, "Late attempts"): three arrays of
 -- the same length on the name's row, one element per owner: the owner,
 -- its client's stamp of the release, and until when the mark holds. NULL
 -- (nearly always) when no owner left so. On the row itself, not in a

@@ -86,9 +86,8 @@ $fn$;
 -- with, when it is not p_total (nothing changed). p_stamp: the client's
 -- stamp of this attempt; an attempt stamped before its owner left (see
 -- "Late attempts") is refused (held_us p_refresh_us) and changes nothing.
--- p_metadata (layout 9): stored with a new grant (NULL: none); a retry of
--- a live grant keeps it as it is. The layout-8 overload (without it) stays
--- in upgraded schemas for clients of that layout: its grants have none.
+-- p_metadata: stored with a new grant (NULL: none); a retry of a live
+-- grant keeps it as it is.
 CREATE OR REPLACE FUNCTION @s@.semaphore_acquire(
     p_name text, p_owner bytea, p_permits integer, p_total integer, p_ttl_us bigint,
     p_queue boolean, p_wake boolean, p_channel text, p_queue_ttl_us bigint, p_refresh_us bigint,

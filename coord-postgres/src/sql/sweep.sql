@@ -5,10 +5,10 @@
 -- on the locked, newest row version, on the database clock. Returns the
 -- number of rows deleted. Idle means:
 -- * claims: the last grant's expiry more than the grace ago, released
---   (owner NULL: release frees the row in place, layout 11) or not.
+--   (owner NULL: release frees the row in place) or not.
 --   Fencing stays monotonic: a name's next row is taken by an UPDATE that
 --   draws its token after this deletion (src/sql/claims.sql). A row
---   stays while a mark of an owner that left (layout 12) holds on it, and
+--   stays while a mark of an owner that left holds on it, and
 --   for the grace after.
 -- * limiter_state: the stored state decides exactly like no state, and
 --   has done so for the grace: fixed window ended; sliding-window counter
@@ -26,7 +26,7 @@
 --   last message, under the queue's lock).
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep. Sequential scans are off in
--- here (layout 8): each DELETE picks its rows by `ctid = ANY (...)`, and
+-- here: each DELETE picks its rows by `ctid = ANY (...)`, and
 -- on a table without statistics yet (taken for a few rows) the planner
 -- chose a sequential scan filtering every row against the whole batch
 -- (rows x 1,000 comparisons) over the TID scan; where no index fits, the

@@ -235,7 +235,7 @@ async fn attempt(
             .query_one(
                 &format!(
                     "SELECT granted FROM {s}.claim_acquire('lock', $1::text, $2::bytea, NULL, \
-                     30000000::int8, 'coord', false, false, NULL::bytea)"
+                     30000000::int8, 'coord', false, false, NULL::bytea, NULL::int8)"
                 ),
                 &[&name, &owner],
             )

@@ -59,7 +59,7 @@ fn take_sql(schema: &str) -> String {
          SELECT u.fencing FROM u \
          UNION ALL \
          SELECT i.f FROM ( \
-           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, NULL::bytea) AS f \
+           SELECT {s}.claim_insert($1::text, $2::text, $3::bytea, $4::text, $5::int8, NULL::bytea, NULL::int8) AS f \
              FROM l \
             WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
            OFFSET 0) i \
@@ -404,7 +404,7 @@ async fn a_take_stalled_after_its_draw_draws_again_on_the_newest_version() {
                         .query_one(
                             &format!(
                                 "SELECT granted FROM \"{schema}\".claim_acquire($1::text, $2::text, \
-                                 $3::bytea, NULL::text, $4::int8, 'ch', false, false, NULL::bytea)"
+                                 $3::bytea, NULL::text, $4::int8, 'ch', false, false, NULL::bytea, NULL::int8)"
                             ),
                             &[&"lock", &name, &o, &30_000_000i64],
                         )
@@ -793,127 +793,6 @@ fn split(key: &str) -> (bool, &str) {
     let (kind, name) = key.split_once(':').unwrap();
     (kind == "lease", name)
 }
-
-/// A layout-10 client beside an upgraded one (the upgrade window the
-/// comments in src/sql/claims.sql describe): its insert draws its token
-/// first (under the grant lock) and stalls before its index entry (here a
-/// BEFORE INSERT trigger sleeps, for 1.5 s only, far less than the
-/// caveat's "a released row's TTL plus the sweep's grace" of 30 s + 60 s).
-/// Meanwhile an upgraded client takes the name (no grant lock) with a
-/// higher token, and a layout-10 force release (a DELETE) removes that
-/// live row. The stalled insert then lands: the later grant's token must
-/// not be lower than the earlier one's. Ignored: `claim_take` takes no
-/// grant lock, so in this window it is lower (the known limit of the
-/// upgrade window that src/sql/claims.sql describes).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "defect: during a layout 10 -> 11 upgrade, a layout-10 insert stalled between its token and its index entry lands with a lower token than a layout-11 grant that a layout-10 force release deleted (claim_take takes no grant lock)"]
-async fn a_layout_10_insert_stalled_briefly_beside_an_upgraded_client() {
-    let schema = unique("rv_l10");
-    let b = backend_with(&schema, Duration::from_secs(60)).await;
-    let s = format!("\"{schema}\"");
-    granted(
-        b.try_acquire("warm", &OwnerToken::random(), Duration::from_secs(30))
-            .await
-            .unwrap(),
-    );
-    psql(&format!(
-        "CREATE FUNCTION {s}.stall() RETURNS trigger LANGUAGE plpgsql AS $f$ \
-         BEGIN IF NEW.owner IS NOT NULL THEN PERFORM pg_sleep(1.5); END IF; RETURN NEW; END $f$; \
-         CREATE TRIGGER stall BEFORE INSERT ON {s}.claims FOR EACH ROW EXECUTE FUNCTION {s}.stall()"
-    ));
-    // Layout 10's claim_insert and force release, as layout-10 clients
-    // send them.
-    let old_insert = format!(
-        "WITH l AS MATERIALIZED (SELECT pg_advisory_xact_lock(hashtext('coord-claims:{schema}'), \
-                                        hashtext($1::text || ':' || $2::text)) \
-           WHERE CASE WHEN current_setting('transaction_isolation') = 'read committed' THEN true \
-                      ELSE {s}.not_read_committed() END) \
-         INSERT INTO {s}.claims AS c (kind, name, owner, candidate, fencing, expires_at) \
-         SELECT $1::text, $2::text, $3::bytea, $4::text, {s}.fencing_next(), \
-                clock_timestamp() + $5::int8 * interval '1 microsecond' FROM l \
-          WHERE NOT EXISTS (SELECT 1 FROM {s}.claims x WHERE x.kind = $1::text AND x.name = $2::text) \
-         ON CONFLICT (kind, name) DO NOTHING RETURNING c.fencing"
-    );
-    let old_force = format!(
-        "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
-           WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL FOR UPDATE), \
-         n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
-         r AS ( \
-           DELETE FROM {s}.claims c USING n \
-            WHERE c.kind = $1::text AND c.name = $2::text AND c.owner IS NOT NULL AND c.expires_at > n.t \
-           RETURNING c.waiting \
-         ) \
-         SELECT 1 FROM r LEFT JOIN LATERAL (SELECT pg_notify($3::text, $1::text || ':' || $2::text) \
-           WHERE $4::bool OR r.waiting) w ON true"
-    );
-    // Control: without a delete, the stalled insert finds the upgraded
-    // client's row (freed in place, not deleted) and grants nothing.
-    {
-        let old_insert = old_insert.clone();
-        let old = OwnerToken::random();
-        let stalled = tokio::spawn(async move {
-            let c = raw().await;
-            let o: &[u8] = old.as_bytes();
-            let rows = c
-                .query(
-                    &old_insert,
-                    &[&"lock", &"m0", &o, &None::<String>, &30_000_000i64],
-                )
-                .await
-                .unwrap();
-            rows.first().map(|r| r.get::<_, i64>(0))
-        });
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let new = OwnerToken::random();
-        granted(
-            b.try_acquire("m0", &new, Duration::from_secs(30))
-                .await
-                .unwrap(),
-        );
-        assert!(Lock::release(&*b, "m0", &new).await.unwrap());
-        assert_eq!(
-            stalled.await.unwrap(),
-            None,
-            "control: the stalled insert landed"
-        );
-    }
-    let old = OwnerToken::random();
-    let stalled = tokio::spawn(async move {
-        let c = raw().await;
-        let o: &[u8] = old.as_bytes();
-        let rows = c
-            .query(
-                &old_insert,
-                &[&"lock", &"m", &o, &None::<String>, &30_000_000i64],
-            )
-            .await
-            .unwrap();
-        rows.first().map(|r| r.get::<_, i64>(0))
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let new = OwnerToken::random();
-    let t_new = granted(
-        b.try_acquire("m", &new, Duration::from_secs(30))
-            .await
-            .unwrap(),
-    );
-    let c = raw().await;
-    let forced = c
-        .query(&old_force, &[&"lock", &"m", &"x", &false])
-        .await
-        .unwrap();
-    assert_eq!(forced.len(), 1, "the layout-10 force release");
-    let t_old = stalled.await.unwrap();
-    println!("upgraded client's grant {t_new:?}, then layout-10 grant {t_old:?}");
-    if let Some(t_old) = t_old {
-        assert!(
-            t_old as u64 > t_new.get(),
-            "a layout-10 grant made after an upgraded client's grant {t_new:?} (force-released) \
-             got the lower token {t_old}: its insert stalled 1.5 s, not a TTL plus the grace"
-        );
-    }
-}
-
 /// Wake-ups on reused rows, with 60 s polling (so only NOTIFY wakes): a
 /// lock waiter of one client, while a third client (no waiters) takes the
 /// row first, (a) right after the holder's release (a grant of a freed row
@@ -1040,7 +919,7 @@ async fn no_metadata_survives_a_reused_row() {
                 .query_one(
                     &format!(
                         "SELECT granted FROM \"{schema}\".claim_acquire($1::text, $2::text, \
-                         $3::bytea, NULL::text, $4::int8, 'ch', false, true, NULL::bytea)"
+                         $3::bytea, NULL::text, $4::int8, 'ch', false, true, NULL::bytea, NULL::int8)"
                     ),
                     &[&"lock", &name, &o, &30_000_000i64],
                 )
