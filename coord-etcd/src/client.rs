@@ -19,7 +19,8 @@ use coord_core::util::{Kind, bounded};
 use coord_core::wake::Wakeups;
 use coord_core::{Error, Result};
 use etcd_client::{
-    Client, GetOptions, KeyValue, KvClient, SortOrder, SortTarget, Txn, TxnOpResponse, TxnResponse,
+    Client, GetOptions, GetResponse, KeyValue, KvClient, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse,
 };
 use tokio::sync::watch as channel;
 use tokio::task::JoinHandle;
@@ -28,6 +29,51 @@ use tokio::time::sleep;
 use keys::{BACKEND, Keys, map_err, not_sent, prefix_end};
 use pool::Pool;
 use watch::WatchSlot;
+
+/// Entries per page of a range read with values. The largest entry
+/// coord writes is a semaphore grant: a key of at most about 700 bytes
+/// (a name is at most 512), a value of the owner, counts, its slot list
+/// and at most 1 KiB of metadata, so a page is about 2 MiB, plus the
+/// slot lists, which together name each slot at most once (at most
+/// `MAX_PERMITS` slots of up to 7 digits: 8 MB).
+pub(crate) const PAGE: i64 = 1_000;
+/// Entries per page of a keys-only range read (keys of at most about
+/// 700 bytes: about 7 MiB a page).
+pub(crate) const KEYS_PAGE: i64 = 10_000;
+/// The largest answer this client decodes (gRPC's default is 4 MiB).
+/// Every range read is paged ([`PAGE`], [`KEYS_PAGE`]) or count-only, and
+/// a transaction reads at most one page of each of three ranges (a
+/// semaphore's grants, waiters and slots: about 2 + 2 + 8 MB of slot
+/// lists + 7 MiB of slot keys), so 32 MiB leaves room above the largest
+/// answer with the longest names and metadata allowed (and a prefix of a
+/// few hundred bytes), while still refusing a runaway answer. etcd-client
+/// 0.21's `ConnectOptions` has no such setting: it is set on the KV and
+/// watch service handles made from the connected client (`Etcd::new`,
+/// `Etcd::watch_client`); the lease calls' answers are small.
+pub(crate) const MAX_MESSAGE_BYTES: usize = 32 << 20;
+
+/// The options of one page of the range ending at `end` (keys only, or
+/// with values).
+pub(crate) fn page_opts(end: &[u8], keys_only: bool) -> GetOptions {
+    let o = GetOptions::new().with_range(end.to_vec());
+    if keys_only {
+        o.with_keys_only().with_limit(KEYS_PAGE)
+    } else {
+        o.with_limit(PAGE)
+    }
+}
+
+/// A read of the first page of `[start, end)` in a transaction (the rest
+/// is read by [`Etcd::rest_of`] at the transaction's revision).
+pub(crate) fn first_page(start: Vec<u8>, end: &[u8], keys_only: bool) -> TxnOp {
+    TxnOp::get(start, Some(page_opts(end, keys_only)))
+}
+
+/// Whether a read failed because the revision it read at was compacted
+/// away meanwhile (a paged read then starts again).
+pub(crate) fn is_compacted(e: &Error) -> bool {
+    matches!(e, Error::Store { message, .. } if message.contains("compacted"))
+}
 
 /// The connection and what every primitive of one backend shares: the
 /// key layout, the call timeout, local wake-ups, shared watches and the
@@ -108,7 +154,9 @@ impl Etcd {
         shutdown: channel::Receiver<()>,
     ) -> Self {
         Etcd {
-            kv: client.kv_client(),
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
             client,
             keys: Keys::new(prefix),
             timeout,
@@ -188,6 +236,73 @@ impl Etcd {
         })
         .await
         .map(|mut r| r.take_kvs())
+    }
+
+    /// A watch service handle decoding answers up to
+    /// [`MAX_MESSAGE_BYTES`] (one transaction's events come in one
+    /// answer).
+    pub(crate) fn watch_client(&self) -> etcd_client::WatchClient {
+        self.client
+            .watch_client()
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The whole range of `first` (a page read at revision `rev` of a
+    /// range ending at `end`): its entries, then those of the next pages,
+    /// each read at `rev` from just after the last key so far, so that
+    /// together they are one snapshot.
+    pub(crate) async fn rest_of(
+        &self,
+        op: &'static str,
+        mut first: GetResponse,
+        end: &[u8],
+        rev: i64,
+        keys_only: bool,
+    ) -> Result<Vec<KeyValue>> {
+        let mut more = first.more();
+        let mut out = first.take_kvs();
+        while more {
+            let Some(last) = out.last() else { break };
+            let mut from = last.key().to_vec();
+            from.push(0);
+            let opts = page_opts(end, keys_only).with_revision(rev);
+            let mut page = self
+                .call_kv(op, |mut c| {
+                    let (k, o) = (from.clone(), opts.clone());
+                    async move { c.get(k, Some(o)).await }
+                })
+                .await?;
+            more = page.more();
+            out.extend(page.take_kvs());
+        }
+        Ok(out)
+    }
+
+    /// The whole range `[start, end)` in pages read at one revision (one
+    /// snapshot), and that revision; read again if it was compacted away
+    /// between pages.
+    pub(crate) async fn range_paged(
+        &self,
+        op: &'static str,
+        start: &[u8],
+        end: &[u8],
+        keys_only: bool,
+    ) -> Result<(Vec<KeyValue>, i64)> {
+        let mut tries = 0;
+        loop {
+            let first = self
+                .call_kv(op, |mut c| {
+                    let (k, o) = (start.to_vec(), page_opts(end, keys_only));
+                    async move { c.get(k, Some(o)).await }
+                })
+                .await?;
+            let rev = first.header().map(|h| h.revision()).unwrap_or(0);
+            match self.rest_of(op, first, end, rev, keys_only).await {
+                Ok(kvs) => return Ok((kvs, rev)),
+                Err(e) if is_compacted(&e) && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Grant a lease of `ttl` whole seconds: its id. The server expires it

@@ -1,6 +1,6 @@
 //! Inspection: the live holders of a lock, named lease or semaphore as
-//! the store records them, from one range read (one transaction for a
-//! semaphore), plus a `LeaseTimeToLive` per holder for its remaining time.
+//! the store records them, from one range read (for a semaphore, one
+//! transaction and the next pages of its grants at its revision), plus a `LeaseTimeToLive` per holder for its remaining time.
 //!
 //! Metadata lives in the grant's own key (a lock key's or a named lease's
 //! value after the owner's hex; a semaphore grant's value after its
@@ -12,10 +12,10 @@ use std::time::Duration;
 use coord_core::inspect::{ClaimRecord, HolderRecord, LeaderRecord};
 use coord_core::util::Kind;
 use coord_core::{FencingToken, OwnerToken, Result};
-use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 
 use crate::client::keys::{prefix_end, split_lease_value};
-use crate::client::{Etcd, corrupt, kvs};
+use crate::client::{Etcd, corrupt, first_page, header_rev, is_compacted};
 use crate::semaphore::{owner_in, parse, split_value};
 
 /// A semaphore's holders whose remaining time is asked for at most (one
@@ -63,7 +63,7 @@ pub(crate) async fn lock(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1);
     let resp = etcd
-        .call(op, |mut c| {
+        .call_kv(op, |mut c| {
             let (k, o) = (queue.clone(), opts.clone());
             async move { c.get(k, Some(o)).await }
         })
@@ -124,8 +124,8 @@ pub(crate) async fn lease(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
     })
 }
 
-/// A semaphore's grants (with their values) and the number of queued
-/// waiters, in one transaction; the grants' remaining times are asked
+/// A semaphore's grants (with their values, in pages) and the number of
+/// queued waiters, in one snapshot; the grants' remaining times are asked
 /// for concurrently (up to [`MAX_TTL_CALLS`] of them).
 pub(crate) async fn semaphore(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
     let op = "semaphore inspect";
@@ -136,17 +136,32 @@ pub(crate) async fn semaphore(etcd: &Etcd, name: &str) -> Result<ClaimRecord> {
         (k, e)
     };
     let ((h, he), (w, we)) = (range(b"h/"), range(b"w/"));
-    let txn = Txn::new().and_then([
-        TxnOp::get(h, Some(GetOptions::new().with_range(he))),
-        TxnOp::get(w, Some(GetOptions::new().with_range(we).with_count_only())),
-    ]);
-    let resp = etcd.txn(op, txn).await?;
-    let waiters = match resp.op_responses().into_iter().nth(1) {
-        Some(etcd_client::TxnOpResponse::Get(g)) => u64::try_from(g.count()).unwrap_or(0),
-        _ => return Err(corrupt(op, "a semaphore read's answer")),
+    let mut tries = 0;
+    let (holds, waiters) = loop {
+        let txn = Txn::new().and_then([
+            first_page(h.clone(), &he, false),
+            TxnOp::get(
+                w.clone(),
+                Some(GetOptions::new().with_range(we.clone()).with_count_only()),
+            ),
+        ]);
+        let resp = etcd.txn(op, txn).await?;
+        let rev = header_rev(&resp);
+        let mut rs = resp.op_responses().into_iter();
+        let (Some(TxnOpResponse::Get(hg)), Some(TxnOpResponse::Get(wg))) = (rs.next(), rs.next())
+        else {
+            return Err(corrupt(op, "a semaphore read's answer"));
+        };
+        let waiters = u64::try_from(wg.count()).unwrap_or(0);
+        // The grants' next pages, at the same revision.
+        match etcd.rest_of(op, hg, &he, rev, false).await {
+            Ok(holds) => break (holds, waiters),
+            Err(e) if is_compacted(&e) && tries < 3 => tries += 1,
+            Err(e) => return Err(e),
+        }
     };
     let mut grants = Vec::new();
-    for kv in kvs(&resp, 0) {
+    for kv in holds {
         let hex = owner_in(kv.value()).unwrap_or_default();
         let owner = owner_of(hex, op, "semaphore grant")?;
         let (permits, _) =

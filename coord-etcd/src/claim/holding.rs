@@ -8,8 +8,7 @@ use std::time::Duration;
 use coord_core::util::Kind;
 use coord_core::{OwnerToken, Result};
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp,
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
 };
 use tokio::time::Instant;
 
@@ -103,18 +102,16 @@ impl Claims {
     ) -> Result<bool> {
         let queue = self.etcd.keys.queue(kind, name);
         let end = prefix_end(&queue);
-        let all = GetOptions::new()
-            .with_range(end)
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let queued = self.etcd.get(op, queue, Some(all)).await?;
-        let Some((i, kv)) = queued
+        // The whole queue, in pages at one revision (one snapshot).
+        let (queued, _) = self.etcd.range_paged(op, &queue, &end, false).await?;
+        let first = queued.iter().map(KeyValue::create_revision).min();
+        let Some(kv) = queued
             .iter()
-            .enumerate()
-            .find(|(_, kv)| split_lease_value(kv.value()).0 == hex.as_bytes())
+            .find(|kv| split_lease_value(kv.value()).0 == hex.as_bytes())
         else {
             return Ok(false);
         };
-        if i != 0 {
+        if Some(kv.create_revision()) != first {
             // A place in line of another client's waiting acquire: the
             // owner does not hold, so nothing changes (that client's handoff
             // trusts its place to live as long as its lease and its own

@@ -157,7 +157,7 @@ impl Claims {
         reopening: bool,
     ) -> std::result::Result<bool, bool> {
         let opts = WatchOptions::new();
-        let mut wc = self.etcd.client.watch_client();
+        let mut wc = self.etcd.watch_client();
         let mut stream =
             match tokio::time::timeout(self.etcd.timeout, wc.watch(pred.0.clone(), Some(opts)))
                 .await

@@ -122,7 +122,7 @@ async fn shared_watch_task(
         }
         let resumed = opened_before;
         opened_before = true;
-        let mut wc = shared.client.watch_client();
+        let mut wc = shared.watch_client();
         let opened = tokio::select! {
             _ = shutdown.changed() => return,
             r = tokio::time::timeout(shared.timeout, wc.watch(key.clone(), Some(opts))) => r,

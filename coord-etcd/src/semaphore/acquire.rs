@@ -5,7 +5,9 @@
 //!
 //! An attempt reads the name in one snapshot: the grant and waiter keys
 //! with their values, the slot keys without (keys only), so a read costs
-//! what is held and queued, not the total. It is granted only if its
+//! what is held and queued, not the total; each range in pages (the
+//! first in one transaction, the next at its revision), so no answer
+//! grows with the name (`client.rs`: `PAGE`). It is granted only if its
 //! request and every request queued ahead of it fit into the free permits.
 //! It then takes slots chosen at random among the free ones (so attempts
 //! that read the same state pick different slots; the waiters ahead keep
@@ -46,7 +48,7 @@ use tokio::time::Instant;
 
 use crate::client::keys::BACKEND;
 use crate::client::pool::Keeper;
-use crate::client::{header_rev, is_lease_not_found, kvs, lock, secs};
+use crate::client::{header_rev, is_compacted, is_lease_not_found, kvs, lock, secs};
 use crate::semaphore::Semaphores;
 use crate::semaphore::view::{Basis, Dice, View, choose, reads, view_of};
 use crate::semaphore::{Grant, Names, QUEUE_REFRESH, SemKey, slots_of};
@@ -99,10 +101,19 @@ impl Drop for OnItsWay<'_> {
 }
 
 impl Semaphores {
-    /// Read the name in one snapshot and check the total.
+    /// Read the name in one snapshot (in pages at one revision, read
+    /// again if that was compacted away between pages) and check the
+    /// total.
     async fn sem_view(&self, n: &Names, req: &PermitRequest, op: &'static str) -> Result<View> {
-        let resp = self.etcd.txn(op, Txn::new().and_then(reads(n))).await?;
-        view_of(n, req, resp, op)
+        let mut tries = 0;
+        loop {
+            let resp = self.etcd.txn(op, Txn::new().and_then(reads(n))).await?;
+            match self.sem_lists(n, resp, op).await {
+                Ok(lists) => return view_of(n, req, lists, op),
+                Err(e) if is_compacted(&e) && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Run `txn`, which writes on `lease` (for a grant: one of
@@ -312,9 +323,17 @@ impl Semaphores {
                 }
             };
             if !resp.succeeded() {
-                // The name as the failed compare saw it: again with that.
-                match view_of(&n, req, resp, op) {
-                    Ok(v) => fresh = Some(v),
+                // The name as the failed compare saw it: again with that
+                // (read again if its pages' revision is compacted away).
+                match self.sem_lists(&n, resp, op).await {
+                    Ok(lists) => match view_of(&n, req, lists, op) {
+                        Ok(v) => fresh = Some(v),
+                        Err(e) => {
+                            spare(self, lease);
+                            return Err(e);
+                        }
+                    },
+                    Err(e) if is_compacted(&e) => {}
                     Err(e) => {
                         spare(self, lease);
                         return Err(e);

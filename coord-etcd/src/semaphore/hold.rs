@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use coord_core::{Error, OwnerToken, Result};
 use etcd_client::{
-    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
+    Compare, CompareOp, DeleteOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::time::Instant;
 
 use crate::client::keys::{BACKEND, prefix_end};
-use crate::client::{kvs, lock, secs};
+use crate::client::{corrupt, first_page, header_rev, is_compacted, kvs, lock, secs};
 use crate::semaphore::Semaphores;
 use crate::semaphore::{Grant, Names, QUEUE_ENTRY_TTL, SemKey, slots_of};
 
@@ -294,23 +294,43 @@ impl Semaphores {
     }
 
     /// The owner's grant and its (earliest) place in the queue, found by
-    /// the owner their values name, in one snapshot: for an owner this
-    /// client has no record of (keys are named by leases, not owners).
+    /// the owner their values name, in one snapshot (pages read at one
+    /// revision): for an owner this client has no record of (keys are
+    /// named by leases, not owners).
     async fn sem_find(
         &self,
         n: &Names,
         op: &'static str,
     ) -> Result<(Option<KeyValue>, Option<KeyValue>)> {
-        let get = |p: &[u8]| {
-            let (k, e) = n.range(p);
-            TxnOp::get(k, Some(GetOptions::new().with_range(e)))
+        let ((h, he), (w, we)) = (n.range(b"h/"), n.range(b"w/"));
+        let mut tries = 0;
+        let (holds, waits) = loop {
+            let txn = Txn::new().and_then([
+                first_page(h.clone(), &he, false),
+                first_page(w.clone(), &we, false),
+            ]);
+            let resp = self.etcd.txn(op, txn).await?;
+            let rev = header_rev(&resp);
+            let mut pages = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (Some(hg), Some(wg)) = (pages.next(), pages.next()) else {
+                return Err(corrupt(op, "a semaphore read's answer"));
+            };
+            let read = async {
+                let holds = self.etcd.rest_of(op, hg, &he, rev, false).await?;
+                let waits = self.etcd.rest_of(op, wg, &we, rev, false).await?;
+                Ok::<_, Error>((holds, waits))
+            };
+            match read.await {
+                Ok(lists) => break lists,
+                Err(e) if is_compacted(&e) && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
         };
-        let resp = self
-            .etcd
-            .txn(op, Txn::new().and_then([get(b"h/"), get(b"w/")]))
-            .await?;
-        let grant = kvs(&resp, 0).into_iter().find(|kv| n.owns(kv.value()));
-        let place = kvs(&resp, 1)
+        let grant = holds.into_iter().find(|kv| n.owns(kv.value()));
+        let place = waits
             .into_iter()
             .filter(|kv| n.owns(kv.value()))
             .min_by_key(KeyValue::create_revision);
@@ -327,10 +347,15 @@ impl Semaphores {
         };
         let ((h, he), (s, se)) = (range(b"h/"), range(b"s/"));
         let txn = Txn::new().and_then([
-            TxnOp::delete(h, Some(DeleteOptions::new().with_range(he).with_prev_key())),
+            // Counted, not answered with the keys deleted (a busy name's
+            // grants would not fit in one answer).
+            TxnOp::delete(h, Some(DeleteOptions::new().with_range(he))),
             TxnOp::delete(s, Some(DeleteOptions::new().with_range(se))),
         ]);
         let resp = self.etcd.txn("semaphore force_release", txn).await?;
-        Ok(!kvs(&resp, 0).is_empty())
+        Ok(matches!(
+            resp.op_responses().first(),
+            Some(TxnOpResponse::Delete(d)) if d.deleted() > 0
+        ))
     }
 }

@@ -6,10 +6,10 @@ use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 
 use coord_core::{OwnerToken, PermitRequest, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{Compare, CompareOp, KeyValue, TxnOp, TxnOpResponse, TxnResponse};
 
-use crate::client::corrupt;
-use crate::semaphore::{Names, mismatch, parse};
+use crate::client::{corrupt, first_page, header_rev};
+use crate::semaphore::{Names, Semaphores, mismatch, parse};
 
 /// The state of a name as one snapshot saw it.
 pub(crate) struct View {
@@ -67,35 +67,59 @@ impl Basis {
     }
 }
 
-/// The reads of one snapshot of a name: grants, waiters (with values) and
-/// slots (keys only), answered in this order.
+/// The reads of one snapshot of a name: the first page of its grants,
+/// waiters (with values) and slots (keys only), answered in this order
+/// (the rest is read by [`Semaphores::sem_lists`], at the same revision).
 pub(crate) fn reads(n: &Names) -> Vec<TxnOp> {
     let get = |p: &[u8], keys_only: bool| {
         let (k, e) = n.range(p);
-        let o = GetOptions::new().with_range(e);
-        TxnOp::get(k, Some(if keys_only { o.with_keys_only() } else { o }))
+        first_page(k, &e, keys_only)
     };
     vec![get(b"h/", false), get(b"w/", false), get(b"s/", true)]
 }
 
-/// The name's state from the answers of [`reads`] in `resp`, checking the
-/// total.
+/// A name's grants, waiters and slots, as [`reads`] read them.
+pub(crate) type Lists = (Vec<KeyValue>, Vec<KeyValue>, Vec<KeyValue>);
+
+impl Semaphores {
+    /// The whole of each range [`reads`] read in `resp`: the first pages
+    /// it answered, then the next pages at its revision (one snapshot).
+    pub(crate) async fn sem_lists(
+        &self,
+        n: &Names,
+        resp: TxnResponse,
+        op: &'static str,
+    ) -> Result<Lists> {
+        let rev = header_rev(&resp);
+        let mut out = Vec::with_capacity(3);
+        for (r, (p, keys_only)) in resp.op_responses().into_iter().zip([
+            (&b"h/"[..], false),
+            (b"w/", false),
+            (b"s/", true),
+        ]) {
+            let TxnOpResponse::Get(g) = r else {
+                return Err(corrupt(op, "a semaphore read's answer"));
+            };
+            let (_, e) = n.range(p);
+            out.push(self.etcd.rest_of(op, g, &e, rev, keys_only).await?);
+        }
+        let mut it = out.into_iter();
+        match (it.next(), it.next(), it.next()) {
+            (Some(h), Some(w), Some(s)) => Ok((h, w, s)),
+            _ => Err(corrupt(op, "a semaphore read's answer")),
+        }
+    }
+}
+
+/// The name's state from the lists [`Semaphores::sem_lists`] read,
+/// checking the total.
 pub(crate) fn view_of(
     n: &Names,
     req: &PermitRequest,
-    resp: TxnResponse,
+    lists: Lists,
     op: &'static str,
 ) -> Result<View> {
-    let mut lists = resp.op_responses().into_iter().map(|r| match r {
-        TxnOpResponse::Get(mut g) => Ok(g.take_kvs()),
-        _ => Err(corrupt(op, "a semaphore read's answer")),
-    });
-    let mut next = || {
-        lists
-            .next()
-            .unwrap_or_else(|| Err(corrupt(op, "a semaphore read's answer")))
-    };
-    let (holds, waits, slots) = (next()?, next()?, next()?);
+    let (holds, waits, slots) = lists;
     let mut held = 0u32;
     let mut mine = None;
     // The newest grant or place of another owner.

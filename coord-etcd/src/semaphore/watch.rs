@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use coord_core::wake::Waiter;
 use coord_core::{OwnerToken, Result};
-use etcd_client::{EventType, GetOptions, KeyValue, WatchOptions};
+use etcd_client::{EventType, KeyValue, WatchOptions};
 use tokio::sync::watch;
 use tokio::time::sleep;
 
@@ -154,7 +154,7 @@ async fn mirror_task(shared: Arc<Semaphores>, name: String, ready: watch::Sender
         // compaction's revision under a watch catching up from it, without
         // cancelling the watch (etcd-io/etcd#18089).
         let opts = WatchOptions::new().with_range(end.clone());
-        let mut wc = shared.etcd.client.watch_client();
+        let mut wc = shared.etcd.watch_client();
         let opened = tokio::select! {
             _ = shutdown.changed() => return,
             r = tokio::time::timeout(shared.etcd.timeout, wc.watch(base.clone(), Some(opts))) => r,
@@ -165,10 +165,9 @@ async fn mirror_task(shared: Arc<Semaphores>, name: String, ready: watch::Sender
                 r = tokio::time::timeout(shared.etcd.timeout, stream.message()) => r,
             };
             let created = matches!(created, Ok(Ok(Some(r))) if r.created() && !r.canceled());
-            let read = shared.etcd.call(op, |mut c| {
-                let (k, e) = (base.clone(), end.clone());
-                async move { c.get(k, Some(GetOptions::new().with_range(e))).await }
-            });
+            // The name in pages at one revision (one snapshot), from
+            // which the watch's events are then applied.
+            let read = shared.etcd.range_paged(op, &base, &end, false);
             let loaded = if created {
                 tokio::select! {
                     _ = shutdown.changed() => return,
@@ -177,14 +176,13 @@ async fn mirror_task(shared: Arc<Semaphores>, name: String, ready: watch::Sender
             } else {
                 None
             };
-            if let Some(mut resp) = loaded {
+            if let Some((kvs, rev)) = loaded {
                 if loaded_before {
                     coord_core::metrics::reconnect("etcd", "watch");
                 }
                 loaded_before = true;
-                let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
                 let mut mirror = Mirror::default();
-                for kv in resp.take_kvs() {
+                for kv in kvs {
                     mirror.put(base.len(), &kv);
                 }
                 ready.send_replace(true);

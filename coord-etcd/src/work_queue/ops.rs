@@ -11,7 +11,7 @@ use etcd_client::{
 
 use crate::client::header_rev;
 use crate::client::keys::prefix_end;
-use crate::client::{corrupt, secs};
+use crate::client::{corrupt, first_page, is_compacted, secs};
 use crate::work_queue::WorkQueues;
 use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, id_in, insert, landing_ops, remove, set_group,
@@ -518,28 +518,58 @@ impl WorkQueues {
 
     /// Counts by state, in one snapshot: the main lane's ready lists, its
     /// timeline (due entries count as ready), the dead lane's records.
+    /// Only counts are read, except for the timeline's entries not yet
+    /// due (whether each is in flight is in its value): read in pages at
+    /// the snapshot's revision.
     pub(crate) async fn queue_stats(&self, queue: &str) -> Result<QueueStats> {
         let op = "queue stats";
         let k = self.qkeys(queue);
         let t = k.timeline(Lane::Main);
-        let ops = vec![
-            count_only(k.readies_all(Lane::Main)),
-            TxnOp::get(
-                t.clone(),
-                Some(GetOptions::new().with_range(prefix_end(&t))),
-            ),
-            count_only(k.metas(Lane::Dead)),
-        ];
-        let resp = self.etcd.txn(op, Txn::new().and_then(ops)).await?;
-        let rs = resp.op_responses();
-        let mut s = QueueStats {
-            ready: count_in(rs.first()),
-            dead: count_in(rs.get(2)),
-            ..QueueStats::default()
-        };
-        let now = now_ms();
-        if let Some(TxnOpResponse::Get(g)) = rs.get(1) {
-            for kv in g.kvs() {
+        let t_end = prefix_end(&t);
+        let mut tries = 0;
+        loop {
+            let now = now_ms();
+            // Timeline keys are ordered by their time: those before this
+            // one are due.
+            let later = k.time_entry(Lane::Main, now.saturating_add(1), 0);
+            let ops = vec![
+                count_only(k.readies_all(Lane::Main)),
+                TxnOp::get(
+                    t.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_range(later.clone())
+                            .with_count_only(),
+                    ),
+                ),
+                count_only(k.metas(Lane::Dead)),
+                first_page(later, &t_end, false),
+            ];
+            let resp = self.etcd.txn(op, Txn::new().and_then(ops)).await?;
+            let rev = header_rev(&resp);
+            let mut rs = resp.op_responses().into_iter();
+            let (ready, due, dead) = (
+                count_in(rs.next().as_ref()),
+                count_in(rs.next().as_ref()),
+                count_in(rs.next().as_ref()),
+            );
+            let Some(TxnOpResponse::Get(first)) = rs.next() else {
+                return Err(corrupt(op, "work queue timeline"));
+            };
+            let pending = match self.etcd.rest_of(op, first, &t_end, rev, false).await {
+                Ok(kvs) => kvs,
+                Err(e) if is_compacted(&e) && tries < 3 => {
+                    tries += 1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut s = QueueStats {
+                ready: ready + due,
+                dead,
+                ..QueueStats::default()
+            };
+            for kv in pending {
                 let (at, _) =
                     pair_of(kv.key()).ok_or_else(|| corrupt(op, "work queue timeline"))?;
                 let (in_flight, _) = parse_time_value(kv.value())
@@ -550,8 +580,8 @@ impl WorkQueues {
                     (true, false) => s.delayed += 1,
                 }
             }
+            return Ok(s);
         }
-        Ok(s)
     }
 
     /// Delete every key of the queue in one transaction; returns how many

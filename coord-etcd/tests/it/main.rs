@@ -19,6 +19,7 @@ mod handoff;
 mod inspect;
 mod key_history;
 mod lagging_member;
+mod large_ranges;
 mod late_lock;
 mod lock_waiters;
 mod metrics_recorded;
