@@ -223,34 +223,35 @@ pub async fn dropped_pop_with_one_delivery_allowed(c: &coord_core::Coord, name: 
         .queues()
         .unwrap()
         .with_config(coord_core::QueueConfig::default().max_deliveries(1));
-    // A reply can be in by the end of a poll: then the delivery was the
-    // caller's, and dropping it gives it back counted. Such a round is
-    // tried again on another queue.
+    // A reply can be in by the end of the first poll (the attempt's task
+    // ran on another worker at once): then the delivery was the caller's,
+    // and dropping it gives it back counted. Such a round is tried again
+    // on another queue.
     let mut tries = 0;
     loop {
         tries += 1;
-        assert!(tries <= 20, "every pop was answered within a poll");
+        assert!(tries <= 20, "every pop was answered within its first poll");
         let q = format!("{name}-pop-dropped-{tries}");
         let id = here.push(&q, b"once").await.unwrap();
         let mut pop = Box::pin(here.pop(&q, 30 * SEC, Duration::ZERO));
-        // Polled until the store shows the message in flight (its attempt
-        // was made), not after: that delivery is the pop's, never seen.
+        // One poll sends the attempt (in a task of its own); the pop is
+        // never polled again, so whatever the attempt delivered, its
+        // caller never saw. Dropped once the store shows the message in
+        // flight.
+        if futures::poll!(pop.as_mut()).is_ready() {
+            continue;
+        }
+        let shown = Instant::now() + 5 * SEC;
         let mut delivered = false;
-        for _ in 0..100 {
-            if futures::poll!(pop.as_mut()).is_ready() {
-                break;
-            }
-            // (Lets the attempt's task run on a single-threaded runtime.)
-            tokio::task::yield_now().await;
+        while Instant::now() < shown {
             if here.stats(&q).await.unwrap().in_flight == 1 {
                 delivered = true;
                 break;
             }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        assert!(delivered, "the attempt never delivered the message");
         drop(pop);
-        if !delivered {
-            continue;
-        }
         let deadline = Instant::now() + 5 * SEC;
         let d = loop {
             if let Some(d) = here.pop(&q, 30 * SEC, SEC).await.unwrap() {
@@ -265,5 +266,81 @@ pub async fn dropped_pop_with_one_delivery_allowed(c: &coord_core::Coord, name: 
         assert_eq!(d.attempts(), 1, "the dropped pop's delivery was counted");
         d.ack().await.unwrap();
         break;
+    }
+}
+
+/// A holder's extend to 1 s is held in the network past its call (its
+/// caller gave up on it after 10 ms); the holder extends again, to 30 s,
+/// and is answered; then the 1 s extend's copy lands and sets the store's
+/// expiry to 1 s from then. The guard must not count its validity from the
+/// 30 s it was answered with: by the time another owner (through `direct`)
+/// is granted the name, the guard says it is no longer valid (a guard may
+/// count from the short TTL while such a copy may still land, whatever the
+/// store did with it). `name` must
+/// not occur in any other request `via` sends meanwhile.
+pub async fn late_extend_after_a_later_one(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    let locks = via.locks().unwrap();
+    let guard = locks.acquire(name, LONG, Duration::ZERO).await.unwrap();
+    let n = name.to_string();
+    proxy.deliver_late(
+        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
+        DELAY,
+        CUT_AFTER,
+    );
+    let held_at = Instant::now();
+    let short = tokio::time::timeout(Duration::from_millis(10), guard.extend(SHORT)).await;
+    assert!(short.is_err(), "the short extend was answered: {short:?}");
+    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+    // Extended again (tried until answered, as a caller would) before the
+    // held copy lands.
+    let deadline = held_at + DELAY - Duration::from_millis(200);
+    loop {
+        match guard.extend(LONG).await {
+            Ok(()) => break,
+            Err(e @ coord_core::Error::NotHeld { .. }) => panic!("the holder lost its lock: {e}"),
+            Err(e) => {
+                assert!(Instant::now() < deadline, "the extend never answered: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert!(
+        Instant::now() < held_at + DELAY,
+        "the long extend was answered only after the held copy landed"
+    );
+    while proxy.delivered() < 1 {
+        assert!(
+            held_at.elapsed() < DELAY * 2,
+            "the held extend was never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The copy set the expiry to 1 s from when it landed: another owner is
+    // granted within a few seconds; the guard must not be valid by then.
+    let other = direct
+        .locks()
+        .unwrap()
+        .acquire(name, LONG, Duration::from_secs(5))
+        .await;
+    match other {
+        Ok(g) => {
+            assert!(
+                !guard.is_valid(),
+                "another owner was granted while the guard is valid for {:?} more",
+                guard.remaining()
+            );
+            g.release().await.unwrap();
+        }
+        Err(coord_core::Error::Timeout { .. }) => {
+            // The store kept the 30 s extend (the copy changed nothing);
+            // the guard may count from 1 s all the same, which is safe.
+            let _ = guard.release().await;
+        }
+        Err(e) => panic!("the other owner's acquire: {e}"),
     }
 }

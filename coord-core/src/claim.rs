@@ -161,6 +161,55 @@ pub fn drift(ttl: Duration) -> Duration {
 struct State {
     ttl: Duration,
     deadline: Instant,
+    /// The TTL `deadline` was counted with: `ttl`, or shorter while an
+    /// extend with a shorter TTL may still land ([`Unseen`]). The watchdog
+    /// plans its next renewal from it.
+    counted: Duration,
+    /// Extends and renewals whose outcome this guard never saw.
+    unseen: Unseen,
+}
+
+/// The extends and renewals of one guard whose reply never came (an error,
+/// a timeout, a cancelled `extend`): each may still reach the store later,
+/// after a renewal that was answered, and set the claim's expiry to its own
+/// TTL counted from when it lands. Until such a request can no longer land
+/// ([`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON) after it was
+/// sent), the guard counts every deadline with the shortest of their TTLs,
+/// so the local deadline never outlives the store's expiry whichever
+/// copy lands last. The same for every store and every kind of claim.
+#[derive(Default)]
+struct Unseen {
+    /// `(number, ttl, may land until)`, at most a few.
+    requests: Vec<(u64, Duration, Instant)>,
+    next: u64,
+}
+
+impl Unseen {
+    /// A request with `ttl` about to be sent at `sent_at`; its number, for
+    /// [`Unseen::seen`].
+    fn sent(&mut self, ttl: Duration, sent_at: Instant) -> u64 {
+        let now = Instant::now();
+        self.requests.retain(|(_, _, until)| *until > now);
+        self.next += 1;
+        let until = sent_at + crate::late::LATE_COPY_HORIZON;
+        self.requests.push((self.next, ttl, until));
+        self.next
+    }
+
+    /// The store answered request `n`: it landed, no copy of it is left.
+    fn seen(&mut self, n: u64) {
+        self.requests.retain(|(m, _, _)| *m != n);
+    }
+
+    /// The TTL to count a deadline with, for a renewal with `ttl`.
+    fn counted(&self, ttl: Duration) -> Duration {
+        let now = Instant::now();
+        self.requests
+            .iter()
+            .filter(|(_, _, until)| *until > now)
+            .map(|(_, t, _)| *t)
+            .fold(ttl, Duration::min)
+    }
 }
 
 struct Inner {
@@ -201,10 +250,35 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).ttl
     }
 
-    fn renewed(&self, sent_at: Instant, ttl: Duration) {
+    /// The TTL the deadline was counted with (see [`State::counted`]).
+    fn counted(&self) -> Duration {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).counted
+    }
+
+    /// An extend or renewal with `ttl` about to be sent at `sent_at`: until
+    /// [`Inner::renewed`] or [`Inner::answered`] says its reply came, it may
+    /// land any time later.
+    fn sending(&self, sent_at: Instant, ttl: Duration) -> u64 {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.unseen.sent(ttl, sent_at)
+    }
+
+    /// The reply to request `n` came, whatever it said.
+    fn answered(&self, n: u64) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.unseen.seen(n);
+    }
+
+    /// Request `n`, sent at `sent_at` with `ttl`, renewed the claim. The
+    /// deadline is counted with the shortest TTL of the requests that may
+    /// still land.
+    fn renewed(&self, n: u64, sent_at: Instant, ttl: Duration) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.unseen.seen(n);
+        let counted = s.unseen.counted(ttl);
         s.ttl = ttl;
-        s.deadline = deadline_after(sent_at, ttl);
+        s.counted = counted;
+        s.deadline = deadline_after(sent_at, counted);
     }
 
     /// Bring the deadline forward to `at` if that is earlier (an extend
@@ -380,6 +454,8 @@ impl Guard {
                 state: Mutex::new(State {
                     ttl,
                     deadline: deadline_after(sent_at, ttl),
+                    counted: ttl,
+                    unseen: Unseen::default(),
                 }),
                 released: AtomicBool::new(false),
                 lost_flag: AtomicBool::new(false),
@@ -469,7 +545,10 @@ impl Guard {
     /// success; a `ttl` shorter than what is left brings it forward as the
     /// request is sent, whatever the outcome, since the store may have
     /// applied it even when the reply is an error or never comes (a running
-    /// watchdog then renews with the claim's previous TTL at once).
+    /// watchdog then renews with the claim's previous TTL at once). Such an
+    /// unanswered extend may also land after a later renewal: until it can
+    /// no longer ([`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON)),
+    /// every deadline is counted with its TTL if that is shorter.
     pub async fn extend(&self, ttl: Duration) -> Result<()> {
         let ttl = validate::ttl("ttl", ttl, self.inner.backend.capabilities())?;
         let inner = &self.inner;
@@ -495,8 +574,12 @@ impl Guard {
             if inner.cap_deadline(deadline_after(sent_at, ttl)) {
                 inner.replan.notify_waiters();
             }
+            let n = inner.sending(sent_at, ttl);
             let renewed = inner.backend.renew(&inner.name, &inner.owner, ttl).await;
             metrics::observe(inner.backend.store(), &renewed);
+            if renewed.is_ok() {
+                inner.answered(n);
+            }
             if renewed? {
                 // Answered only after the guard was lost (its deadline
                 // passed, or the signal fired, while the call was on its
@@ -507,7 +590,7 @@ impl Guard {
                         name: inner.name.to_string(),
                     });
                 }
-                inner.renewed(sent_at, ttl);
+                inner.renewed(n, sent_at, ttl);
                 // A shorter TTL must bring the watchdog's next renewal and
                 // the lost timer forward.
                 inner.replan.notify_waiters();
@@ -786,10 +869,10 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
             let replanned = inner.replan.notified();
             tokio::pin!(replanned);
             replanned.as_mut().enable();
-            let ttl = inner.ttl();
+            let counted = inner.counted();
             let renew_at = inner
                 .deadline()
-                .checked_sub(ttl * 2 / 3)
+                .checked_sub(counted * 2 / 3)
                 .unwrap_or_else(Instant::now);
             tokio::select! {
                 biased;
@@ -817,11 +900,15 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                     return;
                 }
                 let ttl = inner.ttl();
+                let n = inner.sending(sent_at, ttl);
                 let r = tokio::time::timeout_at(
                     deadline,
                     inner.backend.renew(&inner.name, &inner.owner, ttl),
                 )
                 .await;
+                if matches!(r, Ok(Ok(_))) {
+                    inner.answered(n);
+                }
                 drop(op);
                 if !matches!(r, Ok(Ok(true))) {
                     metrics::renewal(inner.backend.store(), inner.backend.metric_kind(), false);
@@ -836,7 +923,7 @@ async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
                     }
                     Ok(Ok(true)) => {
                         metrics::renewal(inner.backend.store(), inner.backend.metric_kind(), true);
-                        inner.renewed(sent_at, ttl);
+                        inner.renewed(n, sent_at, ttl);
                         tracing::trace!("renewed");
                         break;
                     }

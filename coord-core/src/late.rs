@@ -66,6 +66,14 @@ use crate::OwnerToken;
 /// above the marks backends leave (10–30 s).
 pub const UNANSWERED_MEMORY: Duration = Duration::from_secs(300);
 
+/// How long after it was sent a request whose reply never came is taken
+/// to be able to reach the store: a late copy later than that is assumed
+/// gone. Guards count their deadlines with the TTL of an extend that may
+/// still land for this long (`Guard::extend`); it is above the marks stores
+/// leave for late attempts (10 s, or twice the call timeout) for any call
+/// timeout up to 15 s.
+pub const LATE_COPY_HORIZON: Duration = Duration::from_secs(30);
+
 /// How many owners [`Unanswered`] holds before it drops those older than
 /// [`UNANSWERED_MEMORY`].
 const PRUNE_AT: usize = 1024;

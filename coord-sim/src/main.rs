@@ -3,8 +3,6 @@
 //! ```text
 //! coord-sim [--seeds N | --minutes M] [--start S]   run seeds S, S+1, ...
 //! coord-sim --seed S [--trace]                      replay one seed
-//! --unordered-extends    let an owner's delayed extend land after a later
-//!                        renewal (see `FaultRates::ordered_extends`)
 //! ```
 //!
 //! Ends with `sim: N seeds, V violations, R seeds/s`. A failing seed is
@@ -21,7 +19,6 @@ struct Args {
     start: u64,
     seed: Option<u64>,
     trace: bool,
-    unordered: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -31,7 +28,6 @@ fn parse() -> Result<Args, String> {
         start: 0,
         seed: None,
         trace: false,
-        unordered: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -58,9 +54,11 @@ fn parse() -> Result<Args, String> {
             }
             "--seed" => a.seed = Some(val("--seed")?.parse().map_err(|e| format!("--seed: {e}"))?),
             "--trace" => a.trace = true,
-            "--unordered-extends" => a.unordered = true,
             "-h" | "--help" => {
-                return Err("usage: coord-sim [--seeds N | --minutes M] [--start S] | --seed S [--trace]; [--unordered-extends]".into());
+                return Err(
+                    "usage: coord-sim [--seeds N | --minutes M] [--start S] | --seed S [--trace]"
+                        .into(),
+                );
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
         }
@@ -76,13 +74,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut opts = Options::default();
-    opts.rates.ordered_extends = !args.unordered;
-    let flags = if args.unordered {
-        " --unordered-extends"
-    } else {
-        ""
-    };
+    let opts = Options::default();
     if let Some(seed) = args.seed {
         let r = run_seed(
             seed,
@@ -144,7 +136,7 @@ fn main() -> ExitCode {
             for v in &r.violations {
                 println!("VIOLATION seed {seed}: {v}");
             }
-            println!("replay: scripts/sim --seed {seed} --trace{flags}");
+            println!("replay: scripts/sim --seed {seed} --trace");
         }
         seed += 1;
     }

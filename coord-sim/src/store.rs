@@ -200,7 +200,6 @@ impl SimStore {
         name: &str,
         owner: &OwnerToken,
         what: String,
-        extend: bool,
         f: F,
     ) -> Result<bool>
     where
@@ -216,13 +215,6 @@ impl SimStore {
                 Box::pin(async move {
                     if marking {
                         world.mark(&n, &o, stamp);
-                    }
-                    if extend && world.stale_extend(&n, &o, stamp) {
-                        world.log(format!(
-                            "store skipped stale extend #{stamp} of {}",
-                            short(&o)
-                        ));
-                        return Ok(false);
                     }
                     f(s, n, o).await
                 })
@@ -255,7 +247,7 @@ impl Lock for SimStore {
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let what = format!("lock.release {name} {}", short(owner));
-        self.ending(name, owner, what, false, |s, n, o| async move {
+        self.ending(name, owner, what, |s, n, o| async move {
             Lock::release(&*s, &n, &o).await
         })
         .await
@@ -267,7 +259,7 @@ impl Lock for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, true, move |s, n, o| async move {
+        self.ending(name, owner, what, move |s, n, o| async move {
             Lock::extend(&*s, &n, &o, ttl).await
         })
         .await
@@ -319,7 +311,7 @@ impl Semaphore for SimStore {
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let what = format!("sem.release {name} {}", short(owner));
-        self.ending(name, owner, what, false, |s, n, o| async move {
+        self.ending(name, owner, what, |s, n, o| async move {
             Semaphore::release(&*s, &n, &o).await
         })
         .await
@@ -331,7 +323,7 @@ impl Semaphore for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, true, move |s, n, o| async move {
+        self.ending(name, owner, what, move |s, n, o| async move {
             Semaphore::extend(&*s, &n, &o, ttl).await
         })
         .await

@@ -2,9 +2,7 @@
 //! A pop whose outcome its caller never saw is abandoned by coord-core
 //! (`Queue::abandon`, sent through the network like any step): what it
 //! delivered comes back uncounted, and a copy landing later delivers
-//! nothing. With
-//! [`FaultRates::ordered_extends`](crate::FaultRates::ordered_extends), a
-//! delivery's extends are applied in the order they were sent.
+//! nothing.
 
 use std::time::Duration;
 
@@ -135,19 +133,8 @@ impl Queue for SimStore {
             short(consumer),
             visibility.as_millis()
         );
-        let stamp = self.world.stamp();
-        let world = self.world.clone();
         self.call(what, move |s| {
-            Box::pin(async move {
-                if world.stale_extend(&format!("{q}#{id}"), &o, stamp) {
-                    world.log(format!(
-                        "store skipped stale extend #{stamp} of {}",
-                        short(&o)
-                    ));
-                    return Ok(false);
-                }
-                Queue::extend(&*s, &q, lane, id, &o, visibility).await
-            })
+            Box::pin(async move { Queue::extend(&*s, &q, lane, id, &o, visibility).await })
         })
         .await
     }

@@ -31,16 +31,10 @@ pub struct FaultRates {
     /// Chance a request freezes its client (every call of it stalls)
     /// for a while, long enough to outlive TTLs.
     pub pause: f64,
-    /// Whether the store applies an owner's extends in the order they
-    /// were sent (an extend stamped before one already applied changes
-    /// nothing and is answered `false`: its caller, if still there, takes
-    /// the claim for lost, which is safe, where `true` would let it count
-    /// its deadline from the stale extend's TTL). Off, an extend delayed in the
-    /// network (say one whose caller gave up, with a shorter TTL) may land
-    /// after a later renewal and set the store's expiry back below the
-    /// guard's deadline: coord-core does not guard against that, and the
-    /// simulator finds it within a few hundred seeds.
-    pub ordered_extends: bool,
+    /// Whether the store keeps the marks releases and extends leave
+    /// against late copies of attempts (`coord_core::late`). `false`
+    /// plants a defect, to show the checkers catch what it lets through.
+    pub marks_kept: bool,
 }
 
 impl Default for FaultRates {
@@ -52,7 +46,7 @@ impl Default for FaultRates {
             lose_reply: 0.05,
             late: 0.04,
             pause: 0.005,
-            ordered_extends: true,
+            marks_kept: true,
         }
     }
 }
@@ -69,8 +63,6 @@ pub struct World {
     /// The store's marks against late copies: the stamp of the last
     /// marking release or extend of an owner on a name.
     marks: Mutex<HashMap<(String, OwnerToken), u64>>,
-    /// The stamp of the last extend the store applied, per name and owner.
-    extends: Mutex<HashMap<(String, OwnerToken), u64>>,
     /// Whether to keep every trace line (else only the digest is kept).
     keep: bool,
     digest: AtomicU64,
@@ -93,7 +85,6 @@ impl World {
             start: Instant::now(),
             stamps: AtomicU64::new(0),
             marks: Mutex::new(HashMap::new()),
-            extends: Mutex::new(HashMap::new()),
             keep,
             digest: AtomicU64::new(0xcbf2_9ce4_8422_2325),
             events: AtomicUsize::new(0),
@@ -195,27 +186,12 @@ impl World {
 
     /// Store side: leave a mark of `owner` on `name` at `stamp`.
     pub fn mark(&self, name: &str, owner: &OwnerToken, stamp: u64) {
+        if !self.rates.marks_kept {
+            return;
+        }
         let mut marks = lock(&self.marks);
         let m = marks.entry((name.to_string(), *owner)).or_insert(0);
         *m = (*m).max(stamp);
-    }
-}
-
-impl World {
-    /// Store side: whether an extend of `owner` on `name` stamped `stamp`
-    /// is older than one already applied (and, if not, record it as the
-    /// latest). Always `false` unless [`FaultRates::ordered_extends`].
-    pub fn stale_extend(&self, name: &str, owner: &OwnerToken, stamp: u64) -> bool {
-        if !self.rates.ordered_extends {
-            return false;
-        }
-        let mut ext = lock(&self.extends);
-        let last = ext.entry((name.to_string(), *owner)).or_insert(0);
-        if stamp < *last {
-            return true;
-        }
-        *last = stamp;
-        false
     }
 }
 

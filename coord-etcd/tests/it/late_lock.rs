@@ -180,3 +180,19 @@ async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_extend_after_a_later_one`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_short_extend_never_outlives_the_guard() {
+    let prefix = unique("late-extend");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_extend_after_a_later_one(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("l").trim_end_matches('/'),
+    )
+    .await;
+}

@@ -16,3 +16,13 @@ async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
     conformance::late_copy::late_pop_with_one_delivery_allowed(&far, &here, &proxy, &unique("q"))
         .await;
 }
+
+/// See `conformance::late_copy::late_extend_after_a_later_one`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_short_extend_never_outlives_the_guard() {
+    let schema = unique("late_extend");
+    let proxy = FaultProxy::start(conformance::testkit::postgres::cluster().port());
+    let here = direct(&schema).await.coord();
+    let far = slow(&schema, &proxy).await.coord();
+    conformance::late_copy::late_extend_after_a_later_one(&far, &here, &proxy, &unique("l")).await;
+}

@@ -23,3 +23,18 @@ async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
     conformance::late_copy::late_pop_with_one_delivery_allowed(&via, &direct, &proxy, &unique("q"))
         .await;
 }
+
+/// See `conformance::late_copy::late_extend_after_a_later_one`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_short_extend_never_outlives_the_guard() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    conformance::late_copy::late_extend_after_a_later_one(&via, &direct, &proxy, &unique("l"))
+        .await;
+}
