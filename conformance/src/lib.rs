@@ -31,6 +31,7 @@ use futures::future::BoxFuture;
 
 pub mod cases;
 pub mod claim_kind;
+pub mod crash;
 pub mod faults;
 pub mod late_copy;
 pub mod queue_race;

@@ -315,3 +315,29 @@ async fn revoked_lease_makes_extend_fail() {
     ));
     assert!(backend.release("revoked", &o).await.unwrap());
 }
+
+/// See `conformance::crash::tokens_rise_across_a_crash`: etcd killed
+/// (`SIGKILL`) and started again on its data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_token_rises_across_a_crash() {
+    let server = std::sync::Arc::new(EtcdServer::start());
+    let url = format!("{}?timeout_ms=1000", server.url());
+    let connect = |url: String| async move {
+        EtcdBackend::connect(EtcdOptions::parse(&url).unwrap())
+            .await
+            .expect("connect to etcd")
+            .coord()
+    };
+    let before = connect(url.clone()).await;
+    let s = server.clone();
+    conformance::crash::tokens_rise_across_a_crash(&before, "crash", || async move {
+        tokio::task::spawn_blocking(move || {
+            s.kill();
+            s.start_again();
+        })
+        .await
+        .unwrap();
+        connect(url).await
+    })
+    .await;
+}

@@ -171,3 +171,31 @@ async fn a_fencing_token_is_durable_when_returned() {
         other.trim()
     );
 }
+
+/// See `conformance::crash::tokens_rise_across_a_crash`: the server
+/// stopped with `pg_ctl stop -m immediate` (no shutdown checkpoint) and
+/// started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_token_rises_across_a_crash() {
+    let _alone = crate::ALONE.lock().await;
+    let url = cluster().create_database(&unique("crash"));
+    let before = coord_postgres::builder(&url)
+        .listen(false)
+        .connect()
+        .await
+        .expect("connect");
+    conformance::crash::tokens_rise_across_a_crash(&before, "crash", || async move {
+        tokio::task::spawn_blocking(|| {
+            cluster().crash();
+            cluster().start();
+        })
+        .await
+        .unwrap();
+        coord_postgres::builder(&url)
+            .listen(false)
+            .connect()
+            .await
+            .expect("connect after the restart")
+    })
+    .await;
+}

@@ -149,3 +149,29 @@ async fn fencing_tokens_keep_rising_after_flushall() {
         "{fence_after} ~ {now_us}"
     );
 }
+
+/// See `conformance::crash::tokens_rise_across_a_crash`: a server with no
+/// persistence, killed, comes back empty; every kind of token still rises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_token_rises_across_a_crash() {
+    let server = std::sync::Arc::new(RedisServer::start());
+    let url = server.url();
+    let before = coord_redis::RedisOptions::new(&url)
+        .connect()
+        .await
+        .unwrap();
+    let s = server.clone();
+    conformance::crash::tokens_rise_across_a_crash(&before, &unique("crash"), || async move {
+        tokio::task::spawn_blocking(move || {
+            s.kill();
+            s.start_again();
+        })
+        .await
+        .unwrap();
+        coord_redis::RedisOptions::new(&url)
+            .connect()
+            .await
+            .unwrap()
+    })
+    .await;
+}
