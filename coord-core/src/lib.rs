@@ -35,6 +35,7 @@ pub mod limit;
 mod limiter;
 mod lock;
 pub mod metrics;
+pub mod permits;
 mod queue;
 pub mod queue_backend;
 pub mod rng;

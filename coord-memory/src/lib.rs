@@ -230,24 +230,14 @@ impl Sem {
     }
 
     fn free(&self) -> u32 {
-        let held: u32 = self.holders.iter().map(|h| h.permits).sum();
-        self.total.saturating_sub(held)
+        coord_core::permits::free(self.total, self.holders.iter().map(|h| h.permits))
     }
 
-    /// The queued owners that can be granted now: the longest prefix of
-    /// the queue whose requests fit into the free permits together.
+    /// The queued owners that can be granted now
+    /// ([`coord_core::permits::grantable`]).
     fn grantable(&self) -> Vec<OwnerToken> {
-        let free = self.free();
-        let mut need = 0u32;
-        let mut out = Vec::new();
-        for w in &self.queue {
-            need = need.saturating_add(w.permits);
-            if need > free {
-                break;
-            }
-            out.push(w.owner);
-        }
-        out
+        let queue = self.queue.iter().map(|w| (w.owner, w.permits));
+        coord_core::permits::grantable(self.free(), queue)
     }
 }
 

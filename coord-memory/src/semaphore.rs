@@ -180,13 +180,12 @@ impl MemoryBackend {
                 return Ok(Attempt::Granted(FencingToken(h.token)));
             }
             let pos = s.queue.iter().position(|w| w.owner == *owner);
-            let ahead: u32 = s
+            let ahead = s
                 .queue
                 .iter()
                 .take(pos.unwrap_or(s.queue.len()))
-                .map(|w| w.permits)
-                .sum();
-            let attempt = if ahead.saturating_add(req.permits) <= s.free() {
+                .fold(0u32, |a, w| a.saturating_add(w.permits));
+            let attempt = if coord_core::permits::admits(s.free(), ahead, req.permits) {
                 if let Some(i) = pos {
                     s.queue.remove(i);
                 }

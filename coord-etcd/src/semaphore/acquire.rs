@@ -269,7 +269,7 @@ impl Semaphores {
                     FencingToken(mine.create_revision() as u64),
                 ));
             }
-            if v.ahead.saturating_add(req.permits) > v.free {
+            if !coord_core::permits::admits(v.free, v.ahead, req.permits) {
                 full = true;
                 break;
             }

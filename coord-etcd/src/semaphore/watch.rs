@@ -65,24 +65,15 @@ impl Mirror {
     }
 
     /// The owners (hex) of the queued waiters that can be granted now.
+    /// ([`coord_core::permits::grantable`]).
     fn grantable(&self) -> Vec<String> {
-        let held = self
-            .holders
-            .values()
-            .fold(0u32, |a, p| a.saturating_add(*p));
-        let free = self.total.saturating_sub(held);
+        let free = coord_core::permits::free(self.total, self.holders.values().copied());
         let mut queue: Vec<&(i64, u32, String)> = self.waiters.values().collect();
         queue.sort_by_key(|(rev, _, _)| *rev);
-        let mut need = 0u32;
-        let mut out = Vec::new();
-        for (_, permits, hex) in queue {
-            need = need.saturating_add(*permits);
-            if need > free {
-                break;
-            }
-            out.push(hex.clone());
-        }
-        out
+        let queue = queue
+            .into_iter()
+            .map(|(_, permits, hex)| (hex.clone(), *permits));
+        coord_core::permits::grantable(free, queue)
     }
 }
 
