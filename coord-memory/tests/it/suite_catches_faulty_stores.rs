@@ -4,7 +4,8 @@
 //! its message (`conformance_suite` runs the same cases on the store
 //! without the fault, where they pass).
 //!
-//! The faults: a lease whose `remaining` does not count down.
+//! The faults: a lease whose `remaining` does not count down; names cut
+//! to 255 bytes (in locks, leases or semaphores).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,8 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::Factory;
+use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, Coord, Lease, Lock, OwnerToken, Queue, Result, Semaphore, async_trait,
+    Attempt, Capabilities, Coord, Lease, Lock, OwnerToken, PermitRequest, Queue, Result, Semaphore,
+    async_trait,
 };
 use coord_memory::MemoryBackend;
 use tokio::time::Instant;
@@ -138,4 +141,124 @@ async fn a_lease_remaining_that_does_not_count_down_is_caught() {
         "remaining does not count down",
     )
     .await;
+}
+
+// ---- names cut to 255 bytes ----
+
+/// Locks, leases and semaphores that keep only the first 255 bytes of a
+/// name.
+struct CutNames(Arc<MemoryBackend>);
+
+fn cut(name: &str) -> &str {
+    let mut end = name.len().min(255);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
+#[async_trait]
+impl Lock for CutNames {
+    fn capabilities(&self) -> &Capabilities {
+        Lock::capabilities(&*self.0)
+    }
+    async fn try_acquire(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        Lock::try_acquire(&*self.0, cut(n), o, ttl).await
+    }
+    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+        Lock::release(&*self.0, cut(n), o).await
+    }
+    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Lock::extend(&*self.0, cut(n), o, ttl).await
+    }
+    async fn force_release(&self, n: &str) -> Result<bool> {
+        Lock::force_release(&*self.0, cut(n)).await
+    }
+    async fn subscribe(&self, n: &str, o: &OwnerToken) -> Result<Waiter> {
+        Lock::subscribe(&*self.0, cut(n), o).await
+    }
+}
+
+#[async_trait]
+impl Lease for CutNames {
+    fn capabilities(&self) -> &Capabilities {
+        Lease::capabilities(&*self.0)
+    }
+    async fn grant(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.0.grant(cut(n), o, ttl).await
+    }
+    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Lease::renew(&*self.0, cut(n), o, ttl).await
+    }
+    async fn revoke(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+        self.0.revoke(cut(n), o).await
+    }
+    async fn remaining(&self, n: &str) -> Result<Option<Duration>> {
+        self.0.remaining(cut(n)).await
+    }
+}
+
+#[async_trait]
+impl Semaphore for CutNames {
+    fn capabilities(&self) -> &Capabilities {
+        Semaphore::capabilities(&*self.0)
+    }
+    fn fifo(&self) -> bool {
+        Semaphore::fifo(&*self.0)
+    }
+    async fn try_acquire(&self, n: &str, o: &OwnerToken, r: &PermitRequest) -> Result<Attempt> {
+        Semaphore::try_acquire(&*self.0, cut(n), o, r).await
+    }
+    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+        Semaphore::release(&*self.0, cut(n), o).await
+    }
+    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Semaphore::extend(&*self.0, cut(n), o, ttl).await
+    }
+    async fn force_release(&self, n: &str) -> Result<bool> {
+        Semaphore::force_release(&*self.0, cut(n)).await
+    }
+    async fn subscribe(&self, n: &str, o: &OwnerToken) -> Result<Waiter> {
+        Semaphore::subscribe(&*self.0, cut(n), o).await
+    }
+}
+
+/// Names cut short in any one of locks, leases and semaphores are caught
+/// (each primitive's check works on its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn names_cut_to_255_bytes_are_caught_in_each_primitive() {
+    for (kind, says) in [
+        ("locks", "a lock on one holds the other"),
+        ("leases", "a lease on one holds the other"),
+        (
+            "semaphores",
+            "2 of 2 permits of one, while the other is held",
+        ),
+    ] {
+        let store = Arc::new(MemoryBackend::new());
+        let cutting = Arc::new(CutNames(store.clone()));
+        let planted = match kind {
+            "locks" => Planted {
+                lock: Some(cutting),
+                ..Planted::default()
+            },
+            "leases" => Planted {
+                lease: Some(cutting),
+                ..Planted::default()
+            },
+            _ => Planted {
+                semaphore: Some(cutting),
+                ..Planted::default()
+            },
+        };
+        caught(
+            &format!("{kind} cutting names to 255 bytes"),
+            planted.factory(store),
+            |f| async move {
+                conformance::cases::input_long_names_sharing_a_prefix_are_separate(&f).await
+            },
+            says,
+        )
+        .await;
+    }
 }
