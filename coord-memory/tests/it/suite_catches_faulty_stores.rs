@@ -5,7 +5,8 @@
 //! without the fault, where they pass).
 //!
 //! The faults: a lease whose `remaining` does not count down; names cut
-//! to 255 bytes (in locks, leases or semaphores).
+//! to 255 bytes (in locks, leases or semaphores); a dedup window restarted
+//! by each duplicate push.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -15,7 +16,8 @@ use std::time::Duration;
 use conformance::Factory;
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, Coord, Lease, Lock, OwnerToken, PermitRequest, Queue, Result, Semaphore,
+    Attempt, Capabilities, Coord, Lane, Lease, Lock, Message, MessageId, NewMessage, OwnerToken,
+    PermitRequest, PopAttempt, Pushed, Queue, QueueConfig, QueueStats, Result, Semaphore,
     async_trait,
 };
 use coord_memory::MemoryBackend;
@@ -261,4 +263,118 @@ async fn names_cut_to_255_bytes_are_caught_in_each_primitive() {
         )
         .await;
     }
+}
+
+// ---- a dedup window restarted by each duplicate ----
+
+/// Queues whose dedup ids are remembered for a window from their LAST
+/// push: each duplicate restarts it.
+struct RestartedDedup {
+    inner: Arc<MemoryBackend>,
+    seen: Mutex<HashMap<(String, String), (MessageId, Instant)>>,
+}
+
+#[async_trait]
+impl Queue for RestartedDedup {
+    fn capabilities(&self) -> &Capabilities {
+        Queue::capabilities(&*self.inner)
+    }
+    async fn push(&self, q: &str, m: &NewMessage<'_>) -> Result<Pushed> {
+        let Some(d) = m.dedup_id else {
+            return self.inner.push(q, m).await;
+        };
+        let key = (q.to_string(), d.to_string());
+        let now = Instant::now();
+        if let Some((id, until)) = self.seen.lock().unwrap().get_mut(&key) {
+            if *until > now {
+                *until = now + m.dedup_window;
+                return Ok(Pushed {
+                    id: *id,
+                    duplicate: true,
+                });
+            }
+        }
+        let plain = NewMessage {
+            dedup_id: None,
+            ..*m
+        };
+        let pushed = self.inner.push(q, &plain).await?;
+        let until = now + m.dedup_window;
+        self.seen.lock().unwrap().insert(key, (pushed.id, until));
+        Ok(pushed)
+    }
+    async fn try_pop(
+        &self,
+        q: &str,
+        l: Lane,
+        c: &OwnerToken,
+        v: Duration,
+        cfg: &QueueConfig,
+    ) -> Result<PopAttempt> {
+        self.inner.try_pop(q, l, c, v, cfg).await
+    }
+    async fn ack(&self, q: &str, l: Lane, id: MessageId, c: &OwnerToken) -> Result<bool> {
+        self.inner.ack(q, l, id, c).await
+    }
+    async fn nack(
+        &self,
+        q: &str,
+        l: Lane,
+        id: MessageId,
+        c: &OwnerToken,
+        d: Duration,
+    ) -> Result<bool> {
+        self.inner.nack(q, l, id, c, d).await
+    }
+    async fn abandon(&self, q: &str, l: Lane, c: &OwnerToken) -> Result<()> {
+        self.inner.abandon(q, l, c).await
+    }
+    async fn extend(
+        &self,
+        q: &str,
+        l: Lane,
+        id: MessageId,
+        c: &OwnerToken,
+        v: Duration,
+    ) -> Result<bool> {
+        Queue::extend(&*self.inner, q, l, id, c, v).await
+    }
+    async fn peek(&self, q: &str, l: Lane, limit: usize) -> Result<Vec<Message>> {
+        self.inner.peek(q, l, limit).await
+    }
+    async fn redrive(&self, q: &str, limit: usize) -> Result<u64> {
+        self.inner.redrive(q, limit).await
+    }
+    async fn stats(&self, q: &str) -> Result<QueueStats> {
+        self.inner.stats(q).await
+    }
+    async fn purge(&self, q: &str) -> Result<u64> {
+        self.seen.lock().unwrap().retain(|(name, _), _| name != q);
+        self.inner.purge(q).await
+    }
+    async fn subscribe(&self, q: &str, l: Lane) -> Result<Waiter> {
+        Queue::subscribe(&*self.inner, q, l).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dedup_window_restarted_by_duplicates_is_caught() {
+    let store = Arc::new(MemoryBackend::new());
+    let queue = Arc::new(RestartedDedup {
+        inner: store.clone(),
+        seen: Mutex::default(),
+    });
+    let planted = Planted {
+        queue: Some(queue),
+        ..Planted::default()
+    };
+    caught(
+        "dedup window restarted by each duplicate",
+        planted.factory(store),
+        |f| async move {
+            conformance::cases::queue_dedup_window_runs_from_the_first_push(&f).await
+        },
+        "restarted it",
+    )
+    .await;
 }
