@@ -6,7 +6,8 @@
 //!
 //! The faults: a lease whose `remaining` does not count down; names cut
 //! to 255 bytes (in locks, leases or semaphores); a dedup window restarted
-//! by each duplicate push.
+//! by each duplicate push; a semaphore release that wakes one waiter where
+//! several fit; a released permit kept until its TTL.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::Factory;
-use coord_core::wake::Waiter;
+use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Attempt, Capabilities, Coord, Lane, Lease, Lock, Message, MessageId, NewMessage, OwnerToken,
     PermitRequest, PopAttempt, Pushed, Queue, QueueConfig, QueueStats, Result, Semaphore,
@@ -375,6 +376,104 @@ async fn a_dedup_window_restarted_by_duplicates_is_caught() {
             conformance::cases::queue_dedup_window_runs_from_the_first_push(&f).await
         },
         "restarted it",
+    )
+    .await;
+}
+
+// ---- semaphore faults ----
+
+/// How a [`FaultySemaphore`] breaks the rules.
+#[derive(Clone, Copy)]
+enum SemFault {
+    /// A release wakes one waiter of the name, however many now fit.
+    WakesOne,
+    /// A release reports success and returns nothing: the permits come
+    /// back at the grant's TTL.
+    KeepsPermits,
+}
+
+/// The in-memory semaphores with one [`SemFault`].
+struct FaultySemaphore {
+    inner: Arc<MemoryBackend>,
+    fault: SemFault,
+    /// Waiters by name ([`SemFault::WakesOne`]).
+    wakeups: Wakeups,
+}
+
+#[async_trait]
+impl Semaphore for FaultySemaphore {
+    fn capabilities(&self) -> &Capabilities {
+        Semaphore::capabilities(&*self.inner)
+    }
+    fn fifo(&self) -> bool {
+        Semaphore::fifo(&*self.inner)
+    }
+    async fn try_acquire(&self, n: &str, o: &OwnerToken, r: &PermitRequest) -> Result<Attempt> {
+        Semaphore::try_acquire(&*self.inner, n, o, r).await
+    }
+    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+        match self.fault {
+            SemFault::WakesOne => {
+                let released = Semaphore::release(&*self.inner, n, o).await?;
+                self.wakeups.notify_one(n);
+                Ok(released)
+            }
+            SemFault::KeepsPermits => {
+                let held = Semaphore::inspect(&*self.inner, n).await?;
+                Ok(held.holders.iter().any(|h| h.owner == *o))
+            }
+        }
+    }
+    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+        Semaphore::extend(&*self.inner, n, o, ttl).await
+    }
+    async fn force_release(&self, n: &str) -> Result<bool> {
+        let removed = Semaphore::force_release(&*self.inner, n).await?;
+        self.wakeups.notify_all(n);
+        Ok(removed)
+    }
+    async fn subscribe(&self, n: &str, o: &OwnerToken) -> Result<Waiter> {
+        match self.fault {
+            SemFault::WakesOne => Ok(self.wakeups.subscribe(n)),
+            SemFault::KeepsPermits => Semaphore::subscribe(&*self.inner, n, o).await,
+        }
+    }
+}
+
+fn faulty_semaphore(fault: SemFault) -> Factory {
+    let store = Arc::new(MemoryBackend::new());
+    let semaphore = Arc::new(FaultySemaphore {
+        inner: store.clone(),
+        fault,
+        wakeups: Wakeups::new(),
+    });
+    Planted {
+        semaphore: Some(semaphore),
+        ..Planted::default()
+    }
+    .factory(store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_that_wakes_one_of_several_fitting_waiters_is_caught() {
+    caught(
+        "a release waking one waiter",
+        faulty_semaphore(SemFault::WakesOne),
+        |f| async move {
+            conformance::cases::semaphore_release_wakes_every_waiter_that_fits(&f).await
+        },
+        "the release woke only one waiter",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_permit_kept_until_its_ttl_is_caught() {
+    caught(
+        "a release keeping the permits",
+        faulty_semaphore(SemFault::KeepsPermits),
+        |f| async move { conformance::cases::semaphore_released_permit_is_free_at_once(&f).await },
+        "a single attempt for them is refused",
     )
     .await;
 }
