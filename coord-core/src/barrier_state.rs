@@ -367,4 +367,269 @@ mod tests {
         let old = BarrierState::decode("2\n5\n-").unwrap();
         assert_eq!((old.born, old.generation), (0, 5));
     }
+
+    /// Property tests: random runs of arrivals and withdrawals (a few
+    /// participants, each with several arrival ids; some arrivals with
+    /// another party count; withdrawals of the current, a completed, a
+    /// lost or a later generation) against a model of the rules in
+    /// [`BarrierState`]'s docs.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeSet;
+
+        /// Which generation a withdrawal names.
+        #[derive(Debug, Clone, Copy)]
+        enum Which {
+            /// The current one.
+            Current,
+            /// One that completed (the current one if none has).
+            Completed(u64),
+            /// One below the state's birth (the current one if born at 0).
+            Lost(u64),
+            /// One above the current.
+            Later(u64),
+        }
+
+        #[derive(Debug, Clone, Copy)]
+        enum Op {
+            Arrive {
+                who: usize,
+                id: usize,
+                other_parties: bool,
+            },
+            Withdraw {
+                who: usize,
+                id: usize,
+                which: Which,
+            },
+        }
+
+        const PARTICIPANTS: usize = 5;
+        const IDS: usize = 10;
+
+        fn op() -> impl Strategy<Value = Op> {
+            let which = prop_oneof![
+                3 => Just(Which::Current),
+                1 => any::<u64>().prop_map(Which::Completed),
+                1 => any::<u64>().prop_map(Which::Lost),
+                1 => (1..4u64).prop_map(Which::Later),
+            ];
+            prop_oneof![
+                4 => (0..PARTICIPANTS, 0..IDS, prop::bool::weighted(0.1)).prop_map(
+                    |(who, id, other_parties)| Op::Arrive { who, id, other_parties }
+                ),
+                1 => (0..PARTICIPANTS, 0..IDS, which)
+                    .prop_map(|(who, id, which)| Op::Withdraw { who, id, which }),
+            ]
+        }
+
+        fn token(i: usize) -> OwnerToken {
+            OwnerToken::from_hex(&format!("{:032x}", i + 1)).unwrap()
+        }
+
+        /// The rules, kept as sets: the live arrivals of the current
+        /// generation (not withdrawn), its withdrawn ids, the last
+        /// completed generation's ids.
+        #[derive(Debug, Default)]
+        struct Model {
+            parties: u32,
+            generation: u64,
+            born: u64,
+            live: Vec<(usize, usize)>,
+            withdrawn: BTreeSet<usize>,
+            last: Option<(u64, BTreeSet<usize>)>,
+        }
+
+        impl Model {
+            fn members(&self) -> usize {
+                self.live
+                    .iter()
+                    .map(|(who, _)| who)
+                    .collect::<BTreeSet<_>>()
+                    .len()
+            }
+        }
+
+        proptest! {
+            /// Generations only rise; a generation completes exactly when
+            /// `parties` distinct participants with live arrivals are in
+            /// it (a repeated arrival id counts once, a second id of a
+            /// participant adds no member, a withdrawn arrival is not
+            /// counted and its id is refused until the generation
+            /// completes); a retried completing arrival returns its
+            /// generation as complete; another party count while busy is
+            /// refused; every call that says it changed nothing left the
+            /// state as it was; the text form round-trips.
+            #[test]
+            fn arrivals_and_withdrawals_follow_the_barrier_rules(
+                parties in 1..=4u32,
+                born in 0..50u64,
+                steps in prop::collection::vec(1..=3u64, 64),
+                ops in prop::collection::vec(op(), 1..64),
+            ) {
+                check::arrivals_and_withdrawals_follow_the_barrier_rules(
+                    parties, born, steps, ops,
+                )?;
+            }
+        }
+
+        /// The properties, as functions (rustfmt formats them; the
+        /// `proptest!` block above only draws their inputs).
+        mod check {
+            use super::*;
+
+            pub(super) fn arrivals_and_withdrawals_follow_the_barrier_rules(
+                parties: u32,
+                born: u64,
+                steps: Vec<u64>,
+                ops: Vec<Op>,
+            ) -> Result<(), TestCaseError> {
+                let mut s = BarrierState::new(born);
+                let mut m = Model {
+                    generation: born,
+                    born,
+                    ..Model::default()
+                };
+                let mut steps = steps.into_iter().cycle();
+                for op in ops {
+                    let before = s.clone();
+                    match op {
+                        Op::Arrive {
+                            who,
+                            id,
+                            other_parties,
+                        } => {
+                            let asked = if other_parties { parties + 1 } else { parties };
+                            let step = steps.next().unwrap();
+                            let r =
+                                s.arrive("b", asked, &format!("p{who}"), &token(id), |g| g + step);
+                            if let Some((g, _)) =
+                                m.last.as_ref().filter(|(_, ids)| ids.contains(&id))
+                            {
+                                prop_assert_eq!(
+                                    r.clone().unwrap(),
+                                    (
+                                        Arrival {
+                                            generation: *g,
+                                            complete: true
+                                        },
+                                        false
+                                    ),
+                                    "a retried completing arrival"
+                                );
+                            } else if m.withdrawn.contains(&id) {
+                                prop_assert!(
+                                    matches!(r, Err(Error::ArrivalLost { .. })),
+                                    "a withdrawn arrival id came back: {:?}",
+                                    r
+                                );
+                            } else if !m.live.is_empty() && asked != m.parties {
+                                prop_assert!(
+                                    matches!(
+                                        r,
+                                        Err(Error::InvalidArgument {
+                                            field: "parties",
+                                            ..
+                                        })
+                                    ),
+                                    "{:?}",
+                                    r
+                                );
+                            } else if m.live.iter().any(|(_, i)| *i == id) {
+                                prop_assert_eq!(
+                                    r.clone().unwrap(),
+                                    (
+                                        Arrival {
+                                            generation: m.generation,
+                                            complete: false
+                                        },
+                                        false
+                                    ),
+                                    "a repeated arrival"
+                                );
+                            } else {
+                                if m.live.is_empty() {
+                                    m.parties = asked;
+                                }
+                                m.live.push((who, id));
+                                let (arrival, changed) = r.clone().unwrap();
+                                prop_assert!(changed);
+                                let complete = m.members() as u64 == u64::from(m.parties);
+                                prop_assert_eq!(
+                                    arrival,
+                                    Arrival {
+                                        generation: m.generation,
+                                        complete
+                                    },
+                                    "{} members of {}",
+                                    m.members(),
+                                    m.parties
+                                );
+                                if complete {
+                                    let ids = m.live.drain(..).map(|(_, i)| i).collect();
+                                    m.last = Some((m.generation, ids));
+                                    m.withdrawn.clear();
+                                    m.generation += step;
+                                }
+                            }
+                            if let Ok((_, changed)) = r {
+                                prop_assert_eq!(changed, s != before, "arrive's changed flag");
+                            } else {
+                                prop_assert_eq!(&s, &before, "a refused arrival changed the state");
+                            }
+                        }
+                        Op::Withdraw { who, id, which } => {
+                            let g = match which {
+                                Which::Current => m.generation,
+                                Which::Completed(x) if m.generation > m.born => {
+                                    m.born + x % (m.generation - m.born)
+                                }
+                                Which::Lost(x) if m.born > 0 => x % m.born,
+                                Which::Later(d) => m.generation + d,
+                                _ => m.generation,
+                            };
+                            let r = s.withdraw(g, &format!("p{who}"), &token(id));
+                            if g >= m.born && g < m.generation {
+                                prop_assert_eq!(
+                                    r,
+                                    (false, false),
+                                    "withdrawn from completed generation {}",
+                                    g
+                                );
+                            } else {
+                                let n = m.live.len();
+                                m.live.retain(|a| *a != (who, id));
+                                let tombstoned = m.withdrawn.insert(id);
+                                prop_assert_eq!(r, (true, m.live.len() != n || tombstoned));
+                            }
+                            prop_assert_eq!(r.1, s != before, "withdraw's changed flag");
+                        }
+                    }
+                    prop_assert!(
+                        s.generation >= before.generation,
+                        "the generation went back"
+                    );
+                    prop_assert_eq!(s.generation, m.generation);
+                    prop_assert_eq!(s.is_idle(), m.live.is_empty() && m.withdrawn.is_empty());
+                    for g in m.born.saturating_sub(2)..m.generation + 2 {
+                        match s.is_complete("b", g) {
+                            Ok(done) => prop_assert_eq!(
+                                done,
+                                g >= m.born && g < m.generation,
+                                "generation {}",
+                                g
+                            ),
+                            Err(e) => {
+                                let lost = matches!(e, Error::ArrivalLost { .. });
+                                prop_assert!(g < m.born && lost, "generation {}: {:?}", g, e);
+                            }
+                        }
+                    }
+                    prop_assert_eq!(BarrierState::decode(&s.encode()), Some(s.clone()));
+                }
+                Ok(())
+            }
+        }
+    }
 }

@@ -754,4 +754,514 @@ mod tests {
             Some(empty)
         );
     }
+
+    /// Property tests: random histories of checks (clock steps of zero,
+    /// a fraction of a window, a few windows and many windows; limits and
+    /// windows changing between checks) held to the rules in the module
+    /// docs and `docs/guarantees.md`.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const MS: u128 = 1_000_000;
+        /// The window lengths quotas are drawn from (ms).
+        const WINDOWS_MS: [u64; 3] = [10, 25, 60];
+        const MAX_LIMIT: u64 = 6;
+
+        /// One check: how far the clock moves before it (ns), then the
+        /// quota's limit, window (ms) and the request's cost.
+        #[derive(Debug, Clone, Copy)]
+        struct Step {
+            advance: u128,
+            limit: u64,
+            window_ms: u64,
+            cost: u64,
+        }
+
+        impl Step {
+            fn quota(&self, algorithm: Algorithm) -> Quota {
+                Quota::new(self.limit, Duration::from_millis(self.window_ms), algorithm)
+            }
+        }
+
+        /// Clock steps: none (checks at one instant), under 2 ms, up to
+        /// about a window, and jumps of up to 100 windows.
+        fn advance() -> impl Strategy<Value = u128> {
+            prop_oneof![
+                3 => Just(0u128),
+                3 => 0..2 * MS,
+                2 => 0..70 * MS,
+                1 => 0..6000 * MS,
+            ]
+        }
+
+        /// Checks whose limit and window are drawn per check from
+        /// `limits` and `windows` (ms), cost at most the limit.
+        fn steps(
+            limits: std::ops::RangeInclusive<u64>,
+            windows: Vec<u64>,
+        ) -> impl Strategy<Value = Vec<Step>> {
+            let step = (
+                advance(),
+                limits,
+                prop::sample::select(windows),
+                1..=MAX_LIMIT,
+            )
+                .prop_map(|(advance, limit, window_ms, cost)| Step {
+                    advance,
+                    limit,
+                    window_ms,
+                    cost: cost.min(limit),
+                });
+            prop::collection::vec(step, 1..60)
+        }
+
+        fn algorithm() -> impl Strategy<Value = Algorithm> {
+            prop::sample::select(Algorithm::ALL.to_vec())
+        }
+
+        /// The epoch offset of the first check (not aligned to any window).
+        fn start() -> impl Strategy<Value = u128> {
+            0..1_000_000 * MS
+        }
+
+        /// One admitted request: when, its cost, the quota it was checked
+        /// with.
+        struct Admitted {
+            at: u128,
+            cost: u64,
+            quota: Quota,
+        }
+
+        /// Run `steps` on a fresh state from `t0`, checking that the state
+        /// survives encode and decode after each; the decisions with their
+        /// times, and the admitted requests.
+        fn run(
+            algorithm: Algorithm,
+            t0: u128,
+            steps: &[Step],
+        ) -> (LimitState, Vec<(u128, Step, Decision)>, Vec<Admitted>) {
+            let mut st = LimitState::new(&steps[0].quota(algorithm));
+            let (mut now, mut log, mut admitted) = (t0, Vec::new(), Vec::new());
+            for step in steps {
+                now += step.advance;
+                let quota = step.quota(algorithm);
+                let d = st.check(now, &quota, step.cost);
+                assert_eq!(
+                    LimitState::decode(algorithm, &st.encode()),
+                    Some(st.clone())
+                );
+                if d.allowed {
+                    admitted.push(Admitted {
+                        at: now,
+                        cost: step.cost,
+                        quota,
+                    });
+                }
+                log.push((now, *step, d));
+            }
+            (st, log, admitted)
+        }
+
+        fn cost_in(admitted: &[Admitted], from: u128, to: u128) -> u64 {
+            admitted
+                .iter()
+                .filter(|a| a.at >= from && a.at <= to)
+                .map(|a| a.cost)
+                .sum()
+        }
+
+        proptest! {
+            /// Sliding log, one quota: a request is admitted exactly when
+            /// it fits with the cost admitted in the trailing window, so no
+            /// window ever holds more than `limit`; `remaining` is what is
+            /// left of it.
+            #[test]
+            fn sliding_log_never_admits_more_than_the_limit_in_any_window(
+                t0 in start(),
+                limit in 1..=MAX_LIMIT,
+                window_ms in prop::sample::select(WINDOWS_MS.to_vec()),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+            ) {
+                check::sliding_log_never_admits_more_than_the_limit_in_any_window(
+                    t0, limit, window_ms, steps,
+                )?;
+            }
+
+            /// Fixed and sliding window with one window length and limits
+            /// changing between checks: each check decides on its own limit
+            /// by the counts of the epoch-aligned windows, exactly (fixed:
+            /// this window's count; sliding: the previous window's count
+            /// weighted by its overlap with the trailing window, plus this
+            /// window's), so no aligned window admits more than the limit of
+            /// any check admitted in it.
+            #[test]
+            fn window_counters_decide_by_the_aligned_windows_whatever_the_limit(
+                sliding in any::<bool>(),
+                t0 in start(),
+                window_ms in prop::sample::select(WINDOWS_MS.to_vec()),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+            ) {
+                check::window_counters_decide_by_the_aligned_windows_whatever_the_limit(
+                    sliding, t0, window_ms, steps,
+                )?;
+            }
+
+            /// Quotas changing (limits and windows) never grant a fresh
+            /// allowance: for every admitted request, the cost admitted
+            /// since any earlier admission, while no window of any quota in
+            /// use ended (for the sliding log: within the shortest window),
+            /// is within the checking quota's limit; GCRA admits at most
+            /// its limit plus what the fastest quota's rate frees in that
+            /// time.
+            #[test]
+            fn quota_changes_grant_no_fresh_allowance(
+                algorithm in algorithm(),
+                t0 in start(),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+            ) {
+                check::quota_changes_grant_no_fresh_allowance(algorithm, t0, steps)?;
+            }
+
+            /// Sliding log, windows changing: entries are kept for the
+            /// largest window the key was checked with while they were in
+            /// it, and a check counts every kept entry within its own
+            /// window. An admitted request at `t` with window `w` is within
+            /// its limit together with every earlier admission less than
+            /// `w` before it that no check since could have dropped (none
+            /// came a full window after it, by the largest window checked
+            /// between the two).
+            #[test]
+            fn a_sliding_log_counts_what_it_keeps_for_the_largest_window(
+                t0 in start(),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+            ) {
+                check::a_sliding_log_counts_what_it_keeps_for_the_largest_window(t0, steps)?;
+            }
+
+            /// A denied check says when the same request fits: retried
+            /// `retry_after` later (nothing else checked meanwhile) it is
+            /// admitted, and 1 ns sooner it is not (unless `retry_after`
+            /// is 1 ms, the floor of the algorithms other than the fixed
+            /// window). Quotas change along the way.
+            #[test]
+            fn a_denied_request_fits_exactly_at_retry_after(
+                algorithm in algorithm(),
+                t0 in start(),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+            ) {
+                check::a_denied_request_fits_exactly_at_retry_after(algorithm, t0, steps)?;
+            }
+
+            /// Clock steps back (another client's clock behind, a stepped
+            /// clock): a check behind the latest time the state has seen is
+            /// never admitted where the same check at that latest time would
+            /// be refused, for the sliding log and GCRA, quotas changing
+            /// along the way. (The window counters are not held to this: a
+            /// check whose clock falls in an earlier window than the state's
+            /// starts that window afresh.)
+            #[test]
+            fn a_check_behind_the_state_clock_is_no_more_lenient(
+                gcra in any::<bool>(),
+                t0 in 1_000 * MS..1_000_000 * MS,
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+                backs in prop::collection::vec(prop_oneof![2 => Just(0u128), 1 => 0..70 * MS], 60),
+            ) {
+                check::a_check_behind_the_state_clock_is_no_more_lenient(gcra, t0, steps, backs)?;
+            }
+
+            /// A state is idle once the largest window (times the largest
+            /// ratio of limits, for GCRA's backlog) has passed since its
+            /// last check, and an idle state decides as a fresh one.
+            #[test]
+            fn an_idle_state_decides_as_a_fresh_one(
+                algorithm in algorithm(),
+                t0 in start(),
+                steps in steps(1..=MAX_LIMIT, WINDOWS_MS.to_vec()),
+                gap in 0..7_000 * MS,
+                next in (1..=MAX_LIMIT, prop::sample::select(WINDOWS_MS.to_vec()), 1..=MAX_LIMIT),
+            ) {
+                check::an_idle_state_decides_as_a_fresh_one(algorithm, t0, steps, gap, next)?;
+            }
+        }
+
+        /// The properties, as functions (rustfmt formats them; the
+        /// `proptest!` block above only draws their inputs).
+        mod check {
+            use super::*;
+
+            pub(super) fn sliding_log_never_admits_more_than_the_limit_in_any_window(
+                t0: u128,
+                limit: u64,
+                window_ms: u64,
+                steps: Vec<Step>,
+            ) -> Result<(), TestCaseError> {
+                let w = u128::from(window_ms) * MS;
+                let steps: Vec<Step> = steps
+                    .into_iter()
+                    .map(|s| Step {
+                        limit,
+                        window_ms,
+                        cost: s.cost.min(limit),
+                        ..s
+                    })
+                    .collect();
+                let (_, log, admitted) = run(Algorithm::SlidingLog, t0, &steps);
+                let mut before: Vec<Admitted> = Vec::new();
+                for (now, step, d) in log {
+                    let used: u64 = before
+                        .iter()
+                        .filter(|a| a.at + w > now)
+                        .map(|a| a.cost)
+                        .sum();
+                    prop_assert_eq!(
+                        d.allowed,
+                        used + step.cost <= limit,
+                        "used {} at {}",
+                        used,
+                        now
+                    );
+                    let left = if d.allowed {
+                        limit - used - step.cost
+                    } else {
+                        limit - used
+                    };
+                    prop_assert_eq!(d.remaining, left);
+                    if d.allowed {
+                        before.push(Admitted {
+                            at: now,
+                            cost: step.cost,
+                            quota: step.quota(Algorithm::SlidingLog),
+                        });
+                    }
+                }
+                for a in &admitted {
+                    let in_window = cost_in(&admitted, (a.at + 1).saturating_sub(w), a.at);
+                    prop_assert!(
+                        in_window <= limit,
+                        "{} admitted in the window ending at {}",
+                        in_window,
+                        a.at
+                    );
+                }
+                Ok(())
+            }
+
+            pub(super) fn window_counters_decide_by_the_aligned_windows_whatever_the_limit(
+                sliding: bool,
+                t0: u128,
+                window_ms: u64,
+                steps: Vec<Step>,
+            ) -> Result<(), TestCaseError> {
+                let algorithm = if sliding {
+                    Algorithm::SlidingWindow
+                } else {
+                    Algorithm::FixedWindow
+                };
+                let w = u128::from(window_ms) * MS;
+                let steps: Vec<Step> = steps.into_iter().map(|s| Step { window_ms, ..s }).collect();
+                let (_, log, _) = run(algorithm, t0, &steps);
+                let mut before: Vec<(u128, u64)> = Vec::new();
+                for (now, step, d) in log {
+                    let index = now / w;
+                    let count = |i: u128| -> u128 {
+                        before
+                            .iter()
+                            .filter(|(t, _)| t / w == i)
+                            .map(|(_, c)| u128::from(*c))
+                            .sum()
+                    };
+                    let (curr, limit, cost) =
+                        (count(index), u128::from(step.limit), u128::from(step.cost));
+                    let fits = if sliding {
+                        let prev = if index > 0 { count(index - 1) } else { 0 };
+                        prev * (w - now % w) + (curr + cost) * w <= limit * w
+                    } else {
+                        curr + cost <= limit
+                    };
+                    prop_assert_eq!(
+                        d.allowed,
+                        fits,
+                        "{:?} at {} (window {}), {} in it",
+                        step,
+                        now,
+                        index,
+                        curr
+                    );
+                    if d.allowed {
+                        prop_assert!(curr + cost <= limit);
+                        before.push((now, step.cost));
+                    }
+                }
+                Ok(())
+            }
+
+            pub(super) fn quota_changes_grant_no_fresh_allowance(
+                algorithm: Algorithm,
+                t0: u128,
+                steps: Vec<Step>,
+            ) -> Result<(), TestCaseError> {
+                let (_, _, admitted) = run(algorithm, t0, &steps);
+                let shortest = u128::from(WINDOWS_MS[0]) * MS;
+                let unbroken = |from: u128, to: u128| match algorithm {
+                    Algorithm::SlidingLog => to - from < shortest,
+                    Algorithm::FixedWindow | Algorithm::SlidingWindow => WINDOWS_MS
+                        .iter()
+                        .all(|ms| from / (u128::from(*ms) * MS) == to / (u128::from(*ms) * MS)),
+                    Algorithm::Gcra => true,
+                };
+                for (j, a) in admitted.iter().enumerate() {
+                    for earlier in &admitted[..=j] {
+                        if !unbroken(earlier.at, a.at) {
+                            continue;
+                        }
+                        let sum = u128::from(cost_in(&admitted[..=j], earlier.at, a.at));
+                        let limit = u128::from(a.quota.limit);
+                        let bound = match algorithm {
+                            // Freed at the fastest rate, MAX_LIMIT per shortest window.
+                            Algorithm::Gcra => {
+                                limit * shortest + u128::from(MAX_LIMIT) * (a.at - earlier.at)
+                            }
+                            _ => limit * shortest,
+                        };
+                        prop_assert!(
+                            sum * shortest <= bound,
+                            "{:?}: {} admitted from {} to {}, checked with {:?}",
+                            algorithm,
+                            sum,
+                            earlier.at,
+                            a.at,
+                            a.quota
+                        );
+                    }
+                }
+                Ok(())
+            }
+
+            pub(super) fn a_sliding_log_counts_what_it_keeps_for_the_largest_window(
+                t0: u128,
+                steps: Vec<Step>,
+            ) -> Result<(), TestCaseError> {
+                let (_, log, _) = run(Algorithm::SlidingLog, t0, &steps);
+                let ns = |s: &Step| u128::from(s.window_ms) * MS;
+                let kept = |i: usize, j: usize| {
+                    let (t_i, step_i, _) = &log[i];
+                    let mut longest = ns(step_i);
+                    for (t_k, step_k, _) in &log[i + 1..=j] {
+                        if t_k - t_i >= longest {
+                            return false;
+                        }
+                        longest = longest.max(ns(step_k));
+                    }
+                    true
+                };
+                for (j, (t_j, step_j, d)) in log.iter().enumerate() {
+                    if !d.allowed {
+                        continue;
+                    }
+                    let counted: u64 = (0..j)
+                        .filter(|&i| log[i].2.allowed && t_j - log[i].0 < ns(step_j) && kept(i, j))
+                        .map(|i| log[i].1.cost)
+                        .sum();
+                    prop_assert!(
+                        counted + step_j.cost <= step_j.limit,
+                        "{:?} admitted at {} over {} kept in its window",
+                        step_j,
+                        t_j,
+                        counted
+                    );
+                }
+                Ok(())
+            }
+
+            pub(super) fn a_denied_request_fits_exactly_at_retry_after(
+                algorithm: Algorithm,
+                t0: u128,
+                steps: Vec<Step>,
+            ) -> Result<(), TestCaseError> {
+                let mut st = LimitState::new(&steps[0].quota(algorithm));
+                let mut now = t0;
+                for step in &steps {
+                    now += step.advance;
+                    let quota = step.quota(algorithm);
+                    let d = st.check(now, &quota, step.cost);
+                    if d.allowed {
+                        prop_assert_eq!(d.retry_after, Duration::ZERO);
+                        continue;
+                    }
+                    let r = d.retry_after.as_nanos();
+                    prop_assert!(r > 0, "{:?}", d);
+                    let at = st.clone().check(now + r, &quota, step.cost);
+                    prop_assert!(
+                        at.allowed,
+                        "{:?} denied at {} + retry_after {:?}",
+                        step,
+                        now,
+                        d.retry_after
+                    );
+                    if r > 1 && r != MS {
+                        let sooner = st.clone().check(now + r - 1, &quota, step.cost);
+                        prop_assert!(
+                            !sooner.allowed,
+                            "{:?} admitted 1 ns before retry_after {:?}",
+                            step,
+                            d.retry_after
+                        );
+                    }
+                }
+                Ok(())
+            }
+
+            pub(super) fn a_check_behind_the_state_clock_is_no_more_lenient(
+                gcra: bool,
+                t0: u128,
+                steps: Vec<Step>,
+                backs: Vec<u128>,
+            ) -> Result<(), TestCaseError> {
+                let algorithm = if gcra {
+                    Algorithm::Gcra
+                } else {
+                    Algorithm::SlidingLog
+                };
+                let mut st = LimitState::new(&steps[0].quota(algorithm));
+                let mut latest = t0;
+                for (step, back) in steps.iter().zip(backs) {
+                    latest += step.advance;
+                    let now = latest - back;
+                    let quota = step.quota(algorithm);
+                    let at_latest = st.clone().check(latest, &quota, step.cost);
+                    let d = st.check(now, &quota, step.cost);
+                    prop_assert!(
+                        !d.allowed || at_latest.allowed,
+                        "{:?} admitted {} ns behind the state's clock, refused at it",
+                        step,
+                        back
+                    );
+                }
+                Ok(())
+            }
+
+            pub(super) fn an_idle_state_decides_as_a_fresh_one(
+                algorithm: Algorithm,
+                t0: u128,
+                steps: Vec<Step>,
+                gap: u128,
+                next: (u64, u64, u64),
+            ) -> Result<(), TestCaseError> {
+                let (st, log, _) = run(algorithm, t0, &steps);
+                let last = log.last().unwrap().0;
+                let longest = u128::from(WINDOWS_MS[2]) * MS;
+                prop_assert!(st.is_idle(last + (u128::from(MAX_LIMIT) + 2) * longest));
+                let (limit, window_ms, cost) = next;
+                let quota = Quota::new(limit, Duration::from_millis(window_ms), algorithm);
+                let t = last + gap;
+                if st.is_idle(t) {
+                    let cost = cost.min(limit);
+                    let fresh = LimitState::new(&quota).check(t, &quota, cost);
+                    prop_assert_eq!(st.clone().check(t, &quota, cost), fresh);
+                }
+                Ok(())
+            }
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use coord_core::{Algorithm, Coord, Error, Quota};
+use coord_core::{Algorithm, Coord, Error, PushOptions, Quota};
 
 use crate::cases::offered;
 use crate::{Factory, unique};
@@ -262,6 +262,144 @@ pub async fn input_odd_names_are_ordinary_and_separate(f: &Factory) {
         }
         let t = b.fencing().unwrap().next(n).await.unwrap();
         assert!(t.get() > 0);
+    }
+}
+
+/// The handle `r` gives, or `None` (said on stderr) when the store does
+/// not offer it, whether or not it says why: the case using it runs its
+/// other checks.
+fn if_offered<T>(r: coord_core::Result<T>, what: &str) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e @ Error::Unsupported { .. }) => {
+            eprintln!("skipped {what}: {e}");
+            None
+        }
+        Err(e) => panic!("{what}: expected a handle or Unsupported, got {e:?}"),
+    }
+}
+
+/// Two names of `len` bytes (at most [`MAX_NAME_BYTES`](coord_core::validate::MAX_NAME_BYTES))
+/// that differ only in their last byte.
+fn long_pair(base: &str, len: usize) -> [String; 2] {
+    let stem = format!("{base}{}", "x".repeat(len - 1 - base.len()));
+    [format!("{stem}a"), format!("{stem}b")]
+}
+
+/// Names are compared whole: two names of 300 bytes, and two of 512 (the
+/// longest allowed), that differ only in their last byte are separate
+/// names for locks, leases, semaphores, read-write locks, elections,
+/// limiters and queues (and their dedup ids). A store that cuts names
+/// short (at 255 bytes, say) or keys them by a prefix makes each pair one
+/// name, and fails here.
+pub async fn input_long_names_sharing_a_prefix_are_separate(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let base = unique("long");
+    for len in [300, coord_core::validate::MAX_NAME_BYTES] {
+        let [one, two] = long_pair(&base, len);
+        assert_eq!((one.len(), two.len()), (len, len));
+        let what = format!("two {len}-byte names differing in the last byte");
+
+        let held = a.locks().unwrap().try_acquire(&one, T).await.unwrap();
+        let held = held.unwrap_or_else(|| panic!("{what}: the first lock is not free"));
+        let other = b.locks().unwrap().try_acquire(&two, T).await.unwrap();
+        let other = other.unwrap_or_else(|| panic!("{what}: a lock on one holds the other"));
+        other.release().await.unwrap();
+        held.release().await.unwrap();
+
+        let held = a.leases().unwrap().grant(&one, T).await.unwrap();
+        let held = held.unwrap_or_else(|| panic!("{what}: the first lease is not free"));
+        let other = b.leases().unwrap().grant(&two, T).await.unwrap();
+        let other = other.unwrap_or_else(|| panic!("{what}: a lease on one holds the other"));
+        other.revoke().await.unwrap();
+        assert!(
+            b.leases().unwrap().is_alive(&one).await.unwrap(),
+            "{what}: revoking the lease on one ended the other"
+        );
+        held.revoke().await.unwrap();
+
+        if let Some(sa) = if_offered(a.semaphores(), "semaphores") {
+            let sb = b.semaphores().unwrap();
+            let held = sa.try_acquire(&one, 1, T).await.unwrap();
+            let held = held.unwrap_or_else(|| panic!("{what}: the first semaphore is not free"));
+            // Another total: one name in use with total 1 would refuse it.
+            let other = match sb.try_acquire_many(&two, 2, 2, T).await {
+                Ok(Some(p)) => p,
+                other => {
+                    panic!("{what}: 2 of 2 permits of one, while the other is held: {other:?}")
+                }
+            };
+            other.release().await.unwrap();
+            held.release().await.unwrap();
+        }
+
+        if let Some(ra) = if_offered(a.rw_locks(), "read-write locks") {
+            let rb = b.rw_locks().unwrap();
+            let held = ra.try_write(&one, T).await.unwrap();
+            let held = held.unwrap_or_else(|| panic!("{what}: the first rwlock is not free"));
+            let other = rb.try_write(&two, T).await.unwrap();
+            let other = other
+                .unwrap_or_else(|| panic!("{what}: writing one read-write lock holds the other"));
+            other.release().await.unwrap();
+            held.release().await.unwrap();
+        }
+
+        if let Some(ea) = offered(a.elections()) {
+            let eb = b.elections().unwrap();
+            let held = ea.try_campaign(&one, "a", T).await.unwrap();
+            let held = held.unwrap_or_else(|| panic!("{what}: the first election has a leader"));
+            let other = eb.try_campaign(&two, "b", T).await.unwrap();
+            let other =
+                other.unwrap_or_else(|| panic!("{what}: the leader of one leads the other"));
+            other.resign().await.unwrap();
+            held.resign().await.unwrap();
+        }
+
+        if let Some(la) = offered(a.limiter()) {
+            let q = Quota::per(1, T);
+            assert!(
+                la.check(&one, q).await.unwrap().allowed,
+                "{what}: first limiter key"
+            );
+            assert!(
+                b.limiter().unwrap().check(&two, q).await.unwrap().allowed,
+                "{what}: a request on one limiter key was counted on the other"
+            );
+        }
+
+        if let Some(qa) = if_offered(a.queues(), "queues") {
+            let qb = b.queues().unwrap();
+            let dedup = PushOptions::new().dedup_id(&one);
+            let first = qa.push_with(&one, b"one", &dedup).await.unwrap();
+            assert!(!first.duplicate, "{what}: the first push");
+            let again = qa
+                .push_with(&one, b"one", &PushOptions::new().dedup_id(&two))
+                .await;
+            assert!(
+                !again.unwrap().duplicate,
+                "{what}: as dedup ids, a push with one was a duplicate of the other"
+            );
+            let popped = qb.pop(&two, T, Duration::ZERO).await.unwrap();
+            assert!(
+                popped.is_none(),
+                "{what}: a message pushed to one queue was delivered from the other"
+            );
+            let pushed = qb.push_with(&two, b"two", &dedup).await.unwrap();
+            assert!(
+                !pushed.duplicate,
+                "{what}: a dedup id of one queue made a push to the other a duplicate"
+            );
+            let got = qb.pop(&two, T, Duration::ZERO).await.unwrap();
+            let got = got.unwrap_or_else(|| panic!("{what}: the second queue's message"));
+            assert_eq!(
+                got.payload(),
+                &b"two"[..],
+                "{what}: the second queue's message"
+            );
+            got.ack().await.unwrap();
+            qa.purge(&one).await.unwrap();
+            qb.purge(&two).await.unwrap();
+        }
     }
 }
 

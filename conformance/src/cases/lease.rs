@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use coord_core::Error;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 
 use crate::{Factory, ttl, unique};
 
@@ -154,6 +154,65 @@ pub async fn lease_remaining_never_exceeds_ttl(f: &Factory) {
     assert!(l.remaining() <= t);
     l.revoke().await.unwrap();
     assert_eq!(b.leases().unwrap().remaining(&name).await.unwrap(), None);
+}
+
+/// `remaining` counts down: half way through a lease's TTL the store
+/// reports about half of it, through the holder's client and through
+/// another, and the guard's local `remaining` too. A store that keeps
+/// reporting the full TTL while the lease lives fails here.
+///
+/// The store's deadline is at most the grant's reply plus the TTL, so at a
+/// read sent `e` after that reply at most `TTL - e` is left; at least
+/// `TTL - e'` is, with `e'` from before the grant was sent to the read's
+/// reply. Both bounds are widened by the store's TTL granularity (etcd
+/// answers in whole seconds) and 50 ms.
+pub async fn lease_remaining_counts_down(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-countdown");
+    let t = ttl(&a, Duration::from_secs(3));
+    let slack = a.capabilities().ttl_granularity + Duration::from_millis(50);
+    let sent = Instant::now();
+    let l = a
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("free lease");
+    let granted = Instant::now();
+    sleep(t / 2).await;
+    for (who, c) in [("the holder's client", &a), ("another client", &b)] {
+        let asked = Instant::now();
+        let r = c
+            .leases()
+            .unwrap()
+            .remaining(&name)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{who}: no live lease {:?} into a {t:?} TTL", asked - sent));
+        let answered = Instant::now();
+        let most = t.saturating_sub(asked - granted) + slack;
+        let least = t.saturating_sub(answered - sent).saturating_sub(slack);
+        assert!(
+            r <= most,
+            "{who}: remaining {r:?} {:?} after a grant of {t:?}: at most {most:?} can be left \
+             (remaining does not count down)",
+            asked - granted
+        );
+        assert!(
+            r >= least && r > Duration::ZERO,
+            "{who}: remaining {r:?} {:?} after a grant of {t:?}: at least {least:?} is left",
+            answered - sent
+        );
+    }
+    let local = l.remaining();
+    let most = t.saturating_sub(sent.elapsed()) + Duration::from_millis(5);
+    assert!(
+        local <= most && local > Duration::ZERO,
+        "the guard's remaining {local:?} {:?} after a grant of {t:?} (at most {most:?})",
+        sent.elapsed()
+    );
+    l.revoke().await.unwrap();
 }
 
 /// A renewal with a shorter TTL brings the local deadline forward as it

@@ -1047,6 +1047,46 @@ pub async fn queue_dedup_id_makes_a_repeated_push_a_no_op(f: &Factory) {
     q.purge(&name).await.unwrap();
 }
 
+/// A dedup id's window runs from its first push: duplicates pushed within
+/// it are no-ops and do not restart it. With a 1.5 s window and duplicates
+/// at 0.3, 0.6 and 0.9 s, a push 1.7 s after the first is a new message,
+/// although it comes 0.8 s after the last duplicate (a store that restarts
+/// the window at each duplicate would still call it one).
+pub async fn queue_dedup_window_runs_from_the_first_push(f: &Factory) {
+    let c = f.client().await;
+    let Some(q) = queues(&c) else {
+        return;
+    };
+    let name = unique("q-dedup-first");
+    let window = Duration::from_millis(1500);
+    let opts = PushOptions::new().dedup_id("order-1").dedup_window(window);
+    let sent = Instant::now();
+    let first = q.push_with(&name, b"1", &opts).await.unwrap();
+    let pushed = Instant::now();
+    assert!(!first.duplicate, "the first push of a dedup id");
+    for k in 1..=3 {
+        tokio::time::sleep_until(sent + window * k / 5).await;
+        let again = q.push_with(&name, b"1 again", &opts).await.unwrap();
+        assert_eq!(
+            (again.id, again.duplicate),
+            (first.id, true),
+            "a push {:?} into a {window:?} dedup window is a duplicate of the first",
+            sent.elapsed()
+        );
+    }
+    // The first window ends by `pushed + window`; restarted by the last
+    // duplicate it would last until 0.9 s + the window after `sent`.
+    tokio::time::sleep_until(pushed + window + Duration::from_millis(200)).await;
+    let later = q.push_with(&name, b"1 later", &opts).await.unwrap();
+    assert!(
+        !later.duplicate && later.id != first.id,
+        "a push {:?} after the first of a {window:?} dedup window was a duplicate: \
+         the duplicates pushed within the window restarted it",
+        pushed.elapsed()
+    );
+    q.purge(&name).await.unwrap();
+}
+
 /// Payloads are bytes, stored as they are: every byte value, an empty
 /// payload, one at the store's limit, and JSON through the typed helpers.
 pub async fn queue_binary_payloads_round_trip(f: &Factory) {

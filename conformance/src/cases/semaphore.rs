@@ -331,6 +331,104 @@ pub async fn semaphore_waiter_is_woken_by_notification(f: &Factory) {
     p2.release().await.unwrap();
 }
 
+/// A release wakes every waiter that now fits, not one: with both permits
+/// of 2 held by one grant and two waiters for 1 each (polling at 10 s; 200
+/// ms on a store without notifications), both are granted within 1 s of
+/// the release. A store that wakes one waiter per release leaves the other
+/// to its next poll or to the holder's TTL.
+pub async fn semaphore_release_wakes_every_waiter_that_fits(f: &Factory) {
+    let a = f.client().await;
+    let (b, c) = (f.client().await, f.client().await);
+    let poll = if b.capabilities().notifications {
+        Duration::from_secs(10)
+    } else {
+        Duration::from_millis(200)
+    };
+    let (b, c) = (b.with_poll_interval(poll), c.with_poll_interval(poll));
+    let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
+        return;
+    };
+    let name = unique("sem-wake-all");
+    let both = sa
+        .acquire_many(&name, 2, 2, LONG, Duration::ZERO)
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for s in [sb, sc] {
+        let name = name.clone();
+        waiters.push(tokio::spawn(async move {
+            let p = s.acquire(&name, 2, LONG, Duration::from_secs(20)).await;
+            (Instant::now(), p)
+        }));
+    }
+    // Let both waiters attempt, queue, subscribe and settle into their
+    // long sleeps.
+    sleep(Duration::from_secs(1)).await;
+    let released_at = Instant::now();
+    both.release().await.unwrap();
+    let deadline = released_at + PROMPT;
+    while Instant::now() < deadline && !waiters.iter().all(|w| w.is_finished()) {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let done = waiters.iter().filter(|w| w.is_finished()).count();
+    assert!(
+        done == waiters.len(),
+        "{done} of the 2 waiters for 1 permit were granted within {PROMPT:?} of the release \
+         of both permits (poll {poll:?}): the release woke only one waiter"
+    );
+    let mut granted = Vec::new();
+    for (i, w) in waiters.into_iter().enumerate() {
+        let (at, p) = w.await.unwrap();
+        let p = p.unwrap_or_else(|e| panic!("waiter {i}: {e:?}"));
+        assert!(
+            at - released_at <= PROMPT,
+            "waiter {i} was granted {:?} after the release",
+            at - released_at
+        );
+        granted.push(p);
+    }
+    for p in granted {
+        p.release().await.unwrap();
+    }
+}
+
+/// A released permit is free at once, whatever its TTL: after the release
+/// of 1 of 1 permit, of 2 of 2, and of one of two single grants, each held
+/// for 30 s, another client's single attempt gets it.
+pub async fn semaphore_released_permit_is_free_at_once(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let Some([sa, sb]) = gated([&a, &b]) else {
+        return;
+    };
+    for (n, total) in [(1, 1), (2, 2)] {
+        let name = unique("sem-freed");
+        let p = sa
+            .acquire_many(&name, n, total, LONG, Duration::ZERO)
+            .await
+            .unwrap();
+        p.release().await.unwrap();
+        let again = sb.try_acquire_many(&name, n, total, LONG).await.unwrap();
+        let again = again.unwrap_or_else(|| {
+            panic!("{n} of {total} permits released, and a single attempt for them is refused")
+        });
+        again.release().await.unwrap();
+    }
+    let name = unique("sem-freed-one");
+    let one = sa.acquire(&name, 2, LONG, Duration::ZERO).await.unwrap();
+    let two = sa.acquire(&name, 2, LONG, Duration::ZERO).await.unwrap();
+    one.release().await.unwrap();
+    let again = sb.try_acquire(&name, 2, LONG).await.unwrap();
+    let again = again.unwrap_or_else(|| {
+        panic!("1 of 2 permits released, the other held, and a single attempt for 1 is refused")
+    });
+    assert!(
+        sb.try_acquire(&name, 2, LONG).await.unwrap().is_none(),
+        "a third permit of 2 granted"
+    );
+    again.release().await.unwrap();
+    two.release().await.unwrap();
+}
+
 /// Bad input is an InvalidArgument naming the field, for every way in,
 /// before anything is sent: 0 permits, more permits than the total, a total
 /// of 0 or above `MAX_PERMITS`, bad names, TTLs of 0, over a year or below

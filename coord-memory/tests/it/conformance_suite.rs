@@ -39,6 +39,8 @@ async fn semaphore_cases_are_gated_on_a_store_without_semaphores() {
     semaphore_permits_total_mismatch_is_an_error(&f).await;
     semaphore_fifo_head_is_not_overtaken_by_smaller_requests(&f).await;
     semaphore_watchdog_keeps_permit_and_stops_at_release(&f).await;
+    semaphore_release_wakes_every_waiter_that_fits(&f).await;
+    semaphore_released_permit_is_free_at_once(&f).await;
 }
 
 /// The queue cases gate themselves on stores without queues; the reference

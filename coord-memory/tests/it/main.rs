@@ -19,4 +19,5 @@ mod queue;
 mod queue_faults;
 mod regressions;
 mod slow_store;
+mod suite_catches_faulty_stores;
 mod unsettled_arrival;
