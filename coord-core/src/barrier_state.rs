@@ -17,6 +17,14 @@ use crate::types::{Arrival, OwnerToken};
 /// arrival id (a participant's next wait stays) and leaves a tombstone of
 /// it, so a late copy of that arrival is refused. Tombstones belong to the
 /// current generation and are cleared when it completes.
+///
+/// Each participant's newest arrival that passed is remembered by its
+/// stamp ([`OwnerToken::stamp`]: arrival ids rise with time within a
+/// process): an arrival stamped no later is a late copy of a wait that has
+/// ended (its generation may have completed long ago) and is refused, so
+/// it never counts in a later generation. Stamps more than
+/// [`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON) older than the
+/// newest are forgotten.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BarrierState {
     /// The party count of the current generation (meaningful while anybody
@@ -36,6 +44,8 @@ pub struct BarrierState {
     pub withdrawn: Vec<String>,
     /// The generation that completed last and its arrival ids.
     pub last: Option<(u64, Vec<String>)>,
+    /// Each participant's newest arrival stamp among those that passed.
+    pub latest: Vec<(String, u64)>,
 }
 
 impl BarrierState {
@@ -48,6 +58,7 @@ impl BarrierState {
             arrived: Vec::new(),
             withdrawn: Vec::new(),
             last: None,
+            latest: Vec::new(),
         }
     }
 
@@ -94,6 +105,16 @@ impl BarrierState {
         if self.withdrawn.contains(&id) {
             return Err(Error::arrival_withdrawn(name));
         }
+        if !self.arrived.iter().any(|(_, a)| *a == id)
+            && self
+                .latest
+                .iter()
+                .any(|(p, s)| p == participant && *s >= arrival.stamp())
+        {
+            // A late copy of an arrival no newer than one of this
+            // participant's that passed: its wait has ended.
+            return Err(Error::arrival_withdrawn(name));
+        }
         if self.arrived.is_empty() {
             self.parties = parties;
         } else if self.parties != parties {
@@ -121,7 +142,13 @@ impl BarrierState {
         let g = self.generation;
         self.generation = next_generation(g);
         debug_assert!(self.generation > g, "generations must rise");
-        let ids = self.arrived.drain(..).map(|(_, id)| id).collect();
+        let arrived: Vec<(String, String)> = self.arrived.drain(..).collect();
+        for (p, id) in &arrived {
+            if let Some(t) = OwnerToken::from_hex(id) {
+                self.note_latest(p, t.stamp());
+            }
+        }
+        let ids = arrived.into_iter().map(|(_, id)| id).collect();
         self.withdrawn.clear();
         self.last = Some((g, ids));
         let done = Arrival {
@@ -129,6 +156,19 @@ impl BarrierState {
             complete: true,
         };
         Ok((done, true))
+    }
+
+    /// Remember `stamp` as `participant`'s newest arrival, and forget
+    /// stamps past the horizon.
+    fn note_latest(&mut self, participant: &str, stamp: u64) {
+        match self.latest.iter_mut().find(|(p, _)| p == participant) {
+            Some((_, s)) => *s = (*s).max(stamp),
+            None => self.latest.push((participant.to_string(), stamp)),
+        }
+        let newest = self.latest.iter().map(|(_, s)| *s).max().unwrap_or(0);
+        let horizon = crate::late::LATE_COPY_HORIZON.as_micros() as u64;
+        self.latest
+            .retain(|(_, s)| s.saturating_add(horizon) >= newest);
     }
 
     /// Whether `generation` has completed; [`Error::ArrivalLost`] if it
@@ -181,8 +221,9 @@ impl BarrierState {
     /// The state as text: the party count, the generation, the last
     /// completed generation and its arrival ids (`-` if none), `=` with the
     /// birth and the withdrawn ids, then one arrival per line as
-    /// `id participant` (names have no control characters, so a newline
-    /// never occurs in one; ids have no space).
+    /// `id participant`, after one line per participant's newest stamp as
+    /// `~stamp participant` (names have no control characters, so a
+    /// newline never occurs in one; ids have no space and no `~`).
     pub fn encode(&self) -> String {
         let last = match &self.last {
             Some((g, ids)) => format!("{g} {}", ids.join(",")),
@@ -195,6 +236,9 @@ impl BarrierState {
             self.born,
             self.withdrawn.join(",")
         );
+        for (p, stamp) in &self.latest {
+            s.push_str(&format!("\n~{stamp} {p}"));
+        }
         for (p, id) in &self.arrived {
             s.push('\n');
             s.push_str(id);
@@ -232,7 +276,13 @@ impl BarrierState {
             withdrawn = ids(w);
         }
         let mut arrived = Vec::new();
+        let mut latest = Vec::new();
         for l in lines {
+            if let Some(l) = l.strip_prefix('~') {
+                let (stamp, p) = l.split_once(' ')?;
+                latest.push((p.to_string(), stamp.parse().ok()?));
+                continue;
+            }
             let (id, p) = l.split_once(' ')?;
             arrived.push((p.to_string(), id.to_string()));
         }
@@ -243,6 +293,7 @@ impl BarrierState {
             arrived,
             withdrawn,
             last,
+            latest,
         })
     }
 }
@@ -250,6 +301,30 @@ impl BarrierState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A late copy of an arrival whose generation completed, landing after
+    /// a later generation completed too, is refused: it never counts as a
+    /// member of the open generation.
+    #[test]
+    fn a_late_copy_of_an_arrival_two_generations_back_is_refused() {
+        let mut b = BarrierState::new(1);
+        let old = OwnerToken::random();
+        b.arrive("x", 2, "p", &old, |g| g + 1).unwrap();
+        b.arrive("x", 2, "q", &OwnerToken::random(), |g| g + 1)
+            .unwrap();
+        b.arrive("x", 2, "p", &OwnerToken::random(), |g| g + 1)
+            .unwrap();
+        b.arrive("x", 2, "q", &OwnerToken::random(), |g| g + 1)
+            .unwrap();
+        assert_eq!(b.generation, 3);
+        assert!(matches!(
+            b.arrive("x", 2, "p", &old, |g| g + 1),
+            Err(Error::ArrivalLost { .. })
+        ));
+        assert!(b.arrived.is_empty(), "the late copy counted: {b:?}");
+        let round = BarrierState::decode(&b.encode()).unwrap();
+        assert_eq!(round, b);
+    }
 
     #[test]
     fn generations_duplicates_mismatch_and_withdraw() {
@@ -424,8 +499,9 @@ mod tests {
             ]
         }
 
+        /// Arrival id `i`, stamped `i + 1` (ids made later stamp later).
         fn token(i: usize) -> OwnerToken {
-            OwnerToken::from_hex(&format!("{:032x}", i + 1)).unwrap()
+            OwnerToken::from_hex(&format!("{:016x}{:016x}", i + 1, i + 1)).unwrap()
         }
 
         /// The rules, kept as sets: the live arrivals of the current
@@ -439,6 +515,8 @@ mod tests {
             live: Vec<(usize, usize)>,
             withdrawn: BTreeSet<usize>,
             last: Option<(u64, BTreeSet<usize>)>,
+            /// Each participant's newest stamp among arrivals that passed.
+            latest: std::collections::BTreeMap<usize, usize>,
         }
 
         impl Model {
@@ -524,6 +602,14 @@ mod tests {
                                     "a withdrawn arrival id came back: {:?}",
                                     r
                                 );
+                            } else if !m.live.iter().any(|(_, i)| *i == id)
+                                && m.latest.get(&who).is_some_and(|s| *s > id)
+                            {
+                                prop_assert!(
+                                    matches!(r, Err(Error::ArrivalLost { .. })),
+                                    "an arrival no newer than one that passed counted: {:?}",
+                                    r
+                                );
                             } else if !m.live.is_empty() && asked != m.parties {
                                 prop_assert!(
                                     matches!(
@@ -567,6 +653,10 @@ mod tests {
                                     m.parties
                                 );
                                 if complete {
+                                    for (w, i) in &m.live {
+                                        let s = m.latest.entry(*w).or_default();
+                                        *s = (*s).max(i + 1);
+                                    }
                                     let ids = m.live.drain(..).map(|(_, i)| i).collect();
                                     m.last = Some((m.generation, ids));
                                     m.withdrawn.clear();

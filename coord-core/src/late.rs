@@ -83,6 +83,9 @@ const PRUNE_AT: usize = 1024;
 /// process (so it rises even if the clock steps back).
 pub fn stamp() -> i64 {
     static LAST: AtomicI64 = AtomicI64::new(0);
+    if let Some(s) = crate::rng::seeded_stamp() {
+        return s;
+    }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));

@@ -27,17 +27,32 @@ use rand::{Rng, RngCore, SeedableRng};
 
 thread_local! {
     static SEEDED: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+    /// The last stamp ([`crate::late::stamp`]) of a seeded thread: stamps
+    /// there count up from a fixed start instead of reading the clock.
+    static STAMP: std::cell::Cell<Option<i64>> = const { std::cell::Cell::new(None) };
 }
 
 /// From now on, draws on this thread come from a generator seeded with
 /// `seed` (see the module docs). For simulation and tests only.
 pub fn seed_thread(seed: u64) {
     SEEDED.with(|s| *s.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
+    STAMP.with(|s| s.set(Some(1_000_000_000_000_000)));
 }
 
 /// Go back to the thread-local CSPRNG on this thread.
 pub fn unseed_thread() {
     SEEDED.with(|s| *s.borrow_mut() = None);
+    STAMP.with(|s| s.set(None));
+}
+
+/// On a seeded thread, the next stamp (one above the last); `None`
+/// otherwise.
+pub(crate) fn seeded_stamp() -> Option<i64> {
+    STAMP.with(|s| {
+        let next = s.get()? + 1;
+        s.set(Some(next));
+        Some(next)
+    })
 }
 
 /// Fill `bytes` with random bytes.

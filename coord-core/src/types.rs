@@ -26,22 +26,43 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// A 128-bit random secret that identifies one grant of a claim.
+/// A 128-bit secret that identifies one grant of a claim (or one barrier
+/// arrival).
 ///
 /// Release, extend and renew compare it on the server, so only the holder
-/// can act on its claim. Drawn from `rand`'s thread-local CSPRNG, which is
-/// seeded from the operating system's RNG (unless a simulator seeded the
-/// thread: [`crate::rng::seed_thread`]). Its `Debug` output is redacted so
-/// it never reaches logs; use [`OwnerToken::to_hex`] to store it.
+/// can act on its claim. Its first 8 bytes are a stamp of the process that
+/// made it (unique and rising within the process, see
+/// [`OwnerToken::random`]); its last 8 are drawn from `rand`'s thread-local
+/// CSPRNG, which is seeded from the operating system's RNG (unless a
+/// simulator seeded the thread: [`crate::rng::seed_thread`]). Its `Debug`
+/// output is redacted so it never reaches logs; use
+/// [`OwnerToken::to_hex`] to store it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OwnerToken([u8; 16]);
 
 impl OwnerToken {
-    /// A fresh, unguessable token.
+    /// A fresh, unguessable token: a stamp of this process
+    /// ([`late::stamp`](crate::late::stamp): µs since the Unix epoch,
+    /// strictly rising within the process) in its first 8 bytes,
+    /// big-endian, then 8 random bytes. So tokens are unique, and the
+    /// tokens one process makes are ordered by when they were made: a store
+    /// can tell a participant's older arrival from its newer one
+    /// ([`OwnerToken::stamp`]).
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
-        crate::rng::fill_bytes(&mut bytes);
+        let stamp = u64::try_from(crate::late::stamp()).unwrap_or(0);
+        bytes[..8].copy_from_slice(&stamp.to_be_bytes());
+        crate::rng::fill_bytes(&mut bytes[8..]);
         OwnerToken(bytes)
+    }
+
+    /// The stamp a token from [`OwnerToken::random`] carries (its first 8
+    /// bytes, big-endian): when it was made, in µs since the Unix epoch on
+    /// its process's clock.
+    pub fn stamp(&self) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&self.0[..8]);
+        u64::from_be_bytes(b)
     }
 
     /// Rebuild a token from its bytes.

@@ -237,6 +237,7 @@ mod tests {
                 ("ünï".into(), OwnerToken::random().to_hex()),
             ],
             last: Some((6, vec![OwnerToken::random().to_hex()])),
+            latest: vec![("a b".into(), 17), ("ünï".into(), 3)],
         };
         assert_eq!(BarrierState::decode(&b.encode()), Some(b.clone()));
         let empty = BarrierState {

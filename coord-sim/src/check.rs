@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use coord_core::RW_PERMITS;
 
 use crate::queue_work::QUEUE_NAME;
-use crate::workload::{LOCK_NAMES, RW_NAME, Recorded, SEM_NAME, SEM_TOTAL};
+use crate::workload::{CLAIM_NAMES, LEASE, RW_NAME, Recorded, SEM_NAME, SEM_TOTAL};
 use crate::world::World;
 
 /// How long after the faults stop a free lock (and the whole semaphore)
@@ -82,9 +82,9 @@ pub fn readable(detail: &str, start: Instant) -> String {
 
 /// Judge the recorded grants and the resources' accesses; instants in the
 /// evidence are printed as simulated time since `start`.
-pub fn history(rec: &Recorded, resources: &[FencedResource; 2], start: Instant) -> Vec<Violation> {
+pub fn history(rec: &Recorded, resources: &[FencedResource; 3], start: Instant) -> Vec<Violation> {
     let mut out = Vec::new();
-    for (i, name) in LOCK_NAMES.iter().enumerate() {
+    for (i, name) in CLAIM_NAMES.iter().enumerate() {
         for v in check_lock_history(&rec.grants[i], &resources[i].log()) {
             out.push(Violation {
                 subject: name.to_string(),
@@ -134,13 +134,18 @@ pub fn queue(
 pub async fn liveness(world: Arc<World>, probe: Coord) -> Vec<Violation> {
     let mut out = Vec::new();
     let locks = probe.locks().expect("locks");
+    let leases = probe.leases().expect("leases");
     let sems = probe.semaphores().expect("semaphores");
     let rw = probe.rw_locks().expect("read-write locks");
     let ttl = Duration::from_secs(1);
     let from = Instant::now();
-    for name in LOCK_NAMES {
+    for (i, name) in CLAIM_NAMES.into_iter().enumerate() {
         let left = LIVENESS_BOUND.saturating_sub(from.elapsed());
-        let r = locks.acquire(name, ttl, left).await;
+        let r = if i == LEASE {
+            lease_within(&leases, name, ttl, left).await
+        } else {
+            locks.acquire(name, ttl, left).await
+        };
         let took = from.elapsed();
         world.log(format!(
             "probe {name}: {} after {}ms",
@@ -195,4 +200,31 @@ pub async fn liveness(world: Arc<World>, probe: Coord) -> Vec<Violation> {
         }),
     }
     out
+}
+
+/// A lease on `name`, attempted every 100 ms for up to `left`.
+async fn lease_within(
+    leases: &coord_core::Leases,
+    name: &str,
+    ttl: Duration,
+    left: Duration,
+) -> coord_core::Result<coord_core::Guard> {
+    let until = Instant::now() + left;
+    loop {
+        let r = leases.grant(name, ttl).await;
+        match r {
+            Ok(Some(g)) => return Ok(g),
+            Ok(None) | Err(_) if Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(None) => {
+                return Err(coord_core::Error::Timeout {
+                    operation: "lease grant",
+                    name: name.to_string(),
+                    waited: left,
+                });
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -11,7 +11,10 @@
 //!
 //! A seeded workload ([`workload`]) drives several clients, each with
 //! several tasks, through random acquires (single attempts, waits,
-//! cancellations), extends, releases and drops. The history is judged by
+//! cancellations), extends, releases and drops, of locks, a lease,
+//! semaphores, read-write locks and work queues; odd seeds also run the
+//! election, barrier and rate-limiter workloads of `conformance::faults`
+//! on clients of their own ([`more_work`]). The history is judged by
 //! the conformance suite's checkers (one valid lock holder at a time,
 //! tokens rising, fenced writes chaining; never more semaphore permits held
 //! than exist), and once the faults stop, every lock and the semaphore must
@@ -31,8 +34,10 @@ use coord_core::Coord;
 use coord_memory::MemoryBackend;
 
 pub mod check;
+pub mod more_work;
 pub mod queue_work;
 pub mod store;
+pub mod store_more;
 pub mod store_queue;
 pub mod workload;
 pub mod world;
@@ -78,6 +83,10 @@ pub fn client(client: usize, world: &Arc<World>, store: &Arc<MemoryBackend>) -> 
     let caps = coord_core::Lock::capabilities(&*sim).clone();
     Coord::builder(caps)
         .lock(sim.clone())
+        .lease(sim.clone())
+        .election(sim.clone())
+        .barrier(sim.clone())
+        .limiter(sim.clone())
         .semaphore(sim.clone())
         .queue(sim)
         .build()
@@ -103,7 +112,11 @@ pub fn run_seed(seed: u64, opts: Options) -> SeedReport {
 async fn run(seed: u64, opts: Options) -> SeedReport {
     let world = Arc::new(World::new(seed, opts.rates, opts.keep_trace));
     let store = Arc::new(MemoryBackend::new());
-    let resources = Arc::new([FencedResource::new(), FencedResource::new()]);
+    let resources = Arc::new([
+        FencedResource::new(),
+        FencedResource::new(),
+        FencedResource::new(),
+    ]);
     let recorded = Arc::new(Mutex::new(workload::Recorded::default()));
     let effects = Arc::new(Effects::default());
     let end = world.start() + opts.shape.duration;
@@ -111,7 +124,7 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
     let mut handles = Vec::new();
     for c in 0..opts.shape.clients {
         let coord = client(c, &world, &store);
-        let (locks, sems, rw, queues) = workload::facades(&coord);
+        let (locks, leases, sems, rw, queues) = workload::facades(&coord);
         if c == 0 {
             handles.push(tokio::spawn(queue_work::produce(
                 world.clone(),
@@ -125,6 +138,7 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
                 id: c * 10 + t,
                 world: world.clone(),
                 locks: locks.clone(),
+                leases: leases.clone(),
                 sems: sems.clone(),
                 rw: rw.clone(),
                 queues: queues.clone(),
@@ -136,6 +150,9 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
             handles.push(tokio::spawn(task.run()));
         }
     }
+    // Odd seeds also run the election, barrier and limiter workloads (half
+    // the seeds, so a budget of seeds costs about what it did without).
+    let more = (seed % 2 == 1).then(|| more_work::spawn(&world, &store, opts.shape.duration, end));
     tokio::time::sleep_until(end).await;
     world.heal();
     // The probe starts as the faults stop, while the tasks wind down
@@ -157,6 +174,9 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
         v.extend(check::queue(&rec, &effects, &drained, world.start()));
         (v, grants)
     };
+    if let Some(more) = more {
+        violations.extend(more_work::judge(more, &world).await);
+    }
     match probe.await {
         Ok(v) => violations.extend(v),
         Err(e) => world.log(format!("probe panicked: {e}")),

@@ -162,7 +162,7 @@ impl SimStore {
     /// store if a marking release or extend of the owner was sent after
     /// it; an attempt whose reply never came is remembered, so the owner's
     /// next release or extend marks.
-    async fn attempt<F, Fut>(
+    pub(crate) async fn attempt<F, Fut>(
         &self,
         name: &str,
         owner: &OwnerToken,
@@ -195,7 +195,7 @@ impl SimStore {
 
     /// A release or extend of `owner` on `name`, leaving a mark against
     /// late copies if one of the owner's attempts went unanswered.
-    async fn ending<F, Fut>(
+    pub(crate) async fn ending<F, Fut>(
         &self,
         name: &str,
         owner: &OwnerToken,

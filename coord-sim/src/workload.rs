@@ -10,14 +10,17 @@ use conformance::faults::history::{FencedResource, Grant};
 use conformance::faults::permits::PermitGrant;
 use conformance::faults::queue::{Effects, QueueDelivery};
 use coord_core::{
-    Coord, Guard, LockOptions, Locks, PermitOptions, Queues, RW_PERMITS, RwLocks, Semaphores,
+    Coord, Guard, Leases, LockOptions, Locks, PermitOptions, Queues, RW_PERMITS, RwLocks,
+    Semaphores,
 };
 use tokio::time::Instant;
 
 use crate::world::World;
 
-/// The lock names the workload uses.
-pub const LOCK_NAMES: [&str; 2] = ["lock-a", "lock-b"];
+/// The claims the workload uses: two locks and a lease (the last).
+pub const CLAIM_NAMES: [&str; 3] = ["lock-a", "lock-b", "lease-c"];
+/// The index of the lease in [`CLAIM_NAMES`].
+pub const LEASE: usize = 2;
 /// The semaphore the workload uses.
 pub const SEM_NAME: &str = "sem";
 /// The semaphore's `permits_total`.
@@ -51,8 +54,8 @@ impl Default for Shape {
 /// What the workload recorded.
 #[derive(Default)]
 pub struct Recorded {
-    /// Lock grants, per lock name (index into [`LOCK_NAMES`]).
-    pub grants: [Vec<Grant>; 2],
+    /// Lock and lease grants, per name (index into [`CLAIM_NAMES`]).
+    pub grants: [Vec<Grant>; 3],
     /// Semaphore grants.
     pub permits: Vec<PermitGrant>,
     /// Read-write lock grants (a reader weighs 1, a writer all of
@@ -73,6 +76,8 @@ pub struct Task {
     pub world: Arc<World>,
     /// The client's locks.
     pub locks: Locks,
+    /// The client's leases.
+    pub leases: Leases,
     /// The client's semaphores.
     pub sems: Semaphores,
     /// The client's read-write locks.
@@ -81,8 +86,8 @@ pub struct Task {
     pub queues: Queues,
     /// The per-message fenced registers queue deliveries apply to.
     pub effects: Arc<Effects>,
-    /// The fenced resources, per lock name.
-    pub resources: Arc<[FencedResource; 2]>,
+    /// The fenced resources, per claim name.
+    pub resources: Arc<[FencedResource; 3]>,
     /// Where grants are recorded.
     pub recorded: Arc<Mutex<Recorded>>,
     /// When the faulty phase ends: no new operation starts after it.
@@ -90,9 +95,10 @@ pub struct Task {
 }
 
 /// The facades of client `coord` the workload uses.
-pub fn facades(coord: &Coord) -> (Locks, Semaphores, RwLocks, Queues) {
+pub fn facades(coord: &Coord) -> (Locks, Leases, Semaphores, RwLocks, Queues) {
     (
         coord.locks().expect("sim store has locks"),
+        coord.leases().expect("sim store has leases"),
         coord.semaphores().expect("sim store has semaphores"),
         coord.rw_locks().expect("sim store has FIFO semaphores"),
         coord.queues().expect("sim store has queues"),
@@ -119,8 +125,8 @@ impl Task {
 
     async fn lock_op(&self) {
         let w = &self.world;
-        let i = w.range(0, 1) as usize;
-        let name = LOCK_NAMES[i];
+        let i = w.range(0, 2) as usize;
+        let name = CLAIM_NAMES[i];
         let ttl = Duration::from_millis(w.pick(&TTLS));
         let wait = w.pick(&[0, 0, 200, 1000, 3000]);
         let watchdog = w.chance(0.3);
@@ -133,18 +139,31 @@ impl Task {
             ttl.as_millis()
         ));
         let asked = Instant::now();
+        // A lease is granted in one attempt (no wait), its watchdog
+        // started on the guard.
+        let acquire = async {
+            if i != LEASE {
+                return self.locks.acquire_with(name, opts).await.map(Some);
+            }
+            let granted = self.leases.grant(name, ttl).await?;
+            Ok(granted.map(|g| if watchdog { g.with_watchdog() } else { g }))
+        };
         let r = match cancel {
-            Some(c) => match tokio::time::timeout(c, self.locks.acquire_with(name, opts)).await {
+            Some(c) => match tokio::time::timeout(c, acquire).await {
                 Ok(r) => r,
                 Err(_) => {
                     self.log(format!("acquire {name} cancelled"));
                     return;
                 }
             },
-            None => self.locks.acquire_with(name, opts).await,
+            None => acquire.await,
         };
         let guard = match r {
-            Ok(g) => g,
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                self.log(format!("acquire {name} held"));
+                return;
+            }
             Err(e) => {
                 self.log(format!("acquire {name} failed: {}", kind(&e)));
                 return;

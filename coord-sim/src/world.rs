@@ -197,5 +197,5 @@ impl World {
 
 /// A short, deterministic label for an owner token in the trace.
 pub fn short(owner: &OwnerToken) -> String {
-    owner.to_hex()[..6].to_string()
+    owner.to_hex()[26..].to_string()
 }

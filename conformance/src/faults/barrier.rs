@@ -113,14 +113,16 @@ pub fn check_barrier_history(parties: usize, waits: &[BarrierWait]) -> Vec<Viola
         let unknown: HashSet<usize> = failed
             .iter()
             .filter(|(f, next)| {
-                !who.contains(&f.participant) && f.asked < first_pass && next.is_none_or(|n| n > g)
+                !who.contains(&f.participant) && f.asked <= first_pass && next.is_none_or(|n| n > g)
             })
             .map(|(f, _)| f.participant)
             .collect();
+        // An arrival asked at the very instant of a pass (simulated time
+        // stands still while the store answers) may have been before it.
         for p in passes {
             let arrived = passes
                 .iter()
-                .filter(|q| q.asked < p.ended)
+                .filter(|q| q.asked <= p.ended)
                 .map(|q| q.participant)
                 .collect::<HashSet<_>>()
                 .len()

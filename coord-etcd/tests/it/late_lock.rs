@@ -196,3 +196,19 @@ async fn a_late_copy_of_a_short_extend_never_outlives_the_guard() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_arrival_that_passed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
+    let prefix = unique("barrier-passed");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_copy_of_an_arrival_that_passed(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("barrier").trim_end_matches('/'),
+    )
+    .await;
+}

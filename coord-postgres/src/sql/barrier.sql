@@ -7,6 +7,12 @@
 -- the open generation, a late copy of an arrival whose wait gave up)
 -- changes nothing and returns generation -2. A member arriving with a
 -- second id (a second wait) counts once; each id is withdrawn on its own.
+-- Each participant's newest arrival that passed is remembered by its stamp
+-- (an arrival id's first 16 hex digits, µs, rising within a process): an
+-- arrival of the participant stamped no later, and not in the open
+-- generation, is a late copy of a wait that has ended, whose generation
+-- may have completed long ago, and counts nowhere (generation -2, as a
+-- tombstone). Stamps more than 30 s older than the newest are forgotten.
 CREATE OR REPLACE FUNCTION @s@.barrier_arrive(
     p_name text, p_parties integer, p_participant text, p_channel text, p_arrival text,
     OUT generation bigint, OUT complete boolean, OUT started_with integer)
@@ -14,6 +20,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
     member boolean;
+    i integer;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -41,6 +48,13 @@ BEGIN
         complete := false;
         RETURN;
     END IF;
+    i := array_position(b.latest_participants, p_participant);
+    IF i IS NOT NULL AND NOT p_arrival = ANY (b.member_ids)
+       AND ('x' || substr(p_arrival, 1, 16))::bit(64)::bigint <= b.latest_stamps[i] THEN
+        generation := -2;
+        complete := false;
+        RETURN;
+    END IF;
     -- An open generation with nobody in it that was drawn on an earlier
     -- timeline (this server is a promoted standby) may have completed on
     -- the old primary in WAL this one never got: it gets a number of this
@@ -64,11 +78,24 @@ BEGIN
     b.member_ids := array_append(b.member_ids, p_arrival);
     IF NOT member
        AND (SELECT count(DISTINCT m) FROM unnest(b.members) AS u(m)) >= p_parties THEN
+        -- Every participant that passed: its newest stamp, merged with the
+        -- others'; stamps more than 30 s older than the newest go.
+        SELECT coalesce(array_agg(l.p), '{}'), coalesce(array_agg(l.s), '{}')
+          INTO b.latest_participants, b.latest_stamps
+          FROM (SELECT u.p, max(u.s) AS s
+                  FROM (SELECT o.p, o.s FROM unnest(b.latest_participants, b.latest_stamps) AS o(p, s)
+                        UNION ALL
+                        SELECT n.p, ('x' || substr(n.a, 1, 16))::bit(64)::bigint
+                          FROM unnest(b.members, b.member_ids) AS n(p, a)) u
+                 GROUP BY u.p) l
+         WHERE l.s + 30000000 >= (SELECT max(('x' || substr(a, 1, 16))::bit(64)::bigint)
+                                    FROM unnest(b.member_ids) AS z(a));
         UPDATE @s@.barriers x
            SET generation = @s@.fencing_next(), members = '{}', member_ids = '{}',
                withdrawn_ids = '{}',
                passed = b.members, passed_ids = b.member_ids,
                passed_generation = b.generation, parties = p_parties,
+               latest_participants = b.latest_participants, latest_stamps = b.latest_stamps,
                updated_at = clock_timestamp()
          WHERE x.name = p_name;
         PERFORM pg_notify(p_channel, 'barrier:' || p_name);

@@ -35,7 +35,10 @@ CREATE TABLE IF NOT EXISTS @s@.barriers (
     parties integer NOT NULL,
     generation bigint NOT NULL,
     members text[] NOT NULL DEFAULT '{}',
-    passed text[] NOT NULL DEFAULT '{}'
+    passed text[] NOT NULL DEFAULT '{}',
+    -- Each participant's newest arrival stamp (see barrier_arrive).
+    latest_participants text[] NOT NULL DEFAULT '{}',
+    latest_stamps bigint[] NOT NULL DEFAULT '{}'
 );
 -- member_ids: the arrival id of each member (same order as members);
 -- passed_ids / passed_generation: the arrival ids of the generation that

@@ -20,3 +20,19 @@ async fn a_late_copy_of_a_timed_out_arrival_does_not_count() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_arrival_that_passed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
+    let schema = unique("barrier_passed");
+    let proxy = FaultProxy::start(conformance::testkit::postgres::cluster().port());
+    let here = direct(&schema).await.coord();
+    let far = slow(&schema, &proxy).await.coord();
+    conformance::late_copy::late_copy_of_an_arrival_that_passed(
+        &far,
+        &here,
+        &proxy,
+        &unique("barrier-passed"),
+    )
+    .await;
+}

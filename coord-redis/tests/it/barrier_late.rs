@@ -27,3 +27,23 @@ async fn a_late_copy_of_a_timed_out_arrival_does_not_count() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_arrival_that_passed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    conformance::late_copy::late_copy_of_an_arrival_that_passed(
+        &via,
+        &direct,
+        &proxy,
+        &unique("barrier-passed"),
+    )
+    .await;
+}
