@@ -85,6 +85,8 @@ use crate::{Capabilities, Error, Result, Settings};
 
 mod claims;
 mod handles;
+#[cfg(test)]
+mod tests;
 
 pub use claims::{Delivery, Guard, Leadership, MultiGuard, Permit, RwGuard};
 pub use handles::{
