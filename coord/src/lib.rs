@@ -36,9 +36,16 @@
 //! [`Semaphores`], [`RwLocks`], [`Queues`]. Errors are one
 //! enum, [`Error`], that tells bad input, timeouts, lost ownership and store
 //! trouble apart.
+//!
+//! Without an async runtime (a plain `fn main()`), [`blocking`] offers the
+//! same primitives as blocking functions, with guards released on drop
+//! (cargo feature `blocking`, on by default).
 #![deny(missing_docs)]
 
 pub use coord_core::*;
+
+#[cfg(feature = "blocking")]
+pub mod blocking;
 
 #[cfg(feature = "etcd")]
 #[doc(inline)]
