@@ -55,9 +55,9 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use crate::OwnerToken;
 
@@ -78,26 +78,7 @@ pub const LATE_COPY_HORIZON: Duration = Duration::from_secs(30);
 /// [`UNANSWERED_MEMORY`].
 const PRUNE_AT: usize = 1024;
 
-/// A stamp for this process's attempts and releases: the wall clock in
-/// µs since the Unix epoch, but strictly above every earlier stamp of the
-/// process (so it rises even if the clock steps back).
-pub fn stamp() -> i64 {
-    static LAST: AtomicI64 = AtomicI64::new(0);
-    if let Some(s) = crate::rng::seeded_stamp() {
-        return s;
-    }
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = now.max(prev.saturating_add(1));
-        match LAST.compare_exchange_weak(prev, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return next,
-            Err(p) => prev = p,
-        }
-    }
-}
+pub use crate::stamp::stamp;
 
 /// The owners (per name) one of whose attempts went unanswered: the client
 /// gave up on it, so it may still reach the store. See the module docs.

@@ -42,6 +42,7 @@ pub mod rng;
 mod rwlock;
 mod semaphore;
 mod settle;
+mod stamp;
 mod types;
 pub mod util;
 pub mod validate;

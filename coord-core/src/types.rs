@@ -50,7 +50,7 @@ impl OwnerToken {
     /// ([`OwnerToken::stamp`]).
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
-        let stamp = u64::try_from(crate::late::stamp()).unwrap_or(0);
+        let stamp = u64::try_from(crate::stamp::stamp()).unwrap_or(0);
         bytes[..8].copy_from_slice(&stamp.to_be_bytes());
         crate::rng::fill_bytes(&mut bytes[8..]);
         OwnerToken(bytes)
