@@ -20,6 +20,7 @@ pub mod limiter;
 pub mod permits;
 pub mod process;
 pub mod queue;
+pub mod random;
 pub mod report;
 pub mod scenarios;
 

@@ -102,13 +102,30 @@ async fn cluster_follower_paused() {
     let eps = c.endpoints();
     let l = leader(&c).await;
     let f = (l + 1) % 3;
-    let (report, log) = run_lock_workload(
+    let at = Mutex::default();
+    let (mut report, log) = run_lock_workload(
         clients(&eps, 5).await,
         "follower-paused",
         workload(true),
-        pause_member(&c, f, &Mutex::default()),
+        pause_member(&c, f, &at),
     )
     .await;
+    dump_if_violated(&report, &at.into_inner().unwrap());
+    // If the leader changed during the run, the frozen member may have led
+    // (an election the previous scenario left going): then this is the
+    // leader-paused case, whose few-ms overlap after the resume is etcd's
+    // (see `cluster_leader_paused`). With the same leader throughout, an
+    // overlap is a violation.
+    let now = leader(&c).await;
+    if now != l {
+        let waived = report.waive("one valid holder at a time");
+        if waived > 0 {
+            println!(
+                "cluster-follower-paused: the leader moved ({l} to {now}); waived {waived} \
+                 overlap(s) (etcd-io/etcd#15247)"
+            );
+        }
+    }
     judge(&report, &log, "cluster-follower-paused", CLUSTER_SLACK);
     let gap = longest_gap(&report);
     println!("cluster-follower-paused: longest gap between grants {gap:?}");

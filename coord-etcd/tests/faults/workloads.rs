@@ -214,3 +214,22 @@ async fn queue_cluster_leader_killed() {
         TTL + CLUSTER_SLACK + w.work,
     );
 }
+
+/// Every workload at once under random faults through the clients'
+/// proxies (see `conformance::faults::random`). Run by `scripts/faults
+/// --random`: `COORD_FAULT_SECONDS` sets how long, `COORD_FAULT_SEED`
+/// replays a schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "random fault schedules, run by scripts/faults --random"]
+async fn random_faults_on_every_workload() {
+    let server = EtcdServer::start();
+    conformance::faults::random::every_workload(
+        BACKEND,
+        TTL,
+        TTL + SLACK + std::time::Duration::from_secs(1),
+        schedule(std::time::Duration::from_secs(20)),
+        conformance::faults::random::seed(),
+        |n| proxied(&server, n),
+    )
+    .await;
+}

@@ -209,3 +209,25 @@ async fn queue_consumer_cut_off_or_replies_lost() {
         judge(&report, &log, scenario, TTL + SLACK + w.work);
     }
 }
+
+/// Every workload at once under random faults through the clients'
+/// proxies (see `conformance::faults::random`). Run by `scripts/faults
+/// --random`: `COORD_FAULT_SECONDS` sets how long, `COORD_FAULT_SEED`
+/// replays a schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "random fault schedules, run by scripts/faults --random"]
+async fn random_faults_on_every_workload() {
+    let _serial = SERIAL.lock().await;
+    conformance::faults::random::every_workload(
+        BACKEND,
+        TTL,
+        TTL + SLACK + Duration::from_secs(1),
+        schedule(Duration::from_secs(20)),
+        conformance::faults::random::seed(),
+        |n| async move {
+            let (proxies, clients, _) = proxied("random", n).await;
+            (proxies, clients)
+        },
+    )
+    .await;
+}
