@@ -205,3 +205,36 @@ pub(super) fn dump_if_violated(report: &LockReport, at: &[Instant]) {
         eprintln!("violation: {v}");
     }
 }
+
+/// Every workload at once on the 3-node cluster under random faults:
+/// each client talks to one member (spread over the three) through a
+/// proxy of its own (see `conformance::faults::random`). Run by
+/// `scripts/faults --random`: `COORD_FAULT_SECONDS` sets how long,
+/// `COORD_FAULT_SEED` replays a schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "random fault schedules, run by scripts/faults --random"]
+async fn random_faults_on_every_workload_on_a_cluster() {
+    let c = cluster().await;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    conformance::faults::random::every_workload(
+        "etcd-cluster",
+        TTL,
+        TTL + CLUSTER_SLACK + Duration::from_secs(1),
+        conformance::faults::schedule(Duration::from_secs(20)),
+        conformance::faults::random::seed(),
+        |n| {
+            let members: Vec<u16> = (0..n)
+                .map(|_| c.client_port(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 3))
+                .collect();
+            async move {
+                let proxies: Vec<conformance::testkit::proxy::FaultProxy> = members
+                    .iter()
+                    .map(|&m| conformance::testkit::proxy::FaultProxy::start(m))
+                    .collect();
+                let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
+                (proxies, clients_via(&ports).await)
+            }
+        },
+    )
+    .await;
+}

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use conformance::faults::{FaultLog, run_lock_workload};
 use conformance::testkit::postgres::{PgBouncer, cluster};
+use conformance::testkit::proxy::FaultProxy;
 use coord_core::Coord;
 use tokio::time::sleep;
 
 use super::server::crash_restart;
 use super::{
-    SERIAL, TTL, assert_woken_by_notify, blocking, client, database, db_of, judge, workload,
+    SERIAL, SLACK, TTL, assert_woken_by_notify, blocking, client, client_with, database, db_of,
+    judge, workload,
 };
 
 /// Five clients whose statements go through `bouncer` and whose LISTEN
@@ -105,4 +107,41 @@ async fn pgbouncer_restarted() {
     let c = client(&bouncer.url_for(&db_of(&url))).await;
     let g = c.locks().unwrap().try_acquire("after", TTL).await.unwrap();
     g.expect("free").release().await.unwrap();
+}
+
+/// Every workload at once under random faults, each client's statements
+/// going through a proxy of its own to PgBouncer (transaction pooling)
+/// and its LISTEN connection direct (see `conformance::faults::random`).
+/// Run by `scripts/faults --random`: `COORD_FAULT_SECONDS` sets how long,
+/// `COORD_FAULT_SEED` replays a schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "random fault schedules, run by scripts/faults --random"]
+async fn random_faults_on_every_workload_through_pgbouncer() {
+    let _serial = SERIAL.lock().await;
+    let bouncer = Arc::new(blocking(|| PgBouncer::start(cluster())).await);
+    conformance::faults::random::every_workload(
+        "postgres-pgbouncer",
+        TTL,
+        TTL + SLACK + Duration::from_secs(1),
+        conformance::faults::schedule(Duration::from_secs(20)),
+        conformance::faults::random::seed(),
+        |n| {
+            let bouncer = bouncer.clone();
+            async move {
+                let (url, _) = database("random_bouncer");
+                let through = bouncer.url_for(&db_of(&url));
+                let direct = format!(":{}/", bouncer.port());
+                let mut proxies = Vec::new();
+                let mut cs = Vec::new();
+                for _ in 0..n {
+                    let p = FaultProxy::start(bouncer.port());
+                    let via = through.replace(&direct, &format!(":{}/", p.port()));
+                    cs.push(client_with(&via, |b| b.listen_url(&url)).await);
+                    proxies.push(p);
+                }
+                (proxies, cs)
+            }
+        },
+    )
+    .await;
 }
