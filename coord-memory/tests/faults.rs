@@ -150,12 +150,21 @@ async fn barrier_workload() {
 /// admissions never exceed the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn limiter_workload() {
-    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+    let runs = [
+        (Algorithm::FixedWindow, None, 2),
+        (Algorithm::SlidingLog, None, 2),
+        (Algorithm::FixedWindow, Some(3), 1),
+        (Algorithm::SlidingLog, Some(3), 1),
+        (Algorithm::SlidingWindow, Some(3), 1),
+        (Algorithm::Gcra, Some(3), 1),
+    ];
+    for (algorithm, changed_limit, seconds) in runs {
         let backend = Arc::new(MemoryBackend::new());
         let w = LimiterWorkload {
             quota: Quota::new(5, Duration::from_millis(200), algorithm),
+            changed_limit,
             pace: Duration::from_millis(2),
-            duration: schedule(Duration::from_secs(2)),
+            duration: schedule(Duration::from_secs(seconds)),
         };
         let (report, log) = run_limiter_workload(clients(&backend, 4), "mem-limiter", w, async {
             FaultLog::default()
@@ -167,7 +176,10 @@ async fn limiter_workload() {
             log.injected,
             Duration::from_millis(400),
         );
-        assert!(report.ops >= 40, "only {} admissions", report.ops);
+        // Limit 5 per 200 ms: at least 4 a window (3 while the limit
+        // alternates with 3).
+        let least = if changed_limit.is_some() { 15 } else { 20 } * seconds;
+        assert!(report.ops >= least, "only {} admissions", report.ops);
     }
 }
 
@@ -272,6 +284,7 @@ async fn the_checkers_catch_broken_limiter_barrier_and_election() {
     let none = || async { FaultLog::default() };
     let w = LimiterWorkload {
         quota: Quota::new(5, Duration::from_millis(200), Algorithm::FixedWindow),
+        changed_limit: None,
         pace: Duration::from_millis(2),
         duration: Duration::from_millis(600),
     };

@@ -118,14 +118,21 @@ pub fn queue(
     drained: &HashSet<u64>,
     start: Instant,
 ) -> Vec<Violation> {
-    check_queue_history(&rec.deliveries, &effects.log(), &rec.pushed, drained)
-        .into_iter()
-        .map(|v| Violation {
-            subject: QUEUE_NAME.to_string(),
-            rule: v.rule.to_string(),
-            detail: readable(&v.detail, start),
-        })
-        .collect()
+    let mut out: Vec<Violation> =
+        check_queue_history(&rec.deliveries, &effects.log(), &rec.pushed, drained)
+            .into_iter()
+            .map(|v| Violation {
+                subject: QUEUE_NAME.to_string(),
+                rule: v.rule.to_string(),
+                detail: readable(&v.detail, start),
+            })
+            .collect();
+    out.extend(rec.stale_accepted.iter().map(|d| Violation {
+        subject: QUEUE_NAME.to_string(),
+        rule: "a stale delivery's ack and nack are refused".into(),
+        detail: d.clone(),
+    }));
+    out
 }
 
 /// With faults off, every lock and the whole semaphore must be granted

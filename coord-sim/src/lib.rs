@@ -153,6 +153,19 @@ async fn run(seed: u64, opts: Options) -> SeedReport {
     // Odd seeds also run the election, barrier and limiter workloads (half
     // the seeds, so a budget of seeds costs about what it did without).
     let more = (seed % 2 == 1).then(|| more_work::spawn(&world, &store, opts.shape.duration, end));
+    for _ in 0..world.range(0, opts.rates.restarts) {
+        let (w, at) = (
+            world.clone(),
+            world.millis(0, opts.shape.duration.as_millis() as u64),
+        );
+        let len = world.millis(200, 2500);
+        tokio::spawn(async move {
+            tokio::time::sleep(at).await;
+            if w.faults_on() {
+                w.restart(len);
+            }
+        });
+    }
     tokio::time::sleep_until(end).await;
     world.heal();
     // The probe starts as the faults stop, while the tasks wind down

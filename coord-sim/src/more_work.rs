@@ -13,7 +13,7 @@ use conformance::faults::{
     BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, run_barrier_workload,
     run_election_workload, run_limiter_workload,
 };
-use coord_core::Quota;
+use coord_core::{Algorithm, Quota};
 use coord_memory::MemoryBackend;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -56,8 +56,19 @@ pub fn spawn(
         duration,
     };
     let participants = vec![client(24), client(25), client(26)];
+    let algorithm = world.pick(&[
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::FixedWindow,
+        Algorithm::Gcra,
+    ]);
     let limiter = LimiterWorkload {
-        quota: Quota::per(5, Duration::from_millis(world.pick(&[200, 1000]))),
+        quota: Quota::new(
+            5,
+            Duration::from_millis(world.pick(&[200, 1000])),
+            algorithm,
+        ),
+        changed_limit: world.pick(&[None, Some(3), Some(8)]),
         pace: Duration::from_millis(world.pick(&[200, 500])),
         duration,
     };

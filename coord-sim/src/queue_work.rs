@@ -90,6 +90,11 @@ impl Task {
             .and_then(|s| s.parse().ok())
             .expect("the producer pushes numbers");
         self.log(format!("delivered m{message} id={} token={token}", d.id()));
+        if !watchdog && w.chance(0.1) {
+            self.stale_step(d, message, token, asked, granted, vis)
+                .await;
+            return;
+        }
         tokio::time::sleep(w.millis(0, vis.as_millis() as u64)).await;
         let mut valid_until = Instant::now().min(d.valid_until());
         let applied = d.is_valid() && self.effects.apply(message, token);
@@ -131,6 +136,52 @@ impl Task {
                 acked,
                 ack_unknown,
             });
+    }
+}
+
+impl Task {
+    /// A consumer whose visibility lapsed acks or nacks its delivery: the
+    /// store must refuse it. The pop was applied before its reply came
+    /// (`granted`), so its visibility ended by `granted + vis` on the
+    /// store's clock, before the step is sent.
+    async fn stale_step(
+        &self,
+        d: coord_core::Delivery,
+        message: u64,
+        token: u64,
+        asked: Instant,
+        granted: Instant,
+        vis: Duration,
+    ) {
+        let valid_until = d.valid_until();
+        tokio::time::sleep_until(granted + vis + Duration::from_millis(1)).await;
+        let ack = self.world.chance(0.5);
+        let r = if ack {
+            d.ack().await
+        } else {
+            d.nack(Duration::ZERO).await
+        };
+        let step = if ack { "ack" } else { "nack" };
+        self.log(format!(
+            "stale {step} m{message} token={token}: {:?}",
+            r.as_ref().map_err(kind)
+        ));
+        let mut rec = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_ok() {
+            rec.stale_accepted.push(format!(
+                "the {step} of m{message} (token {token}) sent after its visibility lapsed was accepted"
+            ));
+        }
+        rec.deliveries.push(QueueDelivery {
+            client: self.id,
+            message,
+            token,
+            asked,
+            granted,
+            valid_until,
+            acked: false,
+            ack_unknown: false,
+        });
     }
 }
 

@@ -33,6 +33,7 @@ pub struct SimStore {
     pub(crate) caps: Capabilities,
     unanswered: Unanswered,
     paused_until: Mutex<Option<Instant>>,
+    cut_until: Mutex<Option<Instant>>,
 }
 
 /// What a request does on the store, given the store.
@@ -50,6 +51,7 @@ impl SimStore {
             caps,
             unanswered: Unanswered::default(),
             paused_until: Mutex::new(None),
+            cut_until: Mutex::new(None),
         }
     }
 
@@ -107,6 +109,16 @@ impl SimStore {
                 fate = "late";
                 there = r.call_timeout + w.millis(1, 3000);
             }
+            let mut cut = self.cut_until.lock().unwrap_or_else(|e| e.into_inner());
+            if w.chance(r.cut) {
+                let len = w.millis(500, 4000);
+                w.log(format!("c{} cut off {}ms", self.client, len.as_millis()));
+                *cut = Some(Instant::now() + len);
+            }
+            if cut.is_some_and(|t| Instant::now() < t) {
+                fate = "lose-request";
+            }
+            drop(cut);
             if w.chance(r.pause) {
                 let len = w.millis(500, 4000);
                 w.log(format!("c{} pause {}ms", self.client, len.as_millis()));
@@ -119,10 +131,15 @@ impl SimStore {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let (world, store) = (self.world.clone(), self.store.clone());
         let apply: Apply<T> = Box::new(apply);
+        let sent_in = w.restarts();
         let req = async move {
             tokio::time::sleep(there).await;
             if fate == "lose-request" {
                 world.log(format!("c{client} lost {what}"));
+                return;
+            }
+            if world.down() || world.restarts() != sent_in {
+                world.log(format!("c{client} lost {what} to a restart"));
                 return;
             }
             let out = apply(store).await;
@@ -132,7 +149,7 @@ impl SimStore {
             };
             world.log(format!("c{client} applied {what} -> {shown}"));
             tokio::time::sleep(back).await;
-            if fate == "lose-reply" {
+            if fate == "lose-reply" || world.restarts() != sent_in {
                 return;
             }
             let _ = tx.send(out);

@@ -109,9 +109,12 @@ impl Election for SimStore {
     }
 
     async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>> {
-        let n = name.to_string();
+        let (n, world) = (name.to_string(), self.world.clone());
         self.call(format!("election.leader {name}"), move |s| {
-            Box::pin(async move { Election::leader(&*s, &n).await })
+            Box::pin(async move {
+                let now = Election::leader(&*s, &n).await?;
+                Ok(world.leader_read(&n, now))
+            })
         })
         .await
     }

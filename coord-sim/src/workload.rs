@@ -65,6 +65,9 @@ pub struct Recorded {
     pub deliveries: Vec<QueueDelivery>,
     /// The messages whose push was answered.
     pub pushed: HashSet<u64>,
+    /// Acks and nacks sent after their delivery's visibility lapsed that
+    /// the store accepted (each a violation).
+    pub stale_accepted: Vec<String>,
 }
 
 /// Everything one task needs.

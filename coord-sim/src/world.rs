@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use coord_core::OwnerToken;
+use coord_core::{LeaderInfo, OwnerToken};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
@@ -31,6 +31,20 @@ pub struct FaultRates {
     /// Chance a request freezes its client (every call of it stalls)
     /// for a while, long enough to outlive TTLs.
     pub pause: f64,
+    /// Chance a request cuts its client off for a while (0.5–4 s): every
+    /// request it sends meanwhile is lost on the way, as behind a dead
+    /// link (its local timers keep running).
+    pub cut: f64,
+    /// Chance a leader read is served by a lagging replica: it shows the
+    /// state before the newest change the store has shown for that name.
+    pub stale_read: f64,
+    /// At most this many store restarts per run, at random moments while
+    /// faults are on: the store is down for 0.2–2.5 s, every request on
+    /// the wire dies with its connection (unapplied, or applied with its
+    /// reply lost) and requests reaching it while down are lost. A
+    /// durable store's restart: what it committed survives (the in-memory
+    /// state is kept), as on PostgreSQL and etcd.
+    pub restarts: u64,
     /// Whether the store keeps the marks releases and extends leave
     /// against late copies of attempts (`coord_core::late`). `false`
     /// plants a defect, to show the checkers catch what it lets through.
@@ -46,6 +60,9 @@ impl Default for FaultRates {
             lose_reply: 0.05,
             late: 0.04,
             pause: 0.005,
+            cut: 0.003,
+            stale_read: 0.1,
+            restarts: 2,
             marks_kept: true,
         }
     }
@@ -67,6 +84,13 @@ pub struct World {
     keep: bool,
     digest: AtomicU64,
     events: AtomicUsize,
+    /// Store restarts so far: a request sent in one and reaching the store
+    /// (or replied to) in another died with its connection.
+    restarts: AtomicU64,
+    down_until: Mutex<Option<Instant>>,
+    /// Per election: the leader state shown before the newest one, and
+    /// the newest (what a lagging replica may still show).
+    leaders: Mutex<HashMap<String, (Option<LeaderInfo>, Option<LeaderInfo>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -88,6 +112,9 @@ impl World {
             keep,
             digest: AtomicU64::new(0xcbf2_9ce4_8422_2325),
             events: AtomicUsize::new(0),
+            restarts: AtomicU64::new(0),
+            down_until: Mutex::new(None),
+            leaders: Mutex::new(HashMap::new()),
         }
     }
 
@@ -148,6 +175,41 @@ impl World {
     pub fn heal(&self) {
         self.faults.store(false, Ordering::Relaxed);
         self.log("faults off");
+    }
+
+    /// Restart the store: down for `len`, every connection reset.
+    pub fn restart(&self, len: Duration) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.down_until) = Some(Instant::now() + len);
+        self.log(format!("store restart, down {}ms", len.as_millis()));
+    }
+
+    /// How many times the store restarted so far.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store is down (restarting) now.
+    pub fn down(&self) -> bool {
+        lock(&self.down_until).is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Store side: `now` is the leader of `name`; the answer to give,
+    /// which may be the state before it when faults are on (a read served
+    /// by a lagging replica).
+    pub fn leader_read(&self, name: &str, now: Option<LeaderInfo>) -> Option<LeaderInfo> {
+        let stale = self.faults_on() && self.chance(self.rates.stale_read);
+        let mut leaders = lock(&self.leaders);
+        let (before, newest) = leaders.entry(name.to_string()).or_insert((None, None));
+        if *newest != now {
+            *before = std::mem::replace(newest, now.clone());
+        }
+        if stale {
+            self.log(format!("stale read of {name}"));
+            before.clone()
+        } else {
+            now
+        }
     }
 
     /// True with probability `p`.

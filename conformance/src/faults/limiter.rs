@@ -40,6 +40,12 @@ use super::{FaultLog, Violation};
 pub struct LimiterWorkload {
     /// The quota every client checks against (cost 1 each).
     pub quota: Quota,
+    /// Another limit for the same key, window and algorithm: when set,
+    /// each client alternates between `quota` and this limit from one
+    /// check to the next, as clients do while a quota change rolls out.
+    /// The state carries over (a change never grants a fresh allowance),
+    /// so the history is judged against the larger of the two limits.
+    pub changed_limit: Option<u64>,
     /// Each client's pause between checks.
     pub pace: Duration,
     /// How long the workload runs.
@@ -65,6 +71,21 @@ pub struct Check {
 
 /// Check a limiter workload's answered checks against `quota` (cost 1).
 pub fn check_limiter_history(quota: &Quota, checks: &[Check]) -> Vec<Violation> {
+    check_admissions(quota, None, checks)
+}
+
+/// [`check_limiter_history`] for a workload whose checks alternated
+/// between `quota` and `changed_limit` (if any): admissions are judged
+/// against the larger limit, and two admissions of one fixed window may
+/// report the same `remaining` (each against its own limit).
+pub fn check_admissions(
+    quota: &Quota,
+    changed_limit: Option<u64>,
+    checks: &[Check],
+) -> Vec<Violation> {
+    let mut quota = *quota;
+    quota.limit = quota.limit.max(changed_limit.unwrap_or(0));
+    let quota = &quota;
     let mut v = Vec::new();
     let w = quota.window;
     let cap = match quota.algorithm {
@@ -125,7 +146,8 @@ pub fn check_limiter_history(quota: &Quota, checks: &[Check]) -> Vec<Violation> 
             }
             let mut left: Vec<u64> = g.iter().map(|c| c.remaining).collect();
             left.sort_unstable();
-            if let Some(r) = left.windows(2).find(|p| p[0] == p[1]) {
+            let same = left.windows(2).find(|p| p[0] == p[1]);
+            if let (Some(r), None) = (same, changed_limit) {
                 v.push(Violation {
                     rule: "each admission spends its own unit",
                     detail: format!(
@@ -167,9 +189,15 @@ where
         tasks.push(tokio::spawn(async move {
             let limiter = c.limiter().expect("limiter");
             let (mut checks, mut errors) = (Vec::new(), 0usize);
+            let mut k = i;
             while !stop.load(Ordering::SeqCst) {
+                let quota = match w.changed_limit {
+                    Some(limit) if k % 2 == 1 => Quota { limit, ..w.quota },
+                    _ => w.quota,
+                };
+                k += 1;
                 let asked = Instant::now();
-                match limiter.check(&key, w.quota).await {
+                match limiter.check(&key, quota).await {
                     Ok(d) => checks.push(Check {
                         client: i,
                         asked,
@@ -195,7 +223,7 @@ where
         checks.extend(c);
         errors += e;
     }
-    let violations = check_limiter_history(&w.quota, &checks);
+    let violations = check_admissions(&w.quota, w.changed_limit, &checks);
     let progress: Vec<Instant> = checks
         .iter()
         .filter(|c| c.allowed)
@@ -210,6 +238,7 @@ where
         extra: vec![
             ("checks", checks.len() as u64),
             ("limit", w.quota.limit),
+            ("changed_limit", w.changed_limit.unwrap_or(0)),
             ("window_ms", w.quota.window.as_millis() as u64),
         ],
         progress,
@@ -296,5 +325,30 @@ mod tests {
         // A "window" whose admissions are further apart than a window.
         let c = [adm(b, 0, 2, 1, 1300), adm(b, 1200, 2, 0, 100)];
         assert_eq!(rules(q, &c), vec!["a window is one window long"]);
+    }
+
+    #[test]
+    fn a_quota_change_is_judged_against_the_larger_limit() {
+        let b = Instant::now();
+        let q = Quota::new(3, W, Algorithm::SlidingLog);
+        // Five within one window while the limit alternates 3 and 5: the
+        // larger limit, allowed.
+        let five: Vec<Check> = (0..5).map(|i| adm(b, 100 * i, 1, 0, 0)).collect();
+        assert!(check_admissions(&q, Some(5), &five).is_empty());
+        // Eight: a change granted a fresh allowance.
+        let eight: Vec<Check> = (0..8).map(|i| adm(b, 100 * i, 1, 0, 0)).collect();
+        let v = check_admissions(&q, Some(5), &eight);
+        assert_eq!(v[0].rule, "admissions within a window-long span");
+        // Fixed window: two admissions of one window may report the same
+        // remaining, each against its own limit, but not more than the
+        // larger limit.
+        let q = Quota::new(2, W, Algorithm::FixedWindow);
+        let c = [adm(b, 100, 2, 1, 898), adm(b, 200, 2, 1, 798)];
+        assert!(check_admissions(&q, Some(3), &c).is_empty());
+        let c: Vec<Check> = (0..4)
+            .map(|i| adm(b, 100 + 50 * i, 2, 3 - i, 898 - 50 * i))
+            .collect();
+        let v = check_admissions(&q, Some(3), &c);
+        assert_eq!(v[0].rule, "admissions per fixed window");
     }
 }

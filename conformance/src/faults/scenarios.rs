@@ -83,6 +83,7 @@ pub fn barrier(timeout: Duration, duration: Duration) -> BarrierWorkload {
 pub fn limiter(duration: Duration) -> LimiterWorkload {
     LimiterWorkload {
         quota: Quota::new(20, Duration::from_secs(1), Algorithm::FixedWindow),
+        changed_limit: None,
         pace: Duration::from_millis(10),
         duration,
     }
