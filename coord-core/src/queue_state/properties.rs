@@ -109,7 +109,7 @@ fn op() -> impl Strategy<Value = Op> {
     let push = (
         millis(),
         prop::option::of(0..3u8),
-        prop::option::weighted(0.4, 0..3u8),
+        prop::option::weighted(0.5, 0..2u8),
     );
     prop_oneof![
         4 => push.prop_map(|(delay_ms, group, dedup)| Op::Push { delay_ms, group, dedup }),
