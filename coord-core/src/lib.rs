@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod permits;
 mod queue;
 pub mod queue_backend;
+pub mod queue_state;
 pub mod rng;
 mod rwlock;
 mod semaphore;

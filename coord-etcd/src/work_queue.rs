@@ -1,6 +1,7 @@
 //! Work queues on etcd: [`coord_core::Queue`] for [`EtcdBackend`],
 //! following the delivery rule of `coord_core::queue_backend` (the model
-//! is coord-memory's `queue.rs`).
+//! is `coord_core::queue_state`, which coord-memory runs; the turn step, a
+//! group's candidate and the dead-letter decision are its functions).
 //!
 //! # Keys
 //!

@@ -260,7 +260,7 @@ pub struct MemoryBackend {
     barriers: Sharded<BarrierState>,
     limits: Sharded<LimitState>,
     semaphores: Sharded<Sem>,
-    queues: Sharded<queue::QueueState>,
+    queues: Sharded<coord_core::queue_state::QueueState>,
     lock_wakeups: Wakeups,
     semaphore_wakeups: Wakeups,
     election_wakeups: Wakeups,

@@ -6,6 +6,7 @@
 //! group>` (the group `""` is `_`), ids and times are 20-digit decimals so
 //! that keys sort by them.
 
+use coord_core::queue_state::candidate;
 use coord_core::{Lane, OwnerToken};
 
 use crate::client::keys::{escape, prefix_end};
@@ -322,10 +323,8 @@ impl Group {
     /// The group's entry in a candidate index, as (turn, id): unordered,
     /// its lowest ready message; ordered, its oldest message if ready.
     pub(crate) fn entry(&self, ordered: bool) -> Option<(u64, u64)> {
-        if self.ready == 0 || (ordered && self.head != self.ready) {
-            return None;
-        }
-        Some((self.turn, self.ready))
+        let ready = (self.ready != 0).then_some(self.ready);
+        candidate(ordered, Some(self.head), ready).map(|id| (self.turn, id))
     }
 }
 

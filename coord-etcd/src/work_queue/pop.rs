@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use coord_core::queue_state::{dead_letters, serve_turn};
 use coord_core::{FencingToken, Lane, OwnerToken, PopAttempt, QueueConfig, Result};
 use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
@@ -165,13 +166,13 @@ fn predict(
             ready,
             meta,
         });
-        let now = clock.unwrap_or(0).max(c.turn);
+        let (now, turn) = serve_turn(clock.unwrap_or(0), c.turn);
         clock = Some(now);
         // Ordered, the group's head is in flight now: it has no candidate.
         if ordered || next == 0 {
             cands.swap_remove(best);
         } else if let Some(c) = cands.get_mut(best) {
-            c.turn = now.saturating_add(1);
+            c.turn = turn;
             c.id = next;
             c.pos += 1;
             c.original = false;
@@ -227,9 +228,8 @@ fn level_txn(t: &Take<'_>, st: &Step, failure: Vec<TxnOp>) -> Txn {
         Some(v) => p.value_cmp(clock.clone(), CompareOp::Equal, v.to_string().into_bytes()),
         None => p.absent(clock.clone()),
     }
-    let now = st.clock.unwrap_or(0).max(st.turn);
+    let (now, turn) = serve_turn(st.clock.unwrap_or(0), st.turn);
     p.put(clock, now.to_string());
-    let turn = now.saturating_add(1);
     p.put(k.group(l, &st.g), Group::record(turn, st.next));
     p.del(k.index_entry(l, false, st.turn, id));
     p.del(k.index_entry(l, true, st.turn, id));
@@ -350,22 +350,19 @@ impl WorkQueues {
                     continue;
                 }
             };
-            if lane == Lane::Main {
-                if let Some(max) = config.max_deliveries {
-                    if let Some(pos) = steps.iter().position(|s| s.meta.attempts >= max) {
-                        if let Some((st, rkv)) = steps
-                            .first()
-                            .filter(|_| pos == 0)
-                            .and_then(|st| Some((st, st.ready.first()?)))
-                        {
-                            if !dead_letter(&self.etcd, &k, st.id, &st.meta, rkv, op).await? {
-                                retry.again().await?;
-                            }
-                            continue;
-                        }
-                        steps.truncate(pos);
+            let dead = |s: &Step| dead_letters(lane, config, s.meta.attempts);
+            if let Some(pos) = steps.iter().position(dead) {
+                if let Some((st, rkv)) = steps
+                    .first()
+                    .filter(|_| pos == 0)
+                    .and_then(|st| Some((st, st.ready.first()?)))
+                {
+                    if !dead_letter(&self.etcd, &k, st.id, &st.meta, rkv, op).await? {
+                        retry.again().await?;
                     }
+                    continue;
                 }
+                steps.truncate(pos);
             }
             let take = Take {
                 k: &k,

@@ -1,6 +1,6 @@
 //! Work queues on the in-memory backend held to the rule in
-//! `coord_core::queue_backend` where `coord-memory/src/queue.rs` could
-//! stray from it (ids after a purge, wake-ups for delayed messages, the
+//! `coord_core::queue_backend` where `coord-memory/src/queue.rs` (and the
+//! `coord_core::queue_state` it runs) could stray from it (ids after a purge, wake-ups for delayed messages, the
 //! order of ordered groups), on paused time where timing matters.
 
 use std::time::Duration;
