@@ -151,7 +151,7 @@ async fn barrier_workload() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn limiter_workload() {
     let runs = [
-        (Algorithm::FixedWindow, None, 2),
+        (Algorithm::FixedWindow, None, 2usize),
         (Algorithm::SlidingLog, None, 2),
         (Algorithm::FixedWindow, Some(3), 1),
         (Algorithm::SlidingLog, Some(3), 1),
@@ -164,7 +164,7 @@ async fn limiter_workload() {
             quota: Quota::new(5, Duration::from_millis(200), algorithm),
             changed_limit,
             pace: Duration::from_millis(2),
-            duration: schedule(Duration::from_secs(seconds)),
+            duration: schedule(Duration::from_secs(seconds as u64)),
         };
         let (report, log) = run_limiter_workload(clients(&backend, 4), "mem-limiter", w, async {
             FaultLog::default()

@@ -747,6 +747,39 @@ pub async fn queue_a_group_that_waited_gets_no_burst_of_credit(f: &Factory) {
     q.purge(&name).await.unwrap();
 }
 
+/// A group whose one message is acked and replaced before the next pop
+/// (a chain of jobs, each pushing the next) leaves the lane and joins it
+/// again each time; it must not be served every time while another
+/// group waits: the two alternate.
+pub async fn queue_a_group_that_empties_and_refills_takes_turns(f: &Factory) {
+    let Some(q) = queues(&f.client().await) else {
+        return;
+    };
+    let name = unique("q-chain");
+    let (a, b) = (PushOptions::new().group("a"), PushOptions::new().group("b"));
+    for i in 0..10 {
+        q.push_with(&name, format!("b{i}"), &b).await.unwrap();
+    }
+    q.push_with(&name, b"a0", &a).await.unwrap();
+    let mut order = Vec::new();
+    for i in 1..=10 {
+        let d = q.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+        let g = d.group().unwrap_or("").to_string();
+        d.ack().await.unwrap();
+        if g == "a" {
+            // The next job of the chain, pushed before the next pop.
+            q.push_with(&name, format!("a{i}"), &a).await.unwrap();
+        }
+        order.push(g);
+    }
+    assert!(
+        order.windows(2).all(|w| w[0] != w[1]),
+        "a group that emptied and refilled was served twice in a row while \
+         another waited: {order:?}"
+    );
+    q.purge(&name).await.unwrap();
+}
+
 /// Fairness across groups: a group of 10 messages pushed after a group of
 /// 10,000 finishes while the big one is still draining: one consumer needs
 /// at most 2 deliveries per small message (round-robin, one each), and the

@@ -87,7 +87,9 @@ impl LaneState {
         let clock = self.clock;
         let g = self.groups.entry(msg.group.clone()).or_default();
         if g.all.is_empty() {
-            g.turn = g.turn.max(clock);
+            // After the turn being served: a group that leaves and comes
+            // back does not go before groups that waited.
+            g.turn = g.turn.max(clock.saturating_add(1));
         }
         g.all.insert(id);
         match msg.at {
@@ -111,7 +113,7 @@ impl LaneState {
             g.all.remove(&id);
             g.ready.remove(&id);
             if g.all.is_empty() {
-                // Its turn is not kept: coming back it starts at the clock.
+                // Its turn is not kept: coming back it starts at the clock + 1.
                 self.groups.remove(&m.group);
             }
         }

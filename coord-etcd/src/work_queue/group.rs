@@ -236,7 +236,7 @@ impl<'a> Landing<'a> {
 }
 
 /// Put message `id` (record `meta`, `payload`) into lane `l`: ready, or
-/// on the timeline; a group new to the lane starts at the lane's clock.
+/// on the timeline; a group new to the lane starts at the lane's clock + 1.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn insert(
     p: &mut Plan,
@@ -286,7 +286,7 @@ pub(crate) fn insert(
         (None, None) => {
             p.absent(k.group(l, g));
             p.absent(k.head(l, g));
-            let turn = match v.clock {
+            let turn: u64 = match v.clock {
                 Some(kv) => {
                     p.same(kv);
                     std::str::from_utf8(kv.value())
@@ -299,8 +299,11 @@ pub(crate) fn insert(
                     0
                 }
             };
+            // A group joining the lane starts after the turn being served:
+            // one that leaves and comes back does not go before groups
+            // that waited.
             let new = Group {
-                turn,
+                turn: turn.saturating_add(1),
                 head: id,
                 ready,
             };

@@ -84,7 +84,7 @@ BEGIN
              WHERE l.queue = p_queue AND l.lane = p_lane;
         END IF;
         INSERT INTO @s@.queue_groups (queue, lane, grp, turn, first_id, ready_id)
-        VALUES (p_queue, p_lane, p_grp, v_clock, p_id, CASE WHEN p_ready THEN p_id END);
+        VALUES (p_queue, p_lane, p_grp, v_clock + 1, p_id, CASE WHEN p_ready THEN p_id END);
     ELSIF p_id < v_first OR (p_ready AND (v_ready IS NULL OR p_id < v_ready)) THEN
         UPDATE @s@.queue_groups g
            SET first_id = least(g.first_id, p_id),

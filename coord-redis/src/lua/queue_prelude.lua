@@ -67,7 +67,9 @@ end
 
 -- Bring group g's entries (G, C, O) up to date with A and R, with `turn`
 -- as its new turn if given. A group that just got its first message
--- starts at the lane's clock; one left without messages is forgotten.
+-- starts at the lane's clock + 1 (after the turn being served, so one that
+-- leaves and comes back does not go before groups that waited); one left
+-- without messages is forgotten.
 -- Returns whether the group has messages, and its ordered candidate
 -- before and after.
 local function refresh(L, g, turn)
@@ -85,7 +87,7 @@ local function refresh(L, g, turn)
     if cur then redis.call('HDEL', L.G, g) end
     return false, oocid, ''
   end
-  turn = turn or oturn or redis.call('HGET', S, L.v) or '0'
+  turn = turn or oturn or fmt(tonumber(redis.call('HGET', S, L.v) or '0') + 1)
   local r = redis.call('ZRANGEBYLEX', L.R, lo, hi, 'LIMIT', 0, 1)[1]
   local cid, ocd = '', ''
   if r then

@@ -4,7 +4,7 @@
 //!
 //! The turn rule: a lane has a clock `V`; a group present in the lane has
 //! a turn; a group with no message in the lane that gets one starts at
-//! `turn = V`. A pop delivers, among the groups' candidates (unordered:
+//! `turn = V + 1` (after the turn being served). A pop delivers, among the groups' candidates (unordered:
 //! the group's lowest ready id; ordered: its lowest id, if ready), the one
 //! of the lowest `(turn, id)`, and then sets `V = max(V, turn)` and the
 //! group's turn to `V + 1`. A group leaving the lane forgets its turn.
@@ -124,11 +124,11 @@ impl Model {
             .collect()
     }
 
-    /// Put `id` into `lane` (a group new to the lane starts at its clock).
+    /// Put `id` into `lane` (a group new to the lane starts at its clock + 1).
     fn enter(&mut self, lane: Lane, id: u64) {
         let g = self.msgs[&id].group.clone();
         if self.members(lane, &g).is_empty() {
-            self.turns[li(lane)].insert(g, self.clock[li(lane)]);
+            self.turns[li(lane)].insert(g, self.clock[li(lane)] + 1);
         }
         let m = self.msgs.get_mut(&id).expect("known");
         m.lane = lane;
