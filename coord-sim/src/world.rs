@@ -68,6 +68,10 @@ impl Default for FaultRates {
     }
 }
 
+/// What the store has shown of an election: the state before the newest
+/// change, and the newest.
+type Shown = (Option<LeaderInfo>, Option<LeaderInfo>);
+
 /// The shared state of one simulation run (one seed).
 pub struct World {
     rng: Mutex<StdRng>,
@@ -90,7 +94,7 @@ pub struct World {
     down_until: Mutex<Option<Instant>>,
     /// Per election: the leader state shown before the newest one, and
     /// the newest (what a lagging replica may still show).
-    leaders: Mutex<HashMap<String, (Option<LeaderInfo>, Option<LeaderInfo>)>>,
+    leaders: Mutex<HashMap<String, Shown>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
