@@ -24,12 +24,29 @@ CREATE TABLE IF NOT EXISTS @s@.claims (
     candidate text,
     fencing bigint NOT NULL,
     expires_at timestamptz NOT NULL,
+    -- A client waits for this grant to end (its refused attempt said so),
+    -- so its release sends NOTIFY; a release nobody waits for sends none.
+    waiting boolean NOT NULL DEFAULT false,
+    -- Holder metadata: the JSON value the grant was made with (at most
+    -- 1 KiB, checked by the client), NULL when none. Only the statement
+    -- that makes a new grant writes it (a retry by the live owner keeps
+    -- the grant as it is, metadata included; a takeover of an expired row
+    -- replaces it), and it goes with the grant at release, force release
+    -- or the sweep: it never outlives its grant.
+    metadata bytea,
+    -- Owners that left while one of their claim attempts was unanswered
+    -- (see src/sql/claims.sql, "Late attempts"): three arrays of the same
+    -- length, one element per owner: the owner, its client's stamp of the
+    -- release, and until when the mark holds. NULL (nearly always) when
+    -- no owner left so. On the name's row itself, not in a table of their
+    -- own, so that an attempt that waited for the row lock of the release
+    -- that marked it re-reads the mark with the row (a table read would
+    -- still see its statement's snapshot, from before the mark).
+    left_owners bytea[],
+    left_stamps bigint[],
+    left_until timestamptz[],
     PRIMARY KEY (kind, name)
 ) WITH (fillfactor = 70);
--- waiting: a client waits for this grant to end (its refused attempt said
--- so), so its release sends NOTIFY; a release nobody waits for sends none
---.
-ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS waiting boolean NOT NULL DEFAULT false;
 CREATE TABLE IF NOT EXISTS @s@.barriers (
     name text PRIMARY KEY,
     parties integer NOT NULL,
@@ -38,30 +55,25 @@ CREATE TABLE IF NOT EXISTS @s@.barriers (
     passed text[] NOT NULL DEFAULT '{}',
     -- Each participant's newest arrival stamp (see barrier_arrive).
     latest_participants text[] NOT NULL DEFAULT '{}',
-    latest_stamps bigint[] NOT NULL DEFAULT '{}'
+    latest_stamps bigint[] NOT NULL DEFAULT '{}',
+    -- The arrival id of each member (same order as members).
+    member_ids text[] NOT NULL DEFAULT '{}',
+    -- The arrival ids of the generation that completed last, and that
+    -- generation, so a retried completing arrival is recognised.
+    passed_ids text[] NOT NULL DEFAULT '{}',
+    passed_generation bigint,
+    -- The last arrival or withdrawal, for the sweep.
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    -- The generation the row was created with. Generations are drawn from
+    -- the fencing sequence, so a barrier whose row was swept and made
+    -- again never repeats a generation, and a generation older than
+    -- `born` is unknown rather than complete.
+    born bigint NOT NULL DEFAULT 0,
+    -- The arrival ids withdrawn from the open generation (tombstones), so
+    -- a late copy of a withdrawn arrival is refused; cleared when the
+    -- generation completes.
+    withdrawn_ids text[] NOT NULL DEFAULT '{}'
 );
--- member_ids: the arrival id of each member (same order as members);
--- passed_ids / passed_generation: the arrival ids of the generation that
--- completed last, so a retried completing arrival is recognised.
-ALTER TABLE @s@.barriers
-    ADD COLUMN IF NOT EXISTS member_ids text[] NOT NULL DEFAULT '{}',
-    ADD COLUMN IF NOT EXISTS passed_ids text[] NOT NULL DEFAULT '{}',
-    ADD COLUMN IF NOT EXISTS passed_generation bigint;
--- updated_at: the last arrival or withdrawal, for the sweep; born: the
--- generation the row was created with. Generations are drawn from the
--- fencing sequence, so a barrier whose row was swept and made
--- again never repeats a generation, and a generation older than `born` is
--- unknown rather than complete.
-ALTER TABLE @s@.barriers
-    ADD COLUMN IF NOT EXISTS updated_at timestamptz NOT NULL DEFAULT now(),
-    ADD COLUMN IF NOT EXISTS born bigint NOT NULL DEFAULT 0;
--- withdrawn_ids: the arrival ids withdrawn from the open generation
--- (tombstones), so a late copy of a withdrawn arrival is refused; cleared
--- when the generation completes.
-ALTER TABLE @s@.barriers
-    ADD COLUMN IF NOT EXISTS withdrawn_ids text[] NOT NULL DEFAULT '{}';
-SELECT setval('@s@.fencing', greatest(
-    (SELECT last_value FROM @s@.fencing), (SELECT coalesce(max(generation), 1) FROM @s@.barriers)));
 -- One row per (algorithm, key). Times in microseconds since the Unix epoch
 -- on the database clock. q_limit / q_window: the quota the state was last
 -- written under (NULL: no state yet). window_start: start of the current (fixed or sliding) window;
@@ -75,13 +87,12 @@ CREATE TABLE IF NOT EXISTS @s@.limiter_state (
     cur bigint NOT NULL DEFAULT 0,
     prev bigint NOT NULL DEFAULT 0,
     tat double precision NOT NULL DEFAULT 0,
+    q_limit bigint,
+    q_window bigint,
+    retain bigint,
+    tat_x numeric,
     PRIMARY KEY (algorithm, key)
 );
-ALTER TABLE @s@.limiter_state
-    ADD COLUMN IF NOT EXISTS q_limit bigint,
-    ADD COLUMN IF NOT EXISTS q_window bigint,
-    ADD COLUMN IF NOT EXISTS retain bigint,
-    ADD COLUMN IF NOT EXISTS tat_x numeric;
 CREATE TABLE IF NOT EXISTS @s@.limiter_log (
     id bigserial PRIMARY KEY,
     key text NOT NULL,
@@ -103,6 +114,8 @@ CREATE TABLE IF NOT EXISTS @s@.semaphore_holders (
     total integer NOT NULL,
     fencing bigint NOT NULL,
     expires_at timestamptz NOT NULL,
+    -- Holder metadata, as on claims.
+    metadata bytea,
     PRIMARY KEY (name, owner)
 );
 CREATE TABLE IF NOT EXISTS @s@.semaphore_queue (
@@ -220,14 +233,6 @@ CREATE TABLE IF NOT EXISTS @s@.queue_abandoned (
 CREATE INDEX IF NOT EXISTS queue_abandoned_until ON @s@.queue_abandoned (until);
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
--- Holder metadata: the JSON value a lock, lease or semaphore
--- grant was made with (at most 1 KiB, checked by the client), NULL when
--- none. Only the statement that makes a new grant writes it (a retry by
--- the live owner keeps the grant as it is, metadata included; a takeover
--- of an expired row replaces it), and it goes with the row at release,
--- force release, pruning or the sweep: it never outlives its grant.
-ALTER TABLE @s@.claims ADD COLUMN IF NOT EXISTS metadata bytea;
-ALTER TABLE @s@.semaphore_holders ADD COLUMN IF NOT EXISTS metadata bytea;
 -- Fencing tokens across a failover. Every token, term and
 -- barrier generation comes from `fencing_next()`, never from the sequence
 -- directly. A standby fed by asynchronous streaming replication may miss
@@ -302,15 +307,4 @@ RETURNS bigint
 LANGUAGE sql AS $fn$
     SELECT @s@.timeline_next('@s@.fencing', 0)
 $fn$;
--- Owners that left while one of their claim attempts was unanswered
--- (see src/sql/claims.sql, "Late attempts"): three arrays of
--- the same length on the name's row, one element per owner: the owner,
--- its client's stamp of the release, and until when the mark holds. NULL
--- (nearly always) when no owner left so. On the row itself, not in a
--- table of their own, so that an attempt that waited for the row lock of
--- the release that marked it re-reads the mark with the row (a table read
--- would still see its statement's snapshot, from before the mark).
-ALTER TABLE @s@.claims
-    ADD COLUMN IF NOT EXISTS left_owners bytea[],
-    ADD COLUMN IF NOT EXISTS left_stamps bigint[],
-    ADD COLUMN IF NOT EXISTS left_until timestamptz[];
+
