@@ -227,7 +227,9 @@ pub async fn queue_stale_consumer_is_refused_and_fenced_out(f: &Factory) {
     };
     let name = unique("q-stale");
     qa.push(&name, b"job").await.unwrap();
-    let vis = ttl(&a, Duration::from_millis(800));
+    // Long enough that the pop is answered well within it on a loaded
+    // machine (a fresh delivery must be valid).
+    let vis = ttl(&a, Duration::from_millis(1500));
     // Before the pop is sent: the store's deadline is at most `vis` after.
     let start = Instant::now();
     let stale = qa.pop(&name, vis, Duration::ZERO).await.unwrap().unwrap();

@@ -74,7 +74,7 @@ async fn layout_is_records_lists_and_indexes_and_the_token_is_the_revision() {
     let raw = c.raw_queue().unwrap();
     let id = raw.push("jobs", &message(b"x")).await.unwrap().id.get();
     let i = id20(id);
-    let z = id20(0);
+    let z = id20(1);
     assert_eq!(
         names(&prefix).await,
         vec![
@@ -87,7 +87,7 @@ async fn layout_is_records_lists_and_indexes_and_the_token_is_the_revision() {
             format!("wq/jobs/p/M/{i}"),
             format!("wq/jobs/r/M/_/{i}"),
         ],
-        "a ready message in the group \"\" of a new lane (turn 0)"
+        "a ready message in the group \"\" of a new lane (turn 1: after the clock, 0)"
     );
     let value = |kvs: &[KeyValue], tail: &str| {
         kvs.iter()
@@ -97,7 +97,7 @@ async fn layout_is_records_lists_and_indexes_and_the_token_is_the_revision() {
     let kvs = keys(&format!("{prefix}wq/")).await;
     assert_eq!(
         value(&kvs, "g/M/_").as_deref(),
-        Some(format!("0 {id}").as_str()),
+        Some(format!("1 {id}").as_str()),
         "the group record: turn, lowest ready id"
     );
     assert_eq!(value(&kvs, "h/M/_"), Some(i.clone()), "the group's head");

@@ -432,7 +432,7 @@ impl ModelLane {
         let clock = self.clock;
         let g = self.groups.entry(group.to_string()).or_default();
         if g.all.is_empty() {
-            g.turn = g.turn.max(clock);
+            g.turn = g.turn.max(clock + 1);
         }
         g.all.insert(id);
         g.ready.insert(id);

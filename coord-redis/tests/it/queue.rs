@@ -460,7 +460,7 @@ impl ModelLane {
     fn insert(&mut self, id: MessageId, group: String, attempts: u32) {
         let clock = self.clock;
         let g = self.groups.entry(group.clone()).or_insert_with(|| {
-            let turn = clock;
+            let turn = clock + 1;
             (BTreeSet::new(), BTreeSet::new(), turn)
         });
         g.0.insert(id);
