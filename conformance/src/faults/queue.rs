@@ -53,8 +53,9 @@ pub struct QueueWorkload {
     pub push_every: Duration,
     /// How long the workload runs.
     pub duration: Duration,
-    /// How long the drain after the run may take, beyond three
-    /// visibilities (what lapsed under the faults comes back by then).
+    /// How long the drain after the run may go without acking anything,
+    /// beyond three visibilities (what lapsed under the faults comes back
+    /// by then).
     pub drain: Duration,
 }
 
@@ -360,11 +361,15 @@ fn per_message_count(deliveries: &[QueueDelivery]) -> u64 {
 }
 
 /// Ack whatever is left (deliveries lapsed under faults come back after
-/// their visibility); the numbers it acked.
+/// their visibility); the numbers it acked. It gives up once nothing was
+/// acked for three visibilities plus `w.drain` (a long run leaves a
+/// backlog that takes longer than that to drain, and draining it is
+/// progress).
 async fn drain(c: &Coord, queue: &str, w: QueueWorkload, effects: &Effects) -> HashSet<u64> {
     let q = c.queues().expect("queues");
     let mut drained = HashSet::new();
-    let deadline = Instant::now() + w.visibility * 3 + w.drain;
+    let patience = w.visibility * 3 + w.drain;
+    let mut deadline = Instant::now() + patience;
     while Instant::now() < deadline {
         match q.pop(queue, Duration::from_secs(30), w.visibility).await {
             Ok(Some(d)) => {
@@ -375,6 +380,7 @@ async fn drain(c: &Coord, queue: &str, w: QueueWorkload, effects: &Effects) -> H
                 effects.apply(m, d.fencing_token().get());
                 if d.ack().await.is_ok() {
                     drained.insert(m);
+                    deadline = Instant::now() + patience;
                 }
             }
             Ok(None) => match q.stats(queue).await {
