@@ -35,6 +35,7 @@ pub mod crash;
 pub mod faults;
 pub mod late_copy;
 pub mod queue_race;
+pub mod queue_rule;
 pub mod testkit;
 
 /// Builds a fresh client per call.

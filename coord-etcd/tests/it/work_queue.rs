@@ -473,3 +473,14 @@ async fn messages_survive_an_etcd_restart_and_tokens_keep_rising() {
     }
     assert_eq!(q.stats("r").await.unwrap(), Default::default());
 }
+
+/// Random pushes, pops of both lanes (ordered or not, dead-lettering or
+/// not), acks, nacks, acks by the wrong consumer and redrives: every
+/// delivery is the one coord-core's queue state machine picks, and stats
+/// and peeks agree with it (`conformance::queue_rule`).
+#[tokio::test]
+async fn deliveries_follow_the_rule_as_the_state_machine_does() {
+    let prefix = format!("wqrule-{}/", std::process::id());
+    let raw = client(&prefix).await.raw_queue().unwrap();
+    conformance::queue_rule::deliveries_follow_the_state_machine(raw, 600, async |_| {}).await;
+}

@@ -129,3 +129,12 @@ async fn ordered_group_waits_for_its_delayed_head() {
     d2.ack().await.unwrap();
     d.ack().await.unwrap();
 }
+
+/// The memory store's queue against coord-core's state machine it adapts
+/// (`conformance::queue_rule`): the adapter's locking, ids, tokens and
+/// lanes add nothing to the rule and lose nothing of it.
+#[tokio::test]
+async fn deliveries_follow_the_rule_as_the_state_machine_does() {
+    let raw = MemoryBackend::coord().raw_queue().unwrap();
+    conformance::queue_rule::deliveries_follow_the_state_machine(raw, 600, async |_| {}).await;
+}

@@ -6,15 +6,13 @@
 //! schema. The cases run one after the other (one counts transaction ids
 //! server-wide, one crashes the cluster).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::{cluster, pgbouncer};
 use coord_core::{
-    FencingToken, Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue,
-    QueueConfig,
+    Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue, QueueConfig,
 };
 use coord_postgres::PostgresBackend;
 
@@ -406,226 +404,23 @@ async fn blocked_pops_are_woken_by_other_clients() {
     d.ack().await.unwrap();
 }
 
-/// The rule of `coord_core::queue_backend`, as coord-memory implements it,
-/// for steps that involve no time (visibility far longer than the test).
-#[derive(Default)]
-struct Model {
-    lanes: [ModelLane; 2],
-}
-
-#[derive(Default)]
-struct ModelLane {
-    msgs: BTreeMap<u64, (String, u32, bool)>,
-    groups: HashMap<String, ModelGroup>,
-    clock: u64,
-}
-
-#[derive(Default)]
-struct ModelGroup {
-    all: BTreeSet<u64>,
-    ready: BTreeSet<u64>,
-    turn: u64,
-}
-
-impl ModelLane {
-    fn insert(&mut self, id: u64, group: &str, attempts: u32) {
-        let clock = self.clock;
-        let g = self.groups.entry(group.to_string()).or_default();
-        if g.all.is_empty() {
-            g.turn = g.turn.max(clock + 1);
-        }
-        g.all.insert(id);
-        g.ready.insert(id);
-        self.msgs.insert(id, (group.to_string(), attempts, false));
-    }
-
-    fn remove(&mut self, id: u64) -> Option<(String, u32, bool)> {
-        let m = self.msgs.remove(&id)?;
-        if let Some(g) = self.groups.get_mut(&m.0) {
-            g.all.remove(&id);
-            g.ready.remove(&id);
-            if g.all.is_empty() {
-                self.groups.remove(&m.0);
-            }
-        }
-        Some(m)
-    }
-}
-
-impl Model {
-    fn pop(&mut self, lane: usize, cfg: &QueueConfig) -> Option<(u64, u32)> {
-        loop {
-            let l = &mut self.lanes[lane];
-            let (_, id, group) = l
-                .groups
-                .iter()
-                .filter_map(|(name, g)| {
-                    let cand = if cfg.ordered_groups {
-                        g.all
-                            .first()
-                            .filter(|a| g.ready.first() == Some(*a))
-                            .copied()
-                    } else {
-                        g.ready.first().copied()
-                    };
-                    cand.map(|id| (g.turn, id, name.clone()))
-                })
-                .min()?;
-            let attempts = l.msgs[&id].1;
-            if lane == 0 && cfg.max_deliveries.is_some_and(|max| attempts >= max) {
-                let (group, attempts, _) = l.remove(id)?;
-                self.lanes[1].insert(id, &group, attempts);
-                continue;
-            }
-            let g = l.groups.get_mut(&group)?;
-            l.clock = l.clock.max(g.turn);
-            g.turn = l.clock + 1;
-            g.ready.remove(&id);
-            let m = l.msgs.get_mut(&id)?;
-            m.1 += 1;
-            m.2 = true;
-            return Some((id, m.1));
-        }
-    }
-
-    fn nack(&mut self, lane: usize, id: u64) {
-        let l = &mut self.lanes[lane];
-        if let Some(m) = l.msgs.get_mut(&id) {
-            m.2 = false;
-            if let Some(g) = l.groups.get_mut(&m.0) {
-                g.ready.insert(id);
-            }
-        }
-    }
-
-    fn redrive(&mut self, limit: usize) -> u64 {
-        let ids: Vec<u64> = self.lanes[1]
-            .msgs
-            .iter()
-            .filter(|(_, m)| !m.2)
-            .take(limit)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &ids {
-            if let Some((group, _, _)) = self.lanes[1].remove(*id) {
-                self.lanes[0].insert(*id, &group, 0);
-            }
-        }
-        ids.len() as u64
-    }
-}
-
-/// 2,000 random steps (pushes to five groups of uneven sizes, pops of
-/// both lanes, acks, nacks, redrives) under four configurations: every
-/// delivery is the one the rule picks (id and attempts), tokens rise, and
-/// the lanes end as the model's.
+/// Random pushes to groups of uneven sizes, pops of both lanes (ordered
+/// or not, dead-lettering or not), acks, nacks, acks by the wrong consumer
+/// and redrives: every delivery is the one coord-core's queue state
+/// machine picks (id, attempts, group), tokens rise, stats and peeks agree
+/// (`conformance::queue_rule`); the group and lane rows agree with the
+/// messages every 50 steps, and a purge leaves no row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_follow_the_rule_exactly() {
     let _alone = crate::ALONE.lock().await;
     let b = backend(&cluster().url(), &unique("qrule"), LONG).await;
-    let groups = ["big", "big", "big", "big", "", "a", "b", "c"];
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
-    let configs = [
-        QueueConfig::default(),
-        QueueConfig::default().ordered_groups(true),
-        QueueConfig::default().max_deliveries(2),
-        QueueConfig::default()
-            .max_deliveries(1)
-            .ordered_groups(true),
-    ];
-    for cfg in configs {
-        let name = unique("rule");
-        let mut model = Model::default();
-        let mut held: Vec<(usize, u64, OwnerToken)> = Vec::new();
-        let mut last_token = FencingToken(0);
-        for step in 0..500 {
-            let roll = next(100);
-            if roll < 35 {
-                let group = groups[next(groups.len() as u64) as usize];
-                let g = (!group.is_empty()).then_some(group);
-                let id = b.push(&name, &msg(b"m", g)).await.unwrap().id.0;
-                model.lanes[0].insert(id, group, 0);
-            } else if roll < 75 {
-                let lane = usize::from(roll >= 72);
-                let lane_cfg = if lane == 1 {
-                    QueueConfig {
-                        max_deliveries: None,
-                        ..cfg
-                    }
-                } else {
-                    cfg
-                };
-                let owner = OwnerToken::random();
-                let which = if lane == 0 { Lane::Main } else { Lane::Dead };
-                let got = b
-                    .try_pop(&name, which, &owner, LONG, &lane_cfg)
-                    .await
-                    .unwrap();
-                let want = model.pop(lane, &lane_cfg);
-                match got {
-                    PopAttempt::Delivered { message, token } => {
-                        assert_eq!(
-                            Some((message.id.0, message.attempts)),
-                            want,
-                            "step {step} ({cfg:?}, lane {lane})"
-                        );
-                        assert!(token > last_token, "step {step}: tokens must rise");
-                        last_token = token;
-                        held.push((lane, message.id.0, owner));
-                    }
-                    PopAttempt::Empty { .. } => {
-                        assert_eq!(want, None, "step {step} ({cfg:?}, lane {lane})")
-                    }
-                }
-            } else if roll < 97 {
-                if held.is_empty() {
-                    continue;
-                }
-                let (lane, id, owner) = held.swap_remove(next(held.len() as u64) as usize);
-                let which = if lane == 0 { Lane::Main } else { Lane::Dead };
-                if roll < 88 {
-                    assert!(b.ack(&name, which, MessageId(id), &owner).await.unwrap());
-                    model.lanes[lane].remove(id);
-                } else {
-                    let nacked = b
-                        .nack(&name, which, MessageId(id), &owner, Duration::ZERO)
-                        .await
-                        .unwrap();
-                    assert!(nacked, "step {step}: nack of a live delivery");
-                    model.nack(lane, id);
-                }
-            } else {
-                let limit = 1 + next(3) as usize;
-                let moved = b.redrive(&name, limit).await.unwrap();
-                assert_eq!(moved, model.redrive(limit), "step {step}: redrive");
-            }
-            if step % 50 == 49 {
-                check_bookkeeping(&b, &name).await;
-            }
-        }
-        for (lane, which) in [(0, Lane::Main), (1, Lane::Dead)] {
-            let stored: Vec<(u64, u32)> = b
-                .peek(&name, which, 1000)
-                .await
-                .unwrap()
-                .iter()
-                .map(|m| (m.id.0, m.attempts))
-                .collect();
-            let want: Vec<(u64, u32)> = model.lanes[lane]
-                .msgs
-                .iter()
-                .map(|(id, m)| (*id, m.1))
-                .collect();
-            assert_eq!(stored, want, "{cfg:?}: lane {lane} at the end");
-        }
-        b.purge(&name).await.unwrap();
-    }
+    let checked = b.clone();
+    conformance::queue_rule::deliveries_follow_the_state_machine(
+        b.clone() as Arc<dyn Queue>,
+        500,
+        async |name: &str| check_bookkeeping(&checked, name).await,
+    )
+    .await;
     assert_eq!(rows(&b).await, [0, 0, 0, 0]);
 }
 

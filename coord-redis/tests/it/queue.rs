@@ -7,7 +7,8 @@
 //! shared queue cases in the PHP layout.
 
 use crate::common;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{SEC, eventually, unique};
@@ -447,208 +448,14 @@ async fn a_queue_whose_keys_were_lost_never_fails_and_works_after_a_purge() {
     }
 }
 
-/// The delivery rule of `coord_core::queue_backend`, without time (no
-/// delays, no lapses), as the test's model.
-#[derive(Default)]
-struct ModelLane {
-    msgs: BTreeMap<MessageId, (String, u32, Option<usize>)>,
-    groups: HashMap<String, (BTreeSet<MessageId>, BTreeSet<MessageId>, u64)>,
-    clock: u64,
-}
-
-impl ModelLane {
-    fn insert(&mut self, id: MessageId, group: String, attempts: u32) {
-        let clock = self.clock;
-        let g = self.groups.entry(group.clone()).or_insert_with(|| {
-            let turn = clock + 1;
-            (BTreeSet::new(), BTreeSet::new(), turn)
-        });
-        g.0.insert(id);
-        g.1.insert(id);
-        self.msgs.insert(id, (group, attempts, None));
-    }
-
-    fn remove(&mut self, id: MessageId) -> (String, u32, Option<usize>) {
-        let m = self.msgs.remove(&id).unwrap();
-        let g = self.groups.get_mut(&m.0).unwrap();
-        g.0.remove(&id);
-        g.1.remove(&id);
-        if g.0.is_empty() {
-            self.groups.remove(&m.0);
-        }
-        m
-    }
-
-    fn next(&self, ordered: bool) -> Option<(MessageId, String)> {
-        let mut best: Option<(u64, MessageId, &String)> = None;
-        for (name, (all, ready, turn)) in &self.groups {
-            let cand = if ordered {
-                all.first().filter(|a| ready.first() == Some(a)).copied()
-            } else {
-                ready.first().copied()
-            };
-            if let Some(id) = cand {
-                if best.is_none_or(|(t, i, _)| (*turn, id) < (t, i)) {
-                    best = Some((*turn, id, name));
-                }
-            }
-        }
-        best.map(|(_, id, n)| (id, n.clone()))
-    }
-}
-
-/// A tiny deterministic generator (xorshift), so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
 /// Random pushes, pops (ordered or not, with dead-lettering), acks, nacks,
-/// stale acks and redrives: every pop delivers what the model of the rule
-/// delivers, and stats and peeks agree with it.
+/// acks by the wrong consumer and redrives: every pop delivers what
+/// coord-core's queue state machine delivers, and stats and peeks agree
+/// with it (`conformance::queue_rule`).
 #[tokio::test]
-async fn deliveries_follow_the_rule_as_the_model_does() {
-    let b = backend(&kit::url()).await;
-    // Deliveries per lane, dead-letterings, redriven messages, blocked
-    // ordered pops: each must have happened, or the test proves little.
-    let mut seen = [0usize; 5];
-    for seed in [1u64, 7, 42, 1234] {
-        let name = unique("q-model");
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let owners: Vec<OwnerToken> = (0..4).map(|_| OwnerToken::random()).collect();
-        let mut lanes = [ModelLane::default(), ModelLane::default()];
-        let mut last_token = 0;
-        for step in 0..600 {
-            let what = rng.below(10);
-            let li = usize::from(rng.below(3) == 0);
-            let lane = [Lane::Main, Lane::Dead][li];
-            let held: Vec<(MessageId, usize)> = lanes[li]
-                .msgs
-                .iter()
-                .filter_map(|(id, m)| m.2.map(|o| (*id, o)))
-                .collect();
-            let ctx = format!("seed {seed} step {step} op {what} lane {lane:?}");
-            match what {
-                0..=2 => {
-                    let group = ["", "a", "b", "c", "d"][rng.below(5)];
-                    let g = (!group.is_empty()).then_some(group);
-                    let id = b.push(&name, &msg(b"p", g)).await.unwrap().id;
-                    lanes[0].insert(id, group.to_string(), 0);
-                }
-                3..=5 => {
-                    let ordered = rng.below(2) == 0;
-                    let max = [None, Some(2)][rng.below(2)];
-                    let o = rng.below(owners.len());
-                    let cfg = QueueConfig {
-                        max_deliveries: max.filter(|_| li == 0),
-                        ordered_groups: ordered,
-                    };
-                    let expect = loop {
-                        let Some((id, _)) = lanes[li].next(ordered) else {
-                            break None;
-                        };
-                        let attempts = lanes[li].msgs[&id].1;
-                        if li == 0 && cfg.max_deliveries.is_some_and(|m| attempts >= m) {
-                            let (g, a, _) = lanes[0].remove(id);
-                            lanes[1].insert(id, g, a);
-                            seen[2] += 1;
-                            continue;
-                        }
-                        break Some(id);
-                    };
-                    let got = b
-                        .try_pop(&name, lane, &owners[o], LONG, &cfg)
-                        .await
-                        .unwrap();
-                    if ordered && lanes[li].next(true) != lanes[li].next(false) {
-                        seen[4] += 1;
-                    }
-                    match (expect, got) {
-                        (None, PopAttempt::Empty { .. }) => {}
-                        (Some(id), PopAttempt::Delivered { message, token }) => {
-                            seen[li] += 1;
-                            assert_eq!(message.id, id, "{ctx}");
-                            assert!(token.get() > last_token, "{ctx}");
-                            last_token = token.get();
-                            let l = &mut lanes[li];
-                            let group = l.msgs[&id].0.clone();
-                            let g = l.groups.get_mut(&group).unwrap();
-                            l.clock = l.clock.max(g.2);
-                            g.2 = l.clock + 1;
-                            g.1.remove(&id);
-                            let m = l.msgs.get_mut(&id).unwrap();
-                            m.1 += 1;
-                            m.2 = Some(o);
-                            assert_eq!(message.attempts, m.1, "{ctx}");
-                            assert_eq!(message.group.unwrap_or_default(), group, "{ctx}");
-                        }
-                        (e, g) => panic!("{ctx}: expected {e:?}, got {g:?}"),
-                    }
-                }
-                6 | 7 if !held.is_empty() => {
-                    let (id, o) = held[rng.below(held.len())];
-                    let wrong = &owners[(o + 1) % owners.len()];
-                    assert!(!b.ack(&name, lane, id, wrong).await.unwrap(), "{ctx}");
-                    if what == 6 {
-                        assert!(b.ack(&name, lane, id, &owners[o]).await.unwrap(), "{ctx}");
-                        lanes[li].remove(id);
-                    } else {
-                        let nacked = b.nack(&name, lane, id, &owners[o], Duration::ZERO);
-                        assert!(nacked.await.unwrap(), "{ctx}");
-                        let l = &mut lanes[li];
-                        let m = l.msgs.get_mut(&id).unwrap();
-                        m.2 = None;
-                        let group = m.0.clone();
-                        l.groups.get_mut(&group).unwrap().1.insert(id);
-                    }
-                }
-                8 => {
-                    let limit = 1 + rng.below(3);
-                    let ids: Vec<MessageId> = lanes[1]
-                        .msgs
-                        .iter()
-                        .filter(|(_, m)| m.2.is_none())
-                        .take(limit)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    assert_eq!(
-                        b.redrive(&name, limit).await.unwrap(),
-                        ids.len() as u64,
-                        "{ctx}"
-                    );
-                    for id in ids {
-                        seen[3] += 1;
-                        let (g, _, _) = lanes[1].remove(id);
-                        lanes[0].insert(id, g, 0);
-                    }
-                }
-                _ => {
-                    let s = b.stats(&name).await.unwrap();
-                    let flying = lanes[0].msgs.values().filter(|m| m.2.is_some()).count();
-                    let want = (
-                        (lanes[0].msgs.len() - flying) as u64,
-                        flying as u64,
-                        lanes[1].msgs.len() as u64,
-                    );
-                    assert_eq!((s.ready, s.in_flight, s.dead), want, "{ctx}");
-                    let peeked = b.peek(&name, lane, 1000).await.unwrap();
-                    let got: Vec<(MessageId, u32)> =
-                        peeked.iter().map(|m| (m.id, m.attempts)).collect();
-                    let want: Vec<(MessageId, u32)> =
-                        lanes[li].msgs.iter().map(|(id, m)| (*id, m.1)).collect();
-                    assert_eq!(got, want, "{ctx}");
-                }
-            }
-        }
-        b.purge(&name).await.unwrap();
-    }
-    assert!(seen.iter().all(|n| *n > 10), "{seen:?}");
+async fn deliveries_follow_the_rule_as_the_state_machine_does() {
+    let b: Arc<dyn Queue> = Arc::new(backend(&kit::url()).await);
+    conformance::queue_rule::deliveries_follow_the_state_machine(b, 600, async |_| {}).await;
     // Pushing through the handle with options works as the raw trait.
     let q = backend(&kit::url()).await.into_coord().queues().unwrap();
     let name = unique("q-handle");
