@@ -76,6 +76,6 @@ pub use rwlock::{RW_PERMITS, RwGuard, RwLocks, RwMode};
 pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
-    Algorithm, Arrival, Capabilities, Decision, FencingDurability, FencingToken, LeaderInfo,
-    OwnerToken, Quota,
+    Algorithm, Arrival, Capabilities, Decision, Deployment, FencingDurability, FencingToken,
+    LeaderInfo, OwnerToken, Quota,
 };

@@ -134,9 +134,55 @@ pub enum FencingDurability {
     BestEffort,
 }
 
+/// The kind of deployment a client reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Deployment {
+    /// In the process (the memory store).
+    Embedded,
+    /// One server.
+    Single,
+    /// PostgreSQL with several hosts in the URL: a primary and its
+    /// standbys; the client follows a failover.
+    PrimaryStandby,
+    /// Redis Cluster.
+    Cluster,
+    /// The master a Redis Sentinel names.
+    Sentinel,
+    /// Redlock over independent Redis masters.
+    Redlock,
+    /// etcd, one node or a cluster (raft).
+    Raft,
+}
+
+impl Deployment {
+    /// The deployment's name, as the CLI and docs write it (`"single"`,
+    /// `"primary-standby"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Deployment::Embedded => "embedded",
+            Deployment::Single => "single",
+            Deployment::PrimaryStandby => "primary-standby",
+            Deployment::Cluster => "cluster",
+            Deployment::Sentinel => "sentinel",
+            Deployment::Redlock => "redlock",
+            Deployment::Raft => "raft",
+        }
+    }
+}
+
+impl std::fmt::Display for Deployment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a backend promises, so the conformance suite and users can tell
-/// backends apart.
+/// backends apart. Backends start from [`Capabilities::new`] and set the
+/// fields they promise; more fields may come, so it is not built as a
+/// literal outside coord-core.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Backend name, as in URLs and errors (`"memory"`, `"redis"`, ...).
     pub backend: &'static str,
@@ -153,13 +199,8 @@ pub struct Capabilities {
     pub server_clock: bool,
     /// Waiters are woken by notifications from the store (false: polling only).
     pub notifications: bool,
-    /// The kind of deployment this client reaches: `"embedded"` (memory),
-    /// `"single"` (one server), `"cluster"` (Redis Cluster), `"sentinel"`
-    /// (the master Redis Sentinel names), `"raft"`
-    /// (etcd, one node or a cluster), `"primary-standby"` (PostgreSQL
-    /// with several hosts in the URL: a primary and its standbys, the
-    /// client follows a failover).
-    pub deployment: &'static str,
+    /// The kind of deployment this client reaches.
+    pub deployment: Deployment,
     /// An acknowledged grant stays exclusive when the store machine that
     /// granted it is lost and another takes over (true where a grant is
     /// on a majority or a synchronous standby before it is acknowledged:
@@ -193,7 +234,7 @@ impl Capabilities {
             fencing: FencingDurability::Process,
             server_clock: false,
             notifications: false,
-            deployment: "single",
+            deployment: Deployment::Single,
             exclusive_across_failover: false,
             unsupported: &[],
         }

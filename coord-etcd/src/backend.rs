@@ -11,7 +11,7 @@ mod work_queue;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::{Capabilities, Coord, FencingDurability, Result};
+use coord_core::{Capabilities, Coord, Deployment, FencingDurability, Result};
 use tokio::sync::watch;
 
 use crate::barrier::Barriers;
@@ -82,7 +82,7 @@ impl EtcdBackend {
         caps.notifications = true;
         // One node or a cluster: a grant is on a majority before it is
         // acknowledged, so a new leader has it.
-        caps.deployment = "raft";
+        caps.deployment = Deployment::Raft;
         caps.exclusive_across_failover = true;
         let (tx, rx) = watch::channel(());
         let etcd = Arc::new(Etcd::new(client, &opts.prefix, opts.call_timeout, rx));

@@ -43,7 +43,7 @@ use coord_core::barrier_state::BarrierState;
 use coord_core::limit::LimitState;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
-    Algorithm, Arrival, Attempt, Capabilities, ClaimRecord, Coord, Decision, Error,
+    Algorithm, Arrival, Attempt, Capabilities, ClaimRecord, Coord, Decision, Deployment, Error,
     FencingDurability, FencingToken, HolderRecord, LeaderInfo, LeaderRecord, OwnerToken,
     PermitRequest, Quota, Result, async_trait,
 };
@@ -292,7 +292,7 @@ impl MemoryBackend {
         caps.fencing = FencingDurability::Process;
         caps.server_clock = true;
         caps.notifications = true;
-        caps.deployment = "embedded";
+        caps.deployment = Deployment::Embedded;
         MemoryBackend {
             caps,
             epoch: Instant::now(),

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use coord_core::util::bounded;
 use coord_core::wake::{Waiter, Wakeups};
-use coord_core::{Capabilities, Coord, Error, FencingDurability, FencingToken, Result};
+use coord_core::{Capabilities, Coord, Deployment, Error, FencingDurability, FencingToken, Result};
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::Notify;
 use tokio_postgres_rustls::MakeRustlsConnect;
@@ -230,9 +230,9 @@ impl PostgresBackend {
         // synchronous and only a synchronous standby is promoted, which
         // coord cannot check: not promised.
         caps.deployment = if parsed.pg.get_hosts().len() > 1 {
-            "primary-standby"
+            Deployment::PrimaryStandby
         } else {
-            "single"
+            Deployment::Single
         };
         caps.exclusive_across_failover = false;
         // Named statements only where nothing in between can route the next

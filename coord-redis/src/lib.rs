@@ -48,7 +48,7 @@
 //!     "redis+cluster://10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000?prefix=billing:",
 //! )
 //! .await?;
-//! assert_eq!(coord.capabilities().deployment, "cluster");
+//! assert_eq!(coord.capabilities().deployment, coord_core::Deployment::Cluster);
 //! # Ok(())
 //! # }
 //! ```

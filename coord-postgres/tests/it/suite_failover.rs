@@ -39,7 +39,10 @@ async fn make_coord() -> Coord {
         coord.capabilities().notifications,
         "a direct connection must LISTEN"
     );
-    assert_eq!(coord.capabilities().deployment, "primary-standby");
+    assert_eq!(
+        coord.capabilities().deployment,
+        coord_core::Deployment::PrimaryStandby
+    );
     coord.with_poll_interval(Duration::from_secs(60))
 }
 

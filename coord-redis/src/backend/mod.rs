@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use coord_core::util::{Kind, Secret, bounded, redact_url_passwords};
 use coord_core::wake::Wakeups;
-use coord_core::{Attempt, Capabilities, Error, FencingDurability, FencingToken, Result};
+use coord_core::{
+    Attempt, Capabilities, Deployment, Error, FencingDurability, FencingToken, Result,
+};
 use redis::aio::ConnectionManagerConfig;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -111,7 +113,7 @@ pub fn capabilities() -> Capabilities {
 /// milliseconds). Asynchronous replication: see [`capabilities`].
 pub fn cluster_capabilities() -> Capabilities {
     let mut caps = capabilities();
-    caps.deployment = "cluster";
+    caps.deployment = Deployment::Cluster;
     caps
 }
 
@@ -122,7 +124,7 @@ pub fn cluster_capabilities() -> Capabilities {
 /// asynchronous replication: see [`capabilities`].
 pub fn sentinel_capabilities() -> Capabilities {
     let mut caps = capabilities();
-    caps.deployment = "sentinel";
+    caps.deployment = Deployment::Sentinel;
     caps
 }
 

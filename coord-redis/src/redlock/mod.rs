@@ -87,7 +87,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use coord_core::wake::Wakeups;
-use coord_core::{Capabilities, Error, FencingDurability, Result};
+use coord_core::{Capabilities, Deployment, Error, FencingDurability, Result};
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
@@ -154,7 +154,7 @@ const UNSUPPORTED: &[(&str, &str)] = &[
 /// offer, with the reason.
 pub fn capabilities() -> Capabilities {
     let mut caps = crate::capabilities();
-    caps.deployment = "redlock";
+    caps.deployment = Deployment::Redlock;
     caps.min_ttl = MIN_TTL;
     caps.fencing = FencingDurability::BestEffort;
     caps.unsupported = UNSUPPORTED;

@@ -49,7 +49,7 @@ async fn names_spread_over_every_master_and_each_lock_is_one_key() {
         .connect()
         .await
         .unwrap();
-    assert_eq!(c.capabilities().deployment, "cluster");
+    assert_eq!(c.capabilities().deployment, coord_core::Deployment::Cluster);
     assert!(!c.capabilities().exclusive_across_failover);
     let locks = c.locks().unwrap();
     let before = blocking(|| keys_per_master(kit::cluster())).await;

@@ -37,7 +37,7 @@ async fn one_master_down_still_works() {
     set.masters()[2].stop();
     let (a, b) = (client(&set.url()).await, client(&set.url()).await);
     let caps = a.capabilities();
-    assert_eq!(caps.deployment, "redlock");
+    assert_eq!(caps.deployment, coord_core::Deployment::Redlock);
     assert_eq!(caps.fencing, coord_core::FencingDurability::BestEffort);
 
     let locks = a.locks().unwrap();

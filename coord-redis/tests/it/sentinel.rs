@@ -37,7 +37,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 async fn coord_writes_to_the_master_the_sentinels_name() {
     let url = kit::sentinel().url();
     let c = client(&url).await;
-    assert_eq!(c.capabilities().deployment, "sentinel");
+    assert_eq!(
+        c.capabilities().deployment,
+        coord_core::Deployment::Sentinel
+    );
     let name = conformance::unique("on-master");
     let g = c
         .locks()
