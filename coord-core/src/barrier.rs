@@ -147,6 +147,7 @@ impl Barriers {
                         backend: self.backend.capabilities().backend,
                         operation: "barrier arrive",
                         message: format!("the arrival task failed: {e}"),
+                        source: None,
                     });
                 }
             };

@@ -1,6 +1,53 @@
 //! The one error type of coord.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The client library's error behind an [`Error::Unavailable`] or
+/// [`Error::Store`]: shown (`Display`, `Debug`) as the scrubbed message,
+/// without credentials, so printing an error chain leaks nothing; the
+/// original is [`inner`](StoreSource::inner), to downcast to the client
+/// library's type (`redis::RedisError`, `tokio_postgres::Error`,
+/// `etcd_client::Error`, ...) and inspect its kind. Its own `Display` may
+/// carry connection details: do not log it.
+#[derive(Clone)]
+pub struct StoreSource {
+    shown: String,
+    inner: Arc<dyn std::error::Error + Send + Sync>,
+}
+
+impl StoreSource {
+    /// `inner`, shown as `shown` (its message without credentials).
+    pub fn new(
+        inner: impl std::error::Error + Send + Sync + 'static,
+        shown: impl Into<String>,
+    ) -> Self {
+        StoreSource {
+            shown: shown.into(),
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The client library's error itself (see the type's docs before
+    /// printing it).
+    pub fn inner(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.inner
+    }
+}
+
+impl std::fmt::Display for StoreSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl std::fmt::Debug for StoreSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("StoreSource").field(&self.shown).finish()
+    }
+}
+
+impl std::error::Error for StoreSource {}
 
 /// Shorthand for `Result<T, coord_core::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -74,6 +121,9 @@ pub enum Error {
         operation: &'static str,
         /// What the client library said, without credentials.
         message: String,
+        /// The client library's error, where there was one
+        /// ([`std::error::Error::source`] returns it).
+        source: Option<StoreSource>,
     },
 
     /// A barrier arrival no longer counts: it was withdrawn (this was a late
@@ -102,6 +152,9 @@ pub enum Error {
         operation: &'static str,
         /// What the store said, without credentials.
         message: String,
+        /// The client library's error, where there was one
+        /// ([`std::error::Error::source`] returns it).
+        source: Option<StoreSource>,
     },
 
     /// The connection URL or configuration is wrong (unknown scheme, a
@@ -148,6 +201,19 @@ fn because(reason: &str) -> String {
 }
 
 impl Error {
+    /// `self` with `source` as the client library's error behind it, if it
+    /// is an [`Error::Unavailable`] or [`Error::Store`] without one (any
+    /// other error is returned as it is). For backends mapping their
+    /// client library's errors.
+    pub fn with_source(mut self, source: StoreSource) -> Self {
+        if let Error::Unavailable { source: s, .. } | Error::Store { source: s, .. } = &mut self {
+            if s.is_none() {
+                *s = Some(source);
+            }
+        }
+        self
+    }
+
     /// True when the same call may succeed if retried later: timeouts and an
     /// unreachable store. Invalid input, lost ownership, configuration and
     /// unsupported operations are not retryable.
@@ -200,7 +266,8 @@ mod tests {
             Error::Unavailable {
                 backend: "x",
                 operation: "y",
-                message: "z".into()
+                message: "z".into(),
+                source: None,
             }
             .is_retryable()
         );
@@ -218,6 +285,7 @@ mod tests {
                 backend: "x",
                 operation: "y",
                 message: "z".into(),
+                source: None,
             },
             Error::Timeout {
                 operation: "lock acquire",
@@ -228,6 +296,33 @@ mod tests {
         for e in others {
             assert!(!e.is_ownership_lost(), "{e:?}");
         }
+    }
+
+    #[test]
+    fn a_store_error_keeps_its_source_shown_scrubbed() {
+        let inner = std::io::Error::other("connect to redis://:hunter2@db failed");
+        let e = Error::Unavailable {
+            backend: "x",
+            operation: "y",
+            message: "connect failed".into(),
+            source: None,
+        }
+        .with_source(StoreSource::new(
+            inner,
+            "connect to redis://<redacted>@db failed",
+        ));
+        let source = std::error::Error::source(&e).expect("kept");
+        assert_eq!(
+            source.to_string(),
+            "connect to redis://<redacted>@db failed"
+        );
+        assert!(!format!("{e:?}").contains("hunter2"));
+        let kept = source.downcast_ref::<StoreSource>().expect("a StoreSource");
+        assert!(kept.inner().downcast_ref::<std::io::Error>().is_some());
+        // Other kinds are left as they are.
+        let other = Error::invalid("ttl", "zero")
+            .with_source(StoreSource::new(std::io::Error::other("x"), "x"));
+        assert!(std::error::Error::source(&other).is_none());
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub use barrier::Barriers;
 pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};
 pub use coord::{Coord, CoordBuilder, Settings};
 pub use election::{Elections, Leadership};
-pub use error::{Error, Result};
+pub use error::{Error, Result, StoreSource};
 pub use fencing::{FencedRegister, Fencing};
 pub use inspect::{
     Acquired, ClaimInfo, ClaimRecord, Holder, HolderRecord, LeaderDetails, LeaderRecord,

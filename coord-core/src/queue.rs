@@ -604,6 +604,7 @@ impl Queues {
                                 backend: store,
                                 operation: "queue pop",
                                 message: format!("the pop attempt's task failed: {e}"),
+                                source: None,
                             });
                         }
                     };

@@ -162,6 +162,7 @@ mod tests {
             backend: "test",
             operation: "release",
             message: "down".into(),
+            source: None,
         }
     }
 

@@ -58,6 +58,7 @@ pub async fn bounded<T>(
             backend,
             operation,
             message: format!("no answer within {limit:?}"),
+            source: None,
         }),
     }
 }

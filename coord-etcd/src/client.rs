@@ -405,6 +405,7 @@ pub(crate) fn corrupt(operation: &'static str, what: &str) -> Error {
         message: format!(
             "the stored {what} state is not in coord's format; was the key written by something else?"
         ),
+        source: None,
     }
 }
 

@@ -121,6 +121,7 @@ impl Limiters {
                 backend: BACKEND,
                 operation: op,
                 message: format!("no answer within {:?}", self.etcd.timeout * 2),
+                source: None,
             }),
         }
     }

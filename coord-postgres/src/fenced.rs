@@ -225,6 +225,7 @@ impl FencedTable {
             backend: "postgres",
             operation: "fenced update",
             message: "no result row".into(),
+            source: None,
         })?;
         let applied: bool = row.try_get(0).map_err(|e| map_pg("fenced update", e))?;
         let exists: bool = row.try_get(1).map_err(|e| map_pg("fenced update", e))?;

@@ -203,13 +203,15 @@ impl<'t> SqlxFencedWrite<'t> {
 /// Map a sqlx error like a tokio-postgres one: server errors by SQLSTATE,
 /// lost connections and pool timeouts are [`Error::Unavailable`].
 fn map_sqlx(operation: &'static str, e: sqlx::Error) -> Error {
-    match &e {
+    let shown = chain_message(&e);
+    let mapped = match &e {
         sqlx::Error::Database(db) => match db.code() {
             Some(code) => map_sqlstate(operation, &code, db.message()),
             None => Error::Store {
                 backend: BACKEND,
                 operation,
                 message: chain_message(&e),
+                source: None,
             },
         },
         sqlx::Error::Io(_)
@@ -219,13 +221,16 @@ fn map_sqlx(operation: &'static str, e: sqlx::Error) -> Error {
             backend: BACKEND,
             operation,
             message: chain_message(&e),
+            source: None,
         },
         _ => Error::Store {
             backend: BACKEND,
             operation,
             message: chain_message(&e),
+            source: None,
         },
-    }
+    };
+    mapped.with_source(coord_core::StoreSource::new(e, shown))
 }
 
 /// Start configuring a backend on the database of a sqlx pool: the

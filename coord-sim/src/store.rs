@@ -170,6 +170,7 @@ impl SimStore {
                     backend: "sim",
                     operation: "request",
                     message: "no reply within the call timeout".into(),
+                    source: None,
                 })
             }
         }

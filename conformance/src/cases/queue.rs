@@ -1531,6 +1531,7 @@ impl Unreachable {
             backend: self.store.capabilities().backend,
             operation,
             message: "connection refused (the test's unreachable store)".into(),
+            source: None,
         })
     }
 }

@@ -70,6 +70,7 @@ impl coord_core::FencingSource for EtcdBackend {
                 backend: keys::BACKEND,
                 operation: "fencing next",
                 message: "the put's reply carried no revision".into(),
+                source: None,
             });
         }
         Ok(FencingToken(rev as u64))

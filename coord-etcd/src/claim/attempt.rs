@@ -36,6 +36,7 @@ fn lease_gone(op: &'static str) -> Error {
         message: "the lease of this attempt expired before its write took effect; nothing \
                   was written, the attempt can be retried"
             .into(),
+        source: None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! Key layout and error mapping.
 
-use coord_core::Error;
 use coord_core::util::{Kind, redact_url_passwords};
+use coord_core::{Error, StoreSource};
 
 pub(crate) const BACKEND: &str = "etcd";
 
@@ -157,17 +157,20 @@ pub(crate) fn map_err(operation: &'static str, e: etcd_client::Error) -> Error {
         E::LeaseKeepAliveError(m) => !m.contains("not found"),
         _ => false,
     };
+    let source = Some(StoreSource::new(e, message.clone()));
     if unavailable {
         Error::Unavailable {
             backend: BACKEND,
             operation,
             message,
+            source,
         }
     } else {
         Error::Store {
             backend: BACKEND,
             operation,
             message,
+            source,
         }
     }
 }

@@ -212,6 +212,7 @@ impl Semaphores {
                         message: "an earlier attempt of this owner was dropped mid-call; \
                                   the grant it wrote is being revoked"
                             .into(),
+                        source: None,
                     });
                 }
                 let since = Instant::now();
@@ -375,6 +376,7 @@ impl Semaphores {
                          every round for {:?}; nothing is held",
                         self.etcd.timeout
                     ),
+                    source: None,
                 });
             }
             return Ok(Attempt::Held { expires_in: None });

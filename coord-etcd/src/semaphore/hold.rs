@@ -170,6 +170,7 @@ impl Semaphores {
             backend: BACKEND,
             operation: op,
             message: "the owner's grant or place changed under every release attempt".into(),
+            source: None,
         })
     }
 

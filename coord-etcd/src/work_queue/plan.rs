@@ -252,6 +252,7 @@ impl Retry {
                 "still {what} after {:?}; the next call goes on from there",
                 self.started.elapsed()
             ),
+            source: None,
         })
     }
 
@@ -268,6 +269,7 @@ impl Retry {
                     self.round,
                     self.started.elapsed()
                 ),
+                source: None,
             });
         }
         let cap = (1u64 << self.round.min(6)).min(40);

@@ -203,6 +203,7 @@ impl PostgresBackend {
                         "no answer within {:?}; the statement was cancelled on the server",
                         self.call_timeout
                     ),
+                    source: None,
                 })
             }
         }

@@ -480,6 +480,7 @@ pub(super) fn owner_token(operation: &'static str, bytes: &[u8]) -> Result<Owner
             "a holder's owner token is {} bytes, not 16: the row was not written by coord",
             bytes.len()
         ),
+        source: None,
     })?;
     Ok(OwnerToken::from_bytes(raw))
 }

@@ -1,7 +1,7 @@
 //! Mapping driver and pool errors to coord's [`Error`], without passwords.
 
-use coord_core::Error;
 use coord_core::util::redact_url_passwords;
+use coord_core::{Error, StoreSource};
 use deadpool_postgres::PoolError;
 
 use super::BACKEND;
@@ -42,6 +42,7 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
             message: format!(
                 "{message}: the statement ran past the call timeout and the server stopped it"
             ),
+            source: None,
         };
     }
     // 25006: a write in a read-only transaction. coord's transactions are
@@ -60,6 +61,7 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
                  every server in the URL (postgres://h1:5432,h2:5432/db) so that new \
                  connections find the writable one"
             ),
+            source: None,
         };
     }
     // 55P03: a lock wait ran past a `lock_timeout`. coord pins it to 0 on
@@ -74,6 +76,7 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
                  session after coord opened it; try again, and leave lock_timeout alone on \
                  coord's connections"
             ),
+            source: None,
         };
     }
     if code.starts_with("08")
@@ -86,12 +89,14 @@ pub(crate) fn map_sqlstate(operation: &'static str, code: &str, message: &str) -
             backend: BACKEND,
             operation,
             message,
+            source: None,
         };
     }
     Error::Store {
         backend: BACKEND,
         operation,
         message,
+        source: None,
     }
 }
 
@@ -125,10 +130,16 @@ pub(crate) fn chain_message(e: &dyn std::error::Error) -> String {
 /// [`Error::Unavailable`] (retryable), answers from the server are
 /// [`Error::Store`] with the SQLSTATE. Passwords are removed from the text.
 pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error {
+    let shown = chain_message(&e);
+    classify(operation, &e).with_source(StoreSource::new(e, shown))
+}
+
+/// The coord error for `e` (see [`map_pg`]).
+fn classify(operation: &'static str, e: &tokio_postgres::Error) -> Error {
     if let Some(db) = e.as_db_error() {
         return map_sqlstate(operation, db.code().code(), db.message());
     }
-    let message = chain_message(&e);
+    let message = chain_message(e);
     // A refused certificate, or a server without TLS when TLS is required,
     // fails the same way next time: configuration, not an outage.
     if message.contains("certificate") || message.contains("does not support TLS") {
@@ -136,12 +147,14 @@ pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error
             backend: BACKEND,
             operation,
             message,
+            source: None,
         };
     }
     Error::Unavailable {
         backend: BACKEND,
         operation,
         message,
+        source: None,
     }
 }
 
@@ -152,17 +165,23 @@ pub(crate) fn map_pool(operation: &'static str, e: PoolError) -> Error {
             backend: BACKEND,
             operation,
             message: format!("no pooled connection in time ({t:?})"),
+            source: None,
         },
         PoolError::Closed => Error::Unavailable {
             backend: BACKEND,
             operation,
             message: "the connection pool is closed".into(),
+            source: None,
         },
-        other => Error::Store {
-            backend: BACKEND,
-            operation,
-            message: redact_url_passwords(&other.to_string()),
-        },
+        other => {
+            let message = redact_url_passwords(&other.to_string());
+            Error::Store {
+                backend: BACKEND,
+                operation,
+                message: message.clone(),
+                source: Some(StoreSource::new(other, message)),
+            }
+        }
     }
 }
 
@@ -171,6 +190,7 @@ pub(crate) fn unexpected(operation: &'static str) -> Error {
         backend: BACKEND,
         operation,
         message: "the statement returned no row".into(),
+        source: None,
     }
 }
 
@@ -180,19 +200,23 @@ pub(crate) fn with_target(e: Error, display: &str) -> Error {
             backend,
             operation,
             message,
+            source,
         } => Error::Unavailable {
             backend,
             operation,
             message: format!("{message} (connecting to {display})"),
+            source,
         },
         Error::Store {
             backend,
             operation,
             message,
+            source,
         } => Error::Store {
             backend,
             operation,
             message: format!("{message} (connecting to {display})"),
+            source,
         },
         other => other,
     }

@@ -123,6 +123,7 @@ impl Listener {
                 backend: "postgres",
                 operation: "listen probe",
                 message: e.to_string(),
+                source: None,
             })?;
             client
                 .query_typed(

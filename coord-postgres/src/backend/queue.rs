@@ -85,6 +85,7 @@ fn limit_of(op: &'static str, limit: usize) -> Result<i32> {
         backend: BACKEND,
         operation: op,
         message: format!("limit {limit} out of range"),
+        source: None,
     })
 }
 

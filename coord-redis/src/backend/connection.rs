@@ -91,6 +91,7 @@ impl SentinelMaster {
                  addresses and the master name in the URL",
                 self.name
             ),
+            source: None,
         })
     }
 
@@ -112,6 +113,7 @@ impl SentinelMaster {
                     backend: BACKEND,
                     operation: "sentinel",
                     message: format!("the sentinel watches no master named `{}`", self.name),
+                    source: None,
                 });
             };
             let addr = match self.template.addr() {
@@ -143,6 +145,7 @@ impl SentinelMaster {
                     backend: BACKEND,
                     operation: "sentinel",
                     message: "the server the sentinel named is not a master (yet)".into(),
+                    source: None,
                 }),
             }
         })

@@ -9,7 +9,7 @@ use std::time::Duration;
 use coord_core::util::{Kind, Secret, bounded, redact_url_passwords};
 use coord_core::wake::Wakeups;
 use coord_core::{
-    Attempt, Capabilities, Deployment, Error, FencingDurability, FencingToken, Result,
+    Attempt, Capabilities, Deployment, Error, FencingDurability, FencingToken, Result, StoreSource,
 };
 use redis::aio::ConnectionManagerConfig;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
@@ -128,14 +128,26 @@ pub fn sentinel_capabilities() -> Capabilities {
     caps
 }
 
-/// Turn a client-library error into a coord error, without credentials.
+/// Turn a client-library error into a coord error, without credentials;
+/// the client library's error is kept as its source.
 pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secret>) -> Error {
+    let message = scrubbed(e, pw);
+    classify(operation, e, message.clone()).with_source(StoreSource::new(e.clone(), message))
+}
+
+/// `e`'s message without passwords (in URLs, or `pw` itself).
+fn scrubbed(e: &RedisError, pw: Option<&Secret>) -> String {
     let mut message = redact_url_passwords(&e.to_string());
     if let Some(pw) = pw {
         if !pw.expose().is_empty() {
             message = message.replace(pw.expose(), "<redacted>");
         }
     }
+    message
+}
+
+/// The coord error for `e` (whose scrubbed message is `message`).
+fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
     let code = e.code().unwrap_or("");
     // The cluster client reports a refused password as an I/O error
     // saying so ("Password authentication failed"): a configuration
@@ -153,6 +165,7 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
                 "authentication failed ({message}); check the user name and password \
                  (URL `redis://user:password@host`, or RedisOptions::password)"
             ),
+            source: None,
         };
     }
     if code == "WRONGTYPE" || message.contains("WRONGTYPE") {
@@ -175,6 +188,7 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
                  valid for this host and trusted (system roots, or \
                  RedisOptions::tls_root_certificate)"
             ),
+            source: None,
         };
     }
     if e.is_io_error()
@@ -191,12 +205,14 @@ pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secre
             backend: BACKEND,
             operation,
             message,
+            source: None,
         };
     }
     Error::Store {
         backend: BACKEND,
         operation,
         message,
+        source: None,
     }
 }
 
@@ -205,6 +221,7 @@ pub(crate) fn unexpected(operation: &'static str, v: &Value) -> Error {
         backend: BACKEND,
         operation,
         message: format!("unexpected reply from Redis: {v:?}"),
+        source: None,
     }
 }
 
@@ -215,6 +232,7 @@ pub(crate) fn malformed(operation: &'static str, what: &str) -> Error {
         backend: BACKEND,
         operation,
         message: format!("unexpected reply from Redis: {what}"),
+        source: None,
     }
 }
 
@@ -645,6 +663,7 @@ impl RedisBackend {
                         "no answer within {:?}; reconnecting (the request may or may not have been applied)",
                         self.timeout
                     ),
+                    source: None,
                 })
             }
         }

@@ -390,6 +390,7 @@ impl RedlockBackend {
                      and may keep the claim until its TTL runs out",
                     self.masters.len()
                 ),
+                source: None,
             });
         }
         Err(self.no_quorum(op, &answers))
@@ -650,6 +651,7 @@ impl coord_core::FencingSource for RedlockBackend {
                 "the issuing claim of `{resource}` stayed taken for {:?}",
                 self.timeout * 2
             ),
+            source: None,
         }))
     }
 }

@@ -293,6 +293,7 @@ impl Master {
                 backend: BACKEND,
                 operation,
                 message: format!("{why}; this entry never votes"),
+                source: None,
             });
         }
         if let Some(until) = st.slow_until {
@@ -305,6 +306,7 @@ impl Master {
                          ago; skipped for up to {SLOW_FOR:?}",
                         self.endpoint
                     ),
+                    source: None,
                 });
             }
             st.slow_until = None;
@@ -329,6 +331,7 @@ impl Master {
                 "Redlock master {} is not connected (trying again in the background)",
                 self.endpoint
             ),
+            source: None,
         })
     }
 
@@ -446,6 +449,7 @@ impl RedlockBackend {
                         backend: BACKEND,
                         operation: "connect",
                         message: format!("a Redlock connect failed: {e}"),
+                        source: None,
                     })
                 }
                 None => break,
@@ -480,6 +484,7 @@ impl RedlockBackend {
                     last.map(|e| format!(" (last error: {e})"))
                         .unwrap_or_default()
                 ),
+                source: None,
             });
         }
         Ok(RedlockBackend {
@@ -586,6 +591,7 @@ impl RedlockBackend {
                 backend: BACKEND,
                 operation,
                 message: format!("a Redlock call failed: {e}"),
+                source: None,
             })
         };
         let start = Instant::now();
@@ -627,6 +633,7 @@ impl RedlockBackend {
                 last.map(|e| format!(" (last error: {e})"))
                     .unwrap_or_default()
             ),
+            source: None,
         }
     }
 }

@@ -48,6 +48,7 @@ async fn every_primitive(c: &Coord, name: &str) -> Result<(), String> {
         backend: "review",
         operation: "every_primitive",
         message: format!("{what}: not granted"),
+        source: None,
     };
     let r = async {
         let g = c.locks()?.try_acquire(name, TTL).await?;

@@ -236,6 +236,19 @@ async fn password_server_right_password_works_wrong_one_is_a_clear_auth_error() 
         "{display}"
     );
     assert!(matches!(err, Error::Store { .. }), "{err:?}");
+    // The client library's error is kept as the source, shown (and
+    // printed in an error chain) without the password; the original is
+    // there to inspect.
+    let source = std::error::Error::source(&err).expect("the client library's error");
+    let shown = format!("{source} {source:?}");
+    assert!(!shown.contains(wrong), "{shown}");
+    let source = source
+        .downcast_ref::<coord_core::StoreSource>()
+        .expect("a StoreSource");
+    assert!(
+        source.inner().downcast_ref::<redis::RedisError>().is_some(),
+        "{source:?}"
+    );
 
     // Wrong password given as an option.
     let opts = RedisOptions::new(&server.url_without_password()).password(Secret::new(wrong));

@@ -128,6 +128,7 @@ impl Faulty {
                 backend: "memory",
                 operation: op,
                 message: "broken (test)".into(),
+                source: None,
             }),
             Some(Fault::LoseReply) => {
                 let _ = f.await;
@@ -151,6 +152,7 @@ fn unavailable(op: &'static str) -> Error {
         backend: "memory",
         operation: op,
         message: "injected (test)".into(),
+        source: None,
     }
 }
 
