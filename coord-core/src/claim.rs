@@ -313,7 +313,7 @@ impl Inner {
         let first = !self.lost_flag.swap(true, Ordering::AcqRel);
         // The token before anything else, and by every caller, not only the
         // first: a second caller returns from `lost()` right after this, and
-        // must not do so while the first is still logging (tests/lost_signal.rs
+        // must not do so while the first is still logging (tests/it/lost_signal.rs
         // in coord-memory). `token()` covers a token made after the flag.
         if let Some(t) = self.lost_token.get() {
             t.cancel();

@@ -423,6 +423,3 @@ impl MemoryBackend {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;

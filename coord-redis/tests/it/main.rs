@@ -1,10 +1,10 @@
 //! coord-redis's integration tests, one binary: each module checks one
 //! behaviour against real Redis servers (single, Cluster, Sentinel, Redlock)
 //! started by the test kit. Binaries of their own: `faults` (its
-//! scenarios' time bounds assume nothing else runs beside them), `state`
+//! scenarios' time bounds assume nothing else runs beside them) and `state`
 //! (a 100,000-name soak that would starve the time-bounded tests beside
-//! it) and `tracing` (tracing's per-callsite interest is process-wide
-//! state).
+//! it). `spans` subscribes to `tracing` on its own thread only, never
+//! process-wide.
 
 mod common;
 
@@ -28,6 +28,7 @@ mod same_owner_one_client;
 mod semaphore;
 mod semaphore_races;
 mod sentinel;
+mod spans;
 mod suite_cluster;
 mod suite_redlock;
 mod suite_sentinel;

@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod faulty;
+pub mod scoped_tracing;

@@ -55,3 +55,16 @@ where
         }
     }
 }
+
+/// Before a test installs a `tracing` subscriber on its own thread (the
+/// other tests of the binary run beside it): register a no-op global
+/// default, once per process. tracing caches each callsite's interest for
+/// the whole process, and while only one dispatcher is registered it asks
+/// a callsite reached for the first time only of the default of the
+/// thread that reached it: a callsite first reached by another test's
+/// thread would be cached as of no interest, and the test's subscriber
+/// would miss its spans. With a second dispatcher registered for good,
+/// every callsite's interest is asked of every registered dispatcher.
+pub fn ask_every_tracing_dispatcher() {
+    let _ = tracing::subscriber::set_global_default(tracing::subscriber::NoSubscriber::default());
+}

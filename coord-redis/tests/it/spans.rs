@@ -1,6 +1,8 @@
 //! The operation spans on a networked store: each carries the store
 //! (`backend`), the `name` it acts on and its `outcome`; none holds an
 //! owner token (the one the lock's key stores is looked for by value).
+//! The subscriber is this test's thread's own (a current-thread runtime):
+//! the spans of the tests running beside it are not seen.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -58,6 +60,7 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
 fn operation_spans_carry_backend_name_and_outcome_and_no_owner_token() {
     let server = RedisServer::start();
     let url = server.url();
+    crate::common::ask_every_tracing_dispatcher();
     let seen = Seen::default();
     let subscriber = tracing_subscriber::registry().with(seen.clone());
     let mut tokens = Vec::new();

@@ -1,5 +1,7 @@
 //! The operation spans carry their outcome (and acquires their wait), for
-//! whoever subscribes to `tracing`; never an owner token.
+//! whoever subscribes to `tracing`; never an owner token. The subscriber
+//! is this test's thread's own (a current-thread runtime): the spans of the
+//! tests running beside it are not seen.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -7,6 +9,8 @@ use std::time::Duration;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+use crate::support::scoped_tracing;
 
 #[derive(Default, Clone)]
 struct Seen(Arc<Mutex<Vec<(String, String, String)>>>);
@@ -52,6 +56,7 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
 
 #[test]
 fn acquire_and_check_spans_record_their_outcome() {
+    scoped_tracing::ask_every_dispatcher();
     let seen = Seen::default();
     let subscriber = tracing_subscriber::registry().with(seen.clone());
     tracing::subscriber::with_default(subscriber, || {

@@ -1,10 +1,11 @@
-//! Unit tests of the reference model, on paused time so TTLs cost nothing.
+//! The reference model through its public API, on paused time so TTLs
+//! cost nothing.
 
 use std::time::Duration;
 
 use coord_core::{Algorithm, Error, FencingToken, LockOptions, Quota};
 
-use super::MemoryBackend;
+use coord_memory::MemoryBackend;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -300,14 +301,14 @@ async fn semaphore_abandoned_place_in_line_lapses() {
     let coord_core::Attempt::Held { expires_in } = held else {
         panic!("{held:?}")
     };
-    assert!(expires_in.unwrap() <= super::QUEUE_REFRESH);
+    assert!(expires_in.unwrap() <= coord_memory::QUEUE_REFRESH);
     let one = PermitRequest { permits: 1, ..hold };
     let me = OwnerToken::random();
     assert!(matches!(
         backend.try_acquire("l", &me, &one).await.unwrap(),
         coord_core::Attempt::Held { .. }
     ));
-    tokio::time::advance(super::QUEUE_ENTRY_TTL + S).await;
+    tokio::time::advance(coord_memory::QUEUE_ENTRY_TTL + S).await;
     assert!(matches!(
         backend.try_acquire("l", &me, &one).await.unwrap(),
         coord_core::Attempt::Granted(_)

@@ -7,14 +7,17 @@
 //! set the lost flag logs the loss and then cancels the token; the second
 //! found the flag already set and returned at once, before the token was
 //! cancelled. A subscriber that takes a while per event (a file or network
-//! log sink) widens that window; this binary installs one so the race shows
-//! every time it exists.
+//! log sink) widens that window; this test installs one on every thread of
+//! its runtime (not process-wide: the other tests of the binary keep their
+//! speed) so the race shows every time it exists.
 
 use std::time::Duration;
 
 use coord_memory::MemoryBackend;
-use tracing::Subscriber;
+use tracing::{Dispatch, Subscriber};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+use crate::support::scoped_tracing;
 
 /// A log sink that takes 20 ms per event.
 struct SlowSink;
@@ -25,9 +28,14 @@ impl<S: Subscriber> Layer<S> for SlowSink {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn whoever_wakes_from_lost_sees_the_token_cancelled() {
-    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(SlowSink));
+#[test]
+fn whoever_wakes_from_lost_sees_the_token_cancelled() {
+    let slow = Dispatch::new(tracing_subscriber::registry().with(SlowSink));
+    let runtime = scoped_tracing::runtime_with(&slow, 2);
+    tracing::dispatcher::with_default(&slow, || runtime.block_on(lapses_cancel_the_token_first()));
+}
+
+async fn lapses_cancel_the_token_first() {
     let coord = MemoryBackend::coord();
     let locks = coord.locks().unwrap();
     let mut late = 0;
