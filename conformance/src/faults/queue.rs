@@ -361,10 +361,10 @@ fn per_message_count(deliveries: &[QueueDelivery]) -> u64 {
 }
 
 /// Ack whatever is left (deliveries lapsed under faults come back after
-/// their visibility); the numbers it acked. It gives up once nothing was
-/// acked for three visibilities plus `w.drain` (a long run leaves a
-/// backlog that takes longer than that to drain, and draining it is
-/// progress).
+/// their visibility); the numbers it acked. It gives up once no message
+/// it had not acked before was acked for three visibilities plus
+/// `w.drain` (a long run leaves a backlog that takes longer than that to
+/// drain, and draining it is progress).
 async fn drain(c: &Coord, queue: &str, w: QueueWorkload, effects: &Effects) -> HashSet<u64> {
     let q = c.queues().expect("queues");
     let mut drained = HashSet::new();
@@ -378,8 +378,9 @@ async fn drain(c: &Coord, queue: &str, w: QueueWorkload, effects: &Effects) -> H
                     .and_then(|s| s.parse::<u64>().ok())
                     .expect("the workload's payloads are numbers");
                 effects.apply(m, d.fencing_token().get());
-                if d.ack().await.is_ok() {
-                    drained.insert(m);
+                // Only a message not drained before is progress (a broken
+                // store may hand out acked ones again and again).
+                if d.ack().await.is_ok() && drained.insert(m) {
                     deadline = Instant::now() + patience;
                 }
             }
