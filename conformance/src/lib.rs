@@ -104,6 +104,7 @@ pub fn ttl(coord: &Coord, want: Duration) -> Duration {
 pub const CASES: &[&str] = &[
     "capabilities_are_consistent",
     "lock_held_excludes_others",
+    "lock_is_not_reentrant",
     "lock_different_names_are_independent",
     "lock_release_lets_the_next_client_in",
     "lock_stale_guard_cannot_release_or_extend",
@@ -218,6 +219,7 @@ macro_rules! suite {
         $crate::suite!(@cases $make;
             capabilities_are_consistent,
             lock_held_excludes_others,
+            lock_is_not_reentrant,
             lock_different_names_are_independent,
             lock_release_lets_the_next_client_in,
             lock_stale_guard_cannot_release_or_extend,

@@ -54,6 +54,13 @@ impl LockOptions {
 
 /// Locks on one store: exclusive, lease-bounded, owner-checked, fenced.
 ///
+/// **Not reentrant.** Every acquire is an owner of its own: a task (or
+/// another task of the same process) that acquires a name it already
+/// holds waits for its own guard like any other client, so `acquire`
+/// times out after its wait and `try_acquire` returns `None`. Pass the
+/// guard (or its [`Ownership`](crate::Ownership)) down instead of taking
+/// the lock again.
+///
 /// Cheap to clone. Get one with [`Coord::locks`].
 ///
 /// ```

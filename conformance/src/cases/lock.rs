@@ -52,6 +52,39 @@ pub async fn lock_held_excludes_others(f: &Factory) {
     g.release().await.unwrap();
 }
 
+/// Locks are not reentrant: the holder's own client acquiring the name
+/// again is another owner, refused while the first guard holds and
+/// granted (with a higher token) once it is released.
+pub async fn lock_is_not_reentrant(f: &Factory) {
+    let c = f.client().await;
+    let Ok(locks) = c.locks() else {
+        return;
+    };
+    let name = unique("reentry");
+    let first = locks.try_acquire(&name, LONG).await.unwrap().expect("free");
+    assert!(
+        locks.try_acquire(&name, LONG).await.unwrap().is_none(),
+        "a second acquire of a held lock by the same client was granted"
+    );
+    let waited = locks
+        .acquire(&name, LONG, Duration::from_millis(200))
+        .await
+        .err();
+    assert!(
+        matches!(waited, Some(Error::Timeout { .. })),
+        "a waiting second acquire by the same client: {waited:?}"
+    );
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = locks
+        .try_acquire(&name, LONG)
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(second.fencing_token() > token);
+    second.release().await.unwrap();
+}
+
 /// Different names do not exclude each other (lock splitting).
 pub async fn lock_different_names_are_independent(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
