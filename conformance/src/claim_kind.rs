@@ -68,14 +68,19 @@ impl ClaimKind {
 
     /// The owners holding `name` now (panics on a store error).
     pub async fn holders<B: Lock + Semaphore + ?Sized>(self, b: &B, name: &str) -> Vec<OwnerToken> {
+        self.try_holders(b, name).await.expect("inspect")
+    }
+
+    /// The owners holding `name` now, or the store's error.
+    pub async fn try_holders<B: Lock + Semaphore + ?Sized>(
+        self,
+        b: &B,
+        name: &str,
+    ) -> Result<Vec<OwnerToken>> {
         let r = match self {
             ClaimKind::Lock => Lock::inspect(b, name).await,
             ClaimKind::Semaphore => Semaphore::inspect(b, name).await,
         };
-        r.expect("inspect")
-            .holders
-            .iter()
-            .map(|h| h.owner)
-            .collect()
+        Ok(r?.holders.iter().map(|h| h.owner).collect())
     }
 }

@@ -37,8 +37,14 @@ pub async fn late_copy_after_extend<B: Lock + Semaphore>(
     name: &str,
 ) {
     let o = OwnerToken::random();
-    // Warm the connection, so the held attempt is one request.
-    let _ = kind.holders(via, "warm").await;
+    // Warm the connection, so the held attempt is one request. `via`'s
+    // call timeout is short: on a loaded machine the warm-up itself may go
+    // unanswered, so it is tried until it is answered.
+    let warm_until = Instant::now() + Duration::from_secs(10);
+    while kind.try_holders(via, "warm").await.is_err() {
+        assert!(Instant::now() < warm_until, "the warm-up never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let n = name.to_string();
     proxy.deliver_late(
         move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
