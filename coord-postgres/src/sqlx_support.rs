@@ -210,7 +210,7 @@ fn map_sqlx(operation: &'static str, e: sqlx::Error) -> Error {
             None => Error::Store {
                 backend: BACKEND,
                 operation,
-                message: chain_message(&e),
+                message: shown.clone(),
                 source: None,
             },
         },
@@ -220,13 +220,13 @@ fn map_sqlx(operation: &'static str, e: sqlx::Error) -> Error {
         | sqlx::Error::WorkerCrashed => Error::Unavailable {
             backend: BACKEND,
             operation,
-            message: chain_message(&e),
+            message: shown.clone(),
             source: None,
         },
         _ => Error::Store {
             backend: BACKEND,
             operation,
-            message: chain_message(&e),
+            message: shown.clone(),
             source: None,
         },
     };

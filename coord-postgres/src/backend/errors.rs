@@ -131,15 +131,16 @@ pub(crate) fn chain_message(e: &dyn std::error::Error) -> String {
 /// [`Error::Store`] with the SQLSTATE. Passwords are removed from the text.
 pub(crate) fn map_pg(operation: &'static str, e: tokio_postgres::Error) -> Error {
     let shown = chain_message(&e);
-    classify(operation, &e).with_source(StoreSource::new(e, shown))
+    classify(operation, &e, &shown).with_source(StoreSource::new(e, shown))
 }
 
-/// The coord error for `e` (see [`map_pg`]).
-fn classify(operation: &'static str, e: &tokio_postgres::Error) -> Error {
+/// The coord error for `e`, whose redacted chain message is `shown` (see
+/// [`map_pg`]).
+fn classify(operation: &'static str, e: &tokio_postgres::Error, shown: &str) -> Error {
     if let Some(db) = e.as_db_error() {
         return map_sqlstate(operation, db.code().code(), db.message());
     }
-    let message = chain_message(e);
+    let message = shown.to_string();
     // A refused certificate, or a server without TLS when TLS is required,
     // fails the same way next time: configuration, not an outage.
     if message.contains("certificate") || message.contains("does not support TLS") {
