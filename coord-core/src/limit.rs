@@ -15,7 +15,7 @@ use crate::types::{Algorithm, Decision, Quota};
 /// The stored state of one limiter key under one algorithm, with the
 /// limit and window it was last computed under.
 ///
-/// **Quota changes carry the state over** (DESIGN §3): a key checked with
+/// **Quota changes carry the state over** (docs/guarantees.md §3): a key checked with
 /// another limit or window never gets a fresh allowance, so callers with
 /// different quotas on one key (a rolling configuration change) cannot
 /// reset each other. Each check admits a request only if, counted the way

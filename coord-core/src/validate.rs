@@ -1,4 +1,4 @@
-//! Input validation, done once here before any I/O (DESIGN §3).
+//! Input validation, done once here before any I/O (docs/guarantees.md §3).
 
 use std::time::Duration;
 

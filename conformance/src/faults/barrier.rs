@@ -1,4 +1,4 @@
-//! The barrier workload and its checker (DESIGN §4 "Barrier", §7 "no
+//! The barrier workload and its checker (docs/guarantees.md §4 "Barrier", §7 "no
 //! participant in two barrier generations").
 //!
 //! `parties` participants (one client each) wait on one barrier of

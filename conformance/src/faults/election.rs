@@ -1,4 +1,4 @@
-//! The election workload and its checker (DESIGN §4 "Election", §7 "at
+//! The election workload and its checker (docs/guarantees.md §4 "Election", §7 "at
 //! most one leader per term").
 //!
 //! Candidates loop campaign -> (as leader: a fenced read and write under

@@ -1,4 +1,4 @@
-//! The limiter workload and its checker (DESIGN §4 "Limiter", §7
+//! The limiter workload and its checker (docs/guarantees.md §4 "Limiter", §7
 //! "admissions never exceed the quota").
 //!
 //! Clients check one key against one quota over and over; each answered

@@ -875,7 +875,7 @@ async fn scripts_are_cached_on_every_master_after_connect() {
 /// A password with a character that a URL reserves, left unencoded (a
 /// base64 password has `/`; `?` and `#` are common in generated ones):
 /// the URL is malformed and refused, but the error must not show the
-/// password or a piece of it (DESIGN §6: "Passwords never appear in
+/// password or a piece of it (docs/guarantees.md §6: "Passwords never appear in
 /// Debug, Display, errors or logs"). The checks that could leak it: the
 /// cluster URL's path check (what follows the `/`, as in "database
 /// `ss@127.0.0.1:1,...` in the path"), the unknown-option check (what
