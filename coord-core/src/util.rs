@@ -92,6 +92,24 @@ impl fmt::Display for Secret {
     }
 }
 
+/// The error of a URL whose backend this build leaves out: it names the
+/// cargo feature to enable, and hides passwords in the URL (also those in
+/// percent-encoded URLs carried by its options).
+///
+/// ```
+/// use coord_core::util::backend_left_out;
+///
+/// let e = backend_left_out("redis", "redis://:hunter2@localhost");
+/// assert!(e.to_string().contains("features = [\"redis\"]"));
+/// assert!(!e.to_string().contains("hunter2"));
+/// ```
+pub fn backend_left_out(feature: &str, url: &str) -> Error {
+    Error::Config(format!(
+        "`{}` needs the `{feature}` backend, which this build leaves out; enable the cargo feature: coord = {{ features = [\"{feature}\"] }}",
+        redact_url_passwords(url)
+    ))
+}
+
 /// Remove any password from a text that may contain a URL of the form
 /// `scheme://user:password@host` (for error messages from client
 /// libraries that echo their connection string), including a URL carried
@@ -303,6 +321,21 @@ pub fn parse_bool(option: &str, value: &str) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_left_out_backend_names_its_feature_without_passwords() {
+        let e = super::backend_left_out("redis", "redis://:hunter2@localhost");
+        let msg = e.to_string();
+        assert!(matches!(e, crate::Error::Config(_)), "{e:?}");
+        assert!(msg.contains("features = [\"redis\"]"), "{msg}");
+        assert!(!msg.contains("hunter2"), "{msg}");
+        // A password inside a URL carried, percent-encoded, by an option.
+        let e = super::backend_left_out(
+            "postgres",
+            "postgres://u@h/db?listen_url=postgres%3A%2F%2Fu%3Ahunter2%40h%2Fdb",
+        );
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
     #[test]
     fn durations_need_a_unit_and_stay_in_range() {
         use super::parse_duration as p;

@@ -85,9 +85,6 @@ use crate::{Capabilities, Error, Result, Settings};
 
 mod claims;
 mod handles;
-#[cfg(test)]
-mod tests;
-
 pub use claims::{Delivery, Guard, Leadership, MultiGuard, Permit, RwGuard};
 pub use handles::{
     Barriers, Elections, Fencing, LeaderChanges, Leases, Locks, Queues, RateLimiter, RwLocks,

@@ -79,120 +79,30 @@ pub async fn connect(url: &str) -> Result<Coord> {
             #[cfg(feature = "memory")]
             return coord_memory::connect(url);
             #[cfg(not(feature = "memory"))]
-            return Err(feature_off("memory", url));
+            return Err(coord_core::util::backend_left_out("memory", url));
         }
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel"
         | "rediss+sentinel" | "redlock" | "redis+redlock" | "rediss+redlock" => {
             #[cfg(feature = "redis")]
             return coord_redis::connect(url).await;
             #[cfg(not(feature = "redis"))]
-            return Err(feature_off("redis", url));
+            return Err(coord_core::util::backend_left_out("redis", url));
         }
         "etcd" | "etcds" => {
             #[cfg(feature = "etcd")]
             return coord_etcd::connect(url).await;
             #[cfg(not(feature = "etcd"))]
-            return Err(feature_off("etcd", url));
+            return Err(coord_core::util::backend_left_out("etcd", url));
         }
         "postgres" | "postgresql" => {
             #[cfg(feature = "postgres")]
             return coord_postgres::connect(url).await;
             #[cfg(not(feature = "postgres"))]
-            return Err(feature_off("postgres", url));
+            return Err(coord_core::util::backend_left_out("postgres", url));
         }
         other => Err(Error::Config(format!(
             "unknown scheme `{other}://` in `{}`; use memory://, redis://, rediss://, redis+cluster://, redis+sentinel://, redlock://, etcd://, etcds:// or postgres://",
             util::redact_url_passwords(url)
         ))),
-    }
-}
-
-#[allow(dead_code)]
-fn feature_off(feature: &str, url: &str) -> Error {
-    Error::Config(format!(
-        "`{}` needs the `{feature}` backend, which this build leaves out; enable the cargo feature: coord = {{ features = [\"{feature}\"] }}",
-        util::redact_url_passwords(url)
-    ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn memory_connects_and_shares_one_store() {
-        let a = connect("memory://").await.unwrap();
-        let b = connect("memory://").await.unwrap();
-        let g = a
-            .locks()
-            .unwrap()
-            .try_acquire("facade-shared", std::time::Duration::from_secs(5))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            b.locks()
-                .unwrap()
-                .try_acquire("facade-shared", std::time::Duration::from_secs(5))
-                .await
-                .unwrap()
-                .is_none()
-        );
-        g.release().await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn bad_urls_are_config_errors_without_passwords() {
-        for url in ["nonsense", "ftp://u:hunter2@host/x", "memory://a/b"] {
-            let e = connect(url).await.unwrap_err();
-            assert!(matches!(e, Error::Config(_)), "{url}: {e:?}");
-            assert!(!e.to_string().contains("hunter2"), "{e}");
-        }
-    }
-
-    #[cfg(feature = "redis")]
-    #[tokio::test]
-    async fn a_redis_cluster_url_goes_to_the_redis_backend() {
-        // The Redis backend's own check (a cluster has database 0 only),
-        // not "unknown scheme".
-        let e = connect("redis+cluster://:hunter2@127.0.0.1:1,127.0.0.1:2/5")
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&e, Error::Config(m) if m.contains("database 0")),
-            "{e:?}"
-        );
-        assert!(!e.to_string().contains("hunter2"), "{e}");
-    }
-
-    #[cfg(not(feature = "redis"))]
-    #[tokio::test]
-    async fn a_scheme_whose_feature_is_off_names_the_feature() {
-        let e = connect("redis://:hunter2@127.0.0.1:1").await.unwrap_err();
-        assert!(e.to_string().contains("features = [\"redis\"]"), "{e}");
-        assert!(!e.to_string().contains("hunter2"), "{e}");
-    }
-
-    #[test]
-    fn feature_off_names_the_feature() {
-        let e = feature_off("redis", "redis://:hunter2@localhost");
-        let msg = e.to_string();
-        assert!(msg.contains("features = [\"redis\"]"), "{msg}");
-        assert!(!msg.contains("hunter2"), "{msg}");
-        // A password inside a URL carried, percent-encoded, by an option.
-        let e = feature_off(
-            "postgres",
-            "postgres://u@h/db?listen_url=postgres%3A%2F%2Fu%3Ahunter2%40h%2Fdb",
-        );
-        assert!(!e.to_string().contains("hunter2"), "{e}");
-    }
-
-    #[tokio::test]
-    async fn an_unknown_scheme_hides_passwords_in_encoded_option_urls() {
-        let e = connect("ftp://u@host/x?mirror=ftp%3A%2F%2Fu%3Ahunter2%40m%2Fx")
-            .await
-            .unwrap_err();
-        assert!(matches!(e, Error::Config(_)), "{e:?}");
-        assert!(!e.to_string().contains("hunter2"), "{e}");
     }
 }

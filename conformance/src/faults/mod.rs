@@ -1,6 +1,7 @@
 //! Fault-injection workloads with recorded histories, written once for
-//! every store (DESIGN §7). A backend's `tests/faults.rs` starts its real
-//! servers, builds clients (each behind its own
+//! every store (docs/guarantees.md §7). A backend's fault suite (the
+//! module `faults` of its `tests/it`, of `tests/alone` on PostgreSQL)
+//! starts its real servers, builds clients (each behind its own
 //! [`FaultProxy`] where the scenario cuts
 //! clients off), runs a workload here while it injects real faults, and
 //! asserts the report has no violation.
@@ -23,6 +24,7 @@ pub mod queue;
 pub mod random;
 pub mod report;
 pub mod scenarios;
+pub mod unheard;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -43,6 +45,7 @@ pub use permits::{PermitKind, PermitWorkload, run_permit_workload};
 pub use queue::{QueueWorkload, run_queue_workload};
 pub use report::Report;
 pub use scenarios::{fault_for, proxies_for};
+pub use unheard::{UnheardGrant, unheard_grant};
 
 /// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
 /// `scripts/faults --minutes N`), else `short` (the CI schedule).
@@ -146,7 +149,7 @@ impl LockReport {
     }
 
     /// Panic unless every client stopped failing within `bound` of the
-    /// heal (DESIGN §7: after a fault heals EVERY client progresses).
+    /// heal (docs/guarantees.md §7: after a fault heals EVERY client progresses).
     pub fn assert_every_client_recovered(&self, scenario: &str, backend: &str, bound: Duration) {
         assert!(
             self.recovery <= bound,

@@ -16,7 +16,7 @@
 //!
 //! Tested against hand-made histories that break each rule, and end to end
 //! on the in-memory store against a semaphore that admits one permit too
-//! many (coord-memory's `tests/faults.rs`).
+//! many (coord-memory's `tests/it/faults.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! server around [`FencedResource`]) and must refuse that write, and the
 //! child's release must report that it no longer held the lock.
 //!
-//! A backend's `tests/faults` uses it with two functions: a `#[test]` that
+//! A backend's fault suite uses it with two functions: a `#[test]` that
 //! calls [`run_child`] (it does nothing unless re-executed as the child) and
 //! the scenario itself, [`client_process_paused_past_its_ttl`].
 

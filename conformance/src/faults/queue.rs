@@ -22,7 +22,7 @@
 //!    one already accepted.
 //!
 //! Tested against hand-made histories that break each rule, and end to end
-//! on the in-memory store (coord-memory's `tests/faults.rs`).
+//! on the in-memory store (coord-memory's `tests/it/faults.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;

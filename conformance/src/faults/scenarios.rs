@@ -2,7 +2,7 @@
 //! scenarios that are the same on
 //! every networked store: the workloads' standard shapes, and the
 //! scenarios that cut clients off through their own
-//! [`FaultProxy`]. A backend's `tests/faults` builds the clients (one proxy
+//! [`FaultProxy`]. A backend's fault suite builds the clients (one proxy
 //! each), calls one of these, and judges the report with its own bound;
 //! for server faults it runs the workload itself with its kit's fault
 //! (see [`fault_for`]).
@@ -103,7 +103,7 @@ pub struct LeaderCut {
 
 impl LeaderCut {
     /// Panic unless another candidate was elected within `bound` of the
-    /// cut (DESIGN §4: after a leader dies a new one is elected within ttl
+    /// cut (docs/guarantees.md §4: after a leader dies a new one is elected within ttl
     /// + one wake-up); skipped, with a note, if nobody led at the cut.
     pub fn assert_failover(&self, report: &Report, bound: Duration) {
         let Some(term) = self.term else {

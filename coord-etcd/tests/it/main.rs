@@ -1,7 +1,7 @@
 //! coord-etcd's integration tests, one binary: each module checks one
 //! behaviour against real etcd servers (a single node, 3-node clusters)
-//! started by the test kit. `faults` is a binary of its own: its scenarios'
-//! time bounds assume nothing else runs beside them.
+//! started by the test kit. `faults` is the fault suite (`scripts/faults`
+//! runs that module by itself, for longer schedules).
 
 mod claim_support;
 mod history_support;
@@ -14,6 +14,7 @@ mod claim_faults_through_proxy;
 mod claim_keys_named_by_lease;
 mod cluster;
 mod cross_client_owner;
+mod faults;
 mod force_release;
 mod handoff;
 mod inspect;

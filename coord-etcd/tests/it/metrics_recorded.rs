@@ -8,26 +8,12 @@ use conformance::testkit::etcd::EtcdServer;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::Election;
 use coord_etcd::{EtcdBackend, EtcdOptions};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 
 /// `coord_reconnects_total{store="etcd",what="watch"}` since the last
-/// snapshot (the debugging recorder hands out increments since then).
+/// snapshot.
 fn watch_reconnects(snapshotter: &Snapshotter) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, _, _, _)| {
-            let has = |l: &str, v: &str| k.key().labels().any(|x| x.key() == l && x.value() == v);
-            k.key().name() == "coord_reconnects_total"
-                && has("store", "etcd")
-                && has("what", "watch")
-        })
-        .map(|(_, _, _, v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("not a counter: {other:?}"),
-        })
-        .sum()
+    conformance::metrics::reconnects(snapshotter, "etcd", "watch")
 }
 
 #[test]

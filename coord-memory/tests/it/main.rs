@@ -1,7 +1,7 @@
 //! coord-memory's integration tests, one binary: each module checks one
 //! behaviour of the in-memory store or of coord-core's logic through it.
-//! A binary of its own: `faults` (the fault suite, which `scripts/faults`
-//! runs by itself, as in every backend crate). The tests that subscribe to
+//! `faults` is the fault suite's workloads on this store (`scripts/faults`
+//! runs that module by itself, as in every backend crate). The tests that subscribe to
 //! `tracing` (`lost_signal`, `spans`) do so on their own threads only, never
 //! process-wide (`support::scoped_tracing`).
 
@@ -10,6 +10,7 @@ mod support;
 mod cleanup_on_cancel;
 mod conformance_suite;
 mod core_logic;
+mod faults;
 mod leaving_the_line;
 mod lost_signal;
 mod lost_stays_lost;

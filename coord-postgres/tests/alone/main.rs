@@ -9,6 +9,7 @@
 
 mod claims;
 mod durability;
+mod faults;
 mod isolation;
 mod listen;
 mod queue;

@@ -13,6 +13,7 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use conformance::facade_claim::{FacadeClaim, Held};
 use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Coord, Lock, OwnerToken};
@@ -22,68 +23,21 @@ use support::{LATENCY, LONG, direct, raw, slow, unique, until_late_attempts_land
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[derive(Clone, Copy, Debug)]
-enum Case {
-    Lock,
-    Lease,
-    Election,
-}
+/// The claim kinds the cases run on.
+type Case = FacadeClaim;
 
-/// A claim held through the facade.
-enum Held {
-    Guard(coord_core::Guard),
-    Leader(coord_core::Leadership),
-}
-
-impl Held {
-    async fn release(self) {
-        match self {
-            Held::Guard(g) => g.release().await.unwrap(),
-            Held::Leader(l) => l.resign().await.unwrap(),
-        }
-    }
-}
-
-/// Take `name` as `case` says, waiting up to `wait` (a lease: one grant):
-/// `Ok(None)` when refused or timed out waiting.
+/// Take `name` as `case` says with a long TTL, waiting up to `wait`.
 async fn take(
     c: &Coord,
     case: Case,
     name: &str,
     wait: Duration,
 ) -> coord_core::Result<Option<Held>> {
-    let r = match case {
-        Case::Lock => c
-            .locks()
-            .unwrap()
-            .acquire(name, LONG, wait)
-            .await
-            .map(Held::Guard),
-        Case::Lease => match c.leases().unwrap().grant(name, LONG).await {
-            Ok(Some(g)) => Ok(Held::Guard(g)),
-            Ok(None) => return Ok(None),
-            Err(e) => Err(e),
-        },
-        Case::Election => c
-            .elections()
-            .unwrap()
-            .campaign(name, "late", LONG, wait)
-            .await
-            .map(Held::Leader),
-    };
-    match r {
-        Ok(h) => Ok(Some(h)),
-        Err(coord_core::Error::Timeout { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    case.take(c, name, LONG, wait).await
 }
 
 fn kind(case: Case) -> &'static str {
-    match case {
-        Case::Lock => "lock",
-        Case::Lease => "lease",
-        Case::Election => "election",
-    }
+    case.kind()
 }
 
 /// (owner set, marks) of the claim row of `kind`/`name`; None: no row.

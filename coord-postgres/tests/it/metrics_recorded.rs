@@ -4,26 +4,12 @@
 use std::time::Duration;
 
 use conformance::testkit::postgres::cluster;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 
 /// `coord_reconnects_total{store="postgres",what="listen"}` since the last
-/// snapshot (the debugging recorder hands out increments since then).
+/// snapshot.
 fn listen_reconnects(snapshotter: &Snapshotter) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(k, _, _, _)| {
-            let has = |l: &str, v: &str| k.key().labels().any(|x| x.key() == l && x.value() == v);
-            k.key().name() == "coord_reconnects_total"
-                && has("store", "postgres")
-                && has("what", "listen")
-        })
-        .map(|(_, _, _, v)| match v {
-            DebugValue::Counter(n) => n,
-            other => panic!("not a counter: {other:?}"),
-        })
-        .sum()
+    conformance::metrics::reconnects(snapshotter, "postgres", "listen")
 }
 
 /// Terminate the sessions of `db` that have run LISTEN; returns how many.

@@ -9,6 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{SEC, granted, unique};
+use conformance::facade_claim::{FacadeClaim, Held};
 use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::{RedisServer, Resp};
 use coord_core::{Coord, Lock, OwnerToken};
@@ -16,24 +17,9 @@ use coord_redis::{Layout, RedisBackend, RedisOptions};
 
 #[derive(Clone, Copy, Debug)]
 enum Case {
-    SeedLock,
+    PhpLayoutLock,
     Lease,
     Election,
-}
-
-/// A claim held through the facade.
-enum Held {
-    Guard(coord_core::Guard),
-    Leader(coord_core::Leadership),
-}
-
-impl Held {
-    async fn release(self) {
-        match self {
-            Held::Guard(g) => g.release().await.unwrap(),
-            Held::Leader(l) => l.resign().await.unwrap(),
-        }
-    }
 }
 
 /// Take `name` as `case` says, waiting up to `wait` (a lease: one grant):
@@ -45,30 +31,12 @@ async fn take(
     ttl: Duration,
     wait: Duration,
 ) -> coord_core::Result<Option<Held>> {
-    let r = match case {
-        Case::SeedLock => c
-            .locks()
-            .unwrap()
-            .acquire(name, ttl, wait)
-            .await
-            .map(Held::Guard),
-        Case::Lease => match c.leases().unwrap().grant(name, ttl).await {
-            Ok(Some(g)) => Ok(Held::Guard(g)),
-            Ok(None) => return Ok(None),
-            Err(e) => Err(e),
-        },
-        Case::Election => c
-            .elections()
-            .unwrap()
-            .campaign(name, "late", ttl, wait)
-            .await
-            .map(Held::Leader),
+    let claim = match case {
+        Case::PhpLayoutLock => FacadeClaim::Lock,
+        Case::Lease => FacadeClaim::Lease,
+        Case::Election => FacadeClaim::Election,
     };
-    match r {
-        Ok(h) => Ok(Some(h)),
-        Err(coord_core::Error::Timeout { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
+    claim.take(c, name, ttl, wait).await
 }
 
 /// As
@@ -81,7 +49,7 @@ async fn a_late_copy_takes_nothing(case: Case) {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(server.port());
     let layout = match case {
-        Case::SeedLock => Layout::Php,
+        Case::PhpLayoutLock => Layout::Php,
         _ => Layout::Coord,
     };
     let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
@@ -136,8 +104,8 @@ async fn a_late_copy_takes_nothing(case: Case) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_late_copy_of_a_seed_layout_lock_attempt_takes_no_lock() {
-    a_late_copy_takes_nothing(Case::SeedLock).await;
+async fn a_late_copy_of_a_php_layout_lock_attempt_takes_no_lock() {
+    a_late_copy_takes_nothing(Case::PhpLayoutLock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

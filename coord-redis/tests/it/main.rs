@@ -1,10 +1,10 @@
 //! coord-redis's integration tests, one binary: each module checks one
 //! behaviour against real Redis servers (single, Cluster, Sentinel, Redlock)
-//! started by the test kit. Binaries of their own: `faults` (its
-//! scenarios' time bounds assume nothing else runs beside them) and `state`
-//! (a 100,000-name soak that would starve the time-bounded tests beside
-//! it). `spans` subscribes to `tracing` on its own thread only, never
-//! process-wide.
+//! started by the test kit. `faults` is the fault suite (`scripts/faults`
+//! runs that module by itself, for longer schedules). A binary of its own:
+//! `state` (a 100,000-name soak that would starve the time-bounded tests
+//! beside it). `spans` subscribes to `tracing` on its own thread only,
+//! never process-wide.
 
 mod common;
 
@@ -12,6 +12,7 @@ mod barrier_late;
 mod claim_wakeups_and_tokens;
 mod cluster;
 mod cluster_edges;
+mod faults;
 mod fencing;
 mod inspect;
 mod keys;

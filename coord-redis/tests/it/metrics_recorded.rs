@@ -13,26 +13,7 @@ fn a_killed_subscriber_connection_is_counted_as_a_reconnect() {
     let server = kit::RedisServer::start();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let reconnects = move || {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(k, _, _, _)| {
-                k.key().name() == "coord_reconnects_total"
-                    && k.key()
-                        .labels()
-                        .any(|l| l.key() == "what" && l.value() == "subscriber")
-                    && k.key()
-                        .labels()
-                        .any(|l| l.key() == "store" && l.value() == "redis")
-            })
-            .map(|(_, _, _, v)| match v {
-                DebugValue::Counter(n) => n,
-                other => panic!("not a counter: {other:?}"),
-            })
-            .sum::<u64>()
-    };
+    let reconnects = move || conformance::metrics::reconnects(&snapshotter, "redis", "subscriber");
     metrics::with_local_recorder(&recorder, || {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()

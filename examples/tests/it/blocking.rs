@@ -2,14 +2,16 @@
 //! with no runtime (`#[test]`, not `#[tokio::test]`).
 //!
 //! `memory://` is one store per process, shared by every test of this
-//! binary: each test uses names of its own.
+//! binary: each test uses names of its own. These tests live beside the
+//! example programs (not in the `coord` crate) because they call the API
+//! only as a user's program does.
 
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::*;
-use crate::{
-    Acquired, Lane, LockOptions, PermitOptions, PopOptions, PushOptions, Quota, RwMode,
+use coord::blocking::*;
+use coord::{
+    Acquired, Error, Lane, LockOptions, PermitOptions, PopOptions, PushOptions, Quota, RwMode,
     WithLockError,
 };
 

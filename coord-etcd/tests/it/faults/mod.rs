@@ -1,4 +1,4 @@
-//! The fault suite on etcd (DESIGN §7): the store-independent lock
+//! The fault suite on etcd (docs/guarantees.md §7): the store-independent lock
 //! workload of `conformance::faults` against real etcd servers while real
 //! faults are injected: a client cut off by a TCP proxy (also while it
 //! holds the lock), the server frozen with `SIGSTOP`, killed with `SIGKILL`
@@ -11,8 +11,8 @@
 //! every client) progresses within TTL + a stated bound after the fault
 //! heals; each prints a `FAULTS ...` line for `scripts/faults`.
 //!
-//! Also two regression tests of the E-fixes: a retried grant is on a live
-//! lease (E2), and the limiter recovers after a long pause (E4).
+//! Also: a retried grant is on a live lease, and the limiter recovers
+//! after a long pause.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,17 +23,11 @@ use coord_core::{Algorithm, Attempt, Limiter, Lock, OwnerToken, Quota};
 use coord_etcd::{EtcdBackend, EtcdOptions};
 use tokio::time::{Instant, sleep};
 
-#[path = "faults/cluster.rs"]
 mod cluster;
-#[path = "faults/common.rs"]
 mod common;
-#[path = "faults/partition.rs"]
 mod partition;
-#[path = "faults/process.rs"]
 mod process;
-#[path = "faults/single.rs"]
 mod single;
-#[path = "faults/workloads.rs"]
 mod workloads;
 
 async fn fast_backend(server: &EtcdServer) -> Arc<EtcdBackend> {
@@ -55,7 +49,7 @@ async fn pause(server: &Arc<EtcdServer>, d: Duration) {
         .unwrap();
 }
 
-/// E2: whenever a same-owner retry is granted, the key it reports is on a
+/// Whenever a same-owner retry is granted, the key it reports is on a
 /// live lease with the rest of the grant's TTL ahead of it, even right
 /// after a pause longer than the TTL.
 ///
@@ -69,9 +63,7 @@ async fn pause(server: &Arc<EtcdServer>, d: Duration) {
 /// and the loop runs until `CHECKS` conclusive checks of attempts begun
 /// after the resume (bounded), so the test does not depend on load.
 ///
-/// This checks the lease-per-claim invariant; it passed on the old
-/// session-lease code too. The test that reproduces E2 itself (and failed
-/// on that code) is `review_regressions.rs`.
+/// This checks the lease-per-claim invariant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_grant_is_on_a_live_lease() {
     const CHECKS: u64 = 20;
@@ -171,10 +163,8 @@ async fn a_retried_grant_is_on_a_live_lease() {
     let _ = b.release(name, &o).await;
 }
 
-/// E4: after a pause longer than any lease the limiter uses, checks
-/// recover by themselves, even under steady traffic. (It passed on the
-/// old code too; the test that reproduces E4 and failed there is in
-/// `review_regressions.rs`.)
+/// After a pause longer than any lease the limiter uses, checks recover
+/// by themselves, even under steady traffic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limiter_recovers_after_a_long_pause() {
     let server = Arc::new(EtcdServer::start());

@@ -1,4 +1,4 @@
-//! The fault suite on PostgreSQL (DESIGN §7): the store-independent lock
+//! The fault suite on PostgreSQL (docs/guarantees.md §7): the store-independent lock
 //! workload of `conformance::faults` against a real PostgreSQL 15 (and a
 //! real PgBouncer), while real faults are injected: a client cut off by a
 //! TCP proxy (also while it holds the lock), replies lost after the
@@ -20,12 +20,12 @@
 use std::time::Duration;
 
 use conformance::faults::{
-    FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule,
+    FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule, unheard_grant,
     woken_after_release,
 };
 use conformance::testkit::postgres::{PgCluster, cluster};
-use conformance::testkit::proxy::{FaultProxy, Mode};
-use coord_core::{Coord, LockOptions};
+use conformance::testkit::proxy::FaultProxy;
+use coord_core::Coord;
 use tokio::time::{Instant, sleep};
 
 const BACKEND: &str = "postgres";
@@ -35,8 +35,9 @@ const TTL: Duration = Duration::from_secs(1);
 /// (400 ms), a poll or wake-up, and the server's own start-up after a
 /// crash (WAL replay of a tiny database).
 const SLACK: Duration = Duration::from_secs(2);
-/// One scenario at a time (see the module docs).
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// One scenario at a time, and none beside another test of this binary
+/// (see the module docs).
+use crate::ALONE as SERIAL;
 
 fn workload(watchdog: bool) -> LockWorkload {
     LockWorkload {
@@ -201,18 +202,8 @@ async fn dropped_replies_for_one_client() {
         .release()
         .await
         .unwrap();
-    proxies[4].set(Mode::DropReplies);
-    let attempt = tokio::spawn(async move {
-        let opts = LockOptions::new(TTL).wait(Duration::from_millis(1500));
-        let r = victim
-            .locks()
-            .unwrap()
-            .acquire_with("dropped-replies", opts)
-            .await;
-        (r.map(|_| ()), Instant::now())
-    });
     let u = url.clone();
-    blocking(move || {
+    let granted = blocking(move || {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !held_in_store(cluster(), &u, "dropped-replies") {
             assert!(
@@ -221,40 +212,19 @@ async fn dropped_replies_for_one_client() {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-    })
-    .await;
-    let applied = Instant::now();
-    let (report, log) = run_lock_workload(
-        clients(&urls[..4]).await,
+    });
+    let (report, log, unheard) = unheard_grant(
         "dropped-replies",
+        victim,
+        &proxies[4],
+        &proxies[0],
+        clients(&urls[..4]).await,
         workload(false),
-        async {
-            let (r, at) = attempt.await.unwrap();
-            assert!(r.is_err(), "the victim heard no reply, yet: {r:?}");
-            println!(
-                "dropped-replies: the victim gave up {:?} after its grant",
-                at - applied
-            );
-            proxies[4].heal();
-            sleep(Duration::from_millis(500)).await;
-            proxies[0].set(Mode::DropReplies);
-            sleep(TTL * 2).await;
-            proxies[0].heal();
-            FaultLog::healed_now(2)
-        },
+        granted,
     )
     .await;
     judge(&report, &log, "dropped-replies");
-    let first = report.grants.iter().map(|g| g.granted).min().unwrap();
-    println!(
-        "dropped-replies: first workload grant {:?} after the victim's unheard grant",
-        first - applied
-    );
-    assert!(
-        first - applied <= TTL + Duration::from_millis(500),
-        "the victim's unheard grant held the lock for {:?} (TTL {TTL:?})",
-        first - applied
-    );
+    unheard.assert_lapsed(&report, TTL);
 }
 
 /// One client's open connections go silent for good (half-open: a NAT or
@@ -293,14 +263,10 @@ async fn half_open_connections_of_one_client() {
     assert_woken_by_notify(&url, cut, "half-open-connections").await;
 }
 
-#[path = "faults/server.rs"]
 mod server;
 
-#[path = "faults/process.rs"]
 mod process;
 
-#[path = "faults/bouncer.rs"]
 mod bouncer;
 
-#[path = "faults/workloads.rs"]
 mod workloads;

@@ -1,4 +1,4 @@
-//! The fault suite on Redis (DESIGN §7): the store-independent lock
+//! The fault suite on Redis (docs/guarantees.md §7): the store-independent lock
 //! workload of `conformance::faults` against a real `redis-server`, while
 //! real faults are injected: a client cut off by a TCP proxy, replies lost
 //! after the requests were applied, the server frozen with `SIGSTOP`, killed
@@ -13,12 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::faults::{
-    FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule,
+    FaultLog, LockReport, LockWorkload, cut_off_victim, run_lock_workload, schedule, unheard_grant,
     woken_after_release,
 };
-use conformance::testkit::proxy::{FaultProxy, Mode};
+use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::{RedisServer, Resp};
-use coord_core::{Coord, LockOptions};
+use coord_core::Coord;
 use coord_redis::RedisOptions;
 use tokio::time::{Instant, sleep};
 
@@ -146,51 +146,23 @@ async fn dropped_replies_for_one_client() {
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(server.port())).collect();
     let ports: Vec<u16> = proxies.iter().map(|p| p.port()).collect();
     let victim = client(ports[4]).await;
-    proxies[4].set(Mode::DropReplies);
-    let attempt = tokio::spawn(async move {
-        let opts = LockOptions::new(TTL).wait(Duration::from_millis(1500));
-        let r = victim
-            .locks()
-            .unwrap()
-            .acquire_with("dropped-replies", opts)
-            .await;
-        (r.map(|_| ()), Instant::now())
-    });
-    while claims(&server).is_empty() {
-        sleep(Duration::from_millis(5)).await;
-    }
-    let applied = Instant::now();
-    let (report, log) = run_lock_workload(
-        clients(&ports[..4]).await,
+    let granted = async {
+        while claims(&server).is_empty() {
+            sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let (report, log, unheard) = unheard_grant(
         "dropped-replies",
+        victim,
+        &proxies[4],
+        &proxies[0],
+        clients(&ports[..4]).await,
         workload(false),
-        async {
-            let (r, at) = attempt.await.unwrap();
-            assert!(r.is_err(), "the victim heard no reply, yet: {r:?}");
-            println!(
-                "dropped-replies: the victim gave up {:?} after its grant",
-                at - applied
-            );
-            proxies[4].heal();
-            sleep(Duration::from_millis(500)).await;
-            proxies[0].set(Mode::DropReplies);
-            sleep(TTL * 2).await;
-            proxies[0].heal();
-            FaultLog::healed_now(2)
-        },
+        granted,
     )
     .await;
     judge(&report, &log, "dropped-replies");
-    let first = report.grants.iter().map(|g| g.granted).min().unwrap();
-    println!(
-        "dropped-replies: first workload grant {:?} after the victim's unheard grant",
-        first - applied
-    );
-    assert!(
-        first - applied <= TTL + Duration::from_millis(500),
-        "the victim's unheard grant held the lock for {:?} (TTL {TTL:?})",
-        first - applied
-    );
+    unheard.assert_lapsed(&report, TTL);
 }
 
 /// One client's open connections go silent for good (half-open: a NAT
@@ -325,11 +297,8 @@ async fn data_loss_restart_from_an_older_snapshot() {
     judge(&report, &log, "data-loss-old-snapshot");
 }
 
-#[path = "faults/process.rs"]
 mod process;
 
-#[path = "faults/failover.rs"]
 mod failover;
 
-#[path = "faults/workloads.rs"]
 mod workloads;
