@@ -83,10 +83,11 @@ use crate::exit::{BUSY, fail};
 #[derive(Parser, Debug)]
 #[command(name = "coord", version, about, after_help = EXAMPLES)]
 struct Cli {
-    /// The store: memory://, redis://host:6379, postgres://user@host/db,
-    /// etcd://host:2379 (options in the URL's query, see the README).
-    #[arg(long, env = "COORD_URL", global = true, default_value = "memory://")]
-    url: String,
+    /// The store: redis://host:6379, postgres://user@host/db,
+    /// etcd://host:2379 (options in the URL's query, see the README), or
+    /// memory:// (one process only). Required: no command runs without it.
+    #[arg(long, env = "COORD_URL", global = true)]
+    url: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -290,6 +291,17 @@ fn main() -> ExitCode {
             };
         }
     };
+    // memory:// coordinates nothing across processes: never a silent
+    // default.
+    let Some(url) = cli.url.clone() else {
+        eprintln!(
+            "coord: no store given: pass --url or set COORD_URL (e.g. redis://127.0.0.1:6379, \
+             postgres://user@host/db, etcd://127.0.0.1:2379)\ncoord: memory:// is used only when \
+             asked for (--url memory://): it lives inside this one process and excludes nothing \
+             across processes"
+        );
+        return ExitCode::from(exit::USAGE);
+    };
     let runs_a_command = matches!(
         cli.command,
         Command::Lock { .. }
@@ -312,13 +324,13 @@ fn main() -> ExitCode {
     };
     // The main thread runs `dispatch`: a command is spawned from it (the
     // parent-death signal is tied to the thread that spawned).
-    match runtime.block_on(dispatch(cli)) {
+    match runtime.block_on(dispatch(cli, &url)) {
         Ok(code) => code,
         Err(e) => fail(&e),
     }
 }
 
-async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
+async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
     // The commands that run a command install their signal handlers before
     // they connect.
     let command = match cli.command {
@@ -327,19 +339,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, Error> {
             hold,
             meta,
             command,
-        } => return hold::lock(&cli.url, name, hold, meta.as_deref(), &command).await,
+        } => return hold::lock(url, name, hold, meta.as_deref(), &command).await,
         Command::Elect {
             name,
             id,
             hold,
             command,
-        } => return hold::elect(&cli.url, name, &id, hold, &command).await,
+        } => return hold::elect(url, name, &id, hold, &command).await,
         Command::Queue {
             op: queue::QueueOp::Work(work),
-        } => return queue::work(&cli.url, work).await,
+        } => return queue::work(url, work).await,
         other => other,
     };
-    let coord = coord::connect(&cli.url).await?;
+    let coord = coord::connect(url).await?;
     match command {
         Command::Lock { .. } | Command::Elect { .. } => unreachable!("run above"),
         Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,

@@ -447,13 +447,51 @@ async fn the_url_flag_instead_of_coord_url() {
         let c = coord::connect(&url).await.unwrap();
         assert!(c.fencing().unwrap().next(&resource).await.unwrap().0 > b);
     }
-    // Without either, the default is memory://.
-    let out = tokio::process::Command::new(bin)
-        .args(["fence", "next", "r"])
-        .env_remove("COORD_URL")
-        .output()
-        .await
-        .unwrap();
+}
+
+/// Without `--url` or `COORD_URL` every command is refused (exit 64,
+/// nothing run) with a message naming both: `memory://` coordinates
+/// nothing across processes, so it is used only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_store_every_command_is_refused_naming_coord_url() {
+    let bin = env!("CARGO_BIN_EXE_coord");
+    let run = |args: Vec<String>| {
+        let mut c = tokio::process::Command::new(bin);
+        c.args(args)
+            .env_remove("COORD_URL")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        async move {
+            tokio::time::timeout(Duration::from_secs(60), c.output())
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
+    let marker = std::env::temp_dir().join(unique("no-store-ran"));
+    let mut lock = words("lock n -- sh -c");
+    lock.push(format!("touch {}", marker.display()));
+    let commands = [
+        words("fence next r"),
+        lock,
+        words("leader e"),
+        words("limit k --limit 1 --window 1s"),
+        words("queue push q"),
+    ];
+    for args in commands {
+        let out = run(args.clone()).await;
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(
+            err.contains("COORD_URL") && err.contains("--url") && err.contains("memory://"),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {out:?}");
+    }
+    assert!(!marker.exists(), "a refused `coord lock` ran its command");
+    // Asked for, memory:// works.
+    let out = run(words("--url memory:// fence next r")).await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
 }
 
