@@ -152,8 +152,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Force-release a lock held by anyone (an operator's tool: the holder
-    /// learns it lost the lock at its next renewal).
+    /// Force-release a lock, a semaphore's permits or a read-write lock,
+    /// held by anyone (an operator's tool: the holders learn they lost it
+    /// at their next renewal).
     Release {
         /// Required: this ends somebody else's lock.
         #[arg(long, required = true)]
@@ -240,6 +241,10 @@ enum FenceOp {
 enum ReleaseKind {
     /// A lock.
     Lock,
+    /// Every permit of a semaphore.
+    Semaphore,
+    /// Every reader and the writer of a read-write lock.
+    Rwlock,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -357,15 +362,24 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
         Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,
         Command::Release {
             force: _,
-            kind: ReleaseKind::Lock,
+            kind,
             name,
             yes,
         } => {
-            if !yes && !exit::confirm(&format!("Force-release lock `{name}` held by anyone?"))? {
+            let what = match kind {
+                ReleaseKind::Lock => "lock",
+                ReleaseKind::Semaphore => "semaphore",
+                ReleaseKind::Rwlock => "read-write lock",
+            };
+            if !yes && !exit::confirm(&format!("Force-release {what} `{name}` held by anyone?"))? {
                 eprintln!("coord: not released");
                 return Ok(ExitCode::from(exit::USAGE));
             }
-            let was_held = coord.locks()?.force_release(&name).await?;
+            let was_held = match kind {
+                ReleaseKind::Lock => coord.locks()?.force_release(&name).await?,
+                ReleaseKind::Semaphore => coord.semaphores()?.force_release(&name).await?,
+                ReleaseKind::Rwlock => coord.rw_locks()?.force_release(&name).await?,
+            };
             println!("{}", if was_held { "released" } else { "not held" });
             Ok(ExitCode::SUCCESS)
         }

@@ -178,6 +178,56 @@ async fn elect_and_leader() {
     }
 }
 
+/// `release --force` also ends every grant of a semaphore and of a
+/// read-write lock (asking first, like a lock's): the holders' guards learn
+/// it, and the name is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_ends_semaphores_and_read_write_locks() {
+    for url in stores() {
+        let c = coord::connect(&url).await.unwrap();
+        let ttl = Duration::from_secs(30);
+        let sem = unique("force-sem");
+        let permit = c
+            .semaphores()
+            .unwrap()
+            .try_acquire(&sem, 1, ttl)
+            .await
+            .unwrap()
+            .expect("free");
+        let out = run(&url, &["release", "--force", "semaphore", &sem]).await;
+        assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+        let out = run(&url, &["release", "--force", "semaphore", &sem, "--yes"]).await;
+        assert_eq!(text(&out.stdout), "released", "{url}: {out:?}");
+        let again = c
+            .semaphores()
+            .unwrap()
+            .try_acquire(&sem, 1, ttl)
+            .await
+            .unwrap();
+        assert!(again.is_some(), "{url}: the semaphore is still taken");
+        drop((permit, again));
+
+        let rw = unique("force-rw");
+        let writer = c
+            .rw_locks()
+            .unwrap()
+            .try_write(&rw, ttl)
+            .await
+            .unwrap()
+            .expect("free");
+        let out = run(&url, &["release", "--force", "rwlock", &rw, "--yes"]).await;
+        assert_eq!(text(&out.stdout), "released", "{url}: {out:?}");
+        let out = run(&url, &["release", "--force", "rwlock", &rw, "--yes"]).await;
+        assert_eq!(text(&out.stdout), "not held", "{url}: {out:?}");
+        let reader = c.rw_locks().unwrap().try_read(&rw, ttl).await.unwrap();
+        assert!(
+            reader.is_some(),
+            "{url}: the read-write lock is still taken"
+        );
+        drop((writer, reader));
+    }
+}
+
 /// Force release asks first (and refuses without a terminal), limits exit
 /// 75 once the quota is spent, fencing tokens rise, and two processes meet
 /// at a barrier.
