@@ -1,5 +1,5 @@
-//! A tour of the primitives: lock, fencing, lease, election, barrier, rate
-//! limiter and work queue. `cargo run -p coord-examples --bin quickstart`
+//! A tour of every primitive: lock, fencing, lease, election, barrier, rate
+//! limiter, semaphore, read-write lock and work queue. `cargo run -p coord-examples --bin quickstart`
 //! (set COORD_URL to try another store).
 
 use std::time::Duration;
@@ -109,7 +109,33 @@ async fn main() -> coord::Result<()> {
     }
     println!("limiter: admitted {admitted} of 5 allowed per second");
 
-    // 8. A work queue: push, pop with a visibility timeout, ack.
+    // 8. A semaphore: 2 slots; a third taker is refused until one is given back.
+    let semaphores = coord.semaphores()?;
+    let slots = fresh("render-slots");
+    let ttl = Duration::from_secs(30);
+    let first = semaphores.try_acquire(&slots, 2, ttl).await?.expect("free");
+    let second = semaphores.try_acquire(&slots, 2, ttl).await?.expect("free");
+    match semaphores.try_acquire(&slots, 2, ttl).await? {
+        Some(_) => println!("semaphore: BUG, a third permit of two"),
+        None => println!("semaphore: two permits held, a third is refused"),
+    }
+    first.release().await?;
+    second.release().await?;
+
+    // 9. A read-write lock: readers share it, a writer waits for them.
+    let rw = coord.rw_locks()?;
+    let catalog = fresh("catalog");
+    let r1 = rw.try_read(&catalog, ttl).await?.expect("free");
+    let r2 = rw.try_read(&catalog, ttl).await?.expect("readers share");
+    let blocked = rw.try_write(&catalog, ttl).await?.is_none();
+    println!("rwlock: two readers share it; a writer refused meanwhile: {blocked}");
+    r1.release().await?;
+    r2.release().await?;
+    let w = rw.try_write(&catalog, ttl).await?.expect("free again");
+    println!("rwlock: the writer took it once the readers left");
+    w.release().await?;
+
+    // 10. A work queue: push, pop with a visibility timeout, ack.
     let queues = coord.queues()?;
     let jobs = fresh("jobs");
     queues.push(&jobs, b"resize:cat.png").await?;
