@@ -136,6 +136,18 @@ where
     });
 }
 
+/// The exact libtest name of a test `function` of the module whose
+/// `module_path!()` is `module_path` (the path without the binary's name),
+/// so a backend's child test is found wherever its module sits.
+pub fn test_name(module_path: &str, function: &str) -> String {
+    let module = module_path.split_once("::").map_or("", |(_, m)| m);
+    if module.is_empty() {
+        function.to_string()
+    } else {
+        format!("{module}::{function}")
+    }
+}
+
 /// The scenario. `store` is the address the child connects to (no spaces:
 /// a port or a URL), `child_test` the exact libtest name of the backend's
 /// test that calls [`run_child`], `connect` builds a client from `store`,

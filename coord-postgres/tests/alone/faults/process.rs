@@ -23,7 +23,7 @@ async fn client_process_paused_past_its_ttl() {
     let url = cluster().create_database(&conformance::unique("gc_pause"));
     process::client_process_paused_past_its_ttl(
         &url,
-        &child_test_name(),
+        &process::test_name(module_path!(), "child_process_role"),
         |url| async move { client(&url).await },
         TTL,
         Duration::from_secs(3),
@@ -31,12 +31,4 @@ async fn client_process_paused_past_its_ttl() {
         TTL + SLACK,
     )
     .await;
-}
-
-/// The exact libtest name of [`child_process_role`] (its module path
-/// without the binary's name), wherever this module sits.
-fn child_test_name() -> String {
-    let path = module_path!();
-    let module = path.split_once("::").map_or(path, |(_, m)| m);
-    format!("{module}::child_process_role")
 }

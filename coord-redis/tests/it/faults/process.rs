@@ -25,7 +25,7 @@ async fn client_process_paused_past_its_ttl() {
     let server = RedisServer::start();
     process::client_process_paused_past_its_ttl(
         &server.port().to_string(),
-        &child_test_name(),
+        &process::test_name(module_path!(), "child_process_role"),
         |port| async move { client(port.parse().expect("a port")).await },
         TTL,
         Duration::from_secs(3),
@@ -33,12 +33,4 @@ async fn client_process_paused_past_its_ttl() {
         TTL + SLACK,
     )
     .await;
-}
-
-/// The exact libtest name of [`child_process_role`] (its module path
-/// without the binary's name), wherever this module sits.
-fn child_test_name() -> String {
-    let path = module_path!();
-    let module = path.split_once("::").map_or(path, |(_, m)| m);
-    format!("{module}::child_process_role")
 }
