@@ -167,6 +167,16 @@ impl Etcd {
         }
     }
 
+    /// For tests: reads and transactions through `other` (a client of
+    /// another member), watches and leases through this one's client.
+    #[cfg(test)]
+    pub(crate) fn reads_through(mut self, other: &Client) -> Self {
+        self.kv = other
+            .kv_client()
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        self
+    }
+
     /// Run one etcd call with the call timeout, mapping its error. A call
     /// that was never sent (the connection to a member was refused, or the
     /// member has no leader) is retried on another member within the same

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use super::port::free_port;
 
 pub mod partition;
+mod status;
 pub use partition::PartitionedEtcdCluster;
 
 /// Runs `"$@"` (etcd) in the background until standard input closes, then

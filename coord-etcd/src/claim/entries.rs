@@ -51,8 +51,9 @@ pub(crate) struct Queued {
     /// showed it first, or its head marker was seen (see `handoff.rs`).
     /// Once it is gone, this waiter is the first key.
     pub(crate) pred_head: bool,
-    /// `pred` (that create revision) is known deleted: a delete event, or
-    /// absent when its watch began (not a cancelled watch).
+    /// `pred` (that create revision) is known deleted: a delete event after
+    /// the read that began its watch, or absent at that read (not a
+    /// cancelled watch).
     pub(crate) pred_deleted: bool,
     /// The server keeps our lease at least until then (send instant of its
     /// last answered keepalive or grant, plus its TTL), if known.

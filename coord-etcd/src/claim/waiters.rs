@@ -22,6 +22,9 @@ use crate::claim::Claims;
 use crate::claim::entries::{Entry, EntryKey, EntryState, Pred, Queued, TRIED_MEMORY, entry_key};
 use crate::client::{AbortOnDrop, lock, wake_key};
 
+#[cfg(test)]
+mod tests;
+
 fn owner_wake_key(ek: &EntryKey) -> String {
     let mut k = wake_key(ek.0, &ek.1);
     k.push('\u{0}');
@@ -100,14 +103,18 @@ impl Claims {
     }
 
     /// Watch the predecessor's key until it is deleted, then wake the
-    /// waiter. The watch starts at the server's current revision (so the
-    /// server delivers its events as they happen, never replays them from
-    /// history), and once it is established the key is read: absent, or
-    /// another key of the same name (another create revision), means it left
-    /// before the watch began. A watch resumed from a past revision can miss
-    /// the deletion: etcd before 3.4.34/3.5.15 compacts away a deletion
-    /// whose revision is the compaction's while a watch from that revision
-    /// is catching up, without cancelling the watch (etcd-io/etcd#18089).
+    /// waiter. The watch starts at the current revision of the member that
+    /// serves it (never from a revision asked for), and once it is
+    /// established the key is read: absent, or another key of the same
+    /// name (another create revision), means it left before that read; a
+    /// deletion after the read is its deletion. Events up to the read are
+    /// not: a member that is behind (a follower catching up after a pause)
+    /// starts the watch before the predecessor was created, and replays the
+    /// deletion of an earlier key of the same name. A watch resumed from a
+    /// past revision can miss the deletion: etcd before 3.4.34/3.5.15
+    /// compacts away a deletion whose revision is the compaction's while a
+    /// watch from that revision is catching up, without cancelling the
+    /// watch (etcd-io/etcd#18089).
     /// A stream that breaks is opened and checked again the same way.
     fn spawn_pred_watch(self: &Arc<Self>, ek: EntryKey, pred: Pred) -> AbortOnDrop {
         let shared = self.clone();
@@ -175,14 +182,32 @@ impl Claims {
             }
             _ => return Err(false),
         }
-        match self.etcd.get("lock wait", pred.0.clone(), None).await {
-            Ok(kvs) if kvs.first().is_some_and(|kv| kv.create_revision() == pred.1) => {
-                if kvs[0].version() > 1 {
+        // The key as of revision `read`: only events after it say what
+        // became of `pred`. Earlier ones can predate `pred` itself (see
+        // `spawn_pred_watch`): a key name is reused by the claims of one
+        // lease (`claim/attempt.rs`), and the deletion of an earlier key of
+        // the name is not `pred`'s.
+        let read = self
+            .etcd
+            .call_kv("lock wait", |mut c| {
+                let k = pred.0.clone();
+                async move { c.get(k, None).await }
+            })
+            .await;
+        let (kvs, read) = match read {
+            Ok(mut r) => match r.header().map(|h| h.revision()) {
+                Some(rev) => (r.take_kvs(), rev),
+                None => return Err(true),
+            },
+            Err(_) => return Err(true),
+        };
+        match kvs.first() {
+            Some(kv) if kv.create_revision() == pred.1 => {
+                if kv.version() > 1 {
                     self.pred_was_head(ek, pred);
                 }
             }
-            Ok(_) => return Ok(true),
-            Err(_) => return Err(true),
+            _ => return Ok(true),
         }
         loop {
             match stream.message().await {
@@ -190,7 +215,11 @@ impl Claims {
                     if resp.canceled() {
                         return Ok(false);
                     }
-                    let events = resp.events();
+                    let events: Vec<_> = resp
+                        .events()
+                        .iter()
+                        .filter(|e| e.kv().is_some_and(|kv| kv.mod_revision() > read))
+                        .collect();
                     if events.iter().any(|e| e.event_type() == EventType::Delete) {
                         return Ok(true);
                     }
