@@ -521,6 +521,14 @@ where
             Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
         }
         None => {
+            // Whether a place in line of ours may be on the store: every
+            // refused attempt of a FIFO semaphore's, and those after the
+            // subscription on a fair store (etcd's key-per-waiter queue).
+            let in_line = match queued {
+                Queueing::FromFirstAttempt => true,
+                Queueing::OnceSubscribed => outcome.subscribed,
+                Queueing::No => false,
+            };
             match queued {
                 // Our place in line must be gone before the caller hears
                 // "timed out": a request it makes next must not find itself
@@ -529,13 +537,10 @@ where
                 // this future during that round trip, or the store does not
                 // answer it, it is sent again in the background (a place left
                 // in line holds up every waiter behind it).
-                Queueing::FromFirstAttempt => {
+                _ if in_line => {
                     if let Err(e) = cleanup.settle_with(backend.release(name, &owner)).await {
                         tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
                     }
-                }
-                Queueing::OnceSubscribed if outcome.ambiguous || outcome.subscribed => {
-                    cleanup.undo();
                 }
                 _ if outcome.ambiguous => cleanup.undo(),
                 // Every reply seen, every one a refusal: nothing of ours.
