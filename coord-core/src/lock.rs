@@ -529,7 +529,7 @@ where
                 Queueing::OnceSubscribed => outcome.subscribed,
                 Queueing::No => false,
             };
-            match queued {
+            if in_line {
                 // Our place in line must be gone before the caller hears
                 // "timed out": a request it makes next must not find itself
                 // queued behind us. So remove it now, not in the background,
@@ -537,14 +537,14 @@ where
                 // this future during that round trip, or the store does not
                 // answer it, it is sent again in the background (a place left
                 // in line holds up every waiter behind it).
-                _ if in_line => {
-                    if let Err(e) = cleanup.settle_with(backend.release(name, &owner)).await {
-                        tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
-                    }
+                if let Err(e) = cleanup.settle_with(backend.release(name, &owner)).await {
+                    tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
                 }
-                _ if outcome.ambiguous => cleanup.undo(),
+            } else if outcome.ambiguous {
+                cleanup.undo();
+            } else {
                 // Every reply seen, every one a refusal: nothing of ours.
-                _ => cleanup.settled(),
+                cleanup.settled();
             }
             match outcome.last_error {
                 Some(e) => {
