@@ -176,7 +176,12 @@ async fn a_late_attempt_after_a_release_takes_no_permit() {
         .await
         .unwrap()
         .expect("a retry on a healed path is granted");
-    permit.release().await.unwrap();
+    // On a loaded machine the release on the healed path can outlast the
+    // 200 ms call timeout: it is then sent again in the background, and
+    // lands before the late attempts are taken to have landed.
+    if let Err(e) = permit.release().await {
+        assert!(e.is_retryable(), "release: {e:?}");
+    }
     until_late_attempts_landed(started).await;
     let after_late = rows(&here, &name).await;
 

@@ -33,11 +33,17 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
         .expect("a kit call panicked")
 }
 
-/// The keys of each running master, by `DBSIZE`.
-fn keys_per_master(c: &RedisCluster) -> Vec<i64> {
+/// How many keys under `prefix` each running master holds (`KEYS`:
+/// other tests add and remove keys of their own on the shared cluster
+/// meanwhile, so a count of every key, `DBSIZE`, cannot tell this test's).
+fn keys_per_master(c: &RedisCluster, prefix: &str) -> Vec<usize> {
+    let pattern = format!("{prefix}*");
     c.masters()
         .iter()
-        .map(|m| m.command(&["DBSIZE"]).as_int().unwrap_or(-1))
+        .map(|m| match m.command(&["KEYS", &pattern]) {
+            kit::Resp::Array(Some(keys)) => keys.len(),
+            other => panic!("KEYS on a master: {other:?}"),
+        })
         .collect()
 }
 
@@ -52,7 +58,6 @@ async fn names_spread_over_every_master_and_each_lock_is_one_key() {
     assert_eq!(c.capabilities().deployment, coord_core::Deployment::Cluster);
     assert!(!c.capabilities().exclusive_across_failover);
     let locks = c.locks().unwrap();
-    let before = blocking(|| keys_per_master(kit::cluster())).await;
     let mut guards = Vec::new();
     for i in 0..48 {
         guards.push(
@@ -63,12 +68,17 @@ async fn names_spread_over_every_master_and_each_lock_is_one_key() {
                 .expect("a free name"),
         );
     }
-    let during = blocking(|| keys_per_master(kit::cluster())).await;
+    let p = prefix.clone();
+    let during = blocking(move || keys_per_master(kit::cluster(), &p)).await;
     assert_eq!(during.len(), 3, "three masters: {during:?}");
-    let added: Vec<i64> = during.iter().zip(&before).map(|(d, b)| d - b).collect();
     assert!(
-        added.iter().all(|&n| n >= 5),
-        "48 names should land on every master (the shared cluster may hold other tests' keys): {added:?}"
+        during.iter().all(|&n| n >= 5),
+        "48 names should land on every master: {during:?}"
+    );
+    assert_eq!(
+        during.iter().sum::<usize>(),
+        48,
+        "each held lock is one key: {during:?}"
     );
     // Each held lock is exactly one key, on the master of its slot.
     let key = format!("{prefix}lock:{{order:7}}");
