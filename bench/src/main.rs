@@ -7,7 +7,7 @@
 //! cargo run --release -p coord-bench                     # every store, full
 //! cargo run --release -p coord-bench -- --quick          # CI smoke (< 2 min)
 //! cargo run --release -p coord-bench -- redis etcd       # some stores
-//! cargo run -p coord-bench -- --smoke                    # what CI runs
+//! cargo run -p coord-bench -- --smoke                    # every row once, numbers meaningless
 //! cargo run --release -p coord-bench -- --table run1.txt run2.txt run3.txt
 //! ```
 //!
@@ -27,9 +27,10 @@
 //! Each module says what its raw operations and peers are; `report` says
 //! what every field of the output means. Time windows, not fixed counts:
 //! `--quick` warms up 0.2 s and measures 0.8 s per measurement, the full
-//! mode 1 s and 5 s. `--smoke` (what `scripts/test` runs, in a debug
-//! build) 50 ms and 200 ms: it only shows that every row runs and its
-//! checks hold; its numbers mean nothing. The runtime has two worker
+//! mode 1 s and 5 s. `--smoke` 50 ms and 200 ms: it only shows that every
+//! row runs and its checks hold; its numbers mean nothing. The test
+//! `every_row_runs_on_every_store` runs the same in the workspace's test
+//! build (so `cargo test` and CI run it). The runtime has two worker
 //! threads.
 
 mod coord_ops;
@@ -48,6 +49,12 @@ use report::Sink;
 
 /// The stores, in the order they run.
 const STORES: [&str; 4] = ["memory", "redis", "postgres", "etcd"];
+
+/// The smoke window: every row runs once, its numbers mean nothing.
+const SMOKE: Window = Window {
+    warm_up: Duration::from_millis(50),
+    measure: Duration::from_millis(200),
+};
 
 /// Parse the arguments, run the chosen stores, print the table and the
 /// `BENCH` lines.
@@ -89,10 +96,7 @@ fn main() {
         }
     }
     let win = if smoke {
-        Window {
-            warm_up: Duration::from_millis(50),
-            measure: Duration::from_millis(200),
-        }
+        SMOKE
     } else if quick {
         Window {
             warm_up: Duration::from_millis(200),
@@ -104,12 +108,7 @@ fn main() {
             measure: Duration::from_secs(5),
         }
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let sink = runtime.block_on(run(&only, win));
+    let sink = runtime().block_on(run(&only, win));
     println!();
     for row in &sink.rows {
         println!("{}", row.bench_line());
@@ -133,4 +132,35 @@ async fn run(only: &[String], win: Window) -> Sink {
         }
     }
     sink
+}
+
+/// The benchmark's runtime: two worker threads.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--smoke` in the test build: every row of every store runs against
+    /// the kit's real servers and the checks inside the rows hold (a
+    /// store error or a wrong answer panics). Nothing is asserted on the
+    /// numbers, which a debug build on a loaded machine makes meaningless.
+    #[test]
+    fn every_row_runs_on_every_store() {
+        let sink = runtime().block_on(run(&[], SMOKE));
+        for store in STORES {
+            for op in ["cycle", "check", "handoff_separate", "handoff_shared"] {
+                assert!(
+                    sink.rows.iter().any(|r| r.store == store && r.op == op),
+                    "no `{op}` row for {store}"
+                );
+            }
+        }
+    }
 }
