@@ -13,6 +13,7 @@
 //! coord queue work emails --visibility 1m --wait 30s -- ./send-email.sh
 //! coord queue stats emails
 //! coord inspect lock nightly-report --json
+//! coord health --json
 //! ```
 //!
 //! Exit codes: a command run under `lock`, `elect` or `queue work` exits
@@ -100,6 +101,7 @@ const EXAMPLES: &str = concat!(
   coord limit api:alice --limit 100 --window 1m && curl ...
   coord release --force lock nightly --yes
   coord inspect lock nightly --json        # holder: owner id, token, remaining, host, pid, since
+  coord health                             # round trip, server version, what the store offers
   echo 'hello' | coord queue push emails --group tenant-7
   coord queue work emails --wait 30s -- ./send-email.sh   # payload on stdin; exit 0 acks
 
@@ -217,6 +219,15 @@ enum Command {
         /// Its name.
         name: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One round trip to the store: exit 0 with its round trip, server
+    /// version and what it offers; 69 when it does not answer within the
+    /// call timeout.
+    Health {
+        /// Print JSON: {"backend", "deployment", "server", "round_trip_ms",
+        /// "primitives"}.
         #[arg(long)]
         json: bool,
     },
@@ -360,6 +371,7 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
     match command {
         Command::Lock { .. } | Command::Elect { .. } => unreachable!("run above"),
         Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,
+        Command::Health { json } => health(&coord, json).await,
         Command::Release {
             force: _,
             kind,
@@ -447,6 +459,34 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `coord health`: one round trip; an unreachable store is exit 69 by
+/// [`fail`], with what to check.
+async fn health(coord: &Coord, json: bool) -> Result<ExitCode, Error> {
+    let h = coord.health().await?;
+    let round_trip_ms = h.round_trip.as_secs_f64() * 1000.0;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "backend": h.backend,
+                "deployment": h.deployment.as_str(),
+                "server": h.server.version,
+                "round_trip_ms": (round_trip_ms * 1000.0).round() / 1000.0,
+                "primitives": h.primitives,
+            })
+        );
+    } else {
+        println!(
+            "ok: {} ({}), {}, round trip {round_trip_ms:.2} ms\noffers: {}",
+            h.backend,
+            h.deployment,
+            h.server.version,
+            h.primitives.join(", ")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn leader(coord: &Coord, name: &str, watch: bool, json: bool) -> Result<ExitCode, Error> {

@@ -210,6 +210,7 @@ pub const CASES: &[&str] = &[
     "inspect_election_shows_the_leader_and_its_grant",
     "inspect_oversized_metadata_is_rejected_and_writes_nothing",
     "inspect_refused_attempt_names_the_holder",
+    "health_reports_the_store_and_what_it_offers",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -325,6 +326,7 @@ macro_rules! suite {
             inspect_election_shows_the_leader_and_its_grant,
             inspect_oversized_metadata_is_rejected_and_writes_nothing,
             inspect_refused_attempt_names_the_holder,
+            health_reports_the_store_and_what_it_offers,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

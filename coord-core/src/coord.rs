@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Semaphore};
 use crate::error::{Error, Result};
+use crate::health::Probe;
 use crate::queue_backend::Queue;
 use crate::types::Capabilities;
 
@@ -47,6 +48,7 @@ pub struct Coord {
     pub(crate) limiter: Option<Arc<dyn Limiter>>,
     pub(crate) semaphore: Option<Arc<dyn Semaphore>>,
     pub(crate) queue: Option<Arc<dyn Queue>>,
+    pub(crate) probe: Option<Arc<dyn Probe>>,
 }
 
 impl std::fmt::Debug for Coord {
@@ -73,14 +75,16 @@ impl Coord {
                 limiter: None,
                 semaphore: None,
                 queue: None,
+                probe: None,
             },
         }
     }
 
-    /// A handle from one backend object that implements every primitive.
+    /// A handle from one backend object that implements every primitive
+    /// and the health probe.
     pub fn from_backend<B>(backend: Arc<B>) -> Coord
     where
-        B: Lock + Lease + FencingSource + Election + Barrier + Limiter,
+        B: Lock + Lease + FencingSource + Election + Barrier + Limiter + Probe,
     {
         let caps = Lock::capabilities(&*backend).clone();
         Coord::builder(caps)
@@ -89,7 +93,8 @@ impl Coord {
             .fencing(backend.clone())
             .election(backend.clone())
             .barrier(backend.clone())
-            .limiter(backend)
+            .limiter(backend.clone())
+            .probe(backend)
             .build()
     }
 
@@ -231,6 +236,11 @@ impl CoordBuilder {
     /// ```
     pub fn queue(mut self, b: Arc<dyn Queue>) -> Self {
         self.coord.queue = Some(b);
+        self
+    }
+    /// Provide the health probe behind [`Coord::health`].
+    pub fn probe(mut self, b: Arc<dyn Probe>) -> Self {
+        self.coord.probe = Some(b);
         self
     }
     /// Override the settings.

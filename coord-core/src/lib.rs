@@ -28,6 +28,7 @@ mod coord;
 mod election;
 mod error;
 mod fencing;
+mod health;
 pub mod inspect;
 pub mod late;
 mod lease;
@@ -61,6 +62,7 @@ pub use coord::{Coord, CoordBuilder, Settings};
 pub use election::{Elections, Leadership};
 pub use error::{Error, Result, StoreSource};
 pub use fencing::{FencedRegister, Fencing};
+pub use health::{Health, Probe, ServerInfo};
 pub use inspect::{
     Acquired, ClaimInfo, ClaimRecord, Holder, HolderRecord, LeaderDetails, LeaderRecord,
 };

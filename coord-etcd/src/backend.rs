@@ -4,6 +4,7 @@
 
 mod barrier;
 mod claims;
+mod health;
 mod limiter;
 mod semaphore;
 mod work_queue;

@@ -52,6 +52,7 @@ use tokio::time::Instant;
 mod barrier;
 mod claims;
 mod election;
+mod health;
 mod limiter;
 mod queue;
 mod semaphore;

@@ -7,6 +7,7 @@ mod call;
 mod claims;
 mod election;
 pub(crate) mod errors;
+mod health;
 mod limiter;
 mod listen;
 mod queue;

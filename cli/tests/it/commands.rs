@@ -661,3 +661,45 @@ async fn url_options_a_store_does_not_take_exit_64_naming_them() {
         }
     }
 }
+
+/// `coord health --json` names the store, its server version and what it
+/// offers on every store; a store that cannot be reached is exit 69 with
+/// what to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_every_store_and_an_unreachable_one_is_69() {
+    for (url, backend, server) in [
+        (stores()[0].clone(), "redis", "redis "),
+        (stores()[1].clone(), "postgres", "PostgreSQL "),
+        (stores()[2].clone(), "etcd", "etcd "),
+        ("memory://".to_string(), "memory", "coord-memory "),
+    ] {
+        let out = run(&url, &["health", "--json"]).await;
+        assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+        let v: serde_json::Value = serde_json::from_str(&text(&out.stdout)).expect("JSON");
+        assert_eq!(v["backend"], backend, "{v}");
+        assert!(
+            v["server"].as_str().is_some_and(|s| s.starts_with(server)),
+            "{url}: {v}"
+        );
+        assert!(
+            v["round_trip_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+            "{v}"
+        );
+        let offers: Vec<&str> = v["primitives"]
+            .as_array()
+            .expect("primitives")
+            .iter()
+            .filter_map(|p| p.as_str())
+            .collect();
+        assert!(
+            offers.contains(&"locks") && offers.contains(&"queues"),
+            "{v}"
+        );
+        let plain = run(&url, &["health"]).await;
+        assert_eq!(plain.status.code(), Some(0), "{url}: {plain:?}");
+        assert!(text(&plain.stdout).starts_with("ok: "), "{plain:?}");
+    }
+    let out = run("redis://127.0.0.1:1/?connect_timeout=500ms", &["health"]).await;
+    assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
+    assert!(text(&out.stderr).contains("reachable"), "{out:?}");
+}

@@ -16,6 +16,7 @@
 
 pub mod barrier;
 pub mod election;
+pub mod health;
 pub mod history;
 pub mod limiter;
 pub mod permits;

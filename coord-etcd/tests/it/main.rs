@@ -17,6 +17,7 @@ mod cross_client_owner;
 mod faults;
 mod force_release;
 mod handoff;
+mod health;
 mod inspect;
 mod key_history;
 mod lagging_member;

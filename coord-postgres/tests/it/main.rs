@@ -11,6 +11,7 @@ mod support;
 mod barrier;
 mod barrier_late;
 mod barrier_lost_state;
+mod health;
 mod inspect;
 mod late_claims;
 mod late_pop;

@@ -678,6 +678,7 @@ mod barrier;
 mod claims;
 mod connection;
 mod election;
+mod health;
 mod limiter;
 pub(crate) mod listener;
 mod master;

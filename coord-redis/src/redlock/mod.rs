@@ -80,6 +80,7 @@
 //! (`ROLE`) and a different server (`run_id`) from the others.
 
 mod claims;
+mod health;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -507,7 +508,8 @@ impl RedlockBackend {
         coord_core::Coord::builder(caps)
             .lock(b.clone())
             .lease(b.clone())
-            .fencing(b)
+            .fencing(b.clone())
+            .probe(b)
             .build()
     }
 

@@ -14,6 +14,7 @@ mod cluster;
 mod cluster_edges;
 mod faults;
 mod fencing;
+mod health;
 mod inspect;
 mod keys;
 mod late_claims;
