@@ -236,6 +236,8 @@ struct Inner {
     timer_started: AtomicBool,
     /// When it was granted, for the hold-time metric.
     granted_at: Instant,
+    /// This claim in `coord_held`, until it ends.
+    held: metrics::Counted,
 }
 
 impl Inner {
@@ -302,6 +304,7 @@ impl Inner {
     }
 
     fn record_release(&self) {
+        self.held.end();
         metrics::released(
             self.backend.store(),
             self.backend.metric_kind(),
@@ -319,6 +322,7 @@ impl Inner {
             t.cancel();
         }
         if first {
+            self.held.end();
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
             metrics::lost(self.backend.store(), self.backend.metric_kind());
             self.lost_notify.notify_waiters();
@@ -445,8 +449,10 @@ impl Guard {
         ttl: Duration,
         sent_at: Instant,
     ) -> Guard {
+        let held = metrics::Counted::held(backend.store(), backend.metric_kind());
         Guard {
             inner: Arc::new(Inner {
+                held,
                 backend,
                 name: name.into(),
                 owner,
@@ -798,6 +804,9 @@ impl Drop for Guard {
                 }
                 inner.ended.notify_waiters();
                 inner.record_release();
+                if matches!(inner.backend, ClaimBackend::Delivery { .. }) {
+                    metrics::queue_op(inner.backend.store(), "give_back");
+                }
                 let r = end_retrying(&inner.backend, &inner.name, &inner.owner, End::Release).await;
                 let span = tracing::Span::current();
                 match r {

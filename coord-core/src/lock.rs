@@ -480,17 +480,26 @@ where
         owner,
         end: End::Release,
     });
+    // In `coord_waiting` from the first refusal until this acquire ends.
+    let waiting = std::sync::OnceLock::new();
     let outcome = wait::until(
         || {
             let now = Instant::now();
             *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
             attempt(owner)
         },
-        || subscribe(owner),
+        || {
+            let _ = waiting.set(metrics::Counted::waiting(
+                backend.store(),
+                backend.metric_kind(),
+            ));
+            subscribe(owner)
+        },
         deadline,
         poll,
     )
     .await;
+    drop(waiting);
     let (store, kind) = (backend.store(), backend.metric_kind());
     // The caller's span (`coord.lock.acquire`, ...) gets the outcome.
     let span = tracing::Span::current();

@@ -22,15 +22,76 @@
 //! | `coord_store_errors_total` | counter | store, kind | errors from the store by [`Error`] kind: `unavailable`, `store`, …; once per operation that returned one (acquires, extends, releases, inspects, force releases, fencing tokens, leader reads, barrier waits, limiter checks, every queue call), once per failed renewal of a watchdog or read of an election's observer, and once per release on drop that failed after its resends |
 //! | `coord_cleanup_failures_total` | counter | store, what | a cleanup in the background that still failed after its resends, by what it undid: `end_claim` (a release, or leaving a queue, after a failed, timed-out or dropped call, and a release on drop), `barrier_withdraw` (a participant of a wait that ended without passing), `queue_give_back` (a delivery whose pop was dropped); what it would have removed ends with its TTL. The operation's own error, if any, is counted once in `coord_store_errors_total` |
 //! | `coord_reconnects_total` | counter | store, what | a backend's connection or subscription re-established |
+//! | `coord_held` | gauge | store, kind | claims this process holds now: guards granted and neither released, dropped nor found lost |
+//! | `coord_waiting` | gauge | store, kind | acquires (and blocked queue pops, kind `delivery`) of this process waiting now, from their first refusal to their end |
+//! | `coord_queue_messages` | gauge | store, queue, state | a queue's messages by state (`ready`, `delayed`, `in_flight`, `dead`), as the last [`Queues::stats`](crate::Queues::stats) of this process read them: sample by calling it (from a timer) for the queues to watch, no scan runs otherwise. The only metric labelled with a name: only the queues sampled get one |
+//!
+//! `coord_queue_ops_total` counts `give_back` too: a delivery whose guard
+//! was dropped without ack or nack, given back for another consumer.
 //!
 //! ```
 //! // With any recorder installed (here none), the calls are no-ops.
 //! coord_core::metrics::reconnect("redis", "subscriber");
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::queue_backend::QueueStats;
+
+/// One unit of a gauge: counted up when made, down once, at the first
+/// [`Counted::end`] or when dropped.
+pub(crate) struct Counted {
+    gauge: metrics::Gauge,
+    on: AtomicBool,
+}
+
+impl Counted {
+    fn up(gauge: metrics::Gauge) -> Counted {
+        gauge.increment(1.0);
+        Counted {
+            gauge,
+            on: AtomicBool::new(true),
+        }
+    }
+
+    /// `coord_held`: a claim granted to this process.
+    pub(crate) fn held(store: &'static str, kind: &'static str) -> Counted {
+        Counted::up(metrics::gauge!("coord_held", "store" => store, "kind" => kind))
+    }
+
+    /// `coord_waiting`: an acquire (or pop) of this process waiting.
+    pub(crate) fn waiting(store: &'static str, kind: &'static str) -> Counted {
+        Counted::up(metrics::gauge!("coord_waiting", "store" => store, "kind" => kind))
+    }
+
+    /// Count it down, once.
+    pub(crate) fn end(&self) {
+        if self.on.swap(false, Ordering::AcqRel) {
+            self.gauge.decrement(1.0);
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// `coord_queue_messages`: `queue`'s counts as `stats` just read them.
+pub(crate) fn queue_stats(store: &'static str, queue: &str, s: &QueueStats) {
+    for (state, n) in [
+        ("ready", s.ready),
+        ("delayed", s.delayed),
+        ("in_flight", s.in_flight),
+        ("dead", s.dead),
+    ] {
+        metrics::gauge!("coord_queue_messages", "store" => store, "queue" => queue.to_string(), "state" => state)
+            .set(n as f64);
+    }
+}
 
 /// `coord_acquire_total`: one acquire, grant or campaign call ended.
 pub(crate) fn acquire(store: &'static str, kind: &'static str, outcome: &'static str) {

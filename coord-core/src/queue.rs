@@ -567,6 +567,8 @@ impl Queues {
         let start = Instant::now();
         let lane = opts.lane;
         let got: Mutex<Option<(Message, Instant, OwnerToken)>> = Mutex::new(None);
+        // In `coord_waiting` from the first empty answer until this pop ends.
+        let waiting = std::sync::OnceLock::new();
         let outcome = wait::until(
             || {
                 let b = self.backend.clone();
@@ -629,6 +631,7 @@ impl Queues {
                 }
             },
             || {
+                let _ = waiting.set(metrics::Counted::waiting(store, "delivery"));
                 let b = self.backend.clone();
                 async move { b.subscribe(queue, lane).await }
             },
@@ -637,6 +640,7 @@ impl Queues {
         )
         .instrument(span.clone())
         .await;
+        drop(waiting);
         span.record("waited_ms", start.elapsed().as_millis() as u64);
         let outcome = match outcome {
             Ok(o) => o,
@@ -731,7 +735,9 @@ impl Queues {
         )
     }
 
-    /// How many messages `queue` holds, by state.
+    /// How many messages `queue` holds, by state. Also sets the
+    /// `coord_queue_messages` gauges of `queue` (see [`metrics`](crate::metrics)):
+    /// call it from a timer for the queues an operator watches.
     ///
     /// ```
     /// # async fn demo(q: coord_core::Queues) -> coord_core::Result<()> {
@@ -742,7 +748,9 @@ impl Queues {
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         validate::name("queue", queue)?;
         let store = self.backend.capabilities().backend;
-        op!("coord.queue.stats", store, queue, self.backend.stats(queue))
+        let stats = op!("coord.queue.stats", store, queue, self.backend.stats(queue))?;
+        metrics::queue_stats(store, queue, &stats);
+        Ok(stats)
     }
 
     /// Delete every message of `queue` (both lanes) and its dedup ids: an

@@ -2,10 +2,12 @@
 //! coord-core; the in-memory store drives it here), read back from
 //! `metrics-util`'s debugging recorder.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::time::Duration;
 
+use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use metrics_util::{CompositeKey, MetricKind};
 
 type Entry = (
     CompositeKey,
@@ -55,12 +57,16 @@ fn recorded<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> Vec<E
             .unwrap()
             .block_on(f())
     });
-    let snap = snapshotter.snapshot().into_vec();
-    assert!(
-        snap.iter()
-            .all(|(k, _, _, _)| k.kind() != MetricKind::Gauge)
-    );
-    snap
+    snapshotter.snapshot().into_vec()
+}
+
+/// The value of gauge `name` with `labels` in `snap` (0 when never set).
+fn gauge(snap: &[Entry], name: &str, labels: &[(&str, &str)]) -> f64 {
+    match find(snap, name, labels) {
+        Some(DebugValue::Gauge(v)) => v.into_inner(),
+        None => 0.0,
+        Some(other) => panic!("{name} is not a gauge: {other:?}"),
+    }
 }
 
 const LOCK: [(&str, &str); 2] = [("store", "memory"), ("kind", "lock")];
@@ -241,4 +247,139 @@ fn queue_operations_are_recorded() {
         samples(&snap, "coord_hold_seconds", &[("kind", "delivery")]).len(),
         3
     );
+}
+
+/// `coord_held` counts the claims this process holds (up at a grant, down
+/// at a release, a release on drop, and lost ownership), `coord_waiting`
+/// the acquires and pops waiting now; a delivery dropped unacked is
+/// counted as given back; `stats` sets a queue's gauges.
+#[test]
+fn held_and_waiting_gauges_follow_claims_waiters_and_queues() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter: Snapshotter = recorder.snapshotter();
+    // Each snapshot hands out a gauge's change since the last one (a set
+    // value, for a gauge set since): the running totals of every gauge,
+    // and the values of the last snapshot.
+    let totals: RefCell<HashMap<CompositeKey, f64>> = RefCell::default();
+    let last: RefCell<Vec<Entry>> = RefCell::default();
+    let snap = || {
+        let snap = snapshotter.snapshot().into_vec();
+        let mut t = totals.borrow_mut();
+        for (k, _, _, v) in &snap {
+            match v {
+                DebugValue::Gauge(g) => *t.entry(k.clone()).or_default() += g.into_inner(),
+                DebugValue::Counter(n) => *t.entry(k.clone()).or_default() += *n as f64,
+                DebugValue::Histogram(_) => {}
+            }
+        }
+        *last.borrow_mut() = snap;
+    };
+    // A counted gauge's value now (`coord_held`, `coord_waiting`), or a
+    // counter's total.
+    let now = |name: &str, labels: &[(&str, &str)]| {
+        snap();
+        let t = totals.borrow();
+        let entries: Vec<Entry> = t
+            .iter()
+            .map(|(k, v)| (k.clone(), None, None, DebugValue::Gauge((*v).into())))
+            .collect();
+        gauge(&entries, name, labels)
+    };
+    // A set gauge's value (`coord_queue_messages`), set since the last
+    // snapshot.
+    let set = |name: &str, labels: &[(&str, &str)]| {
+        snap();
+        gauge(&last.borrow(), name, labels)
+    };
+    let (held, waiting) = ("coord_held", "coord_waiting");
+    let kind = |k| [("store", "memory"), ("kind", k)];
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let coord = coord_memory::connect("memory://metrics-gauges").unwrap();
+                let locks = coord.locks().unwrap();
+                let ttl = Duration::from_secs(10);
+                let first = locks.try_acquire("g", ttl).await.unwrap().unwrap();
+                assert_eq!(now(held, &LOCK), 1.0);
+                let l2 = locks.clone();
+                let waiter =
+                    tokio::spawn(async move { l2.acquire("g", ttl, Duration::from_secs(5)).await });
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert_eq!(now(waiting, &LOCK), 1.0, "one acquire waits");
+                first.release().await.unwrap();
+                let second = waiter.await.unwrap().unwrap();
+                assert_eq!((now(held, &LOCK), now(waiting, &LOCK)), (1.0, 0.0));
+                drop(second); // released on drop, in the background
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert_eq!(now(held, &LOCK), 0.0, "released on drop");
+
+                // Lost ownership counts down at once, before the guard goes.
+                let g = locks.try_acquire("g", ttl).await.unwrap().unwrap();
+                assert!(locks.force_release("g").await.unwrap());
+                assert!(g.extend(ttl).await.is_err());
+                assert_eq!(now(held, &LOCK), 0.0, "lost");
+                drop(g);
+                assert_eq!(now(held, &LOCK), 0.0, "counted down once");
+
+                let p = coord
+                    .semaphores()
+                    .unwrap()
+                    .try_acquire("s", 2, ttl)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(now(held, &kind("permit")), 1.0);
+                p.release().await.unwrap();
+                assert_eq!(now(held, &kind("permit")), 0.0);
+
+                let q = coord.queues().unwrap();
+                for _ in 0..3 {
+                    q.push("jobs", b"x").await.unwrap();
+                }
+                let d = q.pop("jobs", ttl, Duration::ZERO).await.unwrap().unwrap();
+                assert_eq!(now(held, &kind("delivery")), 1.0);
+                let s = q.stats("jobs").await.unwrap();
+                assert_eq!((s.ready, s.in_flight), (2, 1));
+                let jobs = |state| {
+                    (
+                        "coord_queue_messages",
+                        [("store", "memory"), ("queue", "jobs"), ("state", state)],
+                    )
+                };
+                snap();
+                let read = |state| {
+                    let (name, labels) = jobs(state);
+                    gauge(&last.borrow(), name, &labels)
+                };
+                assert_eq!(
+                    (read("ready"), read("in_flight"), read("dead")),
+                    (2.0, 1.0, 0.0)
+                );
+                drop(d); // given back, in the background
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                assert_eq!(now(held, &kind("delivery")), 0.0);
+                q.stats("jobs").await.unwrap();
+                let (name, labels) = jobs("ready");
+                assert_eq!(set(name, &labels), 3.0);
+                assert_eq!(read("in_flight"), 0.0);
+
+                let q2 = q.clone();
+                let pop =
+                    tokio::spawn(async move { q2.pop("empty", ttl, Duration::from_secs(5)).await });
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert_eq!(now(waiting, &kind("delivery")), 1.0, "a blocked pop");
+                q.push("empty", b"y").await.unwrap();
+                let d = pop.await.unwrap().unwrap().unwrap();
+                assert_eq!(now(waiting, &kind("delivery")), 0.0);
+                d.ack().await.unwrap();
+            });
+    });
+    let give_backs = now(
+        "coord_queue_ops_total",
+        &[("store", "memory"), ("op", "give_back")],
+    );
+    assert_eq!(give_backs, 1.0, "the dropped delivery was given back");
 }

@@ -4,5 +4,6 @@
 //! plain threads (`blocking`).
 
 mod blocking;
+mod dashboard;
 mod examples_run;
 mod facade;
