@@ -211,6 +211,7 @@ pub const CASES: &[&str] = &[
     "inspect_oversized_metadata_is_rejected_and_writes_nothing",
     "inspect_refused_attempt_names_the_holder",
     "health_reports_the_store_and_what_it_offers",
+    "election_with_leadership_renews_while_work_runs_then_resigns",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -327,6 +328,7 @@ macro_rules! suite {
             inspect_oversized_metadata_is_rejected_and_writes_nothing,
             inspect_refused_attempt_names_the_holder,
             health_reports_the_store_and_what_it_offers,
+            election_with_leadership_renews_while_work_runs_then_resigns,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -1,5 +1,6 @@
 //! Leader election: leadership is a lease whose term is a fencing token.
 
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,10 +9,10 @@ use futures::Stream;
 use tracing::Instrument;
 
 use crate::backend::Election;
-use crate::claim::{ClaimBackend, Guard};
+use crate::claim::{ClaimBackend, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::{Queueing, acquire_claim};
+use crate::lock::{Queueing, WithLockError, acquire_claim, hold_while};
 use crate::types::{FencingToken, LeaderInfo};
 use crate::wake::Waiter;
 use crate::{validate, wait};
@@ -85,7 +86,8 @@ impl Elections {
     /// Campaign until elected or `wait` passes ([`Error::Timeout`]).
     /// Candidates are woken when the leader resigns, and retry at the
     /// leader's expiry. The leadership is not renewed unless you call
-    /// [`Guard::keep_alive`] on it (through `Deref`).
+    /// [`Guard::keep_alive`] on it (through `Deref`), or use the scoped
+    /// form [`with_leadership`](Elections::with_leadership), which does.
     /// Cancel-safe: a dropped campaign holds nothing (a grant that raced the
     /// cancellation is resigned in the background, as this candidate's
     /// grant; it expires at its TTL if the store does not answer).
@@ -127,6 +129,52 @@ impl Elections {
             guard,
             candidate: candidate.to_string(),
         })
+    }
+
+    /// Campaign for `name` as `candidate` (waiting up to `wait`), run
+    /// `work` as leader with the watchdog renewing the leadership, and
+    /// resign afterwards: the scoped form, which keeps the leadership alive
+    /// by default (a [`Leadership`] from [`campaign`](Elections::campaign)
+    /// is renewed only after [`Guard::keep_alive`]). If the leadership is
+    /// lost while `work` runs (the watchdog could not renew it in time, or
+    /// it was force-ended), `work` is stopped (its future dropped) and the
+    /// error is [`WithLockError::Lock`] with [`Error::Lost`]. `work` gets
+    /// an [`Ownership`] whose fencing token is the term.
+    ///
+    /// **The work's result is never thrown away**: a failed resignation
+    /// after `work` finished is [`WithLockError::Release`] with the output.
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// let elections = coord.elections()?;
+    /// let term = elections
+    ///     .with_leadership("scheduler", "node-a", Duration::from_secs(10), Duration::from_secs(30),
+    ///         |leader| async move {
+    ///             // ... schedule, passing leader.fencing_token() to what it writes ...
+    ///             leader.fencing_token()
+    ///         })
+    ///     .await?;
+    /// # let _ = term; Ok(()) }
+    /// ```
+    pub async fn with_leadership<F, Fut, T>(
+        &self,
+        name: &str,
+        candidate: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: F,
+    ) -> std::result::Result<T, WithLockError<T>>
+    where
+        F: FnOnce(Ownership) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut leadership = self
+            .campaign(name, candidate, ttl, wait)
+            .await
+            .map_err(WithLockError::Lock)?;
+        leadership.keep_alive();
+        hold_while(leadership.guard, work).await
     }
 
     /// The live leader of `name` and its term, if any. Cost: one round trip.

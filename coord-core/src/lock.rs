@@ -316,25 +316,7 @@ impl Locks {
             .acquire_with(name, opts.watchdog(true))
             .await
             .map_err(WithLockError::Lock)?;
-        let lost = guard.lost();
-        let fut = work(guard.ownership());
-        tokio::select! {
-            biased;
-            _ = lost => {
-                let _ = guard.release().await;
-                Err(WithLockError::Lock(Error::Lost { name: name.to_string() }))
-            }
-            output = fut => {
-                match guard.release().await {
-                    Ok(()) => Ok(output),
-                    Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
-                        output,
-                        error: Error::Lost { name: name.to_string() },
-                    }),
-                    Err(error) => Err(WithLockError::Release { output, error }),
-                }
-            }
-        }
+        hold_while(guard, work).await
     }
 
     /// Take every lock in `names`, all or nothing, in a deadlock-free order:
@@ -625,7 +607,44 @@ impl MultiGuard {
     }
 }
 
-/// Why [`Locks::with_lock`] did not simply return the work's output.
+/// Run `work` under `guard` (its watchdog on), stop it (drop its future)
+/// if ownership is lost meanwhile, and end the claim afterwards: the
+/// scoped forms [`Locks::with_lock`] and
+/// [`Elections::with_leadership`](crate::Elections::with_leadership).
+pub(crate) async fn hold_while<F, Fut, T>(
+    guard: Guard,
+    work: F,
+) -> std::result::Result<T, WithLockError<T>>
+where
+    F: FnOnce(Ownership) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let name = guard.name().to_string();
+    let lost = guard.lost();
+    let fut = work(guard.ownership());
+    tokio::select! {
+        biased;
+        _ = lost => {
+            let _ = guard.release().await;
+            Err(WithLockError::Lock(Error::Lost { name }))
+        }
+        output = fut => {
+            match guard.release().await {
+                Ok(()) => Ok(output),
+                Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
+                    output,
+                    error: Error::Lost { name },
+                }),
+                Err(error) => Err(WithLockError::Release { output, error }),
+            }
+        }
+    }
+}
+
+/// Why [`Locks::with_lock`] (or
+/// [`Elections::with_leadership`](crate::Elections::with_leadership)) did
+/// not simply return the work's output. For a leadership, "lock" reads
+/// "leadership" and "release" reads "resign".
 #[derive(Debug)]
 pub enum WithLockError<T> {
     /// The lock was not acquired, or it was lost while the work ran (the

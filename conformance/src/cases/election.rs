@@ -195,3 +195,49 @@ pub async fn election_observe_sees_every_change_in_order(f: &Factory) {
         l.resign().await.unwrap();
     }
 }
+
+/// `with_leadership` keeps the leadership alive by default: work that runs
+/// three TTLs stays leader throughout (the others see it, with the term
+/// the work was given), and it resigns when the work returns, so another
+/// candidate is elected at once with a higher term.
+pub async fn election_with_leadership_renews_while_work_runs_then_resigns(f: &Factory) {
+    if crate::cases::offered(f.client().await.elections()).is_none() {
+        return;
+    }
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("with-leadership");
+    let t = ttl(&a, Duration::from_millis(1500));
+    let observer = b.elections().unwrap();
+    let term = a
+        .elections()
+        .unwrap()
+        .with_leadership(&name, "worker-a", t, Duration::ZERO, |leader| {
+            let (observer, name) = (observer.clone(), name.clone());
+            async move {
+                let end = Instant::now() + t * 3;
+                while Instant::now() < end {
+                    let seen = observer.leader(&name).await.unwrap();
+                    assert_eq!(
+                        seen.as_ref().map(|l| (l.candidate.as_str(), l.term)),
+                        Some(("worker-a", leader.fencing_token())),
+                        "the leadership lapsed while its work ran"
+                    );
+                    sleep(t / 4).await;
+                }
+                leader.fencing_token()
+            }
+        })
+        .await
+        .expect("the work ran as leader to its end");
+    let next = timeout(
+        PROMPT,
+        b.elections()
+            .unwrap()
+            .campaign(&name, "worker-b", t, Duration::from_secs(30)),
+    )
+    .await
+    .expect("the next candidate is elected at once: the leadership was resigned")
+    .unwrap();
+    assert!(next.term() > term, "{:?} after {term:?}", next.term());
+    next.resign().await.unwrap();
+}

@@ -355,6 +355,11 @@ impl Leadership {
     pub fn resign(self) -> Result<()> {
         self.guard.release()
     }
+
+    /// The guard alone (the candidate identity dropped).
+    pub(super) fn into_guard(self) -> Guard {
+        self.guard
+    }
 }
 
 impl Deref for Leadership {

@@ -227,23 +227,7 @@ impl Locks {
         let guard = self
             .acquire_with(name, opts.watchdog(true))
             .map_err(WithLockError::Lock)?;
-        let output = work(guard.ownership());
-        let held = guard.is_valid();
-        let lost = || Error::Lost {
-            name: name.to_string(),
-        };
-        match guard.release() {
-            Ok(()) if held => Ok(output),
-            Ok(()) | Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
-                output,
-                error: lost(),
-            }),
-            Err(_) if !held => Err(WithLockError::Release {
-                output,
-                error: lost(),
-            }),
-            Err(error) => Err(WithLockError::Release { output, error }),
-        }
+        hold_while(guard, work)
     }
 
     /// Take every lock in `names`, all or nothing, in a deadlock-free order
@@ -397,6 +381,30 @@ impl Elections {
             .rt
             .block_on(self.inner.campaign(name, candidate, ttl, wait))?;
         Ok(Leadership::new(l, self.rt.clone()))
+    }
+
+    /// Campaign for `name` (waiting up to `wait`), run `work` as leader
+    /// with the watchdog on, then resign: see
+    /// [`crate::Elections::with_leadership`]. `work` runs on this thread to
+    /// its end (a blocking closure cannot be stopped): if the leadership
+    /// was lost meanwhile, the output comes back as
+    /// [`WithLockError::Release`] with [`Error::Lost`].
+    pub fn with_leadership<F, T>(
+        &self,
+        name: &str,
+        candidate: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: F,
+    ) -> std::result::Result<T, WithLockError<T>>
+    where
+        F: FnOnce(Ownership) -> T,
+    {
+        let mut leadership = self
+            .campaign(name, candidate, ttl, wait)
+            .map_err(WithLockError::Lock)?;
+        leadership.keep_alive();
+        hold_while(leadership.into_guard(), work)
     }
 
     /// The live leader of `name` and its term, if any.
@@ -840,5 +848,32 @@ impl Queues {
     /// operator's tool. Returns how many were deleted.
     pub fn purge(&self, queue: &str) -> Result<u64> {
         self.rt.block_on(self.inner.purge(queue))
+    }
+}
+
+/// Run `work` under `guard` (its watchdog on) on this thread, then end the
+/// claim: the blocking scoped forms (`with_lock`, `with_leadership`). A
+/// claim that was no longer valid when `work` ended gives its output back
+/// as [`WithLockError::Release`] with [`Error::Lost`].
+fn hold_while<F, T>(guard: Guard, work: F) -> std::result::Result<T, WithLockError<T>>
+where
+    F: FnOnce(Ownership) -> T,
+{
+    let output = work(guard.ownership());
+    let held = guard.is_valid();
+    let lost = Error::Lost {
+        name: guard.ownership().name().to_string(),
+    };
+    match guard.release() {
+        Ok(()) if held => Ok(output),
+        Ok(()) | Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
+            output,
+            error: lost,
+        }),
+        Err(_) if !held => Err(WithLockError::Release {
+            output,
+            error: lost,
+        }),
+        Err(error) => Err(WithLockError::Release { output, error }),
     }
 }

@@ -110,6 +110,36 @@ fn with_lock_returns_the_output_as_lost_when_the_lock_went_while_work_ran() {
 }
 
 #[test]
+fn with_leadership_keeps_the_leadership_alive_and_resigns_without_a_runtime() {
+    let elections = memory().elections().unwrap();
+    let ttl = Duration::from_millis(300);
+    let term = elections
+        .with_leadership("blk-with-leader", "a", ttl, Duration::ZERO, |leader| {
+            // Four TTLs on this thread: only the watchdog keeps it.
+            std::thread::sleep(ttl * 4);
+            let now = elections
+                .leader("blk-with-leader")
+                .unwrap()
+                .expect("a leader");
+            assert_eq!(
+                (now.candidate.as_str(), now.term),
+                ("a", leader.fencing_token())
+            );
+            leader.fencing_token()
+        })
+        .expect("led to the end");
+    assert!(
+        elections.leader("blk-with-leader").unwrap().is_none(),
+        "resigned"
+    );
+    let next = elections
+        .campaign("blk-with-leader", "b", ttl, Duration::ZERO)
+        .unwrap();
+    assert!(next.term() > term);
+    next.resign().unwrap();
+}
+
+#[test]
 fn leases_grant_renew_inspect_and_revoke_without_a_runtime() {
     let leases = memory().leases().unwrap();
     let l = leases.grant("blk-lease", 30 * S).unwrap().unwrap();
