@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Semaphore};
+use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Probe, Semaphore};
 use crate::error::{Error, Result};
-use crate::health::Probe;
 use crate::queue_backend::Queue;
 use crate::types::Capabilities;
 

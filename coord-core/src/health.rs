@@ -5,40 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::time::Instant;
 
+use crate::backend::{Probe, ServerInfo};
 use crate::coord::Coord;
 use crate::error::{Error, Result};
 use crate::types::{Capabilities, Deployment};
-
-/// What a store says of itself in a health probe.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ServerInfo {
-    /// The server's name and version as it reports them, e.g.
-    /// `redis 7.0.15`, `PostgreSQL 15.10`, `etcd 3.4.23`.
-    pub version: String,
-}
-
-impl ServerInfo {
-    /// A server that reports `version`.
-    pub fn new(version: impl Into<String>) -> Self {
-        ServerInfo {
-            version: version.into(),
-        }
-    }
-}
-
-/// A health probe: the store-specific half of [`Coord::health`].
-#[async_trait]
-pub trait Probe: Send + Sync + 'static {
-    /// One round trip to the store that reads no coord state (a `PING`
-    /// or `INFO`, a `SHOW`, a status call), bounded by the backend's call
-    /// timeout like every other call, returning what the server says of
-    /// itself. [`Error::Unavailable`] when it does not answer.
-    async fn probe(&self) -> Result<ServerInfo>;
-}
 
 /// The answer of [`Coord::health`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -54,7 +54,7 @@ pub mod wake;
 pub use async_trait::async_trait;
 pub use backend::{
     ANY_GENERATION, Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock, PermitRequest,
-    Semaphore,
+    Probe, Semaphore, ServerInfo,
 };
 pub use barrier::Barriers;
 pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};
@@ -62,7 +62,7 @@ pub use coord::{Coord, CoordBuilder, Settings};
 pub use election::{Elections, Leadership};
 pub use error::{Error, Result, StoreSource};
 pub use fencing::{FencedRegister, Fencing};
-pub use health::{Health, Probe, ServerInfo};
+pub use health::Health;
 pub use inspect::{
     Acquired, ClaimInfo, ClaimRecord, Holder, HolderRecord, LeaderDetails, LeaderRecord,
 };
