@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use clap::ValueEnum;
-use coord::{ClaimInfo, Coord, Error};
+use coord::{ClaimInfo, Coord, Error, Holder};
 use serde_json::{Value, json};
 
 /// What to inspect.
@@ -20,6 +20,8 @@ pub enum Kind {
     Election,
     /// A semaphore: every grant and its permits.
     Semaphore,
+    /// A read-write lock: its writer, or its readers.
+    Rwlock,
     /// A work queue: its counts and oldest messages.
     Queue,
 }
@@ -70,6 +72,14 @@ pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Resul
         Kind::Lease => claim(coord.leases()?.inspect(name).await?),
         Kind::Semaphore => claim(coord.semaphores()?.inspect(name).await?),
         Kind::Election => election(coord, name).await?,
+        Kind::Rwlock => {
+            let info = coord.rw_locks()?.inspect(name).await?;
+            json!({
+                "writer": info.writer.as_ref().map(holder),
+                "readers": info.readers.iter().map(holder).collect::<Vec<_>>(),
+                "waiters": info.waiters,
+            })
+        }
         Kind::Queue => {
             let q = coord.queues()?;
             let s = q.stats(name).await?;
@@ -120,14 +130,18 @@ async fn election(coord: &Coord, name: &str) -> Result<Value, Error> {
 
 fn claim(info: ClaimInfo) -> Value {
     json!({
-        "holders": info.holders.iter().map(|h| json!({
-            "owner_id": h.owner_id,
-            "fencing_token": h.fencing_token.0,
-            "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
-            "permits": h.permits,
-            "metadata": h.metadata,
-        })).collect::<Vec<_>>(),
+        "holders": info.holders.iter().map(holder).collect::<Vec<_>>(),
         "waiters": info.waiters,
+    })
+}
+
+fn holder(h: &Holder) -> Value {
+    json!({
+        "owner_id": h.owner_id,
+        "fencing_token": h.fencing_token.0,
+        "remaining_ms": h.remaining.map(|r| r.as_millis() as u64),
+        "permits": h.permits,
+        "metadata": h.metadata,
     })
 }
 
@@ -179,6 +193,21 @@ fn plain(kind: Kind, v: &Value) -> String {
                 ));
             }
         }
+        Kind::Rwlock => {
+            let readers = v["readers"].as_array().cloned().unwrap_or_default();
+            if v["writer"].is_null() && readers.is_empty() {
+                s.push_str("not held\n");
+            }
+            if !v["writer"].is_null() {
+                s.push_str(&format!("written by {}", holder_line(&v["writer"])));
+            }
+            for r in readers {
+                s.push_str(&format!("read by {}", holder_line(&r)));
+            }
+            if let Some(w) = v["waiters"].as_u64() {
+                s.push_str(&format!("{w} waiting\n"));
+            }
+        }
         Kind::Lock | Kind::Lease | Kind::Semaphore => {
             let holders = v["holders"].as_array().cloned().unwrap_or_default();
             if holders.is_empty() {
@@ -205,4 +234,16 @@ fn plain(kind: Kind, v: &Value) -> String {
         }
     }
     s
+}
+
+/// `<owner id>  token N  remaining N ms`, a line of `inspect rwlock`.
+fn holder_line(h: &Value) -> String {
+    format!(
+        "{}  token {}  remaining {}\n",
+        h["owner_id"].as_str().unwrap_or("?"),
+        h["fencing_token"],
+        h["remaining_ms"]
+            .as_u64()
+            .map_or("?".to_string(), |ms| format!("{ms} ms"))
+    )
 }

@@ -154,9 +154,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Force-release a lock, a semaphore's permits or a read-write lock,
-    /// held by anyone (an operator's tool: the holders learn they lost it
-    /// at their next renewal).
+    /// Force-release a lock, a semaphore's permits, a read-write lock, a
+    /// lease or a leadership, held by anyone (an operator's tool: the
+    /// holders learn they lost it at their next renewal).
     Release {
         /// Required: this ends somebody else's lock.
         #[arg(long, required = true)]
@@ -210,8 +210,8 @@ enum Command {
         #[command(subcommand)]
         op: FenceOp,
     },
-    /// What the store records about a lock, lease, election, semaphore or
-    /// queue: holders (owner id, fencing token, remaining time, metadata
+    /// What the store records about a lock, lease, election, semaphore,
+    /// read-write lock or queue: holders (owner id, fencing token, remaining time, metadata
     /// such as host, pid and since), waiters where the store can tell.
     Inspect {
         /// What to inspect.
@@ -256,6 +256,10 @@ enum ReleaseKind {
     Semaphore,
     /// Every reader and the writer of a read-write lock.
     Rwlock,
+    /// A lease.
+    Lease,
+    /// The leadership of an election (another candidate is elected).
+    Election,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -382,6 +386,8 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
                 ReleaseKind::Lock => "lock",
                 ReleaseKind::Semaphore => "semaphore",
                 ReleaseKind::Rwlock => "read-write lock",
+                ReleaseKind::Lease => "lease",
+                ReleaseKind::Election => "the leadership of election",
             };
             if !yes && !exit::confirm(&format!("Force-release {what} `{name}` held by anyone?"))? {
                 eprintln!("coord: not released");
@@ -391,6 +397,8 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
                 ReleaseKind::Lock => coord.locks()?.force_release(&name).await?,
                 ReleaseKind::Semaphore => coord.semaphores()?.force_release(&name).await?,
                 ReleaseKind::Rwlock => coord.rw_locks()?.force_release(&name).await?,
+                ReleaseKind::Lease => coord.leases()?.force_revoke(&name).await?,
+                ReleaseKind::Election => coord.elections()?.force_resign(&name).await?,
             };
             println!("{}", if was_held { "released" } else { "not held" });
             Ok(ExitCode::SUCCESS)

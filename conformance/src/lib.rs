@@ -212,6 +212,9 @@ pub const CASES: &[&str] = &[
     "inspect_refused_attempt_names_the_holder",
     "health_reports_the_store_and_what_it_offers",
     "election_with_leadership_renews_while_work_runs_then_resigns",
+    "rwlock_inspect_shows_the_readers_or_the_writer",
+    "lease_force_revoke_ends_whoever_holds_it",
+    "election_force_resign_elects_the_next_candidate",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -329,6 +332,9 @@ macro_rules! suite {
             inspect_refused_attempt_names_the_holder,
             health_reports_the_store_and_what_it_offers,
             election_with_leadership_renews_while_work_runs_then_resigns,
+            rwlock_inspect_shows_the_readers_or_the_writer,
+            lease_force_revoke_ends_whoever_holds_it,
+            election_force_resign_elects_the_next_candidate,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

@@ -210,6 +210,41 @@ impl Elections {
         Ok(record.map(crate::inspect::leader))
     }
 
+    /// End the leadership of `name` whoever holds it (an operator's tool):
+    /// the other candidates are woken and one is elected with a higher
+    /// term; the leader's next renewal reports [`Error::NotHeld`] and its
+    /// lost signal fires. Returns whether a live leadership was ended. The
+    /// leader is read ([`inspect`](Self::inspect)), then resigned as its
+    /// owner (owner-checked), and read again if the office changed hands
+    /// meanwhile. Cost: two round trips. Errors: [`Error::Unsupported`]
+    /// where the store does not inspect elections.
+    ///
+    /// ```
+    /// # async fn demo(elections: coord_core::Elections) -> coord_core::Result<()> {
+    /// if elections.force_resign("scheduler").await? {
+    ///     println!("the scheduler's leader was made to step down");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_resign(&self, name: &str) -> Result<bool> {
+        validate::name("name", name)?;
+        let store = self.backend.capabilities().backend;
+        let b = &self.backend;
+        op!(
+            "coord.election.force_resign",
+            store,
+            name,
+            crate::force::end_whoever_holds(
+                store,
+                "election force resign",
+                name,
+                || async { Ok(b.inspect(name).await?.map(|l| l.holder.owner)) },
+                |owner| async move { b.resign(name, &owner).await },
+            ),
+            crate::lock::removed_or_free
+        )
+    }
+
     /// A stream of leadership changes of `name`: first the current state,
     /// then every change it sees, in order; terms never go back, and a
     /// term it has seen end is never shown again, even by a stale read

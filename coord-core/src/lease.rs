@@ -132,6 +132,39 @@ impl Leases {
         Ok(crate::inspect::info(record))
     }
 
+    /// End the lease on `name` whoever holds it (an operator's tool): its
+    /// holder's next renewal reports [`Error::NotHeld`] and its lost signal
+    /// fires. Returns whether a live lease was ended. Works on every store:
+    /// the holder is read, then revoked as its owner (owner-checked), and
+    /// read again if the lease changed hands meanwhile. Cost: two round
+    /// trips.
+    ///
+    /// ```
+    /// # async fn demo(leases: coord_core::Leases) -> coord_core::Result<()> {
+    /// if leases.force_revoke("worker:7").await? {
+    ///     println!("ended worker 7's lease");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn force_revoke(&self, name: &str) -> Result<bool> {
+        validate::name("name", name)?;
+        let store = self.backend.capabilities().backend;
+        let b = &self.backend;
+        op!(
+            "coord.lease.force_revoke",
+            store,
+            name,
+            crate::force::end_whoever_holds(
+                store,
+                "lease force revoke",
+                name,
+                || async { Ok(b.inspect(name).await?.holders.first().map(|h| h.owner)) },
+                |owner| async move { b.revoke(name, &owner).await },
+            ),
+            crate::lock::removed_or_free
+        )
+    }
+
     async fn grant_inner(
         &self,
         name: &str,

@@ -28,6 +28,7 @@ mod coord;
 mod election;
 mod error;
 mod fencing;
+mod force;
 mod health;
 pub mod inspect;
 pub mod late;
@@ -74,7 +75,7 @@ pub use queue_backend::{
     ABANDONED_POP_MEMORY, Lane, Message, MessageId, NewMessage, PopAttempt, Pushed, Queue,
     QueueConfig, QueueStats,
 };
-pub use rwlock::{RW_PERMITS, RwGuard, RwLocks, RwMode};
+pub use rwlock::{RW_PERMITS, RwGuard, RwInfo, RwLocks, RwMode};
 pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{

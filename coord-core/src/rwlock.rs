@@ -19,7 +19,7 @@ use crate::coord::Coord;
 use crate::error::{Error, Result};
 use crate::semaphore::{PermitOptions, Semaphores};
 use crate::validate;
-use crate::{Guard, Permit};
+use crate::{Guard, Holder, Permit};
 
 /// The permits of every read-write lock's semaphore: a writer takes them
 /// all, a reader one, so at most this many readers hold one at once (fewer
@@ -94,6 +94,19 @@ impl Coord {
         }
         Ok(RwLocks { semaphores })
     }
+}
+
+/// Who holds a read-write lock, as [`RwLocks::inspect`] reads it: a
+/// writer or readers, never both.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct RwInfo {
+    /// The writer, if one holds it.
+    pub writer: Option<Holder>,
+    /// The readers holding it.
+    pub readers: Vec<Holder>,
+    /// How many reads and writes wait, where the store can tell.
+    pub waiters: Option<u64>,
 }
 
 /// Whether a grant is shared (read) or exclusive (write).
@@ -194,6 +207,41 @@ impl RwLocks {
             backend.force_release(&semaphore_name(name)),
             crate::lock::removed_or_free
         )
+    }
+
+    /// Who holds `name`: its writer, or its readers (each with owner id,
+    /// fencing token, remaining time), and how many requests wait where the
+    /// store can tell. Cost: one round trip.
+    ///
+    /// ```
+    /// # async fn demo(rw: coord_core::RwLocks) -> coord_core::Result<()> {
+    /// let info = rw.inspect("catalog").await?;
+    /// match &info.writer {
+    ///     Some(w) => println!("written by {} (token {})", w.owner_id, w.fencing_token),
+    ///     None => println!("{} readers, {:?} waiting", info.readers.len(), info.waiters),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<RwInfo> {
+        validate::name("name", name)?;
+        let backend = self.semaphores.backend();
+        let record = op!(
+            "coord.rwlock.inspect",
+            backend.capabilities().backend,
+            name,
+            backend.inspect(&semaphore_name(name))
+        )?;
+        let info = crate::inspect::info(record);
+        let total = RW_PERMITS.min(backend.max_permits_per_request());
+        let (writers, readers): (Vec<_>, Vec<_>) = info
+            .holders
+            .into_iter()
+            .partition(|h| h.permits >= total && total > 1);
+        Ok(RwInfo {
+            writer: writers.into_iter().next(),
+            readers,
+            waiters: info.waiters,
+        })
     }
 
     async fn take(

@@ -228,6 +228,68 @@ async fn release_force_ends_semaphores_and_read_write_locks() {
     }
 }
 
+/// `release --force lease|election` ends a lease or a leadership held by
+/// a library client: the holder's renewal is refused, the name is free (a
+/// waiting candidate is elected with a higher term), and a second run
+/// finds nothing held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_ends_leases_and_leaderships() {
+    for url in stores() {
+        let c = coord::connect(&url).await.unwrap();
+        let ttl = Duration::from_secs(30);
+        let lease = unique("force-lease");
+        let held = c
+            .leases()
+            .unwrap()
+            .grant(&lease, ttl)
+            .await
+            .unwrap()
+            .expect("free");
+        let out = run(&url, &["release", "--force", "lease", &lease, "--yes"]).await;
+        assert_eq!(text(&out.stdout), "released", "{url}: {out:?}");
+        let out = run(&url, &["release", "--force", "lease", &lease, "--yes"]).await;
+        assert_eq!(text(&out.stdout), "not held", "{url}: {out:?}");
+        assert!(
+            held.renew(ttl).await.is_err(),
+            "{url}: the lease still renews"
+        );
+        assert!(
+            !c.leases().unwrap().is_alive(&lease).await.unwrap(),
+            "{url}"
+        );
+
+        let election = unique("force-election");
+        let e = c.elections().unwrap();
+        let leader = e
+            .campaign(&election, "a", ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        let e2 = e.clone();
+        let name = election.clone();
+        let next =
+            tokio::spawn(
+                async move { e2.campaign(&name, "b", ttl, Duration::from_secs(30)).await },
+            );
+        let out = run(
+            &url,
+            &["release", "--force", "election", &election, "--yes"],
+        )
+        .await;
+        assert_eq!(text(&out.stdout), "released", "{url}: {out:?}");
+        let next = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the waiting candidate is elected")
+            .unwrap()
+            .unwrap();
+        assert!(next.term() > leader.term(), "{url}");
+        assert!(
+            leader.renew(ttl).await.is_err(),
+            "{url}: the old leader still renews"
+        );
+        next.resign().await.unwrap();
+    }
+}
+
 /// Force release asks first (and refuses without a terminal), limits exit
 /// 75 once the quota is spent, fencing tokens rise, and two processes meet
 /// at a barrier.

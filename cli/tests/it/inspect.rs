@@ -176,3 +176,50 @@ async fn inspect_semaphores_leases_elections_and_queues() {
         q.purge(&queue).await.unwrap();
     }
 }
+
+/// `coord inspect rwlock` shows the readers of a read-write lock, then its
+/// writer, with owner ids and tokens as the library's guards have them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_a_read_write_locks_readers_then_its_writer() {
+    for url in stores() {
+        let c = coord::connect(&url).await.unwrap();
+        let rw = c.rw_locks().unwrap();
+        let name = unique("rw");
+        let ttl = Duration::from_secs(20);
+        let r1 = rw.read(&name, ttl, Duration::ZERO).await.unwrap();
+        let r2 = rw.read(&name, ttl, Duration::ZERO).await.unwrap();
+        let v = inspect(&url, "rwlock", &name).await;
+        assert_eq!(v["writer"], Value::Null, "{url}: {v}");
+        let mut readers: Vec<String> = v["readers"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{url}: {v}"))
+            .iter()
+            .map(|r| r["owner_id"].as_str().unwrap().to_string())
+            .collect();
+        readers.sort();
+        let mut want = vec![r1.owner_id(), r2.owner_id()];
+        want.sort();
+        assert_eq!(readers, want, "{url}: {v}");
+        r1.release().await.unwrap();
+        r2.release().await.unwrap();
+        let w = rw.write(&name, ttl, Duration::ZERO).await.unwrap();
+        let v = inspect(&url, "rwlock", &name).await;
+        assert_eq!(v["writer"]["owner_id"], w.owner_id(), "{url}: {v}");
+        assert_eq!(
+            v["writer"]["fencing_token"],
+            w.fencing_token().0,
+            "{url}: {v}"
+        );
+        assert_eq!(v["readers"].as_array().map(Vec::len), Some(0), "{url}: {v}");
+        let text = String::from_utf8_lossy(&run(&url, &["inspect", "rwlock", &name]).await.stdout)
+            .into_owned();
+        assert!(
+            text.starts_with(&format!("written by {}", w.owner_id())),
+            "{url}: {text}"
+        );
+        w.release().await.unwrap();
+        let text = String::from_utf8_lossy(&run(&url, &["inspect", "rwlock", &name]).await.stdout)
+            .into_owned();
+        assert!(text.starts_with("not held\n"), "{url}: {text}");
+    }
+}

@@ -241,3 +241,49 @@ pub async fn election_with_leadership_renews_while_work_runs_then_resigns(f: &Fa
     assert!(next.term() > term, "{:?} after {term:?}", next.term());
     next.resign().await.unwrap();
 }
+
+/// `force_resign` ends a leadership whoever holds it: a waiting candidate
+/// is elected promptly with a higher term, the old leader's renewal is
+/// refused, and forcing a vacant office ends nothing.
+pub async fn election_force_resign_elects_the_next_candidate(f: &Factory) {
+    let (a, b, op) = (f.client().await, f.client().await, f.client().await);
+    let Some(ops) = crate::cases::offered(op.elections()) else {
+        return;
+    };
+    let name = unique("force-resign");
+    let t = ttl(&a, Duration::from_secs(30));
+    let leader = a
+        .elections()
+        .unwrap()
+        .campaign(&name, "a", t, Duration::ZERO)
+        .await
+        .unwrap();
+    let waiting = {
+        let (e, name) = (b.elections().unwrap(), name.clone());
+        tokio::spawn(async move { e.campaign(&name, "b", t, Duration::from_secs(30)).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+    match ops.force_resign(&name).await {
+        Ok(ended) => assert!(ended, "a live leadership was there"),
+        Err(e @ coord_core::Error::Unsupported { .. }) => {
+            eprintln!("skipped: {e}");
+            waiting.abort();
+            return;
+        }
+        Err(e) => panic!("force_resign: {e:?}"),
+    }
+    let started = Instant::now();
+    let next = timeout(PROMPT * 5, waiting)
+        .await
+        .expect("the waiting candidate is elected after the force")
+        .unwrap()
+        .unwrap();
+    println!("force_resign: the next leader in {:?}", started.elapsed());
+    assert!(next.term() > leader.term());
+    assert!(
+        leader.renew(t).await.is_err(),
+        "the old leader still renews"
+    );
+    next.resign().await.unwrap();
+    assert!(!ops.force_resign(&name).await.unwrap(), "a vacant office");
+}

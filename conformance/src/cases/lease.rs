@@ -246,3 +246,35 @@ pub async fn lease_cancelled_shorter_renew_caps_remaining(f: &Factory) {
     );
     l.revoke().await.unwrap();
 }
+
+/// `force_revoke` ends a lease whoever holds it: the holder's renewal is
+/// refused, another client is granted at once with a higher token, and
+/// forcing a free name ends nothing.
+pub async fn lease_force_revoke_ends_whoever_holds_it(f: &Factory) {
+    let (a, b) = (f.client().await, f.client().await);
+    let name = unique("lease-force");
+    let t = Duration::from_secs(30);
+    let held = a
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("free lease");
+    assert!(b.leases().unwrap().force_revoke(&name).await.unwrap());
+    let e = held.renew(t).await.unwrap_err();
+    assert!(
+        matches!(e, Error::NotHeld { .. }),
+        "renew after force: {e:?}"
+    );
+    let next = b
+        .leases()
+        .unwrap()
+        .grant(&name, t)
+        .await
+        .unwrap()
+        .expect("a force-revoked lease is free at once");
+    assert!(next.fencing_token() > held.fencing_token());
+    next.revoke().await.unwrap();
+    assert!(!b.leases().unwrap().force_revoke(&name).await.unwrap());
+}

@@ -313,3 +313,47 @@ pub async fn rwlock_bad_input_is_rejected_and_writes_nothing(f: &Factory) {
         .expect("nothing was left by the refused calls");
     w.release().await.unwrap();
 }
+
+/// `inspect` tells a read-write lock's readers from its writer: two
+/// readers are listed as readers with their owner ids and tokens and no
+/// writer; then a writer alone, with its token; then nobody.
+pub async fn rwlock_inspect_shows_the_readers_or_the_writer(f: &Factory) {
+    let c = f.client().await;
+    let Some(r) = rw(&c) else {
+        return;
+    };
+    let name = unique("rw-inspect");
+    let a = r.read(&name, LONG, Duration::ZERO).await.unwrap();
+    let b = r.read(&name, LONG, Duration::ZERO).await.unwrap();
+    let info = r.inspect(&name).await.unwrap();
+    assert!(
+        info.writer.is_none(),
+        "readers taken for a writer: {info:?}"
+    );
+    let mut seen: Vec<_> = info
+        .readers
+        .iter()
+        .map(|h| (h.owner_id.clone(), h.fencing_token))
+        .collect();
+    seen.sort();
+    let mut want = vec![
+        (a.owner_id(), a.fencing_token()),
+        (b.owner_id(), b.fencing_token()),
+    ];
+    want.sort();
+    assert_eq!(seen, want, "{info:?}");
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    let w = r.write(&name, LONG, Duration::ZERO).await.unwrap();
+    let info = r.inspect(&name).await.unwrap();
+    let writer = info.writer.as_ref().expect("the writer");
+    assert_eq!(
+        (&writer.owner_id, writer.fencing_token),
+        (&w.owner_id(), w.fencing_token()),
+        "{info:?}"
+    );
+    assert!(info.readers.is_empty(), "{info:?}");
+    w.release().await.unwrap();
+    let info = r.inspect(&name).await.unwrap();
+    assert!(info.writer.is_none() && info.readers.is_empty(), "{info:?}");
+}
