@@ -104,7 +104,7 @@ impl Barriers {
         validate::parties(parties)?;
         let span = tracing::debug_span!(
             "coord.barrier.wait",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name,
             participant,
             parties,

@@ -560,7 +560,7 @@ impl Guard {
         let inner = &self.inner;
         let span = tracing::debug_span!(
             "coord.extend",
-            backend = inner.backend.store(),
+            store = inner.backend.store(),
             kind = inner.backend.kind(),
             name = %inner.name,
             outcome = tracing::field::Empty
@@ -713,21 +713,21 @@ impl Guard {
         let span = match end {
             End::Release => tracing::debug_span!(
                 "coord.release",
-                backend = store,
+                store = store,
                 kind,
                 name = %inner.name,
                 outcome = tracing::field::Empty
             ),
             End::Ack => tracing::debug_span!(
                 "coord.queue.ack",
-                backend = store,
+                store = store,
                 kind,
                 name = %inner.name,
                 outcome = tracing::field::Empty
             ),
             End::Nack(_) => tracing::debug_span!(
                 "coord.queue.nack",
-                backend = store,
+                store = store,
                 kind,
                 name = %inner.name,
                 outcome = tracing::field::Empty
@@ -790,7 +790,7 @@ impl Drop for Guard {
         let inner = self.inner.clone();
         let span = tracing::debug_span!(
             "coord.release",
-            backend = inner.backend.store(),
+            store = inner.backend.store(),
             kind = inner.backend.kind(),
             name = %inner.name,
             on_drop = true,
@@ -864,7 +864,7 @@ fn end_outcome(r: &Result<()>) -> &'static str {
 async fn watchdog(inner: Arc<Inner>, stop: CancellationToken) {
     let span = tracing::debug_span!(
         "coord.watchdog",
-        backend = inner.backend.store(),
+        store = inner.backend.store(),
         kind = inner.backend.kind(),
         name = %inner.name,
         outcome = tracing::field::Empty

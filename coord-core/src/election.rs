@@ -103,7 +103,7 @@ impl Elections {
         let ttl = validate::ttl("ttl", ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
             "coord.election.campaign",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name,
             candidate,
             outcome = tracing::field::Empty,
@@ -269,7 +269,7 @@ impl Elections {
             // One span per item: from asking for it to the change it shows.
             let span = tracing::debug_span!(
                 "coord.election.observe",
-                backend = s.backend.capabilities().backend,
+                store = s.backend.capabilities().backend,
                 name = %s.name,
                 outcome = tracing::field::Empty
             );

@@ -175,7 +175,7 @@ impl Leases {
         let ttl = validate::ttl("ttl", ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
             "coord.lease.grant",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name,
             outcome = tracing::field::Empty,
             waited_ms = tracing::field::Empty

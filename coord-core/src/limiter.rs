@@ -78,7 +78,7 @@ impl RateLimiter {
         validate::cost(&quota, cost)?;
         let span = tracing::debug_span!(
             "coord.limiter.check",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name = key,
             cost,
             outcome = tracing::field::Empty

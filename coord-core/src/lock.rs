@@ -234,7 +234,7 @@ impl Locks {
         let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
             "coord.lock.acquire",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name,
             outcome = tracing::field::Empty,
             waited_ms = tracing::field::Empty

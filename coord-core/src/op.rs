@@ -2,7 +2,7 @@
 //! token, a queue's stats, ...): it runs in its own span, whose `outcome`
 //! it records, and a store error it returns is counted once
 //! (`coord_store_errors_total`). Spans are made here, in core, never by
-//! the backends, and carry the store (`backend`), the `name` acted on and
+//! the backends, and carry the store (`store`, as the metrics label it), the `name` acted on and
 //! the `outcome`: never an owner token, a payload or metadata.
 
 use std::future::Future;
@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::metrics;
 
 /// `op!("coord.lock.inspect", store, name, future)` runs `future` in a
-/// debug span of that name with `backend = store`, `name` and `outcome`
+/// debug span of that name with `store`, `name` and `outcome`
 /// (`ok`, or `error`); `op!(..., future, |value| "outcome")` names the
 /// outcome of a success.
 macro_rules! op {
@@ -24,7 +24,7 @@ macro_rules! op {
         let store: &'static str = $store;
         let span = tracing::debug_span!(
             $span,
-            backend = store,
+            store = store,
             name = $name,
             outcome = tracing::field::Empty
         );

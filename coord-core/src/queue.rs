@@ -456,7 +456,7 @@ impl Queues {
         };
         let span = tracing::debug_span!(
             "coord.queue.push",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name = queue,
             bytes = payload.len(),
             outcome = tracing::field::Empty
@@ -558,7 +558,7 @@ impl Queues {
         let store = self.backend.capabilities().backend;
         let span = tracing::debug_span!(
             "coord.queue.pop",
-            backend = store,
+            store = store,
             name = queue,
             lane = opts.lane.as_str(),
             outcome = tracing::field::Empty,

@@ -463,7 +463,7 @@ impl Semaphores {
         };
         let span = tracing::debug_span!(
             "coord.semaphore.acquire",
-            backend = self.backend.capabilities().backend,
+            store = self.backend.capabilities().backend,
             name,
             permits = opts.permits,
             permits_total = opts.permits_total,

@@ -149,7 +149,7 @@ pub(crate) async fn run(
                 }
                 let ping = tokio::time::timeout(limit, sink.ping::<redis::Value>()).await;
                 if !matches!(ping, Ok(Ok(_))) {
-                    tracing::warn!(backend = BACKEND, "wake-up connection did not answer PING");
+                    tracing::warn!(store = BACKEND, "wake-up connection did not answer PING");
                     break;
                 }
                 if let Targets::Sentinel(_) = &targets {
@@ -158,7 +158,7 @@ pub(crate) async fn run(
                             != subscribed.get_connection_info().addr()
                         {
                             tracing::warn!(
-                                backend = BACKEND,
+                                store = BACKEND,
                                 "the master moved; moving the wake-up subscription"
                             );
                             break;
@@ -168,7 +168,7 @@ pub(crate) async fn run(
             }
         }
         tracing::warn!(
-            backend = BACKEND,
+            store = BACKEND,
             "wake-up subscription lost; reconnecting (waiters poll meanwhile)"
         );
         let mut backoff = Duration::from_millis(50);
@@ -190,12 +190,12 @@ pub(crate) async fn run(
                     break ps;
                 }
                 Err(e) => {
-                    tracing::debug!(backend = BACKEND, error = %e, "resubscribe failed");
+                    tracing::debug!(store = BACKEND, error = %e, "resubscribe failed");
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
             }
         };
-        tracing::info!(backend = BACKEND, "wake-up subscription restored");
+        tracing::info!(store = BACKEND, "wake-up subscription restored");
         coord_core::metrics::reconnect(BACKEND, "subscriber");
         wakeups.notify_every();
     }

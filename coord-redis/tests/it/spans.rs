@@ -1,5 +1,5 @@
 //! The operation spans on a networked store: each carries the store
-//! (`backend`), the `name` it acts on and its `outcome`; none holds an
+//! (`store`, the label the metrics give it), the `name` it acts on and its `outcome`; none holds an
 //! owner token (the one the lock's key stores is looked for by value).
 //! The subscriber is this test's thread's own (a current-thread runtime):
 //! the spans of the tests running beside it are not seen.
@@ -57,7 +57,7 @@ impl<S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'
 }
 
 #[test]
-fn operation_spans_carry_backend_name_and_outcome_and_no_owner_token() {
+fn operation_spans_carry_store_name_and_outcome_and_no_owner_token() {
     let server = RedisServer::start();
     let url = server.url();
     crate::common::ask_every_tracing_dispatcher();
@@ -165,7 +165,7 @@ fn operation_spans_carry_backend_name_and_outcome_and_no_owner_token() {
     ] {
         let f = find(span);
         assert_eq!(
-            f.get("backend").map(String::as_str),
+            f.get("store").map(String::as_str),
             Some("redis"),
             "{span}: {f:?}"
         );
