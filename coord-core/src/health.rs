@@ -54,8 +54,8 @@ fn offered(coord: &Coord) -> Vec<&'static str> {
         coord.barrier.is_some(),
         coord.limiter.is_some(),
         coord.semaphore.is_some(),
-        // Read-write locks are built on semaphores.
-        coord.semaphore.is_some(),
+        // Read-write locks are built on FIFO semaphores.
+        coord.semaphore.as_ref().is_some_and(|s| s.fifo()),
         coord.queue.is_some(),
     ];
     Health::PRIMITIVES

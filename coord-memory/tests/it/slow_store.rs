@@ -305,3 +305,23 @@ impl coord_core::Queue for Slow {
         self.call("queue.subscribe", f).await
     }
 }
+
+/// `Coord::health` lists read-write locks only where the semaphores queue
+/// in order (the condition `Coord::rw_locks` has), and semaphores either
+/// way.
+#[tokio::test]
+async fn health_lists_read_write_locks_only_over_fifo_semaphores() {
+    for store in [Slow::new(Lag::default()), Slow::racing(Lag::default())] {
+        let coord = store
+            .coord(Duration::from_millis(50))
+            .with_probe(store.inner.clone());
+        let h = coord.health().await.unwrap();
+        assert!(h.primitives.contains(&"semaphores"), "{h:?}");
+        assert_eq!(
+            h.primitives.contains(&"rwlocks"),
+            coord.rw_locks().is_ok(),
+            "fifo {}: {h:?}",
+            store.fifo
+        );
+    }
+}
