@@ -6,8 +6,10 @@
 //! Every metric carries `store` (the backend: `memory`, `redis`, `etcd`,
 //! `postgres`) and, for claims, `kind` (`lock`, `lease`, `leadership`,
 //! `permit`, `delivery`: a queue message in flight).
-//! Owner tokens, passwords and names are never labels (names would make
-//! the label set unbounded).
+//! Owner tokens and passwords are never labels, and names are not either
+//! (they would make the label set unbounded), with one exception: the
+//! `queue` of `coord_queue_messages`, set only for the queues the
+//! application samples.
 //!
 //! | metric | type | labels | what |
 //! |---|---|---|---|
