@@ -50,14 +50,23 @@ fn samples(snap: &[Entry], name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
 fn recorded<F: std::future::Future<Output = ()>>(f: impl FnOnce() -> F) -> Vec<Entry> {
     let recorder = DebuggingRecorder::new();
     let snapshotter: Snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    run_recorded(&recorder, f);
+    snapshotter.snapshot().into_vec()
+}
+
+/// Run `f` on a current-thread runtime with `recorder` installed for this
+/// thread (tasks spawned by coord run on it too).
+fn run_recorded<F: std::future::Future<Output = ()>>(
+    recorder: &DebuggingRecorder,
+    f: impl FnOnce() -> F,
+) {
+    metrics::with_local_recorder(recorder, || {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap()
             .block_on(f())
     });
-    snapshotter.snapshot().into_vec()
 }
 
 /// The value of gauge `name` with `labels` in `snap` (0 when never set).
@@ -285,97 +294,79 @@ fn held_and_waiting_gauges_follow_claims_waiters_and_queues() {
             .collect();
         gauge(&entries, name, labels)
     };
-    // A set gauge's value (`coord_queue_messages`), set since the last
-    // snapshot.
-    let set = |name: &str, labels: &[(&str, &str)]| {
-        snap();
-        gauge(&last.borrow(), name, labels)
-    };
     let (held, waiting) = ("coord_held", "coord_waiting");
     let kind = |k| [("store", "memory"), ("kind", k)];
-    metrics::with_local_recorder(&recorder, || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
+    run_recorded(&recorder, || async {
+        let coord = coord_memory::connect("memory://metrics-gauges").unwrap();
+        let locks = coord.locks().unwrap();
+        let ttl = Duration::from_secs(10);
+        let first = locks.try_acquire("g", ttl).await.unwrap().unwrap();
+        assert_eq!(now(held, &LOCK), 1.0);
+        let l2 = locks.clone();
+        let waiter =
+            tokio::spawn(async move { l2.acquire("g", ttl, Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(now(waiting, &LOCK), 1.0, "one acquire waits");
+        first.release().await.unwrap();
+        let second = waiter.await.unwrap().unwrap();
+        assert_eq!((now(held, &LOCK), now(waiting, &LOCK)), (1.0, 0.0));
+        drop(second); // released on drop, in the background
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(now(held, &LOCK), 0.0, "released on drop");
+
+        // Lost ownership counts down at once, before the guard goes.
+        let g = locks.try_acquire("g", ttl).await.unwrap().unwrap();
+        assert!(locks.force_release("g").await.unwrap());
+        assert!(g.extend(ttl).await.is_err());
+        assert_eq!(now(held, &LOCK), 0.0, "lost");
+        drop(g);
+        assert_eq!(now(held, &LOCK), 0.0, "counted down once");
+
+        let p = coord
+            .semaphores()
             .unwrap()
-            .block_on(async {
-                let coord = coord_memory::connect("memory://metrics-gauges").unwrap();
-                let locks = coord.locks().unwrap();
-                let ttl = Duration::from_secs(10);
-                let first = locks.try_acquire("g", ttl).await.unwrap().unwrap();
-                assert_eq!(now(held, &LOCK), 1.0);
-                let l2 = locks.clone();
-                let waiter =
-                    tokio::spawn(async move { l2.acquire("g", ttl, Duration::from_secs(5)).await });
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                assert_eq!(now(waiting, &LOCK), 1.0, "one acquire waits");
-                first.release().await.unwrap();
-                let second = waiter.await.unwrap().unwrap();
-                assert_eq!((now(held, &LOCK), now(waiting, &LOCK)), (1.0, 0.0));
-                drop(second); // released on drop, in the background
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                assert_eq!(now(held, &LOCK), 0.0, "released on drop");
+            .try_acquire("s", 2, ttl)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(now(held, &kind("permit")), 1.0);
+        p.release().await.unwrap();
+        assert_eq!(now(held, &kind("permit")), 0.0);
 
-                // Lost ownership counts down at once, before the guard goes.
-                let g = locks.try_acquire("g", ttl).await.unwrap().unwrap();
-                assert!(locks.force_release("g").await.unwrap());
-                assert!(g.extend(ttl).await.is_err());
-                assert_eq!(now(held, &LOCK), 0.0, "lost");
-                drop(g);
-                assert_eq!(now(held, &LOCK), 0.0, "counted down once");
+        let q = coord.queues().unwrap();
+        for _ in 0..3 {
+            q.push("jobs", b"x").await.unwrap();
+        }
+        let d = q.pop("jobs", ttl, Duration::ZERO).await.unwrap().unwrap();
+        assert_eq!(now(held, &kind("delivery")), 1.0);
+        let s = q.stats("jobs").await.unwrap();
+        assert_eq!((s.ready, s.in_flight), (2, 1));
+        // The queue's gauges as the last snapshot has them (set by
+        // `stats` since the one before).
+        let read = |state| {
+            let labels = [("store", "memory"), ("queue", "jobs"), ("state", state)];
+            gauge(&last.borrow(), "coord_queue_messages", &labels)
+        };
+        snap();
+        assert_eq!(
+            (read("ready"), read("in_flight"), read("dead")),
+            (2.0, 1.0, 0.0)
+        );
+        drop(d); // given back, in the background
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(now(held, &kind("delivery")), 0.0);
+        q.stats("jobs").await.unwrap();
+        snap();
+        assert_eq!((read("ready"), read("in_flight")), (3.0, 0.0));
 
-                let p = coord
-                    .semaphores()
-                    .unwrap()
-                    .try_acquire("s", 2, ttl)
-                    .await
-                    .unwrap()
-                    .unwrap();
-                assert_eq!(now(held, &kind("permit")), 1.0);
-                p.release().await.unwrap();
-                assert_eq!(now(held, &kind("permit")), 0.0);
-
-                let q = coord.queues().unwrap();
-                for _ in 0..3 {
-                    q.push("jobs", b"x").await.unwrap();
-                }
-                let d = q.pop("jobs", ttl, Duration::ZERO).await.unwrap().unwrap();
-                assert_eq!(now(held, &kind("delivery")), 1.0);
-                let s = q.stats("jobs").await.unwrap();
-                assert_eq!((s.ready, s.in_flight), (2, 1));
-                let jobs = |state| {
-                    (
-                        "coord_queue_messages",
-                        [("store", "memory"), ("queue", "jobs"), ("state", state)],
-                    )
-                };
-                snap();
-                let read = |state| {
-                    let (name, labels) = jobs(state);
-                    gauge(&last.borrow(), name, &labels)
-                };
-                assert_eq!(
-                    (read("ready"), read("in_flight"), read("dead")),
-                    (2.0, 1.0, 0.0)
-                );
-                drop(d); // given back, in the background
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                assert_eq!(now(held, &kind("delivery")), 0.0);
-                q.stats("jobs").await.unwrap();
-                let (name, labels) = jobs("ready");
-                assert_eq!(set(name, &labels), 3.0);
-                assert_eq!(read("in_flight"), 0.0);
-
-                let q2 = q.clone();
-                let pop =
-                    tokio::spawn(async move { q2.pop("empty", ttl, Duration::from_secs(5)).await });
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                assert_eq!(now(waiting, &kind("delivery")), 1.0, "a blocked pop");
-                q.push("empty", b"y").await.unwrap();
-                let d = pop.await.unwrap().unwrap().unwrap();
-                assert_eq!(now(waiting, &kind("delivery")), 0.0);
-                d.ack().await.unwrap();
-            });
+        let q2 = q.clone();
+        let pop = tokio::spawn(async move { q2.pop("empty", ttl, Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(now(waiting, &kind("delivery")), 1.0, "a blocked pop");
+        q.push("empty", b"y").await.unwrap();
+        let d = pop.await.unwrap().unwrap().unwrap();
+        assert_eq!(now(waiting, &kind("delivery")), 0.0);
+        d.ack().await.unwrap();
     });
     let give_backs = now(
         "coord_queue_ops_total",
