@@ -140,3 +140,57 @@ pub async fn handoff_shared(coord: &Coord, win: Window) -> Stats {
         .collect();
     measure::handoff(waiters, win, HOLD).await
 }
+
+/// The task counts of the work queue rows on one queue (`queue`); the
+/// `queue_many` row runs the larger count spread over as many queues.
+pub const QUEUE_TASKS: [usize; 2] = [1, 16];
+/// Visibility of the queue rows' deliveries: far longer than any row.
+pub const VISIBILITY: Duration = Duration::from_secs(30);
+
+/// The queue rows: (op, tasks, queues): `queue` with each count of
+/// [`QUEUE_TASKS`] on one queue, `queue_many` with the largest on as many
+/// queues.
+pub fn queue_rows() -> [(&'static str, usize, usize); 3] {
+    let many = QUEUE_TASKS[1];
+    [
+        ("queue", QUEUE_TASKS[0], 1),
+        ("queue", many, 1),
+        ("queue_many", many, many),
+    ]
+}
+
+/// The queue names of a queue row: `queues` fresh names; task `i` works
+/// on name `i % queues`.
+pub fn queue_names(queues: usize) -> Vec<Arc<str>> {
+    (0..queues).map(|_| fresh("queue").into()).collect()
+}
+
+/// Work queue cycles through one client: each of `tasks` tasks pushes a
+/// message, pops one (its own or another task's) and acks it, on the
+/// queue names of [`queue_names`]. A pop always finds a message: every
+/// task pushes before it pops. The queues are purged after the row.
+pub async fn queue(coord: &Coord, tasks: usize, queues: usize, win: Window) -> Stats {
+    let q = coord.queues().expect("queues");
+    let names = queue_names(queues);
+    let ops = (0..tasks)
+        .map(|i| {
+            let (q, name) = (q.clone(), names[i % queues].clone());
+            move || {
+                let (q, name) = (q.clone(), name.clone());
+                async move {
+                    q.push(&name, b"m").await.expect("push");
+                    let d = q.pop(&name, VISIBILITY, WAIT).await.expect("pop");
+                    d.expect("a pushed message is there")
+                        .ack()
+                        .await
+                        .expect("ack");
+                }
+            }
+        })
+        .collect();
+    let stats = measure::throughput(ops, win).await;
+    for name in &names {
+        q.purge(name).await.expect("purge");
+    }
+    stats
+}

@@ -2,14 +2,23 @@
 //! (one gRPC channel) shared by all tasks: a transaction creating the key
 //! on a lease if `create_revision == 0`, then a delete (cycle); a GCRA
 //! step as coord-etcd does it, a get then a put guarded by the key's mod
-//! revision, on the client's clock (check); a `get` (round trip). Peer:
+//! revision, on the client's clock (check); a put of a message under the
+//! queue's prefix, then a get of the prefix's oldest key and a delete of
+//! it guarded by its mod revision, again on a lost race (queue: no
+//! fencing, groups, visibility or dedup: the yardstick, not the target);
+//! a `get` (round trip). Peer:
 //! etcd's own lock service (`Lock`/`Unlock` RPCs), each task or waiter on
 //! its own lease kept alive while it runs.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use etcd_client::{Client, Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp,
+};
 
 use crate::coord_ops::{self, HOLD, TASKS, WAITERS, fresh};
 use crate::measure::{self, Handoff, Stats, Window};
@@ -41,6 +50,11 @@ pub async fn run(win: Window, sink: &mut Sink) {
         let c = coord_ops::check(&coord, tasks, win).await;
         let r = raw_check(&client, tasks, win).await;
         sink.throughput(STORE, "check", tasks, (c, r), None);
+    }
+    for (op, tasks, queues) in coord_ops::queue_rows() {
+        let c = coord_ops::queue(&coord, tasks, queues, win).await;
+        let r = raw_queue(&client, tasks, queues, win).await;
+        sink.throughput(STORE, op, tasks, (c, r), None);
     }
     let rtt = get_rtt(&client, win).await;
     let sep = coord_ops::handoff_separate(&url, win).await;
@@ -163,6 +177,45 @@ async fn raw_check(client: &Client, tasks: usize, win: Window) -> Stats {
                     );
                     let txn = Txn::new().when([guard]).and_then([put]);
                     assert!(client.txn(txn).await.expect("txn").succeeded());
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
+/// Put under the queue's prefix (keys in push order), then take the
+/// oldest key by a delete guarded by its mod revision, again when another
+/// task took it first; task `i` on queue `i % queues`.
+async fn raw_queue(client: &Client, tasks: usize, queues: usize, win: Window) -> Stats {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let names = coord_ops::queue_names(queues);
+    let ops = (0..tasks)
+        .map(|i| {
+            let client = client.clone();
+            let prefix: Arc<str> = format!("{}/", names[i % queues]).into();
+            move || {
+                let (mut client, prefix) = (client.clone(), prefix.clone());
+                let key = format!("{prefix}{:020}", SEQ.fetch_add(1, Relaxed));
+                async move {
+                    client.put(key, "m", None).await.expect("put");
+                    let oldest = GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Key, SortOrder::Ascend)
+                        .with_limit(1);
+                    for _ in 0..10_000 {
+                        let got = client.get(&*prefix, Some(oldest.clone())).await;
+                        let got = got.expect("get oldest");
+                        let kv = got.kvs().first().expect("a pushed message is there");
+                        let rev = kv.mod_revision();
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(kv.key(), CompareOp::Equal, rev)])
+                            .and_then([TxnOp::delete(kv.key(), None)]);
+                        if client.txn(txn).await.expect("txn").succeeded() {
+                            return;
+                        }
+                    }
+                    panic!("never won the oldest message");
                 }
             }
         })

@@ -19,6 +19,8 @@
 //!   lock name, 1 and 32 tasks on one client; throughput over all tasks.
 //! - `check`: limiter checks (GCRA, a quota so large every check is
 //!   allowed), each task on its own key, 1 and 32 tasks.
+//! - `queue`: work queue cycles (push + pop + ack), 1 and 16 tasks on one
+//!   queue, on one client; `queue_many`: 16 tasks on 16 queues.
 //! - `handoff_separate` / `handoff_shared`: 9 tasks contend for one lock
 //!   (8 waiting at each release), each on its own client or all on one;
 //!   the time from a release starting to the next holder's acquire
@@ -155,12 +157,22 @@ mod tests {
     fn every_row_runs_on_every_store() {
         let sink = runtime().block_on(run(&[], SMOKE));
         for store in STORES {
-            for op in ["cycle", "check", "handoff_separate", "handoff_shared"] {
+            for op in [
+                "cycle",
+                "check",
+                "queue",
+                "queue_many",
+                "handoff_separate",
+                "handoff_shared",
+            ] {
                 assert!(
                     sink.rows.iter().any(|r| r.store == store && r.op == op),
                     "no `{op}` row for {store}"
                 );
             }
         }
+        let floors = sink.rows.iter().filter(|r| r.floor.is_some());
+        let floors: Vec<_> = floors.map(|r| (r.store, r.op)).collect();
+        assert_eq!(floors, [("redis", "cycle"), ("redis", "cycle")]);
     }
 }

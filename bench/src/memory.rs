@@ -1,9 +1,11 @@
 //! The in-process store. Raw operations: a mutex-guarded hash map insert +
-//! remove (cycle) and a GCRA update in the same kind of map (check). The
+//! remove (cycle), a GCRA update in the same kind of map (check) and a
+//! mutex-guarded `VecDeque` per queue with a map of messages in flight
+//! (queue: push back, pop front into the map, remove from it). The
 //! "round trip" of the handoff rows is a request to another task and its
 //! reply over tokio channels; the handoff peer is `tokio::sync::Mutex`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +32,11 @@ pub async fn run(win: Window, sink: &mut Sink) {
         let c = coord_ops::check(&coord, tasks, win).await;
         let r = raw_check(tasks, win).await;
         sink.throughput(STORE, "check", tasks, (c, r), None);
+    }
+    for (op, tasks, queues) in coord_ops::queue_rows() {
+        let c = coord_ops::queue(&coord, tasks, queues, win).await;
+        let r = raw_queue(tasks, queues, win).await;
+        sink.throughput(STORE, op, tasks, (c, r), None);
     }
     let rtt = rtt(win).await;
     let peer = Peer {
@@ -89,6 +96,48 @@ async fn raw_check(tasks: usize, win: Window) -> Stats {
                         *tat = next;
                     }
                     assert!(black_box(allowed));
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
+/// One raw queue: its ready messages and those in flight, by id.
+#[derive(Default)]
+struct RawQueue {
+    /// Ready message ids, oldest first.
+    ready: VecDeque<u64>,
+    /// Messages in flight.
+    flight: HashMap<u64, ()>,
+    /// The last id given.
+    last: u64,
+}
+
+/// Push + pop + ack on mutex-guarded [`RawQueue`]s (the mutex taken for
+/// each of the three), task `i` on queue `i % queues`.
+async fn raw_queue(tasks: usize, queues: usize, win: Window) -> Stats {
+    let all: Vec<Arc<Mutex<RawQueue>>> = (0..queues).map(|_| Arc::default()).collect();
+    let ops = (0..tasks)
+        .map(|i| {
+            let q = all[i % queues].clone();
+            move || {
+                let q = q.clone();
+                async move {
+                    {
+                        let mut q = q.lock().unwrap();
+                        q.last += 1;
+                        let id = q.last;
+                        q.ready.push_back(id);
+                    }
+                    let got = {
+                        let mut q = q.lock().unwrap();
+                        let got = q.ready.pop_front().expect("a pushed message is there");
+                        q.flight.insert(got, ());
+                        got
+                    };
+                    let acked = q.lock().unwrap().flight.remove(&got);
+                    assert!(black_box(acked).is_some());
                 }
             }
         })

@@ -3,7 +3,10 @@
 //! upsert that takes a free or expired lease row, then an owner-checked
 //! update that frees it (cycle); a one-statement GCRA upsert on the
 //! database clock, committed with `synchronous_commit = off` as coord's
-//! limiter commits (check); `SELECT 1` (round trip). Peer: session advisory
+//! limiter commits (check); `INSERT` of a message row, then `DELETE` of
+//! the oldest row found by `FOR UPDATE SKIP LOCKED` (queue: pop and ack in
+//! one statement, durable commits, no fencing, groups, visibility or
+//! dedup: the yardstick, not the target); `SELECT 1` (round trip). Peer: session advisory
 //! locks, each task or waiter on its own connection (`pg_try_advisory_lock`
 //! for the cycle, the blocking `pg_advisory_lock` for handoff). coord
 //! itself uses its default pool (up to 32 connections, opened on demand)
@@ -23,7 +26,18 @@ const STORE: &str = "postgres";
 /// The raw lease table and GCRA table.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS raw_bench \
        (name text PRIMARY KEY, owner text, expires_at timestamptz); \
-     CREATE TABLE IF NOT EXISTS raw_gcra (key text PRIMARY KEY, tat bigint NOT NULL)";
+     CREATE TABLE IF NOT EXISTS raw_gcra (key text PRIMARY KEY, tat bigint NOT NULL); \
+     CREATE TABLE IF NOT EXISTS raw_queue \
+       (id bigserial PRIMARY KEY, queue text NOT NULL, payload bytea NOT NULL); \
+     CREATE INDEX IF NOT EXISTS raw_queue_next ON raw_queue (queue, id)";
+
+/// Push a message.
+const PUSH: &str = "INSERT INTO raw_queue (queue, payload) VALUES ($1, $2)";
+
+/// Take and delete the oldest message nobody else is taking.
+const POP: &str = "DELETE FROM raw_queue WHERE id = \
+     (SELECT id FROM raw_queue WHERE queue = $1 ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1) \
+     RETURNING payload";
 
 /// Take a free or expired row for 30 s.
 const TAKE: &str = "INSERT INTO raw_bench AS r (name, owner, expires_at) \
@@ -60,6 +74,11 @@ pub async fn run(win: Window, sink: &mut Sink) {
         let c = coord_ops::check(&coord, tasks, win).await;
         let r = raw_check(&url, tasks, win).await;
         sink.throughput(STORE, "check", tasks, (c, r), None);
+    }
+    for (op, tasks, queues) in coord_ops::queue_rows() {
+        let c = coord_ops::queue(&coord, tasks, queues, win).await;
+        let r = raw_queue(&url, tasks, queues, win).await;
+        sink.throughput(STORE, op, tasks, (c, r), None);
     }
     let rtt = select_one(&admin, win).await;
     let sep = coord_ops::handoff_separate(&url, win).await;
@@ -133,6 +152,50 @@ async fn raw_check(url: &str, tasks: usize, win: Window) -> Stats {
         });
     }
     measure::throughput(ops, win).await
+}
+
+/// [`PUSH`] + [`POP`], each task on its own connection, task `i` on queue
+/// `i % queues`. A pop whose subquery picked a row another pop deleted
+/// meanwhile deletes nothing and is tried again (counted as one).
+async fn raw_queue(url: &str, tasks: usize, queues: usize, win: Window) -> Stats {
+    let names = coord_ops::queue_names(queues);
+    let mut ops = Vec::new();
+    for i in 0..tasks {
+        let (client, s) = prepared(url, &[PUSH, POP]).await;
+        let (push, pop) = (s[0].clone(), s[1].clone());
+        let name = names[i % queues].clone();
+        ops.push(move || {
+            let (client, push, pop, name) =
+                (client.clone(), push.clone(), pop.clone(), name.clone());
+            async move {
+                let payload: &[u8] = b"m";
+                let pushed = client.execute(&push, &[&&*name, &payload]).await;
+                assert_eq!(pushed.expect("push"), 1);
+                for _ in 0..1000 {
+                    if client
+                        .query_opt(&pop, &[&&*name])
+                        .await
+                        .expect("pop")
+                        .is_some()
+                    {
+                        return;
+                    }
+                }
+                panic!("a pushed message is there");
+            }
+        });
+    }
+    let stats = measure::throughput(ops, win).await;
+    let admin = connect(url).await;
+    for name in &names {
+        let name: &str = name;
+        let clear = "DELETE FROM raw_queue WHERE queue = $1";
+        admin
+            .execute(clear, &[&name])
+            .await
+            .expect("clear raw queue");
+    }
+    stats
 }
 
 /// `SELECT 1` on one connection: the round trip.

@@ -1,8 +1,12 @@
 //! Redis, on a server the test kit starts. Raw operations, on one
 //! multiplexed connection shared by all tasks (as coord uses one client):
 //! `SET key token NX PX ttl` then a compare-and-delete script by EVALSHA
-//! (cycle); a minimal GCRA script (`TIME` + `GET` + `SET PX`) by EVALSHA
-//! (check); `PING` (round trip). Peer: the `rslock` crate (Redlock on one
+//! (cycle, beside the floor: the least a clock-seeded fencing token needs,
+//! one script with the server's `TIME` as the token and `SET NX PX`, then
+//! the same compare-and-delete); a minimal GCRA script (`TIME` + `GET` + `SET PX`) by EVALSHA
+//! (check); the reliable-queue pattern, `LPUSH`, `LMOVE` to a processing
+//! list and `LREM` from it (queue: no fencing, groups, visibility or dedup;
+//! the yardstick, not the target); `PING` (round trip). Peer: the `rslock` crate (Redlock on one
 //! node) with its default retry policy, one `LockManager` shared by the
 //! tasks (cycle, shared handoff) or one per waiter (separate handoff).
 
@@ -21,6 +25,13 @@ const STORE: &str = "redis";
 /// Compare-and-delete: the raw release.
 const UNLOCK: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
                       return redis.call('del', KEYS[1]) else return 0 end";
+
+/// The least clock-seeded fenced acquire: the server's time in µs as the
+/// token, set with `NX PX`; returns the token, or nil when held.
+const FLOOR_ACQUIRE: &str = "local t = redis.call('TIME') \
+    local token = t[1] .. string.format('%06d', tonumber(t[2])) \
+    if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[1]) then return token end \
+    return false";
 
 /// Minimal GCRA on the server's clock. ARGV: emission interval µs, burst
 /// tolerance µs. Returns 1 if admitted (and records it), else 0.
@@ -45,16 +56,22 @@ pub async fn run(win: Window, sink: &mut Sink) {
     for tasks in TASKS {
         let c = coord_ops::cycle(&coord, tasks, win).await;
         let r = raw_cycle(&con, tasks, win).await;
+        let f = floor_cycle(&con, tasks, win).await;
         let p = Peer {
             name: "rslock",
             stats: rslock_cycle(&url, tasks, win).await,
         };
-        sink.throughput(STORE, "cycle", tasks, (c, r), Some(p));
+        sink.throughput_with_floor(STORE, "cycle", tasks, (c, r, f), Some(p));
     }
     for tasks in TASKS {
         let c = coord_ops::check(&coord, tasks, win).await;
         let r = raw_check(&con, tasks, win).await;
         sink.throughput(STORE, "check", tasks, (c, r), None);
+    }
+    for (op, tasks, queues) in coord_ops::queue_rows() {
+        let c = coord_ops::queue(&coord, tasks, queues, win).await;
+        let r = raw_queue(&con, tasks, queues, win).await;
+        sink.throughput(STORE, op, tasks, (c, r), None);
     }
     let rtt = ping(&con, win).await;
     let sep = coord_ops::handoff_separate(&url, win).await;
@@ -102,6 +119,39 @@ async fn raw_cycle(con: &MultiplexedConnection, tasks: usize, win: Window) -> St
     measure::throughput(ops, win).await
 }
 
+/// [`FLOOR_ACQUIRE`] + compare-and-delete on a per-task key.
+async fn floor_cycle(con: &MultiplexedConnection, tasks: usize, win: Window) -> Stats {
+    let acquire = Arc::new(redis::Script::new(FLOOR_ACQUIRE));
+    let unlock = Arc::new(redis::Script::new(UNLOCK));
+    let ops = (0..tasks)
+        .map(|_| {
+            let (con, acquire, unlock) = (con.clone(), acquire.clone(), unlock.clone());
+            let key: Arc<str> = fresh("floor").into();
+            move || {
+                let (mut con, acquire, unlock) = (con.clone(), acquire.clone(), unlock.clone());
+                let key = key.clone();
+                async move {
+                    let token: Option<String> = acquire
+                        .key(&*key)
+                        .arg(TTL.as_millis() as u64)
+                        .invoke_async(&mut con)
+                        .await
+                        .expect("fenced acquire");
+                    let token = token.expect("uncontended key is free");
+                    let deleted: i64 = unlock
+                        .key(&*key)
+                        .arg(&token)
+                        .invoke_async(&mut con)
+                        .await
+                        .expect("compare-and-delete");
+                    assert_eq!(deleted, 1);
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
 /// The minimal GCRA script on a per-task key, always admitting.
 async fn raw_check(con: &MultiplexedConnection, tasks: usize, win: Window) -> Stats {
     let gcra = Arc::new(redis::Script::new(GCRA));
@@ -120,6 +170,51 @@ async fn raw_check(con: &MultiplexedConnection, tasks: usize, win: Window) -> St
                         .await
                         .expect("gcra script");
                     assert_eq!(allowed, 1);
+                }
+            }
+        })
+        .collect();
+    measure::throughput(ops, win).await
+}
+
+/// `LPUSH` + `LMOVE` to the processing list + `LREM` from it, each
+/// message unique (task and count), task `i` on list `i % queues`.
+async fn raw_queue(con: &MultiplexedConnection, tasks: usize, queues: usize, win: Window) -> Stats {
+    let names = coord_ops::queue_names(queues);
+    let ops = (0..tasks)
+        .map(|i| {
+            let con = con.clone();
+            let name = names[i % queues].clone();
+            let processing: Arc<str> = format!("{name}:processing").into();
+            let mut n = 0u64;
+            move || {
+                let (mut con, name, processing) = (con.clone(), name.clone(), processing.clone());
+                n += 1;
+                let msg = format!("{i}-{n}");
+                async move {
+                    let _: i64 = redis::cmd("LPUSH")
+                        .arg(&*name)
+                        .arg(&msg)
+                        .query_async(&mut con)
+                        .await
+                        .expect("LPUSH");
+                    let got: Option<String> = redis::cmd("LMOVE")
+                        .arg(&*name)
+                        .arg(&*processing)
+                        .arg("RIGHT")
+                        .arg("LEFT")
+                        .query_async(&mut con)
+                        .await
+                        .expect("LMOVE");
+                    let got = got.expect("a pushed message is there");
+                    let removed: i64 = redis::cmd("LREM")
+                        .arg(&*processing)
+                        .arg(1)
+                        .arg(&got)
+                        .query_async(&mut con)
+                        .await
+                        .expect("LREM");
+                    assert_eq!(removed, 1);
                 }
             }
         })

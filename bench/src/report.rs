@@ -1,9 +1,12 @@
 //! Rows of results: one human-readable line each as they are measured, and
 //! one `BENCH` line each at the end for machines.
 //!
-//! Throughput rows (`cycle`, `check`): `coord` and `raw` (and the peer)
-//! are operations per second over all tasks; `ratio` = coord / raw and
-//! `peer_ratio` = coord / peer, so above 1 means coord is faster.
+//! Throughput rows (`cycle`, `check`, `queue`, `queue_many`): `coord` and
+//! `raw` (and the peer) are operations per second over all tasks; `ratio`
+//! = coord / raw and `peer_ratio` = coord / peer, so above 1 means coord
+//! is faster. `floor` (Redis cycle rows) is the least work coord's
+//! fencing guarantee needs, in operations per second, and `floor_ratio`
+//! = coord / floor.
 //!
 //! Handoff rows (`handoff_separate`, `handoff_shared`): `coord` is the
 //! p50 handoff latency and `raw` the store's round-trip time (p50 of one
@@ -65,6 +68,9 @@ pub struct Row {
     pub kind: Kind,
     /// A peer library measured on the same row, if there is one.
     pub peer: Option<Peer>,
+    /// The least work coord's guarantee needs, measured on the same row
+    /// (throughput rows of a store that has one: the Redis cycle).
+    pub floor: Option<Stats>,
 }
 
 /// Microseconds of `d`, for printing.
@@ -96,6 +102,14 @@ impl Row {
                         coord.per_sec() / p.stats.per_sec(),
                         p.stats.per_sec(),
                         us(p.stats.p50())
+                    );
+                }
+                if let Some(f) = &self.floor {
+                    let _ = write!(
+                        s,
+                        " floor={:.0}ops/s floor_ratio={:.3}",
+                        f.per_sec(),
+                        coord.per_sec() / f.per_sec()
                     );
                 }
                 let _ = write!(
@@ -154,8 +168,15 @@ impl Row {
                         coord.per_sec() / p.stats.per_sec()
                     )
                 });
+                let floor = self.floor.as_ref().map_or(String::new(), |f| {
+                    format!(
+                        "  floor {:.0}/s {:.2}x",
+                        f.per_sec(),
+                        coord.per_sec() / f.per_sec()
+                    )
+                });
                 format!(
-                    "{head} {:>10.0}/s {:>8.1}us {:>10.0}/s {:>8.1}us {:>6.2}x  {peer}",
+                    "{head} {:>10.0}/s {:>8.1}us {:>10.0}/s {:>8.1}us {:>6.2}x  {peer}{floor}",
                     coord.per_sec(),
                     us(coord.p50()),
                     raw.per_sec(),
@@ -194,7 +215,8 @@ impl Row {
 pub fn header() -> String {
     format!(
         "{:<9} {:<17} {:>5} {:>12} {:>10} {:>12} {:>10} {:>7}  {:<11} {:>12} {:>7}\n\
-         (cycle/check: coord ops/s and p50, raw ops/s and p50, coord/raw; peer ops/s, coord/peer)\n\
+         (cycle/check/queue: coord ops/s and p50, raw ops/s and p50, coord/raw; peer ops/s, coord/peer; \
+         floor ops/s, coord/floor)\n\
          (handoff: coord p50 and p99, store RTT back to back and after the hold time idle, p50 in RTTs (R); peer p50, peer/coord)",
         "store",
         "op",
@@ -225,7 +247,7 @@ impl Sink {
         self.rows.push(row);
     }
 
-    /// A throughput row (`cycle`, `check`).
+    /// A throughput row (`cycle`, `check`, `queue`, `queue_many`).
     pub fn throughput(
         &mut self,
         store: &'static str,
@@ -240,6 +262,27 @@ impl Sink {
             tasks,
             kind: Kind::Throughput { coord, raw },
             peer,
+            floor: None,
+        });
+    }
+
+    /// A throughput row with the least work coord's guarantee needs
+    /// measured beside it.
+    pub fn throughput_with_floor(
+        &mut self,
+        store: &'static str,
+        op: &'static str,
+        tasks: usize,
+        (coord, raw, floor): (Stats, Stats, Stats),
+        peer: Option<Peer>,
+    ) {
+        self.push(Row {
+            store,
+            op,
+            tasks,
+            kind: Kind::Throughput { coord, raw },
+            peer,
+            floor: Some(floor),
         });
     }
 
@@ -262,6 +305,7 @@ impl Sink {
                 idle_rtt,
             },
             peer,
+            floor: None,
         });
     }
 }

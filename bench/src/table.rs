@@ -82,8 +82,8 @@ pub fn table(runs: &[String]) -> String {
         }
     }
     let mut out = String::from(
-        "| store | row | tasks | coord | raw | coord ÷ raw | peer | peer ratio |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| store | row | tasks | coord | raw | coord ÷ raw | peer | peer ratio | floor | coord ÷ floor |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for key in order {
         let fs = &rows[&key];
@@ -99,6 +99,10 @@ pub fn table(runs: &[String]) -> String {
         let peer_ratio = match all("peer_ratio") {
             v if v.is_empty() => String::new(),
             v => span(&v, fixed(2)),
+        };
+        let (floor, floor_ratio) = match all("floor_ratio") {
+            v if v.is_empty() => (String::new(), String::new()),
+            v => (span(&all("floor"), rate), span(&v, fixed(2))),
         };
         let (coord, raw, ratio) = if key.1.starts_with("handoff") {
             (
@@ -119,7 +123,8 @@ pub fn table(runs: &[String]) -> String {
         };
         let (store, op, tasks) = key;
         out.push_str(&format!(
-            "| {store} | {op} | {tasks} | {coord} | {raw} | {ratio} | {peer} | {peer_ratio} |\n"
+            "| {store} | {op} | {tasks} | {coord} | {raw} | {ratio} | {peer} | {peer_ratio} \
+             | {floor} | {floor_ratio} |\n"
         ));
     }
     out
@@ -135,7 +140,7 @@ BENCH store=redis op=cycle tasks=1 coord=9086ops/s raw=10500ops/s ratio=0.865 pe
 BENCH store=redis op=handoff_shared tasks=8 coord=98.0us raw=21.3us ratio=0.217 peer=rslock peer_ratio=97.170 peer_value=9523.0us peer_p99=20000.0us p99=300.0us rtt=21.3us rtt_ratio=4.60 idle_rtt=88.0us idle_rtt_ratio=1.11 handoffs=900
 ";
     const RUN2: &str = "\
-BENCH store=redis op=cycle tasks=1 coord=11600ops/s raw=12900ops/s ratio=0.899 peer=rslock peer_ratio=0.850 peer_value=13600ops/s peer_p50=80.0us p50=90.0us raw_p50=80.0us
+BENCH store=redis op=cycle tasks=1 coord=11600ops/s raw=12900ops/s ratio=0.899 peer=rslock peer_ratio=0.850 peer_value=13600ops/s peer_p50=80.0us floor=11000ops/s floor_ratio=1.055 p50=90.0us raw_p50=80.0us
 BENCH store=redis op=handoff_shared tasks=8 coord=177.0us raw=21.7us ratio=0.123 peer=rslock peer_ratio=44.950 peer_value=7956.0us peer_p99=20000.0us p99=400.0us rtt=21.7us rtt_ratio=8.30 idle_rtt=80.0us idle_rtt_ratio=2.21 handoffs=800
 BENCH store=memory op=check tasks=32 coord=4130000ops/s raw=4770000ops/s ratio=0.866
 ";
@@ -147,17 +152,18 @@ BENCH store=memory op=check tasks=32 coord=4130000ops/s raw=4770000ops/s ratio=0
         assert_eq!(lines.len(), 5, "{t}");
         assert_eq!(
             lines[2],
-            "| redis | cycle | 1 | 9086/s–11.6k/s | 10.5k/s–12.9k/s | 0.86–0.90 | rslock | 0.85–0.91 |"
+            "| redis | cycle | 1 | 9086/s–11.6k/s | 10.5k/s–12.9k/s | 0.86–0.90 | rslock | 0.85–0.91 \
+             | 11.0k/s | 1.05 |"
         );
         assert_eq!(
             lines[3],
             "| redis | handoff_shared | 8 | 98 µs–177 µs (p50) | 21 µs–22 µs (RTT) \
-             | 4.6–8.3 RTT; 1.1–2.2 idle RTT | rslock | 44.95–97.17 |"
+             | 4.6–8.3 RTT; 1.1–2.2 idle RTT | rslock | 44.95–97.17 |  |  |"
         );
-        // Only in the second run, no peer: one value, empty peer cells.
+        // Only in the second run, no peer, no floor: one value, empty cells.
         assert_eq!(
             lines[4],
-            "| memory | check | 32 | 4.13M/s | 4.77M/s | 0.87 |  |  |"
+            "| memory | check | 32 | 4.13M/s | 4.77M/s | 0.87 |  |  |  |  |"
         );
     }
 
