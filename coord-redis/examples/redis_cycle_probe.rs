@@ -139,7 +139,9 @@ async fn main() {
     ));
     let fenced_min = Arc::new(redis::Script::new(
         "local t = redis.call('TIME') \
-         return redis.call('SET', KEYS[1], ARGV[1] .. ':' .. t[1] .. t[2], 'NX', 'PX', ARGV[2])",
+         local v = ARGV[1] .. ':' .. t[1] .. t[2] \
+         if redis.call('SET', KEYS[1], v, 'NX', 'PX', ARGV[2]) then return v end \
+         return false",
     ));
     const PATHS: [&str; 5] = ["raw", "script-setnx", "fenced-min", "trait", "coord"];
     let mut sums = [0.0f64; 5];
@@ -181,12 +183,15 @@ async fn main() {
                                     .await
                                     .unwrap(),
                             };
+                            // `SET` answers OK; the fenced floor, the value it set.
                             let v = match v.as_deref() {
-                                Some("OK") | None => "tok".to_string(),
+                                Some("OK") => "tok".to_string(),
                                 Some(v) => v.to_string(),
+                                None => panic!("{path}: {k} is held (its last unlock failed)"),
                             };
-                            let _: i64 =
+                            let deleted: i64 =
                                 unlock.key(&k).arg(v).invoke_async(&mut con).await.unwrap();
+                            assert_eq!(deleted, 1, "{path}: the unlock deletes what was set");
                         }
                     })
                     .await
