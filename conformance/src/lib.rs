@@ -215,6 +215,7 @@ pub const CASES: &[&str] = &[
     "rwlock_inspect_shows_the_readers_or_the_writer",
     "lease_force_revoke_ends_whoever_holds_it",
     "election_force_resign_elects_the_next_candidate",
+    "list_names_what_is_held_under_a_prefix",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -335,6 +336,7 @@ macro_rules! suite {
             rwlock_inspect_shows_the_readers_or_the_writer,
             lease_force_revoke_ends_whoever_holds_it,
             election_force_resign_elects_the_next_candidate,
+            list_names_what_is_held_under_a_prefix,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

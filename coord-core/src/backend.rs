@@ -498,3 +498,65 @@ pub trait Probe: Send + Sync + 'static {
     /// itself. [`Error::Unavailable`] when it does not answer.
     async fn probe(&self) -> Result<ServerInfo>;
 }
+
+/// A kind of named state, as [`Coord::list`](crate::Coord::list) lists
+/// it. A store's [`Lister`] is asked for every kind but
+/// [`Listed::RwLock`]: read-write locks are semaphores underneath, and
+/// coord-core picks their names out of the semaphores'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Listed {
+    /// Locks.
+    Lock,
+    /// Leases.
+    Lease,
+    /// Elections.
+    Election,
+    /// Semaphores (read-write locks excluded).
+    Semaphore,
+    /// Read-write locks.
+    RwLock,
+    /// Work queues.
+    Queue,
+}
+
+impl Listed {
+    /// Every kind, in the order `coord ls` prints them.
+    pub const ALL: [Listed; 6] = [
+        Listed::Lock,
+        Listed::Lease,
+        Listed::Election,
+        Listed::Semaphore,
+        Listed::RwLock,
+        Listed::Queue,
+    ];
+
+    /// The kind's name: `lock`, `lease`, `election`, `semaphore`,
+    /// `rwlock`, `queue`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Listed::Lock => "lock",
+            Listed::Lease => "lease",
+            Listed::Election => "election",
+            Listed::Semaphore => "semaphore",
+            Listed::RwLock => "rwlock",
+            Listed::Queue => "queue",
+        }
+    }
+}
+
+/// Listing names: the store-specific half of
+/// [`Coord::list`](crate::Coord::list).
+#[async_trait]
+pub trait Lister: Send + Sync + 'static {
+    /// Up to `limit` names of `kind` that start with `prefix` (every name
+    /// when it is empty) and have state in the store now: a claim held
+    /// or just released, a semaphore with grants or waiters, a queue with
+    /// messages; in any order, each once. Names whose state has just ended
+    /// may be among them: callers inspect each. It reads in bounded steps
+    /// (`SCAN`, a range read, an index scan), never a command that blocks
+    /// the store while it walks every key; each step bounded by the call
+    /// timeout. [`Error::Unsupported`](crate::Error::Unsupported) for a
+    /// kind whose keys this store's layout cannot tell apart.
+    async fn names(&self, kind: Listed, prefix: &str, limit: usize) -> Result<Vec<String>>;
+}

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{Barrier, Election, FencingSource, Lease, Limiter, Lock, Probe, Semaphore};
+use crate::backend::{
+    Barrier, Election, FencingSource, Lease, Limiter, Lister, Lock, Probe, Semaphore,
+};
 use crate::error::{Error, Result};
 use crate::queue_backend::Queue;
 use crate::types::Capabilities;
@@ -48,6 +50,7 @@ pub struct Coord {
     pub(crate) semaphore: Option<Arc<dyn Semaphore>>,
     pub(crate) queue: Option<Arc<dyn Queue>>,
     pub(crate) probe: Option<Arc<dyn Probe>>,
+    pub(crate) lister: Option<Arc<dyn Lister>>,
 }
 
 impl std::fmt::Debug for Coord {
@@ -75,6 +78,7 @@ impl Coord {
                 semaphore: None,
                 queue: None,
                 probe: None,
+                lister: None,
             },
         }
     }
@@ -240,6 +244,11 @@ impl CoordBuilder {
     /// Provide the health probe behind [`Coord::health`].
     pub fn probe(mut self, b: Arc<dyn Probe>) -> Self {
         self.coord.probe = Some(b);
+        self
+    }
+    /// Provide the listing behind [`Coord::list`].
+    pub fn lister(mut self, b: Arc<dyn Lister>) -> Self {
+        self.coord.lister = Some(b);
         self
     }
     /// Override the settings.

@@ -35,6 +35,7 @@ pub mod late;
 mod lease;
 pub mod limit;
 mod limiter;
+mod list;
 mod lock;
 pub mod metrics;
 pub mod permits;
@@ -54,8 +55,8 @@ pub mod wake;
 
 pub use async_trait::async_trait;
 pub use backend::{
-    ANY_GENERATION, Attempt, Barrier, Election, FencingSource, Lease, Limiter, Lock, PermitRequest,
-    Probe, Semaphore, ServerInfo,
+    ANY_GENERATION, Attempt, Barrier, Election, FencingSource, Lease, Limiter, Listed, Lister,
+    Lock, PermitRequest, Probe, Semaphore, ServerInfo,
 };
 pub use barrier::Barriers;
 pub use claim::{Guard, LeaseGuard, LockGuard, Ownership, drift};
@@ -69,6 +70,7 @@ pub use inspect::{
 };
 pub use lease::Leases;
 pub use limiter::RateLimiter;
+pub use list::MAX_LIST;
 pub use lock::{LockOptions, Locks, MultiGuard, WithLockError};
 pub use queue::{Delivery, MAX_BATCH, PopOptions, PushOptions, Queues};
 pub use queue_backend::{

@@ -32,8 +32,12 @@ pub const RW_PERMITS: u32 = validate::MAX_PERMITS;
 /// checked to hold no control character, so this never collides with a
 /// semaphore of theirs.
 fn semaphore_name(name: &str) -> String {
-    format!("\u{1}rw\u{1}{name}")
+    format!("{RW_MARK}{name}")
 }
+
+/// What the semaphore of a read-write lock has before the lock's name
+/// (no name a user gives contains a control character).
+pub(crate) const RW_MARK: &str = "\u{1}rw\u{1}";
 
 /// Read-write locks on one store: any number of readers, or one writer.
 ///

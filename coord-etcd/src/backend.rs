@@ -6,6 +6,7 @@ mod barrier;
 mod claims;
 mod health;
 mod limiter;
+mod list;
 mod semaphore;
 mod work_queue;
 
@@ -107,6 +108,7 @@ impl EtcdBackend {
     pub fn coord(self: &Arc<Self>) -> Coord {
         Coord::from_backend(self.clone())
             .with_semaphores(self.clone())
+            .with_lister(self.clone())
             .with_queues(self.clone())
     }
 

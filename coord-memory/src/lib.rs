@@ -54,6 +54,7 @@ mod claims;
 mod election;
 mod health;
 mod limiter;
+mod list;
 mod queue;
 mod semaphore;
 
@@ -87,6 +88,7 @@ pub fn connect(url: &str) -> Result<Coord> {
 fn coord_of(backend: Arc<MemoryBackend>) -> Coord {
     Coord::from_backend(backend.clone())
         .with_semaphores(backend.clone())
+        .with_lister(backend.clone())
         .with_queues(backend)
 }
 

@@ -9,6 +9,7 @@ mod election;
 pub(crate) mod errors;
 mod health;
 mod limiter;
+mod list;
 mod listen;
 mod queue;
 mod semaphore;
@@ -269,6 +270,7 @@ impl PostgresBackend {
     pub fn coord(self: &Arc<Self>) -> Coord {
         Coord::from_backend(self.clone())
             .with_semaphores(self.clone())
+            .with_lister(self.clone())
             .with_queues(self.clone())
     }
 

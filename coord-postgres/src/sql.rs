@@ -49,6 +49,9 @@ pub(crate) struct Sql {
     pub(crate) queue_stats: String,
     pub(crate) queue_purge: String,
     pub(crate) sweep: String,
+    pub(crate) list_claims: String,
+    pub(crate) list_semaphores: String,
+    pub(crate) list_queues: String,
 }
 
 impl Sql {
@@ -345,6 +348,29 @@ impl Sql {
             // $1 queue, $2 limit, $3 channel.
             queue_redrive: format!("SELECT {s}.queue_redrive($1::text, $2::int4, $3::text)"),
             // $1 queue. Ready counts lapsed deliveries and due delays.
+            // Listing (`coord ls`): $1 kind, $2 prefix, $3 limit; live
+            // grants only.
+            list_claims: format!(
+                "SELECT c.name FROM {s}.claims c \
+                  WHERE c.kind = $1::text AND starts_with(c.name, $2::text) \
+                    AND c.owner IS NOT NULL AND c.expires_at > clock_timestamp() \
+                  ORDER BY c.name LIMIT $3::int8"
+            ),
+            // $1 prefix, $2 limit: names with a live grant or place.
+            list_semaphores: format!(
+                "SELECT x.name FROM (\
+                   SELECT h.name FROM {s}.semaphore_holders h \
+                    WHERE starts_with(h.name, $1::text) AND h.expires_at > clock_timestamp() \
+                   UNION \
+                   SELECT q.name FROM {s}.semaphore_queue q \
+                    WHERE starts_with(q.name, $1::text) AND q.expires_at > clock_timestamp()) x \
+                  ORDER BY x.name LIMIT $2::int8"
+            ),
+            // $1 prefix, $2 limit: a lane's row lives while it has messages.
+            list_queues: format!(
+                "SELECT DISTINCT l.queue FROM {s}.queue_lanes l \
+                  WHERE starts_with(l.queue, $1::text) ORDER BY l.queue LIMIT $2::int8"
+            ),
             queue_stats: format!(
                 "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \
                  SELECT count(*) FILTER (WHERE m.lane = 0 AND (m.due_at IS NULL OR m.due_at <= n.t)), \

@@ -121,6 +121,41 @@ pub(crate) fn left_key(base: &str, owner: &str) -> String {
     k
 }
 
+/// Append `name` as it stands in a key's hash tag: `%`, `{` and `}`
+/// percent-encoded (`%25`, `%7B`, `%7D`), every other byte kept (see
+/// [`Keys::segment_key`]). A prefix of a name encodes to a prefix of its
+/// encoding.
+pub(crate) fn push_tag(k: &mut String, name: &str) {
+    for c in name.chars() {
+        match c {
+            '%' => k.push_str("%25"),
+            '{' => k.push_str("%7B"),
+            '}' => k.push_str("%7D"),
+            c => k.push(c),
+        }
+    }
+}
+
+/// The name in hash tag `tag` (see [`push_tag`]); `None` when it is not
+/// one coord writes.
+pub(crate) fn untag(tag: &str) -> Option<String> {
+    let mut out = String::with_capacity(tag.len());
+    let mut rest = tag;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i..i + 3)?;
+        out.push(match code {
+            "%25" => '%',
+            "%7B" => '{',
+            "%7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 /// Builds every key from the prefix and layout.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -151,14 +186,7 @@ impl Keys {
         k.push_str(&self.prefix);
         k.push_str(segment);
         k.push_str(":{");
-        for c in name.chars() {
-            match c {
-                '%' => k.push_str("%25"),
-                '{' => k.push_str("%7B"),
-                '}' => k.push_str("%7D"),
-                c => k.push(c),
-            }
-        }
+        push_tag(&mut k, name);
         k.push('}');
         k.push_str(suffix);
         k

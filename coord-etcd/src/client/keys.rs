@@ -41,6 +41,24 @@ pub(crate) fn escape(name: &str) -> String {
     out
 }
 
+/// The name `escaped` stands for (see [`escape`]); `None` when it is not
+/// one coord writes.
+pub(crate) fn unescape(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        out.push(match rest.get(i..i + 3)? {
+            "%25" => '%',
+            "%2F" => '/',
+            _ => return None,
+        });
+        rest = &rest[i + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 /// The smallest key greater than every key that starts with `prefix`.
 pub(crate) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -79,6 +97,12 @@ impl Keys {
     /// `<prefix>wq/<name>/`: every key of a work queue.
     pub(crate) fn wq(&self, name: &str) -> String {
         format!("{}wq/{}/", self.prefix, escape(name))
+    }
+
+    /// `<prefix><segment>/`: where every key of one kind starts (`lock`,
+    /// `lease`, `election`, `sem`, `wq`).
+    pub(crate) fn root(&self, segment: &str) -> String {
+        format!("{}{segment}/", self.prefix)
     }
 
     /// `<prefix>limiter/<tag>/<key>`.

@@ -588,6 +588,7 @@ impl RedisBackend {
         let backend = Arc::new(self);
         coord_core::Coord::from_backend(backend.clone())
             .with_semaphores(backend.clone())
+            .with_lister(backend.clone())
             .with_queues(backend)
     }
 
@@ -680,6 +681,7 @@ mod connection;
 mod election;
 mod health;
 mod limiter;
+mod list;
 pub(crate) mod listener;
 mod master;
 

@@ -81,6 +81,7 @@
 
 mod claims;
 mod health;
+mod list;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -509,7 +510,8 @@ impl RedlockBackend {
             .lock(b.clone())
             .lease(b.clone())
             .fencing(b.clone())
-            .probe(b)
+            .probe(b.clone())
+            .lister(b)
             .build()
     }
 
