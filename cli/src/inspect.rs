@@ -67,7 +67,33 @@ pub fn holder_metadata(command: &[String], extra: Option<&str>) -> Result<Value,
 /// `coord inspect KIND NAME`: print what the store records, as text or
 /// JSON.
 pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Result<ExitCode, Error> {
-    let out = match kind {
+    let out = describe(coord, kind, name).await?;
+    if json {
+        println!("{out}");
+    } else {
+        print!("{}", plain(kind, &out));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether what [`describe`] read shows anything held: a holder, a
+/// leader, a writer or reader, a message.
+pub fn held(kind: Kind, v: &Value) -> bool {
+    let some = |k: &str| v[k].as_array().is_some_and(|a| !a.is_empty());
+    match kind {
+        Kind::Lock | Kind::Lease | Kind::Semaphore => some("holders"),
+        Kind::Election => !v["leader"].is_null(),
+        Kind::Rwlock => !v["writer"].is_null() || some("readers"),
+        Kind::Queue => ["ready", "delayed", "in_flight", "dead"]
+            .iter()
+            .any(|k| v[*k].as_u64().is_some_and(|n| n > 0)),
+    }
+}
+
+/// What the store records about `name`, as the JSON `inspect --json`
+/// prints.
+pub async fn describe(coord: &Coord, kind: Kind, name: &str) -> Result<Value, Error> {
+    Ok(match kind {
         Kind::Lock => claim(coord.locks()?.inspect(name).await?),
         Kind::Lease => claim(coord.leases()?.inspect(name).await?),
         Kind::Semaphore => claim(coord.semaphores()?.inspect(name).await?),
@@ -93,13 +119,7 @@ pub async fn inspect(coord: &Coord, kind: Kind, name: &str, json: bool) -> Resul
                 })).collect::<Vec<_>>(),
             })
         }
-    };
-    if json {
-        println!("{out}");
-    } else {
-        print!("{}", plain(kind, &out));
-    }
-    Ok(ExitCode::SUCCESS)
+    })
 }
 
 /// An election's leader: candidate, term, owner id and remaining time
@@ -163,7 +183,7 @@ pub fn held_by(info: Option<&ClaimInfo>) -> String {
 }
 
 /// The same, for people.
-fn plain(kind: Kind, v: &Value) -> String {
+pub fn plain(kind: Kind, v: &Value) -> String {
     let mut s = String::new();
     match kind {
         Kind::Election => match v["leader"].as_str() {

@@ -66,6 +66,7 @@ Running a command (lock, elect, queue work):
 mod exit;
 mod hold;
 mod inspect;
+mod ls;
 mod queue;
 mod run;
 mod watch;
@@ -219,6 +220,25 @@ enum Command {
         /// Its name.
         name: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What is held now: locks and leases with their holders, leaders,
+    /// semaphore permits, read-write locks and queues with messages, under
+    /// a prefix (each as `inspect` shows it). Read in bounded steps (Redis:
+    /// SCAN on every master); a kind the store cannot list is named on
+    /// stderr and left out.
+    Ls {
+        /// Only this kind.
+        kind: Option<inspect::Kind>,
+        /// Only names starting with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many names per kind.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Print a JSON array of {"kind", "name", ...the fields of
+        /// `inspect --json`}.
         #[arg(long)]
         json: bool,
     },
@@ -460,6 +480,12 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
         },
         Command::Queue { op } => queue::queue(&coord, op).await,
         Command::Inspect { kind, name, json } => inspect::inspect(&coord, kind, &name, json).await,
+        Command::Ls {
+            kind,
+            prefix,
+            limit,
+            json,
+        } => ls::ls(&coord, kind, &prefix, limit, json).await,
         Command::Fence {
             op: FenceOp::Next { resource },
         } => {

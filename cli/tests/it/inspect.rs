@@ -223,3 +223,90 @@ async fn inspect_shows_a_read_write_locks_readers_then_its_writer() {
         assert!(text.starts_with("not held\n"), "{url}: {text}");
     }
 }
+
+/// `coord ls --prefix P` lists what library clients hold under P on every
+/// store, each entry as `inspect --json` shows it (a lock with its
+/// metadata, a semaphore grant, a queue's counts) and nothing beside the
+/// prefix; `coord ls lock` after the release lists nothing; the plain
+/// output names each; a limit of 0 is a usage error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ls_lists_what_is_held_under_a_prefix() {
+    for url in stores() {
+        let c = coord::connect(&url).await.unwrap();
+        let ttl = Duration::from_secs(20);
+        let p = format!("{}/", unique("ls"));
+        let locks = c.locks().unwrap();
+        let meta = json!({"job": "nightly"});
+        let lock = locks
+            .acquire_with_metadata(&format!("{p}a"), coord::LockOptions::new(ttl), &meta)
+            .await
+            .unwrap();
+        let beside = format!("{}-beside", p.trim_end_matches('/'));
+        let beside = locks.try_acquire(&beside, ttl).await.unwrap();
+        let permit = c
+            .semaphores()
+            .unwrap()
+            .try_acquire(&format!("{p}s"), 2, ttl)
+            .await
+            .unwrap()
+            .expect("a free permit");
+        let out = run(&url, &["queue", "push", &format!("{p}q"), "job"]).await;
+        assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+        let out = run(&url, &["ls", "--prefix", &p, "--json"]).await;
+        assert_eq!(out.status.code(), Some(0), "{url}: {out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("ls JSON");
+        let entries: Vec<(String, String)> = v
+            .as_array()
+            .expect("an array")
+            .iter()
+            .map(|e| {
+                (
+                    e["kind"].as_str().unwrap().into(),
+                    e["name"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let want = [
+            ("lock", format!("{p}a")),
+            ("semaphore", format!("{p}s")),
+            ("queue", format!("{p}q")),
+        ];
+        let want: Vec<(String, String)> = want.into_iter().map(|(k, n)| (k.into(), n)).collect();
+        assert_eq!(entries, want, "{url}: {v}");
+        assert_eq!(
+            v[0]["holders"][0]["metadata"]["job"], "nightly",
+            "{url}: {v}"
+        );
+        assert_eq!(
+            v[0]["holders"][0]["owner_id"],
+            lock.owner_id(),
+            "{url}: {v}"
+        );
+        assert_eq!(v[1]["holders"][0]["permits"], 1, "{url}: {v}");
+        assert_eq!(v[2]["ready"], 1, "{url}: {v}");
+        let plain = run(&url, &["ls", "--prefix", &p]).await;
+        let plain = String::from_utf8_lossy(&plain.stdout).into_owned();
+        assert!(
+            plain.contains(&format!("lock {p}a\n  held by ")),
+            "{url}: {plain}"
+        );
+        assert!(
+            plain.contains(&format!("queue {p}q\n  ready 1")),
+            "{url}: {plain}"
+        );
+        lock.release().await.unwrap();
+        let out = run(&url, &["ls", "lock", "--prefix", &p, "--json"]).await;
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "[]",
+            "{url}: {out:?}"
+        );
+        let out = run(&url, &["ls", "--limit", "0"]).await;
+        assert_eq!(out.status.code(), Some(USAGE), "{url}: {out:?}");
+        permit.release().await.unwrap();
+        if let Some(b) = beside {
+            b.release().await.unwrap();
+        }
+        c.queues().unwrap().purge(&format!("{p}q")).await.unwrap();
+    }
+}
