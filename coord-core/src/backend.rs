@@ -553,10 +553,10 @@ pub trait Lister: Send + Sync + 'static {
     /// when it is empty) and have state in the store now: a claim held
     /// or just released, a semaphore with grants or waiters, a queue with
     /// messages; in any order, each once. Names whose state has just ended
-    /// may be among them: callers inspect each. It reads in bounded steps
-    /// (`SCAN`, a range read, an index scan), never a command that blocks
-    /// the store while it walks every key; each step bounded by the call
-    /// timeout. [`Error::Unsupported`](crate::Error::Unsupported) for a
+    /// may be among them: callers inspect each. It reads in steps (`SCAN`,
+    /// range reads, a `SELECT` of the kind's live rows), never a command
+    /// that blocks the store while it walks every key; each step bounded
+    /// by the call timeout. [`Error::Unsupported`](crate::Error::Unsupported) for a
     /// kind whose keys this store's layout cannot tell apart.
     async fn names(&self, kind: Listed, prefix: &str, limit: usize) -> Result<Vec<String>>;
 }

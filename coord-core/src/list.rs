@@ -14,6 +14,11 @@ use crate::validate;
 /// The most names one [`Coord::list`] call returns.
 pub const MAX_LIST: usize = 10_000;
 
+/// The most names [`Coord::list`] asks a store for at once: semaphores
+/// are asked for more than the limit when coord's own (read-write locks,
+/// fair lock tickets) take places.
+const MAX_ASK: usize = 4 * MAX_LIST;
+
 impl Coord {
     /// The same handle with `lister` behind [`Coord::list`].
     ///
@@ -88,12 +93,24 @@ impl Coord {
                         .filter_map(|n| n.strip_prefix(RW_MARK).map(str::to_string))
                         .collect()
                 }
-                Listed::Semaphore => {
-                    let found = lister.names(Listed::Semaphore, prefix, limit).await?;
-                    found
-                        .into_iter()
-                        .filter(|n| !n.starts_with(RW_MARK))
-                        .collect()
+                Listed::Semaphore if prefix.is_empty() => {
+                    // Read-write locks and the tickets of fair locks are
+                    // semaphores underneath, named after a control
+                    // character (no prefix a user gives matches them): ask
+                    // for more until they no longer crowd the user's out.
+                    let mut ask = limit;
+                    loop {
+                        let found = lister.names(Listed::Semaphore, prefix, ask).await?;
+                        let exhausted = found.len() < ask;
+                        let mine: Vec<String> = found
+                            .into_iter()
+                            .filter(|n| !n.starts_with('\u{1}'))
+                            .collect();
+                        if mine.len() >= limit || exhausted || ask >= MAX_ASK {
+                            break mine;
+                        }
+                        ask = (ask * 4).min(MAX_ASK);
+                    }
                 }
                 k => lister.names(k, prefix, limit).await?,
             })

@@ -367,3 +367,41 @@ async fn a_waiting_barrier_survives_the_sweep() {
     let g = barriers.wait("keep", 2, "p2", 10 * S).await.unwrap();
     assert_eq!(first.await.unwrap().unwrap(), g);
 }
+
+/// `Coord::list(Listed::Semaphore, "", n)` gives up to `n` semaphores:
+/// read-write locks (semaphores underneath, under a name starting with a
+/// control character) must not take the places of semaphores. With 10
+/// of each held, a limit of 10 must list the 10 semaphores.
+#[tokio::test]
+async fn list_names_semaphores_are_not_crowded_out_by_rwlocks() {
+    use coord_core::Listed;
+    let coord = MemoryBackend::coord();
+    let sems = coord.semaphores().unwrap();
+    let rw = coord.rw_locks().unwrap();
+    let mut permits = Vec::new();
+    let mut readers = Vec::new();
+    for i in 0..10 {
+        permits.push(
+            sems.try_acquire(&format!("s{i}"), 2, 60 * S)
+                .await
+                .unwrap()
+                .expect("free permit"),
+        );
+        readers.push(
+            rw.read(&format!("r{i}"), 60 * S, Duration::ZERO)
+                .await
+                .unwrap(),
+        );
+    }
+    let want: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    let got = coord.list(Listed::Semaphore, "", 10).await.unwrap();
+    assert_eq!(got, want, "semaphores under \"\" with a limit of 10");
+    let one = coord.list(Listed::Semaphore, "", 1).await.unwrap();
+    assert_eq!(
+        one.len(),
+        1,
+        "a limit of 1 with semaphores held gave {one:?}"
+    );
+    let rws = coord.list(Listed::RwLock, "", 10).await.unwrap();
+    assert_eq!(rws.len(), 10);
+}

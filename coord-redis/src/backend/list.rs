@@ -11,6 +11,7 @@ use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use super::connection::Conn;
 use super::{BACKEND, RedisBackend};
+use crate::Layout;
 use crate::keys::{QUEUE, SEMAPHORE, push_tag, untag};
 
 /// Keys one `SCAN` step looks at.
@@ -31,15 +32,12 @@ fn glob_escape(s: &str) -> String {
     out
 }
 
-/// The key segment of `kind` and whether a key with `suffix` after the
-/// name's hash tag stands for state of that kind: a lock is its claim
-/// (or, in the PHP layout, its grant key beside the bare claim), a lease
-/// and a leader their claim, a queue with messages the id index of a lane;
-/// every key of a semaphore counts.
+/// Whether a key with `suffix` after the name's hash tag stands for state
+/// of `kind`: a lock, a lease and a leader their claim, a queue with
+/// messages the id index of a lane; every key of a semaphore counts.
 fn counts(kind: Listed, suffix: &str) -> bool {
     match kind {
-        Listed::Lock => suffix.is_empty() || suffix == ":grant",
-        Listed::Lease | Listed::Election => suffix.is_empty(),
+        Listed::Lock | Listed::Lease | Listed::Election => suffix.is_empty(),
         Listed::Queue => suffix == ":main:ids" || suffix == ":dead:ids",
         _ => true,
     }
@@ -156,6 +154,14 @@ impl Lister for RedisBackend {
                 reason: "this kind has no names to list",
             });
         };
+        if kind == Listed::Lock && self.keys.layout == Layout::Php {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                primitive: "listing locks",
+                reason: "locks of the PHP layout are bare keys, which cannot be told apart \
+                         from other keys (a lock the PHP class holds has no key of coord's)",
+            });
+        }
         let head = format!("{}{seg}:{{", self.keys.prefix);
         let mut tag = String::new();
         push_tag(&mut tag, prefix);
@@ -236,9 +242,122 @@ e7d1 127.0.0.1:30001@31001,host.one myself,master - 0 0 1 connected 0-5460
 
     #[test]
     fn each_kind_counts_its_own_keys() {
-        assert!(counts(Listed::Lock, "") && counts(Listed::Lock, ":grant"));
+        assert!(counts(Listed::Lock, "") && !counts(Listed::Lock, ":fence"));
         assert!(!counts(Listed::Lock, ":left:00ff"));
         assert!(counts(Listed::Queue, ":main:ids") && !counts(Listed::Queue, ""));
         assert!(counts(Listed::Semaphore, ":holders"));
+    }
+
+    /// A backend with a key prefix of its own on the shared test server.
+    async fn coord_on(layout: crate::Layout) -> (coord_core::Coord, String) {
+        let prefix = format!("{}:", conformance::unique("ls-review"));
+        let url = conformance::testkit::redis::url();
+        let b = RedisBackend::connect(
+            crate::RedisOptions::new(&url)
+                .prefix(prefix.clone())
+                .layout(layout),
+        )
+        .await
+        .expect("connect to the test redis-server");
+        (b.into_coord(), prefix)
+    }
+
+    /// Layout::Php: a lock the PHP `RedisLock` class holds (its bare key,
+    /// `SET <name> <token> NX EX`) is either listed or the listing is
+    /// refused as `Unsupported`, as `Coord::list` documents ("a Redis lock
+    /// in the PHP layout, whose keys are bare names"), never silently
+    /// left out.
+    #[tokio::test]
+    async fn list_names_php_layout_lock_held_by_php_is_listed_or_unsupported() {
+        let (coord, _) = coord_on(crate::Layout::Php).await;
+        let name = conformance::unique("php-held");
+        let server = conformance::testkit::redis::server();
+        server.command(&[
+            "SET",
+            &name,
+            "0123456789abcdef0123456789abcdef",
+            "NX",
+            "EX",
+            "60",
+        ]);
+        let got = coord.list(Listed::Lock, &name, 10).await;
+        server.command(&["DEL", &name]);
+        match got {
+            Err(Error::Unsupported { .. }) => {}
+            Ok(names) => assert_eq!(
+                names,
+                std::slice::from_ref(&name),
+                "PHP-held lock not listed"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// `list(Semaphore, "", 1)` with one semaphore and one read-write
+    /// lock held lists the semaphore: the read-write lock's semaphore
+    /// name (`\u{1}rw\u{1}...`) does not take the only place.
+    #[tokio::test]
+    async fn list_names_semaphore_limit_not_taken_by_rwlocks() {
+        use std::time::Duration;
+        let (coord, _) = coord_on(crate::Layout::Coord).await;
+        let ttl = Duration::from_secs(60);
+        let p = coord
+            .semaphores()
+            .unwrap()
+            .try_acquire("sem", 2, ttl)
+            .await
+            .unwrap()
+            .expect("free permit");
+        let r = coord
+            .rw_locks()
+            .unwrap()
+            .read("rw", ttl, Duration::ZERO)
+            .await
+            .unwrap();
+        let got = coord.list(Listed::Semaphore, "", 1).await.unwrap();
+        p.release().await.unwrap();
+        r.release().await.unwrap();
+        assert_eq!(got, ["sem"], "a limit of 1 with a semaphore held");
+    }
+
+    /// Names with every character the key encodings touch, under prefixes
+    /// that end inside what an escape would be (sanity check).
+    #[tokio::test]
+    async fn list_names_odd_characters_round_trip() {
+        use std::time::Duration;
+        let (coord, _) = coord_on(crate::Layout::Coord).await;
+        let ttl = Duration::from_secs(60);
+        let names = [
+            "a%", "a%7B", "a{", "a}", "a*b", "a?", "a[x]", "a\\", "a%25", "a/b", "a:b}c",
+        ];
+        let mut held = Vec::new();
+        for n in names {
+            held.push(
+                coord
+                    .locks()
+                    .unwrap()
+                    .try_acquire(n, ttl)
+                    .await
+                    .unwrap()
+                    .expect(n),
+            );
+        }
+        let mut want: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(coord.list(Listed::Lock, "a", 100).await.unwrap(), want);
+        assert_eq!(
+            coord.list(Listed::Lock, "a%", 100).await.unwrap(),
+            ["a%", "a%25", "a%7B"]
+        );
+        assert_eq!(
+            coord.list(Listed::Lock, "a%2", 100).await.unwrap(),
+            ["a%25"]
+        );
+        assert_eq!(coord.list(Listed::Lock, "a[", 100).await.unwrap(), ["a[x]"]);
+        assert_eq!(coord.list(Listed::Lock, "a\\", 100).await.unwrap(), ["a\\"]);
+        assert_eq!(coord.list(Listed::Lock, "a*", 100).await.unwrap(), ["a*b"]);
+        for g in held {
+            g.release().await.unwrap();
+        }
     }
 }
