@@ -30,6 +30,7 @@ pub async fn lock(
     name: String,
     hold: Hold,
     meta: Option<&str>,
+    fair: bool,
     command: &[String],
 ) -> Result<ExitCode, Error> {
     let mut signals = Signals::install()?;
@@ -41,7 +42,8 @@ pub async fn lock(
     let locks = coord.locks()?;
     let opts = coord::LockOptions::new(hold.ttl)
         .wait(hold.wait)
-        .watchdog(true);
+        .watchdog(true)
+        .fair(fair);
     let acquire = async {
         match locks.acquire_or_holders(&name, opts, Some(&metadata)).await {
             Err(Error::Unsupported { backend, .. }) => {

@@ -125,6 +125,11 @@ enum Command {
         /// '{"why":"backfill"}'.
         #[arg(long)]
         meta: Option<String>,
+        /// Wait in line: `coord lock --fair` runs are granted the lock in
+        /// the order they asked (unfair runs and library clients still
+        /// exclude them, but do not queue).
+        #[arg(long)]
+        fair: bool,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -378,8 +383,9 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
             name,
             hold,
             meta,
+            fair,
             command,
-        } => return hold::lock(url, name, hold, meta.as_deref(), &command).await,
+        } => return hold::lock(url, name, hold, meta.as_deref(), fair, &command).await,
         Command::Elect {
             name,
             id,

@@ -216,6 +216,7 @@ pub const CASES: &[&str] = &[
     "lease_force_revoke_ends_whoever_holds_it",
     "election_force_resign_elects_the_next_candidate",
     "list_names_what_is_held_under_a_prefix",
+    "lock_fair_grants_waiters_in_arrival_order",
 ];
 
 /// Generate one `#[tokio::test]` per conformance case, each calling the
@@ -337,6 +338,7 @@ macro_rules! suite {
             lease_force_revoke_ends_whoever_holds_it,
             election_force_resign_elects_the_next_candidate,
             list_names_what_is_held_under_a_prefix,
+            lock_fair_grants_waiters_in_arrival_order,
         );
     };
     (@cases $make:path; $($case:ident),* $(,)?) => {

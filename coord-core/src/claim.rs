@@ -421,6 +421,9 @@ fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
 pub struct Guard {
     inner: Arc<Inner>,
     watchdog: Option<(CancellationToken, JoinHandle<()>)>,
+    /// A claim that lives as long as this one and ends after it: the
+    /// ticket of a fair lock (see [`LockOptions::fair`](crate::LockOptions::fair)).
+    companion: Option<Box<Guard>>,
 }
 
 /// A lock that is held. See [`Guard`].
@@ -474,7 +477,14 @@ impl Guard {
                 granted_at: Instant::now(),
             }),
             watchdog: None,
+            companion: None,
         }
+    }
+
+    /// Keep `other` while this claim is held, and end it after this one
+    /// ends (released, dropped).
+    pub(crate) fn attach(&mut self, other: Guard) {
+        self.companion = Some(Box::new(other));
     }
 
     /// The claim's name.
@@ -707,6 +717,17 @@ impl Guard {
 
     /// End the claim as `end` says (see [`release`](Guard::release)).
     pub(crate) async fn end(mut self, end: End) -> Result<()> {
+        let companion = self.companion.take();
+        let r = self.end_own(end).await;
+        if let Some(c) = companion {
+            // Its end is not this claim's: a failure leaves it to its TTL.
+            let _ = Box::pin(c.end_own(End::Release)).await;
+        }
+        r
+    }
+
+    /// End this claim alone (see [`end`](Guard::end)).
+    async fn end_own(mut self, end: End) -> Result<()> {
         self.stop_watchdog();
         let inner = self.inner.clone();
         let (store, kind) = (inner.backend.store(), inner.backend.kind());

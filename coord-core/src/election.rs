@@ -8,11 +8,12 @@ use std::time::Duration;
 use futures::Stream;
 use tracing::Instrument;
 
+use crate::acquire::{Queueing, acquire_claim};
 use crate::backend::Election;
 use crate::claim::{ClaimBackend, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::{Queueing, WithLockError, acquire_claim, hold_while};
+use crate::lock::{WithLockError, hold_while};
 use crate::types::{FencingToken, LeaderInfo};
 use crate::wake::Waiter;
 use crate::{validate, wait};
@@ -241,7 +242,7 @@ impl Elections {
                 || async { Ok(b.inspect(name).await?.map(|l| l.holder.owner)) },
                 |owner| async move { b.resign(name, &owner).await },
             ),
-            crate::lock::removed_or_free
+            crate::acquire::removed_or_free
         )
     }
 

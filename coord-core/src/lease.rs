@@ -5,11 +5,11 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::acquire::{Queueing, acquire_claim};
 use crate::backend::Lease;
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::{Queueing, acquire_claim};
 use crate::validate;
 
 /// Leases on one store: "worker 7 is alive for the next 10 s".
@@ -161,7 +161,7 @@ impl Leases {
                 || async { Ok(b.inspect(name).await?.holders.first().map(|h| h.owner)) },
                 |owner| async move { b.revoke(name, &owner).await },
             ),
-            crate::lock::removed_or_free
+            crate::acquire::removed_or_free
         )
     }
 

@@ -20,6 +20,7 @@
 #[macro_use]
 mod op;
 
+mod acquire;
 mod backend;
 mod barrier;
 pub mod barrier_state;

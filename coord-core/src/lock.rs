@@ -7,15 +7,19 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Attempt, Lock};
-use crate::claim::{ClaimBackend, End, EndClaim, Guard, Ownership};
+use crate::acquire::{Queueing, acquire_claim, removed_or_free};
+use crate::backend::Lock;
+use crate::claim::{ClaimBackend, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::metrics;
-use crate::settle::Armed;
-use crate::types::{Capabilities, FencingToken, OwnerToken};
-use crate::wait::WaitOutcome;
+use crate::types::{Capabilities, FencingToken};
 use crate::{validate, wait};
+
+/// The semaphore that hands out the tickets of fair lock `name` (no name
+/// a user gives contains a control character).
+fn ticket_name(name: &str) -> String {
+    format!("\u{1}fair\u{1}{name}")
+}
 
 /// How to take a lock: its TTL, how long to wait, and whether the watchdog
 /// keeps it alive.
@@ -27,15 +31,28 @@ pub struct LockOptions {
     pub wait: Duration,
     /// Start the watchdog on the guard.
     pub watchdog: bool,
+    /// Fair: waiters that asked with `fair` are granted in arrival order.
+    /// Each first takes a ticket, the one permit of a FIFO semaphore kept
+    /// beside the lock (its place in that queue expires if its client
+    /// crashes), then the lock itself; the ticket is kept, renewed by a
+    /// watchdog, until the lock is released. Exclusion and the fencing
+    /// token are the lock's own, so fair and unfair acquirers of one name
+    /// still exclude each other (an unfair one simply does not queue). On
+    /// a store whose locks already queue in order (etcd) no ticket is
+    /// taken. [`Error::Unsupported`] where the store has no FIFO
+    /// semaphores (Redlock). Cost: the ticket's acquire and release, two
+    /// more round trips per grant, and its renewals.
+    pub fair: bool,
 }
 
 impl LockOptions {
-    /// A TTL, no waiting, no watchdog.
+    /// A TTL, no waiting, no watchdog, not fair.
     pub fn new(ttl: Duration) -> Self {
         LockOptions {
             ttl,
             wait: Duration::ZERO,
             watchdog: false,
+            fair: false,
         }
     }
 
@@ -48,6 +65,23 @@ impl LockOptions {
     /// Keep the lock alive with the watchdog until release.
     pub fn watchdog(mut self, on: bool) -> Self {
         self.watchdog = on;
+        self
+    }
+
+    /// Grant the waiters that ask with `fair` in arrival order (see the
+    /// field [`fair`](LockOptions#structfield.fair)).
+    ///
+    /// ```
+    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_core::LockOptions;
+    /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(30)).fair(true);
+    /// let guard = coord.locks()?.acquire_with("ledger", opts).await?;
+    /// guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
         self
     }
 }
@@ -76,6 +110,9 @@ impl LockOptions {
 pub struct Locks {
     backend: Arc<dyn Lock>,
     settings: Settings,
+    /// The FIFO semaphores fair locks take their tickets from, if the
+    /// store has them.
+    tickets: Option<crate::Semaphores>,
 }
 
 impl std::fmt::Debug for Locks {
@@ -91,17 +128,83 @@ impl Coord {
     ///
     /// Errors: [`Error::Unsupported`] if the backend has no locks.
     pub fn locks(&self) -> Result<Locks> {
+        let tickets = self.semaphores().ok().filter(|s| s.is_fifo());
         Ok(Locks {
             backend: self.lock.clone().ok_or_else(|| self.unsupported("locks"))?,
             settings: self.settings,
+            tickets,
         })
     }
 }
 
 impl Locks {
+    /// A fair lock (see [`LockOptions::fair`]): the ticket first, in
+    /// arrival order, then the lock within what is left of the wait; the
+    /// ticket rides on the lock's guard and ends after it.
+    async fn acquire_fair(
+        &self,
+        name: &str,
+        opts: LockOptions,
+        meta: Option<Arc<[u8]>>,
+    ) -> Result<Guard> {
+        validate::name("name", name)?;
+        let Some(tickets) = &self.tickets else {
+            return Err(Error::Unsupported {
+                backend: self.backend.capabilities().backend,
+                primitive: "fair locks",
+                reason: "fair locks queue on the store's FIFO semaphores, which this store has not",
+            });
+        };
+        let started = Instant::now();
+        let ticket_opts = crate::PermitOptions::new(1, opts.ttl)
+            .wait(opts.wait)
+            .watchdog(true);
+        let ticket = match tickets
+            .acquire_checked(&ticket_name(name), ticket_opts)
+            .await
+        {
+            Ok(t) => t,
+            Err(Error::Timeout { .. }) => {
+                return Err(Error::Timeout {
+                    operation: "lock acquire",
+                    name: name.to_string(),
+                    waited: started.elapsed(),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let rest = LockOptions {
+            wait: opts.wait.saturating_sub(started.elapsed()),
+            fair: false,
+            ..opts
+        };
+        match Box::pin(self.acquire_inner(name, rest, meta)).await {
+            Ok(mut guard) => {
+                guard.attach(ticket.into_guard());
+                Ok(guard)
+            }
+            Err(e) => {
+                // Its end is not the attempt's: a failure leaves it to its TTL.
+                let _ = ticket.release().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Locks over a raw backend, with these settings.
     pub fn new(backend: Arc<dyn Lock>, settings: Settings) -> Self {
-        Locks { backend, settings }
+        Locks {
+            backend,
+            settings,
+            tickets: None,
+        }
+    }
+
+    /// The same locks with `tickets`, FIFO semaphores of the same store,
+    /// for fair locks ([`LockOptions::fair`]).
+    pub fn with_tickets(mut self, tickets: crate::Semaphores) -> Self {
+        self.tickets = Some(tickets);
+        self
     }
 
     /// What the backend promises.
@@ -230,6 +333,9 @@ impl Locks {
         opts: LockOptions,
         meta: Option<Arc<[u8]>>,
     ) -> Result<Guard> {
+        if opts.fair && !self.backend.capabilities().fair {
+            return self.acquire_fair(name, opts, meta).await;
+        }
         validate::name("name", name)?;
         let ttl = validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let span = tracing::debug_span!(
@@ -389,170 +495,6 @@ impl Locks {
             self.backend.force_release(name),
             removed_or_free
         )
-    }
-}
-
-/// The outcome of a force release: a live claim was `removed`, or the
-/// name was `free`.
-pub(crate) fn removed_or_free(removed: &bool) -> &'static str {
-    if *removed { "removed" } else { "free" }
-}
-
-/// Whether the store may keep a waiter's place in line for an owner whose
-/// acquire did not succeed, so the core must remove it (with `release`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queueing {
-    /// The store keeps nothing for a refused attempt.
-    No,
-    /// The store queues waiters once they have subscribed (locks and
-    /// elections on a fair store, as etcd's key-per-waiter queue).
-    OnceSubscribed,
-    /// Every refused attempt joins the store's queue, from the first one
-    /// (a FIFO semaphore's waiting acquire).
-    FromFirstAttempt,
-}
-
-impl Queueing {
-    pub(crate) fn once_subscribed(fair: bool) -> Self {
-        if fair {
-            Queueing::OnceSubscribed
-        } else {
-            Queueing::No
-        }
-    }
-}
-
-/// Shared by locks, leases, elections and semaphores: attempt (waiting if
-/// asked), build the guard, and clean up after an ambiguous failure or a
-/// wait that left a place in the store's queue.
-///
-/// `subscribe` gets the attempt's owner token, for stores that wake
-/// individual waiters.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn acquire_claim<A, AF, S, SF>(
-    backend: ClaimBackend,
-    operation: &'static str,
-    name: &str,
-    ttl: Duration,
-    wait: Duration,
-    poll: Duration,
-    queued: Queueing,
-    mut attempt: A,
-    subscribe: S,
-) -> Result<Guard>
-where
-    A: FnMut(OwnerToken) -> AF,
-    AF: Future<Output = Result<Attempt>>,
-    S: FnOnce(OwnerToken) -> SF,
-    SF: Future<Output = Result<crate::wake::Waiter>>,
-{
-    let owner = OwnerToken::random();
-    let start = Instant::now();
-    let deadline = wait::deadline_in(wait);
-    // The validity deadline counts from before the request that won was
-    // sent: remember the send time of each attempt.
-    let sent = std::sync::Mutex::new(start);
-    // An attempt may be granted (or a queueing store may keep our place in
-    // line) without this acquire learning it: a lost reply, or this future
-    // dropped mid-wait. The cleanup stays armed until the outcome is known
-    // and nothing of ours is left on the store.
-    let cleanup = Armed::new(EndClaim {
-        backend: &backend,
-        name,
-        owner,
-        end: End::Release,
-    });
-    // In `coord_waiting` from the first refusal until this acquire ends.
-    let waiting = std::sync::OnceLock::new();
-    let outcome = wait::until(
-        || {
-            let now = Instant::now();
-            *sent.lock().unwrap_or_else(|p| p.into_inner()) = now;
-            attempt(owner)
-        },
-        || {
-            let _ = waiting.set(metrics::Counted::waiting(
-                backend.store(),
-                backend.metric_kind(),
-            ));
-            subscribe(owner)
-        },
-        deadline,
-        poll,
-    )
-    .await;
-    drop(waiting);
-    let (store, kind) = (backend.store(), backend.metric_kind());
-    // The caller's span (`coord.lock.acquire`, ...) gets the outcome.
-    let span = tracing::Span::current();
-    let outcome_of = |r: &Result<WaitOutcome>| match r {
-        Ok(o) if o.granted.is_some() => "granted",
-        Ok(o) if o.last_error.is_some() => "error",
-        Ok(_) => "timeout",
-        Err(_) => "error",
-    };
-    span.record("outcome", outcome_of(&outcome));
-    span.record("waited_ms", start.elapsed().as_millis() as u64);
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            cleanup.undo();
-            metrics::acquire(store, kind, "error");
-            metrics::error(store, &e);
-            return Err(e);
-        }
-    };
-    match outcome.granted {
-        Some(token) => {
-            metrics::granted(store, kind, start.elapsed(), outcome.subscribed);
-            let sent_at = *sent.lock().unwrap_or_else(|p| p.into_inner());
-            // The guard owns the grant from here on (its release, or its
-            // drop's): nothing to undo.
-            cleanup.settled();
-            Ok(Guard::new(backend, name, owner, token, ttl, sent_at))
-        }
-        None => {
-            // Whether a place in line of ours may be on the store: every
-            // refused attempt of a FIFO semaphore's, and those after the
-            // subscription on a fair store (etcd's key-per-waiter queue).
-            let in_line = match queued {
-                Queueing::FromFirstAttempt => true,
-                Queueing::OnceSubscribed => outcome.subscribed,
-                Queueing::No => false,
-            };
-            if in_line {
-                // Our place in line must be gone before the caller hears
-                // "timed out": a request it makes next must not find itself
-                // queued behind us. So remove it now, not in the background,
-                // with the cleanup still armed: if the caller's timeout drops
-                // this future during that round trip, or the store does not
-                // answer it, it is sent again in the background (a place left
-                // in line holds up every waiter behind it).
-                if let Err(e) = cleanup.settle_with(backend.release(name, &owner)).await {
-                    tracing::debug!(name, error = %e, "leaving the queue after a timed-out acquire failed; trying again in the background");
-                }
-            } else if outcome.ambiguous {
-                cleanup.undo();
-            } else {
-                // Every reply seen, every one a refusal: nothing of ours.
-                cleanup.settled();
-            }
-            match outcome.last_error {
-                Some(e) => {
-                    metrics::acquire(store, kind, "error");
-                    metrics::error(store, &e);
-                    Err(e)
-                }
-                None => {
-                    metrics::acquire(store, kind, "timeout");
-                    Err(Error::Timeout {
-                        operation,
-                        name: name.to_string(),
-                        waited: start.elapsed(),
-                    })
-                }
-            }
-        }
     }
 }
 

@@ -209,7 +209,7 @@ impl RwLocks {
             backend.capabilities().backend,
             name,
             backend.force_release(&semaphore_name(name)),
-            crate::lock::removed_or_free
+            crate::acquire::removed_or_free
         )
     }
 

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::acquire::{Queueing, acquire_claim};
 use crate::backend::{PermitRequest, Semaphore};
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::lock::{Queueing, acquire_claim};
 use crate::types::Capabilities;
 use crate::validate;
 
@@ -525,7 +525,7 @@ impl Semaphores {
             store,
             name,
             self.backend.force_release(name),
-            crate::lock::removed_or_free
+            crate::acquire::removed_or_free
         )
     }
 

@@ -41,6 +41,37 @@ async fn lock_runs_the_command_with_its_token_and_exit_code() {
     }
 }
 
+/// `coord lock --fair` runs are granted in the order they asked: two
+/// runs queued behind a fair holder, the second started after the first
+/// waits, run in that order once the holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_lock_runs_go_in_the_order_they_asked() {
+    for url in stores() {
+        let name = unique("fair");
+        let c = coord::connect(&url).await.unwrap();
+        let opts = coord::LockOptions::new(Duration::from_secs(30)).fair(true);
+        let held = c.locks().unwrap().acquire_with(&name, opts).await.unwrap();
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let mut runs = Vec::new();
+        for who in ["first", "second"] {
+            let script = format!("echo {who} >> '{}'", log.display());
+            let args = [
+                "lock", &name, "--fair", "--wait", "20s", "--", "sh", "-c", &script,
+            ];
+            runs.push(coord(&url).args(args).spawn().unwrap());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        held.release().await.unwrap();
+        for mut r in runs {
+            let status = r.wait().await.unwrap();
+            assert_eq!(status.code(), Some(0), "{url}");
+        }
+        let order = std::fs::read_to_string(&log).unwrap();
+        let _ = std::fs::remove_file(&log);
+        assert_eq!(order, "first\nsecond\n", "{url}");
+    }
+}
+
 /// A held lock: `--wait` passes and the tool exits 75 without running the
 /// command, saying who holds it (owner id and metadata).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

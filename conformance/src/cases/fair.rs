@@ -1,0 +1,107 @@
+//! Fair locks (`LockOptions::fair`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_core::{Error, LockOptions};
+use tokio::time::Instant;
+
+use crate::{Factory, unique};
+
+/// How long the saturating clients contend.
+const CONTEND: Duration = Duration::from_millis(1500);
+/// How long a holder keeps the lock.
+const HOLD: Duration = Duration::from_millis(3);
+/// Clients contending.
+const CLIENTS: usize = 4;
+
+/// Fair locks grant the clients that ask with `fair` in arrival order:
+/// four clients, each taking the lock again as soon as it let it go,
+/// never get more than two grants in a row, and each gets at least half
+/// of the busiest one's grants. A fair holder excludes an unfair attempt
+/// on the same name and the other way round (the ticket a refused fair
+/// attempt took is given back: the next fair attempt is granted). Stores
+/// without FIFO semaphores refuse `fair` as unsupported.
+pub async fn lock_fair_grants_waiters_in_arrival_order(f: &Factory) {
+    let c = f.client().await;
+    let store = c.capabilities().backend;
+    let locks = c.locks().unwrap();
+    let name = unique("fair");
+    let ttl = Duration::from_secs(10);
+    let fair = LockOptions::new(ttl).fair(true);
+    let first = match locks.acquire_with(&name, fair).await {
+        Ok(g) => g,
+        Err(Error::Unsupported { .. }) => return,
+        Err(e) => panic!("{store}: a fair lock on a free name: {e}"),
+    };
+    let unfair = locks.try_acquire(&name, ttl).await.unwrap();
+    assert!(
+        unfair.is_none(),
+        "{store}: an unfair attempt got a fair holder's lock"
+    );
+    first.release().await.unwrap();
+    let plain = locks.try_acquire(&name, ttl).await.unwrap();
+    let plain = plain.expect("free after the fair release");
+    let refused = locks.acquire_with(&name, fair).await;
+    assert!(
+        matches!(refused, Err(Error::Timeout { .. })),
+        "{store}: a fair attempt beside an unfair holder: {refused:?}"
+    );
+    plain.release().await.unwrap();
+    let again = locks.acquire_with(&name, fair).await;
+    again
+        .expect("the refused attempt's ticket was given back")
+        .release()
+        .await
+        .unwrap();
+
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let end = Instant::now() + CONTEND;
+    let mut tasks = Vec::new();
+    for (i, client) in f.clients(CLIENTS).await.into_iter().enumerate() {
+        let (grants, name) = (grants.clone(), name.clone());
+        tasks.push(tokio::spawn(async move {
+            let locks = client.locks().unwrap();
+            let opts = LockOptions::new(ttl)
+                .fair(true)
+                .wait(Duration::from_secs(20));
+            while Instant::now() < end {
+                let g = locks.acquire_with(&name, opts).await.expect("fair acquire");
+                grants.lock().unwrap().push(i);
+                tokio::time::sleep(HOLD).await;
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    assert!(
+        grants.len() >= 2 * CLIENTS,
+        "{store}: only {} grants",
+        grants.len()
+    );
+    let mut longest = 0;
+    let mut run = 0;
+    for (k, who) in grants.iter().enumerate() {
+        run = if k > 0 && grants[k - 1] == *who {
+            run + 1
+        } else {
+            1
+        };
+        longest = longest.max(run);
+    }
+    let per: Vec<usize> = (0..CLIENTS)
+        .map(|i| grants.iter().filter(|g| **g == i).count())
+        .collect();
+    let most = per.iter().copied().max().unwrap_or(0);
+    assert!(
+        longest <= 2,
+        "{store}: {longest} grants in a row to one client: {grants:?}"
+    );
+    assert!(
+        per.iter().all(|n| 2 * n >= most),
+        "{store}: grants per client {per:?}"
+    );
+}
