@@ -46,7 +46,11 @@ pub async fn lock(
         .fair(fair);
     let acquire = async {
         match locks.acquire_or_holders(&name, opts, Some(&metadata)).await {
-            Err(Error::Unsupported { backend, .. }) => {
+            Err(Error::Unsupported {
+                backend,
+                primitive: "holder metadata",
+                ..
+            }) => {
                 eprintln!(
                     "coord: the {backend} store keeps no holder metadata; locking without it"
                 );

@@ -212,6 +212,12 @@ impl Unseen {
     }
 }
 
+/// `m`, locked; a panic elsewhere while it was held does not poison it
+/// for the rest.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 struct Inner {
     backend: ClaimBackend,
     name: Box<str>,
@@ -238,6 +244,8 @@ struct Inner {
     granted_at: Instant,
     /// This claim in `coord_held`, until it ends.
     held: metrics::Counted,
+    /// A claim that ends after this one (see [`Guard::attach`]).
+    companion: Mutex<Option<Guard>>,
 }
 
 impl Inner {
@@ -326,6 +334,21 @@ impl Inner {
             tracing::warn!(kind = self.backend.kind(), name = %self.name, why, "ownership lost");
             metrics::lost(self.backend.store(), self.backend.metric_kind());
             self.lost_notify.notify_waiters();
+            // Dropped, it is released in the background.
+            drop(self.take_companion());
+        }
+    }
+
+    /// The claim that ends after this one, if any is left.
+    fn take_companion(&self) -> Option<Guard> {
+        lock(&self.companion).take()
+    }
+
+    /// End the companion, after this claim's end was answered.
+    async fn end_companion(&self) {
+        if let Some(c) = self.take_companion() {
+            // Its end is not this claim's: a failure leaves it to its TTL.
+            let _ = Box::pin(c.end_own(End::Release)).await;
         }
     }
 
@@ -421,9 +444,6 @@ fn deadline_after(sent_at: Instant, ttl: Duration) -> Instant {
 pub struct Guard {
     inner: Arc<Inner>,
     watchdog: Option<(CancellationToken, JoinHandle<()>)>,
-    /// A claim that lives as long as this one and ends after it: the
-    /// ticket of a fair lock (see [`LockOptions::fair`](crate::LockOptions::fair)).
-    companion: Option<Box<Guard>>,
 }
 
 /// A lock that is held. See [`Guard`].
@@ -475,16 +495,23 @@ impl Guard {
                 op: tokio::sync::Mutex::new(()),
                 timer_started: AtomicBool::new(false),
                 granted_at: Instant::now(),
+                companion: Mutex::new(None),
             }),
             watchdog: None,
-            companion: None,
         }
     }
 
-    /// Keep `other` while this claim is held, and end it after this one
-    /// ends (released, dropped).
-    pub(crate) fn attach(&mut self, other: Guard) {
-        self.companion = Some(Box::new(other));
+    /// Keep `other` while this claim is held: it ends after this one's
+    /// release (or release on drop) has been answered, and as soon as this
+    /// one is lost; its watchdog runs while this one's does (the ticket of
+    /// a fair lock, see [`LockOptions::fair`](crate::LockOptions::fair)).
+    pub(crate) fn attach(&mut self, mut other: Guard) {
+        if self.watchdog.is_some() {
+            other.keep_alive();
+        } else {
+            other.stop_watchdog();
+        }
+        *lock(&self.inner.companion) = Some(other);
     }
 
     /// The claim's name.
@@ -641,6 +668,9 @@ impl Guard {
         let stop = CancellationToken::new();
         let handle = tokio::spawn(watchdog(self.inner.clone(), stop.clone()));
         self.watchdog = Some((stop, handle));
+        if let Some(c) = lock(&self.inner.companion).as_mut() {
+            c.keep_alive();
+        }
     }
 
     /// Builder form of [`keep_alive`](Guard::keep_alive).
@@ -697,6 +727,9 @@ impl Guard {
         if let Some((stop, _handle)) = self.watchdog.take() {
             stop.cancel();
         }
+        if let Some(c) = lock(&self.inner.companion).as_mut() {
+            c.stop_watchdog();
+        }
     }
 
     /// Release the claim iff this owner still holds it (compare-and-delete
@@ -716,13 +749,10 @@ impl Guard {
     }
 
     /// End the claim as `end` says (see [`release`](Guard::release)).
-    pub(crate) async fn end(mut self, end: End) -> Result<()> {
-        let companion = self.companion.take();
+    pub(crate) async fn end(self, end: End) -> Result<()> {
+        let inner = self.inner.clone();
         let r = self.end_own(end).await;
-        if let Some(c) = companion {
-            // Its end is not this claim's: a failure leaves it to its TTL.
-            let _ = Box::pin(c.end_own(End::Release)).await;
-        }
+        inner.end_companion().await;
         r
     }
 
@@ -829,6 +859,7 @@ impl Drop for Guard {
                     metrics::queue_op(inner.backend.store(), "give_back");
                 }
                 let r = end_retrying(&inner.backend, &inner.name, &inner.owner, End::Release).await;
+                inner.end_companion().await;
                 let span = tracing::Span::current();
                 match r {
                     Ok(true) => {

@@ -34,8 +34,10 @@ pub struct LockOptions {
     /// Fair: waiters that asked with `fair` are granted in arrival order.
     /// Each first takes a ticket, the one permit of a FIFO semaphore kept
     /// beside the lock (its place in that queue expires if its client
-    /// crashes), then the lock itself; the ticket is kept, renewed by a
-    /// watchdog, until the lock is released. Exclusion and the fencing
+    /// crashes), then the lock itself. The ticket has the lock's TTL and is
+    /// renewed while the lock's watchdog runs; it is given back once the
+    /// lock's release has been answered, and at once when the lock is lost,
+    /// so it never outlives the lock by more than its TTL. Exclusion and the fencing
     /// token are the lock's own, so fair and unfair acquirers of one name
     /// still exclude each other (an unfair one simply does not queue). On
     /// a store whose locks already queue in order (etcd) no ticket is
@@ -148,6 +150,7 @@ impl Locks {
         meta: Option<Arc<[u8]>>,
     ) -> Result<Guard> {
         validate::name("name", name)?;
+        validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
         let Some(tickets) = &self.tickets else {
             return Err(Error::Unsupported {
                 backend: self.backend.capabilities().backend,
@@ -156,6 +159,9 @@ impl Locks {
             });
         };
         let started = Instant::now();
+        // The ticket lives as the lock does: the same TTL, and a watchdog
+        // only while the lock's runs (see `Guard::attach`), so a lock that
+        // expires or is lost takes its ticket with it.
         let ticket_opts = crate::PermitOptions::new(1, opts.ttl)
             .wait(opts.wait)
             .watchdog(true);
@@ -184,9 +190,20 @@ impl Locks {
                 Ok(guard)
             }
             Err(e) => {
-                // Its end is not the attempt's: a failure leaves it to its TTL.
+                // Given back before the refusal is reported, so a refused
+                // attempt leaves nothing behind (a failure leaves it to
+                // its TTL; it is sent again in the background).
                 let _ = ticket.release().await;
-                Err(e)
+                Err(match e {
+                    Error::Timeout {
+                        operation, name, ..
+                    } => Error::Timeout {
+                        operation,
+                        name,
+                        waited: started.elapsed(),
+                    },
+                    other => other,
+                })
             }
         }
     }

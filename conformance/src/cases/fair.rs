@@ -20,8 +20,10 @@ const CLIENTS: usize = 4;
 /// never get more than two grants in a row, and each gets at least half
 /// of the busiest one's grants. A fair holder excludes an unfair attempt
 /// on the same name and the other way round (the ticket a refused fair
-/// attempt took is given back: the next fair attempt is granted). Stores
-/// without FIFO semaphores refuse `fair` as unsupported.
+/// attempt took is given back: the next fair attempt is granted). A fair
+/// holder that keeps its guard past its TTL holds up the next fair waiter
+/// no longer than that. Stores without FIFO semaphores refuse `fair` as
+/// unsupported.
 pub async fn lock_fair_grants_waiters_in_arrival_order(f: &Factory) {
     let c = f.client().await;
     let store = c.capabilities().backend;
@@ -54,6 +56,24 @@ pub async fn lock_fair_grants_waiters_in_arrival_order(f: &Factory) {
         .release()
         .await
         .unwrap();
+
+    // A holder that keeps its guard past the TTL (no watchdog) holds up
+    // the next fair waiter no longer than the TTL: its ticket goes with it.
+    let short = crate::ttl(&c, Duration::from_millis(300));
+    let kept = locks
+        .acquire_with(&name, LockOptions::new(short).fair(true))
+        .await;
+    let kept = kept.expect("a free fair lock");
+    let other = f.client().await;
+    let wait = short * 4 + Duration::from_secs(3);
+    let next = other
+        .locks()
+        .unwrap()
+        .acquire_with(&name, fair.wait(wait))
+        .await;
+    let next = next.unwrap_or_else(|e| panic!("{store}: behind an expired fair holder: {e}"));
+    drop(kept);
+    next.release().await.unwrap();
 
     let grants = Arc::new(Mutex::new(Vec::new()));
     let end = Instant::now() + CONTEND;
