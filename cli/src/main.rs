@@ -57,7 +57,8 @@ Running a command (lock, elect, queue work):
     (exit 64) included. A store error there is reported; the claim then
     ends at its TTL.
   - If coord dies without stopping the group (SIGKILL), a watcher process
-    it started (`coord __watch-group`, in a group of its own) sends SIGKILL
+    it started before the command (`coord __watch-group`, in a group of its
+    own) sends SIGKILL
     to the command's group; on Linux the command also gets SIGKILL from the
     kernel (parent-death signal, PR_SET_PDEATHSIG)."
     };
@@ -322,8 +323,7 @@ fn main() -> ExitCode {
     // coord run again as the watcher of a command's process group.
     let mut args = std::env::args_os().skip(1);
     if args.next().is_some_and(|a| a == watch::ARG) {
-        let group = args.next().unwrap_or_default();
-        return watch::run(&group.to_string_lossy());
+        return watch::run();
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

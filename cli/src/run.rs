@@ -222,6 +222,10 @@ pub async fn supervise(
             cmd.pre_exec(move || die_with(coord));
         }
     }
+    // Kills the command's group if coord dies first (the parent-death
+    // signal reaches the command only); dropped on an early return, it
+    // does so too. Started first, so it runs before the command does.
+    let mut watcher = crate::watch::Watcher::start();
     // The parent-death signal comes when the *thread* that forked the child
     // ends. This runs on the thread of `main`'s `block_on` (the main
     // thread), which lives as long as coord.
@@ -233,9 +237,9 @@ pub async fn supervise(
     };
     // Its own process group: the group id is its process id.
     let group = Pid::from_raw(id as i32);
-    // Kills the group if coord dies first (the parent-death signal reaches
-    // the command only); dropped on an early return, it does so too.
-    let watcher = crate::watch::Watcher::start(group);
+    if let Some(w) = watcher.as_mut() {
+        w.watch(group);
+    }
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;

@@ -3,12 +3,18 @@
 //! reaches the command only; what the command started in the background
 //! would run on, unsupervised, while another worker takes the claim.
 //!
-//! coord runs itself again as `coord __watch-group <group>`, in a process
-//! group of its own (so a terminal's signals do not reach it), with a pipe
-//! on its standard input whose write end only coord holds (close-on-exec:
-//! the command never inherits it). Once the command's group is gone coord
-//! writes one byte and the watcher exits; if the pipe closes with nothing
-//! written, coord has died, and the watcher sends SIGKILL to the group.
+//! coord runs itself again as `coord __watch-group`, before it starts the
+//! command, in a process group of its own (so a terminal's signals do not
+//! reach it), with a pipe on its standard input whose write end only coord
+//! holds (close-on-exec: the command never inherits it). Right after the
+//! command is spawned (`spawn` returns once it has exec'd) coord writes
+//! the command's process group id and a newline; the watcher is running by
+//! then, so coord dying at any later moment is seen. Once the group is
+//! gone coord writes one byte and the watcher exits; if the pipe closes
+//! with nothing more written, coord has died, and the watcher sends
+//! SIGKILL to the group. (Started after the command, the watcher left a
+//! window of a fork and an exec in which a SIGKILL of coord let what the
+//! command had started in the background run on.)
 
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
@@ -28,14 +34,14 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// Watch `group`. Without a watcher (coord's own executable cannot be
-    /// run again), coord still ends the group on every path it lives
-    /// through; a warning says what is not covered.
-    pub fn start(group: Pid) -> Option<Watcher> {
+    /// Start a watcher, before the command is spawned; [`watch`](Watcher::watch)
+    /// then names the command's group. Without a watcher (coord's own
+    /// executable cannot be run again), coord still ends the group on
+    /// every path it lives through; a warning says what is not covered.
+    pub fn start() -> Option<Watcher> {
         let spawned = std::env::current_exe().and_then(|exe| {
             std::process::Command::new(exe)
                 .arg(ARG)
-                .arg(group.as_raw().to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::null())
                 .process_group(0)
@@ -54,6 +60,21 @@ impl Watcher {
         }
     }
 
+    /// The command's process group, to kill if coord dies from now on.
+    pub fn watch(&mut self, group: Pid) {
+        let told = self
+            .child
+            .stdin
+            .as_mut()
+            .map(|stdin| stdin.write_all(format!("{}\n", group.as_raw()).as_bytes()));
+        if !matches!(told, Some(Ok(()))) {
+            eprintln!(
+                "coord: the watcher of the command's process group is gone; if coord is \
+                 killed with SIGKILL, what the command started in the background may outlive it"
+            );
+        }
+    }
+
     /// The group is gone (or left to coord's own stop): the watcher exits
     /// without signalling anything. Dropping a watcher instead makes it
     /// kill the group, as if coord had died.
@@ -65,27 +86,44 @@ impl Watcher {
     }
 }
 
-/// The watcher itself: `group` from its command line. Exits 0 once its
-/// standard input says coord finished or closes (after SIGKILL to the
-/// group); 64 for a group that is not a process group id.
-pub fn run(group: &str) -> ExitCode {
-    let group = match group.parse::<i32>() {
-        Ok(g) if g > 1 => Pid::from_raw(g),
-        _ => {
-            eprintln!("coord: `{ARG}` is coord's own; it takes a process group id");
-            return ExitCode::from(USAGE);
-        }
-    };
+/// The watcher itself: the group id from the first line of its standard
+/// input. Exits 0 once its standard input says coord finished or closes
+/// (after SIGKILL to the group, if it was told one).
+pub fn run() -> ExitCode {
+    let mut stdin = std::io::stdin().lock();
+    let mut line = Vec::new();
     let mut byte = [0u8; 1];
-    let read = loop {
-        match std::io::stdin().read(&mut byte) {
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            r => break r,
+    // The group's id, then a newline; a pipe that closes first means coord
+    // died before the command was spawned (or could not spawn it).
+    let group = loop {
+        match read_byte(&mut stdin, &mut byte) {
+            Some(b'\n') => {
+                break std::str::from_utf8(&line)
+                    .ok()
+                    .and_then(|g| g.parse::<i32>().ok());
+            }
+            Some(b) if line.len() < 20 => line.push(b),
+            _ => return ExitCode::SUCCESS,
         }
     };
-    // Nothing written, the pipe closed (or broke): coord died.
-    if !matches!(read, Ok(1)) {
+    let Some(group) = group.filter(|g| *g > 1).map(Pid::from_raw) else {
+        eprintln!("coord: `{ARG}` is coord's own; it reads a process group id");
+        return ExitCode::from(USAGE);
+    };
+    // Nothing more written, the pipe closed (or broke): coord died.
+    if read_byte(&mut stdin, &mut byte).is_none() {
         let _ = killpg(group, Signal::SIGKILL);
     }
     ExitCode::SUCCESS
+}
+
+/// One byte of `input`, or `None` at its end (or on an error).
+fn read_byte(input: &mut impl Read, byte: &mut [u8; 1]) -> Option<u8> {
+    loop {
+        match input.read(byte) {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Ok(1) => return Some(byte[0]),
+            _ => return None,
+        }
+    }
 }
