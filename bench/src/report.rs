@@ -253,17 +253,10 @@ impl Sink {
         store: &'static str,
         op: &'static str,
         tasks: usize,
-        (coord, raw): (Stats, Stats),
+        measured: (Stats, Stats),
         peer: Option<Peer>,
     ) {
-        self.push(Row {
-            store,
-            op,
-            tasks,
-            kind: Kind::Throughput { coord, raw },
-            peer,
-            floor: None,
-        });
+        self.throughput_row(store, op, tasks, measured, peer, None);
     }
 
     /// A throughput row with the least work coord's guarantee needs
@@ -276,13 +269,25 @@ impl Sink {
         (coord, raw, floor): (Stats, Stats, Stats),
         peer: Option<Peer>,
     ) {
+        self.throughput_row(store, op, tasks, (coord, raw), peer, Some(floor));
+    }
+
+    fn throughput_row(
+        &mut self,
+        store: &'static str,
+        op: &'static str,
+        tasks: usize,
+        (coord, raw): (Stats, Stats),
+        peer: Option<Peer>,
+        floor: Option<Stats>,
+    ) {
         self.push(Row {
             store,
             op,
             tasks,
             kind: Kind::Throughput { coord, raw },
             peer,
-            floor: Some(floor),
+            floor,
         });
     }
 

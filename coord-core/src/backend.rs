@@ -545,6 +545,18 @@ impl Listed {
     }
 }
 
+impl Listed {
+    /// The refusal of a store asked to list a kind it has no names for
+    /// (one added to [`Listed`] after the store was written).
+    pub fn unlisted(self, backend: &'static str) -> Error {
+        Error::Unsupported {
+            backend,
+            primitive: "listing",
+            reason: "this kind has no names to list",
+        }
+    }
+}
+
 /// Listing names: the store-specific half of
 /// [`Coord::list`](crate::Coord::list).
 #[async_trait]

@@ -1,7 +1,7 @@
 //! Listing names (`coord ls`): every shard's map, under its lock, keeps
 //! only what is live now.
 
-use coord_core::{Error, Listed, Lister, Result, async_trait};
+use coord_core::{Listed, Lister, Result, async_trait};
 use tokio::time::Instant;
 
 use crate::{MemoryBackend, Sharded};
@@ -46,11 +46,7 @@ impl Lister for MemoryBackend {
             }
             Listed::Queue => self.queues.names(prefix, limit, |q| q.messages() > 0),
             _ => {
-                return Err(Error::Unsupported {
-                    backend: "memory",
-                    primitive: "listing",
-                    reason: "this kind has no names to list",
-                });
+                return Err(kind.unlisted("memory"));
             }
         })
     }

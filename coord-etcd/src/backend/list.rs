@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use coord_core::util::Kind;
-use coord_core::{Error, Listed, Lister, Result, async_trait};
+use coord_core::{Listed, Lister, Result, async_trait};
 use etcd_client::GetOptions;
 
 use crate::backend::EtcdBackend;
@@ -31,11 +31,7 @@ impl Lister for EtcdBackend {
     async fn names(&self, kind: Listed, prefix: &str, limit: usize) -> Result<Vec<String>> {
         const OP: &str = "list";
         let Some(seg) = segment(kind) else {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                primitive: "listing",
-                reason: "this kind has no names to list",
-            });
+            return Err(kind.unlisted(BACKEND));
         };
         let root = self.etcd.keys.root(seg);
         let start = format!("{root}{}", escape(prefix)).into_bytes();

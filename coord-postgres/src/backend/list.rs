@@ -1,7 +1,7 @@
 //! Listing names (`coord ls`): one bounded `SELECT` per kind, live
 //! grants only (see the statements in `sql.rs`).
 
-use coord_core::{Error, Listed, Lister, Result, async_trait};
+use coord_core::{Listed, Lister, Result, async_trait};
 use tokio_postgres::types::Type;
 
 use super::claims::{KIND_ELECTION, KIND_LEASE, KIND_LOCK};
@@ -42,11 +42,7 @@ impl Lister for PostgresBackend {
                     .await?
             }
             _ => {
-                return Err(Error::Unsupported {
-                    backend: BACKEND,
-                    primitive: "listing",
-                    reason: "this kind has no names to list",
-                });
+                return Err(kind.unlisted(BACKEND));
             }
         };
         rows.iter()

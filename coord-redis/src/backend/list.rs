@@ -148,11 +148,7 @@ fn unexpected(v: &Value) -> Error {
 impl Lister for RedisBackend {
     async fn names(&self, kind: Listed, prefix: &str, limit: usize) -> Result<Vec<String>> {
         let Some(seg) = segment(kind) else {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                primitive: "listing",
-                reason: "this kind has no names to list",
-            });
+            return Err(kind.unlisted(BACKEND));
         };
         if kind == Listed::Lock && self.keys.layout == Layout::Php {
             return Err(Error::Unsupported {
