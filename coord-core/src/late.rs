@@ -26,7 +26,15 @@
 //!   meanwhile (that one may be stamped after the mark, so the owner's next
 //!   release or extend must mark again).
 //!
-//! Releases and extends after answered attempts (nearly all) leave no mark, so an idle
+//! Extends (and renewals) are steps of the owner as attempts are: one that
+//! went unanswered may land after a later extend of the same owner and set
+//! the expiry back to its own, shorter TTL. So a backend also wraps every
+//! extend in [`Unanswered::attempt`], sends its stamp, and has the store
+//! refuse an extend stamped before the owner's mark; the caller of such a
+//! refused extend (one still waiting, its extend overtaken by a marking
+//! one) gets [`superseded`], which changes nothing and can be retried.
+//!
+//! Releases and extends after answered steps (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
 //! processes is not covered (only the process that gave up knows); stamps
 //! of different processes compare by their wall clocks.
@@ -79,6 +87,21 @@ pub const LATE_COPY_HORIZON: Duration = Duration::from_secs(30);
 const PRUNE_AT: usize = 1024;
 
 pub use crate::stamp::stamp;
+
+/// The error for a step the store refused because a later step of the same
+/// owner, stamped after it, left its mark there first (see the module
+/// docs): nothing was changed. Retryable: the retry is stamped after the
+/// mark.
+pub fn superseded(backend: &'static str, operation: &'static str) -> crate::Error {
+    crate::Error::Unavailable {
+        backend,
+        operation,
+        message: "a later step of the same owner reached the store first, so this one changed \
+                  nothing"
+            .into(),
+        source: None,
+    }
+}
 
 /// The owners (per name) one of whose attempts went unanswered: the client
 /// gave up on it, so it may still reach the store. See the module docs.

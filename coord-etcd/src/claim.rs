@@ -7,6 +7,7 @@ pub(crate) mod attempt;
 pub(crate) mod entries;
 pub(crate) mod handoff;
 pub(crate) mod holding;
+pub(crate) mod moves;
 pub(crate) mod named_lease;
 pub(crate) mod waiters;
 
@@ -33,6 +34,9 @@ pub(crate) struct Claims {
     /// Owners whose one attempt was refused without writing anything: their
     /// next attempt (a waiter's, after subscribing) queues.
     pub(crate) tried: Mutex<HashMap<EntryKey, Instant>>,
+    /// Lease moves of held claims whose outcome was never seen (see
+    /// `moves.rs`).
+    pub(crate) moves: moves::Moves,
 }
 
 impl Claims {
@@ -43,6 +47,7 @@ impl Claims {
             prune_at: AtomicUsize::new(PRUNE_AT),
             turns: Turns::default(),
             tried: Mutex::new(HashMap::new()),
+            moves: Mutex::new(HashMap::new()),
         }
     }
 

@@ -129,6 +129,13 @@ pub(crate) struct SemLocal {
     /// was cancelled mid-call), being revoked, and until when it could
     /// live: a grant found on it is not adopted (it is going).
     pub(crate) doomed: Option<(i64, Instant)>,
+    /// The leases of grant moves (extends to another TTL) whose answer
+    /// this client never saw: such a move may still land, after a later
+    /// extend, and put the grant back on its own lease. The next extend
+    /// moves the grant onto a fresh lease by its create revision alone, so
+    /// that each of them, comparing the lease it saw, fails; it then
+    /// revokes these leases, which carry nothing any more.
+    pub(crate) moves: Vec<i64>,
 }
 
 /// A grant as this client knows it.

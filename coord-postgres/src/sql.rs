@@ -17,7 +17,6 @@ pub(crate) struct Sql {
     pub(crate) claim_release: String,
     pub(crate) claim_leave: String,
     pub(crate) claim_extend: String,
-    pub(crate) claim_extend_marking: String,
     pub(crate) claim_force_release: String,
     pub(crate) claim_remaining: String,
     pub(crate) claim_inspect: String,
@@ -33,7 +32,6 @@ pub(crate) struct Sql {
     pub(crate) semaphore_durable: String,
     pub(crate) semaphore_release: String,
     pub(crate) semaphore_extend: String,
-    pub(crate) semaphore_extend_marking: String,
     pub(crate) semaphore_force_release: String,
     pub(crate) semaphore_inspect: String,
     pub(crate) queue_push: String,
@@ -109,43 +107,46 @@ impl Sql {
                 "SELECT held, woke FROM {s}.claim_leave($1::text, $2::text, $3::bytea, $4::text, \
                  $5::bool, $6::int8, $7::int8)"
             ),
-            // $1 kind, $2 name, $3 owner, $4 ttl µs. Compare-and-expire.
-            // The row is locked first (`l`), and the clock read only then
-            // (`n` reads it once per locked row), so an extend that waited
-            // for the row lock past the expiry resurrects nothing. Another
-            // owner's row is not locked at all.
+            // $1 kind, $2 name, $3 owner, $4 ttl µs, $5 the client's stamp
+            // of the extend, $6 the mark's lifetime in µs or NULL.
+            // Compare-and-expire, as a step of the owner. The row is
+            // locked first (`l`), and the clock read only then (`n` reads
+            // it once per locked row), so an extend that waited for the row
+            // lock past the expiry resurrects nothing. Another owner's row
+            // is not locked at all. Stamped before the owner's mark on the
+            // row (`stale`), it is a late copy overtaken by a later step of
+            // its owner and changes nothing. With $6 (a step of the owner
+            // went unanswered) it marks the owner as left at $5 for $6 µs
+            // (the marks `claim_leave` keeps; lapsed ones pruned), so that
+            // step's late copy, stamped before, is refused rather than
+            // setting the expiry back to its own TTL. No row: the owner has
+            // no row; else (stale, extended).
             claim_extend: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
+                "WITH l AS MATERIALIZED (SELECT c.left_owners, c.left_stamps, c.left_until \
+                   FROM {s}.claims c \
                    WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
-                 UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond' FROM n \
-                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
-                 RETURNING 1"
-            ),
-            // As `claim_extend`, for an owner one of whose attempts went
-            // unanswered: in the same step the owner is marked as left at
-            // $5, the client's stamp of the extend, for $6 µs (the marks
-            // `claim_leave` keeps; lapsed ones pruned). That attempt's late
-            // copy, stamped before, is then refused rather than taken for
-            // the holder retrying, which would set the expiry back to its
-            // own TTL.
-            claim_extend_marking: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.claims c \
-                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
-                 UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond', \
-                   left_owners = (SELECT coalesce(array_agg(x.o), '{{}}'::bytea[]) \
-                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
-                     WHERE x.u > n.t AND x.o <> $3::bytea) || $3::bytea, \
-                   left_stamps = (SELECT coalesce(array_agg(x.s), '{{}}'::int8[]) \
-                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
-                     WHERE x.u > n.t AND x.o <> $3::bytea) || $5::int8, \
-                   left_until = (SELECT coalesce(array_agg(x.u), '{{}}'::timestamptz[]) \
-                     FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
-                     WHERE x.u > n.t AND x.o <> $3::bytea) || (n.t + $6::int8 * interval '1 microsecond') \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t, \
+                   coalesce(l.left_owners IS NOT NULL AND {s}.claim_is_left(l.left_owners, \
+                     l.left_stamps, l.left_until, $3::bytea, $5::int8), false) AS stale FROM l), \
+                 u AS (UPDATE {s}.claims c SET expires_at = n.t + $4::int8 * interval '1 microsecond', \
+                   left_owners = CASE WHEN $6::int8 IS NULL THEN c.left_owners ELSE \
+                     (SELECT coalesce(array_agg(x.o), '{{}}'::bytea[]) \
+                       FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                       WHERE x.u > n.t AND x.o <> $3::bytea) || $3::bytea END, \
+                   left_stamps = CASE WHEN $6::int8 IS NULL THEN c.left_stamps ELSE \
+                     (SELECT coalesce(array_agg(x.s), '{{}}'::int8[]) \
+                       FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                       WHERE x.u > n.t AND x.o <> $3::bytea) || $5::int8 END, \
+                   left_until = CASE WHEN $6::int8 IS NULL THEN c.left_until ELSE \
+                     (SELECT coalesce(array_agg(x.u), '{{}}'::timestamptz[]) \
+                       FROM unnest(c.left_owners, c.left_stamps, c.left_until) AS x(o, s, u) \
+                       WHERE x.u > n.t AND x.o <> $3::bytea) \
+                     || (n.t + $6::int8 * interval '1 microsecond') END \
                  FROM n \
-                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea AND c.expires_at > n.t \
-                 RETURNING 1"
+                  WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea \
+                    AND c.expires_at > n.t AND NOT n.stale \
+                 RETURNING 1) \
+                 SELECT n.stale, EXISTS (SELECT 1 FROM u) FROM n"
             ),
             // $1 kind, $2 name, $3 channel, $4 notify always. Frees the
             // live row of any owner in place, as release does; NOTIFY as
@@ -242,35 +243,37 @@ impl Sql {
             semaphore_release: format!(
                 "SELECT {s}.semaphore_release($1::text, $2::bytea, $3::text, $4::int8, $5::int8)"
             ),
-            // $1 name, $2 owner, $3 ttl µs. Compare-and-expire, as
-            // `claim_extend`: the row is locked first, the clock read only
-            // then, so an extend that waited past the expiry resurrects
-            // nothing. It takes no semaphore lock (it moves no permit).
+            // $1 name, $2 owner, $3 ttl µs, $4 the client's stamp of the
+            // extend, $5 the mark's lifetime in µs or NULL. Compare-and-
+            // expire, as `claim_extend`: the row is locked first, the clock
+            // read only then, so an extend that waited past the expiry
+            // resurrects nothing. It takes no semaphore lock (it moves no
+            // permit). Stamped before the owner's live `semaphore_left` mark
+            // (`stale`), it is a late copy overtaken by a later step of its
+            // owner and changes nothing. With $5 (a step of the owner went
+            // unanswered) the owner is marked as left at $4 for $5 µs, as a
+            // release leaves, so that step's late copy is refused rather
+            // than taken for the holder retrying or extending. No row: the
+            // owner holds nothing; else (stale, extended).
             semaphore_extend: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
                    WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l) \
-                 UPDATE {s}.semaphore_holders h SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
-                  WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
-                 RETURNING 1"
-            ),
-            // As `semaphore_extend`, for an owner one of whose attempts
-            // went unanswered: the owner is also marked as left at $4, the
-            // client's stamp of the extend, for $5 µs (a `semaphore_left`
-            // row, as a release leaves), so that attempt's late copy is
-            // refused rather than taken for the holder retrying.
-            semaphore_extend_marking: format!(
-                "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
-                   WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
-                 n AS MATERIALIZED (SELECT clock_timestamp() AS t FROM l), \
+                 n AS MATERIALIZED (SELECT clock_timestamp() AS t, \
+                   EXISTS (SELECT 1 FROM {s}.semaphore_left x \
+                     WHERE x.name = $1::text AND x.owner = $2::bytea AND x.stamp > $4::int8 \
+                       AND x.expires_at > clock_timestamp()) AS stale FROM l), \
                  m AS (INSERT INTO {s}.semaphore_left AS x (name, owner, stamp, expires_at) \
-                   SELECT $1::text, $2::bytea, $4::int8, n.t + $5::int8 * interval '1 microsecond' FROM n \
+                   SELECT $1::text, $2::bytea, $4::int8, n.t + $5::int8 * interval '1 microsecond' \
+                     FROM n WHERE $5::int8 IS NOT NULL AND NOT n.stale \
                    ON CONFLICT (name, owner) DO UPDATE \
                    SET stamp = greatest(x.stamp, EXCLUDED.stamp), \
-                       expires_at = greatest(x.expires_at, EXCLUDED.expires_at)) \
-                 UPDATE {s}.semaphore_holders h SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
+                       expires_at = greatest(x.expires_at, EXCLUDED.expires_at)), \
+                 u AS (UPDATE {s}.semaphore_holders h \
+                   SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
                   WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
-                 RETURNING 1"
+                    AND NOT n.stale \
+                 RETURNING 1) \
+                 SELECT n.stale, EXISTS (SELECT 1 FROM u) FROM n"
             ),
             // $1 name, $2 channel.
             semaphore_force_release: format!(

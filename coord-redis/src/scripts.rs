@@ -76,6 +76,25 @@ fn mark(key: usize, stamp: usize) -> String {
     )
 }
 
+/// The start of an owner's extend or renewal (`coord_core::late`): it
+/// always names the owner's mark (`KEYS[key]`) and carries its stamp
+/// (`ARGV[stamp]`). Stamped before the mark, it is a late copy overtaken by
+/// a later step of its owner: it returns -1 and changes nothing (it would
+/// set the expiry back to its own TTL). With a mark lifetime after the
+/// stamp (`ARGV[stamp + 1]`, sent when an earlier step of the owner went
+/// unanswered), it leaves its own stamp as the mark first, as a release
+/// does (see [`mark`]).
+fn step(key: usize, stamp: usize) -> String {
+    let ttl = stamp + 1;
+    format!(
+        "local gone = redis.call('GET', KEYS[{key}])\n\
+         if gone and tonumber(ARGV[{stamp}]) < tonumber(gone) then return -1 end\n\
+         if ARGV[{ttl}] then\n\
+         \x20 redis.call('SET', KEYS[{key}], ARGV[{stamp}], 'PX', ARGV[{ttl}])\n\
+         end\n"
+    )
+}
+
 /// `later(a, b)`: whether decimal string `a` is above `b` (no leading
 /// zeros: the longer is larger, equal lengths compare as text); the
 /// successor of a decimal string, exactly (no Lua number involved); and
@@ -253,9 +272,9 @@ if waited then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
 "#;
 
-/// Compare-and-PEXPIRE. Never resurrects (a missing key or a released
-/// marker does not match). KEYS: claim [, the owner's mark (see
-/// [`mark`])]. ARGV: owner, ttl ms [, stamp, mark ttl ms].
+/// Compare-and-PEXPIRE (after [`step`]). Never resurrects (a missing key
+/// or a released marker does not match). KEYS: claim, the owner's mark.
+/// ARGV: owner, ttl ms, stamp [, mark ttl ms].
 const EXTEND: &str = r#"
 if not held_by(redis.call('GET', KEYS[1]), ARGV[1]) then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -363,8 +382,8 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return {1, term}
 "#;
 
-/// Renew leadership. KEYS: election hash [, the owner's mark (see
-/// [`mark`])]. ARGV: owner, ttl ms [, stamp, mark ttl ms].
+/// Renew leadership (after [`step`]). KEYS: election hash, the owner's
+/// mark. ARGV: owner, ttl ms, stamp [, mark ttl ms].
 const ELECTION_RENEW: &str = r#"
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -526,11 +545,11 @@ impl Scripts {
         let mut sources = Vec::new();
         let (late_claim, late_php, late_campaign) = (late(2, 4), late(4, 3), late(2, 6));
         let (mark_claim, mark_php) = (mark(2, 4), mark(3, 4));
-        // An extend (or renewal) of an owner with an unanswered attempt
-        // marks it as a release does: the attempt's late copy, stamped
-        // before, would otherwise be taken for the holder retrying and set
-        // the claim's expiry back to its own TTL.
-        let (mark_extend, mark_php_extend) = (mark(2, 3), mark(3, 3));
+        // An extend (or renewal) is refused when stamped before its
+        // owner's mark, and marks as a release does when a step of its
+        // owner went unanswered: that step's late copy, stamped before,
+        // would otherwise set the claim's expiry back to its own TTL.
+        let (step_extend, step_php_extend) = (step(2, 3), step(3, 3));
         let mut mk = |parts: &[&str]| {
             let src = parts.concat();
             let script = Script::new(&src);
@@ -540,7 +559,7 @@ impl Scripts {
         Scripts {
             acquire: mk(&[&late_claim, NOW, ACQUIRE_FREE, NEXT_TOKEN, ACQUIRE]),
             release: mk(&[HELD_BY, FREE, &mark_claim, RELEASE]),
-            extend: mk(&[HELD_BY, &mark_extend, EXTEND]),
+            extend: mk(&[&step_extend, HELD_BY, EXTEND]),
             force_release: mk(&[FREE, FORCE_RELEASE]),
             raise: mk(&[RAISE]),
             remaining: mk(&[REMAINING]),
@@ -550,11 +569,11 @@ impl Scripts {
             php_acquire_meta: mk(&[&late_php, ISSUE, PHP_ACQUIRE_META, PHP_ACQUIRE_REST]),
             php_inspect: mk(&[PHP_INSPECT]),
             php_release: mk(&[&mark_php, PHP_RELEASE]),
-            php_extend: mk(&[&mark_php_extend, PHP_EXTEND]),
+            php_extend: mk(&[&step_php_extend, PHP_EXTEND]),
             php_force_release: mk(&[PHP_FORCE_RELEASE]),
             fence_next: mk(&[ISSUE, NOW, NEXT_TOKEN, FENCE_NEXT]),
             campaign: mk(&[&late_campaign, NOW, NEXT_TOKEN, CAMPAIGN]),
-            election_renew: mk(&[&mark_extend, ELECTION_RENEW]),
+            election_renew: mk(&[&step_extend, ELECTION_RENEW]),
             resign: mk(&[&mark_claim, RESIGN]),
             election_inspect: mk(&[ELECTION_INSPECT]),
             arrive: mk(&[ARRIVE]),

@@ -211,8 +211,52 @@ impl SimStore {
         r
     }
 
-    /// A release or extend of `owner` on `name`, leaving a mark against
-    /// late copies if one of the owner's attempts went unanswered.
+    /// An extend (or renewal) of `owner` on `name`, as the networked
+    /// backends send it (`coord_core::late`): refused on the store,
+    /// changing nothing, if a marking step of the owner was sent after it;
+    /// marking if a step of the owner went unanswered; remembered when its
+    /// reply never came, so the owner's next step marks.
+    pub(crate) async fn step<F, Fut>(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        what: String,
+        f: F,
+    ) -> Result<bool>
+    where
+        F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<bool>> + Send + 'static,
+    {
+        let seen = self.unanswered.seen(name, owner);
+        let stamp = self.world.stamp();
+        let pending = self.unanswered.attempt(name, *owner);
+        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
+        let marking = seen.is_some();
+        let r = self
+            .call(what, move |s| {
+                Box::pin(async move {
+                    if world.refused(&n, &o, stamp) {
+                        world.log(format!("store refused late step #{stamp} of {}", short(&o)));
+                        return Err(coord_core::late::superseded("sim", "extend"));
+                    }
+                    if marking {
+                        world.mark(&n, &o, stamp);
+                    }
+                    f(s, n, o).await
+                })
+            })
+            .await;
+        if r.is_ok() {
+            pending.answered();
+            if let Some(seen) = seen {
+                self.unanswered.forget(name, owner, seen);
+            }
+        }
+        r
+    }
+
+    /// A release of `owner` on `name`, leaving a mark against late copies
+    /// if one of the owner's steps went unanswered.
     pub(crate) async fn ending<F, Fut>(
         &self,
         name: &str,
@@ -277,7 +321,7 @@ impl Lock for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, move |s, n, o| async move {
+        self.step(name, owner, what, move |s, n, o| async move {
             Lock::extend(&*s, &n, &o, ttl).await
         })
         .await
@@ -341,7 +385,7 @@ impl Semaphore for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, move |s, n, o| async move {
+        self.step(name, owner, what, move |s, n, o| async move {
             Semaphore::extend(&*s, &n, &o, ttl).await
         })
         .await

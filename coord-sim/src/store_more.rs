@@ -40,7 +40,7 @@ impl Lease for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, move |s, n, o| async move {
+        self.step(name, owner, what, move |s, n, o| async move {
             Lease::renew(&*s, &n, &o, ttl).await
         })
         .await
@@ -94,7 +94,7 @@ impl Election for SimStore {
             short(owner),
             ttl.as_millis()
         );
-        self.ending(name, owner, what, move |s, n, o| async move {
+        self.step(name, owner, what, move |s, n, o| async move {
             Election::renew(&*s, &n, &o, ttl).await
         })
         .await

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::claim::Claims;
 use crate::claim::entries::{Entry, EntryState, entry_key};
+use crate::claim::moves::MoveOnItsWay;
 use crate::client::keys::{prefix_end, split_lease_value};
 use crate::client::{lock, secs};
 
@@ -43,6 +44,9 @@ impl Claims {
         let now = Instant::now();
         let ek = entry_key(kind, name, owner);
         lock(&self.tried).remove(&ek);
+        // A move of the claim this client never saw the answer of carries
+        // nothing once the claim ends (`moves.rs`).
+        self.end_moves(&ek, None);
         let entry = lock(&self.entries).remove(&ek);
         if let Some(e) = entry {
             if let EntryState::Held { deadline } = e.state {
@@ -275,7 +279,11 @@ impl Claims {
         ]);
         let ttl_s = secs(ttl);
         let mut keeper = None;
-        let new_lease = if ttl_s == lease_ttl {
+        // A move this client never saw the answer of may still land: the
+        // key goes onto a fresh lease, which that move never compared
+        // (`moves.rs`).
+        let fresh = self.unseen_moves(&ek, rev);
+        let new_lease = if ttl_s == lease_ttl && !fresh {
             // etcd takes a transaction of compares only for a serializable
             // read (every op in it is a serializable range, vacuously:
             // `isTxnSerializable`), and the member that gets it answers
@@ -298,33 +306,48 @@ impl Claims {
             lease
         } else {
             // Check the old lease still lives (so an expired claim is never
-            // resurrected), then move the key.
+            // resurrected), then move the key. After an unseen move, the
+            // key, if it still exists at its create revision, is live on
+            // one lease or another: it is moved by that alone.
             let (alive, new) = tokio::join!(
                 self.etcd.keepalive_once(lease, op),
                 self.etcd.grant_lease(ttl_s, op)
             );
             let new = new?;
-            if !alive.inspect_err(|_| self.etcd.revoke_later(new))? {
+            if !alive.inspect_err(|_| self.etcd.revoke_later(new))? && !fresh {
                 self.etcd.revoke_later(new);
                 self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
-            let txn = check.and_then([TxnOp::put(
+            let when = if fresh {
+                Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+            } else {
+                check
+            };
+            let txn = when.and_then([TxnOp::put(
                 key.clone(),
                 Vec::new(),
                 Some(PutOptions::new().with_lease(new).with_ignore_value()),
             )]);
-            let resp = self
-                .etcd
-                .txn(op, txn)
-                .await
-                .inspect_err(|_| self.etcd.revoke_later(new))?;
+            // Unanswered, the move may still land: its lease is kept, and
+            // the next extend moves the key on (`moves.rs`).
+            let way = MoveOnItsWay {
+                claims: self,
+                ek: &ek,
+                rev,
+                lease: new,
+                seen: false,
+            };
+            let resp = self.etcd.txn(op, txn).await?;
+            way.seen();
             if !resp.succeeded() {
                 self.etcd.revoke_later(new);
+                self.end_moves(&ek, Some(rev));
                 self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
             self.etcd.revoke_later(lease);
+            self.end_moves(&ek, Some(rev));
             new
         };
         let mut entries = lock(&self.entries);

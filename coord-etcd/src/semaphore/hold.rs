@@ -202,7 +202,10 @@ impl Semaphores {
         // TTL is the lease's: a key gone (released, removed, expired) is
         // never brought back, and one written again is another grant.
         let mut refreshed = None;
-        if let Some(g) = known.as_ref().filter(|g| g.ttl == ttl_s) {
+        // After a move whose answer was never seen, the grant goes onto a
+        // fresh lease (see `SemLocal::moves`).
+        let fresh = self.sem_local(&sk, |s| !s.moves.is_empty());
+        if let Some(g) = known.as_ref().filter(|g| g.ttl == ttl_s && !fresh) {
             let since = Instant::now();
             refreshed = Some((g.lease, since, self.etcd.keepalive_once(g.lease, op).await?));
         }
@@ -250,24 +253,67 @@ impl Semaphores {
         let (lease, keeper, since) = self.sem_lease(ttl_s, op).await?;
         let put =
             |k: Vec<u8>, v: Vec<u8>| TxnOp::put(k, v, Some(PutOptions::new().with_lease(lease)));
-        let mut then = vec![put(kv.key().to_vec(), kv.value().to_vec())];
-        then.extend(
-            slots
-                .iter()
-                .map(|i| put(n.slot(*i), owner.to_hex().into_bytes())),
-        );
-        let txn = Txn::new()
-            .when([Compare::create_revision(
+        let mut kv = kv;
+        let mut tries = 0;
+        let resp = loop {
+            let mut then = vec![put(kv.key().to_vec(), kv.value().to_vec())];
+            then.extend(
+                slots
+                    .iter()
+                    .map(|i| put(n.slot(*i), owner.to_hex().into_bytes())),
+            );
+            // The grant at its create revision, on the lease it was read
+            // on (so this move, landing late after a later one, fails);
+            // after an unseen move, on whichever lease it is.
+            let mut when = vec![Compare::create_revision(
                 kv.key().to_vec(),
                 CompareOp::Equal,
                 kv.create_revision(),
-            )])
-            .and_then(then);
-        // On an error the move may have landed: the new lease may carry
-        // the live grant now, so it is not revoked (it ends at its TTL,
-        // nobody keeping it alive); the record stays as it was, and the
-        // next extend or release finds the grant by its key.
-        let resp = self.etcd.txn(op, txn).await?;
+            )];
+            if !fresh {
+                when.push(Compare::lease(
+                    kv.key().to_vec(),
+                    CompareOp::Equal,
+                    kv.lease(),
+                ));
+            }
+            let txn = Txn::new()
+                .when(when)
+                .and_then(then)
+                .or_else([TxnOp::get(kv.key().to_vec(), None)]);
+            // Unanswered (an error, or dropped mid-call), the move may have
+            // landed or still land: the new lease may carry the live grant,
+            // so it is not revoked (it ends at its TTL, nobody keeping it
+            // alive) but recorded; the record stays as it was, and the next
+            // extend or release finds the grant by its key.
+            let mut way = Unseen {
+                shared: self,
+                sk: &sk,
+                lease,
+                seen: false,
+            };
+            let resp = self.etcd.txn(op, txn).await?;
+            way.seen = true;
+            drop(way);
+            if resp.succeeded() || fresh {
+                break resp;
+            }
+            // Moved onto another lease meanwhile (an extend of this owner
+            // through another client): moved again, from there.
+            match kvs(&resp, 0).into_iter().next() {
+                Some(now) if now.create_revision() == kv.create_revision() && tries < 3 => {
+                    kv = now;
+                    tries += 1;
+                }
+                _ => break resp,
+            }
+        };
+        // Answered: the moves never seen carry nothing now (the grant is
+        // on `lease`, or gone), and no copy of one can move it.
+        let moved = self.sem_local(&sk, |s| std::mem::take(&mut s.moves));
+        for l in moved {
+            self.etcd.revoke_later(l);
+        }
         if !resp.succeeded() {
             self.etcd
                 .put_spare(lease, ttl_s, since + Duration::from_secs(ttl_s), keeper);
@@ -358,5 +404,23 @@ impl Semaphores {
             resp.op_responses().first(),
             Some(TxnOpResponse::Delete(d)) if d.deleted() > 0
         ))
+    }
+}
+
+/// A grant move onto `lease` on its way: dropped unseen, it records the
+/// lease in `SemLocal::moves`.
+struct Unseen<'a> {
+    shared: &'a Arc<Semaphores>,
+    sk: &'a SemKey,
+    lease: i64,
+    seen: bool,
+}
+
+impl Drop for Unseen<'_> {
+    fn drop(&mut self) {
+        if !self.seen {
+            let lease = self.lease;
+            self.shared.sem_local(self.sk, |s| s.moves.push(lease));
+        }
     }
 }

@@ -212,3 +212,32 @@ async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_extend_after_a_later_one`.
+async fn late_extend_after_a_later_one(kind: conformance::claim_kind::ClaimKind) {
+    let prefix = unique("late-extend2");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_copy_of_an_extend_after_a_later_one(
+        kind,
+        &*far,
+        &*near,
+        &proxy,
+        unique("late-extend2").trim_end_matches('/'),
+        // A semaphore extend reads the grant first, then writes the
+        // owner's token into its slots: the write is the one held.
+        kind == conformance::claim_kind::ClaimKind::Semaphore,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(conformance::claim_kind::ClaimKind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(conformance::claim_kind::ClaimKind::Semaphore).await;
+}

@@ -252,36 +252,21 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<bool> {
         let key = Self::key(kind, name);
-        // Stamped after every attempt of this owner was sent.
+        // Stamped after every step of this owner was sent; with a step of
+        // it unanswered, the extend marks the owner as left at its stamp,
+        // so that step's late copy never sets the expiry back.
         let seen = self.unanswered.seen(&key, owner);
         let who = *owner;
         let owner: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
-        let kind = kind.to_string();
-        let name = name.to_string();
-        let Some(seen) = seen else {
-            let rows = self
-                .query(
-                    operation,
-                    &self.sql.claim_extend,
-                    &[
-                        (&kind, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&owner, Type::BYTEA),
-                        (&ttl, Type::INT8),
-                    ],
-                )
-                .await?;
-            return Ok(!rows.is_empty());
-        };
-        // An attempt of this owner went unanswered: the extend marks the
-        // owner as left at its stamp (`claim_extend_marking`), so that
-        // attempt's late copy never sets the expiry back.
-        let (at, left_ttl) = (stamp(), micros_ceil(CLAIM_LEFT_TTL));
+        let (kind, name) = (kind.to_string(), name.to_string());
+        let at = stamp();
+        let left_ttl = seen.map(|_| micros_ceil(CLAIM_LEFT_TTL));
+        let pending = self.unanswered.attempt(&key, who);
         let rows = self
             .query(
                 operation,
-                &self.sql.claim_extend_marking,
+                &self.sql.claim_extend,
                 &[
                     (&kind, Type::TEXT),
                     (&name, Type::TEXT),
@@ -292,9 +277,30 @@ impl PostgresBackend {
                 ],
             )
             .await?;
-        self.unanswered.forget(&key, &who, seen);
-        Ok(!rows.is_empty())
+        pending.answered();
+        if let Some(seen) = seen {
+            self.unanswered.forget(&key, &who, seen);
+        }
+        extend_outcome(operation, &rows)
     }
+}
+
+/// What an extend statement (`claim_extend`, `semaphore_extend`) answered:
+/// no row when the owner holds nothing there, else whether it was a late
+/// copy overtaken by a later step of its owner (refused, nothing changed:
+/// [`coord_core::late::superseded`]) and whether it extended.
+pub(super) fn extend_outcome(
+    operation: &'static str,
+    rows: &[tokio_postgres::Row],
+) -> Result<bool> {
+    let Some(row) = rows.first() else {
+        return Ok(false);
+    };
+    let stale: bool = row.try_get(0).map_err(|e| map_pg(operation, e))?;
+    if stale {
+        return Err(coord_core::late::superseded(BACKEND, operation));
+    }
+    row.try_get(1).map_err(|e| map_pg(operation, e))
 }
 
 #[async_trait]

@@ -30,7 +30,7 @@ use coord_core::{
 };
 use tokio_postgres::types::{ToSql, Type};
 
-use super::claims::owner_token;
+use super::claims::{extend_outcome, owner_token};
 use super::errors::{map_pg, unexpected};
 use super::{PostgresBackend, from_micros, micros_ceil, token};
 
@@ -275,23 +275,17 @@ impl Semaphore for PostgresBackend {
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
-        // An owner with an unanswered attempt is marked as by a release
-        // (`semaphore_extend_marking`); stamped after every attempt of it.
-        let Some(seen) = self.unanswered.seen(name, owner) else {
-            let rows = self
-                .query(
-                    OP,
-                    &self.sql.semaphore_extend,
-                    &[(&n, Type::TEXT), (&o, Type::BYTEA), (&ttl, Type::INT8)],
-                )
-                .await?;
-            return Ok(!rows.is_empty());
-        };
-        let (at, left_ttl) = (stamp(), micros_ceil(SEMAPHORE_LEFT_TTL));
+        // A step of its owner (see `semaphore_extend`): stamped after every
+        // step of the owner was sent, refused if stamped before its mark,
+        // and marking when a step of the owner went unanswered.
+        let seen = self.unanswered.seen(name, owner);
+        let at = stamp();
+        let left_ttl = seen.map(|_| micros_ceil(SEMAPHORE_LEFT_TTL));
+        let pending = self.unanswered.attempt(name, *owner);
         let rows = self
             .query(
                 OP,
-                &self.sql.semaphore_extend_marking,
+                &self.sql.semaphore_extend,
                 &[
                     (&n, Type::TEXT),
                     (&o, Type::BYTEA),
@@ -301,8 +295,11 @@ impl Semaphore for PostgresBackend {
                 ],
             )
             .await?;
-        self.unanswered.forget(name, owner, seen);
-        Ok(!rows.is_empty())
+        pending.answered();
+        if let Some(seen) = seen {
+            self.unanswered.forget(name, owner, seen);
+        }
+        extend_outcome(OP, &rows)
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {

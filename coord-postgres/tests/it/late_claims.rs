@@ -521,3 +521,31 @@ async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
 async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
     late_copy_after_extend(conformance::claim_kind::ClaimKind::Semaphore).await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_extend_after_a_later_one`.
+async fn late_extend_after_a_later_one(kind: conformance::claim_kind::ClaimKind) {
+    let _serial = SERIAL.lock().await;
+    let schema = unique("late_extend2");
+    let proxy = FaultProxy::start(cluster().port());
+    let here = direct(&schema).await;
+    let far = slow(&schema, &proxy).await;
+    conformance::late_copy::late_copy_of_an_extend_after_a_later_one(
+        kind,
+        &*far,
+        &*here,
+        &proxy,
+        &unique("late-extend2"),
+        false,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(conformance::claim_kind::ClaimKind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(conformance::claim_kind::ClaimKind::Semaphore).await;
+}

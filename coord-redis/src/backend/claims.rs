@@ -67,6 +67,46 @@ impl RedisBackend {
         Ok(v)
     }
 
+    /// Run `script` on `keys` with `args`: an extend or renewal of `owner`
+    /// on the claim or election recorded at `key`, which always names the
+    /// owner's mark (`mark_key`, after `keys`) and sends its stamp (after
+    /// `args`; see `scripts::step`). The store refuses it, changing
+    /// nothing, if a later step of the owner marked first
+    /// ([`coord_core::late::superseded`]); if a step of the owner went
+    /// unanswered, it marks itself (the mark's lifetime after the stamp).
+    /// Unanswered, it is remembered as an attempt is, so the owner's next
+    /// step marks against its late copy.
+    pub(crate) async fn stepping_eval(
+        &self,
+        operation: &'static str,
+        (key, owner): (&str, &OwnerToken),
+        script: &redis::Script,
+        keys: &[&str],
+        mark_key: &str,
+        args: &[&[u8]],
+    ) -> Result<bool> {
+        let seen = self.claims_unanswered.seen(key, owner);
+        let (at, ttl) = (stamp().to_string(), self.left_marker_ms());
+        let mut keys = keys.to_vec();
+        keys.push(mark_key);
+        let mut args = args.to_vec();
+        args.push(at.as_bytes());
+        if seen.is_some() {
+            args.push(ttl.as_bytes());
+        }
+        let pending = self.claims_unanswered.attempt(key, *owner);
+        let v = self.eval(operation, script, &keys, &args).await?;
+        pending.answered();
+        if let Some(seen) = seen {
+            self.claims_unanswered.forget(key, owner, seen);
+        }
+        match int(&v) {
+            Some(-1) => Err(coord_core::late::superseded("redis", operation)),
+            Some(i) => Ok(i != 0),
+            None => Err(unexpected(operation, &v)),
+        }
+    }
+
     /// The script of `scripts` for the layout of `keys` (default, PHP) and
     /// the keys it runs on: the claim, or the PHP layout's key and grant
     /// key.
@@ -198,10 +238,9 @@ impl RedisBackend {
         flag(operation, &v)
     }
 
-    /// Compare-and-expire. An owner with an unanswered attempt leaves a
-    /// mark as a release does ([`Self::marking_eval`]): that attempt's
-    /// late copy is then not taken for the holder retrying, and never sets
-    /// the expiry back to its own TTL.
+    /// Compare-and-expire, as a step of its owner ([`Self::stepping_eval`]):
+    /// a late copy of an earlier attempt or extend of the owner is then
+    /// refused, and never sets the expiry back to its own TTL.
     pub(crate) async fn claim_extend(
         &self,
         operation: &'static str,
@@ -214,11 +253,9 @@ impl RedisBackend {
         let args = [hex.as_bytes(), ttl.as_bytes()];
         let scripts = (&self.scripts.extend, &self.scripts.php_extend);
         let (script, ks) = Self::claim_script(keys, scripts);
-        let mark = || keys.left(&hex);
-        let v = self
-            .marking_eval(operation, (keys.claim(), owner), script, &ks, mark, &args)
-            .await?;
-        flag(operation, &v)
+        let mark = keys.left(&hex);
+        self.stepping_eval(operation, (keys.claim(), owner), script, &ks, &mark, &args)
+            .await
     }
 }
 

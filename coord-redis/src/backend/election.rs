@@ -63,13 +63,11 @@ impl coord_core::Election for RedisBackend {
         let ttl = ms(ttl).to_string();
         let (op, script) = ("election renew", &self.scripts.election_renew);
         let args = [hex.as_bytes(), ttl.as_bytes()];
-        // A campaign attempt of this owner that went unanswered is marked,
-        // so its late copy never sets the term's expiry back.
-        let mark = || left_key(&key, &hex);
-        let v = self
-            .marking_eval(op, (&key, owner), script, &[&key], mark, &args)
-            .await?;
-        flag(op, &v)
+        // A step of its owner: a late copy of an earlier campaign attempt
+        // or renewal never sets the term's expiry back.
+        let mark = left_key(&key, &hex);
+        self.stepping_eval(op, (&key, owner), script, &[&key], &mark, &args)
+            .await
     }
 
     async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {

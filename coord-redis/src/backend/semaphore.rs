@@ -178,8 +178,10 @@ impl coord_core::Semaphore for RedisBackend {
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        // An owner with an unanswered attempt is marked as by a release
-        // (see `semaphore_extend.lua`); stamped after every attempt of it.
+        // An owner with an unanswered step is marked as by a release (see
+        // `semaphore_extend.lua`); stamped after every step of it, and
+        // refused if stamped before its mark. Unanswered, it is remembered
+        // as an attempt is.
         let seen = self.unanswered.seen(name, owner);
         let marker = if seen.is_some() {
             self.left_marker_ms()
@@ -195,11 +197,16 @@ impl coord_core::Semaphore for RedisBackend {
             at.as_bytes(),
             marker.as_bytes(),
         ];
+        let pending = self.unanswered.attempt(name, *owner);
         let v = self.semaphore_eval(op, script, name, &args).await?;
+        pending.answered();
         if let Some(seen) = seen {
             self.unanswered.forget(name, owner, seen);
         }
-        flag(op, &v)
+        match int(&v) {
+            Some(-1) => Err(coord_core::late::superseded("redis", op)),
+            _ => flag(op, &v),
+        }
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {

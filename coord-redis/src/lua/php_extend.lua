@@ -1,5 +1,5 @@
--- PHP layout: compare-and-PEXPIRE. KEYS: claim, grant [, the owner's mark
--- (see `mark` in scripts.rs)]. ARGV: owner, ttl [, stamp, mark ttl ms].
+-- PHP layout: compare-and-PEXPIRE (after `step` in scripts.rs). KEYS:
+-- claim, grant, the owner's mark. ARGV: owner, ttl, stamp [, mark ttl ms].
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])

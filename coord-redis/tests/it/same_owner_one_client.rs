@@ -203,3 +203,34 @@ async fn lock_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
 async fn semaphore_late_copy_of_a_holders_first_attempt_never_shortens_its_extend() {
     late_copy_after_extend(Kind::Semaphore).await;
 }
+
+/// See `conformance::late_copy::late_copy_of_an_extend_after_a_later_one`.
+async fn late_extend_after_a_later_one(kind: Kind) {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisBackend::connect(
+        RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(CALL_TIMEOUT),
+    )
+    .await
+    .unwrap();
+    let direct = common::backend(&server.url()).await;
+    conformance::late_copy::late_copy_of_an_extend_after_a_later_one(
+        kind,
+        &via,
+        &direct,
+        &proxy,
+        &unique("rso-late-extend"),
+        false,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(Kind::Lock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_late_copy_of_an_extend_never_undoes_a_later_one() {
+    late_extend_after_a_later_one(Kind::Semaphore).await;
+}
