@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use crate::inspect::{self, Kind};
 
 /// The listed kind of an inspected one.
-fn listed(kind: Kind) -> Listed {
+pub fn listed(kind: Kind) -> Listed {
     match kind {
         Kind::Lock => Listed::Lock,
         Kind::Lease => Listed::Lease,
@@ -31,26 +31,55 @@ const KINDS: [Kind; 6] = [
     Kind::Queue,
 ];
 
+/// What [`listing`] found: each name held, with what `inspect` read of
+/// it, and the kinds left out because the store cannot list them.
+pub struct Listing {
+    /// Each kind, name and the JSON `inspect --json` prints, in order.
+    pub held: Vec<(Kind, String, Value)>,
+    /// The kinds the store cannot list (asked for all), with its reason.
+    pub left_out: Vec<(Listed, Error)>,
+}
+
+impl Listing {
+    /// The JSON `coord ls --json` prints: an array of `{"kind", "name",
+    /// ...}` with the fields of `inspect --json`.
+    pub fn json(&self) -> Value {
+        let all = self
+            .held
+            .iter()
+            .map(|(kind, name, v)| {
+                let mut entry = json!({"kind": listed(*kind).as_str(), "name": name});
+                if let (Value::Object(e), Value::Object(fields)) = (&mut entry, v) {
+                    e.extend(fields.clone());
+                }
+                entry
+            })
+            .collect();
+        Value::Array(all)
+    }
+}
+
 /// Everything held of `only` (every kind the store offers when `None`)
-/// under `prefix`, at most `limit` names per kind: a JSON array of
-/// `{"kind", "name", ...}` (the fields of `inspect --json`), or a block
-/// per name for people. Asked for one kind the store cannot list, it
-/// fails with the store's reason; asked for all, it says on stderr which
-/// kinds it left out and why.
-pub async fn ls(
+/// under `prefix`, at most `limit` names per kind, each inspected as
+/// `coord inspect` does. Asked for one kind the store cannot list, it
+/// fails with the store's reason; asked for all, such kinds are left out
+/// ([`Listing::left_out`]).
+pub async fn listing(
     coord: &Coord,
     only: Option<Kind>,
     prefix: &str,
     limit: usize,
-    json: bool,
-) -> Result<ExitCode, Error> {
+) -> Result<Listing, Error> {
     let kinds: Vec<Kind> = only.map_or(KINDS.to_vec(), |k| vec![k]);
-    let mut out = Vec::new();
+    let mut found = Listing {
+        held: Vec::new(),
+        left_out: Vec::new(),
+    };
     for kind in kinds {
         let names = match coord.list(listed(kind), prefix, limit).await {
             Ok(names) => names,
             Err(e @ Error::Unsupported { .. }) if only.is_none() => {
-                eprintln!("coord ls: {} left out: {e}", listed(kind).as_str());
+                found.left_out.push((listed(kind), e));
                 continue;
             }
             Err(e) => return Err(e),
@@ -58,26 +87,33 @@ pub async fn ls(
         for name in names {
             let v = inspect::describe(coord, kind, &name).await?;
             if inspect::held(kind, &v) {
-                out.push((kind, name, v));
+                found.held.push((kind, name, v));
             }
         }
     }
+    Ok(found)
+}
+
+/// `coord ls`: everything held of `only` under `prefix` ([`listing`]), as
+/// the JSON of [`Listing::json`] or a block per name for people; the kinds
+/// left out are named on stderr with the reason.
+pub async fn ls(
+    coord: &Coord,
+    only: Option<Kind>,
+    prefix: &str,
+    limit: usize,
+    json: bool,
+) -> Result<ExitCode, Error> {
+    let found = listing(coord, only, prefix, limit).await?;
+    for (kind, e) in &found.left_out {
+        eprintln!("coord ls: {} left out: {e}", kind.as_str());
+    }
     if json {
-        let all: Vec<Value> = out
-            .into_iter()
-            .map(|(kind, name, v)| {
-                let mut entry = json!({"kind": listed(kind).as_str(), "name": name});
-                if let (Value::Object(e), Value::Object(fields)) = (&mut entry, v) {
-                    e.extend(fields);
-                }
-                entry
-            })
-            .collect();
-        println!("{}", Value::Array(all));
+        println!("{}", found.json());
     } else {
-        for (kind, name, v) in out {
-            println!("{} {name}", listed(kind).as_str());
-            for line in inspect::plain(kind, &v).lines() {
+        for (kind, name, v) in &found.held {
+            println!("{} {name}", listed(*kind).as_str());
+            for line in inspect::plain(*kind, v).lines() {
                 println!("  {line}");
             }
         }

@@ -69,6 +69,7 @@ mod hold;
 mod inspect;
 mod ls;
 mod queue;
+mod release;
 mod run;
 mod watch;
 
@@ -169,7 +170,7 @@ enum Command {
         #[arg(long, required = true)]
         force: bool,
         /// What to release.
-        kind: ReleaseKind,
+        kind: release::ReleaseKind,
         /// Its name.
         name: String,
         /// Do not ask for confirmation.
@@ -272,20 +273,6 @@ enum FenceOp {
         /// The resource's name.
         resource: String,
     },
-}
-
-#[derive(ValueEnum, Clone, Copy, Debug)]
-enum ReleaseKind {
-    /// A lock.
-    Lock,
-    /// Every permit of a semaphore.
-    Semaphore,
-    /// Every reader and the writer of a read-write lock.
-    Rwlock,
-    /// A lease.
-    Lease,
-    /// The leadership of an election (another candidate is elected).
-    Election,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -408,24 +395,12 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
             name,
             yes,
         } => {
-            let what = match kind {
-                ReleaseKind::Lock => "lock",
-                ReleaseKind::Semaphore => "semaphore",
-                ReleaseKind::Rwlock => "read-write lock",
-                ReleaseKind::Lease => "lease",
-                ReleaseKind::Election => "the leadership of election",
-            };
+            let what = kind.what();
             if !yes && !exit::confirm(&format!("Force-release {what} `{name}` held by anyone?"))? {
                 eprintln!("coord: not released");
                 return Ok(ExitCode::from(exit::USAGE));
             }
-            let was_held = match kind {
-                ReleaseKind::Lock => coord.locks()?.force_release(&name).await?,
-                ReleaseKind::Semaphore => coord.semaphores()?.force_release(&name).await?,
-                ReleaseKind::Rwlock => coord.rw_locks()?.force_release(&name).await?,
-                ReleaseKind::Lease => coord.leases()?.force_revoke(&name).await?,
-                ReleaseKind::Election => coord.elections()?.force_resign(&name).await?,
-            };
+            let was_held = release::force_release(&coord, kind, &name).await?;
             println!("{}", if was_held { "released" } else { "not held" });
             Ok(ExitCode::SUCCESS)
         }

@@ -270,38 +270,44 @@ pub async fn queue(coord: &Coord, op: QueueOp) -> Result<ExitCode, Error> {
     }
 }
 
-/// One message as a line: text, or JSON.
-fn show(m: &Message, json: bool) -> String {
+/// One message as `coord queue peek --json` prints it: id, group,
+/// attempts, enqueue time, and the payload as UTF-8 text (`payload`) or,
+/// when it is not, as hex (`payload_hex`). The dashboard's dead-letter
+/// peek (`coord ui`) serves the same.
+pub fn message_json(m: &Message) -> serde_json::Value {
     let enqueued_ms = m
         .enqueued_at
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let text = std::str::from_utf8(&m.payload).ok();
-    if json {
-        let mut v = serde_json::json!({
-            "id": m.id.0,
-            "group": m.group,
-            "attempts": m.attempts,
-            "enqueued_at_ms": enqueued_ms,
-        });
-        match text {
-            Some(t) => v["payload"] = serde_json::Value::from(t),
-            None => v["payload_hex"] = serde_json::Value::from(hex(&m.payload)),
-        }
-        v.to_string()
-    } else {
-        let body = match text {
-            Some(t) => format!("{t:?}"),
-            None => format!("<{} bytes>", m.payload.len()),
-        };
-        format!(
-            "{}\tgroup={}\tattempts={}\t{body}",
-            m.id,
-            m.group.as_deref().unwrap_or(""),
-            m.attempts
-        )
+    let mut v = serde_json::json!({
+        "id": m.id.0,
+        "group": m.group,
+        "attempts": m.attempts,
+        "enqueued_at_ms": enqueued_ms,
+    });
+    match std::str::from_utf8(&m.payload) {
+        Ok(t) => v["payload"] = serde_json::Value::from(t),
+        Err(_) => v["payload_hex"] = serde_json::Value::from(hex(&m.payload)),
     }
+    v
+}
+
+/// One message as a line: text, or JSON.
+fn show(m: &Message, json: bool) -> String {
+    if json {
+        return message_json(m).to_string();
+    }
+    let body = match std::str::from_utf8(&m.payload) {
+        Ok(t) => format!("{t:?}"),
+        Err(_) => format!("<{} bytes>", m.payload.len()),
+    };
+    format!(
+        "{}\tgroup={}\tattempts={}\t{body}",
+        m.id,
+        m.group.as_deref().unwrap_or(""),
+        m.attempts
+    )
 }
 
 fn hex(b: &[u8]) -> String {
