@@ -14,6 +14,7 @@
 //! coord queue stats emails
 //! coord inspect lock nightly-report --json
 //! coord health --json
+//! coord ui --token-file ~/.config/coord/ui-token
 //! ```
 //!
 //! Exit codes: a command run under `lock`, `elect` or `queue work` exits
@@ -71,6 +72,7 @@ mod ls;
 mod queue;
 mod release;
 mod run;
+mod ui;
 mod watch;
 
 use std::process::ExitCode;
@@ -105,6 +107,7 @@ const EXAMPLES: &str = concat!(
   coord release --force lock nightly --yes
   coord inspect lock nightly --json        # holder: owner id, token, remaining, host, pid, since
   coord health                             # round trip, server version, what the store offers
+  coord ui --prefix billing/               # web dashboard on http://127.0.0.1:7878/
   echo 'hello' | coord queue push emails --group tenant-7
   coord queue work emails --wait 30s -- ./send-email.sh   # payload on stdin; exit 0 acks
 
@@ -249,6 +252,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A web dashboard of what is held under a prefix (as `ls` shows it),
+    /// refreshing live: locks and leases with their holders, leaders,
+    /// semaphore permits, queues with their counts and dead letters. On
+    /// 127.0.0.1:7878 unless --listen says otherwise; force release,
+    /// redrive and purge are off unless started with a token, and then ask
+    /// for it. Stops on SIGINT or SIGTERM.
+    Ui(ui::Ui),
     /// One round trip to the store: exit 0 with its round trip, server
     /// version and what it offers; 69 when it does not answer within the
     /// call timeout.
@@ -467,6 +477,7 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
             limit,
             json,
         } => ls::ls(&coord, kind, &prefix, limit, json).await,
+        Command::Ui(args) => ui::ui(coord, args).await,
         Command::Fence {
             op: FenceOp::Next { resource },
         } => {
