@@ -8,3 +8,4 @@ mod inspect;
 mod ownership;
 mod queue;
 mod signals;
+mod ui;

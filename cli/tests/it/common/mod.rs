@@ -3,6 +3,9 @@
 //! running the binary as a user would.
 #![allow(dead_code)]
 
+pub mod browser;
+pub mod http;
+
 use std::process::{Output, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
