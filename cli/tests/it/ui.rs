@@ -302,12 +302,13 @@ async fn the_page_shows_what_is_held_live_and_refuses_actions_without_a_token() 
     guard.release().await.unwrap();
 }
 
-/// Started with a token (--token-file), an action on the page asks for
-/// confirmation first: cancelled, nothing is sent. Confirmed without the
-/// token, or with a wrong one, the server refuses it and the lock stays
-/// held; with the token the lock is released and its row goes, and a
-/// queue's dead letter is moved back. The log names what was done and
-/// what was refused, never the token.
+/// Started with a token (--token-file) and opened by a link that shows a
+/// queue's dead letters, an action on the page asks for confirmation
+/// first: cancelled, nothing is sent. Confirmed without the token, or with
+/// a wrong one, the server refuses it and the lock stays held; with the
+/// token the lock is released and its row goes, and the queue's dead
+/// letter is moved back. The log names what was done and what was
+/// refused, never the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_ask_for_confirmation_and_need_the_token() {
     let url = redis::server().url();
@@ -357,10 +358,14 @@ async fn actions_ask_for_confirmation_and_need_the_token() {
             .is_none()
     );
 
-    let browser = Browser::open(&ui.base).await;
+    // A link that opens the queue's dead letters.
+    let browser = Browser::open(&format!("{}#peek={q}", ui.base)).await;
     browser
         .wait_for("the lock", &cell_is("lock", &lock, "metadata", "why=stuck"))
         .await;
+    let letters = "document.querySelector('td[data-peek]')?.textContent ?? null";
+    let shown = browser.wait_for("the dead letters", letters).await;
+    assert!(shown.as_str().unwrap().contains("poison"), "{shown}");
     browser
         .wait_for("the dead letter", &cell_is("queue", &q, "dead", "1"))
         .await;
@@ -428,6 +433,12 @@ async fn actions_ask_for_confirmation_and_need_the_token() {
         .wait_for("ready 1", &cell_is("queue", &q, "ready", "1"))
         .await;
     assert_eq!(browser.eval(&cell("queue", &q, "dead")).await, json!("0"));
+    browser
+        .wait_for(
+            "no dead letters",
+            &format!("{letters} === 'no dead letters'"),
+        )
+        .await;
 
     browser.close().await;
     let log = ui.log();
