@@ -7,8 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -26,7 +25,7 @@ use crate::queue::message_json;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 /// Names per kind `/api/held` reads when not told (as `coord ls`).
 pub const DEFAULT_LIMIT: usize = 1000;
-/// Dead letters `/api/queue/NAME/dead` shows when not told.
+/// Dead letters `/api/dead` shows when not told.
 pub const DEFAULT_PEEK: usize = 10;
 /// The most dead letters one peek shows.
 pub const MAX_PEEK: usize = 100;
@@ -156,20 +155,15 @@ pub async fn held(State(d): Shared, RawQuery(query): RawQuery) -> Result<Respons
     Ok(r)
 }
 
-/// `GET /api/queue/NAME/dead?limit=N`: the oldest dead letters of a
-/// queue, each as `coord queue peek --dead --json` prints it.
-pub async fn dead(
-    State(d): Shared,
-    name: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-) -> Result<Response, ApiError> {
-    let Path(name) = name.map_err(|e| {
-        ApiError::bad(format!(
-            "the queue's name in the path cannot be read: {}; percent-encode it as UTF-8",
-            e.body_text()
-        ))
+/// `GET /api/dead?queue=NAME&limit=N`: the oldest dead letters of a
+/// queue, each as `coord queue peek --dead --json` prints it. The name is
+/// a parameter, not a path segment: a browser would take a queue named
+/// `.` or `..` out of a path.
+pub async fn dead(State(d): Shared, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
+    let mut p = params(query.as_deref(), &["queue", "limit"])?;
+    let name = p.remove("queue").ok_or_else(|| {
+        ApiError::bad("`queue` is missing; give the queue's name: /api/dead?queue=NAME")
     })?;
-    let mut p = params(query.as_deref(), &["limit"])?;
     let limit = limit(p.remove("limit"), DEFAULT_PEEK, MAX_PEEK)?;
     coord::validate::name("queue", &name)?;
     let letters = d.coord.queues()?.peek(&name, Lane::Dead, limit).await?;
@@ -183,7 +177,7 @@ pub async fn not_found(method: Method, uri: Uri) -> ApiError {
         StatusCode::NOT_FOUND,
         format!(
             "no route {method} {}; the dashboard is GET /, its API GET /api/held, GET \
-             /api/queue/NAME/dead, GET /api/info and POST /api/action",
+             /api/dead?queue=NAME, GET /api/info and POST /api/action",
             uri.path()
         ),
     )

@@ -4,7 +4,7 @@
 //!
 //! - `GET /api/held?prefix=P[&kind=K][&limit=N]`: the JSON of `coord ls
 //!   --json` (one code path: [`crate::ls::listing`]);
-//! - `GET /api/queue/NAME/dead[?limit=N]`: the oldest dead letters, as
+//! - `GET /api/dead?queue=NAME[&limit=N]`: the oldest dead letters, as
 //!   `coord queue peek --dead --json` shows them;
 //! - `GET /api/info`: the store, the default prefix, whether actions are on;
 //! - `POST /api/action`: force release, redrive, purge; off unless the
@@ -134,7 +134,7 @@ pub fn router(dashboard: Arc<Dashboard>) -> Router {
         .route("/", get(api::page))
         .route("/api/info", get(api::info))
         .route("/api/held", get(api::held))
-        .route("/api/queue/{name}/dead", get(api::dead))
+        .route("/api/dead", get(api::dead))
         .route("/api/action", post(action::action))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)

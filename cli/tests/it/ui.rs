@@ -134,6 +134,27 @@ fn notice_has(text: &str) -> String {
     )
 }
 
+/// Push `payloads` to queue `q` and make each a dead letter: delivered
+/// once and not acknowledged, under `max_deliveries(1)`, it goes to the
+/// dead lane at its next delivery.
+async fn dead_letters(queues: &coord::Queues, q: &str, payloads: &[&[u8]]) {
+    let strict = queues
+        .clone()
+        .with_config(QueueConfig::default().max_deliveries(1));
+    for p in payloads {
+        strict.push(q, p).await.unwrap();
+    }
+    while let Some(d) = strict
+        .pop(q, Duration::from_secs(60), Duration::ZERO)
+        .await
+        .unwrap()
+    {
+        d.nack(Duration::ZERO).await.unwrap();
+    }
+    let stats = queues.stats(q).await.unwrap();
+    assert_eq!(stats.dead, payloads.len() as u64, "{q}: {stats:?}");
+}
+
 /// The holders `coord inspect lock NAME --json` shows.
 async fn lock_holders(url: &str, name: &str) -> Vec<Value> {
     let out = run(url, &["inspect", "lock", name, "--json"]).await;
@@ -451,4 +472,35 @@ async fn actions_ask_for_confirmation_and_need_the_token() {
     assert!(!log.contains(&secret), "the token is in the log: {log}");
     strict.purge(&q).await.unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A queue named `.` or `..` (which a browser would take out of a URL's
+/// path as a dot segment) shows its dead letters on the page: the peek
+/// names the queue in the query string. A Redis of its own, so that the
+/// names (which no prefix can make unique) meet no other test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_peeks_at_queues_named_dot_and_dot_dot() {
+    let own = redis::RedisServer::start();
+    let url = own.url();
+    let queues = coord::connect(&url).await.unwrap().queues().unwrap();
+    dead_letters(&queues, ".", &[b"dot letter"]).await;
+    dead_letters(&queues, "..", &[b"dot-dot letter"]).await;
+    let ui = Ui::start(&url, &[], &[]).await;
+    let browser = Browser::open(&format!("{}#peek=.&peek=..", ui.base)).await;
+    for (q, payload) in [(".", "dot letter"), ("..", "dot-dot letter")] {
+        let shown = browser
+            .wait_for(
+                "the dead letters",
+                &format!(
+                    "[...document.querySelectorAll('td[data-peek]')].find(t => t.dataset.peek === {})?.textContent ?? null",
+                    js(q)
+                ),
+            )
+            .await;
+        assert!(
+            shown.as_str().is_some_and(|s| s.contains(payload)),
+            "{q}: {shown}"
+        );
+    }
+    browser.close().await;
 }

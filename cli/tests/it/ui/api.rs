@@ -3,7 +3,7 @@
 //! do, actions refused without the token; and the server itself: stopped
 //! by SIGTERM and SIGINT, refusing a bad token, prefix or address.
 
-use super::{Ui, lock_holders};
+use super::{Ui, dead_letters, lock_holders};
 use crate::common;
 use common::http::request;
 use common::*;
@@ -101,7 +101,7 @@ async fn the_api_answers_as_ls_and_refuses_bad_requests() {
         (&json!("queue"), &json!(2))
     );
     let dead = ui
-        .get(&format!("/api/queue/{}/dead?limit=3", enc(&q)))
+        .get(&format!("/api/dead?queue={}&limit=3", enc(&q)))
         .await;
     assert_eq!((dead.status, dead.json()), (200, json!([])), "{dead:?}");
 
@@ -117,14 +117,14 @@ async fn the_api_answers_as_ls_and_refuses_bad_requests() {
         ("/api/held?colour=red".to_string(), "unknown parameter"),
         ("/api/held?limit=1&limit=2".to_string(), "given twice"),
         (
-            format!("/api/queue/{}/dead?limit=0", enc(&q)),
+            format!("/api/dead?queue={}&limit=0", enc(&q)),
             "from 1 to 100",
         ),
         (
-            format!("/api/queue/{}/dead?limit=101", enc(&q)),
+            format!("/api/dead?queue={}&limit=101", enc(&q)),
             "from 1 to 100",
         ),
-        ("/api/queue/a%07b/dead".to_string(), "control character"),
+        ("/api/dead?queue=a%07b".to_string(), "control character"),
     ];
     for (path, says) in &bad_gets {
         let r = ui.get(path).await;
@@ -311,4 +311,42 @@ async fn a_bad_token_prefix_or_address_is_refused() {
         );
         assert!(out.stdout.is_empty(), "{args:?}: served anyway");
     }
+}
+
+/// `GET /api/dead?queue=NAME&limit=N` peeks at any queue, `.` and `..`
+/// included (names a URL's path cannot carry); `queue` is required. A
+/// Redis of its own: no prefix can make those names unique.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dead_letter_peek_names_its_queue_in_the_query() {
+    let own = redis::RedisServer::start();
+    let url = own.url();
+    let queues = coord::connect(&url).await.unwrap().queues().unwrap();
+    dead_letters(&queues, ".", &[b"one dot"]).await;
+    dead_letters(&queues, "..", &[b"first", b"second"]).await;
+    let ui = Ui::start(&url, &[], &[]).await;
+    for (q, expected) in [(".", vec!["one dot"]), ("..", vec!["first", "second"])] {
+        let r = ui.get(&format!("/api/dead?queue={}&limit=5", enc(q))).await;
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        let payloads: Vec<Value> = r
+            .json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["payload"].clone())
+            .collect();
+        assert_eq!(
+            payloads,
+            expected.iter().map(|p| json!(p)).collect::<Vec<_>>(),
+            "{q}"
+        );
+    }
+    let r = ui.get("/api/dead?queue=..&limit=1").await;
+    assert_eq!(r.json().as_array().map(Vec::len), Some(1), "{r:?}");
+    let r = ui.get("/api/dead?limit=1").await;
+    assert_eq!(r.status, 400, "{r:?}");
+    assert!(r.error().contains("`queue` is missing"), "{r:?}");
+    // The path form is gone.
+    let r = ui.get("/api/queue/x/dead").await;
+    assert_eq!(r.status, 404, "{r:?}");
+    assert!(r.error().contains("/api/dead?queue="), "{r:?}");
 }
