@@ -273,8 +273,17 @@ pub async fn queue(coord: &Coord, op: QueueOp) -> Result<ExitCode, Error> {
 /// One message as `coord queue peek --json` prints it: id, group,
 /// attempts, enqueue time, and the payload as UTF-8 text (`payload`) or,
 /// when it is not, as hex (`payload_hex`). The dashboard's dead-letter
-/// peek (`coord ui`) serves the same.
+/// peek (`coord ui`) serves the same, through [`message_json_within`].
 pub fn message_json(m: &Message) -> serde_json::Value {
+    message_json_within(m, usize::MAX)
+}
+
+/// [`message_json`] with the payload cut to its first `max` bytes when it
+/// is longer (text on a character's boundary, so possibly a few bytes
+/// fewer), and then `"truncated": true` and `"payload_bytes"`, the whole
+/// payload's size. A payload of `max` bytes or fewer is shown whole,
+/// without those two fields.
+pub fn message_json_within(m: &Message, max: usize) -> serde_json::Value {
     let enqueued_ms = m
         .enqueued_at
         .duration_since(UNIX_EPOCH)
@@ -287,8 +296,21 @@ pub fn message_json(m: &Message) -> serde_json::Value {
         "enqueued_at_ms": enqueued_ms,
     });
     match std::str::from_utf8(&m.payload) {
-        Ok(t) => v["payload"] = serde_json::Value::from(t),
-        Err(_) => v["payload_hex"] = serde_json::Value::from(hex(&m.payload)),
+        Ok(t) => {
+            let mut end = t.len().min(max);
+            while !t.is_char_boundary(end) {
+                end -= 1;
+            }
+            v["payload"] = serde_json::Value::from(&t[..end]);
+        }
+        Err(_) => {
+            let end = m.payload.len().min(max);
+            v["payload_hex"] = serde_json::Value::from(hex(&m.payload[..end]));
+        }
+    }
+    if m.payload.len() > max {
+        v["truncated"] = serde_json::Value::Bool(true);
+        v["payload_bytes"] = serde_json::Value::from(m.payload.len());
     }
     v
 }

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::{ApiError, Dashboard, auth, reply};
 use crate::inspect::Kind;
 use crate::ls;
-use crate::queue::message_json;
+use crate::queue::message_json_within;
 
 /// The longest a request may take, store calls included; then it is
 /// answered 504.
@@ -29,6 +29,10 @@ pub const DEFAULT_LIMIT: usize = 1000;
 pub const DEFAULT_PEEK: usize = 10;
 /// The most dead letters one peek shows.
 pub const MAX_PEEK: usize = 100;
+/// The most bytes of a payload a peek shows: a longer one is cut (and
+/// marked `truncated`), so that a peek's answer stays under about 1 MB
+/// (100 letters, binary payloads shown as hex) whatever the payloads.
+pub const PEEK_PAYLOAD: usize = 4096;
 
 /// The page: one file, its script and style inline.
 const PAGE: &str = include_str!("page.html");
@@ -156,7 +160,9 @@ pub async fn held(State(d): Shared, RawQuery(query): RawQuery) -> Result<Respons
 }
 
 /// `GET /api/dead?queue=NAME&limit=N`: the oldest dead letters of a
-/// queue, each as `coord queue peek --dead --json` prints it. The name is
+/// queue, each as `coord queue peek --dead --json` prints it, but for a
+/// payload over [`PEEK_PAYLOAD`] bytes, cut to that and marked
+/// `"truncated": true` with `"payload_bytes"` its size. The name is
 /// a parameter, not a path segment: a browser would take a queue named
 /// `.` or `..` out of a path.
 pub async fn dead(State(d): Shared, RawQuery(query): RawQuery) -> Result<Response, ApiError> {
@@ -167,7 +173,10 @@ pub async fn dead(State(d): Shared, RawQuery(query): RawQuery) -> Result<Respons
     let limit = limit(p.remove("limit"), DEFAULT_PEEK, MAX_PEEK)?;
     coord::validate::name("queue", &name)?;
     let letters = d.coord.queues()?.peek(&name, Lane::Dead, limit).await?;
-    let all = letters.iter().map(message_json).collect();
+    let all = letters
+        .iter()
+        .map(|m| message_json_within(m, PEEK_PAYLOAD))
+        .collect();
     Ok(reply(StatusCode::OK, &Value::Array(all)))
 }
 

@@ -5,14 +5,17 @@
 //! - `GET /api/held?prefix=P[&kind=K][&limit=N]`: the JSON of `coord ls
 //!   --json` (one code path: [`crate::ls::listing`]);
 //! - `GET /api/dead?queue=NAME[&limit=N]`: the oldest dead letters, as
-//!   `coord queue peek --dead --json` shows them;
+//!   `coord queue peek --dead --json` shows them (payloads over
+//!   [`api::PEEK_PAYLOAD`] bytes cut);
 //! - `GET /api/info`: the store, the default prefix, whether actions are on;
 //! - `POST /api/action`: force release, redrive, purge; off unless the
 //!   server was started with a token, and then only with that token.
 //!
 //! Every request is bounded ([`api::REQUEST_TIMEOUT`], and the store's
-//! call timeout for each call within it); headers must arrive within
-//! [`serve::HEADER_TIMEOUT`]. SIGINT and SIGTERM stop it: the listener
+//! call timeout for each call within it), and so is every connection
+//! ([`serve::HEADER_TIMEOUT`] to send headers, [`serve::WRITE_TIMEOUT`]
+//! for an answer to make progress, [`serve::LIFETIME`] in all, and then
+//! [`serve::LAST_REQUEST`]). SIGINT and SIGTERM stop it: the listener
 //! closes, requests under way get [`serve::DRAIN`] to finish.
 
 mod action;
