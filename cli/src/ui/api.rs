@@ -15,7 +15,7 @@ use clap::ValueEnum;
 use coord::{Lane, MAX_LIST};
 use serde_json::{Value, json};
 
-use super::{ApiError, Dashboard, auth, reply};
+use super::{ApiError, Dashboard, reply};
 use crate::inspect::Kind;
 use crate::ls;
 use crate::queue::message_json_within;
@@ -44,22 +44,24 @@ const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
 
 type Shared = State<Arc<Dashboard>>;
 
-/// Before every route: a dashboard on loopback answers only requests that
-/// name loopback in `Host`; every request gets [`REQUEST_TIMEOUT`]; no
-/// answer is cached, sniffed or framed.
+/// Before every route: only requests whose `Host` is one of the
+/// dashboard's names are answered ([`super::auth::Hosts`]); every request
+/// gets [`REQUEST_TIMEOUT`]; no answer is cached, sniffed or framed.
 pub async fn guard(State(d): Shared, req: Request, next: Next) -> Response {
     let host = req
         .headers()
         .get(header::HOST)
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .unwrap_or_default();
-    let mut r = if d.loopback && !auth::loopback_host(&host) {
+    let mut r = if !d.hosts.allows(&host) {
         ApiError::new(
             StatusCode::FORBIDDEN,
             format!(
-                "the Host header {host:?} does not name this machine: this dashboard is served \
-                 on loopback and answers requests for localhost, 127.0.0.1 and [::1] only; open \
-                 it at the address `coord ui` printed"
+                "the Host header {host:?} is not a name this dashboard answers to ({}, with any \
+                 port), so that a page of another site cannot read it (DNS rebinding). Open it \
+                 at the address `coord ui` printed; to reach it by another name (a TLS proxy \
+                 that keeps the Host, a name of this machine), start it with --allow-host NAME",
+                d.hosts.list()
             ),
         )
         .into_response()

@@ -1,9 +1,10 @@
 //! Who may do what on `coord ui`: the token that turns the actions on
 //! (read from `--token-file` or `COORD_UI_TOKEN`, compared in constant
 //! time, never printed), and the `Host` check that keeps pages of other
-//! sites from reading a dashboard served on this machine only (DNS
-//! rebinding).
+//! sites from reading the dashboard through a name of theirs pointed at
+//! it (DNS rebinding).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 use coord::Error;
@@ -100,22 +101,127 @@ fn warn_if_readable_by_others(path: &Path) {
     }
 }
 
-/// Whether a `Host` header names this machine's loopback: `localhost`,
-/// `127.x.y.z` or `[::1]`, with or without a port. A dashboard served on
-/// loopback answers only those: a page of another site whose name was
-/// pointed at 127.0.0.1 sends its own name, and is refused.
-pub fn loopback_host(host: &str) -> bool {
-    let name = if let Some(rest) = host.strip_prefix('[') {
-        match rest.split_once(']') {
-            Some((ip, port)) if port.is_empty() || port.starts_with(':') => ip,
-            _ => return false,
+/// The names a request's `Host` may give, with any port or none: this
+/// machine's loopback (`localhost`, `127.x.y.z`, `[::1]`), the address
+/// listened on, and each `--allow-host`. Whatever the address listened
+/// on, a page of another site whose name was pointed at this machine (DNS
+/// rebinding) sends its own name, and is refused.
+#[derive(Debug)]
+pub struct Hosts {
+    /// The address listened on.
+    listen: IpAddr,
+    /// `--allow-host` names (compared without regard to case).
+    names: Vec<String>,
+    /// `--allow-host` addresses.
+    ips: Vec<IpAddr>,
+}
+
+/// A `Host` header's name, its port left out.
+enum HostName<'a> {
+    Ip(IpAddr),
+    Name(&'a str),
+}
+
+impl Hosts {
+    /// Those of the address `listen` and of `allowed` (`--allow-host`:
+    /// host names or IP addresses, without a port). Refused: a name with a
+    /// port, a wildcard, or anything but letters, digits, `-`, `.`, `_`.
+    pub fn new(listen: IpAddr, allowed: &[String]) -> Result<Hosts, Error> {
+        let mut hosts = Hosts {
+            listen,
+            names: Vec::new(),
+            ips: Vec::new(),
+        };
+        for a in allowed {
+            let bare = a
+                .strip_prefix('[')
+                .and_then(|a| a.strip_suffix(']'))
+                .unwrap_or(a);
+            if let Ok(ip) = bare.parse::<IpAddr>() {
+                hosts.ips.push(ip);
+            } else if a.contains(':') {
+                return Err(Error::invalid(
+                    "--allow-host",
+                    format!(
+                        "is {a:?}; give the name without a port (every port is answered), \
+                         e.g. --allow-host dash.example.com"
+                    ),
+                ));
+            } else if !a.is_empty()
+                && a.len() <= 253
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+            {
+                hosts.names.push(a.to_ascii_lowercase());
+            } else {
+                return Err(Error::invalid(
+                    "--allow-host",
+                    format!(
+                        "is {a:?}, not a host name or an IP address; give one such as \
+                         dash.example.com or 10.0.0.5 (no wildcards), once per name"
+                    ),
+                ));
+            }
         }
-    } else {
-        host.split_once(':').map_or(host, |(name, _)| name)
-    };
-    if name.eq_ignore_ascii_case("localhost") {
-        return true;
+        Ok(hosts)
     }
-    name.parse::<std::net::IpAddr>()
-        .is_ok_and(|ip| ip.is_loopback())
+
+    /// Whether a request whose `Host` header is `host` is answered.
+    pub fn allows(&self, host: &str) -> bool {
+        match host_name(host) {
+            Some(HostName::Ip(ip)) => {
+                ip.is_loopback() || ip == self.listen || self.ips.contains(&ip)
+            }
+            Some(HostName::Name(name)) => {
+                name.eq_ignore_ascii_case("localhost")
+                    || self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
+            }
+            None => false,
+        }
+    }
+
+    /// The names answered, for a refusal's message.
+    pub fn list(&self) -> String {
+        let mut all = vec!["localhost".to_string(), "127.0.0.1".into(), "[::1]".into()];
+        let ips = std::iter::once(&self.listen).chain(&self.ips);
+        for ip in ips.filter(|ip| !ip.is_loopback()) {
+            all.push(match ip {
+                IpAddr::V4(v4) => v4.to_string(),
+                IpAddr::V6(v6) => format!("[{v6}]"),
+            });
+        }
+        all.extend(self.names.iter().cloned());
+        all.join(", ")
+    }
+}
+
+/// The name of a `Host` header (`name`, `name:port`, `[v6]`,
+/// `[v6]:port`); `None` when it is none of those.
+fn host_name(host: &str) -> Option<HostName<'_>> {
+    let port_ok = |p: &str| {
+        p.is_empty()
+            || p.strip_prefix(':')
+                .is_some_and(|d| d.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if let Some(rest) = host.strip_prefix('[') {
+        let (ip, port) = rest.split_once(']')?;
+        if !port_ok(port) {
+            return None;
+        }
+        return ip
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(|ip| HostName::Ip(ip.into()));
+    }
+    let (name, port) = match host.find(':') {
+        Some(i) => host.split_at(i),
+        None => (host, ""),
+    };
+    if name.is_empty() || !port_ok(port) {
+        return None;
+    }
+    Some(match name.parse::<Ipv4Addr>() {
+        Ok(ip) => HostName::Ip(ip.into()),
+        Err(_) => HostName::Name(name),
+    })
 }

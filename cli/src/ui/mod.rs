@@ -50,6 +50,13 @@ pub struct Ui {
     /// first line of standard output (http://ADDR/).
     #[arg(long, default_value = "127.0.0.1:7878")]
     listen: SocketAddr,
+    /// A name (or IP address) requests may give in their Host header,
+    /// besides localhost, 127.0.0.1, [::1] and the --listen address: e.g.
+    /// the name a TLS proxy that keeps the Host is reached by. Any port.
+    /// Repeat for more names. Other names are refused (403), so that a
+    /// page of another site cannot read the dashboard (DNS rebinding).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    allow_host: Vec<String>,
     /// The prefix the page shows at first (it can be changed on the page).
     #[arg(long, default_value = "")]
     prefix: String,
@@ -63,9 +70,11 @@ pub struct Ui {
 }
 
 /// `coord ui`: serve the dashboard until SIGINT or SIGTERM (exit 0).
-/// Exit 64 for a bad token, prefix or an address it cannot listen on.
+/// Exit 64 for a bad token, prefix, --allow-host or an address it cannot
+/// listen on.
 pub async fn ui(coord: Coord, args: Ui) -> Result<ExitCode, Error> {
     let token = auth::load(args.token_file.as_deref())?;
+    let hosts = auth::Hosts::new(args.listen.ip(), &args.allow_host)?;
     if !args.prefix.is_empty() {
         coord::validate::name("--prefix", &args.prefix)?;
     }
@@ -96,7 +105,8 @@ pub async fn ui(coord: Coord, args: Ui) -> Result<ExitCode, Error> {
         eprintln!(
             "coord ui: warning: {addr} can be reached from other machines, over plain HTTP \
              (no TLS): anyone who can reach it sees the names held, and the token travels \
-             unencrypted. Use --listen 127.0.0.1:PORT and an SSH tunnel or a TLS proxy instead"
+             unencrypted. Use --listen 127.0.0.1:PORT and an SSH tunnel or a TLS proxy instead \
+             (with --allow-host NAME for the name the proxy is reached by)"
         );
     }
     let state = Dashboard {
@@ -104,7 +114,7 @@ pub async fn ui(coord: Coord, args: Ui) -> Result<ExitCode, Error> {
         coord,
         token,
         prefix: args.prefix,
-        loopback: addr.ip().is_loopback(),
+        hosts,
     };
     let app = router(Arc::new(state));
     let stop = async {
@@ -125,8 +135,8 @@ pub struct Dashboard {
     pub token: Option<Token>,
     /// The prefix the page shows at first, and `/api/held`'s default.
     pub prefix: String,
-    /// Served on a loopback address: requests must name it in `Host`.
-    pub loopback: bool,
+    /// The names requests may give in `Host`.
+    pub hosts: auth::Hosts,
     /// The store's backend name (`redis`, `postgres`, ...).
     pub store: &'static str,
 }

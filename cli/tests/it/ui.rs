@@ -35,8 +35,15 @@ impl Ui {
     /// `coord ui --listen 127.0.0.1:0 ARGS…` with `env`, once it printed
     /// the address it serves on.
     async fn start(url: &str, args: &[&str], env: &[(&str, &str)]) -> Ui {
+        Ui::start_on("127.0.0.1:0", url, args, env).await
+    }
+
+    /// `coord ui --listen LISTEN ARGS…` with `env`, once it printed the
+    /// address it serves on; reached on 127.0.0.1 when that address is
+    /// 0.0.0.0.
+    async fn start_on(listen: &str, url: &str, args: &[&str], env: &[(&str, &str)]) -> Ui {
         let mut cmd = coord(url);
-        cmd.args(["ui", "--listen", "127.0.0.1:0"])
+        cmd.args(["ui", "--listen", listen])
             .args(args)
             .env_remove("COORD_UI_TOKEN")
             .stdout(Stdio::piped())
@@ -61,7 +68,7 @@ impl Ui {
             .strip_prefix("http://")
             .and_then(|a| a.strip_suffix('/'))
             .unwrap_or_else(|| panic!("not an address: {base:?}"))
-            .to_string();
+            .replace("0.0.0.0:", "127.0.0.1:");
         Ui {
             child,
             addr,

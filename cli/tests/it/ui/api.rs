@@ -196,7 +196,7 @@ async fn the_api_answers_as_ls_and_refuses_bad_requests() {
     )
     .await;
     assert_eq!(r.status, 403, "{r:?}");
-    assert!(r.error().contains("does not name this machine"), "{r:?}");
+    assert!(r.error().contains("--allow-host"), "{r:?}");
     let r = ui.get("/api/locks").await;
     assert_eq!(r.status, 404, "{r:?}");
     assert!(r.error().contains("/api/held"), "{r:?}");
@@ -273,7 +273,8 @@ async fn sigterm_and_sigint_stop_it_cleanly() {
 
 /// A token shorter than 16 bytes, with a space, given two ways, or in a
 /// file that cannot be read; a prefix with a control character; an
-/// address already in use: exit 64 with what to do, the token never
+/// address already in use; an --allow-host with a port, a wildcard or
+/// nothing: exit 64 with what to do, the token never
 /// printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_token_prefix_or_address_is_refused() {
@@ -282,13 +283,24 @@ async fn a_bad_token_prefix_or_address_is_refused() {
     let missing = std::env::temp_dir().join(unique("no-such-token"));
     let missing = missing.to_str().unwrap();
     let long = "long-enough-token-0123456789";
-    let cases: [(&[&str], Option<&str>, &str); 6] = [
+    let cases: [(&[&str], Option<&str>, &str); 9] = [
         (&[], Some("short"), "16 to 1024"),
         (&[], Some("has a space 0123456789"), "printable ASCII"),
         (&["--token-file", missing], Some(long), "one way only"),
         (&["--token-file", missing], None, "cannot read --token-file"),
         (&["--prefix", "a\u{1}b"], None, "control character"),
         (&["--listen", &busy], None, "cannot listen on"),
+        (
+            &["--allow-host", "dash.example.com:443"],
+            None,
+            "without a port",
+        ),
+        (
+            &["--allow-host", "*.example.com"],
+            None,
+            "a host name or an IP",
+        ),
+        (&["--allow-host", ""], None, "a host name or an IP"),
     ];
     for (args, token, says) in cases {
         let mut cmd = coord("memory://");
@@ -499,4 +511,79 @@ async fn a_dead_letter_peek_cuts_large_payloads() {
     assert_eq!(v[2], cli);
     assert_eq!(v[2]["payload"], json!("short"));
     queues.purge(&q).await.unwrap();
+}
+
+/// GET /api/held with `Host: host`: its status.
+async fn status_with_host(ui: &Ui, host: &str) -> u16 {
+    request(&ui.addr, "GET", "/api/held", &[("Host", host)], "")
+        .await
+        .status
+}
+
+/// Served on every address (0.0.0.0), the dashboard still answers only
+/// requests that name this machine's loopback or the address it listens
+/// on (with any port): a page of another site whose name was pointed at
+/// this machine (DNS rebinding) is refused, and told of --allow-host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_every_address_a_host_it_was_not_told_of_is_refused() {
+    let ui = Ui::start_on("0.0.0.0:0", "memory://", &[], &[]).await;
+    let port = ui.addr.rsplit_once(':').unwrap().1;
+    for host in [
+        "attacker.example".to_string(),
+        format!("attacker.example:{port}"),
+        "localhost.attacker.example".to_string(),
+        "127.0.0.1.attacker.example".to_string(),
+        String::new(),
+    ] {
+        let r = request(&ui.addr, "GET", "/api/held", &[("Host", &host)], "").await;
+        assert_eq!(r.status, 403, "{host}: {r:?}");
+        assert!(r.error().contains("--allow-host"), "{host}: {r:?}");
+    }
+    for host in [
+        format!("127.0.0.1:{port}"),
+        "localhost".to_string(),
+        format!("LocalHost:{port}"),
+        format!("[::1]:{port}"),
+        format!("0.0.0.0:{port}"),
+    ] {
+        assert_eq!(status_with_host(&ui, &host).await, 200, "{host}");
+    }
+}
+
+/// --allow-host NAME (repeated) adds names and addresses the dashboard
+/// answers, with any port and in any case: a TLS proxy that keeps the
+/// original Host reaches it; other names are still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_host_lets_a_proxy_keep_its_host() {
+    let ui = Ui::start(
+        "memory://",
+        &[
+            "--allow-host",
+            "dash.example.com",
+            "--allow-host",
+            "10.1.2.3",
+            "--allow-host",
+            "[fd00::7]",
+        ],
+        &[],
+    )
+    .await;
+    for host in [
+        "dash.example.com",
+        "DASH.Example.com:443",
+        "10.1.2.3:8443",
+        "[fd00::7]:443",
+        "localhost:7878",
+    ] {
+        assert_eq!(status_with_host(&ui, host).await, 200, "{host}");
+    }
+    for host in [
+        "example.com",
+        "dash.example.com.attacker.example",
+        "10.1.2.4",
+        "[fd00::8]",
+        "dash.example.com:443:443",
+    ] {
+        assert_eq!(status_with_host(&ui, host).await, 403, "{host}");
+    }
 }
