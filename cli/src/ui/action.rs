@@ -45,11 +45,15 @@ impl Action {
                 "the body is not JSON ({e}); send an object such as {EXAMPLE}"
             ))
         })?;
-        let Value::Object(m) = v else {
+        if !v.is_object() {
             return Err(ApiError::bad(format!(
                 "the body must be a JSON object, such as {EXAMPLE}"
             )));
-        };
+        }
+        // Again, refusing a field given twice (which `Value` lets through,
+        // keeping the last): `"name":"a","name":"b"` names no queue.
+        let Unique(m) = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad(format!("{e}; give each field once, e.g. {EXAMPLE}")))?;
         let action = string(&m, "action")?;
         let fields: &[&str] = match action.as_str() {
             "release" => &["action", "kind", "name"],
@@ -90,6 +94,37 @@ impl Action {
             }
             _ => Action::Purge { name },
         })
+    }
+}
+
+/// A JSON object whose keys are each given once.
+struct Unique(Map<String, Value>);
+
+impl<'de> serde::Deserialize<'de> for Unique {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Unique;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Unique, A::Error> {
+                let mut m = Map::new();
+                while let Some(k) = a.next_key::<String>()? {
+                    if m.contains_key(&k) {
+                        return Err(serde::de::Error::custom(format!(
+                            "field `{k}` is given twice"
+                        )));
+                    }
+                    let v = a.next_value()?;
+                    m.insert(k, v);
+                }
+                Ok(Unique(m))
+            }
+        }
+        d.deserialize_map(Fields)
     }
 }
 

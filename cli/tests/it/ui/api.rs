@@ -587,3 +587,53 @@ async fn allow_host_lets_a_proxy_keep_its_host() {
         assert_eq!(status_with_host(&ui, host).await, 403, "{host}");
     }
 }
+
+/// An action whose body gives a field twice is refused (400, naming the
+/// field) and nothing is done, whichever of the two it would have taken:
+/// `{"action":"purge","name":"q1","name":"q2"}` purges neither queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_giving_a_field_twice_is_refused_and_changes_nothing() {
+    let url = redis::server().url();
+    let secret = format!("dup-{}-0123456789abcdef", std::process::id());
+    let ui = Ui::start(&url, &[], &[("COORD_UI_TOKEN", &secret)]).await;
+    let queues = coord::connect(&url).await.unwrap().queues().unwrap();
+    let (q1, q2) = (unique("ui-dup"), unique("ui-dup"));
+    for q in [&q1, &q2] {
+        queues.push(q, "keep me").await.unwrap();
+    }
+    let bodies = [
+        (
+            format!(
+                r#"{{"action":"purge","name":{},"name":{}}}"#,
+                json!(q1),
+                json!(q2)
+            ),
+            "`name`",
+        ),
+        (
+            format!(
+                r#"{{"action":"release","action":"purge","name":{}}}"#,
+                json!(q1)
+            ),
+            "`action`",
+        ),
+        (
+            format!(
+                r#"{{"action":"redrive","name":{},"limit":1,"limit":2}}"#,
+                json!(q2)
+            ),
+            "`limit`",
+        ),
+    ];
+    for (body, field) in &bodies {
+        let r = ui.act(Some(&secret), body).await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        let e = r.error();
+        assert!(e.contains("twice") && e.contains(field), "{body}: {e}");
+    }
+    for q in [&q1, &q2] {
+        assert_eq!(queues.stats(q).await.unwrap().ready, 1, "{q}");
+        queues.purge(q).await.unwrap();
+    }
+    assert!(!ui.log().contains("purged"), "{}", ui.log());
+}
