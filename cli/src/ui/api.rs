@@ -208,26 +208,63 @@ pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 }
 
 /// A query string's parameters, each one of `known` and given at most
-/// once.
+/// once, and UTF-8 once percent-decoded (a byte that is not would be
+/// replaced, and a name read as another).
 fn params(
     query: Option<&str>,
     known: &[&'static str],
 ) -> Result<std::collections::HashMap<&'static str, String>, ApiError> {
     let mut out = std::collections::HashMap::new();
-    for (k, v) in url::form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+    let not_utf8 = |what: &str| {
+        ApiError::bad(format!(
+            "{what} is not UTF-8 once percent-decoded; percent-encode text as UTF-8 (as \
+             JavaScript's encodeURIComponent does)"
+        ))
+    };
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = form_decode(k).ok_or_else(|| not_utf8("a parameter's name"))?;
         let Some(&k) = known.iter().find(|n| **n == k) else {
             return Err(ApiError::bad(format!(
                 "unknown parameter {k:?}; this route takes {}",
                 known.join(", ")
             )));
         };
-        if out.insert(k, v.into_owned()).is_some() {
+        let v = form_decode(v).ok_or_else(|| not_utf8(&format!("parameter `{k}`")))?;
+        if out.insert(k, v).is_some() {
             return Err(ApiError::bad(format!(
                 "parameter `{k}` is given twice; give it once"
             )));
         }
     }
     Ok(out)
+}
+
+/// `s` decoded as a query string's text: `+` is a space, `%XX` the byte
+/// XX (a `%` without two hex digits after it is itself); `None` when the
+/// bytes are not UTF-8.
+fn form_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let hex = |i: usize| b.get(i).and_then(|&c| (c as char).to_digit(16));
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match (b[i], hex(i + 1), hex(i + 2)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b'+', ..) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (c, ..) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// A `limit` parameter: `default` when absent, else a whole number from 1

@@ -126,6 +126,10 @@ async fn the_api_answers_as_ls_and_refuses_bad_requests() {
             "from 1 to 100",
         ),
         ("/api/dead?queue=a%07b".to_string(), "control character"),
+        ("/api/held?prefix=%FF".to_string(), "not UTF-8"),
+        ("/api/held?prefix=a%C3%28".to_string(), "not UTF-8"),
+        ("/api/dead?queue=%E2%82".to_string(), "not UTF-8"),
+        ("/api/held?%FF=1".to_string(), "not UTF-8"),
     ];
     for (path, says) in &bad_gets {
         let r = ui.get(path).await;
