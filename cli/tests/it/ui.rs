@@ -511,3 +511,70 @@ async fn the_page_peeks_at_queues_named_dot_and_dot_dot() {
     }
     browser.close().await;
 }
+
+/// With more of a kind held than the page shows (1000 per kind, as `coord
+/// ls`), the page says so: "1000+, the first 1000 shown", 1000 rows, and
+/// "+" in its status line; a kind with fewer shows its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_says_when_more_are_held_than_it_shows() {
+    use futures::StreamExt;
+    let url = redis::server().url();
+    let prefix = format!("{}/", unique("ui-many"));
+    let c = coord::connect(&url).await.unwrap();
+    let leases = c.leases().unwrap();
+    let granted: Vec<_> = futures::stream::iter(0..1001)
+        .map(|i| {
+            let (leases, name) = (leases.clone(), format!("{prefix}lease-{i:04}"));
+            async move {
+                leases
+                    .grant(&name, Duration::from_secs(120))
+                    .await
+                    .unwrap()
+                    .expect("granted")
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let lock = c
+        .locks()
+        .unwrap()
+        .try_acquire(&format!("{prefix}one"), Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("acquired");
+    let ui = Ui::start(&url, &["--prefix", &prefix], &[]).await;
+    let browser = Browser::open(&ui.base).await;
+    let count = |kind: &str| {
+        format!(
+            "(document.querySelector('section[data-section=\"{kind}\"] h2 .count')?.textContent ?? null)"
+        )
+    };
+    browser
+        .wait_for(
+            "the leases' count",
+            &format!("{} === '(1000+, the first 1000 shown)'", count("lease")),
+        )
+        .await;
+    assert_eq!(browser.eval(&count("lock")).await, json!("(1)"));
+    let rows = browser
+        .eval("document.querySelectorAll('tr[data-kind=\"lease\"]').length")
+        .await;
+    assert_eq!(rows, json!(1000));
+    let status = browser
+        .eval("document.getElementById('status').textContent")
+        .await;
+    assert!(
+        status.as_str().is_some_and(|s| s.starts_with("1002+ held")),
+        "{status}"
+    );
+    browser.close().await;
+    let some = ui
+        .get(&format!("/api/held?prefix={prefix}&kind=lease&limit=3"))
+        .await;
+    assert_eq!(some.json().as_array().map(Vec::len), Some(3), "{some:?}");
+    lock.release().await.unwrap();
+    for l in granted {
+        l.revoke().await.unwrap();
+    }
+}
