@@ -92,7 +92,9 @@ struct Cli {
     /// The store: redis://host:6379, postgres://user@host/db,
     /// etcd://host:2379 (options in the URL's query, see the README), or
     /// memory:// (one process only). Required: no command runs without it.
-    #[arg(long, env = "COORD_URL", global = true)]
+    // hide_env_values: --help names COORD_URL but never prints its value,
+    // which may hold a password.
+    #[arg(long, env = "COORD_URL", global = true, hide_env_values = true)]
     url: Option<String>,
     #[command(subcommand)]
     command: Command,

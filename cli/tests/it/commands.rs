@@ -793,3 +793,36 @@ async fn health_reports_every_store_and_an_unreachable_one_is_69() {
     assert_eq!(out.status.code(), Some(UNAVAILABLE), "{out:?}");
     assert!(text(&out.stderr).contains("reachable"), "{out:?}");
 }
+
+/// `--help` never prints the store's URL from COORD_URL (it may hold a
+/// password) nor COORD_UI_TOKEN: not for coord, not for a command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn help_does_not_print_the_url_or_the_token_from_the_environment() {
+    let secret = "hunter2-url-password";
+    let token = "hunter2-ui-token-0123456789";
+    for args in [
+        &["--help"][..],
+        &["-h"],
+        &["ui", "--help"],
+        &["lock", "--help"],
+        &["help", "ls"],
+    ] {
+        let out = tokio::time::timeout(
+            Duration::from_secs(30),
+            coord(&format!("redis://:{secret}@127.0.0.1:1/"))
+                .args(args)
+                .env("COORD_UI_TOKEN", token)
+                .output(),
+        )
+        .await
+        .expect("coord --help did not finish")
+        .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {out:?}");
+        let printed = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(printed.contains("COORD_URL"), "{args:?}: {printed}");
+        assert!(
+            !printed.contains(secret) && !printed.contains(token),
+            "{args:?} prints a secret: {printed}"
+        );
+    }
+}
