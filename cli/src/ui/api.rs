@@ -4,16 +4,18 @@
 //! routes. Every answer but the page is JSON; an error is `{"error":
 //! "..."}` saying what was wrong and what to do.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use axum::extract::{RawQuery, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use base64::prelude::{BASE64_STANDARD, Engine};
 use clap::ValueEnum;
 use coord::{Lane, MAX_LIST};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 use super::{ApiError, Dashboard, reply};
 use crate::inspect::Kind;
@@ -36,11 +38,19 @@ pub const PEEK_PAYLOAD: usize = 4096;
 
 /// The page: one file, its script and style inline.
 const PAGE: &str = include_str!("page.html");
-/// What the page may load and run: its own inline script and style, and
-/// requests to this server; no frames, no forms, no other origin.
-const PAGE_POLICY: &str = "default-src 'none'; script-src 'unsafe-inline'; \
-    style-src 'unsafe-inline'; connect-src 'self'; img-src 'self' data:; base-uri 'none'; \
-    form-action 'none'; frame-ancestors 'none'";
+/// What the page may load and run: its own inline script (by its SHA-256,
+/// so no other inline script would run) and style, and requests to this
+/// server; no frames, no forms, no other origin.
+static PAGE_POLICY: LazyLock<String> = LazyLock::new(|| {
+    let start = PAGE.find("<script>").expect("the page has a script") + "<script>".len();
+    let end = start + PAGE[start..].find("</script>").expect("its script ends");
+    let hash = BASE64_STANDARD.encode(Sha256::digest(&PAGE.as_bytes()[start..end]));
+    format!(
+        "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+         connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+         frame-ancestors 'none'"
+    )
+});
 
 type Shared = State<Arc<Dashboard>>;
 
@@ -97,7 +107,7 @@ pub async fn page() -> Response {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY),
+            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY.as_str()),
         ],
         PAGE,
     )

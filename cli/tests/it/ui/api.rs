@@ -48,7 +48,7 @@ fn timeless(mut v: Value) -> Value {
 /// `Host` 403, unknown routes 404, wrong methods 405, all JSON) and
 /// nothing changes; with the token (COORD_UI_TOKEN) purge and force
 /// release work. The page is served with a policy that allows no other
-/// origin.
+/// origin and no inline script but its own (by its hash).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_answers_as_ls_and_refuses_bad_requests() {
     let url = redis::server().url();
@@ -240,6 +240,17 @@ async fn the_api_answers_as_ls_and_refuses_bad_requests() {
     let policy = page.header("content-security-policy").unwrap_or("");
     assert!(
         policy.contains("default-src 'none'") && policy.contains("connect-src 'self'"),
+        "{policy}"
+    );
+    // Its one script runs by its hash (the browser tests see it run), no
+    // other inline script would.
+    let script = policy
+        .split(';')
+        .map(str::trim)
+        .find(|d| d.starts_with("script-src "))
+        .unwrap_or("");
+    assert!(
+        script.starts_with("script-src 'sha256-") && !script.contains("unsafe-inline"),
         "{policy}"
     );
     assert!(page.body.contains("<title>coord</title>"));
