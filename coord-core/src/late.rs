@@ -162,6 +162,44 @@ impl Unanswered {
         map.get(&(name.to_string(), *owner)).map(|(_, n)| Seen(*n))
     }
 
+    /// Send a step of `owner` on `name` (an extend, a renewal) with `send`,
+    /// as every store does it: the step is stamped (`stamp`, called after
+    /// the owner's unanswered steps were looked up) and told to mark if a
+    /// step of the owner went unanswered; unanswered itself (an error, a
+    /// timeout, a drop), it is remembered like an attempt; the owner is
+    /// forgotten once the store says the mark was left. A step the store
+    /// refused as stamped before the owner's mark is
+    /// [`superseded`] (retryable: the retry is stamped after the mark).
+    pub async fn step<T, F, Fut>(
+        &self,
+        (name, owner): (&str, &OwnerToken),
+        (backend, operation): (&'static str, &'static str),
+        stamp: impl FnOnce() -> i64,
+        send: F,
+    ) -> crate::Result<T>
+    where
+        F: FnOnce(Step) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<Answer<T>>>,
+    {
+        let seen = self.seen(name, owner);
+        let step = Step {
+            stamp: stamp(),
+            mark: seen.is_some(),
+        };
+        let pending = self.attempt(name, *owner);
+        let answer = send(step).await?;
+        pending.answered();
+        match answer {
+            Answer::Superseded => Err(superseded(backend, operation)),
+            Answer::Done { value, marked } => {
+                if let (true, Some(seen)) = (marked, seen) {
+                    self.forget(name, owner, seen);
+                }
+                Ok(value)
+            }
+        }
+    }
+
     /// Forget `owner` on `name` (its release left its mark), unless an
     /// attempt of it went unanswered since the release saw `seen`: that
     /// attempt may be stamped after the mark, so the owner's next release
@@ -173,6 +211,32 @@ impl Unanswered {
             map.remove(&key);
         }
     }
+}
+
+/// A step of an owner as [`Unanswered::step`] sends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The step's stamp, taken after every earlier step of the owner was
+    /// sent.
+    pub stamp: i64,
+    /// Whether the step must leave its stamp as the owner's mark: a step
+    /// of the owner went unanswered, and its late copy must be refused.
+    pub mark: bool,
+}
+
+/// What the store answered to a [`Step`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer<T> {
+    /// Applied (or found nothing to apply to): its result, and whether the
+    /// owner's mark is now at least the step's stamp.
+    Done {
+        /// The step's result.
+        value: T,
+        /// Whether the mark was left (only asked of a marking step).
+        marked: bool,
+    },
+    /// Refused, changing nothing: stamped before the owner's mark.
+    Superseded,
 }
 
 /// One attempt on its way (see [`Unanswered::attempt`]).

@@ -338,7 +338,8 @@ impl Semaphores {
         if let Some(s) = removed {
             let place = s.waiter.filter(|w| w.own).map(|w| w.lease);
             let grant = s.grant.filter(|g| g.own).map(|g| g.lease);
-            for l in place.into_iter().chain(grant) {
+            // Unseen moves' leases: the grant they might carry is gone.
+            for l in place.into_iter().chain(grant).chain(s.moves) {
                 self.etcd.revoke_later(l);
             }
         }

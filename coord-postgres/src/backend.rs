@@ -435,3 +435,27 @@ fn duplicate(e: &tokio_postgres::Error) -> bool {
         )
     })
 }
+
+/// What an extend statement (`claim_extend`, `semaphore_extend`) answered:
+/// no row when the owner holds nothing there, else whether it was a late
+/// copy overtaken by a later step of its owner (refused, nothing changed),
+/// whether it extended, and whether it left the owner's mark.
+fn extend_answer(
+    operation: &'static str,
+    rows: &[tokio_postgres::Row],
+) -> Result<coord_core::late::Answer<bool>> {
+    let Some(row) = rows.first() else {
+        return Ok(coord_core::late::Answer::Done {
+            value: false,
+            marked: false,
+        });
+    };
+    let get = |i: usize| -> Result<bool> { row.try_get(i).map_err(|e| map_pg(operation, e)) };
+    if get(0)? {
+        return Ok(coord_core::late::Answer::Superseded);
+    }
+    Ok(coord_core::late::Answer::Done {
+        value: get(1)?,
+        marked: get(2)?,
+    })
+}

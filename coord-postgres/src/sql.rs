@@ -5,7 +5,7 @@
 //! parameter.
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 18;
+pub(crate) const SCHEMA_VERSION: i32 = 19;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -120,7 +120,8 @@ impl Sql {
             // (the marks `claim_leave` keeps; lapsed ones pruned), so that
             // step's late copy, stamped before, is refused rather than
             // setting the expiry back to its own TTL. No row: the owner has
-            // no row; else (stale, extended).
+            // no row; else (stale, extended, marked). A claim no longer
+            // live is not marked here: the owner's release marks it.
             claim_extend: format!(
                 "WITH l AS MATERIALIZED (SELECT c.left_owners, c.left_stamps, c.left_until \
                    FROM {s}.claims c \
@@ -146,7 +147,8 @@ impl Sql {
                   WHERE c.kind = $1::text AND c.name = $2::text AND c.owner = $3::bytea \
                     AND c.expires_at > n.t AND NOT n.stale \
                  RETURNING 1) \
-                 SELECT n.stale, EXISTS (SELECT 1 FROM u) FROM n"
+                 SELECT n.stale, EXISTS (SELECT 1 FROM u), \
+                   $6::int8 IS NOT NULL AND EXISTS (SELECT 1 FROM u) FROM n"
             ),
             // $1 kind, $2 name, $3 channel, $4 notify always. Frees the
             // live row of any owner in place, as release does; NOTIFY as
@@ -249,31 +251,31 @@ impl Sql {
             // read only then, so an extend that waited past the expiry
             // resurrects nothing. It takes no semaphore lock (it moves no
             // permit). Stamped before the owner's live `semaphore_left` mark
-            // (`stale`), it is a late copy overtaken by a later step of its
-            // owner and changes nothing. With $5 (a step of the owner went
+            // (`stale`, read by `semaphore_is_left` once the row is locked,
+            // so a mark its lock wait was for is seen), it is a late copy
+            // overtaken by a later step of its owner and changes nothing. With $5 (a step of the owner went
             // unanswered) the owner is marked as left at $4 for $5 µs, as a
             // release leaves, so that step's late copy is refused rather
             // than taken for the holder retrying or extending. No row: the
-            // owner holds nothing; else (stale, extended).
+            // owner holds nothing; else (stale, extended, marked).
             semaphore_extend: format!(
                 "WITH l AS MATERIALIZED (SELECT 1 FROM {s}.semaphore_holders h \
                    WHERE h.name = $1::text AND h.owner = $2::bytea FOR UPDATE), \
                  n AS MATERIALIZED (SELECT clock_timestamp() AS t, \
-                   EXISTS (SELECT 1 FROM {s}.semaphore_left x \
-                     WHERE x.name = $1::text AND x.owner = $2::bytea AND x.stamp > $4::int8 \
-                       AND x.expires_at > clock_timestamp()) AS stale FROM l), \
+                   {s}.semaphore_is_left($1::text, $2::bytea, $4::int8) AS stale FROM l), \
                  m AS (INSERT INTO {s}.semaphore_left AS x (name, owner, stamp, expires_at) \
                    SELECT $1::text, $2::bytea, $4::int8, n.t + $5::int8 * interval '1 microsecond' \
                      FROM n WHERE $5::int8 IS NOT NULL AND NOT n.stale \
                    ON CONFLICT (name, owner) DO UPDATE \
                    SET stamp = greatest(x.stamp, EXCLUDED.stamp), \
-                       expires_at = greatest(x.expires_at, EXCLUDED.expires_at)), \
+                       expires_at = greatest(x.expires_at, EXCLUDED.expires_at) \
+                   RETURNING 1), \
                  u AS (UPDATE {s}.semaphore_holders h \
                    SET expires_at = n.t + $3::int8 * interval '1 microsecond' FROM n \
                   WHERE h.name = $1::text AND h.owner = $2::bytea AND h.expires_at > n.t \
                     AND NOT n.stale \
                  RETURNING 1) \
-                 SELECT n.stale, EXISTS (SELECT 1 FROM u) FROM n"
+                 SELECT n.stale, EXISTS (SELECT 1 FROM u), EXISTS (SELECT 1 FROM m) FROM n"
             ),
             // $1 name, $2 channel.
             semaphore_force_release: format!(

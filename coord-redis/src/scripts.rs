@@ -65,13 +65,17 @@ fn late(key: usize, stamp: usize) -> String {
 /// [`late`]): when the release names the mark's key (`KEYS[key]`, only
 /// passed by the release of an owner with an unanswered attempt), the
 /// release's stamp (`ARGV[stamp]`) is kept there for `ARGV[stamp + 1]` ms,
-/// whether or not the owner holds the claim. A release after answered
-/// attempts (nearly all) names no such key and costs nothing more.
+/// whether or not the owner holds the claim, unless a later step of the
+/// owner left a higher one. A release after answered attempts (nearly all)
+/// names no such key and costs nothing more.
 fn mark(key: usize, stamp: usize) -> String {
     let ttl = stamp + 1;
     format!(
         "if KEYS[{key}] then\n\
-         \x20 redis.call('SET', KEYS[{key}], ARGV[{stamp}], 'PX', ARGV[{ttl}])\n\
+         \x20 local was = redis.call('GET', KEYS[{key}])\n\
+         \x20 if not was or tonumber(ARGV[{stamp}]) > tonumber(was) then\n\
+         \x20   redis.call('SET', KEYS[{key}], ARGV[{stamp}], 'PX', ARGV[{ttl}])\n\
+         \x20 end\n\
          end\n"
     )
 }

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::late::Unanswered;
+use coord_core::late::{Answer, Step, Unanswered};
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, Lock, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
@@ -227,32 +227,35 @@ impl SimStore {
         F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<bool>> + Send + 'static,
     {
-        let seen = self.unanswered.seen(name, owner);
-        let stamp = self.world.stamp();
-        let pending = self.unanswered.attempt(name, *owner);
         let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
-        let marking = seen.is_some();
-        let r = self
-            .call(what, move |s| {
+        let send = |step: Step| {
+            self.call(what, move |s| {
                 Box::pin(async move {
+                    let stamp = step.stamp as u64;
                     if world.refused(&n, &o, stamp) {
                         world.log(format!("store refused late step #{stamp} of {}", short(&o)));
-                        return Err(coord_core::late::superseded("sim", "extend"));
+                        return Ok(Answer::Superseded);
                     }
-                    if marking {
+                    if step.mark {
                         world.mark(&n, &o, stamp);
                     }
-                    f(s, n, o).await
+                    let value = f(s, n, o).await?;
+                    Ok(Answer::Done {
+                        value,
+                        marked: step.mark,
+                    })
                 })
             })
-            .await;
-        if r.is_ok() {
-            pending.answered();
-            if let Some(seen) = seen {
-                self.unanswered.forget(name, owner, seen);
-            }
-        }
-        r
+        };
+        let world = self.world.clone();
+        self.unanswered
+            .step(
+                (name, owner),
+                ("sim", "extend"),
+                || world.stamp() as i64,
+                send,
+            )
+            .await
     }
 
     /// A release of `owner` on `name`, leaving a mark against late copies

@@ -16,7 +16,7 @@ use crate::claim::Claims;
 use crate::claim::entries::{Entry, EntryState, entry_key};
 use crate::claim::moves::MoveOnItsWay;
 use crate::client::keys::{prefix_end, split_lease_value};
-use crate::client::{lock, secs};
+use crate::client::{kvs, lock, secs};
 
 impl Claims {
     /// Release (or resign, or leave the queue, or revoke a named lease):
@@ -30,8 +30,15 @@ impl Claims {
         owner: &OwnerToken,
         op: &'static str,
     ) -> Result<bool> {
-        let _turn = self.one_call(&entry_key(kind, name, owner)).await;
-        self.release_claim_now(kind, name, owner, op).await
+        let ek = entry_key(kind, name, owner);
+        let _turn = self.one_call(&ek).await;
+        let released = self.release_claim_now(kind, name, owner, op).await;
+        // A move of the claim this client never saw the answer of carries
+        // nothing once the claim's key is deleted (`moves.rs`); revoked
+        // before, its lease might take the key down first, and the release
+        // find nothing to delete.
+        self.end_moves(&ek, None);
+        released
     }
 
     async fn release_claim_now(
@@ -44,9 +51,6 @@ impl Claims {
         let now = Instant::now();
         let ek = entry_key(kind, name, owner);
         lock(&self.tried).remove(&ek);
-        // A move of the claim this client never saw the answer of carries
-        // nothing once the claim ends (`moves.rs`).
-        self.end_moves(&ek, None);
         let entry = lock(&self.entries).remove(&ek);
         if let Some(e) = entry {
             if let EntryState::Held { deadline } = e.state {
@@ -265,6 +269,8 @@ impl Claims {
                 if self.etcd.revoke(lease, op).await.is_err() {
                     self.etcd.revoke_later(lease);
                 }
+                // The key may sit on an unseen move's lease instead.
+                self.end_moves(&ek, None);
                 return Ok(false);
             }
             None => return Ok(false),
@@ -307,8 +313,7 @@ impl Claims {
         } else {
             // Check the old lease still lives (so an expired claim is never
             // resurrected), then move the key. After an unseen move, the
-            // key, if it still exists at its create revision, is live on
-            // one lease or another: it is moved by that alone.
+            // key may live on that move's lease instead.
             let (alive, new) = tokio::join!(
                 self.etcd.keepalive_once(lease, op),
                 self.etcd.grant_lease(ttl_s, op)
@@ -319,27 +324,49 @@ impl Claims {
                 self.drop_entry_of(&ek, lease);
                 return Ok(false);
             }
-            let when = if fresh {
-                Txn::new().when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
-            } else {
-                check
+            // The key at its create revision on the lease it is on, so
+            // that this move, landing late after a later one, fails. After
+            // an unseen move the key may sit on that move's lease: compared
+            // on the lease it is found on, if it is one of those.
+            let mut on = lease;
+            let mut tries = 0;
+            let resp = loop {
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(key.clone(), CompareOp::Equal, rev),
+                        Compare::lease(key.clone(), CompareOp::Equal, on),
+                    ])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        Vec::new(),
+                        Some(PutOptions::new().with_lease(new).with_ignore_value()),
+                    )])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                // Unanswered, the move may still land: its lease is kept,
+                // and the next extend moves the key on (`moves.rs`).
+                let way = MoveOnItsWay {
+                    claims: self,
+                    ek: &ek,
+                    rev,
+                    lease: new,
+                    seen: false,
+                };
+                let resp = self.etcd.txn(op, txn).await?;
+                way.seen();
+                if resp.succeeded() || !fresh || tries == 3 {
+                    break resp;
+                }
+                match kvs(&resp, 0).into_iter().next() {
+                    Some(kv)
+                        if kv.create_revision() == rev
+                            && self.is_unseen_move(&ek, rev, kv.lease()) =>
+                    {
+                        on = kv.lease();
+                        tries += 1;
+                    }
+                    _ => break resp,
+                }
             };
-            let txn = when.and_then([TxnOp::put(
-                key.clone(),
-                Vec::new(),
-                Some(PutOptions::new().with_lease(new).with_ignore_value()),
-            )]);
-            // Unanswered, the move may still land: its lease is kept, and
-            // the next extend moves the key on (`moves.rs`).
-            let way = MoveOnItsWay {
-                claims: self,
-                ek: &ek,
-                rev,
-                lease: new,
-                seen: false,
-            };
-            let resp = self.etcd.txn(op, txn).await?;
-            way.seen();
             if !resp.succeeded() {
                 self.etcd.revoke_later(new);
                 self.end_moves(&ek, Some(rev));

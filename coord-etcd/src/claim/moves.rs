@@ -7,13 +7,13 @@
 //! later, after a later extend of the same owner that kept the key on the
 //! same lease: it would then put the key on its own lease, with that
 //! lease's shorter TTL. So the claim's next extend moves the key onto a
-//! fresh lease, comparing its create revision alone (the key may sit on
-//! one of those leases by then): no such move compared that lease, so
-//! each of them fails from then on, and their leases, which carry nothing
-//! any more, are revoked. A release revokes them too. They are not
-//! revoked at once: a move landing after its lease's revocation fails, but
-//! one landing just before it would take the key down with the lease while
-//! its holder's guard still counts it held.
+//! fresh lease, comparing the lease it finds the key on (the claim's, or
+//! one of those moves' if one landed): no move ever compared the fresh
+//! lease, so each of them fails from then on, and their leases, which
+//! carry nothing any more, are revoked. A release revokes them once the
+//! key is deleted. They are not revoked at once: a move landing after its
+//! lease's revocation fails, but one landing just before it would take the
+//! key down with the lease while its holder's guard still counts it held.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -32,6 +32,14 @@ impl Claims {
         lock(&self.moves)
             .get(ek)
             .is_some_and(|m| m.iter().any(|(r, _)| *r == rev))
+    }
+
+    /// Whether `lease` is that of an unseen move of the claim created at
+    /// `rev`.
+    pub(crate) fn is_unseen_move(&self, ek: &EntryKey, rev: i64, lease: i64) -> bool {
+        lock(&self.moves)
+            .get(ek)
+            .is_some_and(|m| m.contains(&(rev, lease)))
     }
 
     /// Revoke, in the background, the leases of the unseen moves of the

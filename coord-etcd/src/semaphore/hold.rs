@@ -96,6 +96,10 @@ impl Semaphores {
         // revoked (a write on it may still land). An adopted lease is left
         // to the client that created it.
         let now = Instant::now();
+        // Unseen moves' leases carry nothing once the grant is deleted.
+        for l in &local.moves {
+            self.etcd.revoke_later(*l);
+        }
         // (A place on the grant's lease is never expected; it goes with
         // the grant's.)
         let grant_lease = local.grant.as_ref().map(|g| g.lease);
@@ -263,20 +267,12 @@ impl Semaphores {
                     .map(|i| put(n.slot(*i), owner.to_hex().into_bytes())),
             );
             // The grant at its create revision, on the lease it was read
-            // on (so this move, landing late after a later one, fails);
-            // after an unseen move, on whichever lease it is.
-            let mut when = vec![Compare::create_revision(
-                kv.key().to_vec(),
-                CompareOp::Equal,
-                kv.create_revision(),
-            )];
-            if !fresh {
-                when.push(Compare::lease(
-                    kv.key().to_vec(),
-                    CompareOp::Equal,
-                    kv.lease(),
-                ));
-            }
+            // on (so this move, landing late after a later one, fails: the
+            // grant is on a fresh lease by then).
+            let when = [
+                Compare::create_revision(kv.key().to_vec(), CompareOp::Equal, kv.create_revision()),
+                Compare::lease(kv.key().to_vec(), CompareOp::Equal, kv.lease()),
+            ];
             let txn = Txn::new()
                 .when(when)
                 .and_then(then)
@@ -295,11 +291,12 @@ impl Semaphores {
             let resp = self.etcd.txn(op, txn).await?;
             way.seen = true;
             drop(way);
-            if resp.succeeded() || fresh {
+            if resp.succeeded() {
                 break resp;
             }
             // Moved onto another lease meanwhile (an extend of this owner
-            // through another client): moved again, from there.
+            // through another client, or a copy of an unseen move of this
+            // one): moved again, from there.
             match kvs(&resp, 0).into_iter().next() {
                 Some(now) if now.create_revision() == kv.create_revision() && tries < 3 => {
                     kv = now;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::stamp;
+use coord_core::late::{Step, stamp};
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
@@ -12,7 +12,7 @@ use coord_core::{
 use tokio_postgres::types::Type;
 
 use super::errors::{map_pg, unexpected};
-use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
+use super::{BACKEND, PostgresBackend, extend_answer, from_micros, micros_ceil, token};
 
 pub(super) const KIND_LOCK: &str = "lock";
 pub(super) const KIND_LEASE: &str = "lease";
@@ -252,55 +252,35 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<bool> {
         let key = Self::key(kind, name);
-        // Stamped after every step of this owner was sent; with a step of
-        // it unanswered, the extend marks the owner as left at its stamp,
-        // so that step's late copy never sets the expiry back.
-        let seen = self.unanswered.seen(&key, owner);
-        let who = *owner;
-        let owner: &[u8] = owner.as_bytes();
+        // A step of its owner (`coord_core::late::Unanswered::step`): with
+        // a step of the owner unanswered, the extend marks the owner as
+        // left at its stamp, so that step's late copy never sets the
+        // expiry back.
+        let o: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
         let (kind, name) = (kind.to_string(), name.to_string());
-        let at = stamp();
-        let left_ttl = seen.map(|_| micros_ceil(CLAIM_LEFT_TTL));
-        let pending = self.unanswered.attempt(&key, who);
-        let rows = self
-            .query(
-                operation,
-                &self.sql.claim_extend,
-                &[
-                    (&kind, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&owner, Type::BYTEA),
-                    (&ttl, Type::INT8),
-                    (&at, Type::INT8),
-                    (&left_ttl, Type::INT8),
-                ],
-            )
-            .await?;
-        pending.answered();
-        if let Some(seen) = seen {
-            self.unanswered.forget(&key, &who, seen);
-        }
-        extend_outcome(operation, &rows)
+        let send = |step: Step| async move {
+            let left_ttl = step.mark.then(|| micros_ceil(CLAIM_LEFT_TTL));
+            let rows = self
+                .query(
+                    operation,
+                    &self.sql.claim_extend,
+                    &[
+                        (&kind, Type::TEXT),
+                        (&name, Type::TEXT),
+                        (&o, Type::BYTEA),
+                        (&ttl, Type::INT8),
+                        (&step.stamp, Type::INT8),
+                        (&left_ttl, Type::INT8),
+                    ],
+                )
+                .await?;
+            extend_answer(operation, &rows)
+        };
+        self.unanswered
+            .step((&key, owner), (BACKEND, operation), stamp, send)
+            .await
     }
-}
-
-/// What an extend statement (`claim_extend`, `semaphore_extend`) answered:
-/// no row when the owner holds nothing there, else whether it was a late
-/// copy overtaken by a later step of its owner (refused, nothing changed:
-/// [`coord_core::late::superseded`]) and whether it extended.
-pub(super) fn extend_outcome(
-    operation: &'static str,
-    rows: &[tokio_postgres::Row],
-) -> Result<bool> {
-    let Some(row) = rows.first() else {
-        return Ok(false);
-    };
-    let stale: bool = row.try_get(0).map_err(|e| map_pg(operation, e))?;
-    if stale {
-        return Err(coord_core::late::superseded(BACKEND, operation));
-    }
-    row.try_get(1).map_err(|e| map_pg(operation, e))
 }
 
 #[async_trait]

@@ -23,16 +23,16 @@ use std::time::Duration;
 use coord_core::inspect::{ClaimRecord, HolderRecord};
 #[cfg(doc)]
 use coord_core::late::Unanswered;
-use coord_core::late::stamp;
+use coord_core::late::{Step, stamp};
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
 };
 use tokio_postgres::types::{ToSql, Type};
 
-use super::claims::{extend_outcome, owner_token};
+use super::claims::owner_token;
 use super::errors::{map_pg, unexpected};
-use super::{PostgresBackend, from_micros, micros_ceil, token};
+use super::{BACKEND, PostgresBackend, extend_answer, from_micros, micros_ceil, token};
 
 /// How long a waiter's place in a semaphore's queue lasts without a new
 /// attempt (as coord-memory's `QUEUE_ENTRY_TTL`). A waiting acquire
@@ -275,31 +275,29 @@ impl Semaphore for PostgresBackend {
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
         let ttl = micros_ceil(ttl);
-        // A step of its owner (see `semaphore_extend`): stamped after every
-        // step of the owner was sent, refused if stamped before its mark,
-        // and marking when a step of the owner went unanswered.
-        let seen = self.unanswered.seen(name, owner);
-        let at = stamp();
-        let left_ttl = seen.map(|_| micros_ceil(SEMAPHORE_LEFT_TTL));
-        let pending = self.unanswered.attempt(name, *owner);
-        let rows = self
-            .query(
-                OP,
-                &self.sql.semaphore_extend,
-                &[
-                    (&n, Type::TEXT),
-                    (&o, Type::BYTEA),
-                    (&ttl, Type::INT8),
-                    (&at, Type::INT8),
-                    (&left_ttl, Type::INT8),
-                ],
-            )
-            .await?;
-        pending.answered();
-        if let Some(seen) = seen {
-            self.unanswered.forget(name, owner, seen);
-        }
-        extend_outcome(OP, &rows)
+        // A step of its owner (`coord_core::late::Unanswered::step`; see
+        // `semaphore_extend`): refused if stamped before its mark, marking
+        // when a step of the owner went unanswered.
+        let send = |step: Step| async move {
+            let left_ttl = step.mark.then(|| micros_ceil(SEMAPHORE_LEFT_TTL));
+            let rows = self
+                .query(
+                    OP,
+                    &self.sql.semaphore_extend,
+                    &[
+                        (&n, Type::TEXT),
+                        (&o, Type::BYTEA),
+                        (&ttl, Type::INT8),
+                        (&step.stamp, Type::INT8),
+                        (&left_ttl, Type::INT8),
+                    ],
+                )
+                .await?;
+            extend_answer(OP, &rows)
+        };
+        self.unanswered
+            .step((name, owner), (BACKEND, OP), stamp, send)
+            .await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {

@@ -78,6 +78,21 @@ BEGIN
 END
 $fn$;
 
+-- Whether p_owner left p_name (a live `semaphore_left` mark) after
+-- p_stamp: an extend so stamped is a late copy overtaken by a later step
+-- of its owner. VOLATILE plpgsql, so its query takes a snapshot of its
+-- own when it runs: called by the extend statement once it holds the
+-- owner's grant row lock, it sees a mark committed by the step whose lock
+-- it waited for (the statement's own snapshot, taken before, would not).
+CREATE OR REPLACE FUNCTION @s@.semaphore_is_left(p_name text, p_owner bytea, p_stamp bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM @s@.semaphore_left l
+                    WHERE l.name = p_name AND l.owner = p_owner AND l.stamp > p_stamp
+                      AND l.expires_at > clock_timestamp());
+END
+$fn$;
+
 -- One attempt. granted: the grant's fencing token. Otherwise held_us: how
 -- long until the next live grant, or live place ahead, expires (at most
 -- p_refresh_us, so a waiter renews its place in time; at most

@@ -15,13 +15,13 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::stamp;
+use coord_core::late::{Step, stamp};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
 use redis::Value;
 
-use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, unexpected};
+use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected};
 use crate::keys::{ClaimKeys, Keys, Layout};
 
 /// How long the release of an owner with an unanswered attempt keeps that
@@ -29,7 +29,7 @@ use crate::keys::{ClaimKeys, Keys, Layout};
 /// least; twice the call timeout if that is longer): far above any call
 /// timeout a late copy of an attempt could have outlived. A copy later
 /// than that is an ordinary attempt again.
-pub(crate) const LEFT_MARKER_TTL: Duration = Duration::from_secs(10);
+pub(crate) const LEFT_MARKER_TTL: Duration = coord_core::late::LATE_COPY_HORIZON;
 
 impl RedisBackend {
     /// The lifetime of a left owner's mark in ms, as a script argument.
@@ -85,26 +85,22 @@ impl RedisBackend {
         mark_key: &str,
         args: &[&[u8]],
     ) -> Result<bool> {
-        let seen = self.claims_unanswered.seen(key, owner);
-        let (at, ttl) = (stamp().to_string(), self.left_marker_ms());
-        let mut keys = keys.to_vec();
-        keys.push(mark_key);
-        let mut args = args.to_vec();
-        args.push(at.as_bytes());
-        if seen.is_some() {
-            args.push(ttl.as_bytes());
-        }
-        let pending = self.claims_unanswered.attempt(key, *owner);
-        let v = self.eval(operation, script, &keys, &args).await?;
-        pending.answered();
-        if let Some(seen) = seen {
-            self.claims_unanswered.forget(key, owner, seen);
-        }
-        match int(&v) {
-            Some(-1) => Err(coord_core::late::superseded("redis", operation)),
-            Some(i) => Ok(i != 0),
-            None => Err(unexpected(operation, &v)),
-        }
+        let ttl = self.left_marker_ms();
+        let send = |step: Step| async move {
+            let at = step.stamp.to_string();
+            let mut keys = keys.to_vec();
+            keys.push(mark_key);
+            let mut args = args.to_vec();
+            args.push(at.as_bytes());
+            if step.mark {
+                args.push(ttl.as_bytes());
+            }
+            let v = self.eval(operation, script, &keys, &args).await?;
+            step_answer(operation, step, &v)
+        };
+        self.claims_unanswered
+            .step((key, owner), ("redis", operation), stamp, send)
+            .await
     }
 
     /// The script of `scripts` for the layout of `keys` (default, PHP) and

@@ -291,6 +291,24 @@ pub(crate) fn attempt(operation: &'static str, v: &Value) -> Result<Attempt> {
     }
 }
 
+/// A step script's answer (`scripts::step`): -1 refused as stamped before
+/// the owner's mark, else whether it applied; a step asked to mark always
+/// left its mark.
+pub(crate) fn step_answer(
+    operation: &'static str,
+    step: coord_core::late::Step,
+    v: &Value,
+) -> Result<coord_core::late::Answer<bool>> {
+    match int(v) {
+        Some(-1) => Ok(coord_core::late::Answer::Superseded),
+        Some(i) => Ok(coord_core::late::Answer::Done {
+            value: i != 0,
+            marked: step.mark,
+        }),
+        None => Err(unexpected(operation, v)),
+    }
+}
+
 pub(crate) fn flag(operation: &'static str, v: &Value) -> Result<bool> {
     int(v)
         .map(|i| i != 0)

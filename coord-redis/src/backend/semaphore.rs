@@ -19,7 +19,7 @@
 //! carry a stamp of this process, and the backend remembers owners with an
 //! attempt that went unanswered (the call timed out or was cancelled, so a
 //! copy may still be on its way, delayed in the network). Such an owner's
-//! release leaves a marker for `LEFT_MARKER_TTL` (10 s, in `claims.rs`; or twice the call
+//! release leaves a marker for `LEFT_MARKER_TTL` (30 s, in `claims.rs`; or twice the call
 //! timeout); an attempt of that owner stamped before it is then refused and
 //! changes nothing, so it cannot bring back the place its owner left (which
 //! would block the name until the place lapsed, [`QUEUE_ENTRY_TTL`]) nor
@@ -33,14 +33,14 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::stamp;
+use coord_core::late::{Step, stamp};
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
 };
 use redis::Value;
 
-use super::{RedisBackend, bytes, flag, int, malformed, ms, unexpected};
+use super::{RedisBackend, bytes, flag, int, malformed, ms, step_answer, unexpected};
 use crate::{QUEUE_ENTRY_TTL, QUEUE_REFRESH};
 
 impl RedisBackend {
@@ -178,35 +178,28 @@ impl coord_core::Semaphore for RedisBackend {
     }
 
     async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        // An owner with an unanswered step is marked as by a release (see
-        // `semaphore_extend.lua`); stamped after every step of it, and
-        // refused if stamped before its mark. Unanswered, it is remembered
-        // as an attempt is.
-        let seen = self.unanswered.seen(name, owner);
-        let marker = if seen.is_some() {
-            self.left_marker_ms()
-        } else {
-            "0".to_string()
-        };
-        let (hex, ttl, at) = (owner.to_hex(), ms(ttl).to_string(), stamp().to_string());
+        // A step of its owner (`coord_core::late::Unanswered::step`; see
+        // `semaphore_extend.lua`): refused if stamped before the owner's
+        // mark, marking as a release does after an unanswered step.
         let op = "semaphore extend";
-        let script = &self.scripts.semaphore_extend;
-        let args = [
-            hex.as_bytes(),
-            ttl.as_bytes(),
-            at.as_bytes(),
-            marker.as_bytes(),
-        ];
-        let pending = self.unanswered.attempt(name, *owner);
-        let v = self.semaphore_eval(op, script, name, &args).await?;
-        pending.answered();
-        if let Some(seen) = seen {
-            self.unanswered.forget(name, owner, seen);
-        }
-        match int(&v) {
-            Some(-1) => Err(coord_core::late::superseded("redis", op)),
-            _ => flag(op, &v),
-        }
+        let (hex, ttl) = (owner.to_hex(), ms(ttl).to_string());
+        let marker = self.left_marker_ms();
+        let send = |step: Step| async move {
+            let at = step.stamp.to_string();
+            let marker = if step.mark { marker.as_str() } else { "0" };
+            let script = &self.scripts.semaphore_extend;
+            let args = [
+                hex.as_bytes(),
+                ttl.as_bytes(),
+                at.as_bytes(),
+                marker.as_bytes(),
+            ];
+            let v = self.semaphore_eval(op, script, name, &args).await?;
+            step_answer(op, step, &v)
+        };
+        self.unanswered
+            .step((name, owner), ("redis", op), stamp, send)
+            .await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {

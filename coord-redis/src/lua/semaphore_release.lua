@@ -16,8 +16,12 @@ if g then
   redis.call('HINCRBY', S, 'held', -tonumber(string.match(g, '^(%d+)')))
 end
 if tonumber(ARGV[5]) > 0 then
-  redis.call('HSET', LA, o, ARGV[4])
-  redis.call('ZADD', LE, fmt(now_ms + tonumber(ARGV[5])), o)
+  -- (A later step of the owner's higher mark is kept.)
+  local was = redis.call('HGET', LA, o)
+  if not was or tonumber(ARGV[4]) > tonumber(was) then
+    redis.call('HSET', LA, o, ARGV[4])
+    redis.call('ZADD', LE, fmt(now_ms + tonumber(ARGV[5])), o)
+  end
 end
 leave(o)
 wake()

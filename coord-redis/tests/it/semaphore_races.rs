@@ -182,8 +182,8 @@ async fn many_clients_mixed_sizes_with_cancellations_stay_within_total() {
         );
         let ttl = server.command(&["PTTL", &k]).as_int().unwrap();
         assert!(
-            ttl > 0 && ttl <= 10_000,
-            "{k} left behind with PTTL {ttl} ms (only late-attempt markers, for at most 10 s)"
+            ttl > 0 && ttl <= 30_000,
+            "{k} left behind with PTTL {ttl} ms (only late-attempt markers, for at most 30 s)"
         );
     }
     eprintln!(
@@ -257,7 +257,7 @@ async fn lost_grant_reply_then_retry_same_token_counted_once() {
     assert!(direct.release("lost", &other).await.unwrap());
     // `o` had unanswered calls, so its release left a marker against late
     // copies of them (`coord_core::late`): only the marker and the state
-    // hash remain, and only while the marker lives (10 s).
+    // hash remain, and only while the marker lives (30 s).
     let mut left: Vec<String> = match server.command(&["KEYS", "*"]) {
         conformance::testkit::redis::Resp::Array(Some(v)) => {
             v.iter().map(|k| k.as_str().unwrap().to_string()).collect()
@@ -276,7 +276,7 @@ async fn lost_grant_reply_then_retry_same_token_counted_once() {
     for k in &left {
         let pttl = server.command(&["PTTL", k]).as_int().unwrap();
         assert!(
-            (1..=10_000).contains(&pttl),
+            (1..=30_000).contains(&pttl),
             "{k} lives {pttl} ms after the name went idle"
         );
     }
