@@ -28,11 +28,13 @@
 //!
 //! Extends (and renewals) are steps of the owner as attempts are: one that
 //! went unanswered may land after a later extend of the same owner and set
-//! the expiry back to its own, shorter TTL. So a backend also wraps every
-//! extend in [`Unanswered::attempt`], sends its stamp, and has the store
-//! refuse an extend stamped before the owner's mark; the caller of such a
-//! refused extend (one still waiting, its extend overtaken by a marking
-//! one) gets [`superseded`], which changes nothing and can be retried.
+//! the expiry back to its own, shorter TTL. So a backend sends every
+//! extend through [`Unanswered::step`], which stamps it, tells the store to
+//! mark when a step of the owner went unanswered, and remembers it when it
+//! goes unanswered itself; the store refuses an extend stamped before the
+//! owner's mark, and the caller of such a refused extend (one still
+//! waiting, its extend overtaken by a marking one) gets [`superseded`],
+//! which changes nothing and can be retried.
 //!
 //! Releases and extends after answered steps (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
@@ -294,6 +296,89 @@ mod tests {
         let seen = u.seen("n", &b).unwrap();
         u.forget("n", &b, seen);
         assert!(!u.contains("n", &b));
+    }
+
+    /// A step: unanswered (dropped mid-call), it is remembered and the
+    /// owner's next step is told to mark; forgotten once a step says it
+    /// marked, not when the store marked nothing; a refusal is
+    /// `superseded` (retryable) and counts as answered.
+    #[test]
+    fn a_step_marks_after_an_unanswered_one_and_forgets_only_once_marked() {
+        use std::future::{Future, ready};
+        use std::pin::pin;
+        use std::task::{Context, Poll, Waker};
+        fn now<F: Future>(f: F) -> F::Output {
+            match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(v) => v,
+                Poll::Pending => panic!("pending"),
+            }
+        }
+        let u = Unanswered::default();
+        let o = OwnerToken::random();
+        let ids = ("n", &o);
+        let op = ("test", "extend");
+        let answered = |marked| {
+            ready(Ok(Answer::Done {
+                value: true,
+                marked,
+            }))
+        };
+        // Answered: nothing remembered, nothing to mark.
+        let r = now(u.step(
+            ids,
+            op,
+            || 1,
+            |s: Step| {
+                assert!(!s.mark);
+                answered(false)
+            },
+        ));
+        assert!(r.unwrap());
+        assert!(!u.contains("n", &o));
+        // Dropped before its answer: remembered.
+        {
+            let never = std::future::pending::<crate::Result<Answer<bool>>>();
+            let mut f = Box::pin(u.step(ids, op, || 2, |_| never));
+            assert!(
+                pin!(&mut f)
+                    .poll(&mut Context::from_waker(Waker::noop()))
+                    .is_pending()
+            );
+        }
+        assert!(u.contains("n", &o));
+        // The next step is told to mark; the store marked nothing (the
+        // claim ended): still remembered, so the release marks.
+        let r = now(u.step(
+            ids,
+            op,
+            || 3,
+            |s: Step| {
+                assert!(s.mark && s.stamp == 3);
+                ready(Ok(Answer::Done {
+                    value: false,
+                    marked: false,
+                }))
+            },
+        ));
+        assert!(!r.unwrap());
+        assert!(u.contains("n", &o));
+        // Refused: superseded, retryable, and answered (not remembered
+        // anew), the earlier record kept.
+        let r = now(u.step(ids, op, || 4, |_| ready(Ok(Answer::<bool>::Superseded))));
+        assert!(matches!(r, Err(crate::Error::Unavailable { .. })), "{r:?}");
+        assert!(u.contains("n", &o));
+        // Marked: forgotten.
+        let r = now(u.step(
+            ids,
+            op,
+            || 5,
+            |s: Step| {
+                assert!(s.mark);
+                answered(true)
+            },
+        ));
+        assert!(r.unwrap());
+        assert!(!u.contains("n", &o));
     }
 
     /// A release forgets only the record it saw: an attempt of the same
