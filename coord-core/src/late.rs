@@ -18,13 +18,14 @@
 //! - it wraps every attempt in [`Unanswered::attempt`] and calls
 //!   [`Pending::answered`] once the reply arrived, so the owners with an
 //!   attempt that may still be on its way are known;
-//! - the release or extend of such an owner ([`Unanswered::seen`]) leaves a
-//!   mark with its stamp on the server for a while, and an attempt of that
-//!   owner stamped before the mark is refused there and changes nothing;
-//!   after the call the backend calls [`Unanswered::forget`] with what it
-//!   saw, which keeps the owner if another attempt of it went unanswered
-//!   meanwhile (that one may be stamped after the mark, so the owner's next
-//!   release or extend must mark again).
+//! - it sends every release through [`Unanswered::ending`]: the release of
+//!   such an owner leaves a mark with its stamp on the server for a while,
+//!   and an attempt of that owner stamped before the mark is refused there
+//!   and changes nothing; once answered, the owner is forgotten unless
+//!   another attempt of it went unanswered meanwhile (that one may be
+//!   stamped after the mark, so the owner's next release or extend must
+//!   mark again). ([`Unanswered::seen`] and [`Unanswered::forget`] are the
+//!   two halves, for a store that needs them apart.)
 //!
 //! Extends (and renewals) are steps of the owner as attempts are: one that
 //! went unanswered may land after a later extend of the same owner and set
@@ -200,6 +201,35 @@ impl Unanswered {
                 Ok(value)
             }
         }
+    }
+
+    /// Send the release (or resign) of `owner` on `name` with `send`, as
+    /// every store does it: if a step of the owner went unanswered, the
+    /// release is told to mark ([`Step::mark`], with a stamp taken after
+    /// every step of the owner was sent) and, once answered, the owner is
+    /// forgotten unless another step of it went unanswered meanwhile. The
+    /// stamp is taken either way, for stores that send it with every
+    /// release.
+    pub async fn ending<T, F, Fut>(
+        &self,
+        (name, owner): (&str, &OwnerToken),
+        stamp: impl FnOnce() -> i64,
+        send: F,
+    ) -> crate::Result<T>
+    where
+        F: FnOnce(Step) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<T>>,
+    {
+        let seen = self.seen(name, owner);
+        let step = Step {
+            stamp: stamp(),
+            mark: seen.is_some(),
+        };
+        let value = send(step).await?;
+        if let Some(seen) = seen {
+            self.forget(name, owner, seen);
+        }
+        Ok(value)
     }
 
     /// Forget `owner` on `name` (its release left its mark), unless an

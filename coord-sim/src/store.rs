@@ -271,24 +271,19 @@ impl SimStore {
         F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<bool>> + Send + 'static,
     {
-        let seen = self.unanswered.seen(name, owner);
-        let stamp = self.world.stamp();
         let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
-        let marking = seen.is_some();
-        let r = self
-            .call(what, move |s| {
+        let stamp = || self.world.stamp() as i64;
+        let send = |step: Step| {
+            self.call(what, move |s| {
                 Box::pin(async move {
-                    if marking {
-                        world.mark(&n, &o, stamp);
+                    if step.mark {
+                        world.mark(&n, &o, step.stamp as u64);
                     }
                     f(s, n, o).await
                 })
             })
-            .await;
-        if let (Ok(_), Some(seen)) = (&r, seen) {
-            self.unanswered.forget(name, owner, seen);
-        }
-        r
+        };
+        self.unanswered.ending((name, owner), stamp, send).await
     }
 }
 

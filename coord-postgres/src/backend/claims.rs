@@ -9,7 +9,7 @@ use coord_core::{
     Attempt, Capabilities, Error, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
     async_trait,
 };
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{ToSql, Type};
 
 use super::errors::{map_pg, unexpected};
 use super::{BACKEND, PostgresBackend, extend_answer, from_micros, micros_ceil, token};
@@ -148,51 +148,36 @@ impl PostgresBackend {
         notify: bool,
     ) -> Result<bool> {
         let key = Self::key(kind, name);
-        // Stamped after every attempt of this owner was sent.
-        let seen = self.unanswered.seen(&key, owner);
-        let left: Option<i64> = seen.map(|_| stamp());
         let who = *owner;
         let owner: &[u8] = owner.as_bytes();
         let kind = kind.to_string();
         let name = name.to_string();
-        let rows = match left {
-            None => {
-                self.query(
-                    operation,
-                    &self.sql.claim_release,
-                    &[
-                        (&kind, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&owner, Type::BYTEA),
-                        (&self.channel, Type::TEXT),
-                        (&notify, Type::BOOL),
-                    ],
-                )
-                .await?
+        let send = |step: Step| async move {
+            if !step.mark {
+                let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&owner, Type::BYTEA),
+                    (&self.channel, Type::TEXT),
+                    (&notify, Type::BOOL),
+                ];
+                return self
+                    .query(operation, &self.sql.claim_release, &params)
+                    .await;
             }
-            Some(at) => {
-                let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
-                let rows = self
-                    .query(
-                        operation,
-                        &self.sql.claim_leave,
-                        &[
-                            (&kind, Type::TEXT),
-                            (&name, Type::TEXT),
-                            (&owner, Type::BYTEA),
-                            (&self.channel, Type::TEXT),
-                            (&notify, Type::BOOL),
-                            (&at, Type::INT8),
-                            (&left_ttl, Type::INT8),
-                        ],
-                    )
-                    .await?;
-                if let Some(seen) = seen {
-                    self.unanswered.forget(&key, &who, seen);
-                }
-                rows
-            }
+            let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
+            let params: [(&(dyn ToSql + Sync), Type); 7] = [
+                (&kind, Type::TEXT),
+                (&name, Type::TEXT),
+                (&owner, Type::BYTEA),
+                (&self.channel, Type::TEXT),
+                (&notify, Type::BOOL),
+                (&step.stamp, Type::INT8),
+                (&left_ttl, Type::INT8),
+            ];
+            self.query(operation, &self.sql.claim_leave, &params).await
         };
+        let rows = self.unanswered.ending((&key, &who), stamp, send).await?;
         let held = match rows.first() {
             Some(r) => r.try_get(0).map_err(|e| map_pg(operation, e))?,
             None => false,

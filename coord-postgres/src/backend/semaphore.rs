@@ -246,26 +246,20 @@ impl Semaphore for PostgresBackend {
         const OP: &str = "semaphore release";
         let n = name.to_string();
         let o: &[u8] = owner.as_bytes();
-        // Stamped after every attempt of this owner was sent.
-        let seen = self.unanswered.seen(name, owner);
-        let left: Option<i64> = seen.map(|_| stamp());
         let left_ttl = micros_ceil(SEMAPHORE_LEFT_TTL);
-        let rows = self
-            .query(
-                OP,
-                &self.sql.semaphore_release,
-                &[
-                    (&n, Type::TEXT),
-                    (&o, Type::BYTEA),
-                    (&self.channel, Type::TEXT),
-                    (&left, Type::INT8),
-                    (&left_ttl, Type::INT8),
-                ],
-            )
-            .await?;
-        if let Some(seen) = seen {
-            self.unanswered.forget(name, owner, seen);
-        }
+        let send = |step: Step| async move {
+            // A mark only after an unanswered attempt of this owner.
+            let left = step.mark.then_some(step.stamp);
+            let params: [(&(dyn ToSql + Sync), Type); 5] = [
+                (&n, Type::TEXT),
+                (&o, Type::BYTEA),
+                (&self.channel, Type::TEXT),
+                (&left, Type::INT8),
+                (&left_ttl, Type::INT8),
+            ];
+            self.query(OP, &self.sql.semaphore_release, &params).await
+        };
+        let rows = self.unanswered.ending((name, owner), stamp, send).await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         row.try_get(0).map_err(|e| map_pg(OP, e))
     }

@@ -54,17 +54,20 @@ impl RedisBackend {
         mark_key: impl FnOnce() -> String,
         args: &[&[u8]],
     ) -> Result<redis::Value> {
-        let Some(seen) = self.claims_unanswered.seen(key, owner) else {
-            return self.eval(operation, script, keys, args).await;
+        let send = |step: Step| async move {
+            if !step.mark {
+                return self.eval(operation, script, keys, args).await;
+            }
+            let (mark, at, ttl) = (mark_key(), step.stamp.to_string(), self.left_marker_ms());
+            let mut keys = keys.to_vec();
+            keys.push(&mark);
+            let mut args = args.to_vec();
+            args.extend([at.as_bytes(), ttl.as_bytes()]);
+            self.eval(operation, script, &keys, &args).await
         };
-        let (mark, at, ttl) = (mark_key(), stamp().to_string(), self.left_marker_ms());
-        let mut keys = keys.to_vec();
-        keys.push(&mark);
-        let mut args = args.to_vec();
-        args.extend([at.as_bytes(), ttl.as_bytes()]);
-        let v = self.eval(operation, script, &keys, &args).await?;
-        self.claims_unanswered.forget(key, owner, seen);
-        Ok(v)
+        self.claims_unanswered
+            .ending((key, owner), stamp, send)
+            .await
     }
 
     /// Run `script` on `keys` with `args`: an extend or renewal of `owner`

@@ -157,23 +157,20 @@ impl coord_core::Semaphore for RedisBackend {
     }
 
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        // Stamped after every attempt of this owner was sent.
-        let seen = self.unanswered.seen(name, owner);
-        let left = seen.is_some();
         let hex = owner.to_hex();
-        let at = stamp().to_string();
-        let marker = if left {
-            self.left_marker_ms()
-        } else {
-            "0".to_string()
-        };
         let op = "semaphore release";
-        let script = &self.scripts.semaphore_release;
-        let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
-        let v = self.semaphore_eval(op, script, name, &args).await?;
-        if let Some(seen) = seen {
-            self.unanswered.forget(name, owner, seen);
-        }
+        let send = |step: Step| async move {
+            let at = step.stamp.to_string();
+            let marker = if step.mark {
+                self.left_marker_ms()
+            } else {
+                "0".to_string()
+            };
+            let script = &self.scripts.semaphore_release;
+            let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
+            self.semaphore_eval(op, script, name, &args).await
+        };
+        let v = self.unanswered.ending((name, owner), stamp, send).await?;
         flag(op, &v)
     }
 
