@@ -19,15 +19,6 @@ fn unique(tag: &str) -> String {
     )
 }
 
-/// The server's next transaction id (the query takes one itself).
-fn next_xid() -> u64 {
-    cluster()
-        .psql("postgres", "SELECT pg_current_xact_id()::text")
-        .trim()
-        .parse()
-        .expect("a transaction id")
-}
-
 /// 200 refused attempts on a held lock assign no transaction id (a row
 /// lock or any write would need one, and its commit a WAL flush).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -45,7 +36,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-    let before = next_xid();
+    let xids = crate::XidCount::start().await;
     for i in 0..200 {
         let other = OwnerToken::random();
         let got = b
@@ -54,7 +45,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
             .unwrap();
         assert!(matches!(got, Attempt::Held { .. }), "attempt {i}: {got:?}");
     }
-    let used = next_xid() - before;
+    let used = xids.used();
     assert!(
         used <= 5,
         "200 refused attempts used {used} transaction ids (each one took the row lock)"
@@ -89,7 +80,7 @@ async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
     let name = unique("starve");
     let ttl = Duration::from_secs(2);
     let guard = locks.try_acquire(&name, ttl).await.unwrap().expect("free");
-    let xid_before = next_xid();
+    let xids = crate::XidCount::start().await;
     let run = Duration::from_secs(5);
     let stop = Instant::now() + run;
     let attempts = Arc::new(AtomicU64::new(0));
@@ -127,7 +118,7 @@ async fn polling_waiters_on_a_small_pool_never_starve_the_holder() {
     eprintln!(
         "{extends} extends, slowest {worst:?}, {} waiter acquire calls, {} transaction ids",
         attempts.load(Ordering::Relaxed),
-        next_xid() - xid_before
+        xids.used()
     );
     guard.release().await.unwrap();
 }

@@ -59,15 +59,6 @@ fn req(permits: u32, total: u32, ttl: Duration, queue: bool) -> PermitRequest {
     }
 }
 
-/// The server's next transaction id (the query takes one itself).
-fn next_xid() -> u64 {
-    cluster()
-        .psql("postgres", "SELECT pg_current_xact_id()::text")
-        .trim()
-        .parse()
-        .expect("a transaction id")
-}
-
 /// Released grants, refused single attempts and timed-out waits leave no
 /// row at all; a crashed holder's grant is deleted by the sweep once its
 /// TTL and the grace have passed, and the name is then bound to no total.
@@ -212,7 +203,7 @@ async fn polling_waiters_write_nothing() {
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
-    let before = next_xid();
+    let xids = crate::XidCount::start().await;
     for i in 0..200 {
         let got = b
             .try_acquire(&name, &waiter, &req(1, 1, long, true))
@@ -226,7 +217,7 @@ async fn polling_waiters_write_nothing() {
             .unwrap();
         assert!(matches!(got, Attempt::Held { .. }), "single {i}: {got:?}");
     }
-    let used = next_xid() - before;
+    let used = xids.used();
     assert!(
         used <= 5,
         "400 refused attempts used {used} transaction ids (they wrote)"
