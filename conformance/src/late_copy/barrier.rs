@@ -1,0 +1,116 @@
+//! Late copies of barrier arrivals.
+
+use std::time::{Duration, Instant};
+
+use crate::testkit::proxy::FaultProxy;
+
+/// 3 parties: b waits (through `direct`); a's arrival (through `via`,
+/// whose call timeout must be well under a second) is held in the network
+/// 2.5 s, so a's wait times out and a is withdrawn; then the held copy
+/// lands. It must not make a a member again: c's arrival must not
+/// complete the generation (2 live participants of 3). `name` must not
+/// contain `a-late`.
+pub async fn late_copy_of_a_timed_out_barrier_arrival(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    const SEC: Duration = Duration::from_secs(1);
+    // Warm the slow client's connection, so the held arrival is one request.
+    via.barriers()
+        .unwrap()
+        .wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
+        .await
+        .unwrap();
+    let b = tokio::spawn({
+        let (direct, name) = (direct.clone(), name.to_string());
+        async move {
+            let barriers = direct.barriers().unwrap();
+            barriers.wait(&name, 3, "b", 30 * SEC).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.deliver_late(
+        |chunk| chunk.windows(6).any(|w| w == b"a-late"),
+        Duration::from_millis(2500),
+        Duration::from_millis(300),
+    );
+    let a = via.barriers().unwrap().wait(name, 3, "a-late", SEC).await;
+    assert!(a.is_err(), "a passed alone with b: {a:?}");
+    assert_eq!(proxy.held(), 1, "the arrival was held");
+    let deadline = Instant::now() + 5 * SEC;
+    while proxy.delivered() < 1 {
+        assert!(Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = direct.barriers().unwrap().wait(name, 3, "c", SEC).await;
+    assert!(
+        matches!(c, Err(coord_core::Error::Timeout { .. })),
+        "a barrier of 3 passed with 2 live participants (the late copy of a \
+         withdrawn arrival counted): {c:?}"
+    );
+    assert!(
+        !b.is_finished(),
+        "b passed without a third live participant"
+    );
+    b.abort();
+}
+
+/// 2 parties: q waits (through `direct`); p's arrival (through `via`) is
+/// held in the network 3 s and its connection cut, so the wait sends it
+/// again (the same arrival) on a new connection, and p and q pass that
+/// generation; they pass the next one too. Then the held copy lands, in
+/// a generation neither has arrived at. It must count nowhere: q, alone,
+/// must not pass (p's old arrival would make it the second party). `name`
+/// must not contain `p-old`.
+pub async fn late_copy_of_an_arrival_that_passed(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    const SEC: Duration = Duration::from_secs(1);
+    let (far, here) = (via.barriers().unwrap(), direct.barriers().unwrap());
+    // Warm the slow client's connection, so the held arrival is one request.
+    far.wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
+        .await
+        .unwrap();
+    let round = |here: coord_core::Barriers, name: String| {
+        tokio::spawn(async move { here.wait(&name, 2, "q", 10 * SEC).await })
+    };
+    let q = round(here.clone(), name.to_string());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.deliver_late(
+        |chunk| chunk.windows(5).any(|w| w == b"p-old"),
+        3 * SEC,
+        Duration::from_millis(300),
+    );
+    let held_at = Instant::now();
+    let first = far.wait(name, 2, "p-old", 10 * SEC).await.unwrap();
+    assert_eq!(q.await.unwrap().unwrap(), first);
+    assert_eq!(proxy.held(), 1, "the arrival was held");
+    let q = round(here.clone(), name.to_string());
+    let second = far.wait(name, 2, "p-old", 10 * SEC).await.unwrap();
+    assert_eq!(q.await.unwrap().unwrap(), second);
+    assert!(second > first);
+    assert!(
+        proxy.delivered() == 0,
+        "the held copy landed before the second round ended ({:?} after it was held)",
+        held_at.elapsed()
+    );
+    while proxy.delivered() < 1 {
+        assert!(held_at.elapsed() < 6 * SEC, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let alone = here.wait(name, 2, "q", SEC).await;
+    assert!(
+        matches!(alone, Err(coord_core::Error::Timeout { .. })),
+        "a barrier of 2 passed with 1 participant (the late copy of an arrival that had \
+         passed counted again): {alone:?}"
+    );
+}

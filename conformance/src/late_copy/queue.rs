@@ -1,0 +1,115 @@
+//! Late and dropped pops of a queue that delivers a message once.
+
+use std::time::{Duration, Instant};
+
+use crate::testkit::proxy::FaultProxy;
+
+/// A queue whose messages may be delivered once (`max_deliveries(1)`): a
+/// pop through `via` (call timeout well under a second) is held in the
+/// network 2.5 s, so it fails; then its copy lands. The message must not
+/// go to that attempt's consumer, whom nobody holds (where it would stay
+/// for the 30 s visibility and then be dead-lettered, never seen): a
+/// consumer through `direct` gets it within a second, as its first
+/// delivery. `name` must not contain `pop-late`.
+pub async fn late_pop_with_one_delivery_allowed(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    use coord_core::{Lane, QueueConfig};
+    const SEC: Duration = Duration::from_secs(1);
+    let once = QueueConfig::default().max_deliveries(1);
+    let far = via.queues().unwrap().with_config(once);
+    let here = direct.queues().unwrap().with_config(once);
+    let queue = format!("{name}-pop-late");
+    // Warm the slow client's connection, so the held pop is one request.
+    far.stats(&format!("{name}-warm")).await.unwrap();
+    let id = here.push(&queue, b"once").await.unwrap();
+    proxy.deliver_late(
+        |chunk| chunk.windows(8).any(|w| w == b"pop-late"),
+        Duration::from_millis(2500),
+        Duration::from_millis(300),
+    );
+    let held_at = Instant::now();
+    let first = tokio::time::timeout(2 * SEC, far.pop(&queue, 30 * SEC, Duration::ZERO)).await;
+    assert!(
+        !matches!(first, Ok(Ok(Some(_)))),
+        "the held pop was answered: {first:?}"
+    );
+    assert_eq!(proxy.held(), 1, "the pop was held");
+    while proxy.delivered() < 1 {
+        assert!(held_at.elapsed() < 5 * SEC, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply it, and the abandon (if it came second) too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let d = here
+        .pop(&queue, 30 * SEC, SEC)
+        .await
+        .unwrap()
+        .expect("the message went to a consumer nobody holds (a late pop's copy)");
+    assert_eq!(d.id(), id);
+    assert_eq!(d.attempts(), 1, "a delivery nobody saw was counted");
+    d.ack().await.unwrap();
+    assert!(
+        here.peek(&queue, Lane::Dead, 10).await.unwrap().is_empty(),
+        "dead-lettered"
+    );
+}
+
+/// A queue whose messages may be delivered once (`max_deliveries(1)`): a
+/// pop dropped while its attempt is on its way gives back what the attempt
+/// delivered without counting it (nobody saw it), so the next consumer
+/// still gets the message, not the dead lane.
+pub async fn dropped_pop_with_one_delivery_allowed(c: &coord_core::Coord, name: &str) {
+    const SEC: Duration = Duration::from_secs(1);
+    let here = c
+        .queues()
+        .unwrap()
+        .with_config(coord_core::QueueConfig::default().max_deliveries(1));
+    // A reply can be in by the end of the first poll (the attempt's task
+    // ran on another worker at once): then the delivery was the caller's,
+    // and dropping it gives it back counted. Such a round is tried again
+    // on another queue.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        assert!(tries <= 20, "every pop was answered within its first poll");
+        let q = format!("{name}-pop-dropped-{tries}");
+        let id = here.push(&q, b"once").await.unwrap();
+        let mut pop = Box::pin(here.pop(&q, 30 * SEC, Duration::ZERO));
+        // One poll sends the attempt (in a task of its own); the pop is
+        // never polled again, so whatever the attempt delivered, its
+        // caller never saw. Dropped once the store shows the message in
+        // flight.
+        if futures::poll!(pop.as_mut()).is_ready() {
+            continue;
+        }
+        let shown = Instant::now() + 5 * SEC;
+        let mut delivered = false;
+        while Instant::now() < shown {
+            if here.stats(&q).await.unwrap().in_flight == 1 {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(delivered, "the attempt never delivered the message");
+        drop(pop);
+        let deadline = Instant::now() + 5 * SEC;
+        let d = loop {
+            if let Some(d) = here.pop(&q, 30 * SEC, SEC).await.unwrap() {
+                break d;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dropped pop's delivery never came back"
+            );
+        };
+        assert_eq!(d.id(), id);
+        assert_eq!(d.attempts(), 1, "the dropped pop's delivery was counted");
+        d.ack().await.unwrap();
+        break;
+    }
+}
