@@ -152,20 +152,8 @@ impl PostgresBackend {
         let owner: &[u8] = owner.as_bytes();
         let kind = kind.to_string();
         let name = name.to_string();
+        let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
         let send = |step: Step| async move {
-            if !step.mark {
-                let params: [(&(dyn ToSql + Sync), Type); 5] = [
-                    (&kind, Type::TEXT),
-                    (&name, Type::TEXT),
-                    (&owner, Type::BYTEA),
-                    (&self.channel, Type::TEXT),
-                    (&notify, Type::BOOL),
-                ];
-                return self
-                    .query(operation, &self.sql.claim_release, &params)
-                    .await;
-            }
-            let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
             let params: [(&(dyn ToSql + Sync), Type); 7] = [
                 (&kind, Type::TEXT),
                 (&name, Type::TEXT),
@@ -175,7 +163,14 @@ impl PostgresBackend {
                 (&step.stamp, Type::INT8),
                 (&left_ttl, Type::INT8),
             ];
-            self.query(operation, &self.sql.claim_leave, &params).await
+            // `claim_leave` also marks the owner as left: the first five
+            // parameters are `claim_release`'s.
+            let (sql, n) = if step.mark {
+                (&self.sql.claim_leave, 7)
+            } else {
+                (&self.sql.claim_release, 5)
+            };
+            self.query(operation, sql, &params[..n]).await
         };
         let rows = self.unanswered.ending((&key, &who), stamp, send).await?;
         let held = match rows.first() {
