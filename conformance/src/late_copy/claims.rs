@@ -17,6 +17,17 @@ const LONG: Duration = Duration::from_secs(30);
 /// The TTL of the extend whose copy lands late: longer than [`DELAY`].
 const SHORT_EXTEND: Duration = Duration::from_secs(5);
 
+/// `proxy` holds the next request naming `name` for [`DELAY`] and cuts
+/// its connection after [`CUT_AFTER`].
+fn hold_next_naming(proxy: &FaultProxy, name: &str) {
+    let n = name.to_string();
+    proxy.deliver_late(
+        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
+        DELAY,
+        CUT_AFTER,
+    );
+}
+
 /// `call` until it is answered: `via`'s call timeout is short, so on a
 /// loaded machine a call can go unanswered, and the owner tries it again,
 /// as a caller would. Fails once `deadline` passed.
@@ -58,16 +69,8 @@ pub async fn late_copy_after_extend<B: Lock + Semaphore>(
     // call timeout is short: on a loaded machine the warm-up itself may go
     // unanswered, so it is tried until it is answered.
     let warm_until = Instant::now() + Duration::from_secs(10);
-    while kind.try_holders(via, "warm").await.is_err() {
-        assert!(Instant::now() < warm_until, "the warm-up never answered");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let n = name.to_string();
-    proxy.deliver_late(
-        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
-        DELAY,
-        CUT_AFTER,
-    );
+    until_answered(warm_until, "the warm-up", || kind.try_holders(via, "warm")).await;
+    hold_next_naming(proxy, name);
     let held_at = Instant::now();
     let a1 = tokio::time::timeout(
         Duration::from_millis(10),
@@ -234,12 +237,7 @@ pub async fn late_extend_after_a_later_one(
 ) {
     let locks = via.locks().unwrap();
     let guard = locks.acquire(name, LONG, Duration::ZERO).await.unwrap();
-    let n = name.to_string();
-    proxy.deliver_late(
-        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
-        DELAY,
-        CUT_AFTER,
-    );
+    hold_next_naming(proxy, name);
     let held_at = Instant::now();
     let short = tokio::time::timeout(Duration::from_millis(10), guard.extend(SHORT)).await;
     assert!(short.is_err(), "the short extend was answered: {short:?}");
