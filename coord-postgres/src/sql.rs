@@ -4,6 +4,11 @@
 //! user-supplied value (names, owners, candidates, keys) is a bind
 //! parameter.
 
+mod ddl;
+
+use ddl::ddl;
+pub(crate) use ddl::{SCHEMA_CURRENT, SCHEMA_OTHER};
+
 /// The layout version written to `meta`; bump when the DDL changes.
 pub(crate) const SCHEMA_VERSION: i32 = 19;
 
@@ -454,61 +459,4 @@ fn limiter_gcra(s: &str) -> String {
            FROM {s}.limiter_check('gcra', $1::text, $2::int8, $3::int8, $4::int8) c \
           WHERE NOT EXISTS (SELECT 1 FROM u WHERE u.q_limit IS NOT NULL)"
     )
-}
-
-/// The SQLSTATE with which the layout's DDL stops when a concurrent first
-/// user created the current schema while this one waited for the lock.
-pub(crate) const SCHEMA_CURRENT: &str = "C0D01";
-
-/// The SQLSTATE with which the layout's DDL stops when the schema holds
-/// another layout version (its message names it).
-pub(crate) const SCHEMA_OTHER: &str = "C0D02";
-
-/// The whole layout, created in one transaction (one simple-query message:
-/// an implicit transaction that leaves no state behind on error) under a transaction-scoped
-/// advisory lock so that clients starting together on an empty database
-/// never race on `CREATE ... IF NOT EXISTS`.
-fn ddl(s: &str, schema: &str) -> String {
-    // `schema` is a checked identifier (letters, digits, `_`), so it is
-    // safe inside the string literal of the advisory lock key as well.
-    let mut text = format!("SELECT pg_advisory_xact_lock(hashtext('coord-schema:{schema}'));\n");
-    // A first user whose version check raced another's creation of the
-    // schema finds it current once it holds the lock: it stops here
-    // (SQLSTATE `SCHEMA_CURRENT`, taken as success) instead of running DDL
-    // that would lock tables other clients are already working on (they
-    // would wait behind it, or be aborted as a deadlock with it). A
-    // session that still caches the schema's absence does not find it and
-    // runs the DDL as before (see `ensure_schema`).
-    text.push_str(&format!(
-        "DO $current$ BEGIN\n\
-           IF to_regclass('{s}.meta') IS NOT NULL THEN\n\
-             IF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) = {SCHEMA_VERSION} THEN\n\
-               RAISE EXCEPTION 'coord: the schema is current' USING ERRCODE = '{SCHEMA_CURRENT}';\n\
-             ELSIF (SELECT m.version FROM {s}.meta m WHERE m.id = 1) IS NOT NULL THEN\n\
-               RAISE EXCEPTION '%', (SELECT m.version FROM {s}.meta m WHERE m.id = 1)\n\
-                 USING ERRCODE = '{SCHEMA_OTHER}';\n\
-             END IF;\n\
-           END IF;\n\
-         END $current$;\n"
-    ));
-    let claims = include_str!("sql/claims.sql").replace("@schema@", schema);
-    let semaphore = include_str!("sql/semaphore.sql").replace("@schema@", schema);
-    let queue = include_str!("sql/queue.sql").replace("@schema@", schema);
-    for part in [
-        &include_str!("sql/schema.sql").replace("@schema@", schema),
-        &claims,
-        include_str!("sql/barrier.sql"),
-        include_str!("sql/limiter.sql"),
-        &semaphore,
-        &queue,
-        include_str!("sql/sweep.sql"),
-    ] {
-        text.push_str(&part.replace("@s@", s));
-        text.push('\n');
-    }
-    text.push_str(&format!(
-        "INSERT INTO {s}.meta (id, version) VALUES (1, {SCHEMA_VERSION})\n\
-         ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version;"
-    ));
-    text
 }
