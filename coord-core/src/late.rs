@@ -37,6 +37,12 @@
 //! waiting, its extend overtaken by a marking one) gets [`superseded`],
 //! which changes nothing and can be retried.
 //!
+//! A record that lives only as long as one owner's hold (a queue delivery:
+//! each pop is a consumer of its own) can be that owner's memory itself:
+//! it keeps the stamp of the last extend applied to it, and the store
+//! refuses an extend stamped no later (as [`superseded`]), with nothing
+//! to remember on the client.
+//!
 //! Releases and extends after answered steps (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
 //! processes is not covered (only the process that gave up knows); stamps

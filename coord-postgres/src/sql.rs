@@ -10,7 +10,7 @@ use ddl::ddl;
 pub(crate) use ddl::{SCHEMA_CURRENT, SCHEMA_OTHER};
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 19;
+pub(crate) const SCHEMA_VERSION: i32 = 20;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -346,7 +346,7 @@ impl Sql {
                 "SELECT {s}.queue_abandon($1::text, $2::int2, $3::bytea, $4::int8, $5::text)"
             ),
             queue_extend: format!(
-                "SELECT {s}.queue_extend($1::text, $2::int2, $3::int8, $4::bytea, $5::int8)"
+                "SELECT {s}.queue_extend($1::text, $2::int2, $3::int8, $4::bytea, $5::int8, $6::int8)"
             ),
             // $1 queue, $2 lane, $3 limit.
             queue_peek: format!(

@@ -133,8 +133,12 @@ impl Queue for SimStore {
             short(consumer),
             visibility.as_millis()
         );
-        self.call(what, move |s| {
-            Box::pin(async move { Queue::extend(&*s, &q, lane, id, &o, visibility).await })
+        // As the networked stores do, a late copy of an extend is refused
+        // once a later step of the same consumer on the message was
+        // applied.
+        let name = format!("queue {queue} {} {id}", lane.as_str());
+        self.step(&name, &o, what, move |s, _, o| async move {
+            Queue::extend(&*s, &q, lane, id, &o, visibility).await
         })
         .await
     }

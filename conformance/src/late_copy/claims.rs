@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use coord_core::{Attempt, Lock, OwnerToken, Semaphore};
 
-use super::{CUT_AFTER, DELAY};
+use super::{CUT_AFTER, DELAY, hold_next_naming, until_answered};
 use crate::claim_kind::ClaimKind;
 use crate::testkit::proxy::FaultProxy;
 
@@ -16,37 +16,6 @@ const SHORT: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(30);
 /// The TTL of the extend whose copy lands late: longer than [`DELAY`].
 const SHORT_EXTEND: Duration = Duration::from_secs(5);
-
-/// `proxy` holds the next request naming `name` for [`DELAY`] and cuts
-/// its connection after [`CUT_AFTER`].
-fn hold_next_naming(proxy: &FaultProxy, name: &str) {
-    let n = name.to_string();
-    proxy.deliver_late(
-        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
-        DELAY,
-        CUT_AFTER,
-    );
-}
-
-/// `call` until it is answered: `via`'s call timeout is short, so on a
-/// loaded machine a call can go unanswered, and the owner tries it again,
-/// as a caller would. Fails once `deadline` passed.
-async fn until_answered<T, E, F, Fut>(deadline: Instant, what: &str, mut call: F) -> T
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    loop {
-        match call().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{what} never answered: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
 
 /// The owner's first attempt on `name` (TTL 1 s) is held in the network
 /// past its call (`via`, through `proxy`, is dropped after 10 ms); its

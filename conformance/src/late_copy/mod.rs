@@ -1,19 +1,24 @@
 //! Late copies of an owner's own requests, one scenario for every store
 //! that refuses them (`coord_core::late`): each backend's tests call it
-//! with a client behind a [`FaultProxy`](crate::testkit::proxy::FaultProxy)
+//! with a client behind a [`FaultProxy`]
 //! and one connected directly.
 
 mod barrier;
 mod claims;
 mod queue;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::testkit::proxy::FaultProxy;
 
 pub use barrier::{late_copy_of_a_timed_out_barrier_arrival, late_copy_of_an_arrival_that_passed};
 pub use claims::{
     late_copy_after_extend, late_copy_of_an_extend_after_a_later_one, late_extend_after_a_later_one,
 };
-pub use queue::{dropped_pop_with_one_delivery_allowed, late_pop_with_one_delivery_allowed};
+pub use queue::{
+    dropped_pop_with_one_delivery_allowed, late_copy_of_a_delivery_extend_after_a_later_one,
+    late_pop_with_one_delivery_allowed,
+};
 
 /// When the held request reaches the store, from its send: time enough
 /// for the retry and the extend (each tried again until answered) on a
@@ -21,3 +26,34 @@ pub use queue::{dropped_pop_with_one_delivery_allowed, late_pop_with_one_deliver
 const DELAY: Duration = Duration::from_millis(3000);
 /// When the held request's connection is cut (the client reconnects).
 const CUT_AFTER: Duration = Duration::from_millis(300);
+
+/// `proxy` holds the next request naming `name` for [`DELAY`] and cuts
+/// its connection after [`CUT_AFTER`].
+pub(super) fn hold_next_naming(proxy: &FaultProxy, name: &str) {
+    let n = name.to_string();
+    proxy.deliver_late(
+        move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
+        DELAY,
+        CUT_AFTER,
+    );
+}
+
+/// `call` until it is answered: `via`'s call timeout is short, so on a
+/// loaded machine a call can go unanswered, and the owner tries it again,
+/// as a caller would. Fails once `deadline` passed.
+pub(super) async fn until_answered<T, E, F, Fut>(deadline: Instant, what: &str, mut call: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{what} never answered: {e}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}

@@ -1,7 +1,9 @@
-//! Late and dropped pops of a queue that delivers a message once.
+//! Late and dropped pops of a queue that delivers a message once, and late
+//! copies of a delivery's extends.
 
 use std::time::{Duration, Instant};
 
+use super::{CUT_AFTER, DELAY, hold_next_naming, until_answered};
 use crate::testkit::proxy::FaultProxy;
 
 /// A queue whose messages may be delivered once (`max_deliveries(1)`): a
@@ -112,4 +114,72 @@ pub async fn dropped_pop_with_one_delivery_allowed(c: &coord_core::Coord, name: 
         d.ack().await.unwrap();
         break;
     }
+}
+
+/// A consumer (through `via`, behind `proxy`) holds a message for 30 s;
+/// its extend of the visibility to 2 s is held in the network past its
+/// call (the caller gives up after 10 ms); it extends again, to 30 s, and
+/// is answered; then the 2 s extend's copy lands. The store must refuse
+/// the copy, as any step of a consumer stamped before one the store
+/// already applied: applied, it would end the delivery 2 s after it landed,
+/// and another consumer (through `direct`) would get the message while its
+/// holder was answered with 30 s. `name` must not contain `ext-late`.
+pub async fn late_copy_of_a_delivery_extend_after_a_later_one(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    const LONG: Duration = Duration::from_secs(30);
+    const SHORT: Duration = Duration::from_secs(2);
+    let far = via.queues().unwrap();
+    let here = direct.queues().unwrap();
+    let queue = format!("{name}-ext-late");
+    let id = here.push(&queue, b"held").await.unwrap();
+    // `via`'s call timeout is short: on a loaded machine the pop may go
+    // unanswered (its delivery is given back), so it is tried again.
+    let until = Instant::now() + Duration::from_secs(10);
+    let d = until_answered(until, "the pop", || async {
+        match far.pop(&queue, LONG, Duration::ZERO).await {
+            Ok(Some(d)) => Ok(d),
+            Ok(None) => Err("nothing delivered".to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(d.id(), id);
+    hold_next_naming(proxy, &queue);
+    let held_at = Instant::now();
+    let short = tokio::time::timeout(Duration::from_millis(10), d.extend(SHORT)).await;
+    assert!(short.is_err(), "the short extend was answered: {short:?}");
+    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+    let deadline = held_at + DELAY - Duration::from_millis(200);
+    until_answered(deadline, "the long extend", || async {
+        match d.extend(LONG).await {
+            Err(e @ coord_core::Error::NotHeld { .. }) => panic!("the consumer lost it: {e}"),
+            r => r,
+        }
+    })
+    .await;
+    assert!(
+        held_at.elapsed() < DELAY,
+        "the long extend ended after the short one's copy landed: the round proves nothing"
+    );
+    // The copy lands at DELAY; applied, the delivery would end SHORT later.
+    tokio::time::sleep_until((held_at + DELAY + SHORT + Duration::from_millis(500)).into()).await;
+    assert_eq!(proxy.held(), 1, "the short extend was held by the proxy");
+    assert_eq!(
+        proxy.delivered(),
+        1,
+        "the short extend's copy was delivered"
+    );
+    let other = here.pop(&queue, LONG, Duration::ZERO).await.unwrap();
+    assert!(
+        other.is_none(),
+        "another consumer got the message while its holder's extend to 30 s had more than 20 s \
+         to run: the late copy of the holder's earlier extend, to 2 s, was applied after it"
+    );
+    assert_eq!(here.stats(&queue).await.unwrap().in_flight, 1);
+    drop(d);
+    here.purge(&queue).await.unwrap();
 }

@@ -316,6 +316,7 @@ impl Queue for PostgresBackend {
         };
         let o: &[u8] = consumer.as_bytes();
         let vis = micros_ceil(visibility);
+        let stamp = coord_core::late::stamp();
         let rows = self
             .query(
                 OP,
@@ -326,12 +327,15 @@ impl Queue for PostgresBackend {
                     (&i, Type::INT8),
                     (&o, Type::BYTEA),
                     (&vis, Type::INT8),
+                    (&stamp, Type::INT8),
                 ],
             )
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
-        let done: Option<bool> = get(OP, row, 0)?;
-        Ok(done.unwrap_or(false))
+        match get::<Option<i16>>(OP, row, 0)? {
+            Some(2) => Err(coord_core::late::superseded(BACKEND, OP)),
+            done => Ok(done == Some(1)),
+        }
     }
 
     async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {

@@ -334,7 +334,8 @@ BEGIN
         UPDATE @s@.queue_messages m
            SET attempts = least(m.attempts, 2147483646) + 1,
                due_at = t + p_vis_us * interval '1 microsecond',
-               owner = p_owner
+               owner = p_owner,
+               step = NULL
          WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = v_id
         RETURNING m.id, m.payload, m.grp, m.attempts,
                   floor(extract(epoch FROM m.enqueued_at) * 1000)::int8
@@ -381,28 +382,35 @@ $fn$;
 -- Set the deadline of message p_id to now + p_vis_us iff it is in flight
 -- to p_owner and not lapsed. No queue lock: the message's row lock is
 -- taken first and the clock read only then, so an extend that waited for
--- it past the deadline resurrects nothing. Commits durably.
+-- it past the deadline resurrects nothing. An extend stamped at or before
+-- the last one applied for p_owner is a late copy: it changes nothing and
+-- returns 2 (else 1 if extended, 0 if not held). Commits durably.
 CREATE OR REPLACE FUNCTION @s@.queue_extend(
-    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_vis_us bigint)
-RETURNS boolean
+    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_vis_us bigint, p_stamp bigint)
+RETURNS smallint
 LANGUAGE plpgsql AS $fn$
 DECLARE
     t timestamptz;
     v_due timestamptz;
+    v_step bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
     END IF;
-    SELECT m.due_at INTO v_due FROM @s@.queue_messages m
+    SELECT m.due_at, m.step INTO v_due, v_step FROM @s@.queue_messages m
      WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id AND m.owner = p_owner
        FOR UPDATE;
     t := clock_timestamp();
     IF NOT FOUND OR v_due IS NULL OR v_due <= t THEN
-        RETURN false;
+        RETURN 0;
     END IF;
-    UPDATE @s@.queue_messages m SET due_at = t + p_vis_us * interval '1 microsecond'
+    IF p_stamp <= v_step THEN
+        RETURN 2;
+    END IF;
+    UPDATE @s@.queue_messages m
+       SET due_at = t + p_vis_us * interval '1 microsecond', step = p_stamp
      WHERE m.queue = p_queue AND m.lane = p_lane AND m.id = p_id;
-    RETURN true;
+    RETURN 1;
 END
 $fn$;
 

@@ -166,7 +166,8 @@ END
 $fn$;
 -- Work queues (see src/sql/queue.sql). queue_messages: one row
 -- per message of a lane (0 main, 1 dead); due_at NULL: ready, else
--- delayed until it (owner NULL) or in flight to owner until it.
+-- delayed until it (owner NULL) or in flight to owner until it; step:
+-- the stamp of the last extend applied for owner (NULL without).
 -- queue_groups: one row per group with messages in a lane (its turn, its
 -- lowest id and lowest ready id); queue_lanes: a lane's clock while it has
 -- groups (and how many); queue_dedup: dedup ids until they expire.
@@ -184,6 +185,7 @@ CREATE TABLE IF NOT EXISTS @s@.queue_messages (
     enqueued_at timestamptz NOT NULL,
     due_at timestamptz,
     owner bytea,
+    step bigint,
     payload bytea NOT NULL,
     PRIMARY KEY (queue, lane, id)
 );

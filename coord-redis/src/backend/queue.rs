@@ -38,7 +38,7 @@ use coord_core::{
 };
 use redis::Value;
 
-use super::{RedisBackend, flag, int, unexpected};
+use super::{BACKEND, RedisBackend, flag, int, unexpected};
 
 /// How long an attempt from a client with a waiter on a lane keeps wake-ups
 /// published for that lane (each waiting attempt refreshes it). A waiter
@@ -288,11 +288,24 @@ impl coord_core::Queue for RedisBackend {
         consumer: &OwnerToken,
         visibility: Duration,
     ) -> Result<bool> {
-        let visibility = micros(visibility);
-        let script = &self.scripts.queue_extend;
-        let target = (lane, id, consumer);
-        self.queue_owned("queue extend", script, queue, target, visibility.as_bytes())
-            .await
+        const OP: &str = "queue extend";
+        let (id, owner) = (id.0.to_string(), consumer.to_hex());
+        let (visibility, stamp) = (micros(visibility), coord_core::late::stamp().to_string());
+        let args = [
+            lane_arg(lane),
+            id.as_bytes(),
+            owner.as_bytes(),
+            visibility.as_bytes(),
+            stamp.as_bytes(),
+        ];
+        let v = self
+            .queue_eval(OP, &self.scripts.queue_extend, queue, &args)
+            .await?;
+        match int(&v) {
+            Some(2) => Err(coord_core::late::superseded(BACKEND, OP)),
+            Some(i) => Ok(i != 0),
+            None => Err(unexpected(OP, &v)),
+        }
     }
 
     async fn peek(&self, queue: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {

@@ -53,7 +53,7 @@ for _ = 1, MOVES do
     redis.call('HSET', S, L.v, turn)
     redis.call('ZREM', L.R, member(g, id))
     m.attempts = m.attempts + 1
-    m.at, m.owner = fmt(now_us + tonumber(ARGV[5])), ARGV[4]
+    m.at, m.owner, m.step = fmt(now_us + tonumber(ARGV[5])), ARGV[4], ''
     putmeta(L, id, m)
     redis.call('ZADD', L.TF, m.at, id)
     refresh(L, g, fmt(tonumber(turn) + 1))

@@ -11,9 +11,11 @@
 --   3 D dedup ids: hash dedup id -> message id
 --   4 DE dedup expiry: ZSET dedup id -> expiry (server µs)
 --   then 9 keys per lane, main (5..13) and dead (14..22):
---   +1 M meta: hash id -> 'attempts:enqueued ms:at µs:owner:group', `at`
---      the deadline of a delivery (with `owner`) or the end of a delay
---      (without), both empty when ready
+--   +1 M meta: hash id -> 'attempts:enqueued ms:at µs:owner:step:group',
+--      `at` the deadline of a delivery (with `owner`) or the end of a delay
+--      (without), both empty when ready; `step` the stamp of the last
+--      extend applied for `owner` (empty without), so that a late copy of
+--      an earlier one is refused
 --   +2 I ids: ZSET id -> id (every message of the lane, by id)
 --   +3 A all: lex ZSET group .. '\0' .. pad(id) (every message, by group)
 --   +4 R ready: lex ZSET, as A, of the ready messages
@@ -55,14 +57,17 @@ local function member(g, id) return g .. '\0' .. pad(id) end
 local function getmeta(L, id)
   local v = redis.call('HGET', L.M, id)
   if not v then return nil end
-  local a, e, at, o, g = string.match(v, '^(%d+):(%d+):(%d*):(%x*):(.*)$')
+  local a, e, at, o, st, g = string.match(v, '^(%d+):(%d+):(%d*):(%x*):(%d*):(.*)$')
   if not a then return nil end
-  return { attempts = tonumber(a), enq = e, at = at, owner = o, group = g }
+  return { attempts = tonumber(a), enq = e, at = at, owner = o, step = st, group = g }
 end
 
+-- A step stamp lives as long as its owner: a message given back or
+-- delivered to another consumer starts without one.
 local function putmeta(L, id, m)
-  redis.call('HSET', L.M, id,
-    fmt(m.attempts) .. ':' .. m.enq .. ':' .. m.at .. ':' .. m.owner .. ':' .. m.group)
+  local step = (m.owner ~= '' and m.step) or ''
+  redis.call('HSET', L.M, id, fmt(m.attempts) .. ':' .. m.enq .. ':' .. m.at .. ':' .. m.owner
+    .. ':' .. step .. ':' .. m.group)
 end
 
 -- Bring group g's entries (G, C, O) up to date with A and R, with `turn`

@@ -2,23 +2,14 @@
 //! `conformance::late_copy::late_copy_of_a_timed_out_barrier_arrival`).
 
 use crate::common;
-use std::time::Duration;
 
 use common::unique;
-use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::RedisServer;
-use coord_redis::RedisOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_a_timed_out_arrival_does_not_count() {
     let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
-        .timeout(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
-    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    let (proxy, via, direct) = common::through_proxy(&server).await;
     conformance::late_copy::late_copy_of_a_timed_out_barrier_arrival(
         &via,
         &direct,
@@ -32,13 +23,7 @@ async fn a_late_copy_of_a_timed_out_arrival_does_not_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
     let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
-        .timeout(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
-    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    let (proxy, via, direct) = common::through_proxy(&server).await;
     conformance::late_copy::late_copy_of_an_arrival_that_passed(
         &via,
         &direct,

@@ -157,15 +157,8 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
 /// layout, leases and elections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
-    use conformance::testkit::proxy::FaultProxy;
     let server = RedisServer::start();
-    let proxy = FaultProxy::start(server.port());
-    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
-        .timeout(Duration::from_millis(200))
-        .connect()
-        .await
-        .unwrap();
-    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    let (proxy, via, direct) = common::through_proxy(&server).await;
     let name = unique("late-lock");
     // Warm the slow client's connection, so the delayed attempt is one message.
     drop(via.locks().unwrap().try_acquire("warm", SEC).await.unwrap());

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use coord_core::Attempt;
+use conformance::testkit::proxy::FaultProxy;
+use conformance::testkit::redis::RedisServer;
+use coord_core::{Attempt, Coord};
 use coord_redis::{Layout, RedisBackend, RedisOptions};
 
 /// One second.
@@ -26,6 +28,19 @@ pub async fn php_backend(url: &str) -> RedisBackend {
     RedisBackend::connect(RedisOptions::new(url).layout(Layout::Php))
         .await
         .expect("connect to the test redis-server")
+}
+
+/// A fault proxy in front of `server`, a client through it whose calls
+/// time out after 200 ms, and a client connected directly.
+pub async fn through_proxy(server: &RedisServer) -> (FaultProxy, Coord, Coord) {
+    let proxy = FaultProxy::start(server.port());
+    let via = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_millis(200))
+        .connect()
+        .await
+        .unwrap();
+    let direct = RedisOptions::new(&server.url()).connect().await.unwrap();
+    (proxy, via, direct)
 }
 
 /// The token of a grant; panics on anything else.
