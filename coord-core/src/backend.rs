@@ -81,7 +81,12 @@ pub trait Lock: Send + Sync + 'static {
 
     /// Delete the lock iff `owner` holds it (compare-and-delete, atomic on
     /// the server), waking one waiter. `Ok(false)`: not held by `owner`,
-    /// nothing changed.
+    /// nothing changed. A release whose reply never came may still land
+    /// later and free whatever `owner` then holds on `name`: an owner that
+    /// takes `name` again after such a release must wait out
+    /// [`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON) first, or use
+    /// a new token (as the guards do: every acquire is an owner of its
+    /// own).
     async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
 
     /// Set the remaining TTL to `ttl` iff `owner` still holds the lock

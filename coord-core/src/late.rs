@@ -46,7 +46,11 @@
 //! Releases and extends after answered steps (nearly all) leave no mark, so an idle
 //! name still leaves nothing behind. An owner token shared between
 //! processes is not covered (only the process that gave up knows); stamps
-//! of different processes compare by their wall clocks.
+//! of different processes compare by their wall clocks. Nor is a release
+//! whose reply never came: its copy may free a claim its owner took again
+//! meanwhile, so an owner token is not used on a name again within
+//! [`LATE_COPY_HORIZON`] of such a release (core's guards never use one
+//! again at all).
 //!
 //! ```
 //! use coord_core::OwnerToken;
