@@ -547,14 +547,9 @@ impl Queues {
                 "is 0; must be at least 1 (or None: never dead-letter)",
             ));
         }
-        let config = match opts.lane {
-            Lane::Main => self.config,
-            // Dead letters are not dead-lettered again.
-            Lane::Dead => QueueConfig {
-                max_deliveries: None,
-                ..self.config
-            },
-        };
+        // Dead letters are not dead-lettered again: the stores apply
+        // `max_deliveries` to the main lane only (`queue_state::dead_letters`).
+        let config = self.config;
         let store = self.backend.capabilities().backend;
         let span = tracing::debug_span!(
             "coord.queue.pop",

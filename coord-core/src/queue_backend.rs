@@ -299,7 +299,9 @@ pub trait Queue: Send + Sync + 'static {
     async fn push(&self, queue: &str, message: &NewMessage<'_>) -> Result<Pushed>;
 
     /// One attempt to deliver the next message of `lane` (see the module
-    /// docs for which) to `consumer` for `visibility`.
+    /// docs for which) to `consumer` for `visibility`. `config`'s
+    /// `max_deliveries` applies to the main lane only: a dead letter is
+    /// delivered whatever its attempts ([`dead_letters`](crate::queue_state::dead_letters)).
     async fn try_pop(
         &self,
         queue: &str,

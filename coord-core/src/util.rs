@@ -413,6 +413,24 @@ mod tests {
             redact_url_passwords("o=redis:%2F%2F:secret@h%2F0"),
             "o=redis:%2F%2F:<redacted>@h%2F0"
         );
+        // One part of the separator encoded, the others raw: the rest is
+        // read as encoded.
+        for (url, redacted) in [
+            (
+                "o=redis%3A//u%3Asecret%40h",
+                "o=redis%3A//u%3A<redacted>%40h",
+            ),
+            (
+                "o=redis:%2F/u%3Asecret%40h",
+                "o=redis:%2F/u%3A<redacted>%40h",
+            ),
+            (
+                "o=redis:/%2Fu%3Asecret%40h",
+                "o=redis:/%2Fu%3A<redacted>%40h",
+            ),
+        ] {
+            assert_eq!(redact_url_passwords(url), redacted);
+        }
         // The password itself percent-encoded ('p@ss:w' as p%2540ss%253Aw
         // once more encoded): everything up to the last '@' goes.
         let r = redact_url_passwords("x=redis%3A%2F%2Fu%3Ap%2540ss%253Aw%40h");

@@ -129,6 +129,14 @@ pub async fn list_names_what_is_held_under_a_prefix(f: &Factory) {
         assert_eq!(names, [name("lock2")], "{store}: after a release");
     }
     if let Some(q) = &queues {
+        // Emptied by an ack, a queue holds nothing a listing shows.
+        let d = q.pop(&name("queue"), LONG, Duration::ZERO).await.unwrap();
+        d.expect("the message pushed").ack().await.unwrap();
+        let names = listed(&viewer, Listed::Queue, &p, 100)
+            .await
+            .unwrap_or_default();
+        assert!(names.is_empty(), "{store}: queues after an ack: {names:?}");
+        q.push(&name("queue"), b"m").await.unwrap();
         q.purge(&name("queue")).await.unwrap();
         let names = listed(&viewer, Listed::Queue, &p, 100)
             .await

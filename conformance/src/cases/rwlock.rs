@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use coord_core::{Coord, Error, RwLocks};
+use coord_core::{Coord, Error, RwLocks, RwMode};
 use tokio::time::{Instant, sleep};
 
 use crate::{Factory, PROMPT, ttl, unique};
@@ -190,9 +190,11 @@ pub async fn rwlock_fencing_tokens_rise_across_readers_and_writers(f: &Factory) 
     assert!(rb.try_write(&name, LONG).await.unwrap().is_none());
     let (t1, t2) = (r1.fencing_token(), r2.fencing_token());
     assert_ne!(t1, t2);
+    assert_eq!((r1.name(), r1.mode()), (name.as_str(), RwMode::Read));
     r1.release().await.unwrap();
     r2.release().await.unwrap();
     let w = rb.write(&name, LONG, Duration::ZERO).await.unwrap();
+    assert_eq!((w.name(), w.mode()), (name.as_str(), RwMode::Write));
     assert!(
         w.fencing_token() > t1.max(t2),
         "a write token below a read's"

@@ -113,6 +113,35 @@ fn an_abandoned_delivery_comes_back_uncounted_and_its_consumer_gets_nothing() {
     assert_eq!(m.attempts, 1);
 }
 
+/// Past [`SWEEP_ABOVE`] abandoned consumers, an abandon sweeps the ones
+/// whose memory ended, and only those: a consumer abandoned a moment
+/// before is still refused.
+#[test]
+fn a_sweep_of_abandoned_consumers_keeps_the_live_ones() {
+    let mut q = Q::new();
+    let cfg = QueueConfig::default();
+    let victim = OwnerToken::random();
+    q.push(0, None, None);
+    q.s.abandon(q.at(0), Lane::Main, &victim);
+    for _ in 0..SWEEP_ABOVE {
+        q.s.abandon(q.at(0), Lane::Main, &OwnerToken::random());
+    }
+    // One more, a second later: the sweep runs, and every entry is live.
+    q.s.abandon(q.at(1000), Lane::Main, &OwnerToken::random());
+    assert!(
+        q.pop(1001, &victim, &cfg).is_none(),
+        "a late attempt of a consumer abandoned a second ago delivered"
+    );
+    // Once their memory ended, the sweep drops them.
+    let later = 1000 + ABANDONED_POP_MEMORY.as_millis() as u64 + 1;
+    q.s.abandon(q.at(later), Lane::Main, &OwnerToken::random());
+    assert_eq!(
+        q.s.abandoned.len(),
+        1,
+        "the sweep kept consumers whose memory ended"
+    );
+}
+
 #[test]
 fn a_message_delivered_max_deliveries_times_goes_to_the_dead_lane() {
     let mut q = Q::new();

@@ -138,3 +138,17 @@ async fn deliveries_follow_the_rule_as_the_state_machine_does() {
     let raw = MemoryBackend::coord().raw_queue().unwrap();
     conformance::queue_rule::deliveries_follow_the_state_machine(raw, 600, async |_| {}).await;
 }
+
+/// Queues are listed while they hold a message, and not once it was acked
+/// (the queue's state stays, for its ids; the listing does not show it).
+#[tokio::test(start_paused = true)]
+async fn a_queue_is_listed_while_it_holds_a_message() {
+    use coord_core::Listed;
+    let c = MemoryBackend::coord();
+    let q = c.queues().unwrap();
+    q.push("jobs", b"a").await.unwrap();
+    assert_eq!(c.list(Listed::Queue, "", 10).await.unwrap(), ["jobs"]);
+    let d = q.pop("jobs", S, Duration::ZERO).await.unwrap().unwrap();
+    d.ack().await.unwrap();
+    assert!(c.list(Listed::Queue, "", 10).await.unwrap().is_empty());
+}
