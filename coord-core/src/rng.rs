@@ -15,8 +15,12 @@
 //! ```
 //! coord_core::rng::seed_thread(7);
 //! let a = coord_core::OwnerToken::random();
+//! let (s1, s2) = (coord_core::late::stamp(), coord_core::late::stamp());
 //! coord_core::rng::seed_thread(7);
 //! assert_eq!(coord_core::OwnerToken::random(), a);
+//! // Stamps count up from a fixed start: the same, and still rising.
+//! assert_eq!((coord_core::late::stamp(), coord_core::late::stamp()), (s1, s2));
+//! assert!(s2 > s1);
 //! coord_core::rng::unseed_thread();
 //! ```
 

@@ -167,7 +167,7 @@ pub async fn queue_crashed_consumers_message_is_redelivered_after_visibility(f: 
         .unwrap()
         .expect("a message");
     let first_token = d.fencing_token();
-    assert_eq!(d.attempts(), 1);
+    assert_eq!((d.queue(), d.attempts()), (name.as_str(), 1));
     let enqueued = d.enqueued_at();
     assert!(
         enqueued + CLOCK_SLACK >= before_push && enqueued <= after_push + CLOCK_SLACK,

@@ -11,6 +11,7 @@ mod cleanup_on_cancel;
 mod conformance_suite;
 mod core_logic;
 mod expiry_instant;
+mod extend_deadlines;
 mod fair_wait;
 mod faults;
 mod idle_sweep;

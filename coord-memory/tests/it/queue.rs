@@ -152,3 +152,15 @@ async fn a_queue_is_listed_while_it_holds_a_message() {
     d.ack().await.unwrap();
     assert!(c.list(Listed::Queue, "", 10).await.unwrap().is_empty());
 }
+
+/// Listing a kind whose primitive the `Coord` lacks is `Unsupported`,
+/// naming that primitive.
+#[tokio::test(start_paused = true)]
+async fn listing_a_missing_primitive_names_it() {
+    use coord_core::{Error, Listed};
+    let c = coord_core::Coord::from_backend(std::sync::Arc::new(MemoryBackend::new()));
+    match c.list(Listed::Queue, "", 10).await {
+        Err(Error::Unsupported { primitive, .. }) => assert_eq!(primitive, "queues"),
+        other => panic!("listing queues without queues: {other:?}"),
+    }
+}

@@ -81,6 +81,13 @@ fn acquire_and_check_spans_record_their_outcome() {
                 let limiter = coord.limiter().unwrap();
                 limiter.check("k", q).await.unwrap();
                 limiter.check("k", q).await.unwrap();
+                let _held = locks.acquire("f", ttl, Duration::ZERO).await.unwrap();
+                assert!(locks.force_release("f").await.unwrap());
+                assert!(!locks.force_release("f").await.unwrap());
+                let elections = coord.elections().unwrap();
+                assert!(elections.leader("e").await.unwrap().is_none());
+                let _leader = elections.campaign("e", "me", ttl, Duration::ZERO).await;
+                assert!(elections.leader("e").await.unwrap().is_some());
             })
     });
     let seen = seen.0.lock().unwrap().clone();
@@ -92,14 +99,22 @@ fn acquire_and_check_spans_record_their_outcome() {
     };
     assert_eq!(
         values("coord.lock.acquire", "outcome"),
-        ["granted", "timeout"]
+        ["granted", "timeout", "granted"]
     );
     let waited = values("coord.lock.acquire", "waited_ms");
-    assert_eq!(waited.len(), 2);
+    assert_eq!(waited.len(), 3);
     assert!(waited[1].parse::<u64>().unwrap() >= 30, "{waited:?}");
     assert_eq!(
         values("coord.limiter.check", "outcome"),
         ["allowed", "denied"]
+    );
+    assert_eq!(
+        values("coord.lock.force_release", "outcome"),
+        ["removed", "free"]
+    );
+    assert_eq!(
+        values("coord.election.leader", "outcome"),
+        ["vacant", "leader"]
     );
     // No span field holds an owner token (32 hex digits).
     for (span, field, v) in &seen {
