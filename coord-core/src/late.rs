@@ -421,6 +421,31 @@ mod tests {
         assert!(!u.contains("n", &o));
     }
 
+    /// Past [`PRUNE_AT`] owners, recording one more drops those recorded
+    /// longer than [`UNANSWERED_MEMORY`] ago (a leaked permit's owner is
+    /// not kept forever), and keeps the others.
+    #[test]
+    fn owners_past_the_memory_are_pruned_once_there_are_many() {
+        let u = Unanswered::default();
+        let now = Instant::now();
+        // The monotonic clock starts near boot: older instants may not exist.
+        let Some(old) = now.checked_sub(UNANSWERED_MEMORY + Duration::from_secs(1)) else {
+            return;
+        };
+        let kept = OwnerToken::random();
+        {
+            let mut map = u.map();
+            for i in 0..PRUNE_AT - 1 {
+                map.insert((format!("n{i}"), OwnerToken::random()), (old, i as u64));
+            }
+            map.insert(("kept".to_string(), kept), (now, 0));
+        }
+        let o = OwnerToken::random();
+        drop(u.attempt("fresh", o));
+        assert!(u.contains("fresh", &o) && u.contains("kept", &kept));
+        assert_eq!(u.map().len(), 2, "owners past the memory were kept");
+    }
+
     /// A release forgets only the record it saw: an attempt of the same
     /// owner dropped unanswered during the release is remembered.
     #[test]

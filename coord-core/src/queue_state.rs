@@ -43,6 +43,12 @@ use lane::{LaneState, Msg};
 /// or an abandon drops those whose time has passed.
 const SWEEP_ABOVE: usize = 1024;
 
+/// Whether a map of dedup ids or abandoned consumers holding `len`
+/// entries is due for a sweep ([`SWEEP_ABOVE`]).
+fn sweep_due(len: usize) -> bool {
+    len > SWEEP_ABOVE
+}
+
 /// The lane's clock and the group's turn after a delivery from a group at
 /// `turn` while the lane's clock is `clock`: the clock moves to the turn
 /// served and never back, and the group queues one past it (a group whose
@@ -193,7 +199,7 @@ impl QueueState {
         next_id: impl FnOnce() -> u64,
     ) -> Pushed {
         if let Some(d) = message.dedup_id {
-            if self.dedup.len() > SWEEP_ABOVE {
+            if sweep_due(self.dedup.len()) {
                 self.dedup.retain(|_, (_, e)| *e > now);
             }
             if let Some((id, expires)) = self.dedup.get(d) {
@@ -345,7 +351,7 @@ impl QueueState {
     /// back to what they were before that delivery. Returns whether a
     /// message was given back.
     pub fn abandon(&mut self, now: Instant, lane: Lane, consumer: &OwnerToken) -> bool {
-        if self.abandoned.len() > SWEEP_ABOVE {
+        if sweep_due(self.abandoned.len()) {
             self.abandoned.retain(|_, until| *until > now);
         }
         self.abandoned.insert(*consumer, now + ABANDONED_POP_MEMORY);

@@ -369,6 +369,15 @@ mod tests {
         assert_ne!(OwnerToken::random(), t);
     }
 
+    /// Beside the stamp, a token carries 8 random bytes: two processes
+    /// stamping the same µs still make different tokens.
+    #[test]
+    fn owner_tokens_carry_random_bytes_beside_their_stamp() {
+        let (a, b) = (OwnerToken::random(), OwnerToken::random());
+        assert_ne!(a.as_bytes()[8..], b.as_bytes()[8..]);
+        assert_ne!(a.as_bytes()[8..], [0u8; 8]);
+    }
+
     #[test]
     fn owner_token_bytes_roundtrip() {
         let t = OwnerToken::random();

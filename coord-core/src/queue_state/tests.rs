@@ -113,6 +113,19 @@ fn an_abandoned_delivery_comes_back_uncounted_and_its_consumer_gets_nothing() {
     assert_eq!(m.attempts, 1);
 }
 
+/// Past [`SWEEP_ABOVE`] dedup ids, a push with one sweeps those whose
+/// window ended, however many there are.
+#[test]
+fn a_sweep_of_dedup_ids_drops_every_ended_window() {
+    let mut q = Q::new();
+    for i in 0..SWEEP_ABOVE + 2 {
+        q.push(0, None, Some(&format!("d{i}")));
+    }
+    // Every window (100 ms) ended: the next push with a dedup id sweeps.
+    q.push(200, None, Some("last"));
+    assert_eq!(q.s.dedup.len(), 1, "dedup ids whose window ended were kept");
+}
+
 /// Past [`SWEEP_ABOVE`] abandoned consumers, an abandon sweeps the ones
 /// whose memory ended, and only those: a consumer abandoned a moment
 /// before is still refused.

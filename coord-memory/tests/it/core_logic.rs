@@ -144,6 +144,19 @@ async fn a_dropped_wait_whose_arrival_completed_sends_no_withdraw() {
     assert_eq!(f.calls("barrier.withdraw"), 0);
 }
 
+/// An arrival the store refused (a non-retryable error, so nothing was
+/// recorded) leaves nothing to settle: no withdraw is sent.
+#[tokio::test(start_paused = true)]
+async fn a_refused_arrival_sends_no_withdraw() {
+    let f = Faulty::new();
+    f.next("barrier.arrive", Fault::Broken, 1);
+    let b = f.coord(100 * MS).barriers().unwrap();
+    let err = b.wait("refused", 2, "p1", 10 * S).await.unwrap_err();
+    assert!(!err.is_retryable(), "got {err:?}");
+    tokio::time::sleep(S).await;
+    assert_eq!(f.calls("barrier.withdraw"), 0);
+}
+
 // ---- guards ----
 
 /// A guard reports its own name, and `keep_alive` shows in `has_watchdog`.

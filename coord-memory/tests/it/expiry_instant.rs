@@ -23,3 +23,32 @@ async fn a_leader_whose_term_ends_now_is_neither_leader_nor_listed() {
         "listed as held at the instant its term ended"
     );
 }
+
+/// A permit whose TTL ends now is gone: its owner's release finds no live
+/// grant, and neither does a force release.
+#[tokio::test(start_paused = true)]
+async fn a_permit_whose_ttl_ends_now_is_neither_released_nor_forced() {
+    use coord_core::{PermitRequest, Semaphore};
+    let m = MemoryBackend::new();
+    let ttl = Duration::from_millis(100);
+    let request = PermitRequest {
+        permits: 1,
+        total: 2,
+        ttl,
+        queue: false,
+    };
+    let o = OwnerToken::random();
+    for name in ["released", "forced"] {
+        let g = m.try_acquire(name, &o, &request).await.unwrap();
+        assert!(matches!(g, Attempt::Granted(_)), "{g:?}");
+    }
+    tokio::time::advance(ttl).await;
+    assert!(
+        !m.release("released", &o).await.unwrap(),
+        "released a grant whose TTL ended"
+    );
+    assert!(
+        !m.force_release("forced").await.unwrap(),
+        "forced a grant whose TTL ended"
+    );
+}

@@ -37,3 +37,14 @@ async fn a_fair_acquire_waits_no_longer_than_asked_its_ticket_included() {
     );
     assert!(matches!(first.await.unwrap(), Err(Error::Timeout { .. })));
 }
+
+/// Each fair lock has tickets of its own: a fair holder of one name does
+/// not hold up a fair acquire of another.
+#[tokio::test(start_paused = true)]
+async fn fair_locks_of_two_names_take_tickets_of_their_own() {
+    let locks = MemoryBackend::coord().locks().unwrap();
+    let fair = LockOptions::new(60 * S).fair(true);
+    let _a = locks.acquire_with("a", fair).await.unwrap();
+    let b = locks.acquire_with("b", fair).await;
+    assert!(b.is_ok(), "a fair acquire of b waited on a's ticket: {b:?}");
+}

@@ -164,3 +164,32 @@ async fn listing_a_missing_primitive_names_it() {
         other => panic!("listing queues without queues: {other:?}"),
     }
 }
+
+/// A push wakes a waiter of its own queue, not one of another queue that
+/// began waiting first: with a 10 s poll, the pop of `b` gets its message
+/// at once.
+#[tokio::test(start_paused = true)]
+async fn a_push_wakes_a_waiter_of_its_own_queue() {
+    let q = MemoryBackend::coord()
+        .with_poll_interval(10 * S)
+        .queues()
+        .unwrap();
+    let on_a = tokio::spawn({
+        let q = q.clone();
+        async move { q.pop("a", S, 30 * S).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let on_b = tokio::spawn({
+        let q = q.clone();
+        async move { q.pop("b", S, 30 * S).await }
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    q.push("b", b"m").await.unwrap();
+    let got = tokio::time::timeout(S, on_b)
+        .await
+        .expect("the waiter of b was not woken by the push to b")
+        .unwrap()
+        .unwrap();
+    assert!(got.is_some());
+    on_a.abort();
+}

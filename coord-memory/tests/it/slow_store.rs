@@ -13,8 +13,7 @@ use std::time::Duration;
 use coord_core::inspect::{ClaimRecord, LeaderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{
-    Arrival, Attempt, Capabilities, Coord, Lane, LeaderInfo, Message, MessageId, NewMessage,
-    OwnerToken, PermitRequest, PopAttempt, Pushed, QueueConfig, QueueStats, Result, Settings,
+    Arrival, Attempt, Capabilities, Coord, LeaderInfo, OwnerToken, PermitRequest, Result, Settings,
     async_trait,
 };
 use coord_memory::MemoryBackend;
@@ -238,73 +237,7 @@ impl coord_core::Semaphore for Slow {
     }
 }
 
-#[async_trait]
-impl coord_core::Queue for Slow {
-    fn capabilities(&self) -> &Capabilities {
-        coord_core::Queue::capabilities(&*self.inner)
-    }
-    async fn push(&self, q: &str, m: &NewMessage<'_>) -> Result<Pushed> {
-        let f = coord_core::Queue::push(&*self.inner, q, m);
-        self.call("queue.push", f).await
-    }
-    async fn try_pop(
-        &self,
-        q: &str,
-        lane: Lane,
-        o: &OwnerToken,
-        visibility: Duration,
-        config: &QueueConfig,
-    ) -> Result<PopAttempt> {
-        let f = coord_core::Queue::try_pop(&*self.inner, q, lane, o, visibility, config);
-        self.call("queue.try_pop", f).await
-    }
-    async fn ack(&self, q: &str, lane: Lane, id: MessageId, o: &OwnerToken) -> Result<bool> {
-        let f = coord_core::Queue::ack(&*self.inner, q, lane, id, o);
-        self.call("queue.ack", f).await
-    }
-    async fn nack(
-        &self,
-        q: &str,
-        lane: Lane,
-        id: MessageId,
-        o: &OwnerToken,
-        delay: Duration,
-    ) -> Result<bool> {
-        let f = coord_core::Queue::nack(&*self.inner, q, lane, id, o, delay);
-        self.call("queue.nack", f).await
-    }
-    async fn extend(
-        &self,
-        q: &str,
-        lane: Lane,
-        id: MessageId,
-        o: &OwnerToken,
-        visibility: Duration,
-    ) -> Result<bool> {
-        let f = coord_core::Queue::extend(&*self.inner, q, lane, id, o, visibility);
-        self.call("queue.extend", f).await
-    }
-    async fn peek(&self, q: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
-        let f = coord_core::Queue::peek(&*self.inner, q, lane, limit);
-        self.call("queue.peek", f).await
-    }
-    async fn redrive(&self, q: &str, limit: usize) -> Result<u64> {
-        let f = coord_core::Queue::redrive(&*self.inner, q, limit);
-        self.call("queue.redrive", f).await
-    }
-    async fn stats(&self, q: &str) -> Result<QueueStats> {
-        let f = coord_core::Queue::stats(&*self.inner, q);
-        self.call("queue.stats", f).await
-    }
-    async fn purge(&self, q: &str) -> Result<u64> {
-        let f = coord_core::Queue::purge(&*self.inner, q);
-        self.call("queue.purge", f).await
-    }
-    async fn subscribe(&self, q: &str, lane: Lane) -> Result<Waiter> {
-        let f = coord_core::Queue::subscribe(&*self.inner, q, lane);
-        self.call("queue.subscribe", f).await
-    }
-}
+crate::forward_queue!(Slow);
 
 /// `Coord::health` lists read-write locks only where the semaphores queue
 /// in order (the condition `Coord::rw_locks` has), and semaphores either

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use coord_core::wake::Waiter;
 use coord_core::{
-    Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingToken, Lane, LeaderInfo,
-    Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed, QueueConfig, QueueStats, Quota,
-    Result, Settings, async_trait,
+    Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingToken, LeaderInfo, OwnerToken,
+    Quota, Result, Settings, async_trait,
 };
 use coord_memory::MemoryBackend;
 use tokio::time::Instant;
@@ -350,74 +349,4 @@ impl coord_core::Limiter for Faulty {
     }
 }
 
-#[async_trait]
-impl coord_core::Queue for Faulty {
-    fn capabilities(&self) -> &Capabilities {
-        coord_core::Queue::capabilities(&*self.inner)
-    }
-    async fn push(&self, q: &str, m: &NewMessage<'_>) -> Result<Pushed> {
-        self.call("queue.push", coord_core::Queue::push(&*self.inner, q, m))
-            .await
-    }
-    async fn try_pop(
-        &self,
-        q: &str,
-        lane: Lane,
-        o: &OwnerToken,
-        vis: Duration,
-        cfg: &QueueConfig,
-    ) -> Result<PopAttempt> {
-        let pop = coord_core::Queue::try_pop(&*self.inner, q, lane, o, vis, cfg);
-        self.call("queue.try_pop", pop).await
-    }
-    async fn ack(&self, q: &str, lane: Lane, id: MessageId, o: &OwnerToken) -> Result<bool> {
-        let ack = coord_core::Queue::ack(&*self.inner, q, lane, id, o);
-        self.call("queue.ack", ack).await
-    }
-    async fn nack(
-        &self,
-        q: &str,
-        lane: Lane,
-        id: MessageId,
-        o: &OwnerToken,
-        delay: Duration,
-    ) -> Result<bool> {
-        let nack = coord_core::Queue::nack(&*self.inner, q, lane, id, o, delay);
-        self.call("queue.nack", nack).await
-    }
-    async fn abandon(&self, q: &str, lane: Lane, o: &OwnerToken) -> Result<()> {
-        let abandon = coord_core::Queue::abandon(&*self.inner, q, lane, o);
-        self.call("queue.abandon", abandon).await
-    }
-    async fn extend(
-        &self,
-        q: &str,
-        lane: Lane,
-        id: MessageId,
-        o: &OwnerToken,
-        vis: Duration,
-    ) -> Result<bool> {
-        let extend = coord_core::Queue::extend(&*self.inner, q, lane, id, o, vis);
-        self.call("queue.extend", extend).await
-    }
-    async fn peek(&self, q: &str, lane: Lane, limit: usize) -> Result<Vec<Message>> {
-        let peek = coord_core::Queue::peek(&*self.inner, q, lane, limit);
-        self.call("queue.peek", peek).await
-    }
-    async fn redrive(&self, q: &str, limit: usize) -> Result<u64> {
-        let redrive = coord_core::Queue::redrive(&*self.inner, q, limit);
-        self.call("queue.redrive", redrive).await
-    }
-    async fn stats(&self, q: &str) -> Result<QueueStats> {
-        self.call("queue.stats", coord_core::Queue::stats(&*self.inner, q))
-            .await
-    }
-    async fn purge(&self, q: &str) -> Result<u64> {
-        self.call("queue.purge", coord_core::Queue::purge(&*self.inner, q))
-            .await
-    }
-    async fn subscribe(&self, q: &str, lane: Lane) -> Result<Waiter> {
-        let sub = coord_core::Queue::subscribe(&*self.inner, q, lane);
-        self.call("queue.subscribe", sub).await
-    }
-}
+crate::forward_queue!(Faulty, abandon);

@@ -2,4 +2,5 @@
 #![allow(dead_code)]
 
 pub mod faulty;
+pub mod forward_queue;
 pub mod scoped_tracing;
