@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 
 use coord_core::{Attempt, Lock, OwnerToken, Semaphore};
 
-use super::{CUT_AFTER, DELAY, hold_next_naming, until_answered};
+use super::{
+    CUT_AFTER, DELAY, before_the_copy, hold_next_naming, until_answered, until_reconnected,
+};
 use crate::claim_kind::ClaimKind;
 use crate::testkit::proxy::FaultProxy;
 
@@ -51,8 +53,8 @@ pub async fn late_copy_after_extend<B: Lock + Semaphore>(
         "the first attempt should be dropped unanswered: {a1:?}"
     );
     // The retry, on a new connection once the first one's is cut.
-    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
-    let deadline = held_at + DELAY - Duration::from_millis(200);
+    until_reconnected(held_at).await;
+    let deadline = before_the_copy(held_at);
     let a2 = until_answered(deadline, "the retry", || kind.attempt(via, name, &o, SHORT)).await;
     assert!(matches!(a2, Attempt::Granted(_)), "the retry: {a2:?}");
     let extended =
@@ -157,9 +159,9 @@ pub async fn late_copy_of_an_extend_after_a_later_one<B: Lock + Semaphore>(
         // travels with the copy.
         tokio::time::sleep(Duration::from_millis(100)).await;
         drop(short);
-        tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+        until_reconnected(held_at).await;
     }
-    let deadline = first_at + DELAY - Duration::from_millis(200);
+    let deadline = before_the_copy(first_at);
     let extended =
         until_answered(deadline, "the extend", || kind.extend(via, name, &o, LONG)).await;
     assert!(extended, "{kind:?}: the long extend");
@@ -210,10 +212,10 @@ pub async fn late_extend_after_a_later_one(
     let held_at = Instant::now();
     let short = tokio::time::timeout(Duration::from_millis(10), guard.extend(SHORT)).await;
     assert!(short.is_err(), "the short extend was answered: {short:?}");
-    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+    until_reconnected(held_at).await;
     // Extended again (tried until answered, as a caller would) before the
     // held copy lands.
-    let deadline = held_at + DELAY - Duration::from_millis(200);
+    let deadline = before_the_copy(held_at);
     until_answered(deadline, "the extend", || async {
         match guard.extend(LONG).await {
             Err(e @ coord_core::Error::NotHeld { .. }) => panic!("the holder lost its lock: {e}"),

@@ -27,6 +27,18 @@ const DELAY: Duration = Duration::from_millis(3000);
 /// When the held request's connection is cut (the client reconnects).
 const CUT_AFTER: Duration = Duration::from_millis(300);
 
+/// Wait until the client whose request the proxy held at `held_at` has
+/// reconnected (that request's connection is cut at [`CUT_AFTER`]).
+pub(super) async fn until_reconnected(held_at: Instant) {
+    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+}
+
+/// By when a step must be answered to come before the copy of the request
+/// held at `held_at` lands (at [`DELAY`]).
+pub(super) fn before_the_copy(held_at: Instant) -> Instant {
+    held_at + DELAY - Duration::from_millis(200)
+}
+
 /// `proxy` holds the next request naming `name` for [`DELAY`] and cuts
 /// its connection after [`CUT_AFTER`].
 pub(super) fn hold_next_naming(proxy: &FaultProxy, name: &str) {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{CUT_AFTER, DELAY, hold_next_naming, until_answered};
+use super::{DELAY, before_the_copy, hold_next_naming, until_answered, until_reconnected};
 use crate::testkit::proxy::FaultProxy;
 
 /// A queue whose messages may be delivered once (`max_deliveries(1)`): a
@@ -152,8 +152,8 @@ pub async fn late_copy_of_a_delivery_extend_after_a_later_one(
     let held_at = Instant::now();
     let short = tokio::time::timeout(Duration::from_millis(10), d.extend(SHORT)).await;
     assert!(short.is_err(), "the short extend was answered: {short:?}");
-    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
-    let deadline = held_at + DELAY - Duration::from_millis(200);
+    until_reconnected(held_at).await;
+    let deadline = before_the_copy(held_at);
     until_answered(deadline, "the long extend", || async {
         match d.extend(LONG).await {
             Err(e @ coord_core::Error::NotHeld { .. }) => panic!("the consumer lost it: {e}"),
