@@ -281,7 +281,13 @@ async fn a_handoff_on_a_fresh_lease_sends_nothing_and_stays_within_the_server_tt
     let mut raw = raw(&server).await;
     let ttl = Duration::from_secs(30);
     let mut checked = 0;
-    for i in 0..10 {
+    // A handoff is fresh when it comes within the reuse slack (50 ms) of
+    // the waiter's queueing: on a loaded machine many are not, so try
+    // until three were, for at most 60 rounds.
+    for i in 0..60 {
+        if checked == 3 {
+            break;
+        }
         let name = format!("fresh-{i}");
         let (oh, o1) = (OwnerToken::random(), OwnerToken::random());
         granted(a.try_acquire(&name, &oh, ttl).await.unwrap());

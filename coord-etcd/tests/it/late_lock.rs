@@ -12,7 +12,7 @@
 //!
 //! The fault is [`FaultProxy::deliver_late`], as in `semaphore_late.rs`:
 //! the attempt's transaction (picked by the owner's lock key in its bytes)
-//! is held [`DELAY`] and then written on its old connection, while the
+//! is held [`LATE`] and then written on its old connection, while the
 //! client's end of that connection is cut after [`CUT_AFTER`], so its
 //! retry, release and cleanup reach etcd first, on a new connection.
 
@@ -23,8 +23,8 @@ use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Attempt, Error, Lock, OwnerToken};
 use coord_etcd::EtcdBackend;
 use late_support::{
-    CALL_TIMEOUT, CUT_AFTER, DELAY, SEC, connect, direct, unique, until_the_late_copy_landed,
-    writes_an_owner_key,
+    CALL_TIMEOUT, CUT_AFTER, SEC, connect, direct, unique, until_answered,
+    until_the_late_copy_landed, writes_an_owner_key,
 };
 
 use crate::late_support;
@@ -32,10 +32,22 @@ use crate::late_support;
 async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
     let b = connect(proxy.port(), prefix, CALL_TIMEOUT).await;
     let o = OwnerToken::random();
-    granted(b.try_acquire("warm", &o, 2 * SEC).await);
-    assert!(b.release("warm", &o).await.unwrap());
+    // The same owner's retry of an unanswered attempt is that attempt.
+    granted(Ok(until_answered("the warm-up acquire", || {
+        b.try_acquire("warm", &o, 2 * SEC)
+    })
+    .await));
+    assert!(until_answered("the warm-up release", || b.release("warm", &o)).await);
     b
 }
+
+/// How late the held attempt of an acquire lands: after that acquire
+/// ended, although its client's connection was cut under it and the
+/// acquire's later attempts waited for the reconnect ([`WAIT`]).
+const LATE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long those acquires wait: room for the reconnect after the cut,
+/// so their last attempt is answered, on a loaded machine too.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn granted(a: coord_core::Result<Attempt>) {
     assert!(
@@ -62,11 +74,11 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     granted(near.try_acquire("ghost", &holder, 60 * SEC).await);
     proxy.deliver_late(
         writes_an_owner_key("lock/ghost/".to_string()),
-        DELAY,
+        LATE,
         CUT_AFTER,
     );
     let locks = far.coord().locks().unwrap();
-    let r = locks.acquire("ghost", 60 * SEC, SEC).await;
+    let r = locks.acquire("ghost", 60 * SEC, WAIT).await;
     assert!(
         matches!(r, Err(Error::Timeout { .. })),
         "expected a timeout: {r:?}"
@@ -99,12 +111,12 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
     let near = direct(&prefix).await;
     proxy.deliver_late(
         writes_an_owner_key("lock/ghost/".to_string()),
-        DELAY,
+        LATE,
         CUT_AFTER,
     );
     let locks = far.coord().locks().unwrap();
     let g = locks
-        .acquire("ghost", 60 * SEC, 3 * SEC)
+        .acquire("ghost", 60 * SEC, WAIT)
         .await
         .expect("the retry was not granted");
     assert_eq!(proxy.held(), 1, "no attempt was held");
