@@ -128,6 +128,7 @@
 pub(crate) mod due;
 pub(crate) mod group;
 pub(crate) mod keys;
+mod manage;
 pub(crate) mod ops;
 pub(crate) mod plan;
 pub(crate) mod pop;

@@ -6,13 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_core::util::{Kind, Secret, bounded, redact_url_passwords};
+use coord_core::util::{Kind, Secret, bounded};
 use coord_core::wake::Wakeups;
-use coord_core::{
-    Attempt, Capabilities, Deployment, Error, FencingDurability, FencingToken, Result, StoreSource,
-};
+use coord_core::{Capabilities, Deployment, Error, FencingDurability, Result};
 use redis::aio::ConnectionManagerConfig;
-use redis::{ConnectionAddr, IntoConnectionInfo, RedisError, Value};
+use redis::{ConnectionAddr, RedisError, Value};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 pub(crate) use self::connection::Targets;
@@ -126,267 +124,6 @@ pub fn sentinel_capabilities() -> Capabilities {
     let mut caps = capabilities();
     caps.deployment = Deployment::Sentinel;
     caps
-}
-
-/// Turn a client-library error into a coord error, without credentials;
-/// the client library's error is kept as its source.
-pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secret>) -> Error {
-    let message = scrubbed(e, pw);
-    classify(operation, e, message.clone()).with_source(StoreSource::new(e.clone(), message))
-}
-
-/// `e`'s message without passwords (in URLs, or `pw` itself).
-fn scrubbed(e: &RedisError, pw: Option<&Secret>) -> String {
-    let mut message = redact_url_passwords(&e.to_string());
-    if let Some(pw) = pw {
-        if !pw.expose().is_empty() {
-            message = message.replace(pw.expose(), "<redacted>");
-        }
-    }
-    message
-}
-
-/// The coord error for `e` (whose scrubbed message is `message`).
-fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
-    let code = e.code().unwrap_or("");
-    // The cluster client reports a refused password as an I/O error
-    // saying so ("Password authentication failed"): a configuration
-    // error all the same, never to be retried.
-    if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
-        || message
-            .to_ascii_lowercase()
-            .contains("authentication failed")
-    {
-        return Error::Store {
-            backend: BACKEND,
-            operation,
-            message: format!(
-                "authentication failed ({message}); check the user name and password \
-                 (URL `redis://user:password@host`, or RedisOptions::password)"
-            ),
-            source: None,
-        };
-    }
-    if code == "WRONGTYPE" || message.contains("WRONGTYPE") {
-        return Error::invalid(
-            "name",
-            format!(
-                "{operation}: the key holds another kind's data ({message}). In \
-                 Layout::Php a lock and a sliding-log limiter of the same name share the \
-                 key `<name>`, and the second is refused while the first exists; use \
-                 different names for locks and limiters"
-            ),
-        );
-    }
-    if message.contains("certificate") {
-        return Error::Store {
-            backend: BACKEND,
-            operation,
-            message: format!(
-                "TLS handshake failed ({message}); check that the server's certificate is \
-                 valid for this host and trusted (system roots, or \
-                 RedisOptions::tls_root_certificate)"
-            ),
-            source: None,
-        };
-    }
-    if e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_refusal()
-        || e.is_connection_dropped()
-        || e.kind() == redis::ErrorKind::Io
-        || matches!(
-            code,
-            "LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY"
-        )
-    {
-        return Error::Unavailable {
-            backend: BACKEND,
-            operation,
-            message,
-            source: None,
-        };
-    }
-    Error::Store {
-        backend: BACKEND,
-        operation,
-        message,
-        source: None,
-    }
-}
-
-pub(crate) fn unexpected(operation: &'static str, v: &Value) -> Error {
-    Error::Store {
-        backend: BACKEND,
-        operation,
-        message: format!("unexpected reply from Redis: {v:?}"),
-        source: None,
-    }
-}
-
-/// A store error for a reply of an unexpected shape, saying `what` is
-/// wrong without showing the reply (an inspect reply holds owner tokens).
-pub(crate) fn malformed(operation: &'static str, what: &str) -> Error {
-    Error::Store {
-        backend: BACKEND,
-        operation,
-        message: format!("unexpected reply from Redis: {what}"),
-        source: None,
-    }
-}
-
-/// The bytes of a string reply.
-pub(crate) fn bytes(v: &Value) -> Option<&[u8]> {
-    match v {
-        Value::BulkString(b) => Some(b),
-        Value::SimpleString(s) => Some(s.as_bytes()),
-        _ => None,
-    }
-}
-
-pub(crate) fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(i) => Some(*i),
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.trim().parse().ok(),
-        Value::SimpleString(s) => s.trim().parse().ok(),
-        Value::Double(d) => Some(*d as i64),
-        Value::Okay => Some(1),
-        Value::Nil => None,
-        _ => None,
-    }
-}
-
-pub(crate) fn array(operation: &'static str, v: &Value, n: usize) -> Result<Vec<i64>> {
-    match v {
-        Value::Array(items) if items.len() >= n => items[..n]
-            .iter()
-            .map(|i| int(i).ok_or_else(|| unexpected(operation, v)))
-            .collect(),
-        _ => Err(unexpected(operation, v)),
-    }
-}
-
-pub(crate) fn ms(d: Duration) -> u64 {
-    // Validated TTLs are whole milliseconds >= 1 ms; round up anything else.
-    let m = d.as_nanos().div_ceil(1_000_000);
-    m.clamp(1, u64::MAX as u128) as u64
-}
-
-pub(crate) fn us(d: Duration) -> u64 {
-    d.as_nanos().div_ceil(1_000).clamp(1, u64::MAX as u128) as u64
-}
-
-pub(crate) fn attempt(operation: &'static str, v: &Value) -> Result<Attempt> {
-    let a = array(operation, v, 2)?;
-    if a[0] == 1 {
-        if a[1] <= 0 {
-            return Err(unexpected(operation, v));
-        }
-        Ok(Attempt::Granted(FencingToken(a[1] as u64)))
-    } else {
-        Ok(Attempt::Held {
-            expires_in: (a[1] >= 0).then(|| Duration::from_millis(a[1] as u64)),
-        })
-    }
-}
-
-/// A step script's answer (`scripts::step`): -1 refused as stamped before
-/// the owner's mark, else whether it applied; a step asked to mark always
-/// left its mark.
-pub(crate) fn step_answer(
-    operation: &'static str,
-    step: coord_core::late::Step,
-    v: &Value,
-) -> Result<coord_core::late::Answer<bool>> {
-    match int(v) {
-        Some(-1) => Ok(coord_core::late::Answer::Superseded),
-        Some(i) => Ok(coord_core::late::Answer::Done {
-            value: i != 0,
-            marked: step.mark,
-        }),
-        None => Err(unexpected(operation, v)),
-    }
-}
-
-pub(crate) fn flag(operation: &'static str, v: &Value) -> Result<bool> {
-    int(v)
-        .map(|i| i != 0)
-        .ok_or_else(|| unexpected(operation, v))
-}
-
-fn endpoint(info: &redis::ConnectionInfo) -> String {
-    let settings = info.redis_settings();
-    let user = settings
-        .username()
-        .map(|u| format!("{u}@"))
-        .unwrap_or_default();
-    let addr = match info.addr() {
-        ConnectionAddr::Tcp(host, port) => format!("redis://{user}{host}:{port}"),
-        ConnectionAddr::TcpTls { host, port, .. } => format!("rediss://{user}{host}:{port}"),
-        other => format!("{other:?}"),
-    };
-    format!("{addr}/{}", settings.db())
-}
-
-/// The connection settings of one server's URL, with the user and
-/// password of `opts` when set there.
-fn connection_info(url: &str, opts: &RedisOptions) -> Result<redis::ConnectionInfo> {
-    let info = url.into_connection_info().map_err(|e| {
-        let mut msg = redact_url_passwords(&e.to_string());
-        if let Some(pw) = &opts.password {
-            if !pw.expose().is_empty() {
-                msg = msg.replace(pw.expose(), "<redacted>");
-            }
-        }
-        Error::Config(format!(
-            "invalid Redis URL `{}`: {msg}",
-            redact_url_passwords(url)
-        ))
-    })?;
-    let mut settings = info.redis_settings().clone();
-    if let Some(user) = &opts.username {
-        settings = settings.set_username(user);
-    }
-    if let Some(pw) = &opts.password {
-        settings = settings.set_password(pw.expose());
-    }
-    Ok(info.set_redis_settings(settings))
-}
-
-/// Whether `prefix`'s first `{` is followed at once by `}`: Redis Cluster
-/// then hashes every key whole (no hash tag), the name's tag included.
-fn empty_hash_tag(prefix: &str) -> bool {
-    prefix
-        .find('{')
-        .is_some_and(|i| prefix[i + 1..].starts_with('}'))
-}
-
-/// The TLS certificates given in `opts`.
-fn certificates(opts: &RedisOptions) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: opts
-            .tls_client
-            .as_ref()
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.expose().as_bytes().to_vec(),
-            }),
-        root_cert: opts.tls_root.clone(),
-    }
-}
-
-/// A client of one server, with the certificates of `opts` if `custom_tls`.
-fn single_client(
-    info: redis::ConnectionInfo,
-    opts: &RedisOptions,
-    custom_tls: bool,
-) -> redis::RedisResult<redis::Client> {
-    if custom_tls {
-        redis::Client::build_with_tls(info, certificates(opts))
-    } else {
-        redis::Client::open(info)
-    }
 }
 
 impl RedisBackend {
@@ -697,12 +434,20 @@ mod barrier;
 mod claims;
 mod connection;
 mod election;
+mod errors;
 mod health;
 mod limiter;
 mod list;
 pub(crate) mod listener;
 mod master;
 
+pub(crate) use errors::map_err;
 pub(crate) use master::{ClaimKind, Step};
+pub(crate) use reply::{
+    array, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected, us,
+};
+use settings::{certificates, connection_info, empty_hash_tag, endpoint, single_client};
 mod queue;
+mod reply;
 mod semaphore;
+mod settings;

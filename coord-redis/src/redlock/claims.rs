@@ -1,6 +1,6 @@
-//! Quorum steps of a claim (lock, lease, a fencing source's issuing claim)
-//! and the trait implementations built on them. See the module docs of
-//! [`crate::redlock`] for the algorithm.
+//! Quorum steps of a claim (lock, lease, a fencing source's issuing
+//! claim), which the trait implementations (`traits`) are built on. See
+//! the module docs of [`crate::redlock`] for the algorithm.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -10,16 +10,12 @@ use tokio::sync::RwLock;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Capabilities, Error, FencingToken, OwnerToken, Result, async_trait};
+use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
 use rand::Rng;
 
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Step};
 use crate::keys::Keys;
-
-/// How long a fencing source's issuing claim lives (it is released at
-/// once; the TTL only matters when its issuer dies between the two).
-const FENCE_TTL: Duration = Duration::from_secs(2);
 
 /// The pause before a failed release is sent again.
 const RELEASE_RETRY: Duration = Duration::from_millis(50);
@@ -86,7 +82,7 @@ enum Decision {
 impl RedlockBackend {
     /// The gate of one owner's attempts on one claim (see
     /// `quorum_acquire`).
-    fn gate(&self, kind: ClaimKind, name: &str, owner: &OwnerToken) -> Arc<RwLock<()>> {
+    pub(super) fn gate(&self, kind: ClaimKind, name: &str, owner: &OwnerToken) -> Arc<RwLock<()>> {
         let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
         gates.retain(|_, g| g.strong_count() > 0);
         let key = (kind, name.to_string(), *owner);
@@ -99,7 +95,7 @@ impl RedlockBackend {
     }
 
     /// One Redlock attempt (see the module docs).
-    async fn quorum_acquire(
+    pub(super) async fn quorum_acquire(
         &self,
         kind: ClaimKind,
         name: &str,
@@ -286,7 +282,7 @@ impl RedlockBackend {
     /// the undo), else until a quorum released (a master that does not
     /// answer then costs the caller nothing; its release goes on in the
     /// background). Returns the answers.
-    async fn release_on(
+    pub(super) async fn release_on(
         &self,
         kind: ClaimKind,
         name: &str,
@@ -324,7 +320,7 @@ impl RedlockBackend {
     /// have held it (a claim left on the others is released there too);
     /// [`Error::Unavailable`] when masters that did not answer may still
     /// hold it (it then ends with its TTL there).
-    async fn quorum_release(
+    pub(super) async fn quorum_release(
         &self,
         kind: ClaimKind,
         name: &str,
@@ -397,7 +393,7 @@ impl RedlockBackend {
     }
 
     /// Extend on every master: `true` once a quorum extended.
-    async fn quorum_extend(
+    pub(super) async fn quorum_extend(
         &self,
         kind: ClaimKind,
         name: &str,
@@ -428,7 +424,7 @@ impl RedlockBackend {
     }
 
     /// The holder a quorum of masters agrees on (every master asked).
-    async fn quorum_inspect(&self, kind: ClaimKind, name: &str) -> Result<ClaimRecord> {
+    pub(super) async fn quorum_inspect(&self, kind: ClaimKind, name: &str) -> Result<ClaimRecord> {
         let nm = name.to_string();
         let (n, q) = (self.masters.len(), self.quorum);
         let answers = self
@@ -481,7 +477,7 @@ impl RedlockBackend {
     }
 
     /// Remove the claim on every master, whoever holds it.
-    async fn quorum_force_release(&self, kind: ClaimKind, name: &str) -> Result<bool> {
+    pub(super) async fn quorum_force_release(&self, kind: ClaimKind, name: &str) -> Result<bool> {
         let nm = name.to_string();
         let answers = self
             .fan(
@@ -504,154 +500,7 @@ impl RedlockBackend {
         Err(self.no_quorum(kind.op(Step::Force), &answers))
     }
 
-    fn subscribe_kind(&self, kind: ClaimKind, name: &str) -> Waiter {
+    pub(super) fn subscribe_kind(&self, kind: ClaimKind, name: &str) -> Waiter {
         self.wakeups.subscribe(&Keys::wake(kind.kind(), name))
-    }
-}
-
-#[async_trait]
-impl coord_core::Lock for RedlockBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, None)
-            .await
-    }
-
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.quorum_release(ClaimKind::Lock, name, owner).await
-    }
-
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.quorum_extend(ClaimKind::Lock, name, owner, ttl).await
-    }
-
-    async fn force_release(&self, name: &str) -> Result<bool> {
-        self.quorum_force_release(ClaimKind::Lock, name).await
-    }
-
-    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
-        Ok(self.subscribe_kind(ClaimKind::Lock, name))
-    }
-
-    async fn try_acquire_with_metadata(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        ttl: Duration,
-        metadata: &[u8],
-    ) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, Some(metadata))
-            .await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
-        self.quorum_inspect(ClaimKind::Lock, name).await
-    }
-}
-
-#[async_trait]
-impl coord_core::Lease for RedlockBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, None)
-            .await
-    }
-
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.quorum_extend(ClaimKind::Lease, name, owner, ttl).await
-    }
-
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.quorum_release(ClaimKind::Lease, name, owner).await
-    }
-
-    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
-        let record = self.quorum_inspect(ClaimKind::Lease, name).await?;
-        Ok(record.holders.first().and_then(|h| h.remaining))
-    }
-
-    async fn grant_with_metadata(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        ttl: Duration,
-        metadata: &[u8],
-    ) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, Some(metadata))
-            .await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
-        self.quorum_inspect(ClaimKind::Lease, name).await
-    }
-}
-
-#[async_trait]
-impl coord_core::FencingSource for RedlockBackend {
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
-    }
-
-    /// The token of a short claim on the resource's fencing key, released
-    /// at once: claims of one resource exclude each other, so its tokens
-    /// are issued one at a time (see the module docs for what that rests
-    /// on). Waits for the claim within twice the call timeout.
-    async fn next(&self, resource: &str) -> Result<FencingToken> {
-        let op = ClaimKind::Fence.op(Step::Acquire);
-        let deadline = Instant::now() + self.timeout * 2;
-        let owner = OwnerToken::random();
-        let waiter = self.subscribe_kind(ClaimKind::Fence, resource);
-        let mut last = None;
-        loop {
-            let notified = waiter.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            let sleep = match self
-                .quorum_acquire(ClaimKind::Fence, resource, &owner, FENCE_TTL, None)
-                .await
-            {
-                Ok(Attempt::Granted(token)) => {
-                    if let Err(e) = self
-                        .quorum_release(ClaimKind::Fence, resource, &owner)
-                        .await
-                    {
-                        tracing::debug!(error = %e, "fencing next: the issuing claim ends with its TTL");
-                    }
-                    return Ok(token);
-                }
-                Ok(Attempt::Held { expires_in }) => expires_in
-                    .unwrap_or(Duration::from_millis(50))
-                    .min(Duration::from_millis(50)),
-                Err(e) if e.is_retryable() => {
-                    last = Some(e);
-                    Duration::from_millis(20)
-                }
-                Err(e) => return Err(e),
-            };
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            let until = tokio::time::Instant::from_std((now + sleep).min(deadline));
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = tokio::time::sleep_until(until) => {}
-            }
-        }
-        Err(last.unwrap_or_else(|| Error::Unavailable {
-            backend: BACKEND,
-            operation: op,
-            message: format!(
-                "the issuing claim of `{resource}` stayed taken for {:?}",
-                self.timeout * 2
-            ),
-            source: None,
-        }))
     }
 }

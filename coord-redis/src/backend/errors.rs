@@ -1,0 +1,95 @@
+//! Client-library errors as coord errors, without credentials.
+
+use coord_core::util::{Secret, redact_url_passwords};
+use coord_core::{Error, StoreSource};
+use redis::RedisError;
+
+use super::BACKEND;
+
+/// Turn a client-library error into a coord error, without credentials;
+/// the client library's error is kept as its source.
+pub(crate) fn map_err(operation: &'static str, e: &RedisError, pw: Option<&Secret>) -> Error {
+    let message = scrubbed(e, pw);
+    classify(operation, e, message.clone()).with_source(StoreSource::new(e.clone(), message))
+}
+
+/// `e`'s message without passwords (in URLs, or `pw` itself).
+fn scrubbed(e: &RedisError, pw: Option<&Secret>) -> String {
+    let mut message = redact_url_passwords(&e.to_string());
+    if let Some(pw) = pw {
+        if !pw.expose().is_empty() {
+            message = message.replace(pw.expose(), "<redacted>");
+        }
+    }
+    message
+}
+
+/// The coord error for `e` (whose scrubbed message is `message`).
+fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
+    let code = e.code().unwrap_or("");
+    // The cluster client reports a refused password as an I/O error
+    // saying so ("Password authentication failed"): a configuration
+    // error all the same, never to be retried.
+    if e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(code, "WRONGPASS" | "NOAUTH" | "NOPERM")
+        || message
+            .to_ascii_lowercase()
+            .contains("authentication failed")
+    {
+        return Error::Store {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "authentication failed ({message}); check the user name and password \
+                 (URL `redis://user:password@host`, or RedisOptions::password)"
+            ),
+            source: None,
+        };
+    }
+    if code == "WRONGTYPE" || message.contains("WRONGTYPE") {
+        return Error::invalid(
+            "name",
+            format!(
+                "{operation}: the key holds another kind's data ({message}). In \
+                 Layout::Php a lock and a sliding-log limiter of the same name share the \
+                 key `<name>`, and the second is refused while the first exists; use \
+                 different names for locks and limiters"
+            ),
+        );
+    }
+    if message.contains("certificate") {
+        return Error::Store {
+            backend: BACKEND,
+            operation,
+            message: format!(
+                "TLS handshake failed ({message}); check that the server's certificate is \
+                 valid for this host and trusted (system roots, or \
+                 RedisOptions::tls_root_certificate)"
+            ),
+            source: None,
+        };
+    }
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_refusal()
+        || e.is_connection_dropped()
+        || e.kind() == redis::ErrorKind::Io
+        || matches!(
+            code,
+            "LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY"
+        )
+    {
+        return Error::Unavailable {
+            backend: BACKEND,
+            operation,
+            message,
+            source: None,
+        };
+    }
+    Error::Store {
+        backend: BACKEND,
+        operation,
+        message,
+        source: None,
+    }
+}

@@ -1,0 +1,162 @@
+//! The trait implementations of a Redlock quorum: locks, leases and
+//! fencing sources, each step one of the quorum steps of `claims`.
+
+use std::time::{Duration, Instant};
+
+use coord_core::inspect::ClaimRecord;
+use coord_core::wake::Waiter;
+use coord_core::{Attempt, Capabilities, Error, FencingToken, OwnerToken, Result, async_trait};
+
+use super::RedlockBackend;
+use crate::backend::{BACKEND, ClaimKind, Step};
+
+/// How long a fencing source's issuing claim lives (it is released at
+/// once; the TTL only matters when its issuer dies between the two).
+const FENCE_TTL: Duration = Duration::from_secs(2);
+
+#[async_trait]
+impl coord_core::Lock for RedlockBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, None)
+            .await
+    }
+
+    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.quorum_release(ClaimKind::Lock, name, owner).await
+    }
+
+    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.quorum_extend(ClaimKind::Lock, name, owner, ttl).await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        self.quorum_force_release(ClaimKind::Lock, name).await
+    }
+
+    async fn subscribe(&self, name: &str, _owner: &OwnerToken) -> Result<Waiter> {
+        Ok(self.subscribe_kind(ClaimKind::Lock, name))
+    }
+
+    async fn try_acquire_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.quorum_inspect(ClaimKind::Lock, name).await
+    }
+}
+
+#[async_trait]
+impl coord_core::Lease for RedlockBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, None)
+            .await
+    }
+
+    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+        self.quorum_extend(ClaimKind::Lease, name, owner, ttl).await
+    }
+
+    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+        self.quorum_release(ClaimKind::Lease, name, owner).await
+    }
+
+    async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
+        let record = self.quorum_inspect(ClaimKind::Lease, name).await?;
+        Ok(record.holders.first().and_then(|h| h.remaining))
+    }
+
+    async fn grant_with_metadata(
+        &self,
+        name: &str,
+        owner: &OwnerToken,
+        ttl: Duration,
+        metadata: &[u8],
+    ) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, Some(metadata))
+            .await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<ClaimRecord> {
+        self.quorum_inspect(ClaimKind::Lease, name).await
+    }
+}
+
+#[async_trait]
+impl coord_core::FencingSource for RedlockBackend {
+    fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The token of a short claim on the resource's fencing key, released
+    /// at once: claims of one resource exclude each other, so its tokens
+    /// are issued one at a time (see the module docs for what that rests
+    /// on). Waits for the claim within twice the call timeout.
+    async fn next(&self, resource: &str) -> Result<FencingToken> {
+        let op = ClaimKind::Fence.op(Step::Acquire);
+        let deadline = Instant::now() + self.timeout * 2;
+        let owner = OwnerToken::random();
+        let waiter = self.subscribe_kind(ClaimKind::Fence, resource);
+        let mut last = None;
+        loop {
+            let notified = waiter.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let sleep = match self
+                .quorum_acquire(ClaimKind::Fence, resource, &owner, FENCE_TTL, None)
+                .await
+            {
+                Ok(Attempt::Granted(token)) => {
+                    if let Err(e) = self
+                        .quorum_release(ClaimKind::Fence, resource, &owner)
+                        .await
+                    {
+                        tracing::debug!(error = %e, "fencing next: the issuing claim ends with its TTL");
+                    }
+                    return Ok(token);
+                }
+                Ok(Attempt::Held { expires_in }) => expires_in
+                    .unwrap_or(Duration::from_millis(50))
+                    .min(Duration::from_millis(50)),
+                Err(e) if e.is_retryable() => {
+                    last = Some(e);
+                    Duration::from_millis(20)
+                }
+                Err(e) => return Err(e),
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let until = tokio::time::Instant::from_std((now + sleep).min(deadline));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::Unavailable {
+            backend: BACKEND,
+            operation: op,
+            message: format!(
+                "the issuing claim of `{resource}` stayed taken for {:?}",
+                self.timeout * 2
+            ),
+            source: None,
+        }))
+    }
+}
