@@ -1,0 +1,175 @@
+//! Wake-ups: a blocked pop is woken by a push, a nack, a dropped delivery,
+//! an ack of an ordered group's head, a redrive, and a delay ending.
+
+use std::future::Future;
+use std::time::Duration;
+
+use coord_core::{Delivery, PushOptions, QueueConfig, Queues};
+use tokio::time::{Instant, sleep, timeout};
+
+use super::{LONG, queues, wake_poll};
+use crate::{Factory, PROMPT, unique};
+
+/// A pop blocked on an empty queue (polling set to 10 s; 200 ms on a store
+/// without notifications) is woken by a push from another client within a
+/// second.
+pub async fn queue_blocked_pop_is_woken_by_a_push(f: &Factory) {
+    let waiter = f.client().await;
+    let waiter = waiter.clone().with_poll_interval(wake_poll(&waiter));
+    let pusher = f.client().await;
+    let (Some(qw), Some(qp)) = (queues(&waiter), pusher.queues().ok()) else {
+        return;
+    };
+    let name = unique("q-wake");
+    let n2 = name.clone();
+    let task = tokio::spawn(async move { qw.pop(&n2, LONG, Duration::from_secs(8)).await });
+    sleep(Duration::from_millis(500)).await;
+    let pushed_at = Instant::now();
+    qp.push(&name, b"wake").await.unwrap();
+    let d = timeout(Duration::from_secs(9), task)
+        .await
+        .expect("the pop returned")
+        .unwrap()
+        .unwrap()
+        .expect("the pushed message");
+    let took = pushed_at.elapsed();
+    assert!(
+        took <= PROMPT,
+        "a blocked pop got the push after {took:?}: not woken by the store"
+    );
+    d.ack().await.unwrap();
+}
+
+/// Start a pop of `name` on `waiter` (waiting up to 8 s), let it settle
+/// into its sleep, run `act`, and return the delivery the pop got. It must
+/// come within [`PROMPT`] of `act` finishing (of `due` after it, for a
+/// message that is not deliverable before `due`), and not before `due`.
+async fn woken_by<Fut: Future<Output = ()>>(
+    waiter: &Queues,
+    name: &str,
+    what: &str,
+    due: Duration,
+    act: Fut,
+) -> Delivery {
+    let (qw, n) = (waiter.clone(), name.to_string());
+    let task = tokio::spawn(async move { qw.pop(&n, LONG, Duration::from_secs(8)).await });
+    sleep(Duration::from_millis(500)).await;
+    let before = Instant::now();
+    act.await;
+    let at = Instant::now();
+    let d = timeout(Duration::from_secs(9), task)
+        .await
+        .expect("the pop returned")
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|| panic!("after {what}, a waiting pop got nothing"));
+    let (since_before, took) = (before.elapsed(), at.elapsed());
+    assert!(
+        since_before + Duration::from_millis(50) >= due,
+        "after {what}, a waiting pop got the message {since_before:?} later, before it was due ({due:?})"
+    );
+    assert!(
+        took <= due + PROMPT,
+        "after {what}, a waiting pop got the message only {took:?} later (due after {due:?}): \
+         not woken by the store"
+    );
+    d
+}
+
+/// A pop blocked on a queue whose only message is in flight, held back or
+/// dead (polling 10 s; 200 ms on a store without notifications) is woken
+/// within a second when the message is given back with `nack`, when its
+/// delivery is dropped (given back in the background), when the head of
+/// its ordered group is acked, and when it is redriven; and gets a message
+/// pushed with a delay while it waits when the delay is over (not at its
+/// next poll).
+pub async fn queue_blocked_pop_is_woken_by_nack_drop_ack_and_redrive(f: &Factory) {
+    let a = f.client().await;
+    let b = f.client().await;
+    let b = b.clone().with_poll_interval(wake_poll(&b));
+    let (Some(qa), Some(qb)) = (queues(&a), b.queues().ok()) else {
+        return;
+    };
+    let name = unique("q-wake-nack");
+    qa.push(&name, b"job").await.unwrap();
+    let held = qa.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    let d = woken_by(&qb, &name, "a nack", Duration::ZERO, async move {
+        held.nack(Duration::ZERO).await.unwrap()
+    })
+    .await;
+    assert_eq!(d.attempts(), 2);
+    let d = woken_by(
+        &qb,
+        &name,
+        "dropping the delivery",
+        Duration::ZERO,
+        async move { drop(d) },
+    )
+    .await;
+    assert_eq!(d.attempts(), 3);
+    d.ack().await.unwrap();
+
+    let ordered = QueueConfig::default().ordered_groups(true);
+    let (qa_o, qb_o) = (
+        qa.clone().with_config(ordered),
+        qb.clone().with_config(ordered),
+    );
+    let name = unique("q-wake-ordered");
+    let g = PushOptions::new().group("g");
+    qa_o.push_with(&name, b"g1", &g).await.unwrap();
+    let g2 = qa_o.push_with(&name, b"g2", &g).await.unwrap().id;
+    let head = qa_o
+        .pop(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    let d = woken_by(
+        &qb_o,
+        &name,
+        "the ack of its ordered group's head",
+        Duration::ZERO,
+        async move { head.ack().await.unwrap() },
+    )
+    .await;
+    assert_eq!(d.id(), g2);
+    d.ack().await.unwrap();
+
+    let qa_dead = qa
+        .clone()
+        .with_config(QueueConfig::default().max_deliveries(1));
+    let name = unique("q-wake-redrive");
+    let id = qa_dead.push(&name, b"poison").await.unwrap();
+    let d = qa_dead
+        .pop(&name, LONG, Duration::ZERO)
+        .await
+        .unwrap()
+        .unwrap();
+    d.nack(Duration::ZERO).await.unwrap();
+    assert!(
+        qa_dead
+            .pop(&name, LONG, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(qa.stats(&name).await.unwrap().dead, 1);
+    let (qa2, n2) = (qa.clone(), name.clone());
+    let d = woken_by(&qb, &name, "a redrive", Duration::ZERO, async move {
+        assert_eq!(qa2.redrive(&n2, 10).await.unwrap(), 1)
+    })
+    .await;
+    assert_eq!((d.id(), d.attempts()), (id, 1));
+    d.ack().await.unwrap();
+
+    let name = unique("q-wake-delayed");
+    let delay = Duration::from_millis(1200);
+    let (qa2, n2) = (qa.clone(), name.clone());
+    let d = woken_by(&qb, &name, "a delayed push", delay, async move {
+        qa2.push_with(&n2, b"later", &PushOptions::new().delay(delay))
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(d.payload(), b"later");
+    d.ack().await.unwrap();
+}
