@@ -171,6 +171,11 @@ pub async fn lease_remaining_counts_down(f: &Factory) {
     let name = unique("lease-countdown");
     let t = ttl(&a, Duration::from_secs(3));
     let slack = a.capabilities().ttl_granularity + Duration::from_millis(50);
+    // Both clients' connections made first, so the reads below are
+    // single round trips.
+    for c in [&a, &b] {
+        assert_eq!(c.leases().unwrap().remaining(&name).await.unwrap(), None);
+    }
     let sent = Instant::now();
     let l = a
         .leases()
@@ -183,14 +188,20 @@ pub async fn lease_remaining_counts_down(f: &Factory) {
     sleep(t / 2).await;
     for (who, c) in [("the holder's client", &a), ("another client", &b)] {
         let asked = Instant::now();
-        let r = c
-            .leases()
-            .unwrap()
-            .remaining(&name)
-            .await
-            .unwrap()
-            .unwrap_or_else(|| panic!("{who}: no live lease {:?} into a {t:?} TTL", asked - sent));
+        let r = c.leases().unwrap().remaining(&name).await.unwrap();
         let answered = Instant::now();
+        let Some(r) = r else {
+            // None is right only for a read the store may have run after
+            // the deadline (on a machine so loaded that the read took the
+            // rest of the TTL): nothing more to check through it.
+            assert!(
+                answered - granted + slack >= t,
+                "{who}: no live lease, read {:?} into a {t:?} TTL and answered {:?} into it",
+                asked - sent,
+                answered - sent
+            );
+            continue;
+        };
         let most = t.saturating_sub(asked - granted) + slack;
         let least = t.saturating_sub(answered - sent).saturating_sub(slack);
         assert!(
@@ -206,9 +217,13 @@ pub async fn lease_remaining_counts_down(f: &Factory) {
         );
     }
     let local = l.remaining();
-    let most = t.saturating_sub(sent.elapsed()) + Duration::from_millis(5);
+    let elapsed = sent.elapsed();
+    let most = t.saturating_sub(elapsed) + Duration::from_millis(5);
+    // Still valid unless the reads took the rest of the TTL, less the
+    // drift margin the guard keeps.
+    let valid = elapsed + coord_core::drift(t) + Duration::from_millis(5) < t;
     assert!(
-        local <= most && local > Duration::ZERO,
+        local <= most && (!valid || local > Duration::ZERO),
         "the guard's remaining {local:?} {:?} after a grant of {t:?} (at most {most:?})",
         sent.elapsed()
     );

@@ -92,13 +92,20 @@ pub struct LockReport {
     /// The longest time without an accepted write after `healed` (or over
     /// the whole run when there was no fault).
     pub longest_stall: Duration,
-    /// How long after `healed` (or the start) clients kept failing: from
-    /// the heal to the last store failure of any client (an acquire or
-    /// release that failed other than by waiting out its `wait` or by lost
-    /// ownership); zero if none failed after the heal. A client stuck on a
-    /// dead connection fails until the end. (Time to a client's next GRANT
-    /// is no measure: the lock is not fair, and under this saturating
-    /// workload a client that just released often wins again.)
+    /// How long after `healed` (or the start) a client went on failing
+    /// before the store answered it again, the longest over clients: the
+    /// longest span after the heal that holds a store failure of the
+    /// client (an acquire or release that failed other than by waiting
+    /// out its `wait` or by lost ownership) and no answered call, from the
+    /// heal or the client's last answered call before the failure to its
+    /// next answered call (or the end of the run); zero if none failed
+    /// after the heal. A client stuck on a dead connection fails until the
+    /// end. A call that failed alone between answered ones (a call timeout
+    /// on a loaded machine, long after the heal) counts only its own span.
+    /// (Time to a client's next GRANT is no measure: the lock is not fair,
+    /// and under this saturating workload a client that just released
+    /// often wins again; an acquire that waited out its `wait` was
+    /// answered, though.)
     pub recovery: Duration,
     /// Violations removed by [`waive`](LockReport::waive) (a rule the
     /// scenario's fault is known to break; printed in the matrix line).
@@ -342,14 +349,14 @@ where
     stop.store(true, Ordering::SeqCst);
     let mut grants = Vec::new();
     let mut errors = 0;
-    let mut failures = Vec::new();
+    let mut calls = Vec::new();
     for t in tasks {
         // A client stuck past its own wait is a liveness failure itself.
         match tokio::time::timeout(w.wait + w.ttl * 2 + Duration::from_secs(30), t).await {
-            Ok(Ok((g, e, f))) => {
+            Ok(Ok((g, e, c))) => {
                 grants.extend(g);
                 errors += e;
-                failures.extend(f);
+                calls.push(c);
             }
             Ok(Err(e)) => panic!("a workload client panicked: {e}"),
             Err(_) => panic!("a workload client did not stop within its wait + 2 TTL + 30 s"),
@@ -377,9 +384,10 @@ where
     let from = fault_log.healed.unwrap_or(start);
     let times: Vec<Instant> = grants.iter().map(|g| g.granted).collect();
     let longest = report::longest_stall(&times, from, Instant::now().min(end));
-    let recovery = failures
+    let ended = Instant::now();
+    let recovery = calls
         .iter()
-        .map(|t: &Instant| t.saturating_duration_since(from))
+        .map(|c| failing_after(from, ended, c))
         .max()
         .unwrap_or_default();
     (
@@ -398,6 +406,28 @@ where
     )
 }
 
+/// The longest span after `heal` in which a client's `calls` (when each
+/// ended, and whether the store answered it) hold a failure and no
+/// answered call: from the heal or the answered call before the failure
+/// to the next answered call, or to `end` (see [`LockReport::recovery`]).
+fn failing_after(heal: Instant, end: Instant, calls: &[(Instant, bool)]) -> Duration {
+    let (mut since, mut failing, mut longest) = (heal, false, Duration::ZERO);
+    for &(at, answered) in calls.iter().filter(|(at, _)| *at >= heal) {
+        if answered {
+            if failing {
+                longest = longest.max(at - since);
+            }
+            (since, failing) = (at, false);
+        } else {
+            failing = true;
+        }
+    }
+    if failing {
+        longest = longest.max(end.saturating_duration_since(since));
+    }
+    longest
+}
+
 async fn client_loop(
     client: usize,
     coord: Coord,
@@ -405,12 +435,13 @@ async fn client_loop(
     w: LockWorkload,
     resource: &FencedResource,
     stop: &AtomicBool,
-) -> (Vec<Grant>, usize, Vec<Instant>) {
+) -> (Vec<Grant>, usize, Vec<(Instant, bool)>) {
     let locks = coord.locks().expect("locks");
     let mut grants = Vec::new();
     let mut errors = 0;
-    // When calls failed other than by waiting out `wait` or lost ownership.
-    let mut failures = Vec::new();
+    // When each call ended, and whether the store answered it (failed
+    // other than by waiting out `wait` or by lost ownership: not).
+    let mut calls = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         let asked = Instant::now();
         let opts = LockOptions::new(w.ttl).wait(w.wait).watchdog(w.watchdog);
@@ -421,14 +452,16 @@ async fn client_loop(
                     panic!("client {client}: acquire failed with a non-retryable error: {e}");
                 }
                 errors += 1;
-                if !matches!(e, coord_core::Error::Timeout { .. }) {
-                    failures.push(Instant::now());
-                }
+                calls.push((
+                    Instant::now(),
+                    matches!(e, coord_core::Error::Timeout { .. }),
+                ));
                 sleep(Duration::from_millis(20)).await;
                 continue;
             }
         };
         let granted = Instant::now();
+        calls.push((granted, true));
         let token = guard.fencing_token().get();
         if guard.is_valid() {
             if let Some(v) = resource.read(client, token) {
@@ -453,19 +486,50 @@ async fn client_loop(
             granted,
             valid_until,
         });
-        if let Err(e) = guard.release().await {
-            errors += 1;
-            if !e.is_ownership_lost() {
-                failures.push(Instant::now());
+        match guard.release().await {
+            Ok(()) => calls.push((Instant::now(), true)),
+            Err(e) => {
+                errors += 1;
+                calls.push((Instant::now(), e.is_ownership_lost()));
             }
         }
     }
-    (grants, errors, failures)
+    (grants, errors, calls)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recovery_is_the_longest_failing_span_after_the_heal() {
+        let heal = Instant::now();
+        let at = |ms: u64| heal + Duration::from_millis(ms);
+        let end = at(10_000);
+        // Failures before the heal, answered calls after: recovered at once.
+        let before = [(heal - Duration::from_millis(5), false), (at(10), true)];
+        assert_eq!(failing_after(heal, end, &before), Duration::ZERO);
+        // Failing from the heal until the first answer at 2 s.
+        let slow = [(at(100), false), (at(900), false), (at(2_000), true)];
+        assert_eq!(
+            failing_after(heal, end, &slow),
+            Duration::from_millis(2_000)
+        );
+        // One failure between answered calls long after: its span only.
+        let blip = [
+            (at(10), true),
+            (at(3_200), true),
+            (at(3_300), false),
+            (at(3_500), true),
+        ];
+        assert_eq!(failing_after(heal, end, &blip), Duration::from_millis(300));
+        // Never answered again: failing until the end.
+        let stuck = [(at(10), true), (at(500), false), (at(9_000), false)];
+        assert_eq!(
+            failing_after(heal, end, &stuck),
+            Duration::from_millis(9_990)
+        );
+    }
 
     #[test]
     fn waive_removes_only_the_named_rule_and_counts_it() {
