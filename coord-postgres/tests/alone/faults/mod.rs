@@ -193,8 +193,15 @@ async fn dropped_replies_for_one_client() {
     // prepared: with more, a sweep started by the warm-up's write could
     // hold it, and the attempt would open a new one that never logs in or
     // take one on which only the release was prepared (the test then
-    // fails about 2 runs in 8).
-    let victim = client_with(&urls[4], |b| b.pool_size(1).sweep_every(None)).await;
+    // fails about 2 runs in 8). A call timeout of 3 s: with 400 ms, a
+    // warm-up call that timed out on a loaded machine had its connection
+    // replaced, and the new one prepared only the statements after it.
+    let victim = client_with(&urls[4], |b| {
+        b.pool_size(1)
+            .sweep_every(None)
+            .call_timeout(Duration::from_secs(3))
+    })
+    .await;
     let warm = victim.locks().unwrap();
     warm.acquire("dropped-replies", TTL, TTL)
         .await
