@@ -70,7 +70,8 @@ pub async fn late_copy_after_extend<B: Lock + Semaphore>(
     assert_eq!(
         proxy.delivered(),
         1,
-        "the first attempt's copy was delivered"
+        "the first attempt's copy was delivered (not written: {:?})",
+        proxy.undelivered()
     );
     let other = kind
         .attempt(direct, name, &OwnerToken::random(), LONG)
@@ -177,7 +178,12 @@ pub async fn late_copy_of_an_extend_after_a_later_one<B: Lock + Semaphore>(
     )
     .await;
     assert_eq!(proxy.held(), 2, "both extends were held by the proxy");
-    assert_eq!(proxy.delivered(), 2, "both copies were delivered");
+    assert_eq!(
+        proxy.delivered(),
+        2,
+        "both copies were delivered (not written: {:?})",
+        proxy.undelivered()
+    );
     let other = kind
         .attempt(direct, name, &OwnerToken::random(), LONG)
         .await

@@ -57,6 +57,8 @@ struct State {
     held: AtomicU64,
     /// Requests delivered late so far.
     delivered: AtomicU64,
+    /// Why a held request could not be written to the store, each time.
+    undelivered: Mutex<Vec<String>>,
 }
 
 /// Which client bytes hold a request to deliver late.
@@ -231,6 +233,16 @@ impl FaultProxy {
         self.state.delivered.load(Ordering::SeqCst)
     }
 
+    /// Why held requests could not be written to the store (the store had
+    /// closed that connection, say), one line each.
+    pub fn undelivered(&self) -> Vec<String> {
+        self.state
+            .undelivered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Forward everything again, with no latency, on every connection (but
     /// see [`close_after_loss`](FaultProxy::close_after_loss)).
     pub fn heal(&self) {
@@ -309,8 +321,17 @@ fn deliver_late(st: &State, late: Late, first: Vec<u8>, from: &mut TcpStream, to
         }
         if is_cut {
             let _ = from.shutdown(Shutdown::Both);
-        } else if to.write_all(&held).is_ok() {
-            st.delivered.fetch_add(1, Ordering::SeqCst);
+        } else {
+            match to.write_all(&held) {
+                Ok(()) => {
+                    st.delivered.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(e) => st
+                    .undelivered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(format!("{:?} after the hold: {e}", start.elapsed())),
+            }
         }
     }
     thread::sleep(LATE_LINGER);
