@@ -240,7 +240,11 @@ pub async fn cut_off_victim(
     clients: Vec<Coord>,
     w: LockWorkload,
 ) -> (LockReport, FaultLog, CutOff) {
-    let opts = LockOptions::new(w.ttl).watchdog(true);
+    // The lock is free: the wait only lets the acquire try again when a
+    // call of a loaded machine goes unanswered in its call timeout.
+    let opts = LockOptions::new(w.ttl)
+        .watchdog(true)
+        .wait(Duration::from_secs(10));
     let guard = victim
         .locks()
         .expect("locks")
