@@ -52,8 +52,9 @@ pub(super) fn hold_next_naming(proxy: &FaultProxy, name: &str) {
 
 /// `call` until it is answered: `via`'s call timeout is short, so on a
 /// loaded machine a call can go unanswered, and the owner tries it again,
-/// as a caller would. Fails once `deadline` passed.
-pub(super) async fn until_answered<T, E, F, Fut>(deadline: Instant, what: &str, mut call: F) -> T
+/// as a caller would. Fails once `deadline` passed. Also for a backend's
+/// own late-copy tests (their warm-up through the slow client).
+pub async fn until_answered<T, E, F, Fut>(deadline: Instant, what: &str, mut call: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,

@@ -48,21 +48,13 @@ pub async fn connect(port: u16, prefix: &str, timeout: Duration) -> Arc<EtcdBack
 /// Call `call` until it is answered (`Ok`), for at most 10 s: a warm-up
 /// through the proxy, whose first round trips (the connection, the
 /// spare leases) may take longer than [`CALL_TIMEOUT`] on a loaded machine.
-pub async fn until_answered<T, E: std::fmt::Display, F, Fut>(what: &str, mut call: F) -> T
+pub async fn until_answered<T, E: std::fmt::Display, F, Fut>(what: &str, call: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let deadline = Instant::now() + 10 * SEC;
-    loop {
-        match call().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{what} never answered: {e}");
-                sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
+    let deadline = std::time::Instant::now() + 10 * SEC;
+    conformance::late_copy::until_answered(deadline, what, call).await
 }
 
 /// A client straight to etcd.
