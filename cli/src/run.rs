@@ -223,23 +223,38 @@ pub async fn supervise(
         }
     }
     // Kills the command's group if coord dies first (the parent-death
-    // signal reaches the command only); dropped on an early return, it
-    // does so too. Started first, so it runs before the command does.
-    let mut watcher = crate::watch::Watcher::start();
+    // signal reaches the command only). Started first, so it runs before
+    // the command does; the command names its group to it before its exec
+    // (after the parent-death check above), so a coord killed at any
+    // moment after that is seen.
+    let watcher = crate::watch::Watcher::start();
+    if let Some(w) = watcher.as_ref() {
+        let tell = w.teller();
+        // SAFETY: the closure makes two system calls (getpid, write) on a
+        // stack buffer: async-signal-safe, no allocation.
+        unsafe {
+            cmd.pre_exec(move || tell.tell());
+        }
+    }
     // The parent-death signal comes when the *thread* that forked the child
     // ends. This runs on the thread of `main`'s `block_on` (the main
     // thread), which lives as long as coord.
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::Config(format!("cannot run `{}`: {e}", argv[0])))?;
+    let spawned = cmd.spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            // Nothing runs in the group: the watcher ends without a signal.
+            if let Some(w) = watcher {
+                w.finish();
+            }
+            return Err(Error::Config(format!("cannot run `{}`: {e}", argv[0])));
+        }
+    };
     let Some(id) = child.id() else {
         return Err(io(std::io::Error::other("the command has no process id")));
     };
     // Its own process group: the group id is its process id.
     let group = Pid::from_raw(id as i32);
-    if let Some(w) = watcher.as_mut() {
-        w.watch(group);
-    }
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;

@@ -6,17 +6,18 @@
 //! coord runs itself again as `coord __watch-group`, before it starts the
 //! command, in a process group of its own (so a terminal's signals do not
 //! reach it), with a pipe on its standard input whose write end only coord
-//! holds (close-on-exec: the command never inherits it). Right after the
-//! command is spawned (`spawn` returns once it has exec'd) coord writes
-//! the command's process group id and a newline; the watcher is running by
-//! then, so coord dying at any later moment is seen. Once the group is
-//! gone coord writes one byte and the watcher exits; if the pipe closes
-//! with nothing more written, coord has died, and the watcher sends
-//! SIGKILL to the group. (Started after the command, the watcher left a
-//! window of a fork and an exec in which a SIGKILL of coord let what the
-//! command had started in the background run on.)
+//! holds (close-on-exec: the command never inherits it). The command
+//! itself, between its fork and its exec, writes its process id (its
+//! group's id) and a newline to that pipe: the watcher knows the group
+//! before the command runs, so coord dying at any later moment is seen.
+//! (Written by coord once `spawn` returned, the id left a window in which
+//! the command ran, started something, and coord was killed before the
+//! watcher knew what to kill.) Once the group is gone coord writes one
+//! byte and the watcher exits; if the pipe closes with nothing more
+//! written, coord has died, and the watcher sends SIGKILL to the group.
 
 use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ExitCode, Stdio};
 
@@ -60,18 +61,11 @@ impl Watcher {
         }
     }
 
-    /// The command's process group, to kill if coord dies from now on.
-    pub fn watch(&mut self, group: Pid) {
-        let told = self
-            .child
-            .stdin
-            .as_mut()
-            .map(|stdin| stdin.write_all(format!("{}\n", group.as_raw()).as_bytes()));
-        if !matches!(told, Some(Ok(()))) {
-            eprintln!(
-                "coord: the watcher of the command's process group is gone; if coord is \
-                 killed with SIGKILL, what the command started in the background may outlive it"
-            );
+    /// What the command runs between its fork and its exec to name its
+    /// process group to this watcher (see [`Teller::tell`]).
+    pub fn teller(&self) -> Teller {
+        Teller {
+            pipe: self.child.stdin.as_ref().map(|s| s.as_raw_fd()),
         }
     }
 
@@ -84,6 +78,52 @@ impl Watcher {
         }
         let _ = self.child.wait();
     }
+}
+
+/// Names the command's process group to the watcher, from the command's
+/// side of the fork.
+#[derive(Clone, Copy)]
+pub struct Teller {
+    pipe: Option<RawFd>,
+}
+
+impl Teller {
+    /// Write this process's id (the group id of a process that leads its
+    /// own group) and a newline to the watcher's pipe. Only for a closure
+    /// run between fork and exec: two system calls on a stack buffer,
+    /// async-signal-safe. A failed write fails the spawn (the command does
+    /// not run unwatched); without a pipe there is nothing to tell.
+    pub fn tell(&self) -> std::io::Result<()> {
+        let Some(pipe) = self.pipe else {
+            return Ok(());
+        };
+        let mut buf = [0u8; 24];
+        let line = pid_line(nix::unistd::getpid().as_raw(), &mut buf);
+        // SAFETY: `pipe` is the watcher's standard input, open in this
+        // forked child until its exec (close-on-exec).
+        let pipe = unsafe { BorrowedFd::borrow_raw(pipe) };
+        // One write of at most PIPE_BUF bytes to a pipe is whole.
+        match nix::unistd::write(pipe, line)? {
+            n if n == line.len() => Ok(()),
+            _ => Err(std::io::ErrorKind::WriteZero.into()),
+        }
+    }
+}
+
+/// `pid` in decimal and a newline, written at the end of `buf`.
+fn pid_line(pid: i32, buf: &mut [u8; 24]) -> &[u8] {
+    let mut at = buf.len() - 1;
+    buf[at] = b'\n';
+    let mut n = pid.unsigned_abs();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    &buf[at..]
 }
 
 /// The watcher itself: the group id from the first line of its standard
@@ -125,5 +165,18 @@ fn read_byte(input: &mut impl Read, byte: &mut [u8; 1]) -> Option<u8> {
             Ok(1) => return Some(byte[0]),
             _ => return None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pid_line;
+
+    #[test]
+    fn a_pid_line_is_the_decimal_id_and_a_newline() {
+        let mut buf = [0u8; 24];
+        assert_eq!(pid_line(1, &mut buf), b"1\n");
+        assert_eq!(pid_line(40213, &mut buf), b"40213\n");
+        assert_eq!(pid_line(i32::MAX, &mut buf), b"2147483647\n");
     }
 }

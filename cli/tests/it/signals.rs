@@ -161,27 +161,46 @@ async fn sigkill_of_coord_kills_the_command() {
 
 /// coord killed with SIGKILL: what the command started in the background
 /// (in its process group) ends too, not only the command. coord's watcher
-/// process sees coord gone and kills the group.
+/// process sees coord gone and kills the group. Ten at a time, 30 runs,
+/// each killed as soon as its command has started something: coord must
+/// have named the group to its watcher before the command ran at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_coord_kills_what_the_command_started() {
     let url = conformance::testkit::redis::url();
-    let reaper = Reaper::default();
-    let name = unique("pdeath-group");
-    let mut child = job(&url)
-        .args(["lock", &name, "--ttl", "30s", "--"])
-        .args(["sh", "-c", "sleep 30 & echo $$ $!; wait"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = pids(&mut child, &reaper).await;
-    child.start_kill().unwrap();
-    exited(&mut child).await;
-    for pid in started {
-        assert!(
-            eventually(Duration::from_secs(5), || !running(pid)).await,
-            "process {pid} started by the command outlived coord"
-        );
+    let reaper = std::sync::Arc::new(Reaper::default());
+    let mut outlived = Vec::new();
+    for _ in 0..3 {
+        let mut runs = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let (url, reaper) = (url.clone(), reaper.clone());
+            runs.spawn(async move {
+                let name = unique("pdeath-group");
+                let mut child = job(&url)
+                    .args(["lock", &name, "--ttl", "30s", "--"])
+                    .args(["sh", "-c", "sleep 30 & echo $$ $!; wait"])
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                let started = pids(&mut child, &reaper).await;
+                child.start_kill().unwrap();
+                exited(&mut child).await;
+                let mut outlived = Vec::new();
+                for pid in started {
+                    if !eventually(Duration::from_secs(5), || !running(pid)).await {
+                        outlived.push(pid);
+                    }
+                }
+                outlived
+            });
+        }
+        while let Some(r) = runs.join_next().await {
+            outlived.extend(r.unwrap());
+        }
     }
+    assert!(
+        outlived.is_empty(),
+        "processes started by the command outlived coord: {outlived:?}"
+    );
 }
 
 /// SIGINT as the command starts (here sent by the command itself to
