@@ -26,10 +26,8 @@ pub mod random;
 pub mod report;
 pub mod scenarios;
 pub mod unheard;
+mod workload;
 
-use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use coord_core::{Coord, LockOptions};
@@ -47,6 +45,7 @@ pub use queue::{QueueWorkload, run_queue_workload};
 pub use report::Report;
 pub use scenarios::{fault_for, proxies_for};
 pub use unheard::{UnheardGrant, unheard_grant};
+pub use workload::run_lock_workload;
 
 /// How long fault schedules run: `COORD_FAULT_SECONDS` (set by
 /// `scripts/faults --minutes N`), else `short` (the CI schedule).
@@ -107,6 +106,10 @@ pub struct LockReport {
     /// often wins again; an acquire that waited out its `wait` was
     /// answered, though.)
     pub recovery: Duration,
+    /// The calls after the heal of the client whose failing span was
+    /// [`recovery`](LockReport::recovery), one per line (empty if none
+    /// failed): what the assertion prints to say why.
+    pub recovery_calls: String,
     /// Violations removed by [`waive`](LockReport::waive) (a rule the
     /// scenario's fault is known to break; printed in the matrix line).
     pub waived: usize,
@@ -161,8 +164,9 @@ impl LockReport {
     pub fn assert_every_client_recovered(&self, scenario: &str, backend: &str, bound: Duration) {
         assert!(
             self.recovery <= bound,
-            "{scenario} on {backend}: a client still failed {:?} after the fault healed (bound {bound:?})",
-            self.recovery
+            "{scenario} on {backend}: a client still failed {:?} after the fault healed (bound {bound:?}); its calls after the heal:\n{}",
+            self.recovery,
+            self.recovery_calls
         );
     }
 }
@@ -325,215 +329,9 @@ pub async fn woken_after_release(holder: &Coord, waiter: Coord, ttl: Duration) -
     at - released
 }
 
-/// Run a lock workload: each client loops acquire -> fenced read ->
-/// `work` -> fenced write (value + 1) -> release on one lock name, while
-/// `faults` runs; then check the history.
-pub async fn run_lock_workload<F>(
-    clients: Vec<Coord>,
-    name: &str,
-    w: LockWorkload,
-    faults: F,
-) -> (LockReport, FaultLog)
-where
-    F: Future<Output = FaultLog>,
-{
-    let resource = Arc::new(FencedResource::new());
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, c) in clients.into_iter().enumerate() {
-        let (resource, stop, name) = (resource.clone(), stop.clone(), name.to_string());
-        tasks.push(tokio::spawn(async move {
-            client_loop(i, c, &name, w, &resource, &stop).await
-        }));
-    }
-    let fault_log = faults.await;
-    let end = start + w.duration;
-    sleep(end.saturating_duration_since(Instant::now())).await;
-    stop.store(true, Ordering::SeqCst);
-    let mut grants = Vec::new();
-    let mut errors = 0;
-    let mut calls = Vec::new();
-    for t in tasks {
-        // A client stuck past its own wait is a liveness failure itself.
-        match tokio::time::timeout(w.wait + w.ttl * 2 + Duration::from_secs(30), t).await {
-            Ok(Ok((g, e, c))) => {
-                grants.extend(g);
-                errors += e;
-                calls.push(c);
-            }
-            Ok(Err(e)) => panic!("a workload client panicked: {e}"),
-            Err(_) => panic!("a workload client did not stop within its wait + 2 TTL + 30 s"),
-        }
-    }
-    let accesses = resource.log();
-    let violations = check_lock_history(&grants, &accesses);
-    let ops = accesses
-        .iter()
-        .filter(|a| matches!(a, Access::Write { accepted: true, .. }))
-        .count();
-    let fenced_off = accesses
-        .iter()
-        .filter(|a| {
-            matches!(
-                a,
-                Access::Write {
-                    accepted: false,
-                    ..
-                } | Access::Read { value: None, .. }
-            )
-        })
-        .count();
-    // Progress: the longest gap between grants after the heal.
-    let from = fault_log.healed.unwrap_or(start);
-    let times: Vec<Instant> = grants.iter().map(|g| g.granted).collect();
-    let longest = report::longest_stall(&times, from, Instant::now().min(end));
-    let ended = Instant::now();
-    let recovery = calls
-        .iter()
-        .map(|c| failing_after(from, ended, c))
-        .max()
-        .unwrap_or_default();
-    (
-        LockReport {
-            grants,
-            accesses,
-            violations,
-            ops,
-            errors,
-            fenced_off,
-            longest_stall: longest,
-            recovery,
-            waived: 0,
-        },
-        fault_log,
-    )
-}
-
-/// The longest span after `heal` in which a client's `calls` (when each
-/// ended, and whether the store answered it) hold a failure and no
-/// answered call: from the heal or the answered call before the failure
-/// to the next answered call, or to `end` (see [`LockReport::recovery`]).
-fn failing_after(heal: Instant, end: Instant, calls: &[(Instant, bool)]) -> Duration {
-    let (mut since, mut failing, mut longest) = (heal, false, Duration::ZERO);
-    for &(at, answered) in calls.iter().filter(|(at, _)| *at >= heal) {
-        if answered {
-            if failing {
-                longest = longest.max(at - since);
-            }
-            (since, failing) = (at, false);
-        } else {
-            failing = true;
-        }
-    }
-    if failing {
-        longest = longest.max(end.saturating_duration_since(since));
-    }
-    longest
-}
-
-async fn client_loop(
-    client: usize,
-    coord: Coord,
-    name: &str,
-    w: LockWorkload,
-    resource: &FencedResource,
-    stop: &AtomicBool,
-) -> (Vec<Grant>, usize, Vec<(Instant, bool)>) {
-    let locks = coord.locks().expect("locks");
-    let mut grants = Vec::new();
-    let mut errors = 0;
-    // When each call ended, and whether the store answered it (failed
-    // other than by waiting out `wait` or by lost ownership: not).
-    let mut calls = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
-        let asked = Instant::now();
-        let opts = LockOptions::new(w.ttl).wait(w.wait).watchdog(w.watchdog);
-        let guard = match locks.acquire_with(name, opts).await {
-            Ok(g) => g,
-            Err(e) => {
-                if !e.is_retryable() && !matches!(e, coord_core::Error::Timeout { .. }) {
-                    panic!("client {client}: acquire failed with a non-retryable error: {e}");
-                }
-                errors += 1;
-                calls.push((
-                    Instant::now(),
-                    matches!(e, coord_core::Error::Timeout { .. }),
-                ));
-                sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let granted = Instant::now();
-        calls.push((granted, true));
-        let token = guard.fencing_token().get();
-        if guard.is_valid() {
-            if let Some(v) = resource.read(client, token) {
-                sleep(w.work).await;
-                if guard.is_valid() {
-                    resource.write(client, token, v, v + 1);
-                }
-            }
-        }
-        // Still valid: it is relied on until now (the release goes next).
-        // Not valid: it was relied on until its local deadline at most.
-        let now = Instant::now();
-        let valid_until = if guard.is_valid() {
-            now
-        } else {
-            guard.valid_until().min(now)
-        };
-        grants.push(Grant {
-            client,
-            token,
-            asked,
-            granted,
-            valid_until,
-        });
-        match guard.release().await {
-            Ok(()) => calls.push((Instant::now(), true)),
-            Err(e) => {
-                errors += 1;
-                calls.push((Instant::now(), e.is_ownership_lost()));
-            }
-        }
-    }
-    (grants, errors, calls)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recovery_is_the_longest_failing_span_after_the_heal() {
-        let heal = Instant::now();
-        let at = |ms: u64| heal + Duration::from_millis(ms);
-        let end = at(10_000);
-        // Failures before the heal, answered calls after: recovered at once.
-        let before = [(heal - Duration::from_millis(5), false), (at(10), true)];
-        assert_eq!(failing_after(heal, end, &before), Duration::ZERO);
-        // Failing from the heal until the first answer at 2 s.
-        let slow = [(at(100), false), (at(900), false), (at(2_000), true)];
-        assert_eq!(
-            failing_after(heal, end, &slow),
-            Duration::from_millis(2_000)
-        );
-        // One failure between answered calls long after: its span only.
-        let blip = [
-            (at(10), true),
-            (at(3_200), true),
-            (at(3_300), false),
-            (at(3_500), true),
-        ];
-        assert_eq!(failing_after(heal, end, &blip), Duration::from_millis(300));
-        // Never answered again: failing until the end.
-        let stuck = [(at(10), true), (at(500), false), (at(9_000), false)];
-        assert_eq!(
-            failing_after(heal, end, &stuck),
-            Duration::from_millis(9_990)
-        );
-    }
 
     #[test]
     fn waive_removes_only_the_named_rule_and_counts_it() {
@@ -554,6 +352,7 @@ mod tests {
             fenced_off: 0,
             longest_stall: Duration::ZERO,
             recovery: Duration::ZERO,
+            recovery_calls: String::new(),
             waived: 0,
         };
         assert_eq!(r.waive("one valid holder at a time"), 2);

@@ -261,6 +261,7 @@ pub async fn client_process_paused_past_its_ttl<F, Fut>(
         errors: 0,
         longest_stall: granted - asked,
         recovery: Duration::ZERO,
+        recovery_calls: String::new(),
         waived: 0,
         grants: grants.to_vec(),
         accesses,
