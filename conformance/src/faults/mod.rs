@@ -63,7 +63,11 @@ pub fn schedule(short: Duration) -> Duration {
 pub struct LockWorkload {
     /// The lock's TTL.
     pub ttl: Duration,
-    /// How long each acquire may wait.
+    /// How long each acquire may wait. An acquire that waits it out was
+    /// answered by the store, but the workload learns so only when it
+    /// ends: keep it at most half the recovery bound
+    /// ([`LockReport::assert_every_client_recovered`] checks), or a client
+    /// waiting for the lock from the heal on looks like one still failing.
     pub wait: Duration,
     /// Keep guards alive with the watchdog.
     pub watchdog: bool,
@@ -110,6 +114,9 @@ pub struct LockReport {
     /// [`recovery`](LockReport::recovery), one per line (empty if none
     /// failed): what the assertion prints to say why.
     pub recovery_calls: String,
+    /// The workload's [`wait`](LockWorkload::wait): the resolution of
+    /// [`recovery`](LockReport::recovery).
+    pub wait: Duration,
     /// Violations removed by [`waive`](LockReport::waive) (a rule the
     /// scenario's fault is known to break; printed in the matrix line).
     pub waived: usize,
@@ -162,6 +169,13 @@ impl LockReport {
     /// Panic unless every client stopped failing within `bound` of the
     /// heal (docs/guarantees.md §7: after a fault heals EVERY client progresses).
     pub fn assert_every_client_recovered(&self, scenario: &str, backend: &str, bound: Duration) {
+        assert!(
+            self.wait * 2 <= bound,
+            "{scenario} on {backend}: the workload's wait ({:?}) must be at most half the \
+             recovery bound ({bound:?}): an acquire that waits it out counts as answered \
+             only when it ends",
+            self.wait
+        );
         assert!(
             self.recovery <= bound,
             "{scenario} on {backend}: a client still failed {:?} after the fault healed (bound {bound:?}); its calls after the heal:\n{}",
@@ -353,6 +367,7 @@ mod tests {
             longest_stall: Duration::ZERO,
             recovery: Duration::ZERO,
             recovery_calls: String::new(),
+            wait: Duration::ZERO,
             waived: 0,
         };
         assert_eq!(r.waive("one valid holder at a time"), 2);

@@ -262,6 +262,7 @@ pub async fn client_process_paused_past_its_ttl<F, Fut>(
         longest_stall: granted - asked,
         recovery: Duration::ZERO,
         recovery_calls: String::new(),
+        wait: Duration::ZERO,
         waived: 0,
         grants: grants.to_vec(),
         accesses,

@@ -97,6 +97,7 @@ where
             longest_stall: longest,
             recovery,
             recovery_calls,
+            wait: w.wait,
             waived: 0,
         },
         fault_log,

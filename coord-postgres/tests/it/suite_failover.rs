@@ -290,7 +290,8 @@ async fn locks_exclude_and_clients_follow_a_failover() {
     let other = client(&url).await;
     let workload = LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog: true,
         work: Duration::from_millis(20),
         duration: Duration::from_secs(9),

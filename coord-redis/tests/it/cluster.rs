@@ -158,7 +158,8 @@ async fn a_master_killed_mid_workload_keeps_fencing_and_coord_follows_its_replic
     let c = cluster.clone();
     let workload = LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog: true,
         work: Duration::from_millis(20),
         duration: Duration::from_secs(10),
@@ -214,7 +215,8 @@ async fn a_slot_moved_mid_workload_keeps_every_rule() {
     }
     let workload = LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog: true,
         work: Duration::from_millis(20),
         duration: Duration::from_secs(7),

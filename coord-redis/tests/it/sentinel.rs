@@ -102,7 +102,8 @@ async fn a_master_killed_mid_workload_keeps_fencing_and_coord_follows_the_promot
     let name = conformance::unique("sentinel-failover");
     let workload = LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog: true,
         work: Duration::from_millis(20),
         duration: Duration::from_secs(12),
@@ -161,7 +162,8 @@ async fn a_switch_over_moves_coord_off_the_demoted_master() {
     let name = conformance::unique("sentinel-switch");
     let workload = LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog: true,
         work: Duration::from_millis(20),
         duration: Duration::from_secs(8),

@@ -23,7 +23,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 pub fn workload(watchdog: bool) -> LockWorkload {
     LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(4),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(2),
         watchdog,
         work: Duration::from_millis(20),
         duration: schedule(Duration::from_secs(8)),

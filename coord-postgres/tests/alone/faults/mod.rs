@@ -42,7 +42,8 @@ use crate::ALONE as SERIAL;
 fn workload(watchdog: bool) -> LockWorkload {
     LockWorkload {
         ttl: TTL,
-        wait: Duration::from_secs(3),
+        // At most half the recovery bound (see `LockWorkload::wait`).
+        wait: Duration::from_secs(1),
         watchdog,
         work: Duration::from_millis(20),
         duration: schedule(Duration::from_secs(8)),
