@@ -7,6 +7,7 @@ pub mod postgres;
 pub mod postgres_failover;
 pub mod proxy;
 pub mod redis;
+pub mod wait;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
