@@ -1,6 +1,5 @@
 //! Locks: exclusive, lease-bounded, fenced.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,11 +8,18 @@ use tracing::Instrument;
 
 use crate::acquire::{Queueing, acquire_claim, removed_or_free};
 use crate::backend::Lock;
-use crate::claim::{ClaimBackend, Guard, Ownership};
+use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
-use crate::types::{Capabilities, FencingToken};
-use crate::{validate, wait};
+use crate::types::Capabilities;
+use crate::validate;
+
+mod multi;
+mod scoped;
+
+pub use multi::MultiGuard;
+pub use scoped::WithLockError;
+pub(crate) use scoped::hold_while;
 
 /// The semaphore that hands out the tickets of fair lock `name` (no name
 /// a user gives contains a control character).
@@ -392,113 +398,6 @@ impl Locks {
         Ok(guard)
     }
 
-    /// Run `work` while holding `name`, with the watchdog on, and release
-    /// afterwards. If ownership is lost while `work` runs, `work` is stopped
-    /// (its future dropped) and [`WithLockError::Lock`] carries
-    /// [`Error::Lost`].
-    ///
-    /// `work` receives an [`Ownership`] with the fencing token to pass to
-    /// the resources it writes.
-    ///
-    /// **The work's result is never thrown away.** Once `work` has
-    /// finished, a failed release (the store briefly unavailable, or the
-    /// lock found expired) is [`WithLockError::Release`], which carries the
-    /// output next to the error: the work ran to completion and must not be
-    /// redone. The lock then ends at its TTL at the latest. `?` converts
-    /// either variant into [`Error`] (dropping the output knowingly); match
-    /// on it where the output matters.
-    ///
-    /// ```
-    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
-    /// use std::time::Duration;
-    /// use coord_core::{LockOptions, WithLockError};
-    /// let locks = coord.locks()?;
-    /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(5));
-    /// let total = match locks.with_lock("report", opts, |held| async move {
-    ///     // ... write with held.fencing_token() ...
-    ///     held.fencing_token().get()
-    /// }).await {
-    ///     Ok(total) => total,
-    ///     // Done, but the release failed: keep the result, do not redo it.
-    ///     Err(WithLockError::Release { output, .. }) => output,
-    ///     Err(WithLockError::Lock(e)) => return Err(e),
-    /// };
-    /// # let _ = total; Ok(()) }
-    /// ```
-    pub async fn with_lock<F, Fut, T>(
-        &self,
-        name: &str,
-        opts: LockOptions,
-        work: F,
-    ) -> std::result::Result<T, WithLockError<T>>
-    where
-        F: FnOnce(Ownership) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = self
-            .acquire_with(name, opts.watchdog(true))
-            .await
-            .map_err(WithLockError::Lock)?;
-        hold_while(guard, work).await
-    }
-
-    /// Take every lock in `names`, all or nothing, in a deadlock-free order:
-    /// the names are deduplicated and sorted, then taken one by one, so two
-    /// callers with the same names in any order never deadlock (the PHP original's
-    /// lock-ordering rule, made a function). Locks already taken are kept
-    /// alive by the watchdog while later ones are awaited (and afterwards
-    /// only if `opts.watchdog`), so none lapses before all are held. If one
-    /// cannot be taken within `opts.wait` (shared by all), those already
-    /// taken are released and the error is returned.
-    ///
-    /// ```
-    /// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
-    /// use std::time::Duration;
-    /// use coord_core::LockOptions;
-    /// let locks = coord.locks()?;
-    /// let opts = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(5));
-    /// let both = locks.acquire_all(["account:B", "account:A"], opts).await?;
-    /// assert_eq!(both.names(), vec!["account:A", "account:B"]);
-    /// both.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn acquire_all<I, S>(&self, names: I, opts: LockOptions) -> Result<MultiGuard>
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        let mut sorted: Vec<String> = names.into_iter().map(|s| s.as_ref().to_owned()).collect();
-        for n in &sorted {
-            validate::name("names", n)?;
-        }
-        validate::ttl("ttl", opts.ttl, self.backend.capabilities())?;
-        sorted.sort();
-        sorted.dedup();
-        let deadline = wait::deadline_in(opts.wait);
-        let mut guards: Vec<Guard> = Vec::with_capacity(sorted.len());
-        for n in &sorted {
-            let left = deadline.saturating_duration_since(Instant::now());
-            // The locks already taken must not lapse while a later one is
-            // awaited: the watchdog keeps them alive until all are held.
-            match self.acquire_with(n, opts.wait(left).watchdog(true)).await {
-                Ok(g) => guards.push(g),
-                Err(e) => {
-                    release_all(guards).await;
-                    return Err(e);
-                }
-            }
-        }
-        if let Some(lost) = guards.iter().find(|g| !g.is_valid()) {
-            let name = lost.name().to_string();
-            release_all(guards).await;
-            return Err(Error::Lost { name });
-        }
-        if !opts.watchdog {
-            guards.iter_mut().for_each(Guard::stop_watchdog);
-        }
-        Ok(MultiGuard { guards })
-    }
-
     /// Remove `name` whoever holds it: an operator's tool. The holder's
     /// next renewal or release reports [`Error::NotHeld`] and its lost
     /// signal fires. Returns whether a live lock was removed.
@@ -512,181 +411,5 @@ impl Locks {
             self.backend.force_release(name),
             removed_or_free
         )
-    }
-}
-
-/// Release guards in reverse order, ignoring errors (they end at their TTL).
-async fn release_all(guards: Vec<Guard>) {
-    for g in guards.into_iter().rev() {
-        let _ = g.release().await;
-    }
-}
-
-/// Several locks taken by [`Locks::acquire_all`], in sorted order.
-#[derive(Debug)]
-#[must_use = "dropping a guard releases it in the background; keep it while you rely on the locks"]
-pub struct MultiGuard {
-    guards: Vec<Guard>,
-}
-
-impl MultiGuard {
-    /// The held locks' names, sorted.
-    pub fn names(&self) -> Vec<&str> {
-        self.guards.iter().map(|g| g.name()).collect()
-    }
-
-    /// The guards, in the order they were taken.
-    pub fn guards(&self) -> &[Guard] {
-        &self.guards
-    }
-
-    /// The fencing token of the lock called `name`.
-    pub fn fencing_token(&self, name: &str) -> Option<FencingToken> {
-        self.guards
-            .iter()
-            .find(|g| g.name() == name)
-            .map(|g| g.fencing_token())
-    }
-
-    /// Start the watchdog on every lock.
-    pub fn keep_alive(&mut self) {
-        self.guards.iter_mut().for_each(Guard::keep_alive);
-    }
-
-    /// Release every lock, in reverse order. Returns the first error, after
-    /// trying them all.
-    pub async fn release(self) -> Result<()> {
-        let mut first = None;
-        for g in self.guards.into_iter().rev() {
-            if let Err(e) = g.release().await {
-                first.get_or_insert(e);
-            }
-        }
-        first.map_or(Ok(()), Err)
-    }
-}
-
-/// Run `work` under `guard` (its watchdog on), stop it (drop its future)
-/// if ownership is lost meanwhile, and end the claim afterwards: the
-/// scoped forms [`Locks::with_lock`] and
-/// [`Elections::with_leadership`](crate::Elections::with_leadership).
-pub(crate) async fn hold_while<F, Fut, T>(
-    guard: Guard,
-    work: F,
-) -> std::result::Result<T, WithLockError<T>>
-where
-    F: FnOnce(Ownership) -> Fut,
-    Fut: Future<Output = T>,
-{
-    let name = guard.name().to_string();
-    let lost = guard.lost();
-    let fut = work(guard.ownership());
-    tokio::select! {
-        biased;
-        _ = lost => {
-            let _ = guard.release().await;
-            Err(WithLockError::Lock(Error::Lost { name }))
-        }
-        output = fut => {
-            match guard.release().await {
-                Ok(()) => Ok(output),
-                Err(Error::NotHeld { .. }) => Err(WithLockError::Release {
-                    output,
-                    error: Error::Lost { name },
-                }),
-                Err(error) => Err(WithLockError::Release { output, error }),
-            }
-        }
-    }
-}
-
-/// Why [`Locks::with_lock`] (or
-/// [`Elections::with_leadership`](crate::Elections::with_leadership)) did
-/// not simply return the work's output. For a leadership, "lock" reads
-/// "leadership" and "release" reads "resign".
-#[derive(Debug)]
-pub enum WithLockError<T> {
-    /// The lock was not acquired, or it was lost while the work ran (the
-    /// work was stopped before it finished: [`Error::Lost`]). There is no
-    /// output.
-    Lock(Error),
-    /// The work finished, then releasing the lock failed: `error` says why
-    /// ([`Error::Lost`] if the store no longer held it for us, so part of
-    /// the work may have run unprotected). The lock ends at its TTL at the
-    /// latest. `output` is the work's result: do not redo the work.
-    Release {
-        /// What the work returned.
-        output: T,
-        /// Why the release failed.
-        error: Error,
-    },
-}
-
-impl<T> WithLockError<T> {
-    /// The error, dropping any output.
-    pub fn error(&self) -> &Error {
-        match self {
-            WithLockError::Lock(e) | WithLockError::Release { error: e, .. } => e,
-        }
-    }
-
-    /// The work's output, if it finished.
-    pub fn into_output(self) -> Option<T> {
-        match self {
-            WithLockError::Lock(_) => None,
-            WithLockError::Release { output, .. } => Some(output),
-        }
-    }
-}
-
-impl<T> std::fmt::Display for WithLockError<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            WithLockError::Lock(e) => e.fmt(f),
-            WithLockError::Release { error, .. } => write!(
-                f,
-                "the work under the lock finished, but releasing the lock failed \
-                 (it ends at its TTL; do not redo the work): {error}"
-            ),
-        }
-    }
-}
-
-impl<T: std::fmt::Debug> std::error::Error for WithLockError<T> {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(self.error())
-    }
-}
-
-impl<T> From<WithLockError<T>> for Error {
-    /// The error; a finished work's output is dropped.
-    fn from(e: WithLockError<T>) -> Error {
-        match e {
-            WithLockError::Lock(e) | WithLockError::Release { error: e, .. } => e,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_release_error_keeps_the_output_and_its_source() {
-        let e: WithLockError<u32> = WithLockError::Release {
-            output: 7,
-            error: Error::Lost { name: "a".into() },
-        };
-        let source = std::error::Error::source(&e).expect("the release error is the source");
-        assert_eq!(
-            source.to_string(),
-            Error::Lost { name: "a".into() }.to_string()
-        );
-        assert!(e.to_string().contains("do not redo the work"), "{e}");
-        assert!(e.error().is_ownership_lost());
-        assert_eq!(e.into_output(), Some(7));
-        let e: WithLockError<u32> = WithLockError::Lock(Error::NotHeld { name: "a".into() });
-        assert!(std::error::Error::source(&e).is_some());
-        assert_eq!(e.into_output(), None);
     }
 }
