@@ -6,7 +6,6 @@
 //! (extend, release, release-on-drop, watchdog, lost signal). Only the
 //! store-specific half ([`Semaphore`]) differs per backend.
 
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,99 +13,17 @@ use tracing::Instrument;
 
 use crate::acquire::{Queueing, acquire_claim};
 use crate::backend::{PermitRequest, Semaphore};
-use crate::claim::{ClaimBackend, Guard};
+use crate::claim::ClaimBackend;
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
 use crate::types::Capabilities;
 use crate::validate;
 
-/// How to take semaphore permits: how many, of how many, for how long, how
-/// long to wait, and whether the watchdog keeps them alive.
-///
-/// ```
-/// # async fn demo(coord: coord_core::Coord) -> coord_core::Result<()> {
-/// use std::time::Duration;
-/// use coord_core::PermitOptions;
-/// // 2 of the 8 permits of "gpu-pool", for 30 s, renewed until release,
-/// // waiting up to 10 s for them.
-/// let opts = PermitOptions::new(8, Duration::from_secs(30))
-///     .permits(2)
-///     .wait(Duration::from_secs(10))
-///     .watchdog(true);
-/// let permit = coord.semaphores()?.acquire_with("gpu-pool", opts).await?;
-/// assert_eq!(permit.permits(), 2);
-/// permit.release().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PermitOptions {
-    /// How many permits to take at once, all or none (default 1).
-    pub permits: u32,
-    /// How many permits the name has in all. It binds while the name is in
-    /// use: see [`Semaphores`].
-    pub permits_total: u32,
-    /// Time-to-live of the grant (and of each renewal).
-    pub ttl: Duration,
-    /// How long `acquire` waits for the permits; zero means one attempt.
-    pub wait: Duration,
-    /// Start the watchdog on the permit's guard.
-    pub watchdog: bool,
-}
+mod options;
+mod permit;
 
-impl PermitOptions {
-    /// One permit of `permits_total`, for `ttl`, no waiting, no watchdog.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5));
-    /// assert_eq!((o.permits, o.permits_total, o.wait), (1, 4, Duration::ZERO));
-    /// ```
-    pub fn new(permits_total: u32, ttl: Duration) -> Self {
-        PermitOptions {
-            permits: 1,
-            permits_total,
-            ttl,
-            wait: Duration::ZERO,
-            watchdog: false,
-        }
-    }
-
-    /// Take `n` permits at once (all or none).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).permits(3);
-    /// assert_eq!(o.permits, 3);
-    /// ```
-    pub fn permits(mut self, n: u32) -> Self {
-        self.permits = n;
-        self
-    }
-
-    /// Wait up to `wait` for the permits.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).wait(Duration::from_secs(1));
-    /// assert_eq!(o.wait, Duration::from_secs(1));
-    /// ```
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Keep the permits alive with the watchdog until release.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let o = coord_core::PermitOptions::new(4, Duration::from_secs(5)).watchdog(true);
-    /// assert!(o.watchdog);
-    /// ```
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-}
+pub use options::PermitOptions;
+pub use permit::Permit;
 
 /// Counting semaphores on one store: at most `permits_total` permits of a
 /// name are held at any time, across every client.
@@ -115,7 +32,7 @@ impl PermitOptions {
 ///   after its TTL), owner-checked, and carries a fencing token that rises
 ///   with every grant of the name.
 /// - `n` permits are taken at once, all or none.
-/// - The [`Permit`] is a [`Guard`] (through `Deref`): extend, release,
+/// - The [`Permit`] is a [`Guard`](crate::Guard) (through `Deref`): extend, release,
 ///   watchdog and lost signal work exactly as for locks.
 /// - Waiters are woken by the store. On a store that queues them
 ///   ([`is_fifo`](Semaphores::is_fifo); the in-memory one does) they are
@@ -532,91 +449,5 @@ impl Semaphores {
     /// The raw backend, for the read-write locks built on it.
     pub(crate) fn backend(&self) -> &Arc<dyn Semaphore> {
         &self.backend
-    }
-}
-
-/// Semaphore permits that are held: a [`Guard`] (through `Deref`, so
-/// [`fencing_token`](Guard::fencing_token), [`extend`](Guard::extend),
-/// [`keep_alive`](Guard::keep_alive), [`lost`](Guard::lost) and
-/// [`lost_token`](Guard::lost_token) work as for locks), plus how many
-/// permits it holds.
-///
-/// # Dropping
-/// As for every [`Guard`]: dropping it without [`release`](Permit::release)
-/// stops its watchdog and releases the permits in the background if a
-/// tokio runtime is available; otherwise they come back at their TTL.
-///
-/// ```
-/// # async fn demo(sem: coord_core::Semaphores) -> coord_core::Result<()> {
-/// use std::time::Duration;
-/// let mut permit = sem.acquire("workers", 5, Duration::from_secs(10), Duration::from_secs(1)).await?;
-/// permit.keep_alive();
-/// let stop = permit.lost_token();
-/// // ... do the work, stopping if `stop` is cancelled ...
-/// # let _ = stop;
-/// permit.release().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug)]
-#[must_use = "dropping a permit releases it in the background; keep it while you rely on it"]
-pub struct Permit {
-    guard: Guard,
-    permits: u32,
-    permits_total: u32,
-}
-
-impl Permit {
-    /// How many permits this grant holds.
-    ///
-    /// ```
-    /// # fn demo(p: coord_core::Permit) { assert!(p.permits() >= 1); }
-    /// ```
-    pub fn permits(&self) -> u32 {
-        self.permits
-    }
-
-    /// The name's `permits_total` this grant was taken under.
-    ///
-    /// ```
-    /// # fn demo(p: coord_core::Permit) { assert!(p.permits() <= p.permits_total()); }
-    /// ```
-    pub fn permits_total(&self) -> u32 {
-        self.permits_total
-    }
-
-    /// Give the permits back iff this owner still holds them
-    /// (compare-and-delete), after stopping the watchdog; wakes the waiters
-    /// that can now be granted. Errors: [`Error::NotHeld`] if the grant had
-    /// expired or been removed (nothing changed). See [`Guard::release`].
-    ///
-    /// ```
-    /// # async fn demo(p: coord_core::Permit) -> coord_core::Result<()> {
-    /// p.release().await?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn release(self) -> Result<()> {
-        self.guard.release().await
-    }
-
-    /// The underlying guard, for code written against [`Guard`].
-    ///
-    /// ```
-    /// # fn demo(p: coord_core::Permit) { let g: coord_core::Guard = p.into_guard(); drop(g); }
-    /// ```
-    pub fn into_guard(self) -> Guard {
-        self.guard
-    }
-}
-
-impl Deref for Permit {
-    type Target = Guard;
-    fn deref(&self) -> &Guard {
-        &self.guard
-    }
-}
-
-impl DerefMut for Permit {
-    fn deref_mut(&mut self) -> &mut Guard {
-        &mut self.guard
     }
 }
