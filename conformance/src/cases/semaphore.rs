@@ -13,6 +13,7 @@ use std::time::Duration;
 use coord_core::{Coord, Error, FencingToken, PermitOptions, Semaphores};
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::testkit::wait::until;
 use crate::{Factory, PROMPT, ttl, unique};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -582,7 +583,12 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
             .await;
         (Instant::now(), p)
     });
-    sleep(Duration::from_millis(500)).await;
+    // The checks below need the request for 2 in the queue: wait until
+    // the store shows it waiting (or it was granted, which is the bug).
+    until("the request for 2 queued", LONG, || async {
+        big.is_finished() || sc.inspect(&name).await.unwrap().waiters >= Some(1)
+    })
+    .await;
     assert!(!big.is_finished(), "2 permits granted with 1 free");
     assert!(
         sc.try_acquire(&name, 3, LONG).await.unwrap().is_none(),
@@ -594,7 +600,10 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
         let p = sc2.acquire(&n3, 3, LONG, Duration::from_secs(20)).await;
         (Instant::now(), p)
     });
-    sleep(Duration::from_millis(500)).await;
+    until("the request for 1 queued behind it", LONG, || async {
+        small.is_finished() || sc.inspect(&name).await.unwrap().waiters >= Some(2)
+    })
+    .await;
     assert!(
         !small.is_finished(),
         "a later waiting request for 1 overtook the queued request for 2"
