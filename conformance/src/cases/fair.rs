@@ -1,15 +1,19 @@
 //! Fair locks (`LockOptions::fair`).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_core::{Error, LockOptions};
-use tokio::time::Instant;
+use tokio::sync::Barrier;
 
+use crate::testkit::wait::holds_within;
 use crate::{Factory, unique};
 
-/// How long the saturating clients contend.
-const CONTEND: Duration = Duration::from_millis(1500);
+/// How long the saturating clients may take to make [`JUDGED`] grants.
+const CONTEND: Duration = Duration::from_secs(30);
+/// How many grants, with every client in the queue, are judged.
+const JUDGED: usize = 40;
 /// How long a holder keeps the lock.
 const HOLD: Duration = Duration::from_millis(3);
 /// Clients contending.
@@ -75,17 +79,23 @@ pub async fn lock_fair_grants_waiters_in_arrival_order(f: &Factory) {
     drop(kept);
     next.release().await.unwrap();
 
+    // Connect first and start every client on a barrier, so the clients'
+    // connects and task start-ups are not counted as contention.
+    let clients = f.clients(CLIENTS).await;
     let grants = Arc::new(Mutex::new(Vec::new()));
-    let end = Instant::now() + CONTEND;
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(CLIENTS));
     let mut tasks = Vec::new();
-    for (i, client) in f.clients(CLIENTS).await.into_iter().enumerate() {
+    for (i, client) in clients.into_iter().enumerate() {
         let (grants, name) = (grants.clone(), name.clone());
+        let (stop, start) = (stop.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             let locks = client.locks().unwrap();
             let opts = LockOptions::new(ttl)
                 .fair(true)
                 .wait(Duration::from_secs(20));
-            while Instant::now() < end {
+            start.wait().await;
+            while !stop.load(Ordering::SeqCst) {
                 let g = locks.acquire_with(&name, opts).await.expect("fair acquire");
                 grants.lock().unwrap().push(i);
                 tokio::time::sleep(HOLD).await;
@@ -93,15 +103,35 @@ pub async fn lock_fair_grants_waiters_in_arrival_order(f: &Factory) {
             }
         }));
     }
+    // A client is in the queue for certain only once it has been granted
+    // (a first request may still be on its way when another client is
+    // granted twice): judge from the last client's first grant on, until
+    // the judged grants reach the count (the grants after that are the
+    // clients leaving one by one, when runs are legitimate).
+    let judged = |grants: &[usize]| -> Option<std::ops::Range<usize>> {
+        let from = (0..CLIENTS)
+            .map(|i| grants.iter().position(|g| *g == i))
+            .collect::<Option<Vec<_>>>()?
+            .into_iter()
+            .max()?;
+        (grants.len() - from >= JUDGED).then_some(from..from + JUDGED)
+    };
+    let within = holds_within(CONTEND, || {
+        let grants = grants.clone();
+        async move { judged(&grants.lock().unwrap()).is_some() }
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
     for t in tasks {
         t.await.unwrap();
     }
-    let grants = grants.lock().unwrap().clone();
+    let all = grants.lock().unwrap().clone();
     assert!(
-        grants.len() >= 2 * CLIENTS,
-        "{store}: only {} grants",
-        grants.len()
+        within.is_some(),
+        "{store}: not {JUDGED} grants with every client in the queue within {CONTEND:?}: {all:?}"
     );
+    let range = judged(&all).expect("reached before the stop");
+    let grants = &all[range];
     let mut longest = 0;
     let mut run = 0;
     for (k, who) in grants.iter().enumerate() {
