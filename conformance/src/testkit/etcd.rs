@@ -26,10 +26,9 @@ use super::port::free_port;
 mod cluster;
 pub mod partition;
 mod status;
-mod tls;
+pub use crate::testkit::certs::{TlsFiles, make_tls_files};
 pub use cluster::EtcdCluster;
 pub use partition::PartitionedEtcdCluster;
-pub use tls::{TlsFiles, make_tls_files};
 
 /// Runs `"$@"` (etcd) in the background until standard input closes, then
 /// kills it and removes `$COORD_ETCD_RMDIR` if set. Deaf to the

@@ -191,13 +191,16 @@ impl RedisServer {
             self.dir.display()
         );
         if self.tls {
-            self.make_certificate()?;
+            // Made once; a restart keeps them.
+            if !self.dir.join("server.crt").is_file() {
+                crate::testkit::certs::make_tls_files(&self.dir);
+            }
             text.push_str(&format!(
                 "port 0\ntls-port {}\ntls-cert-file {}\ntls-key-file {}\n\
                  tls-auth-clients no\n",
                 self.port,
-                self.dir.join("cert.pem").display(),
-                self.dir.join("key.pem").display()
+                self.dir.join("server.crt").display(),
+                self.dir.join("server.key").display()
             ));
         } else {
             text.push_str(&format!("port {}\n", self.port));
@@ -257,90 +260,11 @@ impl RedisServer {
         ))
     }
 
-    fn make_certificate(&self) -> Result<(), String> {
-        let d = &self.dir;
-        if d.join("cert.pem").is_file() && d.join("key.pem").is_file() {
-            return Ok(());
-        }
-        std::fs::write(
-            d.join("ext.cnf"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .map_err(|e| format!("write ext.cnf: {e}"))?;
-        // A throw-away CA, and a server certificate for 127.0.0.1 signed by it.
-        let steps: [&[&str]; 3] = [
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=coord test CA",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-            ],
-            &[
-                "req",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-subj",
-                "/CN=127.0.0.1",
-                "-keyout",
-                "key.pem",
-                "-out",
-                "server.csr",
-            ],
-            &[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                "ext.cnf",
-                "-out",
-                "cert.pem",
-            ],
-        ];
-        for args in steps {
-            let status = Command::new("openssl")
-                .args(args)
-                .current_dir(d)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .unwrap_or_else(|e| {
-                    panic!(
-                        "could not run `openssl` to make a test certificate ({e}). \
-                         Install the Debian package `openssl`: `apt-get install -y openssl`"
-                    )
-                });
-            if !status.success() {
-                return Err(format!("openssl {} failed: {status}", args[0]));
-            }
-        }
-        Ok(())
-    }
-
     /// The certificate (PEM) of the throw-away CA that signed a
     /// [`start_tls`](Self::start_tls) server's certificate: what clients
     /// must trust.
     pub fn tls_ca_certificate_pem(&self) -> Vec<u8> {
-        std::fs::read(self.dir.join("ca.pem")).expect("a TLS server's CA certificate")
+        std::fs::read(self.dir.join("ca.crt")).expect("a TLS server's CA certificate")
     }
 
     /// The port it listens on (127.0.0.1).
