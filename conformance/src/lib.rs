@@ -354,3 +354,15 @@ macro_rules! suite {
 
 /// Generous bound for "promptly" on a shared, noisy machine.
 pub const PROMPT: Duration = Duration::from_secs(1);
+
+/// How long after a claim's TTL the store may still hold it: etcd's lessor
+/// looks for expired leases every ~500 ms and revokes them through raft,
+/// up to ~1.5 s after their TTL; the other stores expire a claim at its
+/// TTL. Added to the "freed by then" bounds, never to the "not before"
+/// ones.
+pub fn expiry_slack(c: &Coord) -> Duration {
+    match c.capabilities().backend {
+        "etcd" => Duration::from_millis(1500),
+        _ => Duration::ZERO,
+    }
+}

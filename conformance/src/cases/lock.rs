@@ -7,9 +7,13 @@ use std::time::Duration;
 use coord_core::{Error, FencedRegister, FencingToken, LockOptions, WithLockError};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::{Factory, PROMPT, ttl, unique};
+use crate::{Factory, PROMPT, expiry_slack, ttl, unique};
 
 const LONG: Duration = Duration::from_secs(30);
+
+/// How many times a case whose "not yet" check can come too late to judge
+/// (a stalled machine) starts again on a fresh name.
+const ROUNDS: usize = 3;
 
 /// A held lock excludes every other client.
 pub async fn lock_held_excludes_others(f: &Factory) {
@@ -217,85 +221,101 @@ pub async fn lock_extend_of_a_removed_lock_marks_the_guard_lost(f: &Factory) {
 /// lock and never changes the fencing token.
 pub async fn lock_extend_keeps_token_and_never_resurrects(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
-    let name = unique("extend");
     let short = ttl(&a, Duration::from_secs(1));
-    let g = a
-        .locks()
-        .unwrap()
-        .acquire(&name, short, Duration::ZERO)
-        .await
-        .unwrap();
-    let token = g.fencing_token();
-    g.extend(short * 4).await.unwrap();
-    sleep(short * 2).await;
-    assert!(
-        b.locks()
+    // The extended lock is held until at least `extended` + 4 x short: a
+    // "still held" check answered after that proves nothing (the machine
+    // stalled), and the case starts again on a fresh name.
+    for _ in 0..ROUNDS {
+        let name = unique("extend");
+        let g = a
+            .locks()
             .unwrap()
-            .try_acquire(&name, LONG)
+            .acquire(&name, short, Duration::ZERO)
             .await
+            .unwrap();
+        let token = g.fencing_token();
+        let extended = Instant::now();
+        g.extend(short * 4).await.unwrap();
+        sleep(short * 2).await;
+        let held = b.locks().unwrap().try_acquire(&name, LONG).await.unwrap();
+        if extended.elapsed() >= short * 4 {
+            eprintln!("the extended-lock check was answered too late: again on a fresh name");
+            drop((g, held));
+            continue;
+        }
+        assert!(held.is_none(), "extended lock expired at its first TTL");
+        assert_eq!(g.fencing_token(), token);
+        // Let it expire, then extend must fail and not bring it back.
+        sleep(short * 3 + Duration::from_millis(500)).await;
+        let e = g.extend(LONG).await.unwrap_err();
+        assert!(
+            matches!(e, Error::NotHeld { .. }),
+            "extend of an expired lock: {e:?}"
+        );
+        // etcd frees an expired lease up to `expiry_slack` after its TTL;
+        // a resurrected lock would be held for 30 s.
+        let g2 = b
+            .locks()
             .unwrap()
-            .is_none(),
-        "extended lock expired at its first TTL"
-    );
-    assert_eq!(g.fencing_token(), token);
-    // Let it expire, then extend must fail and not bring it back.
-    sleep(short * 3 + Duration::from_millis(500)).await;
-    let e = g.extend(LONG).await.unwrap_err();
-    assert!(
-        matches!(e, Error::NotHeld { .. }),
-        "extend of an expired lock: {e:?}"
-    );
-    let g2 = b
-        .locks()
-        .unwrap()
-        .try_acquire(&name, LONG)
-        .await
-        .unwrap()
-        .expect("extend resurrected an expired lock");
-    assert!(g2.fencing_token() > token);
-    g2.release().await.unwrap();
+            .acquire(&name, LONG, expiry_slack(&a))
+            .await
+            .expect("extend resurrected an expired lock");
+        assert!(g2.fencing_token() > token);
+        g2.release().await.unwrap();
+        return;
+    }
+    panic!("{ROUNDS} rounds, each with a check answered too late to judge");
 }
 
 /// An unrenewed lock frees after its TTL, and not before.
 pub async fn lock_frees_after_ttl_and_not_before(f: &Factory) {
     let (a, b) = (f.client().await, f.client().await);
-    let name = unique("ttl");
     let t = ttl(&a, Duration::from_secs(2));
-    let g = a
-        .locks()
-        .unwrap()
-        .acquire(&name, t, Duration::ZERO)
-        .await
-        .unwrap();
-    let start = Instant::now();
-    assert!(g.remaining() <= t);
-    sleep(t / 2).await;
-    assert!(
-        b.locks()
+    // etcd frees an expired lease up to `expiry_slack` after its TTL.
+    let slack = expiry_slack(&a);
+    // The grant is made between `sent` and `answered`: the lock may not be
+    // free before `sent` + t, and must be by `answered` + t (+ slack). A
+    // "still held" check answered after `sent` + t proves nothing (the
+    // machine stalled): then the case starts again on a fresh name.
+    for _ in 0..ROUNDS {
+        let name = unique("ttl");
+        let sent = Instant::now();
+        let g = a
+            .locks()
             .unwrap()
-            .try_acquire(&name, LONG)
+            .acquire(&name, t, Duration::ZERO)
             .await
+            .unwrap();
+        let answered = Instant::now();
+        assert!(g.remaining() <= t);
+        sleep(t / 2).await;
+        let early = b.locks().unwrap().try_acquire(&name, LONG).await.unwrap();
+        if sent.elapsed() >= t {
+            eprintln!("the half-TTL check was answered after the TTL: again on a fresh name");
+            drop((g, early));
+            continue;
+        }
+        assert!(early.is_none(), "lock freed before half its TTL");
+        let g2 = b
+            .locks()
             .unwrap()
-            .is_none(),
-        "lock freed before half its TTL"
-    );
-    let g2 = b
-        .locks()
-        .unwrap()
-        .acquire(&name, LONG, t * 2 + Duration::from_secs(3))
-        .await
-        .expect("lock never freed");
-    let waited = start.elapsed();
-    assert!(
-        waited + Duration::from_millis(50) >= t,
-        "freed after {waited:?}, TTL {t:?}"
-    );
-    assert!(
-        waited <= t + Duration::from_secs(2),
-        "freed only after {waited:?}, TTL {t:?}"
-    );
-    drop(g);
-    g2.release().await.unwrap();
+            .acquire(&name, LONG, t * 2 + Duration::from_secs(3))
+            .await
+            .expect("lock never freed");
+        let (since_sent, waited) = (sent.elapsed(), answered.elapsed());
+        assert!(
+            since_sent + Duration::from_millis(50) >= t,
+            "freed {since_sent:?} after the grant was asked for, TTL {t:?}"
+        );
+        assert!(
+            waited <= t + slack + Duration::from_secs(2),
+            "freed only after {waited:?}, TTL {t:?}, expiry slack {slack:?}"
+        );
+        drop(g);
+        g2.release().await.unwrap();
+        return;
+    }
+    panic!("{ROUNDS} rounds, each with a check answered too late to judge");
 }
 
 /// A waiting acquire gets the lock within 1 s of release although the
