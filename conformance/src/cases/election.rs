@@ -128,9 +128,9 @@ pub async fn election_dead_leader_is_replaced_within_ttl(f: &Factory) {
         .elections()
         .unwrap()
         .campaign(&name, "a", t, Duration::ZERO)
-    let start = Instant::now();
         .await
         .unwrap();
+    let start = Instant::now();
     let lb = b
         .elections()
         .unwrap()
