@@ -399,9 +399,7 @@ async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
     let far = raw(&coord_at(proxy.port(), &p, CALL_TIMEOUT.as_millis() as u64).await);
     let near = raw(&coord(&p).await);
     // Warm the slow connection.
-    let w = OwnerToken::random();
-    granted(far.try_acquire("warm", &w, &req(1, 1, LONG, false)).await);
-    assert!(far.release("warm", &w).await.unwrap());
+    late_support::warm_semaphore(&*far).await;
     let slot0 = format!("sem/{n}/s/0").into_bytes();
     proxy.deliver_late(move |b| find(b, &slot0).is_some(), DELAY, CUT_AFTER);
     let o1 = OwnerToken::random();

@@ -140,12 +140,7 @@ async fn a_place_written_after_the_total_changed_never_joins_the_name() {
     let near = direct(&p).await;
     let n = "q";
     // Warm the slow client's connection.
-    let warm = OwnerToken::random();
-    granted(
-        far.try_acquire("warm", &warm, &req(1, 1, LONG, false))
-            .await,
-    );
-    assert!(far.release("warm", &warm).await.unwrap());
+    late_support::warm_semaphore(&*far).await;
     let (holder, waiter, next) = (
         OwnerToken::random(),
         OwnerToken::random(),

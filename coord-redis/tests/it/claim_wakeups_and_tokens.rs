@@ -3,8 +3,9 @@
 use crate::common;
 use std::time::{Duration, Instant};
 
-use common::{SEC, unique};
+use common::{SEC, granted, unique};
 use conformance::testkit::redis::RedisServer;
+use coord_core::OwnerToken;
 use coord_redis::RedisOptions;
 
 /// Two waiters in one client process, the holder in another. The release
@@ -66,7 +67,7 @@ async fn the_second_local_waiter_is_woken_after_the_first_hands_over() {
 /// persistence or from an older snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
-    use coord_core::{Attempt, Lock, OwnerToken};
+    use coord_core::{Attempt, Lock};
     use rand::Rng;
     let server = RedisServer::start();
     let mut clients = Vec::new();
@@ -160,8 +161,22 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     let server = RedisServer::start();
     let (proxy, via, direct) = common::through_proxy(&server).await;
     let name = unique("late-lock");
-    // Warm the slow client's connection, so the delayed attempt is one message.
-    drop(via.locks().unwrap().try_acquire("warm", SEC).await.unwrap());
+    // Warm the slow client's connection, so the delayed attempt is one
+    // message. One owner: its retry of an unanswered warm-up attempt is
+    // that attempt.
+    let raw = via.raw_lock().unwrap();
+    let warm = OwnerToken::random();
+    let (a, _) = common::until_answered("the warm-up attempt", || {
+        raw.try_acquire("warm", &warm, 10 * SEC)
+    })
+    .await;
+    granted(a);
+    let (released, tries) =
+        common::until_answered("the warm-up release", || raw.release("warm", &warm)).await;
+    assert!(
+        released || tries > 1,
+        "the warm-up lock was not held at its release"
+    );
     let held = direct
         .locks()
         .unwrap()

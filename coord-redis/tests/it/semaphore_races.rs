@@ -956,16 +956,26 @@ async fn a_late_attempt_after_a_release_takes_no_permit() {
         RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port())).timeout(200 * MS),
     )
     .await
-    .unwrap()
-    .into_coord();
+    .unwrap();
     let sems = backend(&server.url())
         .await
         .into_coord()
         .semaphores()
         .unwrap();
-    // Warm the connection, so the delayed attempt is one message.
-    let warm = via.semaphores().unwrap();
-    drop(warm.try_acquire("warm", 1, SEC).await.unwrap());
+    // Warm the connection, so the delayed attempt is one message. One
+    // owner: its retry of an unanswered warm-up attempt is that attempt.
+    let warm = OwnerToken::random();
+    let r = req(1, 1, 10 * SEC, false);
+    let (a, _) =
+        common::until_answered("the warm-up attempt", || via.try_acquire("warm", &warm, &r)).await;
+    granted(a);
+    let (released, tries) =
+        common::until_answered("the warm-up release", || via.release("warm", &warm)).await;
+    assert!(
+        released || tries > 1,
+        "the warm-up grant was not held at its release"
+    );
+    let via = via.into_coord();
     proxy.latency(1500 * MS);
     let acquire = tokio::spawn({
         let s = via.semaphores().unwrap();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
+use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use coord_etcd::{EtcdBackend, EtcdOptions};
 use etcd_client::GetOptions;
 use tokio::time::{Instant, sleep};
@@ -55,6 +56,32 @@ where
 {
     let deadline = std::time::Instant::now() + 10 * SEC;
     conformance::late_copy::until_answered(deadline, what, call).await
+}
+
+/// Warm `b`'s connection through the proxy with a grant and release of
+/// the semaphore `warm`, each call tried again until answered. One owner:
+/// its retry of an unanswered attempt is that attempt.
+pub async fn warm_semaphore(b: &dyn Semaphore) {
+    let o = OwnerToken::random();
+    let r = PermitRequest {
+        permits: 1,
+        total: 1,
+        ttl: 30 * SEC,
+        queue: false,
+    };
+    let a = until_answered("the warm-up attempt", || b.try_acquire("warm", &o, &r)).await;
+    assert!(matches!(a, Attempt::Granted(_)), "the warm-up: {a:?}");
+    let mut tries = 0;
+    let released = until_answered("the warm-up release", || {
+        tries += 1;
+        b.release("warm", &o)
+    })
+    .await;
+    // A retried release may find its first, unanswered copy done.
+    assert!(
+        released || tries > 1,
+        "the warm-up grant was not held at its release"
+    );
 }
 
 /// A client straight to etcd.

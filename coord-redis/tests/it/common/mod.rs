@@ -51,6 +51,26 @@ pub fn granted(a: Attempt) -> u64 {
     }
 }
 
+/// `call` until it is answered, for at most 10 s: a warm-up through a
+/// proxy by a client whose call timeout (200 ms) a loaded machine can
+/// outlast. Returns the answer and how many tries it took (a retried
+/// release may find its first, unanswered copy already done).
+pub async fn until_answered<T, E, F, Fut>(what: &str, mut call: F) -> (T, u32)
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut tries = 0;
+    let v = conformance::late_copy::until_answered(deadline, what, || {
+        tries += 1;
+        call()
+    })
+    .await;
+    (v, tries)
+}
+
 /// Retry `f` until it succeeds (the first call after a restart may fail
 /// while the connection is re-established).
 pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
