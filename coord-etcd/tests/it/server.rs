@@ -263,6 +263,9 @@ async fn lost_signal_fires_when_etcd_goes_away() {
     // not raced by the freeze below even on a loaded machine: a renewal
     // that got through would rightly move the deadline.
     let ttl = backend.capabilities().min_ttl.max(Duration::from_secs(1)) * 6;
+    // Before the grant was sent: the server's expiry is at least a TTL
+    // after it.
+    let start = Instant::now();
     let g = coord
         .locks()
         .unwrap()
@@ -270,16 +273,17 @@ async fn lost_signal_fires_when_etcd_goes_away() {
         .await
         .unwrap();
     let owner_check = OwnerToken::random();
-    let start = Instant::now();
     // SIGSTOP: the server stops answering at once.
     server.pause();
+    // The signal is a timer, as late as a loaded machine runs it; the
+    // deadline it fires at is what must come before the server's expiry.
     timeout(ttl + Duration::from_secs(2), g.lost())
         .await
         .expect("the lost signal did not fire");
     assert!(
-        start.elapsed() <= ttl,
-        "fired after the TTL: {:?}",
-        start.elapsed()
+        g.valid_until() <= start + ttl,
+        "the guard counted itself valid past the TTL: until {:?} after the grant was sent",
+        g.valid_until() - start
     );
     assert!(!g.is_valid());
     let r = backend.extend("gone", &owner_check, ttl).await;
