@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::{SEC, eventually, unique};
 use conformance::testkit::redis::{self as kit, CountingProxy, RedisServer};
+use conformance::testkit::wait::until;
 use coord_core::{
     Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue, QueueConfig,
 };
@@ -312,10 +313,21 @@ async fn a_pop_is_woken_by_another_clients_push_and_nobody_waiting_costs_no_publ
     assert!(calls(&server, "publish") > pubs);
 
     // A delayed push wakes a waiter only when it comes due before anything
-    // else the waiter was told of.
+    // else the waiter was told of. The pop waits once its attempt after
+    // subscribing has refreshed the lane's waiting mark (the mark of the
+    // rounds above is still live, so the pushes would publish without it:
+    // only the pop's own refresh says it listens).
+    let state = format!("coord:queue:{{{name}}}");
+    let mark = || {
+        server
+            .command(&["HGET", &state, "w0"])
+            .as_str()
+            .map(|v| v.parse::<i64>().unwrap())
+    };
+    let before = mark();
     let (w, n) = (waiter.clone(), name.clone());
-    let task = tokio::spawn(async move { w.pop(&n, LONG, 1500 * MS).await });
-    sleep(300 * MS).await;
+    let task = tokio::spawn(async move { w.pop(&n, LONG, 5 * SEC).await });
+    until("the pop waits", 5 * SEC, || async { mark() > before }).await;
     let pubs = calls(&server, "publish");
     let later = PushOptions::new().delay(20 * SEC);
     pusher.push_with(&name, b"in 20 s", &later).await.unwrap();
