@@ -12,6 +12,7 @@ use common::{SEC, granted, unique};
 use conformance::facade_claim::{FacadeClaim, Held};
 use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::{RedisServer, Resp};
+use conformance::testkit::wait::until;
 use coord_core::{Coord, Election, Lease, Lock, OwnerToken};
 use coord_redis::{Layout, RedisBackend, RedisOptions};
 
@@ -118,8 +119,11 @@ async fn a_late_copy_takes_nothing(case: Case) {
         !waiter.await.unwrap(),
         "{case:?}: the waiter should give up"
     );
-    // Its cleanup (in the background) has left the mark by now.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its cleanup (in the background) leaves the mark.
+    until("the waiter's mark", 10 * SEC, || async {
+        !marks(&server, &name).is_empty()
+    })
+    .await;
     held.release().await;
     // Let the delayed attempt land.
     tokio::time::sleep(Duration::from_millis(1700)).await;
@@ -146,6 +150,14 @@ async fn a_late_copy_of_a_timed_out_lease_grant_takes_no_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_a_timed_out_campaign_elects_nobody() {
     a_late_copy_takes_nothing(Case::Election).await;
+}
+
+/// The marks of owners that left `name` (any kind, either layout).
+fn marks(server: &RedisServer, name: &str) -> Vec<String> {
+    keys(server, "*:left:*")
+        .into_iter()
+        .filter(|k| k.contains(name))
+        .collect()
 }
 
 fn keys(server: &RedisServer, pattern: &str) -> Vec<String> {
@@ -279,7 +291,12 @@ async fn redlock_late_copies_on_a_quorum_of_masters_take_no_lock() {
     pb.latency(Duration::ZERO);
     let r = waiter.await.unwrap();
     assert!(r.is_err(), "the waiter should give up: {r:?}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its cleanup (in the background) leaves the mark on the masters the
+    // copies will land on.
+    until("the waiter's marks", 10 * SEC, || async {
+        masters[..2].iter().all(|m| !marks(m, &name).is_empty())
+    })
+    .await;
     held.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(1700)).await;
     let next = direct
