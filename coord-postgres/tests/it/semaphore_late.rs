@@ -139,11 +139,14 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let next = sem.acquire(&name, 1, LONG, Duration::from_secs(5)).await;
     let waited = t.elapsed();
     let end = rows(&here, &name).await;
+    // A place nobody waits for would hold the acquire up until it lapses
+    // (SEMAPHORE_QUEUE_TTL, 30 s, past the 5 s wait); a grant at once may
+    // still take a few seconds on a loaded machine.
     assert!(
-        after_late == (1, 0) && next.is_ok() && waited < Duration::from_secs(1),
+        after_late == (1, 0) && next.is_ok() && waited < Duration::from_secs(4),
         "after the late attempt landed the name had (grants, places) = {after_late:?} \
          (want (1, 0): the holder's grant, no place); the next acquire of the free \
-         permit gave {:?} after {waited:?} (want a grant well under 1 s); \
+         permit gave {:?} after {waited:?} (want a grant at once, under 4 s); \
          rows at the end: {end:?}",
         next.as_ref().map(|p| p.fencing_token())
     );
