@@ -166,6 +166,10 @@ pub async fn lock_shortened_extend_replans_watchdog_and_lost_signal(f: &Factory)
     let long = short.max(Duration::from_secs(10)) * 3;
 
     let name = unique("replan-watchdog");
+    // Renewing every third of a 2 s TTL leaves the watchdog over a second
+    // for each renewal on a loaded machine (1 s left it 600 ms); unplanned,
+    // its next renewal would still come only at a third of `long`.
+    let shortened = ttl(&a, Duration::from_secs(2));
     let g = a
         .locks()
         .unwrap()
@@ -174,8 +178,8 @@ pub async fn lock_shortened_extend_replans_watchdog_and_lost_signal(f: &Factory)
         .unwrap();
     // Let the watchdog plan its first renewal (a third of the long TTL).
     sleep(Duration::from_millis(200)).await;
-    g.extend(short).await.unwrap();
-    sleep(short * 3).await;
+    g.extend(shortened).await.unwrap();
+    sleep(shortened * 3).await;
     assert!(
         g.is_valid(),
         "the watchdog let the shortened lock lapse: {g:?}"
