@@ -18,7 +18,7 @@
 //! one process would have), uses names unique to the case and the run, so
 //! cases run in parallel against one server, and asserts behaviour with
 //! generous time bounds. Cases that prove wake-ups by notification set the
-//! polling fallback to 10 s themselves.
+//! polling fallback to [`wake_poll`] themselves.
 #![deny(missing_docs)]
 
 use std::future::Future;
@@ -354,6 +354,28 @@ macro_rules! suite {
 
 /// Generous bound for "promptly" on a shared, noisy machine.
 pub const PROMPT: Duration = Duration::from_secs(1);
+
+/// The polling fallback of the waiters in the cases that prove a wake-up
+/// came from the store: 60 s where the store notifies (jittered, the first
+/// poll comes 30 s after the waiter subscribed at the earliest, no sooner
+/// than any of these cases stops waiting, so a wake-up the store missed
+/// fails the case), 200 ms where it does not (the case then passes on
+/// polling).
+pub fn wake_poll(c: &Coord) -> Duration {
+    if c.capabilities().notifications {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_millis(200)
+    }
+}
+
+/// How soon after the reply of the call that frees a waiter (a release, a
+/// resign, a push) the waiter must have what it waited for, in the cases
+/// that prove the wake-up came from the store (polling at [`wake_poll`]):
+/// the notification's delivery and the waiter's next attempt, with room
+/// for a loaded machine. Timed from the reply, since the freeing call's
+/// own round trip is not the waiter's delay.
+pub const WOKEN: Duration = Duration::from_secs(3);
 
 /// How long after a claim's TTL the store may still hold it: etcd's lessor
 /// looks for expired leases every ~500 ms and revokes them through raft,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use coord_core::{Coord, Error, RwLocks, RwMode};
 use tokio::time::{Instant, sleep};
 
-use crate::{Factory, PROMPT, ttl, unique};
+use crate::{Factory, WOKEN, ttl, unique, wake_poll};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -255,16 +255,12 @@ pub async fn rwlock_stale_guard_cannot_release_or_extend(f: &Factory) {
     fresh.release().await.unwrap();
 }
 
-/// A waiting writer is woken by the store when the last reader leaves,
-/// with polling every 10 s (where the store notifies).
+/// A waiting writer is woken by the store when the last reader leaves
+/// (within [`WOKEN`] of the release's reply), polling at [`wake_poll`].
 pub async fn rwlock_waiter_is_woken_by_notification(f: &Factory) {
     let a = f.client().await;
     let b = f.client().await;
-    let poll = if b.capabilities().notifications {
-        Duration::from_secs(10)
-    } else {
-        Duration::from_millis(200)
-    };
+    let poll = wake_poll(&b);
     let b = b.with_poll_interval(poll);
     let (Some(ra), Some(rb)) = (rw(&a), rw(&b)) else {
         return;
@@ -277,13 +273,14 @@ pub async fn rwlock_waiter_is_woken_by_notification(f: &Factory) {
         (Instant::now(), w)
     });
     sleep(Duration::from_millis(1500)).await;
-    let released = Instant::now();
     r.release().await.unwrap();
+    // From the release's reply: its round trip is not the writer's delay.
+    let released = Instant::now();
     let (got, w) = waiter.await.unwrap();
     let w = w.expect("the writer gets the lock");
-    let lag = got - released;
+    let lag = got.saturating_duration_since(released);
     assert!(
-        lag <= PROMPT,
+        lag <= WOKEN,
         "writer took {lag:?} after the reader left (poll {poll:?}): not woken by a notification"
     );
     w.release().await.unwrap();

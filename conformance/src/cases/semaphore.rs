@@ -14,7 +14,7 @@ use coord_core::{Coord, Error, FencingToken, PermitOptions, Semaphores};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::testkit::wait::until;
-use crate::{Factory, PROMPT, expiry_slack, ttl, unique};
+use crate::{Factory, PROMPT, WOKEN, expiry_slack, ttl, unique, wake_poll};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -296,17 +296,13 @@ pub async fn semaphore_stale_permit_cannot_release_or_extend(f: &Factory) {
     assert!(matches!(e, Error::NotHeld { .. }), "removed release: {e:?}");
 }
 
-/// A waiting acquire gets a permit within 1 s of its release although the
-/// polling fallback is 10 s (200 ms on a store without notifications): the
-/// wake-up came from the store.
+/// A waiting acquire gets a permit within [`WOKEN`] of its release's reply
+/// although its polling fallback is [`wake_poll`]: the wake-up came from
+/// the store.
 pub async fn semaphore_waiter_is_woken_by_notification(f: &Factory) {
     let a = f.client().await;
     let b = f.client().await;
-    let poll = if b.capabilities().notifications {
-        Duration::from_secs(10)
-    } else {
-        Duration::from_millis(200)
-    };
+    let poll = wake_poll(&b);
     let b = b.with_poll_interval(poll);
     let Some([sa, sb]) = gated([&a, &b]) else {
         return;
@@ -321,13 +317,14 @@ pub async fn semaphore_waiter_is_woken_by_notification(f: &Factory) {
     });
     // Let the waiter attempt, subscribe and settle into its long sleep.
     sleep(Duration::from_millis(1500)).await;
-    let released_at = Instant::now();
     p1.release().await.unwrap();
+    // From the release's reply: its round trip is not the waiter's delay.
+    let released_at = Instant::now();
     let (got_at, p) = waiter.await.unwrap();
     let p = p.expect("the waiter must get the released permit");
-    let lag = got_at - released_at;
+    let lag = got_at.saturating_duration_since(released_at);
     assert!(
-        lag <= PROMPT,
+        lag <= WOKEN,
         "waiter took {lag:?} after release (poll {poll:?}): not woken by a notification"
     );
     p.release().await.unwrap();
@@ -335,18 +332,14 @@ pub async fn semaphore_waiter_is_woken_by_notification(f: &Factory) {
 }
 
 /// A release wakes every waiter that now fits, not one: with both permits
-/// of 2 held by one grant and two waiters for 1 each (polling at 10 s; 200
-/// ms on a store without notifications), both are granted within 1 s of
-/// the release. A store that wakes one waiter per release leaves the other
+/// of 2 held by one grant and two waiters for 1 each (polling at
+/// [`wake_poll`]), both are granted within [`WOKEN`] of the release's
+/// reply. A store that wakes one waiter per release leaves the other
 /// to its next poll or to the holder's TTL.
 pub async fn semaphore_release_wakes_every_waiter_that_fits(f: &Factory) {
     let a = f.client().await;
     let (b, c) = (f.client().await, f.client().await);
-    let poll = if b.capabilities().notifications {
-        Duration::from_secs(10)
-    } else {
-        Duration::from_millis(200)
-    };
+    let poll = wake_poll(&b);
     let (b, c) = (b.with_poll_interval(poll), c.with_poll_interval(poll));
     let Some([sa, sb, sc]) = gated([&a, &b, &c]) else {
         return;
@@ -367,26 +360,27 @@ pub async fn semaphore_release_wakes_every_waiter_that_fits(f: &Factory) {
     // Let both waiters attempt, queue, subscribe and settle into their
     // long sleeps.
     sleep(Duration::from_secs(1)).await;
-    let released_at = Instant::now();
     both.release().await.unwrap();
-    let deadline = released_at + PROMPT;
+    // From the release's reply: its round trip is not the waiters' delay.
+    let released_at = Instant::now();
+    let deadline = released_at + WOKEN;
     while Instant::now() < deadline && !waiters.iter().all(|w| w.is_finished()) {
         sleep(Duration::from_millis(5)).await;
     }
     let done = waiters.iter().filter(|w| w.is_finished()).count();
     assert!(
         done == waiters.len(),
-        "{done} of the 2 waiters for 1 permit were granted within {PROMPT:?} of the release \
+        "{done} of the 2 waiters for 1 permit were granted within {WOKEN:?} of the release \
          of both permits (poll {poll:?}): the release woke only one waiter"
     );
     let mut granted = Vec::new();
     for (i, w) in waiters.into_iter().enumerate() {
         let (at, p) = w.await.unwrap();
         let p = p.unwrap_or_else(|e| panic!("waiter {i}: {e:?}"));
+        let lag = at.saturating_duration_since(released_at);
         assert!(
-            at - released_at <= PROMPT,
-            "waiter {i} was granted {:?} after the release",
-            at - released_at
+            lag <= WOKEN,
+            "waiter {i} was granted {lag:?} after the release"
         );
         granted.push(p);
     }
@@ -611,28 +605,29 @@ pub async fn semaphore_fifo_head_is_not_overtaken_by_smaller_requests(f: &Factor
         "a later waiting request for 1 overtook the queued request for 2"
     );
     // 2 free now: exactly enough for the head, not for the one behind it.
-    let released_at = Instant::now();
+    // Timed from the release's reply: its round trip is not the waiter's.
     held.release().await.unwrap();
+    let released_at = Instant::now();
     let (big_at, big) = big.await.unwrap();
     let big = big.expect("the head of the queue must be granted");
+    let lag = big_at.saturating_duration_since(released_at);
     assert!(
-        big_at - released_at <= PROMPT,
-        "the head was granted {:?} after the release",
-        big_at - released_at
+        lag <= WOKEN,
+        "the head was granted {lag:?} after the release"
     );
     sleep(Duration::from_millis(300)).await;
     assert!(
         !small.is_finished(),
         "3 permits held beside 1 more: more than permits_total"
     );
-    let released_at = Instant::now();
     keep.release().await.unwrap();
+    let released_at = Instant::now();
     let (small_at, small) = small.await.unwrap();
     let small = small.expect("the later request gets the permit given back");
+    let lag = small_at.saturating_duration_since(released_at);
     assert!(
-        small_at - released_at <= PROMPT,
-        "the second in line was granted {:?} after the release",
-        small_at - released_at
+        lag <= WOKEN,
+        "the second in line was granted {lag:?} after the release"
     );
     assert!(
         small.fencing_token() > big.fencing_token(),

@@ -54,16 +54,6 @@ fn field_of<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) -> &'stati
     }
 }
 
-/// The polling fallback for a case that proves a wake-up: 10 s, or 200 ms
-/// on a store without notifications (which then passes on polling).
-fn wake_poll(c: &Coord) -> Duration {
-    if c.capabilities().notifications {
-        Duration::from_secs(10)
-    } else {
-        Duration::from_millis(200)
-    }
-}
-
 /// A message for the raw trait: no delay, group or dedup id.
 fn raw_message(payload: &[u8]) -> NewMessage<'_> {
     NewMessage {
