@@ -13,62 +13,13 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
 use rand::Rng;
 
+use super::tally::{answered, count, errors, quorum_token, settled};
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Step};
 use crate::keys::Keys;
 
 /// The pause before a failed release is sent again.
 const RELEASE_RETRY: Duration = Duration::from_millis(50);
-
-fn count<T>(a: &Answers<T>, f: impl Fn(&T) -> bool) -> usize {
-    a.iter()
-        .filter(|x| matches!(x, Some(Ok(v)) if f(v)))
-        .count()
-}
-
-fn errors<T>(a: &Answers<T>) -> usize {
-    a.iter().filter(|x| matches!(x, Some(Err(_)))).count()
-}
-
-/// Whether the inspect answers so far settle who holds the claim and
-/// its token: a quorum answered, and every owner seen either holds it on a
-/// quorum with one token (a master set late may still show its own for a
-/// moment) or can no longer get there with the masters still out.
-fn settled(a: &Answers<ClaimRecord>, n: usize, q: usize) -> bool {
-    let ok = answered(a);
-    if ok < q {
-        return false;
-    }
-    let out = n - ok - errors(a);
-    let mut seen: HashMap<OwnerToken, HashMap<FencingToken, usize>> = HashMap::new();
-    for r in a.iter().flatten().flatten() {
-        for h in &r.holders {
-            *seen.entry(h.owner).or_default().entry(h.token).or_default() += 1;
-        }
-    }
-    seen.values().all(|tokens| {
-        let on: usize = tokens.values().sum();
-        let agreed = tokens.values().copied().max().unwrap_or(0);
-        agreed >= q || on + out < q || out == 0
-    })
-}
-
-/// The token of a grant from the tokens of the masters that granted it
-/// (at least `q`): the one a quorum of them holds already, if any (this
-/// owner's grant, retried: a master that missed it and grants it now has
-/// a later token of its own, and is set to the grant's), else the
-/// highest (a new grant: above every token its masters issued before).
-fn quorum_token(tokens: &[FencingToken], q: usize) -> FencingToken {
-    let agreed = tokens
-        .iter()
-        .copied()
-        .find(|t| tokens.iter().filter(|x| *x == t).count() >= q);
-    agreed.unwrap_or_else(|| tokens.iter().copied().max().unwrap_or(FencingToken(0)))
-}
-
-fn answered<T>(a: &Answers<T>) -> usize {
-    a.iter().filter(|x| matches!(x, Some(Ok(_)))).count()
-}
 
 /// How an attempt was decided, for the masters that answer after it.
 #[derive(Clone)]

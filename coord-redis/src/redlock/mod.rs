@@ -83,6 +83,7 @@ mod claims;
 mod health;
 mod list;
 mod master;
+mod tally;
 mod traits;
 
 use master::{Master, State};

@@ -1,0 +1,89 @@
+//! Counting the masters' answers to one step: how many answered, how many
+//! failed, whether they settle who holds a claim, and a grant's token.
+
+use std::collections::HashMap;
+
+use coord_core::inspect::ClaimRecord;
+use coord_core::{FencingToken, OwnerToken};
+
+use super::Answers;
+
+/// How many masters answered with a value `f` accepts.
+pub(super) fn count<T>(a: &Answers<T>, f: impl Fn(&T) -> bool) -> usize {
+    a.iter()
+        .filter(|x| matches!(x, Some(Ok(v)) if f(v)))
+        .count()
+}
+
+/// How many masters answered with an error.
+pub(super) fn errors<T>(a: &Answers<T>) -> usize {
+    a.iter().filter(|x| matches!(x, Some(Err(_)))).count()
+}
+
+/// Whether the inspect answers so far settle who holds the claim and
+/// its token: a quorum answered, and every owner seen either holds it on a
+/// quorum with one token (a master set late may still show its own for a
+/// moment) or can no longer get there with the masters still out.
+pub(super) fn settled(a: &Answers<ClaimRecord>, n: usize, q: usize) -> bool {
+    let ok = answered(a);
+    if ok < q {
+        return false;
+    }
+    let out = n - ok - errors(a);
+    let mut seen: HashMap<OwnerToken, HashMap<FencingToken, usize>> = HashMap::new();
+    for r in a.iter().flatten().flatten() {
+        for h in &r.holders {
+            *seen.entry(h.owner).or_default().entry(h.token).or_default() += 1;
+        }
+    }
+    seen.values().all(|tokens| {
+        let on: usize = tokens.values().sum();
+        let agreed = tokens.values().copied().max().unwrap_or(0);
+        agreed >= q || on + out < q || out == 0
+    })
+}
+
+/// The token of a grant from the tokens of the masters that granted it
+/// (at least `q`): the one a quorum of them holds already, if any (this
+/// owner's grant, retried: a master that missed it and grants it now has
+/// a later token of its own, and is set to the grant's), else the
+/// highest (a new grant: above every token its masters issued before).
+pub(super) fn quorum_token(tokens: &[FencingToken], q: usize) -> FencingToken {
+    let agreed = tokens
+        .iter()
+        .copied()
+        .find(|t| tokens.iter().filter(|x| *x == t).count() >= q);
+    agreed.unwrap_or_else(|| tokens.iter().copied().max().unwrap_or(FencingToken(0)))
+}
+
+/// How many masters answered (with a value).
+pub(super) fn answered<T>(a: &Answers<T>) -> usize {
+    a.iter().filter(|x| matches!(x, Some(Ok(_)))).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_takes_the_token_a_quorum_holds_else_the_highest() {
+        let t = |v: &[u64]| v.iter().copied().map(FencingToken).collect::<Vec<_>>();
+        // A retried grant: two of three masters already hold 5.
+        assert_eq!(quorum_token(&t(&[5, 9, 5]), 2), FencingToken(5));
+        // A new grant: no token held by a quorum, the highest wins.
+        assert_eq!(quorum_token(&t(&[5, 6, 7]), 2), FencingToken(7));
+    }
+
+    #[test]
+    fn answers_are_counted_by_kind() {
+        let a: Answers<u32> = vec![
+            Some(Ok(1)),
+            Some(Ok(2)),
+            Some(Err(coord_core::Error::Config("down".into()))),
+            None,
+        ];
+        assert_eq!(answered(&a), 2);
+        assert_eq!(errors(&a), 1);
+        assert_eq!(count(&a, |v| *v > 1), 1);
+    }
+}
