@@ -191,19 +191,18 @@ async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
         (g, Instant::now())
     });
     sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
     held.release().await.unwrap();
+    let released = Instant::now();
     let (g, at) = waiting.await.unwrap();
     let g = g.expect("the waiter acquires once the holder released");
     g.release().await.unwrap();
-    println!(
-        "{scenario}: waiter woken {:?} after the release",
-        at - released
-    );
+    let took = at.saturating_duration_since(released);
+    println!("{scenario}: waiter woken {took:?} after the release's reply");
+    // The waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+    // still tells a wake-up from a poll on a loaded machine.
     assert!(
-        at - released < Duration::from_secs(1),
-        "{scenario}: the waiter was woken {:?} after the release: its LISTEN connection did not move to the new primary",
-        at - released
+        took < Duration::from_secs(3),
+        "{scenario}: the waiter was woken {took:?} after the release's reply: its LISTEN connection did not move to the new primary"
     );
 }
 

@@ -192,8 +192,11 @@ async fn a_master_killed_mid_workload_keeps_fencing_and_coord_follows_its_replic
 async fn assert_woken_by_notification(url: &str, waiter: Coord) {
     let took = woken_after_release(&client(url).await, waiter, TTL * 3).await;
     println!("cluster failover: waiter woken {took:?} after the release");
+    // From before the release call (its round trip included); the waiter
+    // polls every 30 s (15 s at the soonest, jittered), so 3 s still tells a
+    // wake-up from a poll on a loaded machine.
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "the waiter was woken {took:?} after the release: its subscription did not move"
     );
 }

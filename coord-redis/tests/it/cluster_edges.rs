@@ -108,7 +108,10 @@ async fn resp3_works_on_a_cluster() {
     every_primitive(&a, "job").await.unwrap();
     let b = connect(&url, &prefix).await.unwrap();
     let took = woken_after_release(&a, b, TTL).await;
-    assert!(took < Duration::from_secs(1), "woken after {took:?}");
+    // From before the release call (its round trip included); the
+    // waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+    // still tells a wake-up from a poll on a loaded machine.
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
 }
 
 /// Names with braces and percent signs: every key of one primitive stays
@@ -251,7 +254,10 @@ async fn a_client_connects_through_the_one_live_seed_of_many() {
         // Wake-ups still come, from whichever seed took the subscription.
         let w = connect(&url, &prefix).await.unwrap();
         let took = woken_after_release(&c, w, TTL).await;
-        assert!(took < Duration::from_secs(1), "{url}: woken after {took:?}");
+        // From before the release call (its round trip included); the
+        // waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+        // still tells a wake-up from a poll on a loaded machine.
+        assert!(took < Duration::from_secs(3), "{url}: woken after {took:?}");
     }
 }
 
@@ -472,7 +478,10 @@ async fn a_client_goes_on_through_a_rolling_restart() {
     // killed first: it moved, and wake-ups still reach it.
     let holder = connect(&cluster.url(), prefix).await.unwrap();
     let took = woken_after_release(&holder, coord, TTL).await;
-    assert!(took < Duration::from_secs(1), "woken after {took:?}");
+    // From before the release call (its round trip included); the
+    // waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+    // still tells a wake-up from a poll on a loaded machine.
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
     println!("rolling restart: {:?} in all", started.elapsed());
 }
 
@@ -503,7 +512,10 @@ async fn a_cluster_with_a_password_works_and_keeps_it_secret() {
     every_primitive(&a, "job").await.unwrap();
     let b = connect(&url, "auth:").await.unwrap();
     let took = woken_after_release(&a, b, TTL).await;
-    assert!(took < Duration::from_secs(1), "woken after {took:?}");
+    // From before the release call (its round trip included); the
+    // waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+    // still tells a wake-up from a poll on a loaded machine.
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
     for bad in [
         url_with_password(&cluster, "wrong-Pa55"),
         cluster.url(),
@@ -748,7 +760,10 @@ async fn a_tls_cluster_works() {
     every_primitive(&a, "job").await.unwrap();
     let b = opts().connect().await.unwrap();
     let took = woken_after_release(&a, b, TTL).await;
-    assert!(took < Duration::from_secs(1), "woken after {took:?}");
+    // From before the release call (its round trip included); the
+    // waiter polls every 30 s (15 s at the soonest, jittered), so 3 s
+    // still tells a wake-up from a poll on a loaded machine.
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
     let e = connect(&cluster.url(), "tls:").await.unwrap_err();
     println!("without the CA: {e}");
     assert!(

@@ -142,8 +142,11 @@ fn held_in_store(pg: &PgCluster, url: &str, name: &str) -> bool {
 async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
     let took = woken_after_release(&client(url).await, waiter, TTL).await;
     println!("{scenario}: waiter woken {took:?} after the release");
+    // From before the release call (its round trip included); the waiter
+    // polls every 30 s (15 s at the soonest, jittered), so 3 s still tells a
+    // wake-up from a poll on a loaded machine.
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "{scenario}: the waiter was woken {took:?} after the release: its LISTEN connection did not come back"
     );
 }
