@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use conformance::faults::history::{Access, FencedResource, Grant, check_lock_history};
 use conformance::testkit::redis::{RedisServer, RedlockMasters, Resp};
-use conformance::testkit::wait::holds_within;
+use conformance::testkit::wait::{holds_within, until};
 use coord_core::{Coord, Error, LockOptions};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -432,14 +432,19 @@ async fn dropped_acquires_leave_nothing_behind() {
                 Err(_) => dropped += 1,
             }
         }
-        sleep(Duration::from_millis(200)).await;
-        left = set
-            .masters()
-            .iter()
-            .enumerate()
-            .map(|(i, m)| (i, live_claims(m, "cancelled")))
-            .filter(|(_, v)| !v.is_empty())
-            .collect();
+        // What the dropped attempts were granted is released in the
+        // background: give it 5 s, well within the claims' 30 s TTL (a
+        // claim never released is still there to be seen).
+        let live = || {
+            set.masters()
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (i, live_claims(m, "cancelled")))
+                .filter(|(_, v)| !v.is_empty())
+                .collect::<Vec<_>>()
+        };
+        holds_within(Duration::from_secs(5), || async { live().is_empty() }).await;
+        left = live();
         if !left.is_empty() {
             break;
         }
@@ -902,6 +907,14 @@ async fn one_server_listed_twice_under_two_spellings() {
     );
 }
 
+/// How many scripts `m` has run (`EVALSHA`).
+fn script_calls(m: &RedisServer) -> i64 {
+    m.info("commandstats", "cmdstat_evalsha")
+        .split(',')
+        .find_map(|f| f.strip_prefix("calls="))
+        .map_or(0, |n| n.parse().unwrap())
+}
+
 /// The token stored in a claim value `<owner>:<token>[~meta~][*]`.
 fn stored_token(v: &str) -> u64 {
     let rest = v.split_once(':').expect("owner:token").1;
@@ -917,9 +930,13 @@ fn stored_token(v: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_master_is_set_to_the_quorum_token() {
     let set = RedlockMasters::start_behind_proxies(3);
-    let (a, b) = (client(&set.url()).await, client(&set.url()).await);
+    // The slow master's round trip (2 s) well within the call timeout, so
+    // its grant comes late rather than not at all.
+    let url = format!("{}?timeout=10s", set.url());
+    let (a, b) = (client(&url).await, client(&url).await);
     ready(&set, &[&a, &b]).await;
-    set.proxy(2).latency(Duration::from_millis(250));
+    let slow = Duration::from_secs(1);
+    set.proxy(2).latency(slow);
     let mut last = 0;
     for i in 0..3 {
         let (who, other) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
@@ -932,32 +949,45 @@ async fn a_late_master_is_set_to_the_quorum_token() {
             .unwrap()
             .unwrap();
         let took = t.elapsed();
-        assert!(
-            took < Duration::from_millis(500),
-            "waited for the slow master: {took:?}"
-        );
+        // Waiting for the slow master takes its round trip (2 s) at least.
+        assert!(took < slow * 3 / 2, "waited for the slow master: {took:?}");
         let token = g.fencing_token().get();
         assert!(token > last, "{last} then {token}");
         last = token;
-        sleep(Duration::from_millis(1500)).await;
-        let stored: Vec<u64> = set
-            .masters()
-            .iter()
-            .map(|m| {
-                let c = live_claims(m, "late-token");
-                assert_eq!(c.len(), 1, "{c:?}");
-                stored_token(&c[0].1)
-            })
-            .collect();
+        // The late grant, then its correction, each a round trip to the
+        // slow master; well within the claim's 10 s TTL.
+        let stored = || -> Vec<Vec<u64>> {
+            set.masters()
+                .iter()
+                .map(|m| {
+                    live_claims(m, "late-token")
+                        .iter()
+                        .map(|c| stored_token(&c.1))
+                        .collect()
+                })
+                .collect()
+        };
+        holds_within(Duration::from_secs(6), || async {
+            stored().iter().all(|s| s == &[token])
+        })
+        .await;
+        let stored = stored();
         assert!(
-            stored.iter().all(|&t| t == token),
+            stored.iter().all(|s| s == &[token]),
             "grant {token}, stored on the masters {stored:?}"
         );
         let info = other.locks().unwrap().inspect("late-token").await.unwrap();
         assert_eq!(info.holders.len(), 1);
         assert_eq!(info.holders[0].fencing_token.get(), token);
         g.release().await.unwrap();
-        sleep(Duration::from_millis(400)).await;
+        // The release returns once a quorum answered: the slow master's
+        // comes later, and the next grant must find it free.
+        until(
+            "the slow master released",
+            Duration::from_secs(6),
+            || async { live_claims(&set.masters()[2], "late-token").is_empty() },
+        )
+        .await;
     }
     set.proxy(2).heal();
 }
@@ -971,12 +1001,19 @@ async fn a_late_master_is_set_to_the_quorum_token() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_with_a_frozen_master_do_not_wait_for_it() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=1s&connect_timeout=5s", set.url());
+    // Waiting for the frozen master costs a read its call timeout (4 s);
+    // half of it leaves room for a loaded machine.
+    let call_timeout = Duration::from_secs(4);
+    let url = format!(
+        "{}?timeout={}ms&connect_timeout=5s",
+        set.url(),
+        call_timeout.as_millis()
+    );
     let c = client(&url).await;
     let lease = c
         .leases()
         .unwrap()
-        .grant("frozen-read", Duration::from_secs(10))
+        .grant("frozen-read", Duration::from_secs(30))
         .await
         .unwrap()
         .unwrap();
@@ -994,8 +1031,8 @@ async fn reads_with_a_frozen_master_do_not_wait_for_it() {
     }
     drop(lease);
     assert!(
-        took.iter().all(|t| *t < Duration::from_millis(500)),
-        "remaining, inspect, remaining, inspect took {took:?} (call timeout 1 s)"
+        took.iter().all(|t| *t < call_timeout / 2),
+        "remaining, inspect, remaining, inspect took {took:?} (call timeout {call_timeout:?})"
     );
 }
 
@@ -1149,7 +1186,14 @@ async fn watchdog_survives_a_connection_blip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_returns_once_a_quorum_is_connected() {
     let set = RedlockMasters::start(3);
-    let url = format!("{}?timeout=500ms&connect_timeout=2s", set.url());
+    // Waiting for the frozen master costs connect its connect timeout
+    // (6 s); half of it leaves room for a loaded machine.
+    let connect_timeout = Duration::from_secs(6);
+    let url = format!(
+        "{}?timeout=500ms&connect_timeout={}ms",
+        set.url(),
+        connect_timeout.as_millis()
+    );
     let frozen = Frozen::pause(&set.masters()[2]);
     let t = Instant::now();
     let c = client(&url).await;
@@ -1163,7 +1207,7 @@ async fn connect_returns_once_a_quorum_is_connected() {
     assert!(g.is_some());
     drop(frozen);
     assert!(
-        took < Duration::from_millis(1000),
+        took < connect_timeout / 2,
         "connect took {took:?} with two of three masters up at once"
     );
 }
@@ -1195,6 +1239,7 @@ async fn a_refused_try_acquire_leaves_no_late_grant() {
         set.masters()[0].command(&["DEL", &k]);
     }
     set.proxy(0).latency(Duration::from_millis(100));
+    let before = script_calls(&set.masters()[0]);
     assert!(
         b.locks()
             .unwrap()
@@ -1203,7 +1248,18 @@ async fn a_refused_try_acquire_leaves_no_late_grant() {
             .unwrap()
             .is_none()
     );
-    sleep(Duration::from_millis(600)).await;
+    // The refused attempt reached master 0 (its script ran there); a late
+    // grant there must then be undone, well within the claim's 20 s TTL.
+    until(
+        "the refused attempt reached master 0",
+        Duration::from_secs(10),
+        || async { script_calls(&set.masters()[0]) > before },
+    )
+    .await;
+    holds_within(Duration::from_secs(5), || async {
+        live_claims(&set.masters()[0], "ghost").is_empty()
+    })
+    .await;
     let ghosts = live_claims(&set.masters()[0], "ghost");
     set.proxy(0).heal();
     g.release().await.unwrap();
@@ -1251,9 +1307,17 @@ async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
     let coord_core::Attempt::Granted(token) = first else {
         panic!("two masters of three granted a free lock: {first:?}");
     };
-    // Master 2 ran the queued attempt on resuming (a token of its own),
-    // and is asked again once it is no longer skipped as slow.
-    sleep(Duration::from_millis(1500)).await;
+    let resumed = Instant::now();
+    // Master 2 runs the queued attempt on resuming (a token of its own),
+    // and is asked again once it is no longer skipped as slow (a second
+    // after its timeout, before it resumed).
+    until(
+        "master 2 ran the queued attempt",
+        Duration::from_secs(10),
+        || async { !live_claims(&set.masters()[2], "missed").is_empty() },
+    )
+    .await;
+    tokio::time::sleep_until(resumed + Duration::from_millis(1500)).await;
     let late = live_claims(&set.masters()[2], "missed");
     let again = raw.try_acquire("missed", &me, ttl).await.unwrap();
     assert_eq!(
@@ -1261,17 +1325,24 @@ async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
         coord_core::Attempt::Granted(token),
         "a retry by the owner got another token (master 2 held {late:?} before it)"
     );
-    sleep(Duration::from_millis(200)).await;
-    let stored: Vec<Vec<u64>> = set
-        .masters()
-        .iter()
-        .map(|m| {
-            live_claims(m, "missed")
-                .iter()
-                .map(|c| stored_token(&c.1))
-                .collect()
-        })
-        .collect();
+    // The retry returns once a quorum answered; master 2 is set to the
+    // quorum's token beside it: well within the claim's 20 s TTL.
+    let stored = || -> Vec<Vec<u64>> {
+        set.masters()
+            .iter()
+            .map(|m| {
+                live_claims(m, "missed")
+                    .iter()
+                    .map(|c| stored_token(&c.1))
+                    .collect()
+            })
+            .collect()
+    };
+    holds_within(Duration::from_secs(5), || async {
+        stored().iter().all(|s| s == &[token.get()])
+    })
+    .await;
+    let stored = stored();
     assert!(
         stored.iter().all(|s| s == &[token.get()]),
         "grant {token:?}, stored on the masters {stored:?}"
