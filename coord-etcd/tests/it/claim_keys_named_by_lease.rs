@@ -13,17 +13,18 @@
 
 use crate::claim_support;
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
+use conformance::testkit::wait::until;
 use coord_core::{Attempt, Election, Error, Lock, OwnerToken};
+use coord_etcd::EtcdBackend;
 use etcd_client::{KeyValue, LeaseTimeToLiveOptions};
 use futures::StreamExt;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{sleep, timeout};
 
 use claim_support::{all_keys, claim_keys, client, client_at, granted, owner_of, raw_etcd, unique};
 
@@ -64,22 +65,6 @@ fn not_held<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) {
     match r {
         Err(Error::NotHeld { .. }) => {}
         r => panic!("{what}: expected NotHeld, got {r:?}"),
-    }
-}
-
-/// Wait until `cond` holds (checked every 20 ms), at most `limit`.
-async fn until<F, Fut>(what: &str, limit: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -253,6 +238,12 @@ async fn stale_owner_after_its_lease_ended_on_the_server() {
 /// conditional delete lands) the owner releases and the same client's
 /// next claim writes the same key again. The late delete must not remove
 /// the next claim. Same for a resignation.
+///
+/// The slow link delays each message 1 s, so the owner's release and the
+/// next claim go between the slow read (at 1 s) and the slow delete (at
+/// 3 s). On a loaded machine the slow delete may still come first: it
+/// then rightly releases the owner, the round proves nothing and is
+/// played again on another name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_release_by_owner_token_never_removes_the_reused_key() {
     let p = unique("slowrel");
@@ -260,19 +251,60 @@ async fn a_slow_release_by_owner_token_never_removes_the_reused_key() {
     let proxy = FaultProxy::start(etcd::shared().client_port());
     let slow = client_at(proxy.port(), &p, 15_000).await;
     assert!(!slow.release("warm", &OwnerToken::random()).await.unwrap());
-    let latency = Duration::from_millis(400);
+    const ROUNDS: usize = 5;
+    let mut proved = false;
+    for round in 0..ROUNDS {
+        if slow_release_round(&p, &b, &slow, &proxy, &format!("r{round}")).await {
+            proved = true;
+            break;
+        }
+    }
+    assert!(
+        proved,
+        "the slow lock release came first in all {ROUNDS} rounds"
+    );
+    let mut proved = false;
+    for round in 0..ROUNDS {
+        if slow_resign_round(&p, &b, &slow, &proxy, &format!("e{round}")).await {
+            proved = true;
+            break;
+        }
+    }
+    assert!(
+        proved,
+        "the slow resignation came first in all {ROUNDS} rounds"
+    );
+    assert!(all_keys(&p).await.is_empty());
+}
 
-    // Locks.
+/// The slow link's delay each way in the slow-release rounds.
+const SLOW_LINK: Duration = Duration::from_secs(1);
+
+/// A lock round of `a_slow_release_by_owner_token_never_removes_the_reused_key`
+/// on `name`: false if the slow release came first (nothing proved).
+async fn slow_release_round(
+    p: &str,
+    b: &Arc<EtcdBackend>,
+    slow: &Arc<EtcdBackend>,
+    proxy: &FaultProxy,
+    name: &str,
+) -> bool {
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire("r", &o1, LONG).await);
-    let key = lock_keys(&p, "r").await[0].key().to_vec();
-    proxy.latency(latency);
-    let s = slow.clone();
-    let late = tokio::spawn(async move { s.release("r", &o1).await });
-    sleep(latency + latency / 2).await;
-    assert!(b.release("r", &o1).await.unwrap());
+    let t1 = granted(b.try_acquire(name, &o1, LONG).await);
+    let key = lock_keys(p, name).await[0].key().to_vec();
+    proxy.latency(SLOW_LINK);
+    let (s, n) = (slow.clone(), name.to_string());
+    let late = tokio::spawn(async move { s.release(&n, &o1).await });
+    sleep(SLOW_LINK + SLOW_LINK / 2).await;
+    if !b.release(name, &o1).await.unwrap() {
+        let released = late.await.unwrap().unwrap();
+        proxy.latency(Duration::ZERO);
+        assert!(released, "{name}: neither release found the owner holding");
+        assert!(lock_keys(p, name).await.is_empty(), "{name}: a key left");
+        return false;
+    }
     let o2 = OwnerToken::random();
-    let t2 = granted(b.try_acquire("r", &o2, LONG).await);
+    let t2 = granted(b.try_acquire(name, &o2, LONG).await);
     assert!(t2 > t1);
     let released = late.await.unwrap().unwrap();
     proxy.latency(Duration::ZERO);
@@ -280,42 +312,61 @@ async fn a_slow_release_by_owner_token_never_removes_the_reused_key() {
         !released,
         "a release of an owner that had released said held"
     );
-    let k = lock_keys(&p, "r").await;
+    let k = lock_keys(p, name).await;
     assert_eq!(k.len(), 1, "the reused key was removed");
     assert_eq!(k[0].key(), &key[..], "the scenario needs the key reused");
     assert_eq!(
         (owner_of(&k[0]), k[0].create_revision() as u64),
         (hex(&o2), t2)
     );
-    assert!(b.extend("r", &o2, LONG).await.unwrap());
-    assert!(b.release("r", &o2).await.unwrap());
+    assert!(b.extend(name, &o2, LONG).await.unwrap());
+    assert!(b.release(name, &o2).await.unwrap());
+    true
+}
 
-    // Elections.
+/// The election round of the same: false if the slow resignation came
+/// first (nothing proved).
+async fn slow_resign_round(
+    p: &str,
+    b: &Arc<EtcdBackend>,
+    slow: &Arc<EtcdBackend>,
+    proxy: &FaultProxy,
+    name: &str,
+) -> bool {
     let e1 = OwnerToken::random();
-    let term1 = granted(b.try_campaign("e", "cand one", &e1, LONG).await);
-    let ekey = claim_keys(&p, "election", "e").await[0].key().to_vec();
-    proxy.latency(latency);
-    let s = slow.clone();
-    let late = tokio::spawn(async move { s.resign("e", &e1).await });
-    sleep(latency + latency / 2).await;
-    assert!(b.resign("e", &e1).await.unwrap());
+    let term1 = granted(b.try_campaign(name, "cand one", &e1, LONG).await);
+    let ekey = claim_keys(p, "election", name).await[0].key().to_vec();
+    proxy.latency(SLOW_LINK);
+    let (s, n) = (slow.clone(), name.to_string());
+    let late = tokio::spawn(async move { s.resign(&n, &e1).await });
+    sleep(SLOW_LINK + SLOW_LINK / 2).await;
+    if !b.resign(name, &e1).await.unwrap() {
+        let resigned = late.await.unwrap().unwrap();
+        proxy.latency(Duration::ZERO);
+        assert!(resigned, "{name}: neither resignation found the leader");
+        assert!(
+            claim_keys(p, "election", name).await.is_empty(),
+            "{name}: a key left"
+        );
+        return false;
+    }
     let e2 = OwnerToken::random();
-    let term2 = granted(b.try_campaign("e", "cand two", &e2, LONG).await);
+    let term2 = granted(b.try_campaign(name, "cand two", &e2, LONG).await);
     assert!(term2 > term1);
     let resigned = late.await.unwrap().unwrap();
     proxy.latency(Duration::ZERO);
     assert!(!resigned, "a resignation of a past leader said it led");
-    let k = claim_keys(&p, "election", "e").await;
+    let k = claim_keys(p, "election", name).await;
     assert_eq!(k.len(), 1, "the reused election key was removed");
     assert_eq!(k[0].key(), &ekey[..], "the scenario needs the key reused");
-    let leader = b.leader("e").await.unwrap().expect("e2 leads");
+    let leader = b.leader(name).await.unwrap().expect("e2 leads");
     assert_eq!(
         (leader.candidate.as_str(), leader.term.get()),
         ("cand two", term2)
     );
-    assert!(Election::renew(&*b, "e", &e2, LONG).await.unwrap());
-    assert!(b.resign("e", &e2).await.unwrap());
-    assert!(all_keys(&p).await.is_empty());
+    assert!(Election::renew(&**b, name, &e2, LONG).await.unwrap());
+    assert!(b.resign(name, &e2).await.unwrap());
+    true
 }
 
 /// Another client releases the holder by its owner token while a second
