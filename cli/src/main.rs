@@ -72,6 +72,7 @@ mod ls;
 mod queue;
 mod release;
 mod run;
+mod show;
 mod ui;
 mod watch;
 
@@ -79,8 +80,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use coord::{Algorithm, Coord, Error, Quota};
-use futures::StreamExt;
+use coord::{Algorithm, Error, Quota};
 
 use crate::exit::{BUSY, fail};
 
@@ -399,8 +399,8 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
     let coord = coord::connect(url).await?;
     match command {
         Command::Lock { .. } | Command::Elect { .. } => unreachable!("run above"),
-        Command::Leader { name, watch, json } => leader(&coord, &name, watch, json).await,
-        Command::Health { json } => health(&coord, json).await,
+        Command::Leader { name, watch, json } => show::leader(&coord, &name, watch, json).await,
+        Command::Health { json } => show::health(&coord, json).await,
         Command::Release {
             force: _,
             kind,
@@ -485,64 +485,6 @@ async fn dispatch(cli: Cli, url: &str) -> Result<ExitCode, Error> {
         } => {
             println!("{}", coord.fencing()?.next(&resource).await?.0);
             Ok(ExitCode::SUCCESS)
-        }
-    }
-}
-
-/// `coord health`: one round trip; an unreachable store is exit 69 by
-/// [`fail`], with what to check.
-async fn health(coord: &Coord, json: bool) -> Result<ExitCode, Error> {
-    let h = coord.health().await?;
-    let round_trip_ms = h.round_trip.as_secs_f64() * 1000.0;
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "backend": h.backend,
-                "deployment": h.deployment.as_str(),
-                "server": h.server.version,
-                "round_trip_ms": (round_trip_ms * 1000.0).round() / 1000.0,
-                "primitives": h.primitives,
-            })
-        );
-    } else {
-        println!(
-            "ok: {} ({}), {}, round trip {round_trip_ms:.2} ms\noffers: {}",
-            h.backend,
-            h.deployment,
-            h.server.version,
-            h.primitives.join(", ")
-        );
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn leader(coord: &Coord, name: &str, watch: bool, json: bool) -> Result<ExitCode, Error> {
-    let show = |l: &Option<coord::LeaderInfo>| match (l, json) {
-        (Some(l), true) => serde_json::json!({"leader": l.candidate, "term": l.term.0}).to_string(),
-        (None, true) => serde_json::json!({"leader": null}).to_string(),
-        (Some(l), false) => format!("{} (term {})", l.candidate, l.term.0),
-        (None, false) => "no leader".to_string(),
-    };
-    let elections = coord.elections()?;
-    if !watch {
-        let l = elections.leader(name).await?;
-        println!("{}", show(&l));
-        return Ok(if l.is_some() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(BUSY)
-        });
-    }
-    let mut changes = Box::pin(elections.observe(name)?);
-    loop {
-        tokio::select! {
-            next = changes.next() => match next {
-                Some(Ok(l)) => println!("{}", show(&l)),
-                Some(Err(e)) => return Err(e),
-                None => return Ok(ExitCode::SUCCESS),
-            },
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
     }
 }
