@@ -12,6 +12,7 @@ use std::time::Duration;
 use coord_core::{Coord, Error, RwLocks, RwMode};
 use tokio::time::{Instant, sleep};
 
+use crate::testkit::wait::until;
 use crate::{Factory, WOKEN, ttl, unique, wake_poll};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -155,8 +156,12 @@ pub async fn rwlock_waiting_writer_is_not_starved_by_readers(f: &Factory) {
         }));
         sleep(Duration::from_millis(40)).await;
     }
-    // The readers overlap now.
-    sleep(Duration::from_millis(300)).await;
+    // The check below needs the readers holding: wait until the store
+    // shows them overlapping (a spawned reader may not have asked yet).
+    until("two readers holding at once", LONG, || async {
+        probe.inspect(&name).await.unwrap().readers.len() >= 2
+    })
+    .await;
     assert!(
         wrw.try_write(&name, LONG).await.unwrap().is_none(),
         "a writer got in beside readers"
