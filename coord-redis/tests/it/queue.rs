@@ -142,7 +142,10 @@ async fn an_acked_or_purged_queue_leaves_no_keys() {
     let again = b.push(&name, &d).await.unwrap();
     assert!(again.duplicate && again.id == id);
     sleep(800 * MS).await;
-    assert_eq!(dbsize(&server), 0, "{:?}", keys(&server));
+    // KEYS leaves out keys whose TTL ran out (DBSIZE counts them until
+    // active expiry reaps them, later on a loaded machine).
+    let left = keys(&server);
+    assert!(left.is_empty(), "{left:?}");
 
     // A waiting pop on an empty queue leaves its mark on a TTL only.
     let coord = backend(&server.url()).await.into_coord();
