@@ -103,10 +103,10 @@ type Window = (u64, u64, usize);
 /// Four clients contend for one lock (TTL 1 s, waiting up to 2 s, call
 /// timeout 300 ms) while masters are frozen with SIGSTOP in `windows`
 /// (connections stay open, nothing is answered: every call to a frozen
-/// master hangs to the call timeout), until 1 s after the last window.
+/// master hangs to the call timeout), until `tail` after the last window.
 /// Checks safety (never two valid holders, every fenced write accepted)
 /// and returns the grants, their start time and the retryable errors.
-async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize) {
+async fn contend_with_frozen(windows: &[Window], tail: Duration) -> (Vec<Grant>, Instant, usize) {
     let set = RedlockMasters::start(3);
     let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     const CLIENTS: usize = 4;
@@ -117,10 +117,13 @@ async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize)
     ready(&set, &clients.iter().collect::<Vec<_>>()).await;
     let resource = Arc::new(FencedResource::new());
     let grants = Arc::new(std::sync::Mutex::new(Vec::<Grant>::new()));
-    let inside = Arc::new(AtomicUsize::new(0));
+    // The holders between grant and release, with their guards' local
+    // deadlines: a holder stalled past its deadline (a loaded machine) is
+    // no longer a holder, and a grant then is no overlap.
+    let inside = Arc::new(std::sync::Mutex::new(Vec::<(usize, Instant)>::new()));
     let overlaps = Arc::new(AtomicUsize::new(0));
     let t0 = Instant::now();
-    let end = t0 + Duration::from_millis(windows.last().map_or(0, |w| w.1) + 1000);
+    let end = t0 + Duration::from_millis(windows.last().map_or(0, |w| w.1)) + tail;
     let mut tasks = Vec::new();
     for (k, c) in clients.iter().enumerate() {
         let (c, resource, grants) = (c.clone(), resource.clone(), grants.clone());
@@ -144,13 +147,17 @@ async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize)
                 let token = g.fencing_token().get();
                 let granted = Instant::now();
                 let valid_until = granted + g.remaining();
-                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
-                    overlaps.fetch_add(1, Ordering::SeqCst);
+                {
+                    let mut inside = inside.lock().unwrap();
+                    if inside.iter().any(|&(_, until)| until > granted) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    inside.push((k, valid_until));
                 }
                 let read = resource.read(k, token).unwrap_or(0);
                 sleep(Duration::from_millis(5)).await;
                 let ok = g.is_valid();
-                inside.fetch_sub(1, Ordering::SeqCst);
+                inside.lock().unwrap().retain(|&(who, _)| who != k);
                 if ok {
                     resource.write(k, token, read, read + 1);
                 }
@@ -179,7 +186,11 @@ async fn contend_with_frozen(windows: &[Window]) -> (Vec<Grant>, Instant, usize)
     let grants = grants.lock().unwrap().clone();
     let violations = check_lock_history(&grants, &resource.log());
     assert!(violations.is_empty(), "{violations:#?}");
-    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "two valid holders at once"
+    );
     let refused = resource
         .log()
         .iter()
@@ -216,11 +227,23 @@ fn grants_between(grants: &[Grant], t0: Instant, from: u64, to: u64) -> usize {
 /// decided), and the lock moves again at once after it resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_while_clients_contend_is_safe() {
-    let (grants, t0, _) = contend_with_frozen(&[(1000, 3500, 1)]).await;
-    let after = grants_between(&grants, t0, 3500, 4500);
+    let (grants, t0, _) = contend_with_frozen(&[(1000, 3500, 1)], Duration::from_secs(4)).await;
+    // The third grant after the resume within 2 s: twice the second this
+    // allowed before, room for a loaded machine's handovers; a lock that
+    // no longer moves after the resume still fails it (the clients go on
+    // for 4 s).
+    let resumed = t0 + Duration::from_millis(3500);
+    let mut after: Vec<Instant> = grants
+        .iter()
+        .map(|g| g.granted)
+        .filter(|&g| g >= resumed)
+        .collect();
+    after.sort();
+    let third = after.get(2).map(|&g| g - resumed);
     assert!(
-        after >= 3,
-        "only {after} grants in the second after the master resumed"
+        third.is_some_and(|t| t <= Duration::from_secs(2)),
+        "the third grant after the master resumed came {third:?} after it ({} grants after it)",
+        after.len()
     );
 }
 
@@ -234,7 +257,7 @@ async fn a_frozen_master_while_clients_contend_is_safe() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_master_while_clients_contend_still_grants() {
     let windows = [(1000, 3500, 1), (4000, 6500, 2)];
-    let (grants, t0, _) = contend_with_frozen(&windows).await;
+    let (grants, t0, _) = contend_with_frozen(&windows, Duration::from_secs(1)).await;
     let counts: Vec<usize> = windows
         .iter()
         .map(|&(from, to, _)| grants_between(&grants, t0, from + 300, to))
@@ -248,7 +271,10 @@ async fn a_frozen_master_while_clients_contend_still_grants() {
 }
 
 /// Four callers take fencing tokens for one resource at once, with one
-/// master stopped: every token is unique and each caller's rise.
+/// master stopped: every token is unique and each caller's rise. A call
+/// may fail with a retryable error (a call timeout of 300 ms on a loaded
+/// machine): the caller asks again, as a caller would; what was issued is
+/// judged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fencing_tokens_under_contention_with_a_master_stopped() {
     let set = RedlockMasters::start(3);
@@ -259,21 +285,28 @@ async fn fencing_tokens_under_contention_with_a_master_stopped() {
         let c = client(&url).await;
         tasks.push(tokio::spawn(async move {
             let f = c.fencing().unwrap();
-            let mut got = Vec::new();
+            let (mut got, mut failed) = (Vec::new(), 0);
             for _ in 0..25 {
-                got.push(f.next("fenced-res").await.map(|t| t.get()));
+                let deadline = Instant::now() + Duration::from_secs(10);
+                let t = loop {
+                    match f.next("fenced-res").await {
+                        Ok(t) => break t.get(),
+                        Err(e) if e.is_retryable() && Instant::now() < deadline => failed += 1,
+                        Err(e) => panic!("caller {k}: {e}"),
+                    }
+                };
+                got.push(t);
             }
-            (k, got)
+            (k, got, failed)
         }));
     }
     let mut all = HashSet::new();
     let mut total = 0;
     for t in tasks {
-        let (k, got) = t.await.unwrap();
-        let got: Vec<u64> = got
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("caller {k}: {e}")))
-            .collect();
+        let (k, got, failed) = t.await.unwrap();
+        if failed > 0 {
+            eprintln!("caller {k}: {failed} retryable failures, asked again");
+        }
         for w in got.windows(2) {
             assert!(w[1] > w[0], "caller {k}: {} then {}", w[0], w[1]);
         }
@@ -355,7 +388,10 @@ async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
     let url = format!("{}?timeout=300ms&connect_timeout=5s", set.url());
     let (a, b) = (client(&url).await, client(&url).await);
     ready(&set, &[&a, &b]).await;
-    let ttl = Duration::from_millis(800);
+    // Long enough that a renewal (every third of it) slowed by a loaded
+    // machine still comes in time; each hold below lasts two TTLs, so the
+    // lock is valid only if renewals went through.
+    let ttl = Duration::from_secs(2);
     let g = a
         .locks()
         .unwrap()
@@ -365,7 +401,7 @@ async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
     let lost = g.lost();
     tokio::pin!(lost);
     set.masters()[2].stop();
-    sleep(Duration::from_secs(2)).await;
+    sleep(ttl * 2).await;
     assert!(g.is_valid(), "the watchdog lost the lock with a quorum up");
     assert!(
         b.locks()
@@ -381,7 +417,7 @@ async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
         "lost fired with a quorum up"
     );
     set.masters()[2].start_again();
-    sleep(Duration::from_millis(1500)).await;
+    sleep(ttl * 2).await;
     assert!(g.is_valid());
     set.masters()[1].stop();
     let t = Instant::now();
@@ -590,9 +626,10 @@ fn fake_master(hold: bool) -> (u16, Arc<AtomicUsize>) {
     (port, accepts)
 }
 
-/// Lock cycles for 3 s with two real masters and a fake third one; the
-/// connection attempts to the fake one after connect.
-async fn cycles_with_a_fake_master(hold: bool) -> usize {
+/// Lock cycles with two real masters and a fake third one, for 3 s and
+/// until 20 cycles were done (15 s at most); the connection attempts to
+/// the fake one after connect, and how long the cycles ran.
+async fn cycles_with_a_fake_master(hold: bool) -> (usize, Duration) {
     let set = RedlockMasters::start(2);
     let (fake, accepts) = fake_master(hold);
     let url = format!(
@@ -605,7 +642,11 @@ async fn cycles_with_a_fake_master(hold: bool) -> usize {
     let locks = c.locks().unwrap();
     let t = Instant::now();
     let mut ops = 0;
-    while t.elapsed() < Duration::from_secs(3) {
+    // 20 cycles take well under 3 s on an idle machine; a loaded one gets
+    // more time, and the reconnects are judged per second of it.
+    while t.elapsed() < Duration::from_secs(3)
+        || (ops < 20 && t.elapsed() < Duration::from_secs(15))
+    {
         match locks
             .acquire("fake", Duration::from_secs(2), Duration::from_secs(1))
             .await
@@ -618,12 +659,19 @@ async fn cycles_with_a_fake_master(hold: bool) -> usize {
             Err(e) => panic!("{e}"),
         }
     }
+    let took = t.elapsed();
     let n = accepts.load(Ordering::SeqCst) - at_connect;
     eprintln!(
-        "hold {hold}: {ops} lock cycles in 3 s; {at_connect} connections at connect, {n} after"
+        "hold {hold}: {ops} lock cycles in {took:?}; {at_connect} connections at connect, {n} after"
     );
-    assert!(ops >= 20, "only {ops} lock cycles in 3 s");
-    n
+    assert!(ops >= 20, "only {ops} lock cycles in {took:?}");
+    (n, took)
+}
+
+/// At most about one connection attempt a second (8 in 3 s, as before
+/// the run could be longer).
+fn reconnects_allowed(took: Duration) -> usize {
+    took.as_secs_f64().ceil() as usize + 5
 }
 
 /// A master that accepts TCP connections but never answers (a hung host)
@@ -631,17 +679,20 @@ async fn cycles_with_a_fake_master(hold: bool) -> usize {
 /// not in a busy loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_master_is_not_reconnected_in_a_busy_loop() {
-    let n = cycles_with_a_fake_master(true).await;
-    assert!(n <= 8, "{n} connection attempts to the hung master in 3 s");
+    let (n, took) = cycles_with_a_fake_master(true).await;
+    assert!(
+        n <= reconnects_allowed(took),
+        "{n} connection attempts to the hung master in {took:?}"
+    );
 }
 
 /// The same for a master that closes every connection at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closing_master_is_not_reconnected_in_a_busy_loop() {
-    let n = cycles_with_a_fake_master(false).await;
+    let (n, took) = cycles_with_a_fake_master(false).await;
     assert!(
-        n <= 8,
-        "{n} connection attempts to the closing master in 3 s"
+        n <= reconnects_allowed(took),
+        "{n} connection attempts to the closing master in {took:?}"
     );
 }
 

@@ -112,11 +112,13 @@ fn with_lock_returns_the_output_as_lost_when_the_lock_went_while_work_ran() {
 #[test]
 fn with_leadership_keeps_the_leadership_alive_and_resigns_without_a_runtime() {
     let elections = memory().elections().unwrap();
-    let ttl = Duration::from_millis(300);
+    // Long enough that a renewal (every third of it) slowed by a loaded
+    // machine still comes in time.
+    let ttl = 2 * S;
     let term = elections
         .with_leadership("blk-with-leader", "a", ttl, Duration::ZERO, |leader| {
-            // Four TTLs on this thread: only the watchdog keeps it.
-            std::thread::sleep(ttl * 4);
+            // Two TTLs on this thread: only the watchdog keeps it.
+            std::thread::sleep(ttl * 2);
             let now = elections
                 .leader("blk-with-leader")
                 .unwrap()
@@ -426,32 +428,27 @@ fn every_kind_of_dropped_guard_frees_its_claim_at_once() {
 #[test]
 fn the_watchdog_keeps_a_claim_alive_while_the_thread_sleeps() {
     let (a, b) = (memory(), memory());
+    // Long enough that a renewal (every third of it) slowed by a loaded
+    // machine still comes in time.
+    let ttl = 2 * S;
     let mut g = a
         .locks()
         .unwrap()
-        .try_acquire("blk-watchdog", Duration::from_millis(500))
+        .try_acquire("blk-watchdog", ttl)
         .unwrap()
         .unwrap();
     g.keep_alive();
-    // Three TTLs, with nothing of this thread driving the runtime: its own
+    // Two TTLs, with nothing of this thread driving the runtime: its own
     // worker renews.
-    thread::sleep(Duration::from_millis(1500));
+    thread::sleep(ttl * 2);
     let other = b.locks().unwrap();
     assert!(g.is_valid() && !g.lost_token().is_cancelled());
     assert!(
-        other
-            .try_acquire("blk-watchdog", Duration::from_millis(500))
-            .unwrap()
-            .is_none(),
+        other.try_acquire("blk-watchdog", ttl).unwrap().is_none(),
         "the lock lapsed after its TTL although the watchdog was on"
     );
     g.release().unwrap();
-    assert!(
-        other
-            .try_acquire("blk-watchdog", Duration::from_millis(500))
-            .unwrap()
-            .is_some()
-    );
+    assert!(other.try_acquire("blk-watchdog", ttl).unwrap().is_some());
 }
 
 #[test]
