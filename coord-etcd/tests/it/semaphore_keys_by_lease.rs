@@ -160,7 +160,7 @@ async fn stale_owner_after_reuse_changes_nothing() {
                     min + Duration::from_secs(10),
                     || async { state(&p, n).await.0.is_empty() },
                 )
-                .await
+                .await;
             }
         }
         let t2 = granted(a.try_acquire(n, &o2, &req(2, 3, LONG, false)).await);

@@ -20,7 +20,7 @@ use conformance::testkit::proxy::{FaultProxy, Mode};
 use coord_core::{Attempt, Coord, OwnerToken, PermitRequest, Semaphore};
 use coord_etcd::EtcdOptions;
 use etcd_client::{GetOptions, KeyValue};
-use tokio::time::{Instant, sleep};
+use tokio::time::sleep;
 
 pub const LONG: Duration = Duration::from_secs(30);
 /// A TTL a test lets run out.
@@ -145,21 +145,8 @@ pub fn held(a: coord_core::Result<Attempt>, what: &str) {
     }
 }
 
-/// Wait until `cond` holds (checked every 20 ms), at most `limit`.
-pub async fn until<F, Fut>(what: &str, limit: Duration, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if cond().await {
-            return;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        sleep(Duration::from_millis(20)).await;
-    }
-}
+/// Wait until a condition holds (checked every 20 ms), at most a limit.
+pub use conformance::testkit::wait::until;
 
 /// A small deterministic generator per task.
 pub struct Rng(pub u64);
