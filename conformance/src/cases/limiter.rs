@@ -7,6 +7,7 @@ use std::time::Duration;
 use coord_core::{Algorithm, Coord, Error, Quota};
 use tokio::time::{Instant, sleep};
 
+use super::ROUNDS;
 use crate::{Factory, unique};
 
 /// Sleep, if needed, so that a burst starting now fits inside one aligned
@@ -129,10 +130,6 @@ pub async fn limiter_admits_exactly_limit_of_concurrent_requests(f: &Factory) {
         );
     }
 }
-
-/// How many times the countdown starts again on a fresh key when a check
-/// was answered too late to judge.
-const ROUNDS: usize = 3;
 
 /// `limit` checks of a fresh `key` admitted with `remaining` counting down,
 /// the next denied with a `retry_after`, and admitted again after it.

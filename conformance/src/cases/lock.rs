@@ -7,13 +7,10 @@ use std::time::Duration;
 use coord_core::{Error, FencedRegister, FencingToken, LockOptions, WithLockError};
 use tokio::time::{Instant, sleep, timeout};
 
+use super::ROUNDS;
 use crate::{Factory, WOKEN, expiry_slack, ttl, unique, wake_poll};
 
 const LONG: Duration = Duration::from_secs(30);
-
-/// How many times a case whose "not yet" check can come too late to judge
-/// (a stalled machine) starts again on a fresh name.
-const ROUNDS: usize = 3;
 
 /// A held lock excludes every other client.
 pub async fn lock_held_excludes_others(f: &Factory) {

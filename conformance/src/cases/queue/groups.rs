@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use coord_core::{FencingToken, PopOptions, PushOptions, QueueConfig};
+use tokio::time::Instant;
 
 use super::{LONG, queues};
 use crate::{Factory, unique};
@@ -92,16 +93,26 @@ pub async fn queue_fifo_within_a_group_and_ordered_groups_one_at_a_time(f: &Fact
         q.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
         "group a's second message came while its first was in flight"
     );
-    first.nack(Duration::from_millis(600)).await.unwrap();
-    assert!(
-        q.pop(&name, LONG, Duration::ZERO).await.unwrap().is_none(),
-        "group a's second message overtook its first, nacked with a delay"
-    );
-    let again = q
-        .pop(&name, LONG, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .expect("the nacked message after its delay");
+    let delay = Duration::from_millis(600);
+    // The delay runs from after `nacked`: a pop answered before `nacked` +
+    // delay gets nothing; one answered later may rightly get the first.
+    let nacked = Instant::now();
+    first.nack(delay).await.unwrap();
+    let early = q.pop(&name, LONG, Duration::ZERO).await.unwrap();
+    let again = match early {
+        Some(d) if nacked.elapsed() >= delay && d.id() == a1 => d,
+        Some(d) => panic!(
+            "{} came {:?} after group a's first message was nacked with a {delay:?} delay: \
+             group a's second message overtook its first, or the first came early",
+            d.id(),
+            nacked.elapsed()
+        ),
+        None => q
+            .pop(&name, LONG, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("the nacked message after its delay"),
+    };
     assert_eq!(
         again.id(),
         a1,
