@@ -174,7 +174,7 @@ async fn client_cut_off_by_the_proxy() {
     )
     .await;
     judge(&report, &log, "client-cut-off");
-    cut.assert_handover(&report, TTL, TTL + Duration::from_millis(500));
+    cut.assert_handover(&report, TTL, TTL + SLACK);
 }
 
 /// Replies lost, requests applied. A victim client (own proxy, replies
@@ -235,7 +235,7 @@ async fn dropped_replies_for_one_client() {
     )
     .await;
     judge(&report, &log, "dropped-replies");
-    unheard.assert_lapsed(&report, TTL);
+    unheard.assert_lapsed(&report, TTL, SLACK);
 }
 
 /// One client's open connections go silent for good (half-open: a NAT or
