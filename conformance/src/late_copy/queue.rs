@@ -11,8 +11,10 @@ use crate::testkit::proxy::FaultProxy;
 /// network 2.5 s, so it fails; then its copy lands. The message must not
 /// go to that attempt's consumer, whom nobody holds (where it would stay
 /// for the 30 s visibility and then be dead-lettered, never seen): a
-/// consumer through `direct` gets it within a second, as its first
-/// delivery. `name` must not contain `pop-late`.
+/// consumer through `direct` gets it within 10 s (the abandoned attempt's
+/// give-back runs in the background), well before the visibility would
+/// give it back, as its first delivery. `name` must not contain
+/// `pop-late`.
 pub async fn late_pop_with_one_delivery_allowed(
     via: &coord_core::Coord,
     direct: &coord_core::Coord,
@@ -44,10 +46,13 @@ pub async fn late_pop_with_one_delivery_allowed(
         assert!(held_at.elapsed() < 5 * SEC, "never delivered");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Let the store apply it, and the abandon (if it came second) too.
+    // Let the store apply it, so the pop below does not overtake it. The
+    // abandon (if it came second) runs in the background: the pop waits
+    // for it, far less than the 30 s a delivery to the abandoned attempt
+    // would keep the message.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let d = here
-        .pop(&queue, 30 * SEC, SEC)
+        .pop(&queue, 30 * SEC, 10 * SEC)
         .await
         .unwrap()
         .expect("the message went to a consumer nobody holds (a late pop's copy)");
