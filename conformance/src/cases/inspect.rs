@@ -280,6 +280,10 @@ pub async fn inspect_refused_attempt_names_the_holder(f: &Factory) {
     let holder = json!({"host": "web-3", "job": "nightly"});
     let other = json!({"host": "web-4"});
     let opts = LockOptions::new(LONG).wait(Duration::from_millis(200));
+    // A call that must be granted waits longer: on a queueing store the
+    // refused attempt's place in line is withdrawn in the background, and
+    // may stand before it a while on a loaded machine.
+    let must_grant = opts.wait(Duration::from_secs(10));
 
     // A lock.
     let guard = la
@@ -308,7 +312,7 @@ pub async fn inspect_refused_attempt_names_the_holder(f: &Factory) {
     );
     guard.release().await.unwrap();
     let g = lb
-        .acquire_or_holders(&name, opts, Some(&other))
+        .acquire_or_holders(&name, must_grant, Some(&other))
         .await
         .unwrap()
         .granted()
@@ -369,7 +373,13 @@ pub async fn inspect_refused_attempt_names_the_holder(f: &Factory) {
             other => panic!("a full semaphore: expected Held with its grants, got {other:?}"),
         }
         p.release().await.unwrap();
-        let q = sb.acquire_or_holders(&sname, one, None).await.unwrap();
+        // As for the lock: the refused attempt's place in line may stand
+        // before this one until it is withdrawn in the background.
+        let must_grant = one.wait(Duration::from_secs(10));
+        let q = sb
+            .acquire_or_holders(&sname, must_grant, None)
+            .await
+            .unwrap();
         assert!(
             q.is_granted(),
             "a free semaphore: expected Granted, got {q:?}"
