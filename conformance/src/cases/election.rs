@@ -212,7 +212,12 @@ pub async fn election_with_leadership_renews_while_work_runs_then_resigns(f: &Fa
     }
     let (a, b) = (f.client().await, f.client().await);
     let name = unique("with-leadership");
-    let t = ttl(&a, Duration::from_millis(1500));
+    // Renewed every third of t, an unresigned leadership would last 2/3 of
+    // t past the work's end: with t = 4 s, a next candidate elected within
+    // 2 s of asking was let in by the resign, and a loaded machine has 2 s
+    // for the resign and the campaign (with 1.5 s, 1 s for both).
+    let t = ttl(&a, Duration::from_secs(4));
+    let elected_within = Duration::from_secs(2);
     let observer = b.elections().unwrap();
     let term = a
         .elections()
@@ -236,7 +241,7 @@ pub async fn election_with_leadership_renews_while_work_runs_then_resigns(f: &Fa
         .await
         .expect("the work ran as leader to its end");
     let next = timeout(
-        PROMPT,
+        elected_within,
         b.elections()
             .unwrap()
             .campaign(&name, "worker-b", t, Duration::from_secs(30)),
