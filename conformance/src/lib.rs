@@ -377,14 +377,9 @@ pub fn wake_poll(c: &Coord) -> Duration {
 /// own round trip is not the waiter's delay.
 pub const WOKEN: Duration = Duration::from_secs(3);
 
-/// How long after a claim's TTL the store may still hold it: etcd's lessor
-/// looks for expired leases every ~500 ms and revokes them through raft,
-/// up to ~1.5 s after their TTL; the other stores expire a claim at its
-/// TTL. Added to the "freed by then" bounds, never to the "not before"
-/// ones.
+/// How long after a claim's TTL the store may still hold it
+/// ([`Capabilities::expiry_lag`](coord_core::Capabilities::expiry_lag)).
+/// Added to the "freed by then" bounds, never to the "not before" ones.
 pub fn expiry_slack(c: &Coord) -> Duration {
-    match c.capabilities().backend {
-        "etcd" => Duration::from_millis(1500),
-        _ => Duration::ZERO,
-    }
+    c.capabilities().expiry_lag
 }

@@ -212,6 +212,13 @@ pub struct Capabilities {
     /// them refuses the older holder's writes; fence every write where this
     /// is false.
     pub exclusive_across_failover: bool,
+    /// How long after its TTL a claim the holder stopped renewing may
+    /// still be held on the store, keeping others waiting (never longer
+    /// valid for its holder: a guard's validity is counted on the
+    /// holder's clock). Zero where the store expires a claim at its TTL;
+    /// etcd revokes expired leases in a periodic sweep through raft, up to
+    /// about 1.5 s late.
+    pub expiry_lag: Duration,
     /// The primitives this deployment cannot offer, each with why and what
     /// to use instead: `(primitive, reason)`, the primitive named as in
     /// [`Error::Unsupported`](crate::Error::Unsupported) (`"locks"`,
@@ -236,6 +243,7 @@ impl Capabilities {
             notifications: false,
             deployment: Deployment::Single,
             exclusive_across_failover: false,
+            expiry_lag: Duration::ZERO,
             unsupported: &[],
         }
     }

@@ -86,6 +86,9 @@ impl EtcdBackend {
         // acknowledged, so a new leader has it.
         caps.deployment = Deployment::Raft;
         caps.exclusive_across_failover = true;
+        // The leader's lessor looks for expired leases every ~500 ms and
+        // revokes them through raft.
+        caps.expiry_lag = Duration::from_millis(1500);
         let (tx, rx) = watch::channel(());
         let etcd = Arc::new(Etcd::new(client, &opts.prefix, opts.call_timeout, rx));
         etcd.revoke_later(grant.id());

@@ -307,9 +307,9 @@ pub async fn cut_off_victim(
     (report, log, cut_off)
 }
 
-/// How long after a release by `holder` a `waiter` on the same lock got
-/// it, with its polling fallback set to 30 s: well under a second only if
-/// the store's wake-up reached it (after a fault: its subscription, LISTEN
+/// How long after a release by `holder` (from its reply) a `waiter` on
+/// the same lock got it, with its polling fallback set to 30 s: a few
+/// seconds at most only if the store's wake-up reached it (after a fault: its subscription, LISTEN
 /// connection or watch came back). `holder` takes a fresh lock with a
 /// `ttl` TTL, `waiter` starts waiting, and 300 ms later the lock is
 /// released. Panics if the waiter does not get the lock.
@@ -333,14 +333,16 @@ pub async fn woken_after_release(holder: &Coord, waiter: Coord, ttl: Duration) -
         (g, Instant::now())
     });
     sleep(Duration::from_millis(300)).await;
-    let released = Instant::now();
     held.release().await.unwrap();
+    // Timed from the release's reply: its own round trip is not the
+    // waiter's delay.
+    let released = Instant::now();
     let (g, at) = waiting.await.unwrap();
     g.expect("the waiter acquires once the holder released")
         .release()
         .await
         .unwrap();
-    at - released
+    at.saturating_duration_since(released)
 }
 
 #[cfg(test)]

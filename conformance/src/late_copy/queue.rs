@@ -27,8 +27,14 @@ pub async fn late_pop_with_one_delivery_allowed(
     let far = via.queues().unwrap().with_config(once);
     let here = direct.queues().unwrap().with_config(once);
     let queue = format!("{name}-pop-late");
-    // Warm the slow client's connection, so the held pop is one request.
-    far.stats(&format!("{name}-warm")).await.unwrap();
+    // Warm the slow client's connection, so the held pop is one request:
+    // a read, tried again until answered (one may miss a short call
+    // timeout on a loaded machine; a read changes nothing).
+    let warm = format!("{name}-warm");
+    until_answered(Instant::now() + 10 * SEC, "the warm-up read", || {
+        far.stats(&warm)
+    })
+    .await;
     let id = here.push(&queue, b"once").await.unwrap();
     proxy.deliver_late(
         |chunk| chunk.windows(8).any(|w| w == b"pop-late"),

@@ -153,7 +153,7 @@ async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
 
 /// A victim client (own proxy) holds the lock, watchdog on, when the
 /// workload starts; it is cut off for 2 TTLs: its guard must report the
-/// loss, and the 4 workload clients must get the lock within TTL + 500 ms
+/// loss, and the 4 workload clients must get the lock within TTL + `SLACK`
 /// of the cut, never before the victim's guard stopped being valid. Then
 /// workload client 0 (also behind a proxy) is cut off the same way, and
 /// must recover after the heal.
@@ -182,7 +182,7 @@ async fn client_cut_off_by_the_proxy() {
 /// server, unheard. Its call times out, its connection is discarded and
 /// new ones cannot even log in; it gives up when its wait ends. Whatever
 /// it left behind must not outlive the TTL: the workload gets the lock
-/// within TTL + 500 ms of the unheard grant. Then workload client 0's
+/// within TTL + `SLACK` of the unheard grant. Then workload client 0's
 /// replies are lost for 2 TTLs; it must recover after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropped_replies_for_one_client() {

@@ -111,7 +111,7 @@ fn claims(server: &RedisServer) -> Vec<String> {
 
 /// A victim client (own proxy) holds the lock, watchdog on, when the
 /// workload starts; it is cut off for 2 TTLs: its guard must report the
-/// loss, and the 4 workload clients must get the lock within TTL + 500 ms
+/// loss, and the 4 workload clients must get the lock within TTL + `SLACK`
 /// of the cut, never before the victim's guard stopped being valid. Then
 /// workload client 0 (also behind a proxy) is cut off the same way, and
 /// must recover after the heal.
@@ -138,8 +138,8 @@ async fn client_cut_off_by_the_proxy() {
 /// dropped) asks for the free lock first: granted on the server, unheard.
 /// It retries with the same owner until its wait ends and then releases
 /// in the background; whatever of that gets through, the unheard grant
-/// must not outlive its TTL: the workload gets the lock within TTL + 500
-/// ms of it. Then workload client 0's replies are lost for 2 TTLs; it
+/// must not outlive its TTL: the workload gets the lock within TTL +
+/// `SLACK` of it. Then workload client 0's replies are lost for 2 TTLs; it
 /// must recover after the heal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropped_replies_for_one_client() {
