@@ -369,6 +369,10 @@ pub fn wake_poll(c: &Coord) -> Duration {
     }
 }
 
+/// How many times a case whose "not yet" check can be answered too late to
+/// judge (a stalled machine) starts again on a fresh name.
+pub(crate) const ROUNDS: usize = 3;
+
 /// How soon after the reply of the call that frees a waiter (a release, a
 /// resign, a push) the waiter must have what it waited for, in the cases
 /// that prove the wake-up came from the store (polling at [`wake_poll`]):

@@ -1,14 +1,21 @@
 //! Lock cases.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use coord_core::{Error, FencedRegister, FencingToken, LockOptions, WithLockError};
+use coord_core::Error;
 use tokio::time::{Instant, sleep, timeout};
 
 use super::ROUNDS;
 use crate::{Factory, WOKEN, expiry_slack, ttl, unique, wake_poll};
+
+mod many;
+pub use many::{lock_acquire_all_reversed_orders_never_deadlock, lock_mutual_exclusion_under_load};
+
+mod guard;
+pub use guard::{
+    lock_dropped_guard_is_released_before_ttl, lock_lost_signal_fires_and_with_lock_stops,
+    lock_watchdog_keeps_lock_and_stops_at_release,
+};
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -391,243 +398,4 @@ pub async fn lock_acquire_timeout_leaves_nothing_held(f: &Factory) {
         .await
         .expect("the timed-out waiter left the lock held");
     g3.release().await.unwrap();
-}
-
-/// A dropped guard is released (in the background) long before its TTL.
-pub async fn lock_dropped_guard_is_released_before_ttl(f: &Factory) {
-    let (a, b) = (f.client().await, f.client().await);
-    let name = unique("drop");
-    let g = a
-        .locks()
-        .unwrap()
-        .acquire(&name, Duration::from_secs(60), Duration::ZERO)
-        .await
-        .unwrap();
-    drop(g);
-    let g2 = b
-        .locks()
-        .unwrap()
-        .acquire(&name, LONG, Duration::from_secs(5))
-        .await
-        .expect("a dropped guard must be released before its 60 s TTL");
-    g2.release().await.unwrap();
-}
-
-/// The watchdog keeps a lock for three times its TTL and stops at release.
-pub async fn lock_watchdog_keeps_lock_and_stops_at_release(f: &Factory) {
-    let (a, b) = (f.client().await, f.client().await);
-    let name = unique("watchdog");
-    // Renewing every third of a 2 s TTL leaves the watchdog over a second
-    // for each renewal on a loaded machine (a 1 s TTL left it 600 ms).
-    let t = ttl(&a, Duration::from_secs(2));
-    // Connected before the release, so its connect is not timed below.
-    let c = f.client().await;
-    let g = a
-        .locks()
-        .unwrap()
-        .acquire_with(&name, LockOptions::new(t).watchdog(true))
-        .await
-        .unwrap();
-    let token = g.fencing_token();
-    sleep(t * 3 + t / 2).await;
-    assert!(g.is_valid(), "watchdog let the guard lapse");
-    assert!(
-        b.locks()
-            .unwrap()
-            .try_acquire(&name, LONG)
-            .await
-            .unwrap()
-            .is_none(),
-        "watchdog did not keep the lock"
-    );
-    assert_eq!(g.fencing_token(), token);
-    g.release().await.unwrap();
-    let g2 = b
-        .locks()
-        .unwrap()
-        .try_acquire(&name, t)
-        .await
-        .unwrap()
-        .expect("released lock must be free");
-    // The released guard's watchdog must not touch the new holder's lock:
-    // it lapses at its own TTL, which runs from before g2's reply (etcd
-    // frees it up to `expiry_slack` later).
-    let start = Instant::now();
-    let slack = expiry_slack(&a);
-    let g3 = c
-        .locks()
-        .unwrap()
-        .acquire(&name, LONG, t * 3 + Duration::from_secs(3))
-        .await
-        .expect("lock kept alive after release");
-    assert!(
-        start.elapsed() <= t + slack + Duration::from_secs(2),
-        "the new holder's lock lasted {:?} (TTL {t:?}, expiry slack {slack:?})",
-        start.elapsed()
-    );
-    drop(g2);
-    g3.release().await.unwrap();
-}
-
-/// Ownership removed behind a guard's back fires the lost signal, and
-/// `with_lock` stops the closure.
-pub async fn lock_lost_signal_fires_and_with_lock_stops(f: &Factory) {
-    let (a, b) = (f.client().await, f.client().await);
-    let t = ttl(&a, Duration::from_secs(1));
-    // A guard with a watchdog.
-    let name = unique("lost");
-    let g = a
-        .locks()
-        .unwrap()
-        .acquire_with(&name, LockOptions::new(t).watchdog(true))
-        .await
-        .unwrap();
-    let token = g.lost_token();
-    assert!(
-        b.locks().unwrap().force_release(&name).await.unwrap(),
-        "force_release found nothing to remove"
-    );
-    timeout(t + Duration::from_secs(3), g.lost())
-        .await
-        .expect("lost signal did not fire");
-    assert!(token.is_cancelled(), "lost token not cancelled");
-    assert!(!g.is_valid());
-    drop(g);
-
-    // with_lock stops the critical section.
-    let name = unique("with-lock");
-    let stopped = Arc::new(AtomicBool::new(true));
-    let started = Arc::new(tokio::sync::Notify::new());
-    let (s2, st2) = (stopped.clone(), started.clone());
-    let locks = a.locks().unwrap();
-    let n2 = name.clone();
-    let run = tokio::spawn(async move {
-        locks
-            .with_lock(&n2, LockOptions::new(t), |held| async move {
-                assert!(held.fencing_token() > FencingToken(0));
-                st2.notify_one();
-                sleep(Duration::from_secs(60)).await;
-                s2.store(false, Ordering::SeqCst); // reached only if not stopped
-            })
-            .await
-    });
-    timeout(Duration::from_secs(5), started.notified())
-        .await
-        .expect("with_lock never ran the closure");
-    assert!(b.locks().unwrap().force_release(&name).await.unwrap());
-    let r = timeout(t + Duration::from_secs(5), run)
-        .await
-        .expect("with_lock did not stop the closure")
-        .unwrap();
-    assert!(
-        matches!(r, Err(WithLockError::Lock(Error::Lost { .. }))),
-        "with_lock returned {r:?}"
-    );
-    assert!(stopped.load(Ordering::SeqCst));
-
-    // And a with_lock that finishes returns the closure's value.
-    let v = a
-        .locks()
-        .unwrap()
-        .with_lock(&unique("with-lock-ok"), LockOptions::new(t), |_| async {
-            42
-        })
-        .await
-        .unwrap();
-    assert_eq!(v, 42);
-}
-
-/// `acquire_all` from two clients with reversed name lists never deadlocks.
-pub async fn lock_acquire_all_reversed_orders_never_deadlock(f: &Factory) {
-    let base = unique("transfer");
-    let names: Vec<String> = (0..3).map(|i| format!("{base}-account-{i}")).collect();
-    let mut tasks = Vec::new();
-    for reversed in [false, true] {
-        let c = f.client().await;
-        let mut ns = names.clone();
-        if reversed {
-            ns.reverse();
-        }
-        ns.push(ns[0].clone()); // duplicates are fine
-        tasks.push(tokio::spawn(async move {
-            let locks = c.locks().unwrap();
-            for _ in 0..10 {
-                let all = locks
-                    .acquire_all(&ns, LockOptions::new(LONG).wait(Duration::from_secs(20)))
-                    .await
-                    .expect("acquire_all deadlocked or failed");
-                assert_eq!(all.guards().len(), 3);
-                tokio::task::yield_now().await;
-                all.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        timeout(Duration::from_secs(60), t)
-            .await
-            .expect("deadlock")
-            .unwrap();
-    }
-}
-
-/// 16 clients x 100 acquisitions of one name, each doing a
-/// read-modify-write on a shared value and a write to a fenced register:
-/// the value is exact, tokens strictly increase in grant order, the
-/// register never accepts a stale token.
-pub async fn lock_mutual_exclusion_under_load(f: &Factory) {
-    const CLIENTS: usize = 16;
-    const ROUNDS: u64 = 100;
-    let name = unique("load");
-    let value = Arc::new(AtomicU64::new(0));
-    let register = Arc::new(FencedRegister::new(0u64));
-    let order = Arc::new(std::sync::Mutex::new(Vec::<FencingToken>::new()));
-    let inside = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for _ in 0..CLIENTS {
-        let c = f.client().await;
-        let (name, value, register, order, inside) = (
-            name.clone(),
-            value.clone(),
-            register.clone(),
-            order.clone(),
-            inside.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            let locks = c.locks().unwrap();
-            for _ in 0..ROUNDS {
-                let g = locks
-                    .acquire(&name, LONG, Duration::from_secs(120))
-                    .await
-                    .expect("acquire under load");
-                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
-                let v = value.load(Ordering::SeqCst);
-                tokio::task::yield_now().await;
-                value.store(v + 1, Ordering::SeqCst);
-                assert!(
-                    register.write(g.fencing_token(), v + 1),
-                    "the register rejected the current holder"
-                );
-                order.lock().unwrap().push(g.fencing_token());
-                inside.store(false, Ordering::SeqCst);
-                g.release().await.unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    assert_eq!(
-        value.load(Ordering::SeqCst),
-        CLIENTS as u64 * ROUNDS,
-        "lost updates"
-    );
-    let order = order.lock().unwrap();
-    assert!(
-        order.windows(2).all(|w| w[0] < w[1]),
-        "fencing tokens not strictly increasing in grant order"
-    );
-    assert!(
-        !register.write(order[0], 0),
-        "the register accepted a stale token"
-    );
 }

@@ -43,9 +43,7 @@ use coord_core::Error;
 
 use crate::Factory;
 
-/// How many times a case whose "not yet" check can be answered too late to
-/// judge (a stalled machine) starts again on a fresh name.
-pub(crate) const ROUNDS: usize = 3;
+pub(crate) use crate::ROUNDS;
 
 /// The handle `r` gives, or `None` when the store does not offer the
 /// primitive: the case is then skipped with the store's reason printed

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cases::ROUNDS;
+use crate::ROUNDS;
 use crate::testkit::proxy::FaultProxy;
 
 /// 3 parties: b waits (through `direct`); a's arrival (through `via`,
