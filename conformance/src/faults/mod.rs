@@ -285,6 +285,16 @@ pub async fn cut_off_victim(
             .expect("the cut victim's lost signal fired");
         victim_proxy.heal();
         *victim_valid.lock().unwrap() = Some(guard.valid_until());
+        // The release must report the loss, so it must be answered: first
+        // wait until the victim's client is answered again after the heal
+        // (a probe; its short call timeout may miss one on a loaded
+        // machine while it reconnects).
+        crate::late_copy::until_answered(
+            std::time::Instant::now() + Duration::from_secs(10),
+            "the victim's client after the heal",
+            || victim.health(),
+        )
+        .await;
         let released = guard.release().await;
         assert!(
             released.as_ref().is_err_and(|e| e.is_ownership_lost()),

@@ -239,17 +239,31 @@ async fn gcra_slow_rate_is_exact() {
     let key = unique("gcra-slow");
     let q = Quota::new(3, 10 * SEC, Algorithm::Gcra);
     let mut admitted = 0;
+    // When the first check was sent and answered: the store decided it
+    // between the two.
+    let mut first = None;
     for _ in 0..10 {
-        if b.check(&key, &q, 1).await.unwrap().allowed {
+        let sent = std::time::Instant::now();
+        let d = b.check(&key, &q, 1).await.unwrap();
+        first.get_or_insert((sent, std::time::Instant::now()));
+        if d.allowed {
             admitted += 1;
         }
     }
     assert_eq!(admitted, 3);
+    let (first_sent, first_answered) = first.unwrap();
+    let sent = std::time::Instant::now();
     let d = b.check(&key, &q, 1).await.unwrap();
-    // The next emission is due ~3.33 s after the first admission.
+    let answered = std::time::Instant::now();
+    // The next emission is due 10/3 s after the first admission: as
+    // this check saw it, that much less the time between the two
+    // decisions, which lies between `sent - first_answered` and
+    // `answered - first_sent`.
+    let earliest = Duration::from_micros(3_333_333).saturating_sub(answered - first_sent);
+    let latest = Duration::from_millis(3_334).saturating_sub(sent - first_answered);
     assert!(
-        d.retry_after > 3 * SEC && d.retry_after <= 3_334 * Duration::from_millis(1),
-        "{d:?}"
+        d.retry_after >= earliest && d.retry_after <= latest,
+        "{d:?}: retry_after outside {earliest:?}..={latest:?}"
     );
     assert_eq!(d.remaining, 0);
 }
