@@ -16,7 +16,7 @@ use crate::testkit::proxy::FaultProxy;
 pub async fn unanswered_probe(coord: &Coord, proxy: &FaultProxy, timeout: Duration) {
     // Healthy before the fault: a probe answered (one may miss a short
     // call timeout on a loaded machine; a probe changes nothing).
-    crate::late_copy::until_answered(
+    crate::testkit::wait::until_answered(
         std::time::Instant::now() + Duration::from_secs(10),
         "the health probe before the fault",
         || coord.health(),

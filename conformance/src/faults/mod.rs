@@ -289,7 +289,7 @@ pub async fn cut_off_victim(
         // wait until the victim's client is answered again after the heal
         // (a probe; its short call timeout may miss one on a loaded
         // machine while it reconnects).
-        crate::late_copy::until_answered(
+        crate::testkit::wait::until_answered(
             std::time::Instant::now() + Duration::from_secs(10),
             "the victim's client after the heal",
             || victim.health(),

@@ -50,23 +50,5 @@ pub(super) fn hold_next_naming(proxy: &FaultProxy, name: &str) {
     );
 }
 
-/// `call` until it is answered: `via`'s call timeout is short, so on a
-/// loaded machine a call can go unanswered, and the owner tries it again,
-/// as a caller would. Fails once `deadline` passed. Also for a backend's
-/// own late-copy tests (their warm-up through the slow client).
-pub async fn until_answered<T, E, F, Fut>(deadline: Instant, what: &str, mut call: F) -> T
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    loop {
-        match call().await {
-            Ok(v) => return v,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "{what} never answered: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
+/// Re-exported where backends' late-copy tests have always found it.
+pub use crate::testkit::wait::until_answered;

@@ -43,6 +43,35 @@ where
     }
 }
 
+/// `call` until it is answered (`Ok`), every [`POLL`]: a client with a
+/// short call timeout can go unanswered on a loaded machine, and its
+/// caller tries again, as a caller would (the same owner's retry is the
+/// same attempt; a read changes nothing). Panics naming `what` once
+/// `deadline` (a std `Instant`) has passed.
+pub async fn until_answered<T, E, F, Fut>(
+    deadline: std::time::Instant,
+    what: &str,
+    mut call: F,
+) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    loop {
+        match call().await {
+            Ok(v) => return v,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{what} never answered: {e}"
+                );
+                sleep(POLL).await;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -405,7 +405,7 @@ async fn watchdog_holds_with_a_quorum_and_is_lost_without_one() {
     assert!(g.is_valid(), "the watchdog lost the lock with a quorum up");
     // Answered: b's first call after the stop may find a connection the
     // stop broke, or miss its 300 ms call timeout on a loaded machine.
-    let other = conformance::late_copy::until_answered(
+    let other = conformance::testkit::wait::until_answered(
         std::time::Instant::now() + Duration::from_secs(10),
         "another client's try",
         || async { b.locks().unwrap().try_acquire("wd", ttl).await },
