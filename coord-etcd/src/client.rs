@@ -139,6 +139,12 @@ pub(crate) fn header_rev(resp: &TxnResponse) -> i64 {
 /// (a late "gone" never extends a claim's local validity).
 pub(crate) const NOT_FOUND_RETRIES: [u64; 3] = [50, 100, 200];
 
+/// How long a background revoke is tried again before the lease is left
+/// to expire at its TTL.
+const REVOKE_RETRY_FOR: Duration = Duration::from_secs(600);
+/// The longest pause between two tries of a background revoke.
+const REVOKE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
 /// Whether a mapped error says the lease a request used is gone.
 pub(crate) fn is_lease_not_found(e: &Error) -> bool {
     matches!(e, Error::Store { message, .. } if message.contains("lease not found"))
@@ -360,8 +366,12 @@ impl Etcd {
         }
     }
 
-    /// Revoke lease `id` in the background, retrying a few times; if that
-    /// never succeeds, the server expires it at its TTL (nobody renews it).
+    /// Revoke lease `id` in the background, tried again (backing off up to
+    /// [`REVOKE_BACKOFF_MAX`]) until etcd answers or [`REVOKE_RETRY_FOR`]
+    /// has passed: a key a late copy of an attempt wrote on the lease lasts
+    /// until the revoke lands, so a revoke that fails on a slow or loaded
+    /// store is not given up after a few tries. If it never lands, the
+    /// server expires the lease at its TTL (nobody renews it).
     pub(crate) fn revoke_later(self: &Arc<Self>, id: i64) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -369,16 +379,19 @@ impl Etcd {
         let shared = self.clone();
         rt.spawn(async move {
             let mut shutdown = shared.shutdown.clone();
-            for attempt in 0..5u64 {
+            let until = tokio::time::Instant::now() + REVOKE_RETRY_FOR;
+            let mut backoff = Duration::from_millis(200);
+            while tokio::time::Instant::now() < until {
                 if shared.revoke(id, "revoke lease").await.is_ok() {
                     return;
                 }
                 tokio::select! {
                     _ = shutdown.changed() => return,
-                    _ = sleep(Duration::from_millis(200 << attempt)) => {}
+                    _ = sleep(backoff) => {}
                 }
+                backoff = (backoff * 2).min(REVOKE_BACKOFF_MAX);
             }
-            tracing::debug!(lease = id, "revoking a lease failed; it expires at its TTL");
+            tracing::warn!(lease = id, "revoking a lease failed; it expires at its TTL");
         });
     }
 

@@ -62,6 +62,10 @@ struct State {
     delivered: AtomicU64,
     /// Why a held request could not be written to the store, each time.
     undelivered: Mutex<Vec<String>>,
+    /// The bytes [`FaultProxy::watch`] looks for in client reads.
+    watched: Mutex<Option<Vec<u8>>>,
+    /// Client reads that contained them since.
+    seen: AtomicU64,
 }
 
 /// Which client bytes hold a request to deliver late.
@@ -244,6 +248,24 @@ impl FaultProxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// From now on, count the reads of client -> store bytes that contain
+    /// `needle` (see [`seen`](Self::seen)); replaces an earlier needle and
+    /// starts the count at 0. A match spanning two reads is not counted.
+    pub fn watch(&self, needle: &[u8]) {
+        *self.state.watched.lock().unwrap_or_else(|p| p.into_inner()) = Some(needle.to_vec());
+        self.state.seen.store(0, Ordering::SeqCst);
+    }
+
+    /// How many reads of client bytes contained the [`watch`](Self::watch)
+    /// needle so far. Once this rises, that request has reached the proxy
+    /// and took the faults in force then: its [`latency`](Self::latency),
+    /// or its hold for [`deliver_late`](Self::deliver_late). A test that
+    /// changes a fault after a request was sent waits for this, not for a
+    /// sleep, which a loaded machine outlasts.
+    pub fn seen(&self) -> u64 {
+        self.state.seen.load(Ordering::SeqCst)
     }
 
     /// Forward everything again, with no latency, on every connection (but

@@ -17,6 +17,7 @@
 //! retry, release and cleanup reach etcd first, on a new connection.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
@@ -28,9 +29,10 @@ use late_support::{
 };
 
 use crate::late_support;
-/// The slow client, its connection warmed by a lock cycle on another name.
-async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
-    let b = connect(proxy.port(), prefix, CALL_TIMEOUT).await;
+/// The slow client (calls time out after `timeout`), its connection
+/// warmed by a lock cycle on another name.
+async fn slow(prefix: &str, proxy: &FaultProxy, timeout: Duration) -> Arc<EtcdBackend> {
+    let b = connect(proxy.port(), prefix, timeout).await;
     let o = OwnerToken::random();
     // The same owner's retry of an unanswered attempt is that attempt.
     granted(Ok(until_answered("the warm-up acquire", || {
@@ -41,13 +43,19 @@ async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
     b
 }
 
+/// The call timeout of the slow client whose held attempt fails by the
+/// cut ([`CUT_AFTER`]), not by a timeout: its other calls (the retry, the
+/// release, the revoke of the held attempt's lease, which must land before
+/// the held copy) are answered on a loaded machine too.
+const PATIENT: Duration = Duration::from_secs(2);
+
 /// How late the held attempt of an acquire lands: after that acquire
 /// ended, although its client's connection was cut under it and the
 /// acquire's later attempts waited for the reconnect ([`WAIT`]).
-const LATE: std::time::Duration = std::time::Duration::from_secs(5);
+const LATE: Duration = Duration::from_secs(5);
 /// How long those acquires wait: room for the reconnect after the cut,
 /// so their last attempt is answered, on a loaded machine too.
-const WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const WAIT: Duration = Duration::from_secs(3);
 
 fn granted(a: coord_core::Result<Attempt>) {
     assert!(
@@ -68,7 +76,7 @@ async fn keys(prefix: &str, name: &str) -> Vec<(String, i64)> {
 async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     let prefix = unique("late-lock");
     let proxy = FaultProxy::start(etcd::shared().client_port());
-    let far = slow(&prefix, &proxy).await;
+    let far = slow(&prefix, &proxy, PATIENT).await;
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
     granted(near.try_acquire("ghost", &holder, 60 * SEC).await);
@@ -107,7 +115,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
 async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
     let prefix = unique("late-retry");
     let proxy = FaultProxy::start(etcd::shared().client_port());
-    let far = slow(&prefix, &proxy).await;
+    let far = slow(&prefix, &proxy, PATIENT).await;
     let near = direct(&prefix).await;
     proxy.deliver_late(
         writes_an_owner_key("lock/ghost/".to_string()),
@@ -133,6 +141,61 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
          {left:?}: the released owner's late attempt took it)"
     );
     assert!(left.is_empty(), "keys left by a released owner: {left:?}");
+}
+
+/// A one-shot attempt is held in the network; its owner gives up and
+/// releases, which revokes the attempt's lease, but the store does not
+/// answer for 6 s (more than a few tries of that revoke). The held
+/// transaction lands after the store answers again, maybe on the lease
+/// that still lives: a key nobody holds. The client's revoke, tried again
+/// until answered, must end it soon after, not at the lease's TTL (60 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_attempt_is_ended_by_its_cleanup_after_a_long_outage() {
+    let prefix = unique("late-outage");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    // After the outage the client's connections are closed, as a real
+    // one's time out, and it connects again.
+    proxy.close_after_loss(true);
+    let far = slow(&prefix, &proxy, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    proxy.deliver_late(
+        writes_an_owner_key("lock/ghost/".to_string()),
+        Duration::from_secs(8),
+        CUT_AFTER,
+    );
+    let owner = OwnerToken::random();
+    let attempt = {
+        let far = far.clone();
+        tokio::spawn(async move { far.try_acquire("ghost", &owner, 60 * SEC).await })
+    };
+    conformance::testkit::wait::until("the attempt held", 10 * SEC, || async { proxy.held() == 1 })
+        .await;
+    proxy.blackhole();
+    let r = attempt.await.unwrap();
+    assert!(r.is_err(), "the held attempt was answered: {r:?}");
+    let outage = tokio::time::Instant::now();
+    let r = far.release("ghost", &owner).await;
+    assert!(r.is_err(), "the release was answered in the outage: {r:?}");
+    tokio::time::sleep_until(outage + 6 * SEC).await;
+    proxy.heal();
+    conformance::testkit::wait::until("the late copy delivered", 10 * SEC, || async {
+        proxy.delivered() == 1
+    })
+    .await;
+    let freed = conformance::testkit::wait::holds_within(20 * SEC, || async {
+        keys(&prefix, "ghost").await.is_empty()
+    })
+    .await;
+    assert!(
+        freed.is_some(),
+        "the late attempt's key is still there 20 s after the store answers again \
+         (keys: {:?}): its lease's revoke was given up",
+        keys(&prefix, "ghost").await
+    );
+    let a = near
+        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .await;
+    granted(a);
 }
 
 /// See `conformance::late_copy::late_copy_after_extend`.

@@ -275,6 +275,8 @@ async fn redlock_late_copies_on_a_quorum_of_masters_take_no_lock() {
         .await
         .unwrap()
         .expect("the holder takes the free lock");
+    pa.watch(name.as_bytes());
+    pb.watch(name.as_bytes());
     pa.latency(Duration::from_millis(1500));
     pb.latency(Duration::from_millis(1500));
     let waiter = tokio::spawn({
@@ -286,7 +288,12 @@ async fn redlock_late_copies_on_a_quorum_of_masters_take_no_lock() {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Its first attempt has reached both proxies (and took the latency):
+    // the later ones need not.
+    until("the first attempt on both proxies", 10 * SEC, || async {
+        pa.seen() > 0 && pb.seen() > 0
+    })
+    .await;
     pa.latency(Duration::ZERO);
     pb.latency(Duration::ZERO);
     let r = waiter.await.unwrap();

@@ -15,7 +15,7 @@
 //! its TTL.
 //!
 //! The window is forced, not swept: a proxy latency keeps release X in
-//! flight (80 ms) while attempt A1, sent after X, is cancelled (its future
+//! flight (400 ms) while attempt A1, sent after X, is cancelled (its future
 //! dropped after 10 ms, as `tokio::time::timeout` around it does; the
 //! module docs of `coord_core::late` name a cancelled attempt); A1's
 //! request is held by the proxy (`deliver_late`) past the owner's next
@@ -33,14 +33,18 @@ use conformance::testkit::redis::RedisServer;
 use coord_core::{Attempt, OwnerToken};
 use coord_redis::{RedisBackend, RedisOptions};
 
-/// Each way, per chunk: X's round trip is twice this.
-const LATENCY: Duration = Duration::from_millis(40);
+/// Each way, per chunk: X's round trip is twice this, the window in which
+/// A1 is sent and dropped (wide: a loaded machine may pause the test for
+/// tens of milliseconds).
+const LATENCY: Duration = Duration::from_millis(200);
 /// The client's call timeout (far above X's round trip).
-const CALL_TIMEOUT: Duration = Duration::from_millis(500);
-/// When A1's connection is cut (after X's reply passed), from A1's match.
-const CUT_AFTER: Duration = Duration::from_millis(300);
-/// When A1's held request is applied, from its match (after Y).
-const DELAY: Duration = Duration::from_millis(1200);
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// When A1's connection is cut (after X's reply passed, one LATENCY after
+/// A1's match), from A1's match.
+const CUT_AFTER: Duration = Duration::from_millis(1000);
+/// When A1's held request is applied, from its match (after Y, which
+/// starts just after the cut).
+const DELAY: Duration = Duration::from_millis(3500);
 const TTL: Duration = Duration::from_secs(30);
 
 /// One round on a fresh name; `race`: X still in flight when A1 is
@@ -63,11 +67,16 @@ async fn round(
     // Whatever A0 did has landed (one connection, in order).
     let _ = kind.holders(&**c, n).await;
     // X: O's release, marking O (its record) at X's stamp.
+    proxy.watch(n.as_bytes());
     let x = {
         let c = c.clone();
         tokio::spawn(async move { kind.release(&*c, n, &o).await })
     };
-    tokio::time::sleep(Duration::from_millis(3)).await;
+    let sent = Instant::now();
+    while proxy.seen() == 0 {
+        assert!(sent.elapsed() < 5 * SEC, "X never reached the proxy");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     if !race {
         x_answered(&x).await;
     }
@@ -93,7 +102,9 @@ async fn round(
     proxy.latency(Duration::ZERO);
     // Y: O's next release, after it gave up on A1 (on a new connection,
     // once A1's is cut).
-    tokio::time::sleep_until((held_at + CUT_AFTER + Duration::from_millis(50)).into()).await;
+    // (A1 is matched when the proxy has forwarded X, LATENCY after X.)
+    tokio::time::sleep_until((held_at + LATENCY + CUT_AFTER + Duration::from_millis(100)).into())
+        .await;
     let deadline = Instant::now() + 3 * SEC;
     let y = loop {
         match kind.release(&**c, n, &o).await {
@@ -110,12 +121,16 @@ async fn round(
         "Y ended after A1's copy landed: the round proves nothing"
     );
     // A1's copy lands.
-    tokio::time::sleep_until((held_at + DELAY + Duration::from_millis(300)).into()).await;
-    assert_eq!(
-        proxy.delivered(),
-        proxy.held(),
-        "the held request was delivered"
-    );
+    let landing = held_at + LATENCY + DELAY + 5 * SEC;
+    while proxy.delivered() < proxy.held() {
+        assert!(
+            Instant::now() < landing,
+            "the held request was not delivered: {:?}",
+            proxy.undelivered()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let now = kind.holders(&direct, n).await;
     let other = kind
         .attempt(&direct, n, &OwnerToken::random(), TTL)

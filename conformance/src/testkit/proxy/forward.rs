@@ -85,6 +85,18 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        // The latency in force when the bytes were read (a test that saw
+        // them read may change it for what follows).
+        let latency = st.latency_ms.load(Ordering::SeqCst);
+        if upstream {
+            let watched = st.watched.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(needle) = watched.as_deref()
+                && !needle.is_empty()
+                && buf[..n].windows(needle.len()).any(|w| w == needle)
+            {
+                st.seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }
         if upstream {
             let late = {
                 let mut slot = st.late.lock().unwrap_or_else(|p| p.into_inner());
@@ -102,7 +114,6 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
                 break;
             }
         }
-        let latency = st.latency_ms.load(Ordering::SeqCst);
         if latency > 0 {
             thread::sleep(Duration::from_millis(latency));
         }

@@ -151,3 +151,32 @@ fn a_given_listener_and_connect_and_close_after_loss() {
         "still listening"
     );
 }
+
+#[test]
+fn a_watched_request_keeps_the_latency_it_was_read_with() {
+    let p = FaultProxy::start(echo());
+    let (mut s, mut r) = connect(&p);
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(roundtrip(&mut s, &mut r, "warm").as_deref(), Some("warm"));
+    p.watch(b"slow");
+    p.latency(Duration::from_millis(400));
+    let start = std::time::Instant::now();
+    s.write_all(b"slow one\n").unwrap();
+    while p.seen() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "never read");
+        thread::sleep(Duration::from_millis(1));
+    }
+    // Read with the latency on: lifting it now does not speed it up.
+    p.latency(Duration::ZERO);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "slow one");
+    assert!(
+        start.elapsed() >= Duration::from_millis(400),
+        "the watched request skipped its latency: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(p.seen(), 1);
+    assert_eq!(roundtrip(&mut s, &mut r, "other").as_deref(), Some("other"));
+    assert_eq!(p.seen(), 1, "a read without the needle was counted");
+}
