@@ -88,6 +88,37 @@ impl PostgresBackend {
         Ok(self.query_then(operation, sql, params, None).await?.0)
     }
 
+    /// A pooled connection, within the call timeout. The pool's `get` runs
+    /// in a task of its own, for up to twice the call timeout: a connection
+    /// being made when the call times out goes on to the pool, for the next
+    /// call. Dropped with the call, on a link or server where connecting
+    /// takes longer than the call timeout every call would start a connect
+    /// of its own and none would ever be answered. (A connect slower than
+    /// that bound is given up, so one stuck on a path that has since healed
+    /// does not hold a place of the pool for long.)
+    async fn connection(&self, operation: &'static str) -> Result<Object> {
+        let (pool, limit) = (self.pool.clone(), 2 * self.call_timeout);
+        let get = tokio::spawn(async move { tokio::time::timeout(limit, pool.get()).await });
+        bounded(BACKEND, operation, self.call_timeout, async {
+            match get.await {
+                Ok(Ok(got)) => got.map_err(|e| map_pool(operation, e)),
+                Ok(Err(_)) => Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation,
+                    message: format!("no pooled connection within {limit:?}"),
+                    source: None,
+                }),
+                Err(e) => Err(Error::Unavailable {
+                    backend: BACKEND,
+                    operation,
+                    message: format!("getting a pooled connection failed: {e}"),
+                    source: None,
+                }),
+            }
+        })
+        .await
+    }
+
     /// Like [`query`](Self::query), followed in the same round trip by
     /// `then`, a second statement in a transaction of its own with the
     /// same settings (so its commit is durable). Semaphore grants commit
@@ -103,11 +134,7 @@ impl PostgresBackend {
         then: Option<(&str, Params<'_>)>,
     ) -> Result<(Vec<Row>, Vec<Row>)> {
         let started = Instant::now();
-        let client = bounded(BACKEND, operation, self.call_timeout, async {
-            self.pool.get().await.map_err(|e| map_pool(operation, e))
-        })
-        .await
-        .inspect_err(|e| {
+        let client = self.connection(operation).await.inspect_err(|e| {
             if e.is_retryable() {
                 // No connection in time: the path to the server may be
                 // dead for the listening connection too.

@@ -137,3 +137,71 @@ async fn calls_beyond_the_pool_size_get_a_connection_in_arrival_order() {
     );
     assert_eq!(connections(&app).await, 1, "a pool of 1 opened more");
 }
+
+/// The pool's connection is closed and the link to the server turns slow
+/// (`latency` each way, per message); calls of a client with call timeout
+/// `timeout` and pool size 1 (connecting to `url`'s server through a
+/// proxy) are tried until one is answered, for up to 15 s.
+async fn answered_after_a_slow_reconnect(url: &str, latency: Duration, timeout: Duration) {
+    use conformance::testkit::proxy::FaultProxy;
+    use coord_core::{Lock, OwnerToken};
+    let pg = cluster();
+    let proxy = FaultProxy::start(pg.port());
+    let url = url.replace(&format!(":{}/", pg.port()), &format!(":{}/", proxy.port()));
+    let b = coord_postgres::builder(&url)
+        .schema(unique("slow_connect"))
+        .pool_size(1)
+        .prepared_statements(true)
+        .sweep_every(None)
+        .listen(false)
+        .call_timeout(timeout)
+        .connect_backend()
+        .await
+        .expect("connect through the proxy");
+    let o = OwnerToken::random();
+    assert!(matches!(
+        b.try_acquire("warm", &o, Duration::from_secs(10)).await,
+        Ok(coord_core::Attempt::Granted(_))
+    ));
+    proxy.latency(latency);
+    proxy.reset();
+    let start = std::time::Instant::now();
+    let mut errors = Vec::new();
+    loop {
+        // (A release that timed out may have been applied: only whether
+        // one is answered counts.)
+        match b.release("warm", &o).await {
+            Ok(_) => break,
+            Err(e) => errors.push(format!("{:?}: {e}", start.elapsed())),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "no call answered in 15 s: {errors:#?}"
+        );
+    }
+    println!(
+        "answered after {:?}, {} calls failed",
+        start.elapsed(),
+        errors.len()
+    );
+}
+
+/// Connecting takes longer than the call timeout (a SCRAM login and the
+/// session settings: four round trips of 100 ms, against 350 ms) while a
+/// call on an open connection does not (two). A call that times out while
+/// its connection is being made must leave that connect to go on, for the
+/// next call: dropped with the call, every call would start a connect of
+/// its own and none would ever be answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_slower_than_the_call_timeout_is_not_given_up_with_the_call() {
+    let pg = cluster();
+    let user = unique("slow_login");
+    let url = blocking_role(pg, &user);
+    answered_after_a_slow_reconnect(&url, Duration::from_millis(50), Duration::from_millis(350))
+        .await;
+}
+
+/// A role of its own with a SCRAM password; its URL.
+fn blocking_role(pg: &conformance::testkit::postgres::PgCluster, user: &str) -> String {
+    pg.create_role(user, "slow-Pa55", "postgres")
+}

@@ -265,7 +265,7 @@ impl RedisBackend {
         // Register every script once: in one round trip on one server; on
         // a cluster one `SCRIPT LOAD` each, which the client sends to every
         // master (it has no connection to replicas: a promoted one answers
-        // `NOSCRIPT` once per script, and `invoke_async` loads it again).
+        // `NOSCRIPT` once per script, and `eval` sends its source).
         let scripts = Scripts::new();
         let pw = password.clone();
         let cluster = opts.cluster.is_some();
@@ -362,7 +362,14 @@ impl RedisBackend {
         &self.wakeups
     }
 
-    /// Run one script, bounded by the call timeout.
+    /// Run one script, bounded by the call timeout: `EVALSHA`, and where
+    /// the server has not cached the script (`NOSCRIPT`: a restarted
+    /// server, a promoted replica, a `SCRIPT FLUSH`), `EVAL` with its
+    /// source, which caches it there. Both go where the script's keys
+    /// live; `redis`' own fallback (`SCRIPT LOAD`, then `EVALSHA` again)
+    /// sends the load to every node of a cluster and waits for them all,
+    /// so one hung node, unrelated to the keys, would fail every script
+    /// call on a node that lost its cache.
     pub(crate) async fn eval(
         &self,
         operation: &'static str,
@@ -370,16 +377,33 @@ impl RedisBackend {
         keys: &[&str],
         args: &[&[u8]],
     ) -> Result<Value> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(*k);
-        }
-        for a in args {
-            inv.arg(*a);
-        }
+        let call = |verb: &str, body: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(body).arg(keys.len());
+            for k in keys {
+                cmd.arg(*k);
+            }
+            for a in args {
+                cmd.arg(*a);
+            }
+            cmd
+        };
+        let hash = script.get_hash();
+        let source = self.scripts.source_of(hash);
+        let (evalsha, eval) = (call("EVALSHA", hash), source.map(|s| call("EVAL", s)));
         let (generation, mut conn) = self.conn.get();
         self.bounded(operation, generation, async move {
-            inv.invoke_async::<Value>(&mut conn).await
+            match evalsha.query_async::<Value>(&mut conn).await {
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    match eval {
+                        Some(eval) => eval.query_async::<Value>(&mut conn).await,
+                        None => Err(e),
+                    }
+                }
+                r => r,
+            }
         })
         .await
     }

@@ -258,6 +258,9 @@ pub(crate) struct Scripts {
     pub queue_purge: Script,
     /// The source of each, for `SCRIPT LOAD` at connect time.
     pub sources: Vec<String>,
+    /// The source of each by its SHA1, for `EVAL` where `EVALSHA` finds
+    /// the script not cached (see `RedisBackend::eval`).
+    by_hash: std::collections::HashMap<String, usize>,
 }
 
 impl Scripts {
@@ -270,9 +273,11 @@ impl Scripts {
         // owner went unanswered: that step's late copy, stamped before,
         // would otherwise set the claim's expiry back to its own TTL.
         let (step_extend, step_php_extend) = (step(2, 3), step(3, 3));
+        let mut by_hash = std::collections::HashMap::new();
         let mut mk = |parts: &[&str]| {
             let src = parts.concat();
             let script = Script::new(&src);
+            by_hash.insert(script.get_hash().to_string(), sources.len());
             sources.push(src);
             script
         };
@@ -324,6 +329,12 @@ impl Scripts {
             queue_stats: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_STATS]),
             queue_purge: mk(&[NOW, NEXT_TOKEN, QUEUE_PRELUDE, QUEUE_PURGE]),
             sources,
+            by_hash,
         }
+    }
+
+    /// The source of the script whose SHA1 is `hash`.
+    pub fn source_of(&self, hash: &str) -> Option<&str> {
+        self.by_hash.get(hash).map(|&i| self.sources[i].as_str())
     }
 }

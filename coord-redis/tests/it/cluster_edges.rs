@@ -836,6 +836,65 @@ async fn a_failover_while_an_unrelated_replica_is_frozen() {
     res2.unwrap_or_else(|e| panic!("replica {r2} frozen, {m1} killed: {e}"));
 }
 
+/// How many `SCRIPT LOAD`s each node of `c` has run (`INFO
+/// commandstats`), by port.
+fn script_loads(c: &RedisCluster) -> Vec<(u16, u64)> {
+    c.nodes()
+        .iter()
+        .map(|n| {
+            let stat = n.info("commandstats", "cmdstat_script|load");
+            let calls = stat
+                .split(',')
+                .find_map(|f| f.strip_prefix("calls="))
+                .map_or(0, |v| v.parse().unwrap());
+            (n.port(), calls)
+        })
+        .collect()
+}
+
+/// A master that lost its script cache (a restarted or promoted node has
+/// none; here `SCRIPT FLUSH`) gets each script's source with the call
+/// (`EVAL`), on that node alone. A `SCRIPT LOAD` would go to every node
+/// of the cluster and wait for every answer: one hung node, unrelated to
+/// the key, would fail the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_scripts_gets_them_with_the_call_alone() {
+    let cluster = Arc::new(blocking(RedisCluster::start).await);
+    let prefix = "flushed:";
+    let coord = connect(&cluster.url(), prefix).await.unwrap();
+    let m1 = cluster.masters()[0].port();
+    let c = cluster.clone();
+    let name = blocking(move || name_on(&c, prefix, m1)).await;
+    works_within(&coord, &name, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let c = cluster.clone();
+    let before = blocking(move || {
+        let m = c.nodes().iter().find(|n| n.port() == m1).unwrap();
+        m.command(&["SCRIPT", "FLUSH"]);
+        script_loads(&c)
+    })
+    .await;
+    works_within(&coord, &name, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let c = cluster.clone();
+    let (after, cached) = blocking(move || {
+        let m = c.nodes().iter().find(|n| n.port() == m1).unwrap();
+        (
+            script_loads(&c),
+            m.info("memory", "number_of_cached_scripts"),
+        )
+    })
+    .await;
+    assert_eq!(
+        before, after,
+        "SCRIPT LOADs by node (port, calls) before and after a call on the \
+         flushed master {m1}"
+    );
+    assert_ne!(cached, "0", "the flushed master cached no script again");
+}
+
 /// A wrong password on a cluster. `RedisBackend::connect` documents
 /// "[`Error::Store`] saying \"authentication failed\" for a wrong user or
 /// password", as a plain `redis://` URL gives (and as a missing password

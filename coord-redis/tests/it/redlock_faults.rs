@@ -1071,6 +1071,19 @@ async fn reads_with_a_frozen_master_do_not_wait_for_it() {
         .await
         .unwrap()
         .unwrap();
+    // The grant returned once a quorum answered; on a loaded machine the
+    // third master's write may come later. The frozen master must be one
+    // of three holding it, or the two left need not agree.
+    until(
+        "the lease on every master",
+        Duration::from_secs(10),
+        || async {
+            set.masters()
+                .iter()
+                .all(|m| !live_claims(m, "frozen-read").is_empty())
+        },
+    )
+    .await;
     let _frozen = Frozen::pause(&set.masters()[1]);
     let mut took = Vec::new();
     for _ in 0..2 {
