@@ -389,16 +389,16 @@ impl RedisBackend {
             cmd
         };
         let hash = script.get_hash();
-        let source = self.scripts.source_of(hash);
-        let (evalsha, eval) = (call("EVALSHA", hash), source.map(|s| call("EVAL", s)));
+        let evalsha = call("EVALSHA", hash);
         let (generation, mut conn) = self.conn.get();
         self.bounded(operation, generation, async move {
             match evalsha.query_async::<Value>(&mut conn).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
-                    match eval {
-                        Some(eval) => eval.query_async::<Value>(&mut conn).await,
+                    // Built only now: the source is kilobytes.
+                    match self.scripts.source_of(hash) {
+                        Some(source) => call("EVAL", source).query_async::<Value>(&mut conn).await,
                         None => Err(e),
                     }
                 }
