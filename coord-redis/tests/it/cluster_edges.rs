@@ -920,11 +920,10 @@ async fn a_wrong_password_on_a_cluster_is_an_authentication_error() {
 /// comment at the `SCRIPT LOAD` in `RedisBackend::connect` say. Replicas
 /// have none: `SCRIPT LOAD` is routed to every node the cluster client has
 /// a connection to, and it has none to replicas (it reads from masters
-/// only). That does no harm (a promoted replica answers `NOSCRIPT` once
-/// per script and coord loads it again;
-/// `a_client_goes_on_through_a_rolling_restart` checks it), but every
-/// first call of a script after a failover costs two more round trips
-/// plus a `SCRIPT LOAD` on every node.
+/// only). That does no harm: a promoted replica answers `NOSCRIPT` once
+/// per script, and coord sends that call again with the source, to that
+/// node alone (`a_node_that_lost_its_scripts_gets_them_with_the_call_alone`;
+/// `a_client_goes_on_through_a_rolling_restart` checks it end to end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_cached_on_every_master_after_connect() {
     let cluster = Arc::new(blocking(RedisCluster::start).await);
