@@ -30,6 +30,7 @@ use common::{SEC, unique};
 use conformance::claim_kind::ClaimKind as Kind;
 use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::RedisServer;
+use conformance::testkit::wait::{holds_within, until};
 use coord_core::{Attempt, OwnerToken};
 use coord_redis::{RedisBackend, RedisOptions};
 
@@ -72,11 +73,10 @@ async fn round(
         let c = c.clone();
         tokio::spawn(async move { kind.release(&*c, n, &o).await })
     };
-    let sent = Instant::now();
-    while proxy.seen() == 0 {
-        assert!(sent.elapsed() < 5 * SEC, "X never reached the proxy");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    until("X reaching the proxy", 5 * SEC, || async {
+        proxy.seen() > 0
+    })
+    .await;
     if !race {
         x_answered(&x).await;
     }
@@ -122,14 +122,16 @@ async fn round(
     );
     // A1's copy lands.
     let landing = held_at + LATENCY + DELAY + 5 * SEC;
-    while proxy.delivered() < proxy.held() {
-        assert!(
-            Instant::now() < landing,
-            "the held request was not delivered: {:?}",
-            proxy.undelivered()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let landed = holds_within(
+        landing.saturating_duration_since(Instant::now()),
+        || async { proxy.delivered() >= proxy.held() },
+    )
+    .await;
+    assert!(
+        landed.is_some(),
+        "the held request was not delivered: {:?}",
+        proxy.undelivered()
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let now = kind.holders(&direct, n).await;
     let other = kind
