@@ -294,7 +294,7 @@ impl Semaphores {
     /// own (two tokens, twice the permits) and the second to land revoked
     /// the other's lease; an attempt racing the owner's moving extend
     /// revoked the lease the grant had just moved to
-    /// (tests/it/semaphore_same_owner_one_client.rs).
+    /// (tests/it/semaphore_same_owner_one_client/).
     pub(crate) async fn one_call(&self, sk: &SemKey) -> OneCall<SemKey> {
         self.turns.take(sk.clone()).await
     }

@@ -83,7 +83,7 @@ pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Facto
 /// else; O's release reports `true` and leaves nothing. (Without running
 /// one call per semaphore owner at a time, etcd's client made two grants
 /// of O, with two tokens and their permits added, then revoked one of
-/// them: `coord-etcd/tests/it/semaphore_same_owner_one_client.rs`.)
+/// them: `coord-etcd/tests/it/semaphore_same_owner_one_client/`.)
 pub async fn semaphore_same_owner_attempts_racing_in_one_client_make_one_grant(f: &Factory) {
     let (c, other_client) = (f.client().await, f.client().await);
     let (raw, other_raw) = match (c.raw_semaphore(), other_client.raw_semaphore()) {

@@ -123,7 +123,7 @@ impl Claims {
             // A place in line of another client's waiting acquire: the
             // owner does not hold, so nothing changes (that client's handoff
             // trusts its place to live as long as its lease and its own
-            // release; tests/it/owner_queued_through_another_client.rs).
+            // release; tests/it/owner_queued_through_another_client/).
             return Ok(false);
         }
         self.delete_at(kv, op).await

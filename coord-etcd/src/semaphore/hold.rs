@@ -69,7 +69,7 @@ impl Semaphores {
                     // Not the grant this client knows any more (released
                     // and granted again to the owner through another
                     // client, say): the owner's live grant, if any, is
-                    // found by its value (tests/it/semaphore_grant_revisions.rs).
+                    // found by its value (tests/it/semaphore_grant_revisions/).
                     self.sem_release_found(&n, op).await?
                 }
             }

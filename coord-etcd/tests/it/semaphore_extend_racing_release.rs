@@ -101,7 +101,7 @@ impl Race {
     /// The race took place as set up: the regrant answered a token above
     /// the first grant's. Calls of one owner through one client take
     /// turns (`Shared::sem_one_call`, see
-    /// `semaphore_same_owner_one_client.rs`), so the regrant through C
+    /// `semaphore_same_owner_one_client/`), so the regrant through C
     /// waits for the raced call (`what`) to end instead of landing inside
     /// it: the grant answered must hold either way. (Without the turns,
     /// the release and regrant take a few milliseconds and the raced call

@@ -1,6 +1,6 @@
 //! Shared by the etcd claim tests that drive the shared test server with
 //! clients of their own and read its keys directly
-//! (`claim_keys_named_by_lease.rs`, `owner_queued_through_another_client.rs`,
+//! (`claim_keys_named_by_lease/`, `owner_queued_through_another_client/`,
 //! `cross_client_owner.rs`, `same_owner_one_client.rs`): a key prefix per
 //! test, clients, a raw etcd client, and the claim keys as stored.
 

@@ -1,12 +1,12 @@
 //! What the tests of semaphore keys named by leases
 //! (`semaphore_keys_by_lease.rs`, `semaphore_queue_by_lease.rs`,
-//! `semaphore_adopted_grants.rs`, `semaphore_grant_revisions.rs`,
+//! `semaphore_adopted_grants.rs`, `semaphore_grant_revisions/`,
 //! `semaphore_moving_retry.rs`, `semaphore_extend_racing_release.rs`,
-//! `semaphore_same_owner_one_client.rs`, `same_owner_one_client.rs`)
+//! `semaphore_same_owner_one_client/`, `same_owner_one_client.rs`)
 //! share: clients of the binary's shared etcd with a key prefix of their
 //! own, the name's grants and places as etcd holds them, an observer
 //! that checks etcd's view of a name never exceeds its total, and the
-//! lost reply of a moving extend (`semaphore_grant_revisions.rs`,
+//! lost reply of a moving extend (`semaphore_grant_revisions/`,
 //! `semaphore_moving_retry.rs`).
 
 #![allow(dead_code)]

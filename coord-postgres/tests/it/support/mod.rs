@@ -1,5 +1,5 @@
 //! Shared by the late-attempt tests (`semaphore_late.rs`,
-//! `late_claims.rs`) and the row-reuse tests (`reuse.rs`, `row_reuse_races.rs`): a
+//! `late_claims/`) and the row-reuse tests (`reuse.rs`, `row_reuse_races/`): a
 //! unique schema name, a direct client, a slow one behind a `FaultProxy`
 //! that delays every chunk by [`LATENCY`] while the fault is on (a chunk
 //! already read keeps its delay after the latency is turned off), with a
