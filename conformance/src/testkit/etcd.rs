@@ -43,7 +43,7 @@ trap '' INT HUP
 pid=$!
 echo "$pid" >"$COORD_ETCD_LOG.pid"
 cat >/dev/null
-kill -9 "$pid" 2>/dev/null
+if mine "$pid"; then kill -9 "$pid" 2>/dev/null; fi
 wait "$pid" 2>/dev/null
 if [ -n "$COORD_ETCD_RMDIR" ]; then
   for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
@@ -100,7 +100,7 @@ impl Wrapped {
     fn spawn(args: &[String], log: &Path, rmdir: Option<&Path>) -> Wrapped {
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
-            .arg(WRAPPER)
+            .arg(format!("{}\n{WRAPPER}", super::MINE_SH))
             .arg("coord-etcd-wrapper")
             .args(args)
             .env("COORD_ETCD_LOG", log)
@@ -129,19 +129,39 @@ impl Drop for Wrapped {
     }
 }
 
-/// Send `sig` (`-STOP`, `-CONT`) to the etcd whose log is `log` (the
-/// wrapper writes its pid next to the log).
-fn signal(log: &Path, sig: &str) {
+/// The pid of the etcd whose log is `log` (the wrapper writes it next to
+/// the log).
+fn pid_of(log: &Path) -> u32 {
     let mut pidfile = log.as_os_str().to_owned();
     pidfile.push(".pid");
-    let pid = std::fs::read_to_string(&pidfile).expect("the wrapper wrote etcd's pid");
+    std::fs::read_to_string(&pidfile)
+        .expect("the wrapper wrote etcd's pid")
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
+/// Send `sig` (`-STOP`, `-CONT`, `-KILL`) to the etcd whose log is `log`,
+/// run by the wrapper in `proc`. Panics if that etcd is no longer the
+/// wrapper's child (it ended, and its pid may be another process's by now).
+fn signal(log: &Path, proc: &Mutex<Option<Wrapped>>, sig: &str) {
+    let pid = pid_of(log);
+    let wrapper = proc
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .map(|w| w.child.id());
+    assert!(
+        wrapper.is_some() && super::parent_of(pid) == wrapper,
+        "etcd (pid {pid}) is no longer running under its wrapper: not sending {sig}"
+    );
     let ok = Command::new("kill")
         .arg(sig)
-        .arg(pid.trim())
+        .arg(pid.to_string())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
-    assert!(ok, "kill {sig} {} failed", pid.trim());
+    assert!(ok, "kill {sig} {pid} failed");
 }
 
 /// One plain GET on `127.0.0.1:port`; the body, or `None`.
@@ -350,18 +370,18 @@ impl EtcdServer {
     /// Freeze the server with SIGSTOP (as a partition or a long GC pause
     /// would look to its clients) until [`EtcdServer::resume`].
     pub fn pause(&self) {
-        signal(&self.member.log, "-STOP");
+        signal(&self.member.log, &self.proc, "-STOP");
     }
 
     /// Undo [`EtcdServer::pause`] (SIGCONT).
     pub fn resume(&self) {
-        signal(&self.member.log, "-CONT");
+        signal(&self.member.log, &self.proc, "-CONT");
     }
 
     /// Kill the server with SIGKILL (a crash); its data directory stays,
     /// for [`EtcdServer::start_again`].
     pub fn kill(&self) {
-        signal(&self.member.log, "-KILL");
+        signal(&self.member.log, &self.proc, "-KILL");
         // Wait until the port is free (the process is gone).
         let until = Instant::now() + Duration::from_secs(10);
         while Instant::now() < until
@@ -396,6 +416,13 @@ impl EtcdServer {
     /// [`EtcdServer::start_tls`].
     pub fn tls_files(&self) -> Option<&TlsFiles> {
         self.member.tls.as_ref()
+    }
+}
+
+impl EtcdServer {
+    /// The pid of the current etcd process.
+    pub fn pid(&self) -> u32 {
+        pid_of(&self.member.log)
     }
 }
 

@@ -145,6 +145,46 @@ fn shm_has_room() -> bool {
     }
 }
 
+/// A shell function for the kit's wrapper scripts: `mine PID` succeeds
+/// while PID is still the wrapper's own child, not yet reaped. A child the
+/// shell reaped (it reaps any child while it waits for a foreground command
+/// such as `cat`) frees its pid for another process, which a later `kill`
+/// of that pid would hit: the wrappers signal their server only if `mine`.
+/// Builtins only (`read` with a redirection), so the shell reaps nothing
+/// between the check and the signal.
+pub const MINE_SH: &str = r#"mine() { read -r s 2>/dev/null <"/proc/$1/stat" || return 1; set -- ${s##*) }; [ "$2" = "$$" ]; }"#;
+
+/// The parent pid of process `pid` (from `/proc/PID/stat`), if it exists.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Run `program` with `args` as a process whose pid is `pid` (free now),
+/// through `/proc/sys/kernel/ns_last_pid` (root only): how a test shows
+/// that a pid the kit once used is not signalled after another process
+/// took it. Retries while other processes take the pid first; `None` if
+/// it could not (not root, or the pid stayed taken for 5 s).
+pub fn spawn_as_pid(pid: u32, program: &str, args: &[&str]) -> Option<std::process::Child> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < until {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let mut child = std::process::Command::new(program)
+            .args(args)
+            .spawn()
+            .ok()?;
+        if child.id() == pid {
+            return Some(child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    None
+}
+
 /// Send `sig` (a name such as `STOP`, `CONT`, `KILL`) to process `pid`
 /// with the `kill` command. Panics if it cannot be sent.
 pub fn signal(pid: u32, sig: &str) {

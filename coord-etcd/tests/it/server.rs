@@ -345,3 +345,23 @@ async fn every_kind_of_token_rises_across_a_crash() {
     })
     .await;
 }
+
+/// A crashed etcd's pid is free for any process to take; stopping the
+/// server afterwards (its wrapper ends when the test drops it) signals the
+/// etcd it started only, never the process that took the pid since.
+#[test]
+fn stopping_a_crashed_server_spares_the_process_that_took_its_pid() {
+    let server = EtcdServer::start();
+    let pid = server.pid();
+    server.kill();
+    let mut other = conformance::testkit::spawn_as_pid(pid, "sleep", &["60"])
+        .expect("a process with the crashed etcd's pid (the kit's tests run as root)");
+    drop(server);
+    let survived = other.try_wait().expect("poll the other process").is_none();
+    let _ = other.kill();
+    let _ = other.wait();
+    assert!(
+        survived,
+        "stopping the crashed server killed pid {pid}, another process's by then"
+    );
+}

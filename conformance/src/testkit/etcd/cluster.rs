@@ -158,12 +158,12 @@ impl EtcdCluster {
     /// Freeze member `i` with SIGSTOP (as a partition or a long pause would
     /// look to its peers and clients) until [`EtcdCluster::resume`].
     pub fn pause(&self, i: usize) {
-        signal(&self.members[i].log, "-STOP");
+        signal(&self.members[i].log, &self.procs[i], "-STOP");
     }
 
     /// Undo [`EtcdCluster::pause`] (SIGCONT).
     pub fn resume(&self, i: usize) {
-        signal(&self.members[i].log, "-CONT");
+        signal(&self.members[i].log, &self.procs[i], "-CONT");
     }
 
     /// The member that is leader now, according to each running member's

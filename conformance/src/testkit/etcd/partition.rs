@@ -296,12 +296,12 @@ impl PartitionedEtcdCluster {
 
     /// Freeze member `i` with SIGSTOP until [`resume`](Self::resume).
     pub fn pause(&self, i: usize) {
-        signal(&self.members[i].log, "-STOP");
+        signal(&self.members[i].log, &self.procs[i], "-STOP");
     }
 
     /// Undo [`pause`](Self::pause) (SIGCONT).
     pub fn resume(&self, i: usize) {
-        signal(&self.members[i].log, "-CONT");
+        signal(&self.members[i].log, &self.procs[i], "-CONT");
     }
 
     /// Wait until every running member reports healthy (`/health`: it
