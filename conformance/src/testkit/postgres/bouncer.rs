@@ -11,7 +11,10 @@ use crate::testkit::port::free_port;
 
 /// The control wrapper of PgBouncer: run it until stdin closes, then kill
 /// it (by its pid file, with `SIGKILL`: a paused one too) and remove the
-/// folder. `runuser`, which ran it as `postgres`, exits when it does (told
+/// folder. A pgbouncer killed and not started again leaves its pid file
+/// behind, and its pid free for any process: the pid in the file is killed
+/// only if that process runs this folder's `pgbouncer.ini`, and `runuser`
+/// only while it is the wrapper's child ([`MINE_SH`](crate::testkit::MINE_SH)). `runuser`, which ran it as `postgres`, exits when it does (told
 /// to stop it instead, without a pid file, it waits 2 s before it kills
 /// it). When pgbouncer is stopped ([`PgBouncer::pause`]) `runuser` stops
 /// itself too and waits for a `SIGCONT` of its own, which nothing else
@@ -22,12 +25,13 @@ trap '' INT HUP
 "$@" "$BIN" "$D/pgbouncer.ini" >"$D/pgbouncer.out" 2>&1 </dev/null &
 pid=$!
 cat >/dev/null
-if [ -f "$D/pgbouncer.pid" ]; then
-  kill -9 "$(cat "$D/pgbouncer.pid")" 2>/dev/null
-else
+p=$(cat "$D/pgbouncer.pid" 2>/dev/null)
+if [ -n "$p" ] && grep -aqF "$D/pgbouncer.ini" "/proc/$p/cmdline" 2>/dev/null; then
+  kill -9 "$p" 2>/dev/null
+elif mine $pid; then
   kill $pid 2>/dev/null
 fi
-kill -CONT $pid 2>/dev/null
+if mine $pid; then kill -CONT $pid 2>/dev/null; fi
 wait $pid
 rm -rf "$D"
 "#;
@@ -95,7 +99,7 @@ impl PgBouncer {
             }
             let child = Command::new("sh")
                 .arg("-c")
-                .arg(BOUNCER_WRAPPER)
+                .arg(format!("{}\n{BOUNCER_WRAPPER}", crate::testkit::MINE_SH))
                 .arg("coord-pgbouncer-wrapper")
                 .arg(&dir)
                 .arg(&bin)
