@@ -367,6 +367,11 @@ impl EtcdServer {
         metric(self.member.metrics_port, name, labels)
     }
 
+    /// The pid of the current etcd process.
+    pub fn pid(&self) -> u32 {
+        pid_of(&self.member.log)
+    }
+
     /// Freeze the server with SIGSTOP (as a partition or a long GC pause
     /// would look to its clients) until [`EtcdServer::resume`].
     pub fn pause(&self) {
@@ -416,13 +421,6 @@ impl EtcdServer {
     /// [`EtcdServer::start_tls`].
     pub fn tls_files(&self) -> Option<&TlsFiles> {
         self.member.tls.as_ref()
-    }
-}
-
-impl EtcdServer {
-    /// The pid of the current etcd process.
-    pub fn pid(&self) -> u32 {
-        pid_of(&self.member.log)
     }
 }
 

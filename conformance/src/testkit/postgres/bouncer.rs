@@ -14,11 +14,13 @@ use crate::testkit::port::free_port;
 /// folder. A pgbouncer killed and not started again leaves its pid file
 /// behind, and its pid free for any process: the pid in the file is killed
 /// only if that process runs this folder's `pgbouncer.ini`, and `runuser`
-/// only while it is the wrapper's child ([`MINE_SH`](crate::testkit::MINE_SH)). `runuser`, which ran it as `postgres`, exits when it does (told
-/// to stop it instead, without a pid file, it waits 2 s before it kills
-/// it). When pgbouncer is stopped ([`PgBouncer::pause`]) `runuser` stops
-/// itself too and waits for a `SIGCONT` of its own, which nothing else
-/// sends: without one here `wait` never returned and the folder stayed.
+/// only while it is the wrapper's child
+/// ([`MINE_SH`](crate::testkit::MINE_SH)). `runuser`, which ran it as
+/// `postgres`, exits when it does (told to stop it instead, without a pid
+/// file, it waits 2 s before it kills it). When pgbouncer is stopped
+/// ([`PgBouncer::pause`]) `runuser` stops itself too and waits for a
+/// `SIGCONT` of its own, which nothing else sends: without one here `wait`
+/// never returned and the folder stayed.
 const BOUNCER_WRAPPER: &str = r#"
 D="$1"; BIN="$2"; shift 2
 trap '' INT HUP
