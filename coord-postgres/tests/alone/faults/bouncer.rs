@@ -17,23 +17,14 @@ use super::{
     judge, workload,
 };
 
-/// Five clients whose statements go through `bouncer` and whose LISTEN
-/// connection goes to PostgreSQL directly (`listen_url`, as PgBouncer's
-/// transaction pooling cannot carry LISTEN).
+/// Five clients (see [`client`]) whose statements go through `bouncer`
+/// and whose LISTEN connection goes to PostgreSQL directly (`listen_url`,
+/// as PgBouncer's transaction pooling cannot carry LISTEN).
 async fn clients_through(bouncer: &PgBouncer, url: &str) -> Vec<Coord> {
     let through = bouncer.url_for(&db_of(url));
     let mut cs = Vec::new();
     for _ in 0..5 {
-        cs.push(
-            coord_postgres::builder(&through)
-                .listen_url(url)
-                .call_timeout(Duration::from_millis(400))
-                .connect_timeout(Duration::from_millis(500))
-                .pool_size(4)
-                .connect()
-                .await
-                .expect("connect through pgbouncer"),
-        );
+        cs.push(client_with(&through, |b| b.listen_url(url)).await);
     }
     cs
 }
@@ -46,7 +37,7 @@ async fn clients_through(bouncer: &PgBouncer, url: &str) -> Vec<Coord> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pgbouncer_paused_past_the_ttl() {
     let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("bouncer_paused");
+    let (url, _pg) = database("bouncer_paused").await;
     let bouncer = Arc::new(blocking(|| PgBouncer::start(cluster())).await);
     let cs = clients_through(&bouncer, &url).await;
     let b = bouncer.clone();
@@ -74,7 +65,7 @@ async fn pgbouncer_paused_past_the_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_behind_pgbouncer() {
     let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("bouncer_crash");
+    let (url, _pg) = database("bouncer_crash").await;
     let bouncer = blocking(|| PgBouncer::start(cluster())).await;
     let cs = clients_through(&bouncer, &url).await;
     let listener = cs[0].clone();
@@ -92,7 +83,7 @@ async fn server_crash_behind_pgbouncer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pgbouncer_restarted() {
     let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("bouncer");
+    let (url, _pg) = database("bouncer").await;
     let bouncer = Arc::new(blocking(|| PgBouncer::start(cluster())).await);
     let cs = clients_through(&bouncer, &url).await;
     let b = bouncer.clone();
@@ -128,7 +119,7 @@ async fn random_faults_on_every_workload_through_pgbouncer() {
         |n| {
             let bouncer = bouncer.clone();
             async move {
-                let (url, _) = database("random_bouncer");
+                let (url, _) = database("random_bouncer").await;
                 let through = bouncer.url_for(&db_of(&url));
                 let direct = format!(":{}/", bouncer.port());
                 let mut proxies = Vec::new();

@@ -93,11 +93,22 @@ async fn clients(urls: &[String]) -> Vec<Coord> {
     out
 }
 
-/// A fresh database of the shared cluster for one scenario; its URL.
-fn database(tag: &str) -> (String, &'static PgCluster) {
+/// A fresh database of the shared cluster for one scenario, with coord's
+/// layout already in it; its URL. The scenarios' clients have sub-second
+/// connect bounds, and creating the layout is a transaction of DDL that a
+/// loaded machine can take longer than that to commit: setting up is not
+/// under test, so it is done here with the default bounds.
+async fn database(tag: &str) -> (String, &'static PgCluster) {
     let pg = cluster();
     let db = conformance::unique(tag).replace('-', "_");
-    (pg.create_database(&db), pg)
+    let url = blocking(move || cluster().create_database(&db)).await;
+    coord_postgres::builder(&url)
+        .listen(false)
+        .sweep_every(None)
+        .connect()
+        .await
+        .expect("create coord's layout in the scenario's database");
+    (url, pg)
 }
 
 /// `url` with its port replaced by `port` (to go through a proxy).
@@ -160,7 +171,7 @@ async fn assert_woken_by_notify(url: &str, waiter: Coord, scenario: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn client_cut_off_by_the_proxy() {
     let _serial = SERIAL.lock().await;
-    let (url, pg) = database("cut-off");
+    let (url, pg) = database("cut-off").await;
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
     let victim = client(&urls[4]).await;
@@ -187,7 +198,7 @@ async fn client_cut_off_by_the_proxy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dropped_replies_for_one_client() {
     let _serial = SERIAL.lock().await;
-    let (url, pg) = database("dropped-replies");
+    let (url, pg) = database("dropped-replies").await;
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
     // A client that has been working: its pooled connection has the
@@ -247,7 +258,7 @@ async fn dropped_replies_for_one_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn half_open_connections_of_one_client() {
     let _serial = SERIAL.lock().await;
-    let (url, pg) = database("half-open");
+    let (url, pg) = database("half-open").await;
     let proxies: Vec<FaultProxy> = (0..4).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
     let clients = clients(&urls).await;

@@ -4,10 +4,9 @@
 //! re-executed.
 
 use conformance::faults::process;
-use conformance::testkit::postgres::cluster;
 use tokio::time::Duration;
 
-use super::{BACKEND, SERIAL, SLACK, TTL, client};
+use super::{BACKEND, SERIAL, SLACK, TTL, client, database};
 
 /// The child's side (does nothing unless re-executed as the child).
 #[test]
@@ -20,7 +19,7 @@ fn child_process_role() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_process_paused_past_its_ttl() {
     let _serial = SERIAL.lock().await;
-    let url = cluster().create_database(&conformance::unique("gc_pause"));
+    let (url, _) = database("gc_pause").await;
     process::client_process_paused_past_its_ttl(
         &url,
         &process::test_name(module_path!(), "child_process_role"),

@@ -18,7 +18,7 @@ use super::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_paused_past_the_ttl() {
     let _serial = SERIAL.lock().await;
-    let (url, pg) = database("paused");
+    let (url, pg) = database("paused").await;
     let cs = clients(&vec![url.clone(); 5]).await;
     let (report, log) = run_lock_workload(cs, "paused", workload(true), async {
         sleep(Duration::from_millis(2000)).await;
@@ -41,7 +41,7 @@ async fn server_paused_past_the_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_restart() {
     let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("crash");
+    let (url, _pg) = database("crash").await;
     let cs = clients(&vec![url.clone(); 5]).await;
     let listener = cs[0].clone();
     let (report, log) = run_lock_workload(cs, "crash", workload(true), crash_restart()).await;
@@ -98,7 +98,7 @@ fn terminate_coord_backends(db: &str) -> (usize, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_coord_backend_terminated() {
     let _serial = SERIAL.lock().await;
-    let (url, _pg) = database("terminate");
+    let (url, _pg) = database("terminate").await;
     let db = db_of(&url);
     let cs = clients(&vec![url.clone(); 5]).await;
     let listener = cs[0].clone();

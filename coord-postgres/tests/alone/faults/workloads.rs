@@ -29,7 +29,7 @@ fn judge(report: &Report, log: &FaultLog, scenario: &str, bound: Duration) {
 /// A fresh database, `n` proxies to the server and one client behind each;
 /// the database's direct URL.
 async fn proxied(tag: &str, n: usize) -> (Vec<FaultProxy>, Vec<Coord>, String) {
-    let (url, pg) = database(tag);
+    let (url, pg) = database(tag).await;
     let proxies: Vec<FaultProxy> = (0..n).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
     (proxies, clients(&urls).await, url)
@@ -37,7 +37,7 @@ async fn proxied(tag: &str, n: usize) -> (Vec<FaultProxy>, Vec<Coord>, String) {
 
 /// `n` clients of a fresh database, direct.
 async fn direct(tag: &str, n: usize) -> Vec<Coord> {
-    let (url, _) = database(tag);
+    let (url, _) = database(tag).await;
     clients(&vec![url; n]).await
 }
 
