@@ -23,9 +23,9 @@
 //! that drops the operation during that round trip leaves nothing behind.
 
 use std::future::Future;
-use std::time::Duration;
 
 use crate::error::Result;
+use crate::util;
 
 /// What to undo when an operation ends before its remote effects are
 /// settled.
@@ -98,21 +98,12 @@ pub(crate) fn spawn(fut: impl Future<Output = ()> + Send + 'static) {
     }
 }
 
-/// The pauses between the sends of an undo or of a cleanup release: up to
-/// 8 more after the first, 50 ms doubling to 2 s (about 6 s in all, plus
-/// each call's timeout); what is still left then ends with its TTL, or the
-/// store drops it. One failed release used to leave a queued waiter's
-/// place in line until the store dropped it (30 s on etcd), and every
-/// waiter queued behind it waited that long
-/// (coord-etcd/tests/it/semaphore_queue_by_lease.rs, `lost_replies_with_reuse_never_over_grant`).
-pub(crate) const RETRY_PAUSES: [u64; 8] = [50, 100, 200, 400, 800, 1600, 2000, 2000];
-
-/// Send `call` until it is answered: a retryable error (a lost reply, a
-/// store briefly unreachable) sends it again after the next of
-/// [`RETRY_PAUSES`]; the answer, a non-retryable error or the last error
-/// is returned. An error returned is counted once as a failed cleanup of
-/// `store` (`coord_cleanup_failures_total`, labelled `what`); `name` is for
-/// the logs.
+/// Send `call` until it is answered ([`util::send_until_answered`]: a
+/// retryable error sends it again, backing off, for up to
+/// [`util::CLEANUP_RETRY_FOR`]); the answer, a non-retryable error or the
+/// last error is returned. An error returned is counted once as a failed
+/// cleanup of `store` (`coord_cleanup_failures_total`, labelled `what`);
+/// `name` is for the logs.
 pub(crate) async fn retrying<T, F, Fut>(
     store: &'static str,
     what: &'static str,
@@ -123,23 +114,22 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let mut pauses = RETRY_PAUSES.iter();
-    loop {
-        match call().await {
-            Ok(v) => return Ok(v),
-            Err(e) => match pauses.next() {
-                Some(ms) if e.is_retryable() => {
-                    tracing::debug!(name, what, error = %e, "cleanup call failed; sending it again");
-                    tokio::time::sleep(Duration::from_millis(*ms)).await;
-                }
-                _ => {
-                    tracing::debug!(name, what, error = %e, "cleanup did not complete; the TTL will end what is left");
-                    crate::metrics::cleanup_failed(store, what);
-                    return Err(e);
-                }
-            },
+    let r = util::send_until_answered(|| {
+        let sent = call();
+        async move {
+            let r = sent.await;
+            if let Err(e) = &r {
+                tracing::debug!(name, what, error = %e, "cleanup call failed");
+            }
+            r
         }
+    })
+    .await;
+    if let Err(e) = &r {
+        tracing::debug!(name, what, error = %e, "cleanup did not complete; the TTL will end what is left");
+        crate::metrics::cleanup_failed(store, what);
     }
+    r
 }
 
 #[cfg(test)]
@@ -148,6 +138,7 @@ mod tests {
     use crate::error::Error;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
 
     struct Count(Arc<AtomicU32>);
 
@@ -207,14 +198,6 @@ mod tests {
         let calls = AtomicU32::new(0);
         let r: Result<()> = retrying("test", "release", "n", || {
             calls.fetch_add(1, Ordering::SeqCst);
-            async { Err(unavailable()) }
-        })
-        .await;
-        assert!(r.is_err());
-        assert_eq!(calls.load(Ordering::SeqCst), 1 + RETRY_PAUSES.len() as u32);
-        let calls = AtomicU32::new(0);
-        let r: Result<()> = retrying("test", "release", "n", || {
-            calls.fetch_add(1, Ordering::SeqCst);
             async { Err(Error::invalid("x", "y")) }
         })
         .await;
@@ -222,5 +205,48 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         let r = retrying("test", "release", "n", || async { Ok(7) }).await;
         assert_eq!(r.unwrap(), 7);
+    }
+
+    /// A store that does not answer for a minute: the cleanup is still
+    /// being sent when it answers again, and lands.
+    #[tokio::test(start_paused = true)]
+    async fn retrying_outlasts_a_long_outage() {
+        let start = tokio::time::Instant::now();
+        let back = start + Duration::from_secs(60);
+        let calls = AtomicU32::new(0);
+        let r = retrying("test", "release", "n", || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if tokio::time::Instant::now() < back {
+                    Err(unavailable())
+                } else {
+                    Ok(7)
+                }
+            }
+        })
+        .await;
+        assert_eq!(r.unwrap(), 7);
+        let landed = start.elapsed();
+        assert!(
+            landed >= Duration::from_secs(60) && landed <= Duration::from_secs(66),
+            "landed {landed:?} after the start, the store answering from 60 s"
+        );
+        // 50 ms doubling to 5 s: a few quick tries, then one every 5 s.
+        assert!(calls.load(Ordering::SeqCst) < 25, "{calls:?} sends");
+    }
+
+    /// A store that never answers: the cleanup is given up after
+    /// `CLEANUP_RETRY_FOR`, not sooner.
+    #[tokio::test(start_paused = true)]
+    async fn retrying_gives_up_after_its_bound() {
+        let start = tokio::time::Instant::now();
+        let r: Result<()> = retrying("test", "release", "n", || async { Err(unavailable()) }).await;
+        assert!(r.is_err());
+        let took = start.elapsed();
+        assert!(
+            took + util::CLEANUP_PAUSE_MAX >= util::CLEANUP_RETRY_FOR
+                && took <= util::CLEANUP_RETRY_FOR,
+            "given up after {took:?}"
+        );
     }
 }

@@ -1,5 +1,5 @@
-//! Small helpers every network backend needs: bounded calls, secrets that
-//! never print, and the key-space conventions.
+//! Small helpers every network backend needs: bounded calls, cleanups sent
+//! until answered, secrets that never print, and the key-space conventions.
 
 use std::fmt;
 use std::future::Future;
@@ -60,6 +60,42 @@ pub async fn bounded<T>(
             message: format!("no answer within {limit:?}"),
             source: None,
         }),
+    }
+}
+
+/// How long a cleanup in the background (the undo of an operation whose
+/// reply never came, a release on drop) is sent again while the store does
+/// not answer ([`send_until_answered`]). Past it, what the cleanup would
+/// have removed ends with its TTL.
+pub const CLEANUP_RETRY_FOR: Duration = Duration::from_secs(600);
+
+/// The longest pause between two sends of a cleanup: the first is 50 ms,
+/// each next one twice the last, up to this.
+pub const CLEANUP_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// Send `call` until it is answered: a retryable error (a lost reply, a
+/// store unreachable) sends it again after a pause (50 ms, doubling up to
+/// [`CLEANUP_PAUSE_MAX`]) for up to [`CLEANUP_RETRY_FOR`]. Returns the
+/// answer, a non-retryable error, or the last error once that time has
+/// passed. For cleanups whose caller is gone, never for a call a caller
+/// waits on: each send is bounded by the backend's call timeout, but the
+/// whole can take minutes.
+pub async fn send_until_answered<T, F, Fut>(mut call: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let until = tokio::time::Instant::now() + CLEANUP_RETRY_FOR;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match call().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() && tokio::time::Instant::now() + pause < until => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(CLEANUP_PAUSE_MAX);
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

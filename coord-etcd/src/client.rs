@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use coord_core::util::{Kind, bounded};
+use coord_core::util::{Kind, bounded, send_until_answered};
 use coord_core::wake::Wakeups;
 use coord_core::{Error, Result};
 use etcd_client::{
@@ -138,12 +138,6 @@ pub(crate) fn header_rev(resp: &TxnResponse) -> i64 {
 /// (ms); a truly gone lease is reported 350 ms later, nothing else changes
 /// (a late "gone" never extends a claim's local validity).
 pub(crate) const NOT_FOUND_RETRIES: [u64; 3] = [50, 100, 200];
-
-/// How long a background revoke is tried again before the lease is left
-/// to expire at its TTL.
-const REVOKE_RETRY_FOR: Duration = Duration::from_secs(600);
-/// The longest pause between two tries of a background revoke.
-const REVOKE_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Whether a mapped error says the lease a request used is gone.
 pub(crate) fn is_lease_not_found(e: &Error) -> bool {
@@ -366,12 +360,13 @@ impl Etcd {
         }
     }
 
-    /// Revoke lease `id` in the background, tried again (backing off up to
-    /// [`REVOKE_BACKOFF_MAX`]) until etcd answers or [`REVOKE_RETRY_FOR`]
-    /// has passed: a key a late copy of an attempt wrote on the lease lasts
-    /// until the revoke lands, so a revoke that fails on a slow or loaded
-    /// store is not given up after a few tries. If it never lands, the
-    /// server expires the lease at its TTL (nobody renews it).
+    /// Revoke lease `id` in the background, sent again while etcd does not
+    /// answer (`coord_core::util::send_until_answered`: backing off, for
+    /// up to ten minutes) or until the client shuts down: a key a late copy
+    /// of an attempt wrote on the lease lasts until the revoke lands, so a
+    /// revoke that fails on a slow or loaded store is not given up after a
+    /// few tries. If it never lands, the server expires the lease at its
+    /// TTL (nobody renews it).
     pub(crate) fn revoke_later(self: &Arc<Self>, id: i64) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -379,19 +374,13 @@ impl Etcd {
         let shared = self.clone();
         rt.spawn(async move {
             let mut shutdown = shared.shutdown.clone();
-            let until = tokio::time::Instant::now() + REVOKE_RETRY_FOR;
-            let mut backoff = Duration::from_millis(200);
-            while tokio::time::Instant::now() < until {
-                if shared.revoke(id, "revoke lease").await.is_ok() {
-                    return;
-                }
-                tokio::select! {
-                    _ = shutdown.changed() => return,
-                    _ = sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(REVOKE_BACKOFF_MAX);
+            let revoked = tokio::select! {
+                _ = shutdown.changed() => return,
+                r = send_until_answered(|| shared.revoke(id, "revoke lease")) => r,
+            };
+            if let Err(e) = revoked {
+                tracing::warn!(lease = id, error = %e, "revoking a lease failed; it expires at its TTL");
             }
-            tracing::warn!(lease = id, "revoking a lease failed; it expires at its TTL");
         });
     }
 

@@ -19,6 +19,7 @@ pub mod election;
 pub mod health;
 pub mod history;
 pub mod limiter;
+pub mod outage;
 pub mod permits;
 pub mod process;
 pub mod queue;

@@ -21,6 +21,7 @@ mod metrics_recorded;
 mod pool;
 mod postgres_specific;
 mod queue_same_delivery_races;
+mod release_in_an_outage;
 mod reuse;
 mod row_reuse_races;
 mod same_owner_one_client;

@@ -148,20 +148,32 @@ fn every_operation_that_fails_at_the_store_counts_one_store_error() {
                     }
                 }
                 // A guard dropped while the store is down: its release in
-                // the background is sent again for about 10 s (each send
-                // times out after 300 ms) and then counts once, as a store
+                // the background is sent again for ten minutes
+                // (`CLEANUP_RETRY_FOR`) and then counts once, as a store
                 // error and as a failed cleanup. The background cleanups of
                 // the failed calls above (the barrier arrival's) count as
-                // failed cleanups, not as store errors again.
+                // failed cleanups, not as store errors again. The clock is
+                // paused from here: it jumps ahead whenever every task
+                // waits (each send is refused at once).
+                tokio::time::pause();
+                let dropped = tokio::time::Instant::now();
                 drop(held2);
                 // (A snapshot hands out every counter's increments once.)
                 let (mut counted, mut cleanups) = (0, Vec::new());
-                let until = tokio::time::Instant::now() + Duration::from_secs(20);
+                let until = tokio::time::Instant::now()
+                    + coord_core::util::CLEANUP_RETRY_FOR
+                    + Duration::from_secs(60);
                 while tokio::time::Instant::now() < until && counted == 0 {
                     let (errors, more) = counts(&snapshotter);
                     counted += errors;
                     cleanups.extend(more);
                     tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                let gave_up = dropped.elapsed();
+                if gave_up + coord_core::util::CLEANUP_PAUSE_MAX
+                    < coord_core::util::CLEANUP_RETRY_FOR
+                {
+                    failed.push(format!("release on drop given up after {gave_up:?}"));
                 }
                 tokio::time::sleep(Duration::from_secs(2)).await;
                 let (errors, more) = counts(&snapshotter);
