@@ -162,12 +162,44 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Whether a process that takes `pid` (a server's, killed: free once its
+/// parent reaps it) survives `stop` (stopping that server, which must
+/// signal only the process it started): waits up to 5 s for the pid to be
+/// free, starts a process with it, runs `stop`, and watches that process
+/// for 2 s more (a wrapper may end after `stop` returns). Panics if no
+/// process could take the pid (the kit's tests run as root).
+pub fn pid_taker_survives(pid: u32, stop: impl FnOnce()) -> bool {
+    let free = std::path::PathBuf::from(format!("/proc/{pid}"));
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while free.exists() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let mut other = spawn_as_pid(pid, "sleep", &["60"])
+        .unwrap_or_else(|| panic!("no process could take pid {pid} (is the test root?)"));
+    stop();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut survived = true;
+    while std::time::Instant::now() < until {
+        if other
+            .try_wait()
+            .expect("poll the process with the pid")
+            .is_some()
+        {
+            survived = false;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = other.kill();
+    let _ = other.wait();
+    survived
+}
+
 /// Run `program` with `args` as a process whose pid is `pid` (free now),
-/// through `/proc/sys/kernel/ns_last_pid` (root only): how a test shows
-/// that a pid the kit once used is not signalled after another process
-/// took it. Retries while other processes take the pid first; `None` if
-/// it could not (not root, or the pid stayed taken for 5 s).
-pub fn spawn_as_pid(pid: u32, program: &str, args: &[&str]) -> Option<std::process::Child> {
+/// through `/proc/sys/kernel/ns_last_pid` (root only). Retries while
+/// other processes take the pid first; `None` if it could not (not root,
+/// or the pid stayed taken for 5 s).
+fn spawn_as_pid(pid: u32, program: &str, args: &[&str]) -> Option<std::process::Child> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while std::time::Instant::now() < until {
         std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
@@ -198,7 +230,23 @@ pub fn signal(pid: u32, sig: &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::folder_owner;
+    use super::{folder_owner, pid_taker_survives, signal};
+
+    /// The check sees a stop that signals the pid's new process, and
+    /// one that does not.
+    #[test]
+    fn a_stop_that_kills_the_pid_taker_is_seen() {
+        let free_pid = || {
+            let mut c = std::process::Command::new("true").spawn().unwrap();
+            let pid = c.id();
+            c.wait().unwrap();
+            pid
+        };
+        let pid = free_pid();
+        assert!(!pid_taker_survives(pid, || signal(pid, "KILL")));
+        let pid = free_pid();
+        assert!(pid_taker_survives(pid, || {}));
+    }
 
     #[test]
     fn kit_folders_name_their_test_process() {

@@ -354,14 +354,8 @@ fn stopping_a_crashed_server_spares_the_process_that_took_its_pid() {
     let server = EtcdServer::start();
     let pid = server.pid();
     server.kill();
-    let mut other = conformance::testkit::spawn_as_pid(pid, "sleep", &["60"])
-        .expect("a process with the crashed etcd's pid (the kit's tests run as root)");
-    drop(server);
-    let survived = other.try_wait().expect("poll the other process").is_none();
-    let _ = other.kill();
-    let _ = other.wait();
     assert!(
-        survived,
+        conformance::testkit::pid_taker_survives(pid, || drop(server)),
         "stopping the crashed server killed pid {pid}, another process's by then"
     );
 }
