@@ -69,6 +69,11 @@ pub async fn lock_sub_second_ttl_is_honoured(f: &Factory) {
         "a {t:?} lock was free {:?} after its grant was asked for",
         sent.elapsed()
     );
+    // Taken only because a loaded machine stalled the sleep past the TTL:
+    // given back, or it would be the holder the check below finds.
+    if let Some(early) = early {
+        early.release().await.unwrap();
+    }
     // Free well before a whole second would have passed.
     sleep((t + Duration::from_millis(150)).saturating_sub(start.elapsed())).await;
     let late = b.locks().unwrap().try_acquire(&name, LONG).await.unwrap();
