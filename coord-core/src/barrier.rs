@@ -81,7 +81,7 @@ impl Barriers {
     /// never learned (its reply lost, and every retry failing until the
     /// deadline: the wait returns that error) is settled in the background
     /// too: it is sent again with the same arrival id (which counts once;
-    /// for about 6 s while the store does not answer) to learn its
+    /// for up to 10 minutes while the store does not answer) to learn its
     /// generation, and that arrival is withdrawn from it. Every withdraw
     /// names the wait's arrival id: it undoes that arrival only (a next
     /// wait of the same participant stays), and a late copy of it landing

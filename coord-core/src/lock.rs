@@ -259,8 +259,8 @@ impl Locks {
     /// Cost uncontended: one round trip. Cancel-safe: if the future is
     /// dropped mid-wait, whatever this attempt may have been granted (or a
     /// queueing store's place in line) is released in the background with
-    /// the attempt's owner token (sent again a few times over about 6 s if
-    /// the store does not answer; after that it ends with its TTL).
+    /// the attempt's owner token (sent again while the store does not
+    /// answer, for up to 10 minutes; after that it ends with its TTL).
     pub async fn acquire(&self, name: &str, ttl: Duration, wait: Duration) -> Result<Guard> {
         self.acquire_with(name, LockOptions::new(ttl).wait(wait))
             .await

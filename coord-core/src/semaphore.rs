@@ -197,7 +197,8 @@ impl Semaphores {
     ///
     /// Errors: [`Error::Timeout`] if none came free (nothing is held, and
     /// no place in line is kept: leaving the line is sent again in the
-    /// background, for about 6 s, if the store does not answer it);
+    /// background while the store does not answer it, for up to 10
+    /// minutes);
     /// [`Error::InvalidArgument`]; store errors. Cost uncontended: one
     /// round trip. Cancel-safe: if the future is dropped mid-wait, whatever
     /// this attempt may have been granted (or its place in line) is

@@ -20,8 +20,8 @@ use crate::world::World;
 
 /// How long after the faults stop a free lock (and the whole semaphore)
 /// must be granted: the longest late copy (call timeout + 3 s), the
-/// longest TTL it may leave (2 s), the cleanups' retries (about 6 s),
-/// with room to spare.
+/// longest TTL it may leave (2 s), a cleanup's next send once the store
+/// answers again (pauses of up to 5 s), with room to spare.
 pub const LIVENESS_BOUND: Duration = Duration::from_secs(15);
 
 /// A rule a run broke.

@@ -37,7 +37,8 @@ use crate::validate;
 /// # Dropping
 /// Dropping a guard without calling `release` stops its watchdog and, if a
 /// tokio runtime is available, starts a best-effort release in the
-/// background (sent again for about 6 s while the store does not answer);
+/// background (sent again while the store does not answer, for up to 10
+/// minutes);
 /// otherwise the claim is freed by its TTL. Call `release` to know that it
 /// happened.
 #[must_use = "dropping a guard releases it in the background; keep it while you rely on the claim"]

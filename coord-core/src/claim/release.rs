@@ -18,8 +18,8 @@ impl Guard {
     /// Errors: [`Error::NotHeld`] if it had already expired or been taken
     /// over (nothing was changed on the store); store errors as they come
     /// (the release may or may not have landed: it is sent again in the
-    /// background, for about 6 s while the store does not answer, and the
-    /// claim ends at its TTL at the latest). Cost: one round trip.
+    /// background while the store does not answer, for up to 10 minutes,
+    /// and the claim ends at its TTL at the latest). Cost: one round trip.
     /// Cancel-safe: if the future is dropped before the store answers, the
     /// guard counts as released and the release is sent again in the
     /// background.
