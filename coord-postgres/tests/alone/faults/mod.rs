@@ -101,7 +101,7 @@ async fn clients(urls: &[String]) -> Vec<Coord> {
 async fn database(tag: &str) -> (String, &'static PgCluster) {
     let pg = cluster();
     let db = conformance::unique(tag).replace('-', "_");
-    let url = blocking(move || cluster().create_database(&db)).await;
+    let url = blocking(move || pg.create_database(&db)).await;
     coord_postgres::builder(&url)
         .listen(false)
         .sweep_every(None)
