@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use coord_core::queue_state::{Ack, QueueState};
+use coord_core::queue_state::{Ack, QueueState, Turns};
 use coord_core::{Lane, MessageId, NewMessage, OwnerToken, PopAttempt, Queue, QueueConfig};
 use tokio::time::Instant;
 
@@ -44,13 +44,14 @@ fn message(group: &str) -> NewMessage<'_> {
 
 /// Run `steps` random steps for each of four step seeds on `queue`
 /// (fresh queue names under it), comparing every answer with the state
-/// machine's; every 50 steps `check(queue name)` runs a store's own check
+/// machine's, keeping its turns as the store does (`turns`); every 50 steps `check(queue name)` runs a store's own check
 /// of its bookkeeping. Panics with the seed, step and operation at the first
 /// difference; also if some kind of step (deliveries of each lane,
 /// dead-letterings, redriven messages, refused wrong-consumer acks) never
 /// happened, as the run would then prove little.
 pub async fn deliveries_follow_the_state_machine(
     queue: Arc<dyn Queue>,
+    turns: Turns,
     steps: usize,
     check: impl AsyncFn(&str),
 ) {
@@ -61,7 +62,7 @@ pub async fn deliveries_follow_the_state_machine(
         let name = unique("q-rule");
         let mut rng = Steps(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         let owners: Vec<OwnerToken> = (0..4).map(|_| OwnerToken::random()).collect();
-        let mut model = QueueState::default();
+        let mut model = QueueState::with_turns(turns);
         // Deliveries in flight: (lane, id, index of the owner).
         let mut held: Vec<(Lane, MessageId, usize)> = Vec::new();
         let mut last_token = 0;

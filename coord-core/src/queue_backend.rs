@@ -36,6 +36,15 @@
 //!    ready messages are served round-robin, one message each, and a group
 //!    with a 100,000-message backlog delays a group with 10 by at most one
 //!    delivery per other busy group.
+//!
+//!    A store may keep turns per message instead
+//!    ([`Turns::PerMessage`](crate::queue_state::Turns), PostgreSQL), so that
+//!    a delivery writes nothing the next pop has to wait for: each message
+//!    takes its turn when it becomes ready, and the next delivery is the
+//!    ready candidate with the lowest (turn, id). Groups with ready messages
+//!    still take turns one message each; concurrent pops may pass the
+//!    messages other pops hold at that moment (at most one per concurrent
+//!    pop).
 //! 4. A candidate already delivered [`QueueConfig::max_deliveries`] times
 //!    is moved to the dead lane instead (keeping id, payload, group,
 //!    enqueue time and attempts) and the next candidate is considered.

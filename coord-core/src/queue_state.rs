@@ -98,6 +98,28 @@ pub fn dead_letters(lane: Lane, config: &QueueConfig, attempts: u32) -> bool {
     lane == Lane::Main && config.max_deliveries.is_some_and(|max| attempts >= max)
 }
 
+/// How a queue keeps the order across groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Turns {
+    /// Each group has a turn on the lane's virtual clock, moved by every
+    /// delivery ([`serve_turn`]): the exact rule of
+    /// [`queue_backend`](crate::queue_backend), for stores that decide one
+    /// step of a queue at a time.
+    #[default]
+    PerGroup,
+    /// Each message takes its turn when it becomes ready, and a delivery
+    /// writes nothing shared, so concurrent pops need not take turns on
+    /// one record (PostgreSQL). V, the lane's current turn, is the lowest
+    /// turn of its ready messages, or with none ready the highest turn
+    /// given in it. A new message takes V, or while its group has other
+    /// messages in the lane max(V, the group's last turn + 1); a message
+    /// given back keeps its turn or takes V if that is higher. For one
+    /// consumer at a time the groups with ready messages take turns one
+    /// message each as with [`Turns::PerGroup`]; the orders differ in
+    /// which group goes first.
+    PerMessage,
+}
+
 /// What an ack did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ack {
@@ -149,6 +171,15 @@ pub struct QueueState {
 }
 
 impl QueueState {
+    /// An empty queue keeping its turns as `turns` says
+    /// ([`QueueState::default`] keeps them per group).
+    pub fn with_turns(turns: Turns) -> Self {
+        let mut s = QueueState::default();
+        s.main.turns = turns;
+        s.dead.turns = turns;
+        s
+    }
+
     fn lane_mut(&mut self, lane: Lane) -> &mut LaneState {
         match lane {
             Lane::Main => &mut self.main,
@@ -226,6 +257,7 @@ impl QueueState {
                 enqueued_at,
                 at: (!message.delay.is_zero()).then(|| now + message.delay),
                 holder: None,
+                turn: None,
             },
         );
         Pushed {
@@ -399,12 +431,13 @@ impl QueueState {
             .take(limit)
             .map(|(id, _)| *id)
             .collect();
+        let v = self.main.v();
         for id in &ids {
             if let Some(mut m) = self.dead.remove(*id) {
                 m.attempts = 0;
                 m.at = None;
                 m.holder = None;
-                self.main.insert(*id, m);
+                self.main.insert_at(*id, m, v);
             }
         }
         ids.len() as u64

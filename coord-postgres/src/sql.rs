@@ -10,7 +10,7 @@ use ddl::ddl;
 pub(crate) use ddl::{SCHEMA_CURRENT, SCHEMA_OTHER};
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 20;
+pub(crate) const SCHEMA_VERSION: i32 = 21;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -376,10 +376,18 @@ impl Sql {
                     WHERE starts_with(q.name, $1::text) AND q.expires_at > clock_timestamp()) x \
                   ORDER BY x.name LIMIT $2::int8"
             ),
-            // $1 prefix, $2 limit: a lane's row lives while it has messages.
+            // $1 prefix, $2 limit: the queues with messages, one index
+            // probe per queue name (not one per message).
             list_queues: format!(
-                "SELECT DISTINCT l.queue FROM {s}.queue_lanes l \
-                  WHERE starts_with(l.queue, $1::text) ORDER BY l.queue LIMIT $2::int8"
+                "WITH RECURSIVE q(queue) AS (\
+                   (SELECT m.queue FROM {s}.queue_messages m ORDER BY m.queue LIMIT 1) \
+                   UNION ALL \
+                   SELECT (SELECT m.queue FROM {s}.queue_messages m WHERE m.queue > q.queue \
+                            ORDER BY m.queue LIMIT 1) \
+                     FROM q WHERE q.queue IS NOT NULL) \
+                 SELECT q.queue FROM q \
+                  WHERE q.queue IS NOT NULL AND starts_with(q.queue, $1::text) \
+                  ORDER BY q.queue LIMIT $2::int8"
             ),
             queue_stats: format!(
                 "WITH n AS MATERIALIZED (SELECT clock_timestamp() AS t) \

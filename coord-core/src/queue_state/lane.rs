@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::{candidate, serve_turn};
+use super::{Turns, candidate, serve_turn};
 use crate::queue_backend::{Message, MessageId};
 use crate::types::OwnerToken;
 
@@ -22,6 +22,9 @@ pub(super) struct Msg {
     /// Delayed until, or in flight until (with `holder`).
     pub(super) at: Option<Instant>,
     pub(super) holder: Option<OwnerToken>,
+    /// Its place across groups ([`Turns::PerMessage`]): given when it is
+    /// first ready.
+    pub(super) turn: Option<u64>,
 }
 
 impl Msg {
@@ -50,6 +53,8 @@ pub(super) struct Group {
     /// The ready ones.
     pub(super) ready: BTreeSet<u64>,
     pub(super) turn: u64,
+    /// The highest turn given to its messages ([`Turns::PerMessage`]).
+    pub(super) last: Option<u64>,
 }
 
 /// One lane's messages, groups, timeline and clock.
@@ -60,32 +65,77 @@ pub(super) struct LaneState {
     /// (time, id): delayed messages and in-flight deadlines.
     pub(super) timeline: BTreeSet<(Instant, u64)>,
     pub(super) clock: u64,
+    pub(super) turns: Turns,
 }
 
 impl LaneState {
     /// Make due delayed messages and lapsed deliveries ready.
+    /// With [`Turns::PerMessage`], V is taken once, before them: a message
+    /// that had a turn takes max(turn, V), one pushed with a delay its
+    /// first turn as a new message of its group, in the order they came
+    /// due.
     pub(super) fn advance(&mut self, now: Instant) {
+        let v = self.v();
         while let Some(&(t, id)) = self.timeline.first() {
             if t > now {
                 break;
             }
             self.timeline.pop_first();
+            let per_message = self.turns == Turns::PerMessage;
             if let Some(m) = self.msgs.get_mut(&id) {
                 if m.at == Some(t) {
                     m.at = None;
                     m.holder = None;
                     if let Some(g) = self.groups.get_mut(&m.group) {
                         g.ready.insert(id);
+                        if per_message {
+                            let turn = match m.turn {
+                                Some(old) => old.max(v),
+                                None => g.last.map_or(v, |l| v.max(l.saturating_add(1))),
+                            };
+                            m.turn = Some(turn);
+                            g.last = Some(g.last.map_or(turn, |l| l.max(turn)));
+                        }
                     }
                 }
             }
         }
     }
 
+    /// V, the lane's current turn ([`Turns::PerMessage`]): the lowest turn
+    /// of its ready messages, or with none ready the highest turn given in
+    /// it (0 for an empty lane).
+    pub(super) fn v(&self) -> u64 {
+        let ready = self
+            .groups
+            .values()
+            .flat_map(|g| g.ready.iter())
+            .filter_map(|id| self.msgs.get(id).and_then(|m| m.turn))
+            .min();
+        ready
+            .or_else(|| self.groups.values().filter_map(|g| g.last).max())
+            .unwrap_or(0)
+    }
+
     /// Insert a message (ready, or delayed until `at`).
     pub(super) fn insert(&mut self, id: u64, msg: Msg) {
+        let v = self.v();
+        self.insert_at(id, msg, v);
+    }
+
+    /// [`insert`](Self::insert) with V given (a batch takes it once).
+    pub(super) fn insert_at(&mut self, id: u64, mut msg: Msg, v: u64) {
         let clock = self.clock;
+        let per_message = self.turns == Turns::PerMessage;
         let g = self.groups.entry(msg.group.clone()).or_default();
+        if per_message && msg.at.is_none() {
+            let turn = match g.last {
+                Some(l) if !g.all.is_empty() => v.max(l.saturating_add(1)),
+                _ => v,
+            };
+            msg.turn = Some(turn);
+            g.last = Some(turn);
+        }
         if g.all.is_empty() {
             // After the turn being served: a group that leaves and comes
             // back does not go before groups that waited.
@@ -125,11 +175,18 @@ impl LaneState {
         let mut best: Option<(u64, u64, &Box<str>)> = None;
         for (name, g) in &self.groups {
             let lowest = g.all.first().copied();
-            let cand = candidate(ordered, lowest, g.ready.first().copied());
-            if let Some(id) = cand {
-                let key = (g.turn, id);
+            let cand = match self.turns {
+                Turns::PerGroup => {
+                    candidate(ordered, lowest, g.ready.first().copied()).map(|id| (g.turn, id))
+                }
+                Turns::PerMessage if ordered => candidate(true, lowest, g.ready.first().copied())
+                    .map(|id| (self.turn_of(id), id)),
+                Turns::PerMessage => g.ready.iter().map(|&id| (self.turn_of(id), id)).min(),
+            };
+            if let Some((turn, id)) = cand {
+                let key = (turn, id);
                 if best.is_none_or(|(t, i, _)| key < (t, i)) {
-                    best = Some((g.turn, id, name));
+                    best = Some((turn, id, name));
                 }
             }
         }
@@ -143,6 +200,10 @@ impl LaneState {
         let Some(g) = self.groups.get_mut(group) else {
             return false;
         };
+        if self.turns == Turns::PerMessage {
+            g.ready.remove(&id);
+            return true;
+        }
         let (clock, turn) = serve_turn(self.clock, g.turn);
         g.turn = turn;
         g.ready.remove(&id);
@@ -152,7 +213,20 @@ impl LaneState {
 
     /// Make message `id` ready again, or delayed until `at` (a nack, an
     /// abandon): its holder and deadline go.
+    /// With [`Turns::PerMessage`], one ready at once takes max(turn, V).
     pub(super) fn give_back(&mut self, id: u64, at: Option<Instant>) {
+        let v = self.v();
+        let per_message = self.turns == Turns::PerMessage;
+        let Some(m) = self.msgs.get_mut(&id) else {
+            return;
+        };
+        if per_message && at.is_none() {
+            let turn = m.turn.map_or(v, |t| t.max(v));
+            m.turn = Some(turn);
+            if let Some(g) = self.groups.get_mut(&m.group) {
+                g.last = Some(g.last.map_or(turn, |l| l.max(turn)));
+            }
+        }
         let Some(m) = self.msgs.get_mut(&id) else {
             return;
         };
@@ -192,6 +266,11 @@ impl LaneState {
         self.timeline
             .first()
             .map(|(t, _)| t.saturating_duration_since(now))
+    }
+
+    /// A message's turn ([`Turns::PerMessage`]).
+    fn turn_of(&self, id: u64) -> u64 {
+        self.msgs.get(&id).and_then(|m| m.turn).unwrap_or(0)
     }
 
     pub(super) fn is_empty(&self) -> bool {

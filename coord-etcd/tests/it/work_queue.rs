@@ -490,5 +490,11 @@ async fn messages_survive_an_etcd_restart_and_tokens_keep_rising() {
 async fn deliveries_follow_the_rule_as_the_state_machine_does() {
     let prefix = format!("wqrule-{}/", std::process::id());
     let raw = client(&prefix).await.raw_queue().unwrap();
-    conformance::queue_rule::deliveries_follow_the_state_machine(raw, 600, async |_| {}).await;
+    conformance::queue_rule::deliveries_follow_the_state_machine(
+        raw,
+        coord_core::queue_state::Turns::PerGroup,
+        600,
+        async |_| {},
+    )
+    .await;
 }

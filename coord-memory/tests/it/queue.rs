@@ -136,7 +136,13 @@ async fn ordered_group_waits_for_its_delayed_head() {
 #[tokio::test]
 async fn deliveries_follow_the_rule_as_the_state_machine_does() {
     let raw = MemoryBackend::coord().raw_queue().unwrap();
-    conformance::queue_rule::deliveries_follow_the_state_machine(raw, 600, async |_| {}).await;
+    conformance::queue_rule::deliveries_follow_the_state_machine(
+        raw,
+        coord_core::queue_state::Turns::PerGroup,
+        600,
+        async |_| {},
+    )
+    .await;
 }
 
 /// Queues are listed while they hold a message, and not once it was acked

@@ -1,10 +1,11 @@
 //! Work queues (`src/sql/queue.sql`): the delivery rule of
-//! [`coord_core::queue_backend`] in one function call per step, under a
-//! per-queue advisory lock.
+//! [`coord_core::queue_backend`] with turns kept per message, in one
+//! function call per step; no step locks the whole queue (a pop skips the
+//! messages other pops hold locked).
 //!
 //! Each step is one round trip: push, pop, ack, nack, redrive and purge
-//! call their function (committed asynchronously, so the queue's lock is
-//! never held across a WAL flush), pipelined with a second transaction
+//! call their function (committed asynchronously, so no row lock is
+//! held across a WAL flush), pipelined with a second transaction
 //! that commits durably and so flushes the step before it is reported
 //! (for a pop, only when it delivered); extend is one function call
 //! under the message's row lock, committed durably; peek and stats one
@@ -116,9 +117,10 @@ impl PostgresBackend {
     }
 }
 
-/// Work queues on PostgreSQL: every step of a queue under its advisory
-/// lock (exact delivery order across groups, distinct messages for
-/// concurrent consumers), fencing tokens from the schema's sequence,
+/// Work queues on PostgreSQL: turns kept per message (exact order across
+/// groups for one consumer at a time, bounded under concurrency; distinct
+/// messages for concurrent consumers, which do not wait for each other),
+/// fencing tokens from the schema's sequence,
 /// messages and tokens durable before they are reported, NOTIFY on push,
 /// nack, redrive and ack.
 #[async_trait]
@@ -389,7 +391,7 @@ impl Queue for PostgresBackend {
     }
 
     /// In steps of up to 5,000 messages (then dedup ids), each its own
-    /// transaction under the queue's lock, until the queue has none: a
+    /// transaction, until the queue has none: a
     /// queue with fewer is purged atomically; a message pushed while a
     /// larger one is purged may or may not be deleted.
     async fn purge(&self, queue: &str) -> Result<u64> {

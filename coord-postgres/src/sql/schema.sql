@@ -166,16 +166,17 @@ END
 $fn$;
 -- Work queues (see src/sql/queue.sql). queue_messages: one row
 -- per message of a lane (0 main, 1 dead); due_at NULL: ready, else
--- delayed until it (owner NULL) or in flight to owner until it; step:
--- the stamp of the last extend applied for owner (NULL without).
--- queue_groups: one row per group with messages in a lane (its turn, its
--- lowest id and lowest ready id); queue_lanes: a lane's clock while it has
--- groups (and how many); queue_dedup: dedup ids until they expire.
--- Message ids come from queue_ids; queue_flush is only ever set, to make
--- a step durable. The indexes are shaped so that each statement has one
--- index that fits (a look-up by id only the primary key, a group's
--- messages only the (queue, grp, ...) ones), so plans made before the
--- planner has statistics are already the right ones.
+-- delayed until it (owner NULL) or in flight to owner until it; turn: its
+-- place across groups (NULL for a message pushed with a delay, until it
+-- is first ready); step: the stamp of the last extend applied for owner
+-- (NULL without). queue_groups: one row per group with messages in a
+-- lane, with the highest turn given to its messages there; queue_dedup:
+-- dedup ids until they expire. Message ids come from queue_ids;
+-- queue_flush is only ever set, to make a step durable. The indexes are
+-- shaped so that each statement has one index that fits (a look-up by id
+-- only the primary key, a group's messages only the (queue, grp, ...)
+-- one), so plans made before the planner has statistics are already the
+-- right ones.
 CREATE TABLE IF NOT EXISTS @s@.queue_messages (
     queue text NOT NULL,
     lane smallint NOT NULL,
@@ -185,12 +186,13 @@ CREATE TABLE IF NOT EXISTS @s@.queue_messages (
     enqueued_at timestamptz NOT NULL,
     due_at timestamptz,
     owner bytea,
+    turn bigint,
     step bigint,
     payload bytea NOT NULL,
     PRIMARY KEY (queue, lane, id)
 );
 CREATE INDEX IF NOT EXISTS queue_messages_group ON @s@.queue_messages (queue, grp, lane, id);
-CREATE INDEX IF NOT EXISTS queue_messages_ready ON @s@.queue_messages (queue, grp, lane, id)
+CREATE INDEX IF NOT EXISTS queue_messages_ready ON @s@.queue_messages (queue, lane, turn, id)
     WHERE due_at IS NULL;
 CREATE INDEX IF NOT EXISTS queue_messages_due ON @s@.queue_messages (queue, lane, due_at)
     WHERE due_at IS NOT NULL;
@@ -200,22 +202,10 @@ CREATE TABLE IF NOT EXISTS @s@.queue_groups (
     queue text NOT NULL,
     lane smallint NOT NULL,
     grp text NOT NULL,
-    turn bigint NOT NULL,
-    first_id bigint NOT NULL,
-    ready_id bigint,
+    last bigint NOT NULL,
     PRIMARY KEY (queue, grp, lane)
-) WITH (fillfactor = 70);
-CREATE INDEX IF NOT EXISTS queue_groups_ready ON @s@.queue_groups (queue, lane, turn, ready_id)
-    WHERE ready_id IS NOT NULL;
-CREATE INDEX IF NOT EXISTS queue_groups_head ON @s@.queue_groups (queue, lane, turn, ready_id)
-    WHERE ready_id = first_id;
-CREATE TABLE IF NOT EXISTS @s@.queue_lanes (
-    queue text NOT NULL,
-    lane smallint NOT NULL,
-    clock bigint NOT NULL,
-    groups integer NOT NULL,
-    PRIMARY KEY (queue, lane)
-) WITH (fillfactor = 70);
+);
+CREATE INDEX IF NOT EXISTS queue_groups_last ON @s@.queue_groups (queue, lane, last);
 CREATE TABLE IF NOT EXISTS @s@.queue_dedup (
     queue text NOT NULL,
     dedup_id text NOT NULL,

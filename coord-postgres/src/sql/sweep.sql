@@ -23,7 +23,8 @@
 --   (a name has no other state).
 -- * queue_dedup, queue_abandoned: dedup ids and abandoned consumers
 --   expired more than the grace ago (a queue's other rows go with its
---   last message, under the queue's lock).
+--   last message); queue_groups: a group's row with no message left in
+--   its lane.
 -- The deletions are committed without waiting for the WAL flush: a crash
 -- may bring some back, for the next sweep. Sequential scans are off in
 -- here: each DELETE picks its rows by `ctid = ANY (...)`, and
@@ -40,6 +41,7 @@ DECLARE
     grace interval := p_grace_us * interval '1 microsecond';
     n bigint;
     total bigint := 0;
+    v_groups tid[];
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -118,6 +120,22 @@ BEGIN
         SELECT a.ctid FROM @s@.queue_abandoned a
          WHERE a.until < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    -- Group rows whose group has no message left in the lane (a row the
+    -- step that took the last one did not delete, racing a push): locked
+    -- first, then checked again in a statement of its own, so a push
+    -- that held the row is seen with its message.
+    v_groups := ARRAY(
+        SELECT g.ctid FROM @s@.queue_groups g
+         WHERE NOT EXISTS (SELECT 1 FROM @s@.queue_messages m
+                            WHERE m.queue = g.queue AND m.grp = g.grp AND m.lane = g.lane)
+         LIMIT p_limit FOR UPDATE SKIP LOCKED);
+    DELETE FROM @s@.queue_groups g
+     WHERE g.ctid = ANY (v_groups)
+       AND NOT EXISTS (SELECT 1 FROM @s@.queue_messages m
+                        WHERE m.queue = g.queue AND m.grp = g.grp AND m.lane = g.lane);
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;
     RETURN total;

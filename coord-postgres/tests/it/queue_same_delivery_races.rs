@@ -5,7 +5,7 @@
 //! racing, an ack racing the owner's next pop in an ordered group. The
 //! scenarios are `conformance::queue_race`'s (where each says what it
 //! checks); here what the store holds is read with `peek` (both lanes) and
-//! `stats`. Every step is one statement under the queue's advisory lock
+//! `stats`. Every step is one statement that locks the rows it changes
 //! and the client keeps no record of its deliveries, so these guard the
 //! contract against a change that would break it.
 

@@ -44,8 +44,8 @@ async fn backend(url: &str, schema: &str, grace: Duration) -> Arc<PostgresBacken
         .expect("connect to the test cluster")
 }
 
-/// Rows of (queue_messages, queue_groups, queue_lanes, queue_dedup).
-async fn rows(b: &PostgresBackend) -> [i64; 4] {
+/// Rows of (queue_messages, queue_groups, queue_dedup).
+async fn rows(b: &PostgresBackend) -> [i64; 3] {
     let c = b.pool().get().await.unwrap();
     let s = b.schema();
     let row = c
@@ -53,14 +53,13 @@ async fn rows(b: &PostgresBackend) -> [i64; 4] {
             &format!(
                 "SELECT (SELECT count(*) FROM \"{s}\".queue_messages), \
                         (SELECT count(*) FROM \"{s}\".queue_groups), \
-                        (SELECT count(*) FROM \"{s}\".queue_lanes), \
                         (SELECT count(*) FROM \"{s}\".queue_dedup)"
             ),
             &[],
         )
         .await
         .unwrap();
-    [row.get(0), row.get(1), row.get(2), row.get(3)]
+    [row.get(0), row.get(1), row.get(2)]
 }
 
 fn msg<'a>(payload: &'a [u8], group: Option<&'a str>) -> NewMessage<'a> {

@@ -136,7 +136,13 @@ async fn a_lapse_larger_than_one_steps_batch_redelivers_everything() {
 #[tokio::test]
 async fn deliveries_follow_the_rule_as_the_state_machine_does() {
     let b: Arc<dyn Queue> = Arc::new(backend(&kit::url()).await);
-    conformance::queue_rule::deliveries_follow_the_state_machine(b, 600, async |_| {}).await;
+    conformance::queue_rule::deliveries_follow_the_state_machine(
+        b,
+        coord_core::queue_state::Turns::PerGroup,
+        600,
+        async |_| {},
+    )
+    .await;
     // Pushing through the handle with options works as the raw trait.
     let q = backend(&kit::url()).await.into_coord().queues().unwrap();
     let name = unique("q-handle");
