@@ -1,7 +1,10 @@
 //! Groups: FIFO within a group, ordered groups one message at a time, and
-//! fair turns across groups (late, waiting, refilling and small groups).
+//! fair turns across groups (late, waiting, refilling and small groups,
+//! one consumer and several at once).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_core::{FencingToken, PopOptions, PushOptions, QueueConfig};
@@ -362,4 +365,71 @@ pub async fn queue_small_group_is_not_starved_by_a_big_backlog(f: &Factory) {
     );
     assert_eq!(q.purge(&name).await.unwrap() as usize, s.ready as usize);
     assert_eq!(q.stats(&name).await.unwrap(), Default::default());
+}
+
+/// Fairness under concurrent consumers: four consumers pop at once (each
+/// on its own client, acking what it gets) from a queue holding a backlog
+/// of 200 messages of one group and then 10 of another. The small group
+/// is through within two deliveries per small message plus two per
+/// consumer: the order across groups may bend by the pops in flight (a
+/// store that keeps turns per message lets a pop pass the messages other
+/// pops hold locked), never by the backlog.
+pub async fn queue_groups_take_turns_under_concurrent_consumers(f: &Factory) {
+    const BIG: usize = 200;
+    const SMALL: usize = 10;
+    const CONSUMERS: usize = 4;
+    let Some(q) = queues(&f.client().await) else {
+        return;
+    };
+    let name = unique("q-fair-many");
+    let (big, small) = (
+        PushOptions::new().group("big"),
+        PushOptions::new().group("small"),
+    );
+    for i in 0..BIG {
+        q.push_with(&name, format!("big{i}"), &big).await.unwrap();
+    }
+    for i in 0..SMALL {
+        q.push_with(&name, format!("small{i}"), &small)
+            .await
+            .unwrap();
+    }
+    // The groups in the order the pops returned.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let small_left = Arc::new(AtomicUsize::new(SMALL));
+    let mut consumers = Vec::new();
+    for _ in 0..CONSUMERS {
+        let c = f.client().await.queues().unwrap();
+        let (name, order, small_left) = (name.clone(), order.clone(), small_left.clone());
+        consumers.push(tokio::spawn(async move {
+            while small_left.load(Ordering::SeqCst) > 0 {
+                let Some(d) = c.pop(&name, LONG, Duration::ZERO).await.unwrap() else {
+                    break;
+                };
+                let g = d.group().unwrap_or("").to_string();
+                if g == "small" {
+                    small_left.fetch_sub(1, Ordering::SeqCst);
+                }
+                order.lock().unwrap().push(g);
+                d.ack().await.unwrap();
+            }
+        }));
+    }
+    for c in consumers {
+        c.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let last_small = order.iter().rposition(|g| g == "small");
+    let bound = 2 * SMALL + 2 * CONSUMERS;
+    assert!(
+        last_small.is_some_and(|i| i < bound),
+        "the small group's {SMALL} messages were not through within {bound} deliveries \
+         with {CONSUMERS} consumers popping at once: {order:?}"
+    );
+    assert_eq!(
+        order.iter().filter(|g| *g == "small").count(),
+        SMALL,
+        "{order:?}"
+    );
+    q.purge(&name).await.unwrap();
 }
