@@ -89,9 +89,13 @@ $fn$;
 -- Turns for p_n new messages of group p_grp in lane p_lane at V p_v: the
 -- first is returned, the others follow it one by one. Taken under the
 -- group's row, so the pushes of one group are serialized here and their
--- turns rise in the order their transactions take it. Called before the
--- messages are in the lane (a push, a dead-lettering, a redrive) or while
--- they wait there without a turn (a delayed message made ready).
+-- turns rise in the order their transactions take it; whether the group
+-- has messages is read by a statement that starts once the row is held,
+-- so it sees the message of every push that held it before (a statement
+-- started before the wait would not, and two pushes would share a turn).
+-- Called before the messages are in the lane (a push, a dead-lettering,
+-- a redrive) or while they wait there without a turn (a delayed message
+-- made ready).
 CREATE OR REPLACE FUNCTION @s@.queue_turns(
     p_queue text, p_lane smallint, p_grp text, p_v bigint, p_n bigint)
 RETURNS bigint
@@ -99,15 +103,27 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     v_first bigint;
 BEGIN
-    INSERT INTO @s@.queue_groups AS g (queue, lane, grp, last)
-    VALUES (p_queue, p_lane, p_grp, p_v + p_n - 1)
-    ON CONFLICT (queue, grp, lane) DO UPDATE
-       SET last = CASE WHEN EXISTS (
-                           SELECT 1 FROM @s@.queue_messages m
-                            WHERE m.queue = g.queue AND m.grp = g.grp AND m.lane = g.lane)
-                       THEN greatest(p_v, g.last + 1) ELSE p_v END + p_n - 1
-    RETURNING g.last - p_n + 1 INTO v_first;
-    RETURN v_first;
+    LOOP
+        PERFORM 1 FROM @s@.queue_groups g
+          WHERE g.queue = p_queue AND g.grp = p_grp AND g.lane = p_lane FOR UPDATE;
+        IF FOUND THEN
+            UPDATE @s@.queue_groups g
+               SET last = CASE WHEN EXISTS (
+                                   SELECT 1 FROM @s@.queue_messages m
+                                    WHERE m.queue = p_queue AND m.grp = p_grp AND m.lane = p_lane)
+                               THEN greatest(p_v, g.last + 1) ELSE p_v END + p_n - 1
+             WHERE g.queue = p_queue AND g.grp = p_grp AND g.lane = p_lane
+            RETURNING g.last - p_n + 1 INTO v_first;
+            RETURN v_first;
+        END IF;
+        -- No row: make it (a push that made it meanwhile wins; look again).
+        INSERT INTO @s@.queue_groups (queue, lane, grp, last)
+        VALUES (p_queue, p_lane, p_grp, p_v + p_n - 1)
+        ON CONFLICT (queue, grp, lane) DO NOTHING;
+        IF FOUND THEN
+            RETURN p_v;
+        END IF;
+    END LOOP;
 END
 $fn$;
 
@@ -148,11 +164,14 @@ $fn$;
 -- Make the messages of lane p_lane whose time came by p_t ready (a
 -- delayed message, a lapsed delivery: its owner is cleared, its attempts
 -- kept): at most p_limit of them, the earliest due first, so one step
--- stays short however many came due at once; rows another pop has locked
--- are left to it. A message that had a turn takes max(turn, V); one
--- pushed with a delay gets its first, as a new message of its group, in
--- the order they came due. V is taken once, before the batch. Returns
--- whether none is left due.
+-- stays short however many came due at once. A row another step holds
+-- (a racing pop making it ready too, an ack) is waited for and then taken
+-- as that step left it (no longer due: left alone), not skipped: a pop
+-- that skipped a due message another pop was making ready could find
+-- nothing while two were deliverable. A message that had a turn takes
+-- max(turn, V); one pushed with a delay gets its first, as a new message
+-- of its group, in the order they came due. V is taken once, before the
+-- batch. Returns whether none is left due.
 CREATE OR REPLACE FUNCTION @s@.queue_advance(
     p_queue text, p_lane smallint, p_t timestamptz, p_limit integer)
 RETURNS boolean
@@ -166,7 +185,7 @@ BEGIN
     FOR r IN
         SELECT m.id, m.grp, m.turn FROM @s@.queue_messages m
          WHERE m.queue = p_queue AND m.lane = p_lane AND m.due_at <= p_t
-         ORDER BY m.due_at, m.id LIMIT p_limit FOR UPDATE SKIP LOCKED
+         ORDER BY m.due_at, m.id LIMIT p_limit FOR UPDATE
     LOOP
         IF r.turn IS NULL THEN
             v_turn := @s@.queue_turns(p_queue, p_lane, r.grp, v, 1);
