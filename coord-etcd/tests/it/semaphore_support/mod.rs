@@ -138,6 +138,28 @@ pub fn granted(a: coord_core::Result<Attempt>) -> u64 {
     }
 }
 
+/// The grant of an attempt sent again while the store answers "again
+/// soon" (`Held` with at most 20 ms to wait: every compare-and-swap round
+/// lost, or the name changed under the place's write), as the core's
+/// acquire loop does, at most 50 times; any other answer is final.
+pub async fn granted_soon<F, Fut>(attempt: F) -> u64
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = coord_core::Result<Attempt>>,
+{
+    for _ in 0..50 {
+        match attempt().await {
+            Ok(Attempt::Held {
+                expires_in: Some(d),
+            }) if d <= std::time::Duration::from_millis(20) => {
+                tokio::time::sleep(d).await;
+            }
+            a => return granted(a),
+        }
+    }
+    panic!("expected a grant: the store answered \"again soon\" 50 times");
+}
+
 pub fn held(a: coord_core::Result<Attempt>, what: &str) {
     match a {
         Ok(Attempt::Held { .. }) => {}
