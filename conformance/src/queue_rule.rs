@@ -44,11 +44,12 @@ fn message(group: &str) -> NewMessage<'_> {
 
 /// Run `steps` random steps for each of four step seeds on `queue`
 /// (fresh queue names under it), comparing every answer with the state
-/// machine's, keeping its turns as the store does (`turns`); every 50 steps `check(queue name)` runs a store's own check
-/// of its bookkeeping. Panics with the seed, step and operation at the first
-/// difference; also if some kind of step (deliveries of each lane,
-/// dead-letterings, redriven messages, refused wrong-consumer acks) never
-/// happened, as the run would then prove little.
+/// machine's, which keeps its turns as the store does (`turns`); every 50
+/// steps `check(queue name)` runs a store's own check of its bookkeeping.
+/// Panics with the seed, step and operation at the first difference; also
+/// if some kind of step (deliveries of each lane, dead-letterings,
+/// redriven messages, refused wrong-consumer acks) never happened, as the
+/// run would then prove little.
 pub async fn deliveries_follow_the_state_machine(
     queue: Arc<dyn Queue>,
     turns: Turns,

@@ -17,11 +17,28 @@ struct Q {
 
 impl Q {
     fn new() -> Self {
+        Self::with(Turns::PerGroup)
+    }
+
+    fn with(turns: Turns) -> Self {
         Q {
-            s: QueueState::default(),
+            s: QueueState::with_turns(turns),
             counter: 0,
             t0: Instant::now(),
         }
+    }
+
+    /// The groups of `n` deliveries to `who`, each acked at once.
+    fn drain(&mut self, ms: u64, who: &OwnerToken, n: usize) -> Vec<String> {
+        let cfg = QueueConfig::default();
+        (0..n)
+            .map(|_| {
+                let (m, _) = self.pop(ms, who, &cfg).expect("a message");
+                let acked = self.s.ack(self.at(ms), Lane::Main, m.id, who);
+                assert!(matches!(acked, Ack::Deleted { .. }));
+                m.group.unwrap_or_default()
+            })
+            .collect()
     }
 
     fn at(&self, ms: u64) -> Instant {
@@ -184,4 +201,113 @@ fn groups_are_served_one_message_each_in_turn() {
         .map(|_| q.pop(0, &who, &cfg).unwrap().0.group.unwrap())
         .collect();
     assert_eq!(order, ["big", "small", "big", "big"]);
+}
+
+/// Turns kept per message: a group pushed after another's backlog is
+/// served one message each in turn, as with turns per group.
+#[test]
+fn per_message_turns_serve_groups_one_message_each() {
+    let mut q = Q::with(Turns::PerMessage);
+    let who = OwnerToken::random();
+    for _ in 0..3 {
+        q.push(0, Some("big"), None);
+    }
+    q.push(0, Some("small"), None);
+    q.push(0, Some("small"), None);
+    assert_eq!(q.drain(0, &who, 5), ["big", "small", "big", "small", "big"]);
+}
+
+/// Turns kept per message: a group that arrives after another was served
+/// for a while joins at the current turn and the two alternate.
+#[test]
+fn per_message_turns_let_a_late_group_join_at_once() {
+    let mut q = Q::with(Turns::PerMessage);
+    let who = OwnerToken::random();
+    for _ in 0..10 {
+        q.push(0, Some("old"), None);
+    }
+    q.drain(0, &who, 5);
+    for _ in 0..3 {
+        q.push(0, Some("new"), None);
+    }
+    assert_eq!(
+        q.drain(0, &who, 6),
+        ["old", "new", "old", "new", "old", "new"]
+    );
+}
+
+/// Turns kept per message: a message given back keeps its place, before
+/// its group's later messages, and takes the current turn if it fell
+/// behind it.
+#[test]
+fn per_message_turns_keep_a_given_back_message_in_place() {
+    let mut q = Q::with(Turns::PerMessage);
+    let cfg = QueueConfig::default();
+    let who = OwnerToken::random();
+    let a1 = q.push(0, Some("a"), None).id;
+    let a2 = q.push(0, Some("a"), None).id;
+    let b1 = q.push(0, Some("b"), None).id;
+    let (m, _) = q.pop(0, &who, &cfg).unwrap();
+    assert_eq!(m.id, a1);
+    assert!(q.s.nack(q.at(0), Lane::Main, a1, &who, Duration::ZERO));
+    let ids: Vec<MessageId> = (0..3).map(|_| q.pop(0, &who, &cfg).unwrap().0.id).collect();
+    assert_eq!(ids, [a1, b1, a2]);
+}
+
+/// Turns kept per message: a group whose one message waited in flight
+/// while another was served gets no burst of credit when it pushes a
+/// backlog: the two alternate.
+#[test]
+fn per_message_turns_give_a_group_that_waited_no_credit() {
+    let mut q = Q::with(Turns::PerMessage);
+    let cfg = QueueConfig::default();
+    let (holder, who) = (OwnerToken::random(), OwnerToken::random());
+    q.push(0, Some("a"), None);
+    q.pop(0, &holder, &cfg).unwrap();
+    for _ in 0..6 {
+        q.push(0, Some("b"), None);
+    }
+    q.drain(0, &who, 6);
+    for _ in 0..6 {
+        q.push(0, Some("a"), None);
+    }
+    for _ in 0..3 {
+        q.push(0, Some("b"), None);
+    }
+    assert_eq!(q.drain(0, &who, 6), ["a", "b", "a", "b", "a", "b"]);
+}
+
+/// Turns kept per message: a message pushed with a delay gets its turn
+/// when it comes due, at the current turn, not at the one of its push.
+#[test]
+fn per_message_turns_give_a_delayed_message_its_turn_when_due() {
+    let mut q = Q::with(Turns::PerMessage);
+    let cfg = QueueConfig::default();
+    let who = OwnerToken::random();
+    let msg = NewMessage {
+        payload: b"p",
+        delay: 10 * MS,
+        group: Some("late"),
+        dedup_id: None,
+        dedup_window: Duration::ZERO,
+    };
+    for _ in 0..4 {
+        q.push(0, Some("x"), None);
+    }
+    let now = q.at(0);
+    let counter = &mut q.counter;
+    let delayed =
+        q.s.push(now, &msg, SystemTime::UNIX_EPOCH, || {
+            *counter += 1;
+            *counter
+        })
+        .id;
+    q.drain(0, &who, 2);
+    // Due now: it takes the current turn (x's third message's), so it
+    // comes after that message (a lower id) and before x's fourth; had it
+    // kept the turn of its push, it would come first.
+    let ids: Vec<MessageId> = (0..3)
+        .map(|_| q.pop(20, &who, &cfg).unwrap().0.id)
+        .collect();
+    assert_eq!(ids[1], delayed, "{ids:?}");
 }
