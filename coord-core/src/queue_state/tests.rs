@@ -311,3 +311,40 @@ fn per_message_turns_give_a_delayed_message_its_turn_when_due() {
         .collect();
     assert_eq!(ids[1], delayed, "{ids:?}");
 }
+
+/// Turns kept per message: a message given back after the others moved on
+/// takes the current turn, so the lane's turn does not go back with it: a
+/// group arriving next queues behind the ready messages, not before them.
+#[test]
+fn per_message_turns_do_not_go_back_with_a_given_back_message() {
+    let mut q = Q::with(Turns::PerMessage);
+    let cfg = QueueConfig::default();
+    let (holder, who) = (OwnerToken::random(), OwnerToken::random());
+    let a1 = q.push(0, Some("a"), None).id;
+    for _ in 0..3 {
+        q.push(0, Some("b"), None);
+    }
+    assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
+    q.drain(0, &who, 2);
+    assert!(q.s.nack(q.at(0), Lane::Main, a1, &holder, Duration::ZERO));
+    q.push(0, Some("c"), None);
+    assert_eq!(q.drain(0, &who, 3), ["a", "b", "c"]);
+}
+
+/// The same for a delivery that lapsed: made ready again at the current
+/// turn, not back at its old one.
+#[test]
+fn per_message_turns_do_not_go_back_with_a_lapsed_delivery() {
+    let mut q = Q::with(Turns::PerMessage);
+    let cfg = QueueConfig::default();
+    let (holder, who) = (OwnerToken::random(), OwnerToken::random());
+    let a1 = q.push(0, Some("a"), None).id;
+    for _ in 0..3 {
+        q.push(0, Some("b"), None);
+    }
+    assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
+    q.drain(0, &who, 2);
+    // The holder's 50 ms ran out: the push finds the delivery lapsed.
+    q.push(60, Some("c"), None);
+    assert_eq!(q.drain(60, &who, 3), ["a", "b", "c"]);
+}
