@@ -225,8 +225,23 @@ async fn a_refused_try_acquire_whose_call_timed_out_leaves_nothing_behind() {
         ms[2].port()
     );
     let (a, b) = (client(&set.url()).await, client(&slow_url).await);
-    // Both connected to every master, b's connection to master 0 warm.
-    let _ = b.locks().unwrap().inspect("timed-out-refused").await;
+    // b's connection to master 0 up and answering within its 200 ms: a
+    // master still connecting, or slow a moment ago (a warm-up answered
+    // late on a loaded machine), is skipped by the next attempt, whose call
+    // to it would then never be sent. So warm up until one probe reached
+    // master 0 and was answered quickly (after a slow one, past the skip).
+    let mut warm = false;
+    for _ in 0..20 {
+        proxy.watch(b"warm-up-probe");
+        let t = std::time::Instant::now();
+        let _ = b.locks().unwrap().inspect("warm-up-probe").await;
+        if proxy.seen() >= 1 && t.elapsed() < Duration::from_millis(100) {
+            warm = true;
+            break;
+        }
+        sleep(Duration::from_millis(1100)).await;
+    }
+    assert!(warm, "b never reached master 0 quickly through the proxy");
     let g = a
         .locks()
         .unwrap()
