@@ -227,14 +227,8 @@ impl LaneState {
                 g.last = Some(g.last.map_or(turn, |l| l.max(turn)));
             }
         }
-        let Some(m) = self.msgs.get_mut(&id) else {
-            return;
-        };
-        let old = m.at.take();
         m.holder = None;
-        m.at = at;
-        let group = m.group.clone();
-        if let Some(t) = old {
+        if let Some(t) = std::mem::replace(&mut m.at, at) {
             self.timeline.remove(&(t, id));
         }
         match at {
@@ -242,7 +236,7 @@ impl LaneState {
                 self.timeline.insert((t, id));
             }
             None => {
-                if let Some(g) = self.groups.get_mut(&group) {
+                if let Some(g) = self.groups.get_mut(&m.group) {
                     g.ready.insert(id);
                 }
             }

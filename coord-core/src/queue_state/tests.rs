@@ -41,6 +41,21 @@ impl Q {
             .collect()
     }
 
+    /// Turns kept per message: a1 pushed, then three b's; a1 delivered to
+    /// `holder` (not acked), then two b's served to `who` and acked.
+    fn a_held_while_two_of_three_bs_served() -> (Self, OwnerToken, OwnerToken, MessageId) {
+        let mut q = Q::with(Turns::PerMessage);
+        let cfg = QueueConfig::default();
+        let (holder, who) = (OwnerToken::random(), OwnerToken::random());
+        let a1 = q.push(0, Some("a"), None).id;
+        for _ in 0..3 {
+            q.push(0, Some("b"), None);
+        }
+        assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
+        q.drain(0, &who, 2);
+        (q, holder, who, a1)
+    }
+
     fn at(&self, ms: u64) -> Instant {
         self.t0 + Duration::from_millis(ms)
     }
@@ -317,15 +332,7 @@ fn per_message_turns_give_a_delayed_message_its_turn_when_due() {
 /// group arriving next queues behind the ready messages, not before them.
 #[test]
 fn per_message_turns_do_not_go_back_with_a_given_back_message() {
-    let mut q = Q::with(Turns::PerMessage);
-    let cfg = QueueConfig::default();
-    let (holder, who) = (OwnerToken::random(), OwnerToken::random());
-    let a1 = q.push(0, Some("a"), None).id;
-    for _ in 0..3 {
-        q.push(0, Some("b"), None);
-    }
-    assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
-    q.drain(0, &who, 2);
+    let (mut q, holder, who, a1) = Q::a_held_while_two_of_three_bs_served();
     assert!(q.s.nack(q.at(0), Lane::Main, a1, &holder, Duration::ZERO));
     q.push(0, Some("c"), None);
     assert_eq!(q.drain(0, &who, 3), ["a", "b", "c"]);
@@ -335,15 +342,7 @@ fn per_message_turns_do_not_go_back_with_a_given_back_message() {
 /// turn, not back at its old one.
 #[test]
 fn per_message_turns_do_not_go_back_with_a_lapsed_delivery() {
-    let mut q = Q::with(Turns::PerMessage);
-    let cfg = QueueConfig::default();
-    let (holder, who) = (OwnerToken::random(), OwnerToken::random());
-    let a1 = q.push(0, Some("a"), None).id;
-    for _ in 0..3 {
-        q.push(0, Some("b"), None);
-    }
-    assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
-    q.drain(0, &who, 2);
+    let (mut q, _, who, _) = Q::a_held_while_two_of_three_bs_served();
     // The holder's 50 ms ran out: the push finds the delivery lapsed.
     q.push(60, Some("c"), None);
     assert_eq!(q.drain(60, &who, 3), ["a", "b", "c"]);
