@@ -45,3 +45,20 @@ async fn an_unanswered_short_extend_bounds_a_later_one() {
         g.remaining()
     );
 }
+
+/// Extended to 1 s with the reply lost, and nothing after: the guard counts
+/// 1 s from when the extend was sent, not the 10 s it had, since the store
+/// may have applied the extend whatever its caller heard.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_short_extend_brings_the_deadline_forward() {
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks.acquire("l", 10 * S, Duration::ZERO).await.unwrap();
+    f.next("lock.extend", Fault::LoseReply, 1);
+    assert!(g.extend(S).await.is_err(), "the reply was not lost");
+    assert!(
+        g.remaining() <= S,
+        "an extend to 1 s whose reply was lost left the guard its 10 s: {:?} left",
+        g.remaining()
+    );
+}
