@@ -368,6 +368,51 @@ async fn a_waiting_barrier_survives_the_sweep() {
     assert_eq!(first.await.unwrap().unwrap(), g);
 }
 
+/// A listing of semaphores that the store answered with fewer names than
+/// asked for is complete: `Coord::list` asks again only while coord's own
+/// semaphores (read-write locks) may have taken the user's places.
+#[tokio::test]
+async fn list_names_asks_once_when_the_store_has_no_more() {
+    use coord_core::{Listed, Lister};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Counting(Arc<MemoryBackend>, AtomicUsize);
+    #[coord_core::async_trait]
+    impl Lister for Counting {
+        async fn names(
+            &self,
+            kind: Listed,
+            prefix: &str,
+            limit: usize,
+        ) -> coord_core::Result<Vec<String>> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.names(kind, prefix, limit).await
+        }
+    }
+    let backend = Arc::new(MemoryBackend::new());
+    let counting = Arc::new(Counting(backend.clone(), AtomicUsize::new(0)));
+    let coord = Coord::from_backend(backend.clone())
+        .with_semaphores(backend)
+        .with_lister(counting.clone());
+    let (sems, rw) = (coord.semaphores().unwrap(), coord.rw_locks().unwrap());
+    let mut held = Vec::new();
+    let mut readers = Vec::new();
+    for i in 0..3 {
+        held.push(sems.try_acquire(&format!("s{i}"), 2, 60 * S).await.unwrap());
+        readers.push(
+            rw.read(&format!("r{i}"), 60 * S, Duration::ZERO)
+                .await
+                .unwrap(),
+        );
+    }
+    let got = coord.list(Listed::Semaphore, "", 10).await.unwrap();
+    assert_eq!(got, ["s0", "s1", "s2"]);
+    assert_eq!(
+        counting.1.load(Ordering::SeqCst),
+        1,
+        "the store gave 6 names of the 10 asked for, yet was asked again"
+    );
+}
+
 /// `Coord::list(Listed::Semaphore, "", n)` gives up to `n` semaphores:
 /// read-write locks (semaphores underneath, under a name starting with a
 /// control character) must not take the places of semaphores. With 10
