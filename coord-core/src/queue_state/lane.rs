@@ -129,10 +129,10 @@ impl LaneState {
         let per_message = self.turns == Turns::PerMessage;
         let g = self.groups.entry(msg.group.clone()).or_default();
         if per_message && msg.at.is_none() {
-            let turn = match g.last {
-                Some(l) if !g.all.is_empty() => v.max(l.saturating_add(1)),
-                _ => v,
-            };
+            // A group's entry lives only while it has messages (`remove`
+            // drops it with its last one), so a last turn means the group
+            // has other messages in the lane: this one goes after them.
+            let turn = g.last.map_or(v, |l| v.max(l.saturating_add(1)));
             msg.turn = Some(turn);
             g.last = Some(turn);
         }

@@ -347,3 +347,20 @@ fn per_message_turns_do_not_go_back_with_a_lapsed_delivery() {
     q.push(60, Some("c"), None);
     assert_eq!(q.drain(60, &who, 3), ["a", "b", "c"]);
 }
+
+/// Turns kept per message: a group whose messages were all served comes
+/// back at the current turn, as a new group does, not after its own last
+/// turn: it goes before a group that arrives after it.
+#[test]
+fn per_message_turns_let_a_group_that_emptied_come_back_at_the_current_turn() {
+    let mut q = Q::with(Turns::PerMessage);
+    let who = OwnerToken::random();
+    for g in ["a", "a", "a", "b", "b", "b"] {
+        q.push(0, Some(g), None);
+    }
+    assert_eq!(q.drain(0, &who, 5), ["a", "b", "a", "b", "a"]);
+    // a is empty now (its last turn 2); b's last message is ready at 2.
+    q.push(0, Some("a"), None);
+    q.push(0, Some("c"), None);
+    assert_eq!(q.drain(0, &who, 3), ["b", "a", "c"]);
+}
