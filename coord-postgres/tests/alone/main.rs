@@ -5,9 +5,7 @@
 //! superuser's default isolation level (`isolation`), count the
 //! transaction ids or statements of the whole cluster (`claims`,
 //! `refused`, `semaphore`), count its listening sessions (`listen`), or
-//! keep 64 connections busy for tens of seconds (`soak`). The cluster is
-//! the process's own, so `scripts/test-lanes` runs the `faults` tests and
-//! the rest as two processes side by side.
+//! keep 64 connections busy for tens of seconds (`soak`).
 
 mod claims;
 mod durability;
