@@ -48,9 +48,7 @@ impl Q {
         let cfg = QueueConfig::default();
         let (holder, who) = (OwnerToken::random(), OwnerToken::random());
         let a1 = q.push(0, Some("a"), None).id;
-        for _ in 0..3 {
-            q.push(0, Some("b"), None);
-        }
+        q.push_many(0, "b", 3);
         assert_eq!(q.pop(0, &holder, &cfg).unwrap().0.id, a1);
         q.drain(0, &who, 2);
         (q, holder, who, a1)
@@ -58,6 +56,13 @@ impl Q {
 
     fn at(&self, ms: u64) -> Instant {
         self.t0 + Duration::from_millis(ms)
+    }
+
+    /// `n` messages of `group`, pushed at `ms`.
+    fn push_many(&mut self, ms: u64, group: &str, n: usize) {
+        for _ in 0..n {
+            self.push(ms, Some(group), None);
+        }
     }
 
     fn push(&mut self, ms: u64, group: Option<&str>, dedup: Option<&str>) -> Pushed {
@@ -208,9 +213,7 @@ fn groups_are_served_one_message_each_in_turn() {
     let mut q = Q::new();
     let cfg = QueueConfig::default();
     let who = OwnerToken::random();
-    for _ in 0..3 {
-        q.push(0, Some("big"), None);
-    }
+    q.push_many(0, "big", 3);
     q.push(0, Some("small"), None);
     let order: Vec<String> = (0..4)
         .map(|_| q.pop(0, &who, &cfg).unwrap().0.group.unwrap())
@@ -224,11 +227,8 @@ fn groups_are_served_one_message_each_in_turn() {
 fn per_message_turns_serve_groups_one_message_each() {
     let mut q = Q::with(Turns::PerMessage);
     let who = OwnerToken::random();
-    for _ in 0..3 {
-        q.push(0, Some("big"), None);
-    }
-    q.push(0, Some("small"), None);
-    q.push(0, Some("small"), None);
+    q.push_many(0, "big", 3);
+    q.push_many(0, "small", 2);
     assert_eq!(q.drain(0, &who, 5), ["big", "small", "big", "small", "big"]);
 }
 
@@ -238,13 +238,9 @@ fn per_message_turns_serve_groups_one_message_each() {
 fn per_message_turns_let_a_late_group_join_at_once() {
     let mut q = Q::with(Turns::PerMessage);
     let who = OwnerToken::random();
-    for _ in 0..10 {
-        q.push(0, Some("old"), None);
-    }
+    q.push_many(0, "old", 10);
     q.drain(0, &who, 5);
-    for _ in 0..3 {
-        q.push(0, Some("new"), None);
-    }
+    q.push_many(0, "new", 3);
     assert_eq!(
         q.drain(0, &who, 6),
         ["old", "new", "old", "new", "old", "new"]
@@ -279,16 +275,10 @@ fn per_message_turns_give_a_group_that_waited_no_credit() {
     let (holder, who) = (OwnerToken::random(), OwnerToken::random());
     q.push(0, Some("a"), None);
     q.pop(0, &holder, &cfg).unwrap();
-    for _ in 0..6 {
-        q.push(0, Some("b"), None);
-    }
+    q.push_many(0, "b", 6);
     q.drain(0, &who, 6);
-    for _ in 0..6 {
-        q.push(0, Some("a"), None);
-    }
-    for _ in 0..3 {
-        q.push(0, Some("b"), None);
-    }
+    q.push_many(0, "a", 6);
+    q.push_many(0, "b", 3);
     assert_eq!(q.drain(0, &who, 6), ["a", "b", "a", "b", "a", "b"]);
 }
 
@@ -306,9 +296,7 @@ fn per_message_turns_give_a_delayed_message_its_turn_when_due() {
         dedup_id: None,
         dedup_window: Duration::ZERO,
     };
-    for _ in 0..4 {
-        q.push(0, Some("x"), None);
-    }
+    q.push_many(0, "x", 4);
     let now = q.at(0);
     let counter = &mut q.counter;
     let delayed =

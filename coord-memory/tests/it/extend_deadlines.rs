@@ -4,12 +4,26 @@
 
 use std::time::Duration;
 
+use coord_core::LockGuard;
 use coord_memory::MemoryBackend;
 use support::faulty::{Fault, Faulty};
 
 use crate::support;
 
 const S: Duration = Duration::from_secs(1);
+
+/// A lock held for 10 s, then extended to 1 s with the reply lost (the
+/// extend was applied; its caller got an error). The store is returned
+/// with the guard, to live as long as it.
+async fn held_10_s_then_extended_to_1_s_with_the_reply_lost() -> (std::sync::Arc<Faulty>, LockGuard)
+{
+    let f = Faulty::new();
+    let locks = f.coord(S).locks().unwrap();
+    let g = locks.acquire("l", 10 * S, Duration::ZERO).await.unwrap();
+    f.next("lock.extend", Fault::LoseReply, 1);
+    assert!(g.extend(S).await.is_err(), "the reply was not lost");
+    (f, g)
+}
 
 /// Extended to 1 s, then to 30 s, both answered: the guard counts 30 s
 /// (the 1 s extend landed, no copy of it is left to land later).
@@ -33,11 +47,7 @@ async fn an_answered_short_extend_does_not_bound_a_later_one() {
 /// to 1 s.
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_short_extend_bounds_a_later_one() {
-    let f = Faulty::new();
-    let locks = f.coord(S).locks().unwrap();
-    let g = locks.acquire("l", 10 * S, Duration::ZERO).await.unwrap();
-    f.next("lock.extend", Fault::LoseReply, 1);
-    assert!(g.extend(S).await.is_err(), "the reply was not lost");
+    let (_store, g) = held_10_s_then_extended_to_1_s_with_the_reply_lost().await;
     g.extend(30 * S).await.unwrap();
     assert!(
         g.remaining() <= S,
@@ -51,11 +61,7 @@ async fn an_unanswered_short_extend_bounds_a_later_one() {
 /// may have applied the extend whatever its caller heard.
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_short_extend_brings_the_deadline_forward() {
-    let f = Faulty::new();
-    let locks = f.coord(S).locks().unwrap();
-    let g = locks.acquire("l", 10 * S, Duration::ZERO).await.unwrap();
-    f.next("lock.extend", Fault::LoseReply, 1);
-    assert!(g.extend(S).await.is_err(), "the reply was not lost");
+    let (_store, g) = held_10_s_then_extended_to_1_s_with_the_reply_lost().await;
     assert!(
         g.remaining() <= S,
         "an extend to 1 s whose reply was lost left the guard its 10 s: {:?} left",
