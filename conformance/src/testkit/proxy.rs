@@ -66,6 +66,9 @@ struct State {
     watched: Mutex<Option<Vec<u8>>>,
     /// Client reads that contained them since.
     seen: AtomicU64,
+    /// Client reads containing these bytes wait this long before they are
+    /// forwarded ([`FaultProxy::slow_requests`]).
+    slowed: Mutex<Option<(Vec<u8>, Duration)>>,
 }
 
 /// Which client bytes hold a request to deliver late.
@@ -268,6 +271,16 @@ impl FaultProxy {
         self.state.seen.load(Ordering::SeqCst)
     }
 
+    /// From now on, hold each read of client -> store bytes that contains
+    /// `needle` for `delay` before forwarding it (and, on that connection,
+    /// everything after it): a request the store is slow to answer, while
+    /// other requests pass at once. Replaces an earlier needle. A match
+    /// spanning two reads is not held.
+    pub fn slow_requests(&self, needle: &[u8], delay: Duration) {
+        *self.state.slowed.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((needle.to_vec(), delay));
+    }
+
     /// Forward everything again, with no latency, on every connection (but
     /// see [`close_after_loss`](FaultProxy::close_after_loss)).
     pub fn heal(&self) {
@@ -282,6 +295,7 @@ impl FaultProxy {
         }
         self.set(Mode::Pass);
         self.latency(Duration::ZERO);
+        *self.state.slowed.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.state.frozen_before.store(0, Ordering::SeqCst);
     }
 }

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use coord_core::Result;
 use coord_core::util::{Secret, bounded};
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::AsyncConnectionConfig;
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -219,6 +222,33 @@ impl Source {
                 }
             }
             .map_err(|e| map_err("connect", &e, pw))
+        })
+        .await
+    }
+
+    /// A connection for connect's one-off script load, whose one request
+    /// (every script) may take far longer to answer than a call: its
+    /// response timeout is the connect limit, not the call timeout. `None`
+    /// on a cluster, where each script loads in a call of its own.
+    pub(crate) async fn loader(
+        &self,
+        limit: Duration,
+        pw: Option<&Secret>,
+    ) -> Result<Option<MultiplexedConnection>> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(limit))
+            .set_response_timeout(Some(limit));
+        bounded(BACKEND, "connect", limit, async {
+            let client = match self {
+                Source::Single { client, .. } => client.clone(),
+                Source::Sentinel { master, .. } => master.discover().await?,
+                Source::Cluster { .. } => return Ok(None),
+            };
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map(Some)
+                .map_err(|e| map_err("connect", &e, pw))
         })
         .await
     }

@@ -262,15 +262,21 @@ impl RedisBackend {
         };
         let mut conn = source.open(opts.connect_timeout, password.as_ref()).await?;
 
-        // Register every script once: in one round trip on one server; on
-        // a cluster one `SCRIPT LOAD` each, which the client sends to every
-        // master (it has no connection to replicas: a promoted one answers
-        // `NOSCRIPT` once per script, and `eval` sends its source).
+        // Register every script once: in one round trip on one server, on a
+        // connection of its own that waits up to the connect limit for the
+        // answer (a call's timeout may be far shorter than loading every
+        // script takes); on a cluster one `SCRIPT LOAD` each, which the
+        // client sends to every master (it has no connection to replicas:
+        // a promoted one answers `NOSCRIPT` once per script, and `eval`
+        // sends its source).
         let scripts = Scripts::new();
         let pw = password.clone();
         let cluster = opts.cluster.is_some();
-        bounded(BACKEND, "connect", opts.connect_timeout, async {
-            if cluster {
+        let started = std::time::Instant::now();
+        let loader = source.loader(opts.connect_timeout, pw.as_ref()).await?;
+        let left = opts.connect_timeout.saturating_sub(started.elapsed());
+        bounded(BACKEND, "connect", left, async {
+            let Some(mut loader) = loader else {
                 for src in &scripts.sources {
                     redis::cmd("SCRIPT")
                         .arg("LOAD")
@@ -280,12 +286,12 @@ impl RedisBackend {
                         .map_err(|e| map_err("script load", &e, pw.as_ref()))?;
                 }
                 return Ok(());
-            }
+            };
             let mut pipe = redis::pipe();
             for src in &scripts.sources {
                 pipe.cmd("SCRIPT").arg("LOAD").arg(src);
             }
-            pipe.query_async::<Vec<String>>(&mut conn)
+            pipe.query_async::<Vec<String>>(&mut loader)
                 .await
                 .map(drop)
                 .map_err(|e| map_err("script load", &e, pw.as_ref()))

@@ -117,6 +117,19 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
         if latency > 0 {
             thread::sleep(Duration::from_millis(latency));
         }
+        if upstream {
+            let slowed = st
+                .slowed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .filter(|(needle, _)| {
+                    !needle.is_empty() && buf[..n].windows(needle.len()).any(|w| w == needle)
+                });
+            if let Some((_, delay)) = slowed {
+                thread::sleep(delay);
+            }
+        }
         let mode = *st.mode.lock().unwrap_or_else(|p| p.into_inner());
         let frozen = id <= st.frozen_before.load(Ordering::SeqCst);
         let drop_it = frozen

@@ -6,8 +6,10 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::{SEC, backend, granted, unique};
+use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::{self as kit, CountingProxy, RedisServer};
 use coord_core::{Attempt, Lock, OwnerToken};
+use coord_redis::RedisOptions;
 
 #[tokio::test]
 async fn uncontended_acquire_and_release_cost_exactly_two_round_trips() {
@@ -80,4 +82,27 @@ async fn dropping_the_client_closes_its_connections() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Connecting loads every script in one request, which a busy or distant
+/// server answers far later than a call: the connect limit bounds it, not
+/// the call timeout, so a client with short call timeouts still connects.
+#[tokio::test]
+async fn a_script_load_slower_than_the_call_timeout_is_bounded_by_the_connect_limit() {
+    let proxy = FaultProxy::start(kit::server().port());
+    proxy.slow_requests(b"SCRIPT", Duration::from_millis(800));
+    let coord = RedisOptions::new(&format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_millis(300))
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("the script load is within the 5 s connect limit");
+    // Its calls keep their short timeout, and pass.
+    let locks = coord.locks().unwrap();
+    let guard = locks
+        .try_acquire(&unique("slowload"), 10 * SEC)
+        .await
+        .unwrap()
+        .expect("free");
+    guard.release().await.unwrap();
 }
