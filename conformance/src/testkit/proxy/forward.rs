@@ -91,8 +91,7 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
         if upstream {
             let watched = st.watched.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(needle) = watched.as_deref()
-                && !needle.is_empty()
-                && buf[..n].windows(needle.len()).any(|w| w == needle)
+                && contains(&buf[..n], needle)
             {
                 st.seen.fetch_add(1, Ordering::SeqCst);
             }
@@ -123,9 +122,7 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
-                .filter(|(needle, _)| {
-                    !needle.is_empty() && buf[..n].windows(needle.len()).any(|w| w == needle)
-                });
+                .filter(|(needle, _)| contains(&buf[..n], needle));
             if let Some((_, delay)) = slowed {
                 thread::sleep(delay);
             }
@@ -167,4 +164,9 @@ fn pump(st: Arc<State>, id: u64, mut from: TcpStream, mut to: TcpStream, upstrea
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id);
+}
+
+/// Whether `bytes` holds `needle` (never, for an empty needle).
+fn contains(bytes: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle)
 }
