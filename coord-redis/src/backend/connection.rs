@@ -204,54 +204,58 @@ pub(crate) enum Source {
 impl Source {
     /// Open the first connection (bounded by `limit`).
     pub(crate) async fn open(&self, limit: Duration, pw: Option<&Secret>) -> Result<Conn> {
+        Ok(self.open_on(limit, pw).await?.0)
+    }
+
+    /// [`open`](Self::open), with the one server the connection went to
+    /// (`None` on a cluster): connect loads the scripts there.
+    pub(crate) async fn open_on(
+        &self,
+        limit: Duration,
+        pw: Option<&Secret>,
+    ) -> Result<(Conn, Option<redis::Client>)> {
         bounded(BACKEND, "connect", limit, async {
             match self {
                 Source::Single { client, config } => client
                     .get_connection_manager_with_config(config.clone())
                     .await
-                    .map(Conn::Single),
-                Source::Cluster { client, .. } => {
-                    client.get_async_connection().await.map(Conn::Cluster)
-                }
+                    .map(|c| (Conn::Single(c), Some(client.clone()))),
+                Source::Cluster { client, .. } => client
+                    .get_async_connection()
+                    .await
+                    .map(|c| (Conn::Cluster(c), None)),
                 Source::Sentinel { master, config } => {
                     let client = master.discover().await?;
                     client
                         .get_connection_manager_with_config(config.clone())
                         .await
-                        .map(Conn::Single)
+                        .map(|c| (Conn::Single(c), Some(client)))
                 }
             }
             .map_err(|e| map_err("connect", &e, pw))
         })
         .await
     }
+}
 
-    /// A connection for connect's one-off script load, whose one request
-    /// (every script) may take far longer to answer than a call: its
-    /// response timeout is the connect limit, not the call timeout. `None`
-    /// on a cluster, where each script loads in a call of its own.
-    pub(crate) async fn loader(
-        &self,
-        limit: Duration,
-        pw: Option<&Secret>,
-    ) -> Result<Option<MultiplexedConnection>> {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(limit))
-            .set_response_timeout(Some(limit));
-        bounded(BACKEND, "connect", limit, async {
-            let client = match self {
-                Source::Single { client, .. } => client.clone(),
-                Source::Sentinel { master, .. } => master.discover().await?,
-                Source::Cluster { .. } => return Ok(None),
-            };
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map(Some)
-                .map_err(|e| map_err("connect", &e, pw))
-        })
-        .await
-    }
+/// A connection to `server` for connect's one-off script load, whose one
+/// request (every script) may take far longer to answer than a call: its
+/// response timeout is the connect limit, not the call timeout.
+pub(crate) async fn script_loader(
+    server: &redis::Client,
+    limit: Duration,
+    pw: Option<&Secret>,
+) -> Result<MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(limit))
+        .set_response_timeout(Some(limit));
+    bounded(BACKEND, "connect", limit, async {
+        server
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| map_err("connect", &e, pw))
+    })
+    .await
 }
 
 /// The command connection, replaced by a fresh one after a call times out.

@@ -260,7 +260,9 @@ impl RedisBackend {
                 config,
             }
         };
-        let mut conn = source.open(opts.connect_timeout, password.as_ref()).await?;
+        let (mut conn, server) = source
+            .open_on(opts.connect_timeout, password.as_ref())
+            .await?;
 
         // Register every script once: in one round trip on one server, on a
         // connection of its own that waits up to the connect limit for the
@@ -273,7 +275,12 @@ impl RedisBackend {
         let pw = password.clone();
         let cluster = opts.cluster.is_some();
         let started = std::time::Instant::now();
-        let loader = source.loader(opts.connect_timeout, pw.as_ref()).await?;
+        let loader = match &server {
+            Some(server) => {
+                Some(connection::script_loader(server, opts.connect_timeout, pw.as_ref()).await?)
+            }
+            None => None,
+        };
         let left = opts.connect_timeout.saturating_sub(started.elapsed());
         bounded(BACKEND, "connect", left, async {
             let Some(mut loader) = loader else {
