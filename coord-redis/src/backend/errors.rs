@@ -74,6 +74,10 @@ fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
         || e.is_connection_refusal()
         || e.is_connection_dropped()
         || e.kind() == redis::ErrorKind::Io
+        // A slot moving or failing over (`MOVED`, `ASK`, `TRYAGAIN`,
+        // `CLUSTERDOWN`) after the cluster client's own redirects: the next
+        // call goes where its refreshed slot map says.
+        || e.is_cluster_error()
         || matches!(
             code,
             "LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY"
@@ -91,5 +95,34 @@ fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
         operation,
         message,
         source: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+    use super::map_err;
+
+    /// What a cluster answers while a slot moves (or fails over), once the
+    /// client library's own redirects are used up: the next call, after
+    /// the client refreshed its slot map, goes to the right master. So a
+    /// waiting acquire retries; it must not give up as on a broken store.
+    #[test]
+    fn a_cluster_in_flux_is_unavailable_for_now_not_broken() {
+        for kind in [
+            ServerErrorKind::Moved,
+            ServerErrorKind::Ask,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+        ] {
+            let e = RedisError::from((
+                ErrorKind::Server(kind),
+                "cluster",
+                "1615 127.0.0.1:14549".to_string(),
+            ));
+            let mapped = map_err("lock acquire", &e, None);
+            assert!(mapped.is_retryable(), "{kind:?}: {mapped}");
+        }
     }
 }
