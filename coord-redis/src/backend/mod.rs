@@ -273,7 +273,6 @@ impl RedisBackend {
         // sends its source).
         let scripts = Scripts::new();
         let pw = password.clone();
-        let cluster = opts.cluster.is_some();
         let started = std::time::Instant::now();
         let loader = match &server {
             Some(server) => {
@@ -333,7 +332,7 @@ impl RedisBackend {
             channel,
             timeout: opts.timeout,
             idle_grace_ms: ms(opts.idle_grace).to_string(),
-            caps: if cluster {
+            caps: if opts.cluster.is_some() {
                 cluster_capabilities()
             } else if opts.sentinel.is_some() {
                 sentinel_capabilities()
