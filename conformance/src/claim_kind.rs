@@ -4,7 +4,16 @@
 
 use std::time::Duration;
 
+use std::sync::LazyLock;
+
+use coord_core::late::Unanswered;
 use coord_core::{Attempt, Lock, OwnerToken, PermitRequest, Result, Semaphore};
+
+/// The book of unanswered steps these calls keep, as the core's handles
+/// do (`coord_core::late::Stepped`): an owner whose attempt went
+/// unanswered has its next extend and its release marked. Owners are
+/// random per scenario, so one book serves every scenario of the process.
+static BOOK: LazyLock<Unanswered> = LazyLock::new(Unanswered::default);
 
 /// Which raw trait a scenario goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,18 +34,19 @@ impl ClaimKind {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<Attempt> {
-        match self {
-            ClaimKind::Lock => Lock::try_acquire(b, name, owner, ttl).await,
-            ClaimKind::Semaphore => {
-                let req = PermitRequest {
-                    permits: 1,
-                    total: 1,
-                    ttl,
-                    queue: false,
-                };
-                Semaphore::try_acquire(b, name, owner, &req).await
+        let req = PermitRequest {
+            permits: 1,
+            total: 1,
+            ttl,
+            queue: false,
+        };
+        BOOK.attempt_with(name, owner.step(), |step| async move {
+            match self {
+                ClaimKind::Lock => Lock::try_acquire(b, name, step, ttl).await,
+                ClaimKind::Semaphore => Semaphore::try_acquire(b, name, step, &req).await,
             }
-        }
+        })
+        .await
     }
 
     /// `owner`'s release of `name`.
@@ -46,10 +56,13 @@ impl ClaimKind {
         name: &str,
         owner: &OwnerToken,
     ) -> Result<bool> {
-        match self {
-            ClaimKind::Lock => Lock::release(b, name, owner).await,
-            ClaimKind::Semaphore => Semaphore::release(b, name, owner).await,
-        }
+        BOOK.ending(name, owner.step(), |step| async move {
+            match self {
+                ClaimKind::Lock => Lock::release(b, name, step).await,
+                ClaimKind::Semaphore => Semaphore::release(b, name, step).await,
+            }
+        })
+        .await
     }
 
     /// `owner`'s extend of its claim on `name` to `ttl`.
@@ -60,10 +73,13 @@ impl ClaimKind {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
-        match self {
-            ClaimKind::Lock => Lock::extend(b, name, owner, ttl).await,
-            ClaimKind::Semaphore => Semaphore::extend(b, name, owner, ttl).await,
-        }
+        BOOK.step(name, owner.step(), |step| async move {
+            match self {
+                ClaimKind::Lock => Lock::extend(b, name, step, ttl).await,
+                ClaimKind::Semaphore => Semaphore::extend(b, name, step, ttl).await,
+            }
+        })
+        .await
     }
 
     /// The owners holding `name` now (panics on a store error).

@@ -16,6 +16,14 @@
 //! uncontended acquire + release is two. `subscribe` may cost a round trip
 //! the first time a name is waited on.
 //!
+//! **Steps.** Every mutating call of a claim trait (an attempt, a
+//! release, an extend or renewal) carries a [`Step`]: its owner (`owner`
+//! in the docs below is `step.owner`), a stamp rising per process, and
+//! whether it must leave a mark. A store whose requests can arrive late
+//! (a network store) uses them to refuse a late copy of an owner's earlier
+//! step, as [`late`](crate::late) describes; the core keeps the book of
+//! unanswered steps, so a backend keeps none.
+//!
 //! **Cancel safety.** Every method may be cancelled (its future dropped) at
 //! any await point. The store then holds either the old or the new state,
 //! never a torn one; a claim granted by a cancelled attempt is freed by its
@@ -29,7 +37,9 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::inspect::ClaimRecord;
-use crate::types::{Arrival, Capabilities, Decision, FencingToken, LeaderInfo, OwnerToken, Quota};
+use crate::types::{
+    Arrival, Capabilities, Decision, FencingToken, LeaderInfo, OwnerToken, Quota, Step,
+};
 use crate::wake::Waiter;
 
 mod operator;
@@ -83,7 +93,7 @@ pub trait Lock: Send + Sync + 'static {
     /// its own), and a release by owner through any client
     /// frees the claim (conformance case
     /// `lock_same_owner_through_another_client_gets_no_other_token`).
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt>;
 
     /// Delete the lock iff `owner` holds it (compare-and-delete, atomic on
     /// the server), waking one waiter. `Ok(false)`: not held by `owner`,
@@ -93,12 +103,12 @@ pub trait Lock: Send + Sync + 'static {
     /// [`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON) first, or use
     /// a new token (as the guards do: every acquire is an owner of its
     /// own).
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+    async fn release(&self, name: &str, step: Step) -> Result<bool>;
 
     /// Set the remaining TTL to `ttl` iff `owner` still holds the lock
     /// (compare-and-expire). Never resurrects an expired lock, never changes
     /// the fencing token. `Ok(false)`: not held, nothing changed.
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool>;
 
     /// Delete the lock whoever holds it (an operator's tool, and how tests
     /// take ownership away behind a guard's back). Wakes one waiter.
@@ -121,7 +131,7 @@ pub trait Lock: Send + Sync + 'static {
     async fn try_acquire_with_metadata(
         &self,
         _name: &str,
-        _owner: &OwnerToken,
+        _step: Step,
         _ttl: Duration,
         _metadata: &[u8],
     ) -> Result<Attempt> {
@@ -147,14 +157,14 @@ pub trait Lease: Send + Sync + 'static {
 
     /// Grant `name` to `owner` for `ttl` unless another owner holds a live
     /// lease on it. Idempotent per owner, like [`Lock::try_acquire`].
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt>;
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt>;
 
     /// Reset the remaining time to `ttl` iff `owner` still holds a live lease
     /// on `name`. Renewing an expired lease fails and resurrects nothing.
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool>;
 
     /// End the lease at once for every observer, iff `owner` holds it.
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool>;
 
     /// The remaining time of the live lease on `name`, whoever holds it, as
     /// the store sees it; `None` when there is none.
@@ -166,7 +176,7 @@ pub trait Lease: Send + Sync + 'static {
     async fn grant_with_metadata(
         &self,
         _name: &str,
-        _owner: &OwnerToken,
+        _step: Step,
         _ttl: Duration,
         _metadata: &[u8],
     ) -> Result<Attempt> {
@@ -205,16 +215,16 @@ pub trait Election: Send + Sync + 'static {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt>;
 
     /// Extend the leadership iff `owner` still leads. Never changes the term.
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool>;
 
     /// Step down at once iff `owner` leads, waking the other candidates and
     /// observers.
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+    async fn resign(&self, name: &str, step: Step) -> Result<bool>;
 
     /// The live leader and its term, if any.
     async fn leader(&self, name: &str) -> Result<Option<LeaderInfo>>;

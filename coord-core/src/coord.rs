@@ -8,6 +8,7 @@ use crate::backend::{
     Barrier, Election, FencingSource, Lease, Limiter, Lister, Lock, Probe, Semaphore,
 };
 use crate::error::{Error, Result};
+use crate::late::Stepped;
 use crate::queue_backend::Queue;
 use crate::types::Capabilities;
 
@@ -41,13 +42,13 @@ impl Settings {
 pub struct Coord {
     pub(crate) caps: Arc<Capabilities>,
     pub(crate) settings: Settings,
-    pub(crate) lock: Option<Arc<dyn Lock>>,
-    pub(crate) lease: Option<Arc<dyn Lease>>,
+    pub(crate) lock: Option<Stepped<dyn Lock>>,
+    pub(crate) lease: Option<Stepped<dyn Lease>>,
     pub(crate) fencing: Option<Arc<dyn FencingSource>>,
-    pub(crate) election: Option<Arc<dyn Election>>,
+    pub(crate) election: Option<Stepped<dyn Election>>,
     pub(crate) barrier: Option<Arc<dyn Barrier>>,
     pub(crate) limiter: Option<Arc<dyn Limiter>>,
-    pub(crate) semaphore: Option<Arc<dyn Semaphore>>,
+    pub(crate) semaphore: Option<Stepped<dyn Semaphore>>,
     pub(crate) queue: Option<Arc<dyn Queue>>,
     pub(crate) probe: Option<Arc<dyn Probe>>,
     pub(crate) lister: Option<Arc<dyn Lister>>,
@@ -112,7 +113,7 @@ impl Coord {
     /// # }
     /// ```
     pub fn with_semaphores(mut self, backend: Arc<dyn Semaphore>) -> Coord {
-        self.semaphore = Some(backend);
+        self.semaphore = Some(Stepped::new(backend));
         self
     }
 
@@ -144,14 +145,18 @@ impl Coord {
     /// The raw lock backend (no waiting, guards or validation): for backend
     /// authors and tests. Users want [`Coord::locks`].
     pub fn raw_lock(&self) -> Result<Arc<dyn Lock>> {
-        self.lock.clone().ok_or_else(|| self.unsupported("locks"))
+        self.lock
+            .as_ref()
+            .map(|b| b.backend().clone())
+            .ok_or_else(|| self.unsupported("locks"))
     }
 
     /// The raw election backend (no waiting, guards or validation): for
     /// backend authors and tests. Users want [`Coord::elections`].
     pub fn raw_election(&self) -> Result<Arc<dyn Election>> {
         self.election
-            .clone()
+            .as_ref()
+            .map(|b| b.backend().clone())
             .ok_or_else(|| self.unsupported("elections"))
     }
 
@@ -167,7 +172,8 @@ impl Coord {
     /// ```
     pub fn raw_semaphore(&self) -> Result<Arc<dyn Semaphore>> {
         self.semaphore
-            .clone()
+            .as_ref()
+            .map(|b| b.backend().clone())
             .ok_or_else(|| self.unsupported("semaphores"))
     }
 
@@ -189,12 +195,12 @@ pub struct CoordBuilder {
 impl CoordBuilder {
     /// Provide locks.
     pub fn lock(mut self, b: Arc<dyn Lock>) -> Self {
-        self.coord.lock = Some(b);
+        self.coord.lock = Some(Stepped::new(b));
         self
     }
     /// Provide leases.
     pub fn lease(mut self, b: Arc<dyn Lease>) -> Self {
-        self.coord.lease = Some(b);
+        self.coord.lease = Some(Stepped::new(b));
         self
     }
     /// Provide fencing sources.
@@ -204,7 +210,7 @@ impl CoordBuilder {
     }
     /// Provide elections.
     pub fn election(mut self, b: Arc<dyn Election>) -> Self {
-        self.coord.election = Some(b);
+        self.coord.election = Some(Stepped::new(b));
         self
     }
     /// Provide barriers.
@@ -226,7 +232,7 @@ impl CoordBuilder {
     /// # }
     /// ```
     pub fn semaphore(mut self, b: Arc<dyn Semaphore>) -> Self {
-        self.coord.semaphore = Some(b);
+        self.coord.semaphore = Some(Stepped::new(b));
         self
     }
     /// Provide work queues.

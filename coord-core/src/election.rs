@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
@@ -13,6 +12,7 @@ use crate::backend::Election;
 use crate::claim::{ClaimBackend, Guard, Ownership};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::late::Stepped;
 use crate::lock::{WithLockError, hold_while};
 use crate::types::{FencingToken, LeaderInfo};
 use crate::wake::Waiter;
@@ -43,7 +43,7 @@ use crate::{validate, wait};
 /// ```
 #[derive(Clone)]
 pub struct Elections {
-    backend: Arc<dyn Election>,
+    backend: Stepped<dyn Election>,
     settings: Settings,
 }
 
@@ -294,7 +294,7 @@ fn leader_or_vacant(now: &Option<LeaderInfo>) -> &'static str {
 }
 
 struct ObserveState {
-    backend: Arc<dyn Election>,
+    backend: Stepped<dyn Election>,
     name: String,
     poll: Duration,
     waiter: Option<Waiter>,

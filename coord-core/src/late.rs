@@ -11,31 +11,28 @@
 //! own, shorter TTL: another owner would be granted while the holder's
 //! guard is still valid.
 //!
-//! A backend that can refuse such a copy on the server does three things:
-//! - it sends a [`stamp`] with every attempt, every release and every
-//!   extend: the stamps of one process rise strictly, so an owner's calls
-//!   are ordered by when they were made, whichever connection carries them;
-//! - it wraps every attempt in [`Unanswered::attempt`] and calls
-//!   [`Pending::answered`] once the reply arrived, so the owners with an
-//!   attempt that may still be on its way are known;
-//! - it sends every release through [`Unanswered::ending`]: the release of
-//!   such an owner leaves a mark with its stamp on the server for a while,
-//!   and an attempt of that owner stamped before the mark is refused there
-//!   and changes nothing; once answered, the owner is forgotten unless
-//!   another attempt of it went unanswered meanwhile (that one may be
-//!   stamped after the mark, so the owner's next release or extend must
-//!   mark again). ([`Unanswered::seen`] and [`Unanswered::forget`] are the
-//!   two halves, for a store that needs them apart.)
+//! **The rule.** Every mutating call of the claim traits carries a
+//! [`Step`]: its owner, a stamp (the stamps of one process rise strictly,
+//! so an owner's calls are ordered by when they were made, whichever
+//! connection carries them) and whether it must leave a mark. The core
+//! keeps the book of which owners have a step that may still land
+//! ([`Unanswered`], one per handle: [`Stepped`] wraps each backend the
+//! core calls), so no backend keeps one. A store that can refuse a late
+//! copy on the server:
+//! - leaves the stamp of a release, or of an extend, told to
+//!   [`mark`](Step::mark) as the owner's mark on the name for a while
+//!   (the owner had a step that went unanswered; nearly always it has
+//!   not, and nothing is left);
+//! - refuses an attempt of the owner stamped before its mark, changing
+//!   nothing (it answers as if the name were held);
+//! - refuses an extend (a renewal) stamped before its mark with
+//!   [`superseded`], changing nothing: its caller, still waiting, can
+//!   retry, and the retry is stamped after the mark.
 //!
-//! Extends (and renewals) are steps of the owner as attempts are: one that
-//! went unanswered may land after a later extend of the same owner and set
-//! the expiry back to its own, shorter TTL. So a backend sends every
-//! extend through [`Unanswered::step`], which stamps it, tells the store to
-//! mark when a step of the owner went unanswered, and remembers it when it
-//! goes unanswered itself; the store refuses an extend stamped before the
-//! owner's mark, and the caller of such a refused extend (one still
-//! waiting, its extend overtaken by a marking one) gets [`superseded`],
-//! which changes nothing and can be retried.
+//! So a step whose reply never came cannot land after a later step of
+//! its owner and undo it: a late attempt does not take a claim its owner
+//! released, a late extend does not set the expiry back to its own,
+//! shorter TTL.
 //!
 //! A record that lives only as long as one owner's hold (a queue delivery:
 //! each pop is a consumer of its own) can be that owner's memory itself:
@@ -81,6 +78,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::OwnerToken;
+pub use crate::types::Step;
+
+mod stepped;
+pub use stepped::Stepped;
 
 /// How long an owner stays in [`Unanswered`] without being released
 /// (a permit leaked with `mem::forget`) before a sweep may drop it: far
@@ -175,69 +176,56 @@ impl Unanswered {
         map.get(&(name.to_string(), *owner)).map(|(_, n)| Seen(*n))
     }
 
-    /// Send a step of `owner` on `name` (an extend, a renewal) with `send`,
-    /// as every store does it: the step is stamped (`stamp`, called after
-    /// the owner's unanswered steps were looked up) and told to mark if a
-    /// step of the owner went unanswered; unanswered itself (an error, a
-    /// timeout, a drop), it is remembered like an attempt; the owner is
-    /// forgotten once the store says the mark was left. A step the store
-    /// refused as stamped before the owner's mark is
-    /// [`superseded`] (retryable: the retry is stamped after the mark).
-    pub async fn step<T, F, Fut>(
-        &self,
-        (name, owner): (&str, &OwnerToken),
-        (backend, operation): (&'static str, &'static str),
-        stamp: impl FnOnce() -> i64,
-        send: F,
-    ) -> crate::Result<T>
-    where
-        F: FnOnce(Step) -> Fut,
-        Fut: std::future::Future<Output = crate::Result<Answer<T>>>,
-    {
-        let seen = self.seen(name, owner);
-        let step = Step {
-            stamp: stamp(),
-            mark: seen.is_some(),
-        };
-        let pending = self.attempt(name, *owner);
-        let answer = send(step).await?;
-        pending.answered();
-        match answer {
-            Answer::Superseded => Err(superseded(backend, operation)),
-            Answer::Done { value, marked } => {
-                if let (true, Some(seen)) = (marked, seen) {
-                    self.forget(name, owner, seen);
-                }
-                Ok(value)
-            }
-        }
-    }
-
-    /// Send the release (or resign) of `owner` on `name` with `send`, as
-    /// every store does it: if a step of the owner went unanswered, the
-    /// release is told to mark ([`Step::mark`], with a stamp taken after
-    /// every step of the owner was sent) and, once answered, the owner is
-    /// forgotten unless another step of it went unanswered meanwhile. The
-    /// stamp is taken either way, for stores that send it with every
-    /// release.
-    pub async fn ending<T, F, Fut>(
-        &self,
-        (name, owner): (&str, &OwnerToken),
-        stamp: impl FnOnce() -> i64,
-        send: F,
-    ) -> crate::Result<T>
+    /// Send `step`, an attempt of its owner on `name` (an acquire, a
+    /// grant, a campaign), with `send`: unless its reply arrives (an error
+    /// counts as no reply), the owner is remembered as having a step that
+    /// may still land.
+    pub async fn attempt_with<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
     where
         F: FnOnce(Step) -> Fut,
         Fut: std::future::Future<Output = crate::Result<T>>,
     {
-        let seen = self.seen(name, owner);
-        let step = Step {
-            stamp: stamp(),
-            mark: seen.is_some(),
-        };
+        let pending = self.attempt(name, step.owner);
         let value = send(step).await?;
+        pending.answered();
+        Ok(value)
+    }
+
+    /// Send `step`, an extend or renewal of its owner on `name`, with
+    /// `send`: told to mark if a step of the owner went unanswered (or if
+    /// it already says so); unanswered itself (an error, a timeout, a
+    /// drop), it is remembered like an attempt. The owner stays remembered
+    /// until its release ([`ending`](Self::ending)), so every step until
+    /// then marks. A store refuses a step stamped before the owner's mark
+    /// with [`superseded`] (retryable: the retry is stamped after the
+    /// mark).
+    pub async fn step<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
+    where
+        F: FnOnce(Step) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<T>>,
+    {
+        let mark = step.mark || self.contains(name, &step.owner);
+        let pending = self.attempt(name, step.owner);
+        let value = send(Step { mark, ..step }).await?;
+        pending.answered();
+        Ok(value)
+    }
+
+    /// Send `step`, the release (or resign, or revoke) of its owner on
+    /// `name`, with `send`: told to mark if a step of the owner went
+    /// unanswered (or if it already says so) and, once answered, the owner
+    /// is forgotten unless another step of it went unanswered meanwhile.
+    /// `step` must be made after every earlier step of the owner was sent.
+    pub async fn ending<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
+    where
+        F: FnOnce(Step) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<T>>,
+    {
+        let seen = self.seen(name, &step.owner);
+        let mark = step.mark || seen.is_some();
+        let value = send(Step { mark, ..step }).await?;
         if let Some(seen) = seen {
-            self.forget(name, owner, seen);
+            self.forget(name, &step.owner, seen);
         }
         Ok(value)
     }
@@ -253,32 +241,6 @@ impl Unanswered {
             map.remove(&key);
         }
     }
-}
-
-/// A step of an owner as [`Unanswered::step`] sends it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Step {
-    /// The step's stamp, taken after every earlier step of the owner was
-    /// sent.
-    pub stamp: i64,
-    /// Whether the step must leave its stamp as the owner's mark: a step
-    /// of the owner went unanswered, and its late copy must be refused.
-    pub mark: bool,
-}
-
-/// What the store answered to a [`Step`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Answer<T> {
-    /// Applied (or found nothing to apply to): its result, and whether the
-    /// owner's mark is now at least the step's stamp.
-    Done {
-        /// The step's result.
-        value: T,
-        /// Whether the mark was left (only asked of a marking step).
-        marked: bool,
-    },
-    /// Refused, changing nothing: stamped before the owner's mark.
-    Superseded,
 }
 
 /// One attempt on its way (see [`Unanswered::attempt`]).
@@ -338,12 +300,11 @@ mod tests {
         assert!(!u.contains("n", &b));
     }
 
-    /// A step: unanswered (dropped mid-call), it is remembered and the
-    /// owner's next step is told to mark; forgotten once a step says it
-    /// marked, not when the store marked nothing; a refusal is
-    /// `superseded` (retryable) and counts as answered.
+    /// A step: unanswered (dropped mid-call, or failed), it is remembered
+    /// and the owner's next steps are told to mark until its release,
+    /// which marks and forgets it; an attempt never marks.
     #[test]
-    fn a_step_marks_after_an_unanswered_one_and_forgets_only_once_marked() {
+    fn a_step_marks_after_an_unanswered_one_until_the_release() {
         use std::future::{Future, ready};
         use std::pin::pin;
         use std::task::{Context, Poll, Waker};
@@ -355,30 +316,17 @@ mod tests {
         }
         let u = Unanswered::default();
         let o = OwnerToken::random();
-        let ids = ("n", &o);
-        let op = ("test", "extend");
-        let answered = |marked| {
-            ready(Ok(Answer::Done {
-                value: true,
-                marked,
-            }))
-        };
         // Answered: nothing remembered, nothing to mark.
-        let r = now(u.step(
-            ids,
-            op,
-            || 1,
-            |s: Step| {
-                assert!(!s.mark);
-                answered(false)
-            },
-        ));
+        let r = now(u.step("n", o.step(), |s: Step| {
+            assert!(!s.mark && s.owner == o);
+            ready(Ok(true))
+        }));
         assert!(r.unwrap());
         assert!(!u.contains("n", &o));
         // Dropped before its answer: remembered.
         {
-            let never = std::future::pending::<crate::Result<Answer<bool>>>();
-            let mut f = Box::pin(u.step(ids, op, || 2, |_| never));
+            let never = std::future::pending::<crate::Result<bool>>();
+            let mut f = Box::pin(u.step("n", o.step(), |_| never));
             assert!(
                 pin!(&mut f)
                     .poll(&mut Context::from_waker(Waker::noop()))
@@ -386,39 +334,40 @@ mod tests {
             );
         }
         assert!(u.contains("n", &o));
-        // The next step is told to mark; the store marked nothing (the
-        // claim ended): still remembered, so the release marks.
-        let r = now(u.step(
-            ids,
-            op,
-            || 3,
-            |s: Step| {
-                assert!(s.mark && s.stamp == 3);
-                ready(Ok(Answer::Done {
-                    value: false,
-                    marked: false,
-                }))
-            },
-        ));
-        assert!(!r.unwrap());
-        assert!(u.contains("n", &o));
-        // Refused: superseded, retryable, and answered (not remembered
-        // anew), the earlier record kept.
-        let r = now(u.step(ids, op, || 4, |_| ready(Ok(Answer::<bool>::Superseded))));
+        // Every later step marks, with a later stamp, and keeps the owner
+        // remembered; an attempt does not mark.
+        let mut last = 0;
+        for _ in 0..2 {
+            let r = now(u.step("n", o.step(), |s: Step| {
+                assert!(s.mark && s.stamp > last);
+                last = s.stamp;
+                ready(Ok(()))
+            }));
+            r.unwrap();
+            assert!(u.contains("n", &o));
+        }
+        now(u.attempt_with("n", o.step(), |s: Step| {
+            assert!(!s.mark);
+            ready(Ok(()))
+        }))
+        .unwrap();
+        // Failed (refused as superseded, or unanswered): still remembered.
+        let r = now(u.step("n", o.step(), |_| {
+            ready(Err::<bool, _>(superseded("test", "extend")))
+        }));
         assert!(matches!(r, Err(crate::Error::Unavailable { .. })), "{r:?}");
         assert!(u.contains("n", &o));
-        // Marked: forgotten.
-        let r = now(u.step(
-            ids,
-            op,
-            || 5,
-            |s: Step| {
-                assert!(s.mark);
-                answered(true)
-            },
-        ));
-        assert!(r.unwrap());
+        // The release marks, and forgets.
+        now(u.ending("n", o.step(), |s: Step| {
+            assert!(s.mark);
+            ready(Ok(true))
+        }))
+        .unwrap();
         assert!(!u.contains("n", &o));
+        // An attempt that failed is remembered.
+        let r = now(u.attempt_with("n", o.step(), |_| ready(Err::<(), _>(superseded("t", "a")))));
+        assert!(r.is_err());
+        assert!(u.contains("n", &o));
     }
 
     /// Past [`PRUNE_AT`] owners, recording one more drops those recorded

@@ -10,6 +10,7 @@ use crate::backend::Lease;
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::late::Stepped;
 use crate::validate;
 
 /// Leases on one store: "worker 7 is alive for the next 10 s".
@@ -32,7 +33,7 @@ use crate::validate;
 /// ```
 #[derive(Clone)]
 pub struct Leases {
-    backend: Arc<dyn Lease>,
+    backend: Stepped<dyn Lease>,
     settings: Settings,
 }
 

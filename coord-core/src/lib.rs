@@ -83,5 +83,5 @@ pub use semaphore::{Permit, PermitOptions, Semaphores};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     Algorithm, Arrival, Capabilities, Decision, Deployment, FencingDurability, FencingToken,
-    LeaderInfo, OwnerToken, Quota,
+    LeaderInfo, OwnerToken, Quota, Step,
 };

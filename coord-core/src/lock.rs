@@ -11,6 +11,7 @@ use crate::backend::Lock;
 use crate::claim::{ClaimBackend, Guard};
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::late::Stepped;
 use crate::types::Capabilities;
 use crate::validate;
 
@@ -116,7 +117,7 @@ impl LockOptions {
 /// ```
 #[derive(Clone)]
 pub struct Locks {
-    backend: Arc<dyn Lock>,
+    backend: Stepped<dyn Lock>,
     settings: Settings,
     /// The FIFO semaphores fair locks take their tickets from, if the
     /// store has them.
@@ -217,7 +218,7 @@ impl Locks {
     /// Locks over a raw backend, with these settings.
     pub fn new(backend: Arc<dyn Lock>, settings: Settings) -> Self {
         Locks {
-            backend,
+            backend: Stepped::new(backend),
             settings,
             tickets: None,
         }

@@ -16,6 +16,7 @@ use crate::backend::{PermitRequest, Semaphore};
 use crate::claim::ClaimBackend;
 use crate::coord::{Coord, Settings};
 use crate::error::{Error, Result};
+use crate::late::Stepped;
 use crate::types::Capabilities;
 use crate::validate;
 
@@ -60,7 +61,7 @@ pub use permit::Permit;
 /// ```
 #[derive(Clone)]
 pub struct Semaphores {
-    backend: Arc<dyn Semaphore>,
+    backend: Stepped<dyn Semaphore>,
     settings: Settings,
 }
 
@@ -90,7 +91,10 @@ impl Coord {
     /// ```
     pub fn semaphores(&self) -> Result<Semaphores> {
         Ok(Semaphores {
-            backend: self.raw_semaphore()?,
+            backend: self
+                .semaphore
+                .clone()
+                .ok_or_else(|| self.unsupported("semaphores"))?,
             settings: self.settings,
         })
     }
@@ -105,7 +109,10 @@ impl Semaphores {
     /// # let _ = sem; Ok(()) }
     /// ```
     pub fn new(backend: Arc<dyn Semaphore>, settings: Settings) -> Self {
-        Semaphores { backend, settings }
+        Semaphores {
+            backend: Stepped::new(backend),
+            settings,
+        }
     }
 
     /// What the backend promises.
@@ -448,7 +455,7 @@ impl Semaphores {
     }
 
     /// The raw backend, for the read-write locks built on it.
-    pub(crate) fn backend(&self) -> &Arc<dyn Semaphore> {
+    pub(crate) fn backend(&self) -> &Stepped<dyn Semaphore> {
         &self.backend
     }
 }

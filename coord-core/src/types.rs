@@ -98,6 +98,39 @@ impl OwnerToken {
         }
         Some(OwnerToken(out))
     }
+
+    /// A step of this owner made now: the owner, a fresh
+    /// [`stamp`](crate::late::stamp), and no mark (see [`Step`]). What a
+    /// caller of the backend traits sends when it keeps no book of
+    /// unanswered steps; core's handles send steps from
+    /// [`late::Stepped`](crate::late::Stepped), which does.
+    pub fn step(&self) -> Step {
+        Step {
+            owner: *self,
+            stamp: crate::stamp::stamp(),
+            mark: false,
+        }
+    }
+}
+
+/// The identity of one request of an owner to the store: every mutating
+/// call of the claim traits ([`Lock`](crate::Lock), [`Lease`](crate::Lease),
+/// [`Election`](crate::Election), [`Semaphore`](crate::Semaphore)) carries
+/// one, so a store can tell a late copy of an earlier request of the same
+/// owner from the owner's newest one (see [`late`](crate::late)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Whose request it is: what the store compares to the holder.
+    pub owner: OwnerToken,
+    /// When it was made: stamps of one process rise strictly, so an
+    /// owner's requests are ordered by when they were made, whichever
+    /// connection carries them.
+    pub stamp: i64,
+    /// Whether the request must leave its stamp on the store as the
+    /// owner's mark (a release, an extend): an earlier request of the owner
+    /// went unanswered, and its late copy must be refused. Attempts ignore
+    /// it.
+    pub mark: bool,
 }
 
 impl fmt::Debug for OwnerToken {

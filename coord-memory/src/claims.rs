@@ -2,6 +2,7 @@
 //! fencing token from the store's one counter.
 
 use super::*;
+use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Lock for MemoryBackend {
@@ -9,11 +10,13 @@ impl coord_core::Lock for MemoryBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         Ok(self.claim_attempt(&self.locks, name, owner, ttl, None))
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let released = Self::claim_release(&self.locks, name, Some(owner));
         if released {
             self.lock_wakeups.notify_one(name);
@@ -21,7 +24,8 @@ impl coord_core::Lock for MemoryBackend {
         Ok(released)
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         Ok(Self::claim_extend(&self.locks, name, owner, ttl))
     }
 
@@ -40,10 +44,11 @@ impl coord_core::Lock for MemoryBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         Ok(self.claim_attempt(&self.locks, name, owner, ttl, Some(metadata)))
     }
 
@@ -58,15 +63,18 @@ impl coord_core::Lease for MemoryBackend {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         Ok(self.claim_attempt(&self.leases, name, owner, ttl, None))
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         Ok(Self::claim_extend(&self.leases, name, owner, ttl))
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         Ok(Self::claim_release(&self.leases, name, Some(owner)))
     }
 
@@ -83,10 +91,11 @@ impl coord_core::Lease for MemoryBackend {
     async fn grant_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         Ok(self.claim_attempt(&self.leases, name, owner, ttl, Some(metadata)))
     }
 

@@ -2,6 +2,7 @@
 //! its observers.
 
 use super::*;
+use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Election for MemoryBackend {
@@ -13,9 +14,10 @@ impl coord_core::Election for MemoryBackend {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let now = Instant::now();
         let granted = {
             let mut shard = self.elections.shard(name);
@@ -50,7 +52,8 @@ impl coord_core::Election for MemoryBackend {
         Ok(Attempt::Granted(FencingToken(granted)))
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let now = Instant::now();
         let mut shard = self.elections.shard(name);
         match shard.map.get_mut(name) {
@@ -62,7 +65,8 @@ impl coord_core::Election for MemoryBackend {
         }
     }
 
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let now = Instant::now();
         let resigned = {
             let mut shard = self.elections.shard(name);

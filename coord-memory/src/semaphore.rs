@@ -2,6 +2,7 @@
 //! every request queued ahead of it fit.
 
 use super::*;
+use coord_core::Step;
 
 /// The wake-up key of one owner's waiting acquire on a semaphore. Names
 /// hold no control characters, so the NUL cannot be part of one.
@@ -30,22 +31,19 @@ impl coord_core::Semaphore for MemoryBackend {
         true
     }
 
-    async fn try_acquire(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        req: &PermitRequest,
-    ) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, req: &PermitRequest) -> Result<Attempt> {
+        let owner = &step.owner;
         self.sem_attempt(name, owner, req, None)
     }
 
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         req: &PermitRequest,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         self.sem_attempt(name, owner, req, Some(metadata))
     }
 
@@ -78,7 +76,8 @@ impl coord_core::Semaphore for MemoryBackend {
         })
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let now = Instant::now();
         let (released, wake) = {
             let mut shard = self.semaphores.shard(name);
@@ -100,7 +99,8 @@ impl coord_core::Semaphore for MemoryBackend {
         Ok(released)
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let now = Instant::now();
         let mut shard = self.semaphores.shard(name);
         let Some(s) = shard.map.get_mut(name) else {

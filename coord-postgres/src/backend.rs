@@ -82,9 +82,6 @@ pub struct PostgresBackend {
     wakeups: Wakeups,
     /// Tells the listener to check its connection now (a call timed out).
     check_listener: Arc<Notify>,
-    /// Semaphore owners with an attempt that went unanswered
-    /// (`coord_core::late`).
-    unanswered: coord_core::late::Unanswered,
     _listener: Option<DropGuard>,
 }
 
@@ -260,7 +257,6 @@ impl PostgresBackend {
             tls,
             wakeups,
             check_listener,
-            unanswered: coord_core::late::Unanswered::default(),
             _listener: guard,
         }))
     }
@@ -438,24 +434,15 @@ fn duplicate(e: &tokio_postgres::Error) -> bool {
 
 /// What an extend statement (`claim_extend`, `semaphore_extend`) answered:
 /// no row when the owner holds nothing there, else whether it was a late
-/// copy overtaken by a later step of its owner (refused, nothing changed),
-/// whether it extended, and whether it left the owner's mark.
-fn extend_answer(
-    operation: &'static str,
-    rows: &[tokio_postgres::Row],
-) -> Result<coord_core::late::Answer<bool>> {
+/// copy overtaken by a later step of its owner (refused, nothing changed:
+/// [`coord_core::late::superseded`]) and whether it extended.
+fn extend_answer(operation: &'static str, rows: &[tokio_postgres::Row]) -> Result<bool> {
     let Some(row) = rows.first() else {
-        return Ok(coord_core::late::Answer::Done {
-            value: false,
-            marked: false,
-        });
+        return Ok(false);
     };
     let get = |i: usize| -> Result<bool> { row.try_get(i).map_err(|e| map_pg(operation, e)) };
     if get(0)? {
-        return Ok(coord_core::late::Answer::Superseded);
+        return Err(coord_core::late::superseded(BACKEND, operation));
     }
-    Ok(coord_core::late::Answer::Done {
-        value: get(1)?,
-        marked: get(2)?,
-    })
+    get(1)
 }

@@ -71,8 +71,8 @@ async fn trait_slice(b: Arc<RedisBackend>) -> f64 {
         async move {
             let k = format!("probe-trait-{i}");
             let me = OwnerToken::random();
-            b.try_acquire(&k, &me, TTL).await.unwrap();
-            b.release(&k, &me).await.unwrap();
+            b.try_acquire(&k, me.step(), TTL).await.unwrap();
+            b.release(&k, me.step()).await.unwrap();
         }
     })
     .await

@@ -25,9 +25,9 @@
 //! let coord = coord_redis::connect("redis://127.0.0.1:6379").await?;
 //! let lock = coord.raw_lock()?;
 //! let me = OwnerToken::random();
-//! let attempt = lock.try_acquire("orders", &me, Duration::from_secs(30)).await?;
+//! let attempt = lock.try_acquire("orders", me.step(), Duration::from_secs(30)).await?;
 //! println!("{attempt:?}");
-//! lock.release("orders", &me).await?;
+//! lock.release("orders", me.step()).await?;
 //!
 //! // Sharing locks with PHP services using the RedisLock class key layout:
 //! let shared = coord_redis::RedisOptions::new("redis://127.0.0.1:6379")

@@ -45,42 +45,42 @@ async fn a_release_publishes_a_wake_up_only_when_somebody_waits() {
     // Nobody waits: acquire + release publish nothing.
     let before = publishes(&server);
     for _ in 0..5 {
-        granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-        assert!(a.release(&name, &me).await.unwrap());
+        granted(a.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+        assert!(a.release(&name, me.step()).await.unwrap());
     }
     assert_eq!(publishes(&server), before, "uncontended releases published");
 
     // A refused attempt without local waiters marks nothing either.
-    granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(a.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     assert!(matches!(
-        w.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+        w.try_acquire(&name, them.step(), 10 * SEC).await.unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(a.release(&name, &me).await.unwrap());
+    assert!(a.release(&name, me.step()).await.unwrap());
     assert_eq!(publishes(&server), before);
 
     // A refused attempt from a client with a waiter on the name: the
     // release publishes once, and the waiter hears it.
-    granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(a.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     let waiter = Lock::subscribe(&w, &name, &them).await.unwrap();
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
     assert!(matches!(
-        w.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+        w.try_acquire(&name, them.step(), 10 * SEC).await.unwrap(),
         Attempt::Held { .. }
     ));
     // The mark survives a renewal.
-    assert!(a.extend(&name, &me, 10 * SEC).await.unwrap());
-    assert!(a.release(&name, &me).await.unwrap());
+    assert!(a.extend(&name, me.step(), 10 * SEC).await.unwrap());
+    assert!(a.release(&name, me.step()).await.unwrap());
     assert_eq!(publishes(&server), before + 1);
     tokio::time::timeout(2 * SEC, notified)
         .await
         .expect("the waiter is woken");
 
     // The next grant starts unmarked.
-    granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    assert!(a.release(&name, &me).await.unwrap());
+    granted(a.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+    assert!(a.release(&name, me.step()).await.unwrap());
     assert_eq!(publishes(&server), before + 1);
 }
 
@@ -91,7 +91,7 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
     let me = OwnerToken::random();
     let key = "coord:lock:{one-key}";
     let base = dbsize(&server);
-    let t1 = granted(b.try_acquire("one-key", &me, 10 * SEC).await.unwrap());
+    let t1 = granted(b.try_acquire("one-key", me.step(), 10 * SEC).await.unwrap());
     assert_eq!(dbsize(&server), base + 1, "a grant writes one key");
     let value = server.command(&["GET", key]);
     assert_eq!(
@@ -99,11 +99,11 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
         format!("{}:{t1}", me.to_hex()),
         "owner and token in the claim's value"
     );
-    assert!(b.release("one-key", &me).await.unwrap());
+    assert!(b.release("one-key", me.step()).await.unwrap());
     assert_eq!(dbsize(&server), base, "a release deletes the claim");
-    let t2 = granted(b.try_acquire("one-key", &me, 10 * SEC).await.unwrap());
+    let t2 = granted(b.try_acquire("one-key", me.step(), 10 * SEC).await.unwrap());
     assert!(t2 > t1, "the clock keeps tokens rising: {t2} > {t1}");
-    assert!(b.release("one-key", &me).await.unwrap());
+    assert!(b.release("one-key", me.step()).await.unwrap());
 
     // A token ahead of the server clock (left by a burst, a clock that
     // stepped back, or a Redlock quorum's token from a master whose clock
@@ -113,17 +113,17 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
     // grant rises above it.
     let ahead = t2 + 60_000_000;
     server.command(&["SET", key, &format!("={ahead}"), "PX", "400"]);
-    let t3 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    let t3 = granted(b.try_acquire("one-key", me.step(), 400 * MS).await.unwrap());
     assert_eq!(t3, ahead + 1);
-    assert!(b.release("one-key", &me).await.unwrap());
+    assert!(b.release("one-key", me.step()).await.unwrap());
     let value = server.command(&["GET", key]);
     assert_eq!(value.as_str().unwrap(), format!("={t3}"));
     // Released: extend and release see nothing.
-    assert!(!b.extend("one-key", &me, 10 * SEC).await.unwrap());
-    assert!(!b.release("one-key", &me).await.unwrap());
-    let t4 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    assert!(!b.extend("one-key", me.step(), 10 * SEC).await.unwrap());
+    assert!(!b.release("one-key", me.step()).await.unwrap());
+    let t4 = granted(b.try_acquire("one-key", me.step(), 400 * MS).await.unwrap());
     assert_eq!(t4, t3 + 1);
-    assert!(b.release("one-key", &me).await.unwrap());
+    assert!(b.release("one-key", me.step()).await.unwrap());
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Past the claim's 400 ms TTL, the marker is still there: its token
     // is a minute ahead of the clock, and it lasts until the clock is past.
@@ -135,16 +135,16 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
         (55_000..=61_000).contains(&pttl),
         "the marker lasts until the clock passes its token: PTTL {pttl} ms"
     );
-    let t5 = granted(b.try_acquire("one-key", &me, 400 * MS).await.unwrap());
+    let t5 = granted(b.try_acquire("one-key", me.step(), 400 * MS).await.unwrap());
     assert_eq!(t5, t4 + 1, "tokens still rise after the TTL");
-    assert!(b.release("one-key", &me).await.unwrap());
+    assert!(b.release("one-key", me.step()).await.unwrap());
     server.command(&["DEL", key]);
     assert_eq!(dbsize(&server), base);
 
     // A lease reads as not held once revoked, marker or not.
     let lkey = "coord:lease:{w7}";
     granted(
-        coord_core::Lease::grant(&b, "w7", &me, 10 * SEC)
+        coord_core::Lease::grant(&b, "w7", me.step(), 10 * SEC)
             .await
             .unwrap(),
     );
@@ -154,7 +154,11 @@ async fn a_claim_is_one_key_and_a_release_leaves_nothing_once_the_clock_passed_i
             .unwrap()
             .is_some()
     );
-    assert!(coord_core::Lease::revoke(&b, "w7", &me).await.unwrap());
+    assert!(
+        coord_core::Lease::revoke(&b, "w7", me.step())
+            .await
+            .unwrap()
+    );
     assert_eq!(coord_core::Lease::remaining(&b, "w7").await.unwrap(), None);
     server.command(&["SET", lkey, &format!("={ahead}"), "PX", "5000"]);
     assert_eq!(coord_core::Lease::remaining(&b, "w7").await.unwrap(), None);

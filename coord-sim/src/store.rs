@@ -14,7 +14,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::late::{Answer, Step, Unanswered};
+use coord_core::Step;
+use coord_core::late::superseded;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, Lock, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
@@ -31,7 +32,6 @@ pub struct SimStore {
     pub(crate) world: Arc<World>,
     pub(crate) store: Arc<MemoryBackend>,
     pub(crate) caps: Capabilities,
-    unanswered: Unanswered,
     paused_until: Mutex<Option<Instant>>,
     cut_until: Mutex<Option<Instant>>,
 }
@@ -49,7 +49,6 @@ impl SimStore {
             world,
             store,
             caps,
-            unanswered: Unanswered::default(),
             paused_until: Mutex::new(None),
             cut_until: Mutex::new(None),
         }
@@ -176,14 +175,13 @@ impl SimStore {
         }
     }
 
-    /// An attempt of `owner` on `name`: stamped when sent, refused on the
-    /// store if a marking release or extend of the owner was sent after
-    /// it; an attempt whose reply never came is remembered, so the owner's
-    /// next release or extend marks.
+    /// An attempt of `step`'s owner on `name`: refused on the store if a
+    /// marking release or extend of the owner was sent after it (the core
+    /// keeps the book of unanswered steps and tells those to mark).
     pub(crate) async fn attempt<F, Fut>(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         what: String,
         f: F,
     ) -> Result<Attempt>
@@ -191,35 +189,28 @@ impl SimStore {
         F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Attempt>> + Send + 'static,
     {
-        let pending = self.unanswered.attempt(name, *owner);
-        let stamp = self.world.stamp();
-        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
-        let r = self
-            .call(what, move |s| {
-                Box::pin(async move {
-                    if world.refused(&n, &o, stamp) {
-                        world.log(format!("store refused late copy #{stamp} of {}", short(&o)));
-                        return Ok(Attempt::Held { expires_in: None });
-                    }
-                    f(s, n, o).await
-                })
+        let stamp = step.stamp as u64;
+        let (world, n, o) = (self.world.clone(), name.to_string(), step.owner);
+        self.call(what, move |s| {
+            Box::pin(async move {
+                if world.refused(&n, &o, stamp) {
+                    world.log(format!("store refused late copy #{stamp} of {}", short(&o)));
+                    return Ok(Attempt::Held { expires_in: None });
+                }
+                f(s, n, o).await
             })
-            .await;
-        if r.is_ok() {
-            pending.answered();
-        }
-        r
+        })
+        .await
     }
 
-    /// An extend (or renewal) of `owner` on `name`, as the networked
-    /// backends send it (`coord_core::late`): refused on the store,
+    /// An extend (or renewal) of `step`'s owner on `name`, as the networked
+    /// backends apply it (`coord_core::late`): refused on the store,
     /// changing nothing, if a marking step of the owner was sent after it;
-    /// marking if a step of the owner went unanswered; remembered when its
-    /// reply never came, so the owner's next step marks.
+    /// marking when the step says so.
     pub(crate) async fn step<F, Fut>(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         what: String,
         f: F,
     ) -> Result<bool>
@@ -227,43 +218,29 @@ impl SimStore {
         F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<bool>> + Send + 'static,
     {
-        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
-        let send = |step: Step| {
-            self.call(what, move |s| {
-                Box::pin(async move {
-                    let stamp = step.stamp as u64;
-                    if world.refused(&n, &o, stamp) {
-                        world.log(format!("store refused late step #{stamp} of {}", short(&o)));
-                        return Ok(Answer::Superseded);
-                    }
-                    if step.mark {
-                        world.mark(&n, &o, stamp);
-                    }
-                    let value = f(s, n, o).await?;
-                    Ok(Answer::Done {
-                        value,
-                        marked: step.mark,
-                    })
-                })
+        let (world, n, o) = (self.world.clone(), name.to_string(), step.owner);
+        self.call(what, move |s| {
+            Box::pin(async move {
+                let stamp = step.stamp as u64;
+                if world.refused(&n, &o, stamp) {
+                    world.log(format!("store refused late step #{stamp} of {}", short(&o)));
+                    return Err(superseded("sim", "extend"));
+                }
+                if step.mark {
+                    world.mark(&n, &o, stamp);
+                }
+                f(s, n, o).await
             })
-        };
-        let world = self.world.clone();
-        self.unanswered
-            .step(
-                (name, owner),
-                ("sim", "extend"),
-                || world.stamp() as i64,
-                send,
-            )
-            .await
+        })
+        .await
     }
 
-    /// A release of `owner` on `name`, leaving a mark against late copies
-    /// if one of the owner's steps went unanswered.
+    /// A release of `step`'s owner on `name`, leaving a mark against late
+    /// copies when the step says so.
     pub(crate) async fn ending<F, Fut>(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         what: String,
         f: F,
     ) -> Result<bool>
@@ -271,19 +248,16 @@ impl SimStore {
         F: FnOnce(Arc<MemoryBackend>, String, OwnerToken) -> Fut + Send + 'static,
         Fut: Future<Output = Result<bool>> + Send + 'static,
     {
-        let (world, n, o) = (self.world.clone(), name.to_string(), *owner);
-        let stamp = || self.world.stamp() as i64;
-        let send = |step: Step| {
-            self.call(what, move |s| {
-                Box::pin(async move {
-                    if step.mark {
-                        world.mark(&n, &o, step.stamp as u64);
-                    }
-                    f(s, n, o).await
-                })
+        let (world, n, o) = (self.world.clone(), name.to_string(), step.owner);
+        self.call(what, move |s| {
+            Box::pin(async move {
+                if step.mark {
+                    world.mark(&n, &o, step.stamp as u64);
+                }
+                f(s, n, o).await
             })
-        };
-        self.unanswered.ending((name, owner), stamp, send).await
+        })
+        .await
     }
 }
 
@@ -293,34 +267,37 @@ impl Lock for SimStore {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         let what = format!(
             "lock.try_acquire {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.attempt(name, owner, what, move |s, n, o| async move {
-            Lock::try_acquire(&*s, &n, &o, ttl).await
+        self.attempt(name, step, what, move |s, n, o| async move {
+            Lock::try_acquire(&*s, &n, o.step(), ttl).await
         })
         .await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!("lock.release {name} {}", short(owner));
-        self.ending(name, owner, what, |s, n, o| async move {
-            Lock::release(&*s, &n, &o).await
+        self.ending(name, step, what, |s, n, o| async move {
+            Lock::release(&*s, &n, o.step()).await
         })
         .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!(
             "lock.extend {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.step(name, owner, what, move |s, n, o| async move {
-            Lock::extend(&*s, &n, &o, ttl).await
+        self.step(name, step, what, move |s, n, o| async move {
+            Lock::extend(&*s, &n, o.step(), ttl).await
         })
         .await
     }
@@ -351,9 +328,10 @@ impl Semaphore for SimStore {
     async fn try_acquire(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let req = *request;
         let what = format!(
             "sem.try_acquire {name} {} n={}/{} ttl={}ms queue={}",
@@ -363,28 +341,30 @@ impl Semaphore for SimStore {
             req.ttl.as_millis(),
             req.queue
         );
-        self.attempt(name, owner, what, move |s, n, o| async move {
-            Semaphore::try_acquire(&*s, &n, &o, &req).await
+        self.attempt(name, step, what, move |s, n, o| async move {
+            Semaphore::try_acquire(&*s, &n, o.step(), &req).await
         })
         .await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!("sem.release {name} {}", short(owner));
-        self.ending(name, owner, what, |s, n, o| async move {
-            Semaphore::release(&*s, &n, &o).await
+        self.ending(name, step, what, |s, n, o| async move {
+            Semaphore::release(&*s, &n, o.step()).await
         })
         .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!(
             "sem.extend {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.step(name, owner, what, move |s, n, o| async move {
-            Semaphore::extend(&*s, &n, &o, ttl).await
+        self.step(name, step, what, move |s, n, o| async move {
+            Semaphore::extend(&*s, &n, o.step(), ttl).await
         })
         .await
     }

@@ -15,6 +15,7 @@ use coord_core::{
 
 use crate::store::SimStore;
 use crate::world::short;
+use coord_core::Step;
 
 #[async_trait]
 impl Lease for SimStore {
@@ -22,34 +23,37 @@ impl Lease for SimStore {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         let what = format!(
             "lease.grant {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.attempt(name, owner, what, move |s, n, o| async move {
-            Lease::grant(&*s, &n, &o, ttl).await
+        self.attempt(name, step, what, move |s, n, o| async move {
+            Lease::grant(&*s, &n, o.step(), ttl).await
         })
         .await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!(
             "lease.renew {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.step(name, owner, what, move |s, n, o| async move {
-            Lease::renew(&*s, &n, &o, ttl).await
+        self.step(name, step, what, move |s, n, o| async move {
+            Lease::renew(&*s, &n, o.step(), ttl).await
         })
         .await
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!("lease.revoke {name} {}", short(owner));
-        self.ending(name, owner, what, |s, n, o| async move {
-            Lease::revoke(&*s, &n, &o).await
+        self.ending(name, step, what, |s, n, o| async move {
+            Lease::revoke(&*s, &n, o.step()).await
         })
         .await
     }
@@ -73,37 +77,40 @@ impl Election for SimStore {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let what = format!(
             "election.campaign {name} {candidate} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
         let candidate = candidate.to_string();
-        self.attempt(name, owner, what, move |s, n, o| async move {
-            Election::try_campaign(&*s, &n, &candidate, &o, ttl).await
+        self.attempt(name, step, what, move |s, n, o| async move {
+            Election::try_campaign(&*s, &n, &candidate, o.step(), ttl).await
         })
         .await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!(
             "election.renew {name} {} ttl={}ms",
             short(owner),
             ttl.as_millis()
         );
-        self.step(name, owner, what, move |s, n, o| async move {
-            Election::renew(&*s, &n, &o, ttl).await
+        self.step(name, step, what, move |s, n, o| async move {
+            Election::renew(&*s, &n, o.step(), ttl).await
         })
         .await
     }
 
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let what = format!("election.resign {name} {}", short(owner));
-        self.ending(name, owner, what, |s, n, o| async move {
-            Election::resign(&*s, &n, &o).await
+        self.ending(name, step, what, |s, n, o| async move {
+            Election::resign(&*s, &n, o.step()).await
         })
         .await
     }

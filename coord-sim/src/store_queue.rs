@@ -134,10 +134,14 @@ impl Queue for SimStore {
             visibility.as_millis()
         );
         // As the networked stores do, a late copy of an extend is refused
-        // once a later step of the same consumer on the message was
-        // applied.
+        // once a later extend of the same consumer on the message was
+        // applied: every extend leaves its stamp as the delivery's mark.
         let name = format!("queue {queue} {} {id}", lane.as_str());
-        self.step(&name, &o, what, move |s, _, o| async move {
+        let step = coord_core::Step {
+            mark: true,
+            ..o.step()
+        };
+        self.step(&name, step, what, move |s, _, o| async move {
             Queue::extend(&*s, &q, lane, id, &o, visibility).await
         })
         .await

@@ -80,7 +80,6 @@ pub struct World {
     /// The fault rates in force while faults are on.
     pub rates: FaultRates,
     start: Instant,
-    stamps: AtomicU64,
     /// The store's marks against late copies: the stamp of the last
     /// marking release or extend of an owner on a name.
     marks: Mutex<HashMap<(String, OwnerToken), u64>>,
@@ -111,7 +110,6 @@ impl World {
             faults: AtomicBool::new(true),
             rates,
             start: Instant::now(),
-            stamps: AtomicU64::new(0),
             marks: Mutex::new(HashMap::new()),
             keep,
             digest: AtomicU64::new(0xcbf2_9ce4_8422_2325),
@@ -234,11 +232,6 @@ impl World {
     /// One of `items`, uniformly.
     pub fn pick<T: Copy>(&self, items: &[T]) -> T {
         items[self.range(0, items.len() as u64 - 1) as usize]
-    }
-
-    /// A fresh stamp: they rise strictly, in the order requests are sent.
-    pub fn stamp(&self) -> u64 {
-        self.stamps.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Store side: whether an attempt of `owner` on `name` stamped `stamp`

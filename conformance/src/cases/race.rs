@@ -34,20 +34,20 @@ pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Facto
     for i in 0..ROUNDS {
         let name = format!("{base}-{i}");
         let o = OwnerToken::random();
-        let a = raw.try_acquire(&name, &o, t).await.unwrap();
+        let a = raw.try_acquire(&name, o.step(), t).await.unwrap();
         assert!(matches!(a, Attempt::Granted(_)), "round {i}: {a:?}");
         let ext = {
             let (raw, name) = (raw.clone(), name.clone());
             let et = if i % 2 == 0 { t } else { t2 };
-            tokio::spawn(async move { raw.extend(&name, &o, et).await })
+            tokio::spawn(async move { raw.extend(&name, o.step(), et).await })
         };
         tokio::task::yield_now().await;
         spin(Duration::from_micros((i / 2 % 16) * 50));
         assert!(
-            raw.release(&name, &o).await.unwrap(),
+            raw.release(&name, o.step()).await.unwrap(),
             "round {i}: the release of a live claim reported false"
         );
-        let again = raw.try_acquire(&name, &o, t).await.unwrap();
+        let again = raw.try_acquire(&name, o.step(), t).await.unwrap();
         assert!(
             matches!(again, Attempt::Granted(_)),
             "round {i}: the released name was refused to its last owner: {again:?}"
@@ -60,14 +60,17 @@ pub async fn lock_same_owner_calls_racing_in_one_client_keep_the_grant(f: &Facto
     sleep(Duration::from_secs(2)).await;
     let intruder = OwnerToken::random();
     for (name, o) in &held {
-        let a = other_raw.try_acquire(name, &intruder, t).await.unwrap();
+        let a = other_raw
+            .try_acquire(name, intruder.step(), t)
+            .await
+            .unwrap();
         assert!(
             matches!(a, Attempt::Held { .. }),
             "{name}: granted to another owner while its owner holds it \
              (answered Granted, never released): {a:?}"
         );
         assert!(
-            raw.release(name, o).await.unwrap(),
+            raw.release(name, o.step()).await.unwrap(),
             "{name}: the grant answered to its owner was gone"
         );
     }
@@ -109,11 +112,11 @@ pub async fn semaphore_same_owner_attempts_racing_in_one_client_make_one_grant(f
         let (r1, r2) = (req(1), req(if i % 2 == 0 { 1 } else { 2 }));
         let first = {
             let (raw, name) = (raw.clone(), name.clone());
-            tokio::spawn(async move { raw.try_acquire(&name, &o, &r1).await })
+            tokio::spawn(async move { raw.try_acquire(&name, o.step(), &r1).await })
         };
         tokio::task::yield_now().await;
         spin(Duration::from_micros(i % 16 * 50));
-        let second = raw.try_acquire(&name, &o, &r2).await.unwrap();
+        let second = raw.try_acquire(&name, o.step(), &r2).await.unwrap();
         let first = first.await.unwrap().unwrap();
         let (Attempt::Granted(a), Attempt::Granted(b)) = (first, second) else {
             panic!("round {i}: an owner's attempts with room for both: {first:?}, {second:?}");
@@ -137,7 +140,7 @@ pub async fn semaphore_same_owner_attempts_racing_in_one_client_make_one_grant(f
             seen.holders
         );
         assert!(
-            raw.release(name, o).await.unwrap(),
+            raw.release(name, o.step()).await.unwrap(),
             "{name}: the grant answered to its owner was gone"
         );
         let after = other_raw.inspect(name).await.unwrap();

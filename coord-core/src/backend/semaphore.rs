@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use super::{Attempt, unsupported};
 use crate::error::Result;
 use crate::inspect::ClaimRecord;
-use crate::types::{Capabilities, OwnerToken};
+use crate::types::{Capabilities, OwnerToken, Step};
 use crate::wake::Waiter;
 
 /// What one semaphore attempt asks for: `permits` of the `total` permits
@@ -73,9 +73,10 @@ pub struct PermitRequest {
 /// let raw = coord.raw_semaphore()?;
 /// let owner = OwnerToken::random();
 /// let req = PermitRequest { permits: 1, total: 2, ttl: Duration::from_secs(5), queue: false };
-/// if let Attempt::Granted(token) = raw.try_acquire("pool", &owner, &req).await? {
+/// // Each call is a step of the owner (see `coord_core::late`).
+/// if let Attempt::Granted(token) = raw.try_acquire("pool", owner.step(), &req).await? {
 ///     println!("granted with fencing token {token}");
-///     assert!(raw.release("pool", &owner).await?);
+///     assert!(raw.release("pool", owner.step()).await?);
 /// }
 /// # Ok(()) }
 /// ```
@@ -108,23 +109,19 @@ pub trait Semaphore: Send + Sync + 'static {
     /// reply is safe); it may refresh the TTL. Refused:
     /// [`Attempt::Held`] with, where known, the time until the next holder
     /// (or queued waiter ahead) expires.
-    async fn try_acquire(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        request: &PermitRequest,
-    ) -> Result<Attempt>;
+    async fn try_acquire(&self, name: &str, step: Step, request: &PermitRequest)
+    -> Result<Attempt>;
 
     /// Return `owner`'s permits iff it holds a live grant of `name`
     /// (compare-and-delete), waking the waiters that can now be granted.
     /// Also removes `owner`'s place in the queue, if any. `Ok(false)`: no
     /// live grant of `owner`, no permits changed.
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool>;
+    async fn release(&self, name: &str, step: Step) -> Result<bool>;
 
     /// Set the remaining TTL of `owner`'s grant to `ttl` iff it is still
     /// live (compare-and-expire). Never resurrects an expired grant, never
     /// changes the fencing token. `Ok(false)`: not held, nothing changed.
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool>;
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool>;
 
     /// Remove every grant of `name`, whoever holds it (an operator's tool,
     /// and how tests take permits away behind a guard's back). Waiters are
@@ -146,7 +143,7 @@ pub trait Semaphore: Send + Sync + 'static {
     async fn try_acquire_with_metadata(
         &self,
         _name: &str,
-        _owner: &OwnerToken,
+        _step: Step,
         _request: &PermitRequest,
         _metadata: &[u8],
     ) -> Result<Attempt> {

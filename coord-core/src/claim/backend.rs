@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use crate::backend::{Election, Lease, Lock, Semaphore};
 use crate::error::Result;
+use crate::late::Stepped;
 use crate::queue_backend::{Lane, MessageId, Queue};
 use crate::types::{Capabilities, OwnerToken};
 
 /// The store operations a guard needs, for each kind of claim.
 #[derive(Clone)]
 pub(crate) enum ClaimBackend {
-    Lock(Arc<dyn Lock>),
-    Lease(Arc<dyn Lease>),
-    Election(Arc<dyn Election>),
-    Semaphore(Arc<dyn Semaphore>),
+    Lock(Stepped<dyn Lock>),
+    Lease(Stepped<dyn Lease>),
+    Election(Stepped<dyn Election>),
+    Semaphore(Stepped<dyn Semaphore>),
     /// A queue delivery: the claim is message `id` of `lane`, in flight to
     /// the guard's owner token; release gives it back (a nack, no delay).
     Delivery {

@@ -14,6 +14,7 @@ use crate::claim::attempt::ClaimSpec;
 use crate::client::keys::{self, prefix_end};
 use crate::client::wake_key;
 use crate::client::watch::WatchKind;
+use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Lock for EtcdBackend {
@@ -21,7 +22,8 @@ impl coord_core::Lock for EtcdBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         let spec = ClaimSpec {
             kind: Kind::Lock,
             value: b"",
@@ -37,10 +39,11 @@ impl coord_core::Lock for EtcdBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let spec = ClaimSpec {
             kind: Kind::Lock,
             value: metadata,
@@ -54,13 +57,15 @@ impl coord_core::Lock for EtcdBackend {
         crate::inspect::lock(&self.etcd, name).await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .release_claim(Kind::Lock, name, owner, "lock release")
             .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .extend_claim(Kind::Lock, name, owner, ttl, "lock extend")
             .await
@@ -89,9 +94,10 @@ impl coord_core::Election for EtcdBackend {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let spec = ClaimSpec {
             kind: Kind::Election,
             value: candidate.as_bytes(),
@@ -101,13 +107,15 @@ impl coord_core::Election for EtcdBackend {
         self.claims.try_claim(spec, name, owner, ttl).await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .extend_claim(Kind::Election, name, owner, ttl, "election renew")
             .await
     }
 
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .release_claim(Kind::Election, name, owner, "election resign")
             .await
@@ -151,17 +159,19 @@ impl coord_core::Lease for EtcdBackend {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let owner = &step.owner;
         self.claims.grant_lease_named(name, owner, ttl, None).await
     }
 
     async fn grant_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         self.claims
             .grant_lease_named(name, owner, ttl, Some(metadata))
             .await
@@ -171,13 +181,15 @@ impl coord_core::Lease for EtcdBackend {
         crate::inspect::lease(&self.etcd, name).await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .extend_claim(Kind::Lease, name, owner, ttl, "lease renew")
             .await
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         self.claims
             .release_claim(Kind::Lease, name, owner, "lease revoke")
             .await

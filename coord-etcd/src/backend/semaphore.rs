@@ -8,6 +8,7 @@ use coord_core::{Attempt, OwnerToken, PermitRequest, Result, async_trait};
 
 use crate::EtcdBackend;
 use crate::semaphore::sem_key;
+use coord_core::Step;
 
 /// FIFO semaphores on etcd (see docs/etcd.md): grants in arrival order
 /// of the queued waiters, woken by a watch on the name.
@@ -31,9 +32,10 @@ impl coord_core::Semaphore for EtcdBackend {
     async fn try_acquire(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let _turn = self.semaphores.one_call(&sem_key(name, owner)).await;
         self.semaphores
             .sem_try_acquire(name, owner, request, None)
@@ -43,10 +45,11 @@ impl coord_core::Semaphore for EtcdBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
         metadata: &[u8],
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let _turn = self.semaphores.one_call(&sem_key(name, owner)).await;
         self.semaphores
             .sem_try_acquire(name, owner, request, Some(metadata))
@@ -57,12 +60,14 @@ impl coord_core::Semaphore for EtcdBackend {
         crate::inspect::semaphore(&self.etcd, name).await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let owner = &step.owner;
         let _turn = self.semaphores.one_call(&sem_key(name, owner)).await;
         self.semaphores.sem_release(name, owner).await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let owner = &step.owner;
         let _turn = self.semaphores.one_call(&sem_key(name, owner)).await;
         Ok(self
             .semaphores

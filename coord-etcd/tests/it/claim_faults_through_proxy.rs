@@ -157,10 +157,10 @@ async fn a_retried_grant_after_a_cut_stays_exclusive() {
     let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
     // Warm up A's lease for this TTL (and have it just renewed).
     assert!(matches!(
-        a.try_acquire("e2-warmup", &oa, ttl).await.unwrap(),
+        a.try_acquire("e2-warmup", oa.step(), ttl).await.unwrap(),
         Attempt::Granted(_)
     ));
-    a.release("e2-warmup", &oa).await.unwrap();
+    a.release("e2-warmup", oa.step()).await.unwrap();
 
     // The leases that exist when the cut begins (a raw client, directly on
     // etcd, for the diagnosis below).
@@ -192,7 +192,7 @@ async fn a_retried_grant_after_a_cut_stays_exclusive() {
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let began = Instant::now();
-                match a.try_acquire(name, &oa, ttl).await {
+                match a.try_acquire(name, oa.step(), ttl).await {
                     Ok(Attempt::Granted(_)) => {
                         a_counts[0].fetch_add(1, Ordering::SeqCst);
                         let mut d = a_deadline.lock().unwrap();
@@ -243,7 +243,7 @@ async fn a_retried_grant_after_a_cut_stays_exclusive() {
     let mut b_tries = 0u64;
     while Instant::now() < until {
         b_tries += 1;
-        if let Ok(Attempt::Granted(_)) = b.try_acquire(name, &ob, ttl).await {
+        if let Ok(Attempt::Granted(_)) = b.try_acquire(name, ob.step(), ttl).await {
             let at = Instant::now();
             let d = a_deadline.lock().unwrap().expect("A was granted");
             assert!(
@@ -266,6 +266,6 @@ async fn a_retried_grant_after_a_cut_stays_exclusive() {
         a_counts[0].load(Ordering::SeqCst),
         a_counts[1].load(Ordering::SeqCst)
     );
-    let _ = a.release(name, &oa).await;
-    let _ = b.release(name, &ob).await;
+    let _ = a.release(name, oa.step()).await;
+    let _ = b.release(name, ob.step()).await;
 }

@@ -147,11 +147,11 @@ async fn mutual_exclusion_under_load_survives_leader_failover() {
     let lock = coord.raw_lock().unwrap();
     let ttl = coord.capabilities().min_ttl;
     let t = lock
-        .try_acquire("after-restart", &owner, ttl)
+        .try_acquire("after-restart", owner.step(), ttl)
         .await
         .unwrap();
     assert!(matches!(t, coord_core::Attempt::Granted(tok) if tok > *order.last().unwrap()));
-    assert!(lock.release("after-restart", &owner).await.unwrap());
+    assert!(lock.release("after-restart", owner.step()).await.unwrap());
 }
 
 /// One member of three is down (killed, its port refusing connections)
@@ -198,7 +198,7 @@ async fn a_member_down_fails_no_connect_and_no_call() {
         let owner = OwnerToken::random();
         for i in 0..10 {
             let name = format!("member-down-{client}-{i}");
-            match lock.try_acquire(&name, &owner, ttl).await {
+            match lock.try_acquire(&name, owner.step(), ttl).await {
                 Ok(coord_core::Attempt::Granted(_)) => {}
                 Ok(other) => failures.push(format!("{name}: not granted: {other:?}")),
                 Err(e) => {
@@ -206,7 +206,7 @@ async fn a_member_down_fails_no_connect_and_no_call() {
                     continue;
                 }
             }
-            match lock.extend(&name, &owner, ttl).await {
+            match lock.extend(&name, owner.step(), ttl).await {
                 Ok(true) => {}
                 // The lock is held: "gone" is wrong. (An ownership check
                 // that reads a member that has not applied the grant yet
@@ -215,7 +215,7 @@ async fn a_member_down_fails_no_connect_and_no_call() {
                 Ok(false) => failures.push(format!("{name}: extend found it gone")),
                 Err(e) => failures.push(format!("{name} extend: {e}")),
             }
-            match lock.release(&name, &owner).await {
+            match lock.release(&name, owner.step()).await {
                 Ok(true) => {}
                 Ok(false) => failures.push(format!("{name}: release found it gone")),
                 Err(e) => failures.push(format!("{name} release: {e}")),

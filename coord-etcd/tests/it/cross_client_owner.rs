@@ -40,15 +40,18 @@ async fn a_named_lease_released_through_two_clients_never_ends_the_others_next_c
         client(&prefix).await,
     );
     let owner = OwnerToken::random();
-    let t = granted(Lease::grant(&*c1, "job", &owner, TTL).await);
-    assert_eq!(granted(Lease::grant(&*c2, "job", &owner, TTL).await), t);
-    assert!(Lease::revoke(&*c1, "job", &owner).await.unwrap());
+    let t = granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
+    assert_eq!(
+        granted(Lease::grant(&*c2, "job", owner.step(), TTL).await),
+        t
+    );
+    assert!(Lease::revoke(&*c1, "job", owner.step()).await.unwrap());
     // Client 1's next claim of the same TTL.
     let holder = OwnerToken::random();
-    granted(Lock::try_acquire(&*c1, "x", &holder, TTL).await);
+    granted(Lock::try_acquire(&*c1, "x", holder.step(), TTL).await);
     let lease = lock_lease(&prefix, "x").await.expect("the lock's key");
     // Client 2's release of the owner it was granted: already released.
-    assert!(!Lease::revoke(&*c2, "job", &owner).await.unwrap());
+    assert!(!Lease::revoke(&*c2, "job", owner.step()).await.unwrap());
     // Give background revokes time to land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
@@ -57,12 +60,14 @@ async fn a_named_lease_released_through_two_clients_never_ends_the_others_next_c
         "client 2 ended client 1's lease: the lock held by client 1 is gone"
     );
     let other = OwnerToken::random();
-    let a = Lock::try_acquire(&*c3, "x", &other, TTL).await.unwrap();
+    let a = Lock::try_acquire(&*c3, "x", other.step(), TTL)
+        .await
+        .unwrap();
     assert!(
         matches!(a, Attempt::Held { .. }),
         "a third client got the lock client 1 holds: {a:?}"
     );
-    assert!(Lock::release(&*c1, "x", &holder).await.unwrap());
+    assert!(Lock::release(&*c1, "x", holder.step()).await.unwrap());
 }
 
 /// A release by owner through a client that has no record of the named
@@ -73,19 +78,19 @@ async fn a_named_lease_released_through_a_client_without_record_only_deletes_its
     let prefix = unique("unknown");
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
     let owner = OwnerToken::random();
-    granted(Lease::grant(&*c1, "job", &owner, TTL).await);
+    granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
     let mut raw = raw_etcd().await;
     let key = format!("{prefix}lease/job");
     let got = raw.get(key.as_bytes(), None).await.unwrap();
     let lease = got.kvs().first().expect("the named lease's key").lease();
-    assert!(Lease::revoke(&*c2, "job", &owner).await.unwrap());
+    assert!(Lease::revoke(&*c2, "job", owner.step()).await.unwrap());
     let ttl = raw.lease_time_to_live(lease, None).await.unwrap().ttl();
     assert!(
         ttl > 0,
         "a release through another client revoked client 1's lease (ttl {ttl})"
     );
     assert_eq!(Lease::remaining(&*c1, "job").await.unwrap(), None);
-    assert!(!Lease::renew(&*c1, "job", &owner, TTL).await.unwrap());
+    assert!(!Lease::renew(&*c1, "job", owner.step(), TTL).await.unwrap());
 }
 
 /// A named lease granted again to its owner through client 2 is carried by
@@ -97,14 +102,17 @@ async fn after_a_grant_through_another_client_only_that_client_renews() {
     let prefix = unique("renew");
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
     let owner = OwnerToken::random();
-    let t = granted(Lease::grant(&*c1, "job", &owner, TTL).await);
-    assert_eq!(granted(Lease::grant(&*c2, "job", &owner, TTL).await), t);
+    let t = granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
+    assert_eq!(
+        granted(Lease::grant(&*c2, "job", owner.step(), TTL).await),
+        t
+    );
     assert!(
-        !Lease::renew(&*c1, "job", &owner, TTL).await.unwrap(),
+        !Lease::renew(&*c1, "job", owner.step(), TTL).await.unwrap(),
         "client 1 renewed a lease whose key another client's lease carries"
     );
-    assert!(Lease::renew(&*c2, "job", &owner, TTL).await.unwrap());
-    assert!(Lease::revoke(&*c2, "job", &owner).await.unwrap());
+    assert!(Lease::renew(&*c2, "job", owner.step(), TTL).await.unwrap());
+    assert!(Lease::revoke(&*c2, "job", owner.step()).await.unwrap());
     let next = OwnerToken::random();
-    assert!(granted(Lease::grant(&*c1, "job", &next, TTL).await) > t);
+    assert!(granted(Lease::grant(&*c1, "job", next.step(), TTL).await) > t);
 }

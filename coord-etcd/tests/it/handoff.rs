@@ -39,12 +39,12 @@ fn granted(a: Attempt) -> u64 {
 /// subscribe, attempt again (queued).
 async fn queue(b: &EtcdBackend, name: &str, o: &OwnerToken, ttl: Duration) -> Waiter {
     assert!(matches!(
-        b.try_acquire(name, o, ttl).await.unwrap(),
+        b.try_acquire(name, o.step(), ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
     let w = Lock::subscribe(b, name, o).await.unwrap();
     assert!(matches!(
-        b.try_acquire(name, o, ttl).await.unwrap(),
+        b.try_acquire(name, o.step(), ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
     w
@@ -97,25 +97,25 @@ async fn a_waiter_behind_a_waiter_that_gave_up_does_not_hold_while_the_holder_ho
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let th = granted(a.try_acquire(name, &oh, ttl).await.unwrap());
+    let th = granted(a.try_acquire(name, oh.step(), ttl).await.unwrap());
     let _w1 = queue(&b, name, &o1, ttl).await;
     let w2 = queue(&c, name, &o2, ttl).await;
-    assert!(!b.release(name, &o1).await.unwrap());
+    assert!(!b.release(name, o1.step()).await.unwrap());
     assert!(woken(&w2, Duration::from_secs(3)).await, "W2 was not woken");
-    let got = c.try_acquire(name, &o2, ttl).await.unwrap();
+    let got = c.try_acquire(name, o2.step(), ttl).await.unwrap();
     assert!(
         matches!(got, Attempt::Held { .. }),
         "W2 holds while H holds: {got:?}"
     );
     // Again, once its (new) predecessor's key has been watched a while.
     sleep(Duration::from_millis(200)).await;
-    let got = c.try_acquire(name, &o2, ttl).await.unwrap();
+    let got = c.try_acquire(name, o2.step(), ttl).await.unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "W2 holds: {got:?}");
-    assert!(a.release(name, &oh).await.unwrap());
+    assert!(a.release(name, oh.step()).await.unwrap());
     assert!(woken(&w2, Duration::from_secs(3)).await, "W2 was not woken");
-    let t2 = granted(c.try_acquire(name, &o2, ttl).await.unwrap());
+    let t2 = granted(c.try_acquire(name, o2.step(), ttl).await.unwrap());
     assert!(t2 > th, "token {t2} after {th}");
-    assert!(c.release(name, &o2).await.unwrap());
+    assert!(c.release(name, o2.step()).await.unwrap());
 }
 
 /// H holds; W1 (b) and W2 (c) queue. H releases: W1 is woken and holds,
@@ -140,15 +140,15 @@ async fn a_head_marker_wakes_nobody_and_a_handoff_grant_ends_before_the_server_e
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let th = granted(a.try_acquire(name, &oh, ttl).await.unwrap());
+    let th = granted(a.try_acquire(name, oh.step(), ttl).await.unwrap());
     let w1 = queue(&b, name, &o1, ttl).await;
     let w2 = queue(&c, name, &o2, ttl).await;
     let n2 = w2.notified();
     tokio::pin!(n2);
     n2.as_mut().enable();
-    assert!(a.release(name, &oh).await.unwrap());
+    assert!(a.release(name, oh.step()).await.unwrap());
     assert!(woken(&w1, Duration::from_secs(3)).await, "W1 was not woken");
-    let t1 = granted(b.try_acquire(name, &o1, ttl).await.unwrap());
+    let t1 = granted(b.try_acquire(name, o1.step(), ttl).await.unwrap());
     assert!(t1 > th);
     // The marker lands (W1's key written a second time)...
     let start = Instant::now();
@@ -166,17 +166,17 @@ async fn a_head_marker_wakes_nobody_and_a_handoff_grant_ends_before_the_server_e
         .is_ok();
     assert!(!woke, "W2 was woken by W1's head marker");
     sleep(Duration::from_millis(100)).await;
-    assert!(b.release(name, &o1).await.unwrap());
+    assert!(b.release(name, o1.step()).await.unwrap());
     timeout(Duration::from_secs(3), n2.as_mut())
         .await
         .expect("W2 was not woken by W1's release");
-    let t2 = granted(c.try_acquire(name, &o2, ttl).await.unwrap());
+    let t2 = granted(c.try_acquire(name, o2.step(), ttl).await.unwrap());
     assert!(t2 > t1);
     let other = OwnerToken::random();
     let t_d0 = Instant::now();
     let Attempt::Held {
         expires_in: Some(d),
-    } = c.try_acquire(name, &other, ttl).await.unwrap()
+    } = c.try_acquire(name, other.step(), ttl).await.unwrap()
     else {
         panic!("the refused attempt did not report the local holder");
     };
@@ -290,15 +290,15 @@ async fn a_handoff_on_a_fresh_lease_sends_nothing_and_stays_within_the_server_tt
         }
         let name = format!("fresh-{i}");
         let (oh, o1) = (OwnerToken::random(), OwnerToken::random());
-        granted(a.try_acquire(&name, &oh, ttl).await.unwrap());
+        granted(a.try_acquire(&name, oh.step(), ttl).await.unwrap());
         let w1 = queue(&b, &name, &o1, ttl).await;
-        assert!(a.release(&name, &oh).await.unwrap());
+        assert!(a.release(&name, oh.step()).await.unwrap());
         assert!(woken(&w1, Duration::from_secs(3)).await, "W1 was not woken");
         let k = keepalives(&server);
-        let t1 = granted(b.try_acquire(&name, &o1, ttl).await.unwrap());
+        let t1 = granted(b.try_acquire(&name, o1.step(), ttl).await.unwrap());
         let sent = keepalives(&server) - k;
         let other = OwnerToken::random();
-        let held = b.try_acquire(&name, &other, ttl).await.unwrap();
+        let held = b.try_acquire(&name, other.step(), ttl).await.unwrap();
         let kv = key_of(&mut raw, &name, &o1).await.expect("W1's key");
         assert_eq!(kv.create_revision() as u64, t1);
         let server_left = raw
@@ -306,7 +306,7 @@ async fn a_handoff_on_a_fresh_lease_sends_nothing_and_stays_within_the_server_tt
             .await
             .unwrap()
             .ttl();
-        assert!(b.release(&name, &o1).await.unwrap());
+        assert!(b.release(&name, o1.step()).await.unwrap());
         if sent > 0.0 {
             // Past the slack on this machine: the handoff refreshed.
             continue;

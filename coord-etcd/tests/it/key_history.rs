@@ -116,7 +116,7 @@ async fn a_stale_release_after_the_key_was_reused_changes_nothing() {
     let mut name_of_key = None;
     for _ in 0..20 {
         let o = OwnerToken::random();
-        let t = granted(b.try_acquire("n", &o, ttl).await);
+        let t = granted(b.try_acquire("n", o.step(), ttl).await);
         assert!(t > last, "token {t} after {last} on a reused key");
         last = t;
         let k = keys_now(&server, dir).await;
@@ -124,13 +124,13 @@ async fn a_stale_release_after_the_key_was_reused_changes_nothing() {
         assert_eq!(owner_of(&k[0]), o.to_hex().into_bytes());
         assert_eq!(k[0].create_revision() as u64, t);
         name_of_key.get_or_insert_with(|| k[0].key().to_vec());
-        assert!(b.release("n", &o).await.unwrap());
+        assert!(b.release("n", o.step()).await.unwrap());
     }
     let a = OwnerToken::random();
-    let ta = granted(b.try_acquire("n", &a, ttl).await);
-    assert!(b.release("n", &a).await.unwrap());
+    let ta = granted(b.try_acquire("n", a.step(), ttl).await);
+    assert!(b.release("n", a.step()).await.unwrap());
     let o = OwnerToken::random();
-    let t = granted(b.try_acquire("n", &o, ttl).await);
+    let t = granted(b.try_acquire("n", o.step(), ttl).await);
     assert!(t > ta);
     let before = keys_now(&server, dir).await;
     assert_eq!(before.len(), 1);
@@ -141,17 +141,17 @@ async fn a_stale_release_after_the_key_was_reused_changes_nothing() {
     );
     // Stale: the released owner, whose key (and lease) now carry `o`.
     assert!(
-        !b.release("n", &a).await.unwrap(),
+        !b.release("n", a.step()).await.unwrap(),
         "a stale release said held"
     );
     assert!(
-        !b.extend("n", &a, ttl).await.unwrap(),
+        !b.extend("n", a.step(), ttl).await.unwrap(),
         "a stale extend said held"
     );
     // An owner nobody saw, from this client and another.
-    assert!(!b.release("n", &OwnerToken::random()).await.unwrap());
-    assert!(!other.release("n", &a).await.unwrap());
-    assert!(!other.extend("n", &o, ttl).await.unwrap());
+    assert!(!b.release("n", OwnerToken::random().step()).await.unwrap());
+    assert!(!other.release("n", a.step()).await.unwrap());
+    assert!(!other.extend("n", o.step(), ttl).await.unwrap());
     let after = keys_now(&server, dir).await;
     assert_eq!(after.len(), 1);
     assert_eq!(
@@ -172,14 +172,14 @@ async fn a_stale_release_after_the_key_was_reused_changes_nothing() {
     let r = coord_core::Lock::inspect(&*other, "n").await.unwrap();
     assert_eq!(r.holders.len(), 1);
     assert_eq!((r.holders[0].owner, r.holders[0].token.get()), (o, t));
-    assert!(b.extend("n", &o, ttl).await.unwrap());
+    assert!(b.extend("n", o.step(), ttl).await.unwrap());
     // The holder's owner released through another client.
-    assert!(other.release("n", &o).await.unwrap());
+    assert!(other.release("n", o.step()).await.unwrap());
     assert!(keys_now(&server, dir).await.is_empty());
-    assert!(!b.release("n", &o).await.unwrap(), "its key is gone");
+    assert!(!b.release("n", o.step()).await.unwrap(), "its key is gone");
     let z = OwnerToken::random();
-    assert!(granted(b.try_acquire("n", &z, ttl).await) > t);
-    assert!(b.release("n", &z).await.unwrap());
+    assert!(granted(b.try_acquire("n", z.step(), ttl).await) > t);
+    assert!(b.release("n", z.step()).await.unwrap());
 }
 
 /// Two owners of one client wait on one name at once, behind a third:
@@ -195,24 +195,24 @@ async fn two_waiters_of_one_client_have_keys_of_their_own() {
     // pool handed a lease to two claims.
     for _ in 0..3 {
         let o = OwnerToken::random();
-        granted(b.try_acquire("w", &o, ttl).await);
-        assert!(b.release("w", &o).await.unwrap());
+        granted(b.try_acquire("w", o.step(), ttl).await);
+        assert!(b.release("w", o.step()).await.unwrap());
     }
     let (h, w1, w2) = (
         OwnerToken::random(),
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let th = granted(b.try_acquire("w", &h, ttl).await);
+    let th = granted(b.try_acquire("w", h.step(), ttl).await);
     let mut waiters = Vec::new();
     for w in [&w1, &w2] {
         assert!(matches!(
-            b.try_acquire("w", w, ttl).await.unwrap(),
+            b.try_acquire("w", w.step(), ttl).await.unwrap(),
             Attempt::Held { .. }
         ));
         waiters.push(coord_core::Lock::subscribe(&*b, "w", w).await.unwrap());
         assert!(matches!(
-            b.try_acquire("w", w, ttl).await.unwrap(),
+            b.try_acquire("w", w.step(), ttl).await.unwrap(),
             Attempt::Held { .. }
         ));
     }
@@ -230,28 +230,28 @@ async fn two_waiters_of_one_client_have_keys_of_their_own() {
         (3, 3),
         "claims share a key or a lease"
     );
-    assert!(b.release("w", &h).await.unwrap());
+    assert!(b.release("w", h.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(5), waiters[0].notified())
         .await
         .expect("w1 is woken");
-    let t1 = granted(b.try_acquire("w", &w1, ttl).await);
+    let t1 = granted(b.try_acquire("w", w1.step(), ttl).await);
     assert!(t1 > th);
     assert!(matches!(
-        b.try_acquire("w", &w2, ttl).await.unwrap(),
+        b.try_acquire("w", w2.step(), ttl).await.unwrap(),
         Attempt::Held { .. }
     ));
     assert!(
-        !b.release("w", &h).await.unwrap(),
+        !b.release("w", h.step()).await.unwrap(),
         "a stale release said held"
     );
-    assert!(b.release("w", &w1).await.unwrap());
+    assert!(b.release("w", w1.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(5), waiters[1].notified())
         .await
         .expect("w2 is woken");
-    let t2 = granted(b.try_acquire("w", &w2, ttl).await);
+    let t2 = granted(b.try_acquire("w", w2.step(), ttl).await);
     assert!(t2 > t1);
-    assert!(!b.release("w", &w1).await.unwrap());
-    assert!(b.release("w", &w2).await.unwrap());
+    assert!(!b.release("w", w1.step()).await.unwrap());
+    assert!(b.release("w", w2.step()).await.unwrap());
     assert!(keys_now(&server, dir).await.is_empty());
 }
 
@@ -269,7 +269,7 @@ async fn election_terms_reuse_a_key_and_keep_the_candidate() {
     for i in 0..20 {
         let o = OwnerToken::random();
         let candidate = if i % 2 == 0 { "node a 1" } else { "" };
-        let t = granted(b.try_campaign("e", candidate, &o, ttl).await);
+        let t = granted(b.try_campaign("e", candidate, o.step(), ttl).await);
         assert!(t > last);
         last = t;
         let leader = b.leader("e").await.unwrap().expect("a leader");
@@ -282,12 +282,12 @@ async fn election_terms_reuse_a_key_and_keep_the_candidate() {
             .unwrap()
             .expect("a leader");
         assert_eq!((r.candidate.as_str(), r.holder.owner), (candidate, o));
-        assert!(!b.resign("e", &OwnerToken::random()).await.unwrap());
+        assert!(!b.resign("e", OwnerToken::random().step()).await.unwrap());
         for kv in keys_now(&server, "coord:election/e/").await {
             names.insert(kv.key().to_vec());
         }
-        assert!(b.resign("e", &o).await.unwrap());
-        assert!(!b.resign("e", &o).await.unwrap());
+        assert!(b.resign("e", o.step()).await.unwrap());
+        assert!(!b.resign("e", o.step()).await.unwrap());
     }
     assert!(names.len() <= 2, "20 terms wrote {} keys", names.len());
 }

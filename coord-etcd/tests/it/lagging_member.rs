@@ -128,33 +128,36 @@ async fn a_renewal_right_after_the_grant_on_a_lagging_member_keeps_the_claim() {
         let owner = OwnerToken::random();
         let name = format!("lagging-lease-{round}");
         switch.to(port(leader));
-        let granted = retried(&name, || Lease::grant(&*backend, &name, &owner, TTL)).await;
+        let granted = retried(&name, || Lease::grant(&*backend, &name, owner.step(), TTL)).await;
         let Attempt::Granted(token) = granted else {
             panic!("{name}: not granted: {granted:?}");
         };
         switch.to(port(lagging));
         leases_behind += usize::from(behind(token).await);
-        let renewed = retried(&name, || Lease::renew(&*backend, &name, &owner, TTL)).await;
+        let renewed = retried(&name, || Lease::renew(&*backend, &name, owner.step(), TTL)).await;
         assert!(
             renewed,
             "{name}: a live lease renewed on a lagging member was not held"
         );
-        assert!(retried(&name, || Lease::revoke(&*backend, &name, &owner)).await);
+        assert!(retried(&name, || Lease::revoke(&*backend, &name, owner.step())).await);
 
         let name = format!("lagging-lock-{round}");
         switch.to(port(leader));
-        let granted = retried(&name, || Lock::try_acquire(&*backend, &name, &owner, TTL)).await;
+        let granted = retried(&name, || {
+            Lock::try_acquire(&*backend, &name, owner.step(), TTL)
+        })
+        .await;
         let Attempt::Granted(token) = granted else {
             panic!("{name}: not granted: {granted:?}");
         };
         switch.to(port(lagging));
         locks_behind += usize::from(behind(token).await);
-        let extended = retried(&name, || Lock::extend(&*backend, &name, &owner, TTL)).await;
+        let extended = retried(&name, || Lock::extend(&*backend, &name, owner.step(), TTL)).await;
         assert!(
             extended,
             "{name}: a held lock extended on a lagging member was not held"
         );
-        assert!(retried(&name, || Lock::release(&*backend, &name, &owner)).await);
+        assert!(retried(&name, || Lock::release(&*backend, &name, owner.step())).await);
     }
     assert!(
         leases_behind > 0 && locks_behind > 0,

@@ -92,7 +92,7 @@ async fn a_semaphore_with_thousands_of_grants_under_a_long_name_still_works() {
     let (a, b) = (backend(&p).await, backend(&p).await);
     let o = OwnerToken::random();
     // An attempt reads every grant, waiter and slot of the name.
-    let first = Semaphore::try_acquire(&*a, &name, &o, &request(total, false))
+    let first = Semaphore::try_acquire(&*a, &name, o.step(), &request(total, false))
         .await
         .expect("an attempt on a name with many grants");
     assert!(matches!(first, Attempt::Granted(_)), "{first:?}");
@@ -102,18 +102,18 @@ async fn a_semaphore_with_thousands_of_grants_under_a_long_name_still_works() {
     assert_eq!(record.waiters, Some(0));
     // A client with no record of the grant finds it by its value.
     assert!(
-        Semaphore::release(&*b, &name, &o)
+        Semaphore::release(&*b, &name, o.step())
             .await
             .expect("a release found by the owner's value")
     );
     // Full but for one permit: the next owner gets it, the one after it
     // queues, and a waiter's watch loads the whole name first.
     let (o2, o3) = (OwnerToken::random(), OwnerToken::random());
-    let two = Semaphore::try_acquire(&*a, &name, &o2, &request(total, false))
+    let two = Semaphore::try_acquire(&*a, &name, o2.step(), &request(total, false))
         .await
         .unwrap();
     assert!(matches!(two, Attempt::Granted(_)), "{two:?}");
-    let two_more = Semaphore::try_acquire(&*a, &name, &o3, &request(total, false))
+    let two_more = Semaphore::try_acquire(&*a, &name, o3.step(), &request(total, false))
         .await
         .unwrap();
     assert!(matches!(two_more, Attempt::Granted(_)), "{two_more:?}");
@@ -127,7 +127,7 @@ async fn a_semaphore_with_thousands_of_grants_under_a_long_name_still_works() {
         "the watch's first read took {:?}",
         since.elapsed()
     );
-    let queued = Semaphore::try_acquire(&*b, &name, &o4, &request(total, true))
+    let queued = Semaphore::try_acquire(&*b, &name, o4.step(), &request(total, true))
         .await
         .unwrap();
     assert!(matches!(queued, Attempt::Held { .. }), "{queued:?}");
@@ -135,13 +135,13 @@ async fn a_semaphore_with_thousands_of_grants_under_a_long_name_still_works() {
         Semaphore::inspect(&*a, &name).await.unwrap().waiters,
         Some(1)
     );
-    assert!(Semaphore::release(&*a, &name, &o2).await.unwrap());
-    let granted = Semaphore::try_acquire(&*b, &name, &o4, &request(total, true))
+    assert!(Semaphore::release(&*a, &name, o2.step()).await.unwrap());
+    let granted = Semaphore::try_acquire(&*b, &name, o4.step(), &request(total, true))
         .await
         .unwrap();
     assert!(matches!(granted, Attempt::Granted(_)), "{granted:?}");
     for o in [&o3, &o4] {
-        assert!(Semaphore::release(&*a, &name, o).await.unwrap());
+        assert!(Semaphore::release(&*a, &name, o.step()).await.unwrap());
     }
     assert!(Semaphore::force_release(&*a, &name).await.unwrap());
     assert!(

@@ -36,10 +36,10 @@ async fn slow(prefix: &str, proxy: &FaultProxy, timeout: Duration) -> Arc<EtcdBa
     let o = OwnerToken::random();
     // The same owner's retry of an unanswered attempt is that attempt.
     granted(Ok(until_answered("the warm-up acquire", || {
-        b.try_acquire("warm", &o, 2 * SEC)
+        b.try_acquire("warm", o.step(), 2 * SEC)
     })
     .await));
-    assert!(until_answered("the warm-up release", || b.release("warm", &o)).await);
+    assert!(until_answered("the warm-up release", || b.release("warm", o.step())).await);
     b
 }
 
@@ -79,7 +79,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     let far = slow(&prefix, &proxy, PATIENT).await;
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
-    granted(near.try_acquire("ghost", &holder, 60 * SEC).await);
+    granted(near.try_acquire("ghost", holder.step(), 60 * SEC).await);
     proxy.deliver_late(
         writes_an_owner_key("lock/ghost/".to_string()),
         LATE,
@@ -93,11 +93,11 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     );
     assert_eq!(proxy.held(), 1, "no attempt was held");
     assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
-    assert!(near.release("ghost", &holder).await.unwrap());
+    assert!(near.release("ghost", holder.step()).await.unwrap());
     until_the_late_copy_landed(&proxy).await;
     let left = keys(&prefix, "ghost").await;
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .try_acquire("ghost", OwnerToken::random().step(), 10 * SEC)
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),
@@ -133,7 +133,7 @@ async fn a_late_attempt_after_a_granted_retry_and_release_takes_no_lock() {
     until_the_late_copy_landed(&proxy).await;
     let left = keys(&prefix, "ghost").await;
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .try_acquire("ghost", OwnerToken::random().step(), 10 * SEC)
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),
@@ -166,7 +166,7 @@ async fn a_late_attempt_is_ended_by_its_cleanup_after_a_long_outage() {
     let owner = OwnerToken::random();
     let attempt = {
         let far = far.clone();
-        tokio::spawn(async move { far.try_acquire("ghost", &owner, 60 * SEC).await })
+        tokio::spawn(async move { far.try_acquire("ghost", owner.step(), 60 * SEC).await })
     };
     conformance::testkit::wait::until("the attempt held", 10 * SEC, || async { proxy.held() == 1 })
         .await;
@@ -174,7 +174,7 @@ async fn a_late_attempt_is_ended_by_its_cleanup_after_a_long_outage() {
     let r = attempt.await.unwrap();
     assert!(r.is_err(), "the held attempt was answered: {r:?}");
     let outage = tokio::time::Instant::now();
-    let r = far.release("ghost", &owner).await;
+    let r = far.release("ghost", owner.step()).await;
     assert!(r.is_err(), "the release was answered in the outage: {r:?}");
     tokio::time::sleep_until(outage + 6 * SEC).await;
     proxy.heal();
@@ -193,7 +193,7 @@ async fn a_late_attempt_is_ended_by_its_cleanup_after_a_long_outage() {
         keys(&prefix, "ghost").await
     );
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), 10 * SEC)
+        .try_acquire("ghost", OwnerToken::random().step(), 10 * SEC)
         .await;
     granted(a);
 }

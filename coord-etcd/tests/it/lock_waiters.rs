@@ -35,7 +35,7 @@ async fn fast(port: u16) -> Arc<EtcdBackend> {
 async fn failed_attempt(b: &EtcdBackend, proxy: &FaultProxy, name: &str, owner: &OwnerToken) {
     proxy.close_after_loss(true);
     proxy.blackhole();
-    let r = b.try_acquire(name, owner, TTL).await;
+    let r = b.try_acquire(name, owner.step(), TTL).await;
     assert!(r.is_err(), "an attempt through a cut link answered: {r:?}");
     proxy.reset();
     proxy.heal();
@@ -46,7 +46,7 @@ async fn failed_attempt(b: &EtcdBackend, proxy: &FaultProxy, name: &str, owner: 
 /// client's connection died under them).
 async fn answered(b: &EtcdBackend, name: &str, owner: &OwnerToken) -> Attempt {
     for _ in 0..20 {
-        match b.try_acquire(name, owner, TTL).await {
+        match b.try_acquire(name, owner.step(), TTL).await {
             Ok(a) => return a,
             Err(e) => eprintln!("attempt failed, again: {e}"),
         }
@@ -82,11 +82,11 @@ async fn a_waiter_with_a_failed_attempt_is_woken(name: &str, fails: Fails) {
     let a = fast(server.client_port()).await;
     let b = fast(proxy.port()).await;
     let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
-    granted(a.try_acquire(name, &oa, TTL).await.unwrap());
+    granted(a.try_acquire(name, oa.step(), TTL).await.unwrap());
     if fails == Fails::First {
         failed_attempt(&b, &proxy, name, &ob).await;
     } else {
-        refused(b.try_acquire(name, &ob, TTL).await.unwrap());
+        refused(b.try_acquire(name, ob.step(), TTL).await.unwrap());
     }
     let w = b.subscribe(name, &ob).await.unwrap();
     let notified = w.notified();
@@ -96,12 +96,12 @@ async fn a_waiter_with_a_failed_attempt_is_woken(name: &str, fails: Fails) {
         failed_attempt(&b, &proxy, name, &ob).await;
     }
     refused(answered(&b, name, &ob).await);
-    assert!(a.release(name, &oa).await.unwrap());
+    assert!(a.release(name, oa.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(3), notified)
         .await
         .expect("the waiter was not woken within 3 s of the release: it did not queue");
     granted(answered(&b, name, &ob).await);
-    assert!(b.release(name, &ob).await.unwrap());
+    assert!(b.release(name, ob.step()).await.unwrap());
 }
 
 /// The waiter's queueing attempt (its second) fails; its third must queue.
@@ -135,13 +135,13 @@ async fn a_waiter_is_woken_when_the_release_was_compacted_away_meanwhile() {
         .unwrap();
     let (oa, ob) = (OwnerToken::random(), OwnerToken::random());
     let name = "compacted-release";
-    granted(a.try_acquire(name, &oa, TTL).await.unwrap());
-    refused(b.try_acquire(name, &ob, TTL).await.unwrap());
+    granted(a.try_acquire(name, oa.step(), TTL).await.unwrap());
+    refused(b.try_acquire(name, ob.step(), TTL).await.unwrap());
     let w = b.subscribe(name, &ob).await.unwrap();
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    refused(b.try_acquire(name, &ob, TTL).await.unwrap());
+    refused(b.try_acquire(name, ob.step(), TTL).await.unwrap());
     let queued_at = raw
         .get("x", None)
         .await
@@ -153,7 +153,7 @@ async fn a_waiter_is_woken_when_the_release_was_compacted_away_meanwhile() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.close_after_loss(true);
     proxy.blackhole();
-    assert!(a.release(name, &oa).await.unwrap());
+    assert!(a.release(name, oa.step()).await.unwrap());
     let released_at = raw
         .get("x", None)
         .await
@@ -178,5 +178,5 @@ async fn a_waiter_is_woken_when_the_release_was_compacted_away_meanwhile() {
         .await
         .expect("the waiter was not woken within 5 s: its watch missed the compacted release");
     granted(answered(&b, name, &ob).await);
-    assert!(b.release(name, &ob).await.unwrap());
+    assert!(b.release(name, ob.step()).await.unwrap());
 }

@@ -37,42 +37,42 @@ async fn one_shot_beside_a_local_waiter_leaves_no_ghost() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    granted(a.try_acquire(name, oh.step(), t).await.unwrap());
     // A waiter in b, as coord-core's wait loop makes one: attempt,
     // subscribe, attempt again (now queued).
     assert!(matches!(
-        b.try_acquire(name, &ow, t).await.unwrap(),
+        b.try_acquire(name, ow.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     let w = Lock::subscribe(&*b, name, &ow).await.unwrap();
     assert!(matches!(
-        b.try_acquire(name, &ow, t).await.unwrap(),
+        b.try_acquire(name, ow.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     // A one-shot in b while the waiter waits: refused.
     assert!(matches!(
-        b.try_acquire(name, &oone, t).await.unwrap(),
+        b.try_acquire(name, oone.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     {
         let notified = w.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        assert!(a.release(name, &oh).await.unwrap());
+        assert!(a.release(name, oh.step()).await.unwrap());
         let _ = timeout(Duration::from_secs(3), notified).await;
     }
-    granted(b.try_acquire(name, &ow, t).await.unwrap());
-    assert!(b.release(name, &ow).await.unwrap());
+    granted(b.try_acquire(name, ow.step(), t).await.unwrap());
+    assert!(b.release(name, ow.step()).await.unwrap());
     drop(w);
     // Had the one-shot left a key in the queue, c would be refused now.
     let start = Instant::now();
-    let got = c.try_acquire(name, &oc, t).await.unwrap();
+    let got = c.try_acquire(name, oc.step(), t).await.unwrap();
     assert!(
         matches!(got, Attempt::Granted(_)),
         "the refused one-shot left a ghost in the queue: {got:?} ({:?})",
         start.elapsed()
     );
-    assert!(c.release(name, &oc).await.unwrap());
+    assert!(c.release(name, oc.step()).await.unwrap());
 }
 
 /// The median round trips of a read and of a write on the shared etcd
@@ -187,14 +187,14 @@ async fn release_after_the_ttl_is_not_held() {
         let name = format!("late-release-{i}");
         let o = OwnerToken::random();
         let start = Instant::now();
-        granted(a.try_acquire(&name, &o, t).await.unwrap());
+        granted(a.try_acquire(&name, o.step(), t).await.unwrap());
         let returned = Instant::now();
         sleep(
             (returned + t + Duration::from_micros(i * 400))
                 .saturating_duration_since(Instant::now()),
         )
         .await;
-        let r = a.release(&name, &o).await.unwrap();
+        let r = a.release(&name, o.step()).await.unwrap();
         assert!(
             !r,
             "release {:?} after the grant said it still held",
@@ -214,11 +214,11 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
     let name = "late-write";
     let t = b.capabilities().min_ttl * 2;
     let (oh, ow) = (OwnerToken::random(), OwnerToken::random());
-    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    granted(a.try_acquire(name, oh.step(), t).await.unwrap());
     let w = Lock::subscribe(&*b, name, &ow).await.unwrap();
     for _ in 0..2 {
         assert!(matches!(
-            b.try_acquire(name, &ow, t).await.unwrap(),
+            b.try_acquire(name, ow.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
     }
@@ -240,7 +240,7 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
         .expect("the waiter is queued");
     let (key, lease) = (kv.key().to_vec(), kv.lease());
     // The cleanup (what coord-core does when the acquire is cancelled).
-    assert!(!b.release(name, &ow).await.unwrap());
+    assert!(!b.release(name, ow.step()).await.unwrap());
     drop(w);
     // The late write: the waiter's put, applied now.
     let late = raw
@@ -258,7 +258,7 @@ async fn a_write_applied_after_its_cleanup_does_not_outlive_the_ttl() {
             "a write applied after its cleanup is still there after the TTL"
         );
     }
-    assert!(a.release(name, &oh).await.unwrap());
+    assert!(a.release(name, oh.step()).await.unwrap());
 }
 
 /// With several waiters of one name in one client, a release wakes the
@@ -270,18 +270,18 @@ async fn the_waiter_whose_predecessor_left_is_woken_alone() {
     let name = "targeted";
     let t = b.capabilities().min_ttl * 10;
     let oh = OwnerToken::random();
-    granted(a.try_acquire(name, &oh, t).await.unwrap());
+    granted(a.try_acquire(name, oh.step(), t).await.unwrap());
     let mut waiters = Vec::new();
     for _ in 0..3 {
         let o = OwnerToken::random();
         // As coord-core's wait loop: attempt, subscribe, attempt (queued).
         assert!(matches!(
-            b.try_acquire(name, &o, t).await.unwrap(),
+            b.try_acquire(name, o.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
         let w = Lock::subscribe(&*b, name, &o).await.unwrap();
         assert!(matches!(
-            b.try_acquire(name, &o, t).await.unwrap(),
+            b.try_acquire(name, o.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
         waiters.push((o, w));
@@ -300,10 +300,10 @@ async fn the_waiter_whose_predecessor_left_is_woken_alone() {
             .collect();
         pending.reverse();
         if i == 0 {
-            assert!(a.release(name, &oh).await.unwrap());
+            assert!(a.release(name, oh.step()).await.unwrap());
         } else {
             let (o, _) = &waiters[i - 1];
-            assert!(b.release(name, o).await.unwrap());
+            assert!(b.release(name, o.step()).await.unwrap());
         }
         let (first, rest) = pending.split_at_mut(1);
         timeout(Duration::from_secs(3), first[0].as_mut())
@@ -316,8 +316,8 @@ async fn the_waiter_whose_predecessor_left_is_woken_alone() {
             assert!(!woke, "waiter {} was woken too", i + 1 + k);
         }
         let (o, _) = &waiters[i];
-        granted(b.try_acquire(name, o, t).await.unwrap());
+        granted(b.try_acquire(name, o.step(), t).await.unwrap());
     }
     let (o, _) = waiters.last().unwrap();
-    assert!(b.release(name, o).await.unwrap());
+    assert!(b.release(name, o.step()).await.unwrap());
 }

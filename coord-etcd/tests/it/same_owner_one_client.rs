@@ -81,17 +81,17 @@ async fn lock_extend_racing_release_and_reacquire_keeps_the_new_grant() {
         let n = leak(format!("x{i}"));
         let o = OwnerToken::random();
         let ettl = if i % 2 == 0 { TTL } else { TTL2 };
-        granted(Lock::try_acquire(&*c, n, &o, TTL).await);
+        granted(Lock::try_acquire(&*c, n, o.step(), TTL).await);
         let first = owner_key(&p, "lock", n, &o).await.unwrap();
         let ext = {
             let c = c.clone();
-            tokio::spawn(async move { Lock::extend(&*c, n, &o, ettl).await })
+            tokio::spawn(async move { Lock::extend(&*c, n, o.step(), ettl).await })
         };
         tokio::task::yield_now().await;
         spin(sweep(i / 2));
-        let r = Lock::release(&*c, n, &o).await.unwrap();
+        let r = Lock::release(&*c, n, o.step()).await.unwrap();
         assert!(r, "round {i}: the release of a live claim");
-        let a = Lock::try_acquire(&*c, n, &o, TTL).await;
+        let a = Lock::try_acquire(&*c, n, o.step(), TTL).await;
         let e = ext.await.unwrap().unwrap();
         if let Ok(Attempt::Granted(t)) = a {
             must_hold.push((n, o, t.get() as i64, ettl, first.1));
@@ -127,7 +127,7 @@ async fn lock_extend_racing_release_and_reacquire_keeps_the_new_grant() {
     // What a vanished grant means for another owner: it is granted.
     let other = if let Some((n, _, _)) = vanished.first() {
         let c2 = client(&p).await;
-        Some(Lock::try_acquire(&*c2, n, &OwnerToken::random(), TTL).await)
+        Some(Lock::try_acquire(&*c2, n, OwnerToken::random().step(), TTL).await)
     } else {
         None
     };
@@ -162,8 +162,8 @@ async fn lock_reacquire_with_another_ttl_keeps_the_claim() {
     for i in 0..20u64 {
         let n = leak(format!("y{i}"));
         let o = OwnerToken::random();
-        let t = granted(Lock::try_acquire(&*c, n, &o, TTL).await) as i64;
-        let a = Lock::try_acquire(&*c, n, &o, TTL2).await;
+        let t = granted(Lock::try_acquire(&*c, n, o.step(), TTL).await) as i64;
+        let a = Lock::try_acquire(&*c, n, o.step(), TTL2).await;
         sleep(Duration::from_millis(300)).await;
         let k = owner_key(&p, "lock", n, &o).await;
         let kept = matches!(a, Ok(Attempt::Granted(x)) if x.get() as i64 == t)
@@ -201,16 +201,16 @@ async fn lock_moving_extend_racing_release_never_spares_a_lease_it_revokes() {
         let m = leak(format!("m{i}"));
         let o = OwnerToken::random();
         let q = OwnerToken::random();
-        granted(Lock::try_acquire(&*c, n, &o, TTL).await);
+        granted(Lock::try_acquire(&*c, n, o.step(), TTL).await);
         let l = owner_key(&p, "lock", n, &o).await.unwrap().1;
         let ext = {
             let c = c.clone();
-            tokio::spawn(async move { Lock::extend(&*c, n, &o, TTL2).await })
+            tokio::spawn(async move { Lock::extend(&*c, n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         spin(sweep(i));
-        let _ = Lock::release(&*c, n, &o).await.unwrap();
-        let b = Lock::try_acquire(&*c, m, &q, TTL).await;
+        let _ = Lock::release(&*c, n, o.step()).await.unwrap();
+        let b = Lock::try_acquire(&*c, m, q.step(), TTL).await;
         let _ = ext.await.unwrap();
         if let Ok(Attempt::Granted(t)) = b {
             // O's record is gone (released): a record of C on L is P's.
@@ -254,14 +254,14 @@ async fn lease_renews_of_two_ttls_keep_the_lease() {
     for i in 0..300u64 {
         let n = leak(format!("l{i}"));
         let o = OwnerToken::random();
-        let t = granted(Lease::grant(&*c, n, &o, TTL).await) as i64;
+        let t = granted(Lease::grant(&*c, n, o.step(), TTL).await) as i64;
         let r1 = {
             let c = c.clone();
-            tokio::spawn(async move { Lease::renew(&*c, n, &o, TTL2).await })
+            tokio::spawn(async move { Lease::renew(&*c, n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         spin(sweep(i));
-        let r2 = Lease::renew(&*c, n, &o, TTL).await;
+        let r2 = Lease::renew(&*c, n, o.step(), TTL).await;
         let r1 = r1.await.unwrap();
         rounds.push((
             n,
@@ -315,11 +315,11 @@ async fn election_resign_racing_campaign_of_same_candidate() {
             tokio::spawn(async move {
                 if campaign {
                     (
-                        Some(Election::try_campaign(&*c, n, "me", &o, TTL).await),
+                        Some(Election::try_campaign(&*c, n, "me", o.step(), TTL).await),
                         None,
                     )
                 } else {
-                    (None, Some(Election::resign(&*c, n, &o).await))
+                    (None, Some(Election::resign(&*c, n, o.step()).await))
                 }
             })
         };
@@ -386,18 +386,18 @@ async fn sem_moving_extend_racing_release_never_spares_a_lease_it_revokes() {
         let m = leak(format!("t{i}"));
         let o = OwnerToken::random();
         let q = OwnerToken::random();
-        granted(Semaphore::try_acquire(&*c, n, &o, &req(1, 1, TTL, false)).await);
+        granted(Semaphore::try_acquire(&*c, n, o.step(), &req(1, 1, TTL, false)).await);
         let ext = {
             let c = c.clone();
-            tokio::spawn(async move { Semaphore::extend(&*c, n, &o, TTL2).await })
+            tokio::spawn(async move { Semaphore::extend(&*c, n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         // The move lands about three round trips after the extend began
         // (read, lease, transaction): a wider sweep, 0 to 5.9 ms.
         spin(Duration::from_micros((i % 60) * 100));
-        let r = Semaphore::release(&*c, n, &o).await.unwrap();
+        let r = Semaphore::release(&*c, n, o.step()).await.unwrap();
         assert!(r, "round {i}: the release of a live grant");
-        let b = Semaphore::try_acquire(&*c, m, &q, &req(1, 1, TTL, false)).await;
+        let b = Semaphore::try_acquire(&*c, m, q.step(), &req(1, 1, TTL, false)).await;
         ext_true += usize::from(ext.await.unwrap().unwrap());
         if let Ok(Attempt::Granted(t)) = b {
             must_hold.push((m, q, t.get() as i64));
@@ -440,14 +440,14 @@ async fn lock_extends_of_two_ttls_keep_the_claim() {
     for i in 0..300u64 {
         let n = leak(format!("k{i}"));
         let o = OwnerToken::random();
-        let t = granted(Lock::try_acquire(&*c, n, &o, TTL).await) as i64;
+        let t = granted(Lock::try_acquire(&*c, n, o.step(), TTL).await) as i64;
         let e1 = {
             let c = c.clone();
-            tokio::spawn(async move { Lock::extend(&*c, n, &o, TTL2).await })
+            tokio::spawn(async move { Lock::extend(&*c, n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         spin(sweep(i));
-        let e2 = Lock::extend(&*c, n, &o, TTL).await;
+        let e2 = Lock::extend(&*c, n, o.step(), TTL).await;
         let e1 = e1.await.unwrap();
         rounds.push((
             n,

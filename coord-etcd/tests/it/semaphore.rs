@@ -56,7 +56,11 @@ async fn grant_is_a_key_and_its_slots_on_one_lease_token_its_create_revision() {
     let b = backend(&prefix).await;
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let long = Duration::from_secs(30);
-    let Attempt::Granted(t) = b.try_acquire("l", &a, &req(2, long, false)).await.unwrap() else {
+    let Attempt::Granted(t) = b
+        .try_acquire("l", a.step(), &req(2, long, false))
+        .await
+        .unwrap()
+    else {
         panic!("2 of 3 free permits refused");
     };
     let kvs = keys(&prefix).await;
@@ -105,18 +109,24 @@ async fn grant_is_a_key_and_its_slots_on_one_lease_token_its_create_revision() {
         "one lease per grant"
     );
     // A retry of the same owner: the same token, nothing new written.
-    let again = b.try_acquire("l", &a, &req(2, long, false)).await.unwrap();
+    let again = b
+        .try_acquire("l", a.step(), &req(2, long, false))
+        .await
+        .unwrap();
     assert!(matches!(again, Attempt::Granted(x) if x == t), "{again:?}");
     // 2 more do not fit: refused without queueing leaves nothing behind.
-    let refused = b.try_acquire("l", &c, &req(2, long, false)).await.unwrap();
+    let refused = b
+        .try_acquire("l", c.step(), &req(2, long, false))
+        .await
+        .unwrap();
     assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
     assert_eq!(
         keys(&prefix).await.len(),
         3,
         "a refused single attempt wrote something"
     );
-    assert!(b.release("l", &a).await.unwrap());
-    assert!(!b.release("l", &a).await.unwrap(), "released twice");
+    assert!(b.release("l", a.step()).await.unwrap());
+    assert!(!b.release("l", a.step()).await.unwrap(), "released twice");
     assert!(keys(&prefix).await.is_empty(), "a release left keys behind");
 }
 
@@ -131,14 +141,14 @@ async fn crashed_holder_and_killed_waiter_leave_nothing_behind() {
         OwnerToken::random(),
     );
     let got = b
-        .try_acquire("i", &holder, &req(3, short, false))
+        .try_acquire("i", holder.step(), &req(3, short, false))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
     // A waiter queues for 2, then is killed: it never attempts again.
     let queued_at = Instant::now();
     let held = b
-        .try_acquire("i", &waiter, &req(2, short, true))
+        .try_acquire("i", waiter.step(), &req(2, short, true))
         .await
         .unwrap();
     assert!(matches!(held, Attempt::Held { .. }), "{held:?}");
@@ -162,7 +172,7 @@ async fn crashed_holder_and_killed_waiter_leave_nothing_behind() {
     sleep(short + Duration::from_secs(3)).await;
     assert_eq!(names(&keys(&prefix).await, &prefix), vec![place.clone()]);
     let blocked = b
-        .try_acquire("i", &later, &req(2, short, false))
+        .try_acquire("i", later.step(), &req(2, short, false))
         .await
         .unwrap();
     assert!(
@@ -188,11 +198,11 @@ async fn crashed_holder_and_killed_waiter_leave_nothing_behind() {
         "the place lapsed early"
     );
     let now = b
-        .try_acquire("i", &later, &req(2, short, false))
+        .try_acquire("i", later.step(), &req(2, short, false))
         .await
         .unwrap();
     assert!(matches!(now, Attempt::Granted(_)), "{now:?}");
-    assert!(b.release("i", &later).await.unwrap());
+    assert!(b.release("i", later.step()).await.unwrap());
     assert!(keys(&prefix).await.is_empty(), "state left after release");
 }
 
@@ -290,11 +300,22 @@ async fn keys_are_named_by_leases_and_owners_are_found_in_values() {
         other => panic!("expected a grant: {other:?}"),
     };
     // Two grants of one client: two keys, each naming its owner.
-    granted(b.try_acquire("k", &a, &req(1, long, false)).await.unwrap());
-    let tc = granted(b.try_acquire("k", &c, &req(1, long, false)).await.unwrap());
+    granted(
+        b.try_acquire("k", a.step(), &req(1, long, false))
+            .await
+            .unwrap(),
+    );
+    let tc = granted(
+        b.try_acquire("k", c.step(), &req(1, long, false))
+            .await
+            .unwrap(),
+    );
     // Two waiters of one client for more than is left: two places.
     for w in [&w1, &w2] {
-        let r = b.try_acquire("k", w, &req(2, long, true)).await.unwrap();
+        let r = b
+            .try_acquire("k", w.step(), &req(2, long, true))
+            .await
+            .unwrap();
         assert!(matches!(r, Attempt::Held { .. }), "{r:?}");
     }
     let got = owned(&prefix, "k").await;
@@ -313,8 +334,8 @@ async fn keys_are_named_by_leases_and_owners_are_found_in_values() {
     // Through another client (no record of these owners): the waiters'
     // places go, c's grant is extended to another TTL (its key and token
     // kept), a's grant goes.
-    assert!(!other.release("k", &w1).await.unwrap());
-    assert!(!other.release("k", &w2).await.unwrap());
+    assert!(!other.release("k", w1.step()).await.unwrap());
+    assert!(!other.release("k", w2.step()).await.unwrap());
     let c_key = got
         .iter()
         .find(|(_, v, _)| *v == c.to_hex())
@@ -323,48 +344,59 @@ async fn keys_are_named_by_leases_and_owners_are_found_in_values() {
         .clone();
     assert!(
         other
-            .extend("k", &c, Duration::from_secs(40))
+            .extend("k", c.step(), Duration::from_secs(40))
             .await
             .unwrap()
     );
-    assert!(other.release("k", &a).await.unwrap());
-    assert!(!other.release("k", &a).await.unwrap(), "released twice");
+    assert!(other.release("k", a.step()).await.unwrap());
+    assert!(
+        !other.release("k", a.step()).await.unwrap(),
+        "released twice"
+    );
     let got = owned(&prefix, "k").await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!((&got[0].0, got[0].2 as u64), (&c_key, tc));
     // The client that granted a no longer holds it either.
-    assert!(!b.release("k", &a).await.unwrap());
-    assert!(!b.extend("k", &a, long).await.unwrap());
-    assert!(b.release("k", &c).await.unwrap());
+    assert!(!b.release("k", a.step()).await.unwrap());
+    assert!(!b.extend("k", a.step(), long).await.unwrap());
+    assert!(b.release("k", c.step()).await.unwrap());
     assert!(keys(&prefix).await.is_empty(), "{:?}", keys(&prefix).await);
 
     // A released grant's lease is reused by the next grant of the client:
     // the same key, a new create revision (a higher token); a stale
     // release or extend of the old owner leaves the new holder alone.
-    let t1 = granted(b.try_acquire("r", &a, &req(3, long, false)).await.unwrap());
+    let t1 = granted(
+        b.try_acquire("r", a.step(), &req(3, long, false))
+            .await
+            .unwrap(),
+    );
     let k1 = owned(&prefix, "r").await;
-    assert!(b.release("r", &a).await.unwrap());
-    let t2 = granted(b.try_acquire("r", &c, &req(3, long, false)).await.unwrap());
+    assert!(b.release("r", a.step()).await.unwrap());
+    let t2 = granted(
+        b.try_acquire("r", c.step(), &req(3, long, false))
+            .await
+            .unwrap(),
+    );
     let k2 = owned(&prefix, "r").await;
     assert_eq!(k1.len(), 1);
     assert_eq!(k2.len(), 1);
     assert_eq!(k1[0].0, k2[0].0, "the lease (and key) was not reused");
     assert!(t2 > t1, "tokens {t1} then {t2}");
     assert!(
-        !b.release("r", &a).await.unwrap(),
+        !b.release("r", a.step()).await.unwrap(),
         "stale release said held"
     );
     assert!(
-        !b.extend("r", &a, long).await.unwrap(),
+        !b.extend("r", a.step(), long).await.unwrap(),
         "stale extend said held"
     );
-    assert!(!other.release("r", &a).await.unwrap());
+    assert!(!other.release("r", a.step()).await.unwrap());
     assert_eq!(
         owned(&prefix, "r").await,
         k2,
         "the stale owner touched c's grant"
     );
     assert_eq!(keys(&prefix).await.len(), 4, "grant and 3 slots");
-    assert!(b.release("r", &c).await.unwrap());
+    assert!(b.release("r", c.step()).await.unwrap());
     assert!(keys(&prefix).await.is_empty());
 }

@@ -39,20 +39,20 @@ async fn adopted_grant_released_elsewhere_then_stale_release_by_first_client() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let t1 = granted(b.try_acquire(n, &o1, &req(2, 4, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o1.step(), &req(2, 4, LONG, false)).await);
     let k1 = state(&p, n).await.0[0].clone();
     // A retry through A: the same grant.
-    let t1a = granted(a.try_acquire(n, &o1, &req(2, 4, LONG, false)).await);
+    let t1a = granted(a.try_acquire(n, o1.step(), &req(2, 4, LONG, false)).await);
     assert_eq!(t1, t1a, "a retry of the same owner got another token");
-    assert!(a.release(n, &o1).await.unwrap());
+    assert!(a.release(n, o1.step()).await.unwrap());
     // A's next grants (o2 for 2, o3 for 2): all 4 permits.
-    granted(a.try_acquire(n, &o2, &req(2, 4, LONG, false)).await);
-    granted(a.try_acquire(n, &o3, &req(2, 4, LONG, false)).await);
+    granted(a.try_acquire(n, o2.step(), &req(2, 4, LONG, false)).await);
+    granted(a.try_acquire(n, o3.step(), &req(2, 4, LONG, false)).await);
     let before = state(&p, n).await;
     let reused = before.0.iter().any(|r| r.key == k1.key);
     // B still believes o1 holds: its release and extend must find nothing.
-    let ext = b.extend(n, &o1, LONG).await.unwrap();
-    let rel = b.release(n, &o1).await.unwrap();
+    let ext = b.extend(n, o1.step(), LONG).await.unwrap();
+    let rel = b.release(n, o1.step()).await.unwrap();
     let after = state(&p, n).await;
     assert!(
         !rel && !ext && after == before,
@@ -61,12 +61,12 @@ async fn adopted_grant_released_elsewhere_then_stale_release_by_first_client() {
     );
     // Nothing over-granted: 4 permits are held, a 1-permit request is refused.
     held(
-        b.try_acquire(n, &OwnerToken::random(), &req(1, 4, LONG, false))
+        b.try_acquire(n, OwnerToken::random().step(), &req(1, 4, LONG, false))
             .await,
         "over-granted",
     );
-    assert!(a.release(n, &o2).await.unwrap());
-    assert!(a.release(n, &o3).await.unwrap());
+    assert!(a.release(n, o2.step()).await.unwrap());
+    assert!(a.release(n, o3.step()).await.unwrap());
 }
 
 /// The mirror image: A adopts B's grant by a retry of the same owner, B
@@ -86,21 +86,21 @@ async fn adopted_grant_stale_release_deletes_next_owner_of_other_client() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let t1 = granted(b.try_acquire(n, &o1, &req(3, 4, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o1.step(), &req(3, 4, LONG, false)).await);
     let k1 = state(&p, n).await.0[0].key.clone();
     assert_eq!(
-        granted(a.try_acquire(n, &o1, &req(3, 4, LONG, false)).await),
+        granted(a.try_acquire(n, o1.step(), &req(3, 4, LONG, false)).await),
         t1
     );
-    assert!(b.release(n, &o1).await.unwrap());
-    let t2 = granted(b.try_acquire(n, &o2, &req(3, 4, LONG, false)).await);
+    assert!(b.release(n, o1.step()).await.unwrap());
+    let t2 = granted(b.try_acquire(n, o2.step(), &req(3, 4, LONG, false)).await);
     assert!(t2 > t1);
     let before = state(&p, n).await;
     let reused = before.0[0].key == k1;
-    let rel = a.release(n, &o1).await.unwrap();
-    let ext = a.extend(n, &o1, LONG).await.unwrap();
+    let rel = a.release(n, o1.step()).await.unwrap();
+    let ext = a.extend(n, o1.step(), LONG).await.unwrap();
     // o2 still holds 3 of 4: a third client may not take 2.
-    let third = c.try_acquire(n, &o3, &req(2, 4, LONG, false)).await;
+    let third = c.try_acquire(n, o3.step(), &req(2, 4, LONG, false)).await;
     let after = state(&p, n).await;
     assert!(
         !rel && !ext && matches!(third, Ok(Attempt::Held { .. })) && after == before,
@@ -108,8 +108,11 @@ async fn adopted_grant_stale_release_deletes_next_owner_of_other_client() {
          a third client asking 2 while o2 holds 3 of 4: {third:?}; \
          before {before:#?}, after {after:#?}"
     );
-    assert!(b.extend(n, &o2, LONG).await.unwrap(), "o2 lost its grant");
-    assert!(b.release(n, &o2).await.unwrap());
+    assert!(
+        b.extend(n, o2.step(), LONG).await.unwrap(),
+        "o2 lost its grant"
+    );
+    assert!(b.release(n, o2.step()).await.unwrap());
 }
 
 /// The same owner's place through two clients: o1 queues through B, its
@@ -131,37 +134,40 @@ async fn adopted_place_release_through_first_client_keeps_other_waiter() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(c.try_acquire(n, &h, &req(2, 2, LONG, false)).await);
+    granted(c.try_acquire(n, h.step(), &req(2, 2, LONG, false)).await);
     held(
-        b.try_acquire(n, &o1, &req(1, 2, LONG, true)).await,
+        b.try_acquire(n, o1.step(), &req(1, 2, LONG, true)).await,
         "o1 via B",
     );
     let w1 = state(&p, n).await.1[0].key.clone();
     held(
-        a.try_acquire(n, &o1, &req(1, 2, LONG, true)).await,
+        a.try_acquire(n, o1.step(), &req(1, 2, LONG, true)).await,
         "o1 via A",
     );
-    assert!(c.release(n, &h).await.unwrap());
+    assert!(c.release(n, h.step()).await.unwrap());
     let (waiting, plain) = (req(1, 2, LONG, true), req(1, 2, LONG, false));
-    granted_soon(|| a.try_acquire(n, &o1, &waiting)).await;
-    granted_soon(|| c.try_acquire(n, &h2, &plain)).await;
+    granted_soon(|| a.try_acquire(n, o1.step(), &waiting)).await;
+    granted_soon(|| c.try_acquire(n, h2.step(), &plain)).await;
     held(
-        a.try_acquire(n, &o2, &req(1, 2, LONG, true)).await,
+        a.try_acquire(n, o2.step(), &req(1, 2, LONG, true)).await,
         "o2 via A",
     );
     let (_, ws, _) = state(&p, n).await;
     assert_eq!(ws.len(), 1, "{ws:#?}");
     assert_eq!(ws[0].owner, o2.to_hex());
     let reused = ws[0].key == w1;
-    assert!(b.release(n, &o1).await.unwrap(), "o1 held, B said not");
+    assert!(
+        b.release(n, o1.step()).await.unwrap(),
+        "o1 held, B said not"
+    );
     let (_, ws2, _) = state(&p, n).await;
     assert_eq!(
         ws2, ws,
         "releasing o1 through B removed o2's place (B's old place key reused for o2: {reused})"
     );
-    assert!(c.release(n, &h2).await.unwrap());
-    granted_soon(|| a.try_acquire(n, &o2, &waiting)).await;
-    assert!(a.release(n, &o2).await.unwrap());
+    assert!(c.release(n, h2.step()).await.unwrap());
+    granted_soon(|| a.try_acquire(n, o2.step(), &waiting)).await;
+    assert!(a.release(n, o2.step()).await.unwrap());
 }
 
 /// A adopts B's grant of o1 and keeps its record; B releases o1 (its lease
@@ -181,14 +187,14 @@ async fn adopter_stale_extend_keeps_the_creators_next_grant() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let t1 = granted(b.try_acquire(n, &o1, &req(3, 4, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o1.step(), &req(3, 4, LONG, false)).await);
     let k1 = state(&p, n).await.0[0].clone();
     assert_eq!(
-        granted(a.try_acquire(n, &o1, &req(3, 4, LONG, false)).await),
+        granted(a.try_acquire(n, o1.step(), &req(3, 4, LONG, false)).await),
         t1
     );
-    assert!(b.release(n, &o1).await.unwrap());
-    let t2 = granted(b.try_acquire(n, &o2, &req(3, 4, LONG, false)).await);
+    assert!(b.release(n, o1.step()).await.unwrap());
+    let t2 = granted(b.try_acquire(n, o2.step(), &req(3, 4, LONG, false)).await);
     assert!(t2 > t1);
     // A's retry moved the adopted grant onto A's own lease (the adopted
     // lease's TTL is unknown), so B's lease went with the moved grant's
@@ -198,19 +204,26 @@ async fn adopter_stale_extend_keeps_the_creators_next_grant() {
     let before = state(&p, n).await;
     let _ = &k1;
     assert!(
-        !a.extend(n, &o1, LONG).await.unwrap(),
+        !a.extend(n, o1.step(), LONG).await.unwrap(),
         "stale extend, same TTL"
     );
-    assert!(!a.extend(n, &o1, Duration::from_secs(45)).await.unwrap());
-    assert!(!a.release(n, &o1).await.unwrap(), "stale release");
+    assert!(
+        !a.extend(n, o1.step(), Duration::from_secs(45))
+            .await
+            .unwrap()
+    );
+    assert!(!a.release(n, o1.step()).await.unwrap(), "stale release");
     sleep(Duration::from_secs(1)).await;
     assert_eq!(state(&p, n).await, before, "o2's grant changed");
-    assert!(b.extend(n, &o2, LONG).await.unwrap(), "o2 lost its grant");
+    assert!(
+        b.extend(n, o2.step(), LONG).await.unwrap(),
+        "o2 lost its grant"
+    );
     held(
-        c.try_acquire(n, &o3, &req(2, 4, LONG, false)).await,
+        c.try_acquire(n, o3.step(), &req(2, 4, LONG, false)).await,
         "a third client while o2 holds 3 of 4",
     );
-    assert!(b.release(n, &o2).await.unwrap());
+    assert!(b.release(n, o2.step()).await.unwrap());
     let (h, w, s) = state(&p, n).await;
     assert!(h.is_empty() && w.is_empty() && s == 0);
 }
@@ -227,14 +240,14 @@ async fn adopter_regrant_leaves_the_creators_key_free() {
     let (a, b) = (raw(&ca), raw(&cb));
     let n = "y";
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-    let t1 = granted(b.try_acquire(n, &o1, &req(1, 4, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o1.step(), &req(1, 4, LONG, false)).await);
     let k1 = state(&p, n).await.0[0].clone();
     assert_eq!(
-        granted(a.try_acquire(n, &o1, &req(1, 4, LONG, false)).await),
+        granted(a.try_acquire(n, o1.step(), &req(1, 4, LONG, false)).await),
         t1
     );
-    assert!(b.release(n, &o1).await.unwrap());
-    let t1b = granted(a.try_acquire(n, &o1, &req(1, 4, LONG, false)).await);
+    assert!(b.release(n, o1.step()).await.unwrap());
+    let t1b = granted(a.try_acquire(n, o1.step(), &req(1, 4, LONG, false)).await);
     assert!(t1b > t1);
     let mine = state(&p, n).await.0;
     assert_eq!(mine.len(), 1, "{mine:#?}");
@@ -242,7 +255,7 @@ async fn adopter_regrant_leaves_the_creators_key_free() {
     let start = Instant::now();
     let t2 = timeout(
         Duration::from_secs(10),
-        b.try_acquire(n, &o2, &req(1, 4, LONG, false)),
+        b.try_acquire(n, o2.step(), &req(1, 4, LONG, false)),
     )
     .await
     .expect("B's grant on its spare hung");
@@ -254,8 +267,8 @@ async fn adopter_regrant_leaves_the_creators_key_free() {
     assert!(t2 > t1b && took < Duration::from_secs(5), "{took:?}");
     let (h, _, s) = state(&p, n).await;
     assert_eq!((h.len(), s), (2, 2), "{h:#?}");
-    assert!(a.release(n, &o1).await.unwrap());
-    assert!(b.release(n, &o2).await.unwrap());
+    assert!(a.release(n, o1.step()).await.unwrap());
+    assert!(b.release(n, o2.step()).await.unwrap());
     let (h, w, s) = state(&p, n).await;
     assert!(h.is_empty() && w.is_empty() && s == 0);
 }
@@ -272,34 +285,37 @@ async fn adopted_grant_extended_then_released_by_its_writer() {
     let (a, b) = (raw(&ca), raw(&cb));
     let n = "z";
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire(n, &o1, &req(2, 4, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o1.step(), &req(2, 4, LONG, false)).await);
     let k1 = state(&p, n).await.0[0].clone();
     assert_eq!(
-        granted(a.try_acquire(n, &o1, &req(2, 4, LONG, false)).await),
+        granted(a.try_acquire(n, o1.step(), &req(2, 4, LONG, false)).await),
         t1
     );
-    assert!(a.extend(n, &o1, LONG).await.unwrap());
+    assert!(a.extend(n, o1.step(), LONG).await.unwrap());
     let k2 = state(&p, n).await.0[0].clone();
     assert_eq!((k2.key.as_str(), k2.create), (k1.key.as_str(), k1.create));
     assert_ne!(k2.lease, k1.lease, "A's extend left the grant on B's lease");
     // B's extend (its TTL) finds the grant on A's lease: still o1's.
-    assert!(b.extend(n, &o1, LONG).await.unwrap(), "o1 held, B said not");
+    assert!(
+        b.extend(n, o1.step(), LONG).await.unwrap(),
+        "o1 held, B said not"
+    );
     let k3 = state(&p, n).await.0[0].clone();
     assert_eq!((k3.key.as_str(), k3.create), (k1.key.as_str(), k1.create));
     assert!(
-        b.release(n, &o1).await.unwrap(),
+        b.release(n, o1.step()).await.unwrap(),
         "o1 held, its writer said not"
     );
-    assert!(!a.release(n, &o1).await.unwrap(), "stale release");
-    assert!(!a.extend(n, &o1, LONG).await.unwrap(), "stale extend");
+    assert!(!a.release(n, o1.step()).await.unwrap(), "stale release");
+    assert!(!a.extend(n, o1.step(), LONG).await.unwrap(), "stale extend");
     let mut last = t1;
     for _ in 0..3 {
         for s in [&a, &b] {
             let o = OwnerToken::random();
-            let t = granted(s.try_acquire(n, &o, &req(2, 4, LONG, false)).await);
+            let t = granted(s.try_acquire(n, o.step(), &req(2, 4, LONG, false)).await);
             assert!(t > last);
             last = t;
-            assert!(s.release(n, &o).await.unwrap());
+            assert!(s.release(n, o.step()).await.unwrap());
         }
     }
     let (h, w, s) = state(&p, n).await;
@@ -322,33 +338,33 @@ async fn adopted_place_given_up_then_stale_release_by_its_writer() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(c.try_acquire(n, &h, &req(2, 2, LONG, false)).await);
+    granted(c.try_acquire(n, h.step(), &req(2, 2, LONG, false)).await);
     held(
-        b.try_acquire(n, &o1, &req(1, 2, LONG, true)).await,
+        b.try_acquire(n, o1.step(), &req(1, 2, LONG, true)).await,
         "o1 via B",
     );
     let w1 = state(&p, n).await.1[0].clone();
     held(
-        a.try_acquire(n, &o1, &req(1, 2, LONG, true)).await,
+        a.try_acquire(n, o1.step(), &req(1, 2, LONG, true)).await,
         "o1 via A",
     );
     assert_eq!(state(&p, n).await.1, vec![w1.clone()], "A kept B's place");
-    assert!(!a.release(n, &o1).await.unwrap(), "o1 only waited");
+    assert!(!a.release(n, o1.step()).await.unwrap(), "o1 only waited");
     assert!(state(&p, n).await.1.is_empty(), "o1's place is left");
     held(
-        a.try_acquire(n, &o3, &req(1, 2, LONG, true)).await,
+        a.try_acquire(n, o3.step(), &req(1, 2, LONG, true)).await,
         "o3 via A",
     );
     let ws = state(&p, n).await.1;
     assert_eq!(ws.len(), 1, "{ws:#?}");
     assert_eq!(ws[0].owner, o3.to_hex());
     assert_ne!(ws[0].lease, w1.lease, "A queued o3 on B's lease");
-    assert!(!b.release(n, &o1).await.unwrap(), "o1 held nothing");
+    assert!(!b.release(n, o1.step()).await.unwrap(), "o1 held nothing");
     sleep(Duration::from_secs(1)).await;
     assert_eq!(state(&p, n).await.1, ws, "o3's place changed");
-    assert!(c.release(n, &h).await.unwrap());
-    granted(a.try_acquire(n, &o3, &req(1, 2, LONG, true)).await);
-    assert!(a.release(n, &o3).await.unwrap());
+    assert!(c.release(n, h.step()).await.unwrap());
+    granted(a.try_acquire(n, o3.step(), &req(1, 2, LONG, true)).await);
+    assert!(a.release(n, o3.step()).await.unwrap());
     let (h, w, s) = state(&p, n).await;
     assert!(h.is_empty() && w.is_empty() && s == 0);
 }

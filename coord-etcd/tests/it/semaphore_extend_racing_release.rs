@@ -40,12 +40,12 @@ async fn dead_spares(
     let total = count as u32;
     let owners: Vec<OwnerToken> = (0..count).map(|_| OwnerToken::random()).collect();
     for o in &owners {
-        granted(s.try_acquire(n, o, &req(1, total, ttl, false)).await);
+        granted(s.try_acquire(n, o.step(), &req(1, total, ttl, false)).await);
     }
     let leases: Vec<i64> = state(p, n).await.0.iter().map(|r| r.lease).collect();
     assert_eq!(leases.len(), count);
     for o in &owners {
-        assert!(s.release(n, o).await.unwrap());
+        assert!(s.release(n, o.step()).await.unwrap());
     }
     let mut etcd = raw_etcd().await;
     for l in leases {
@@ -72,7 +72,7 @@ impl Race {
         let (cc, cb) = (coord(&p).await, coord(&p).await);
         let (c, b) = (raw(&cc), raw(&cb));
         let o = OwnerToken::random();
-        let t1 = granted(c.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+        let t1 = granted(c.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
         dead_spares(&p, &c, MOVE_TTL, DEAD_SPARES).await;
         Race {
             p,
@@ -90,11 +90,11 @@ impl Race {
     async fn release_and_regrant(&self) -> (u64, Instant, Instant) {
         let raced = Instant::now();
         assert!(
-            self.b.release(self.n, &self.o).await.unwrap(),
+            self.b.release(self.n, self.o.step()).await.unwrap(),
             "release through B"
         );
         let one = req(1, 1, LONG, false);
-        let t2 = granted(self.c.try_acquire(self.n, &self.o, &one).await);
+        let t2 = granted(self.c.try_acquire(self.n, self.o.step(), &one).await);
         (t2, raced, Instant::now())
     }
 
@@ -123,8 +123,8 @@ impl Race {
 
     /// Leave nothing behind for the shared server.
     async fn clean_up(&self, intruder: &OwnerToken) {
-        let _ = self.c.release(self.n, &self.o).await;
-        let _ = self.b.release(self.n, intruder).await;
+        let _ = self.c.release(self.n, self.o.step()).await;
+        let _ = self.b.release(self.n, intruder.step()).await;
         let _ = self.b.force_release(self.n).await;
     }
 }
@@ -146,7 +146,7 @@ async fn a_failed_move_keeps_a_grant_made_again_through_the_same_client() {
     let e = {
         let c = c.clone();
         tokio::spawn(async move {
-            let r = c.extend(n, &o, MOVE_TTL).await;
+            let r = c.extend(n, o.step(), MOVE_TTL).await;
             (r, Instant::now())
         })
     };
@@ -159,7 +159,9 @@ async fn a_failed_move_keeps_a_grant_made_again_through_the_same_client() {
     sleep(Duration::from_millis(500)).await;
     let live = state(p, n).await.0;
     let intruder = OwnerToken::random();
-    let third = b.try_acquire(n, &intruder, &req(1, 1, LONG, false)).await;
+    let third = b
+        .try_acquire(n, intruder.step(), &req(1, 1, LONG, false))
+        .await;
     race.clean_up(&intruder).await;
     race.assert_raced(t2, (raced, regranted), e_done, "E");
     assert!(
@@ -201,7 +203,7 @@ async fn a_moving_retry_keeps_a_grant_made_again_through_the_same_client() {
                         etcd_client::EventType::Put => regranted = true,
                         etcd_client::EventType::Delete if regranted => {
                             let one = req(1, 1, LONG, false);
-                            return Some(b.try_acquire(n, &intruder, &one).await);
+                            return Some(b.try_acquire(n, intruder.step(), &one).await);
                         }
                         etcd_client::EventType::Delete => {}
                     }
@@ -213,7 +215,9 @@ async fn a_moving_retry_keeps_a_grant_made_again_through_the_same_client() {
     let retry = {
         let c = c.clone();
         tokio::spawn(async move {
-            let r = c.try_acquire(n, &o, &req(1, 1, MOVE_TTL, false)).await;
+            let r = c
+                .try_acquire(n, o.step(), &req(1, 1, MOVE_TTL, false))
+                .await;
             (r, Instant::now())
         })
     };
@@ -248,12 +252,14 @@ async fn a_moving_retry_after_a_release_through_another_client_grants_afresh() {
     let retry = {
         let c = c.clone();
         tokio::spawn(async move {
-            let r = c.try_acquire(n, &o, &req(1, 1, MOVE_TTL, false)).await;
+            let r = c
+                .try_acquire(n, o.step(), &req(1, 1, MOVE_TTL, false))
+                .await;
             (r, Instant::now())
         })
     };
     sleep(Duration::from_millis(150)).await;
-    assert!(b.release(n, &o).await.unwrap(), "release through B");
+    assert!(b.release(n, o.step()).await.unwrap(), "release through B");
     let released = Instant::now();
     let (r, r_done) = retry.await.unwrap();
     assert!(r_done > released, "R ended before the release");
@@ -261,9 +267,9 @@ async fn a_moving_retry_after_a_release_through_another_client_grants_afresh() {
     sleep(Duration::from_millis(300)).await;
     let live = state(p, n).await.0;
     let third = b
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
-    let released_again = c.release(n, &o).await;
+    let released_again = c.release(n, o.step()).await;
     let _ = b.force_release(n).await;
     assert!(tr > t1, "R answered {tr} after the release of {t1}");
     assert!(
@@ -293,9 +299,12 @@ async fn moving_retries_end_against_a_cycling_regrant() {
     let obs = observer(p.clone(), n.into(), 2, stop.clone());
     let o = OwnerToken::random();
     let other = OwnerToken::random();
-    granted(b.try_acquire(n, &other, &req(1, 2, LONG, false)).await);
+    granted(
+        b.try_acquire(n, other.step(), &req(1, 2, LONG, false))
+            .await,
+    );
     let last_b = Arc::new(AtomicU64::new(granted(
-        b.try_acquire(n, &o, &req(1, 2, LONG, false)).await,
+        b.try_acquire(n, o.step(), &req(1, 2, LONG, false)).await,
     )));
     let cycling = Arc::new(AtomicBool::new(true));
     let cycler = {
@@ -303,8 +312,12 @@ async fn moving_retries_end_against_a_cycling_regrant() {
         tokio::spawn(async move {
             let mut rounds = 0u32;
             while cycling.load(Ordering::Relaxed) {
-                let _ = b.release(n, &o).await.unwrap();
-                match b.try_acquire(n, &o, &req(1, 2, LONG, false)).await.unwrap() {
+                let _ = b.release(n, o.step()).await.unwrap();
+                match b
+                    .try_acquire(n, o.step(), &req(1, 2, LONG, false))
+                    .await
+                    .unwrap()
+                {
                     Attempt::Granted(t) => last_b.fetch_max(t.get(), Ordering::SeqCst),
                     other => panic!("B's regrant: {other:?}"),
                 };
@@ -319,7 +332,7 @@ async fn moving_retries_end_against_a_cycling_regrant() {
         let floor = last_b.load(Ordering::SeqCst);
         let r = tokio::time::timeout(
             Duration::from_secs(10),
-            c.try_acquire(n, &o, &req(1, 2, ttl, false)),
+            c.try_acquire(n, o.step(), &req(1, 2, ttl, false)),
         )
         .await
         .unwrap_or_else(|_| panic!("retry {i} did not end"));
@@ -332,7 +345,10 @@ async fn moving_retries_end_against_a_cycling_regrant() {
     }
     cycling.store(false, Ordering::Relaxed);
     assert!(cycler.await.unwrap() > 0);
-    let t = granted(c.try_acquire(n, &o, &req(1, 2, MOVE_TTL, false)).await);
+    let t = granted(
+        c.try_acquire(n, o.step(), &req(1, 2, MOVE_TTL, false))
+            .await,
+    );
     sleep(Duration::from_millis(300)).await;
     let live: Vec<Rec> = state(&p, n)
         .await
@@ -363,7 +379,7 @@ async fn an_acquire_tries_dead_spares_for_a_second_at_most() {
     let o = OwnerToken::random();
     let t0 = Instant::now();
     granted(
-        c.try_acquire("fresh", &o, &req(1, 1, MOVE_TTL, false))
+        c.try_acquire("fresh", o.step(), &req(1, 1, MOVE_TTL, false))
             .await,
     );
     let took = t0.elapsed();
@@ -391,14 +407,14 @@ async fn a_release_finding_nothing_keeps_a_grant_made_meanwhile() {
         let o = OwnerToken::random();
         let acquire = {
             let c = c.clone();
-            tokio::spawn(async move { c.try_acquire(n, &o, &req(1, 1, LONG, false)).await })
+            tokio::spawn(async move { c.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await })
         };
         let release = {
             let c = c.clone();
             let delay = Duration::from_micros((i % 20) * 150);
             tokio::spawn(async move {
                 sleep(delay).await;
-                c.release(n, &o).await
+                c.release(n, o.step()).await
             })
         };
         let (a, r) = (acquire.await.unwrap(), release.await.unwrap());
@@ -415,7 +431,7 @@ async fn a_release_finding_nothing_keeps_a_grant_made_meanwhile() {
         }
     }
     for (n, o) in &raced {
-        let _ = c.release(n, o).await;
+        let _ = c.release(n, o.step()).await;
     }
     println!(
         "{} rounds granted with the release finding nothing",

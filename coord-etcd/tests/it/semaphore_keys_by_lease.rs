@@ -149,11 +149,11 @@ async fn stale_owner_after_reuse_changes_nothing() {
     for how in ["other-release", "force", "own-release", "lapse"] {
         let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
         let ttl = if how == "lapse" { min } else { LONG };
-        let t1 = granted(a.try_acquire(n, &o1, &req(2, 3, ttl, false)).await);
+        let t1 = granted(a.try_acquire(n, o1.step(), &req(2, 3, ttl, false)).await);
         match how {
-            "other-release" => assert!(b.release(n, &o1).await.unwrap()),
+            "other-release" => assert!(b.release(n, o1.step()).await.unwrap()),
             "force" => assert!(b.force_release(n).await.unwrap()),
-            "own-release" => assert!(a.release(n, &o1).await.unwrap()),
+            "own-release" => assert!(a.release(n, o1.step()).await.unwrap()),
             _ => {
                 until(
                     "the grant lapses",
@@ -163,24 +163,24 @@ async fn stale_owner_after_reuse_changes_nothing() {
                 .await;
             }
         }
-        let t2 = granted(a.try_acquire(n, &o2, &req(2, 3, LONG, false)).await);
+        let t2 = granted(a.try_acquire(n, o2.step(), &req(2, 3, LONG, false)).await);
         assert!(t2 > t1, "{how}: token {t2} after {t1}");
         let before = state(&p, n).await;
         assert_eq!(before.0.len(), 1);
         assert_eq!(before.0[0].owner, o2.to_hex());
         for s in [&a, &b] {
             assert!(
-                !s.release(n, &o1).await.unwrap(),
+                !s.release(n, o1.step()).await.unwrap(),
                 "{how}: stale release said held"
             );
             assert!(
-                !s.extend(n, &o1, LONG).await.unwrap(),
+                !s.extend(n, o1.step(), LONG).await.unwrap(),
                 "{how}: stale extend said held"
             );
         }
         // The stale owner cannot take more than what is left either.
         held(
-            a.try_acquire(n, &o1, &req(2, 3, LONG, false)).await,
+            a.try_acquire(n, o1.step(), &req(2, 3, LONG, false)).await,
             "stale owner over-granted",
         );
         assert_eq!(
@@ -188,9 +188,9 @@ async fn stale_owner_after_reuse_changes_nothing() {
             before,
             "{how}: the stale owner changed o2's grant"
         );
-        assert!(a.extend(n, &o2, LONG).await.unwrap());
-        assert!(a.release(n, &o2).await.unwrap());
-        assert!(!b.release(n, &o2).await.unwrap());
+        assert!(a.extend(n, o2.step(), LONG).await.unwrap());
+        assert!(a.release(n, o2.step()).await.unwrap());
+        assert!(!b.release(n, o2.step()).await.unwrap());
         let (h, w, s) = state(&p, n).await;
         assert!(
             h.is_empty() && w.is_empty() && s == 0,
@@ -210,19 +210,19 @@ async fn slow_release_by_token_racing_reuse_leaves_the_next_grant() {
     let slow = raw(&coord_at(proxy.port(), &p, 15_000).await);
     let n = "r";
     // Warm the slow client's connection.
-    assert!(!slow.release(n, &OwnerToken::random()).await.unwrap());
+    assert!(!slow.release(n, OwnerToken::random().step()).await.unwrap());
     let mut reused = 0;
     for i in 0..8u64 {
         let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-        granted(a.try_acquire(n, &o1, &req(2, 3, LONG, false)).await);
+        granted(a.try_acquire(n, o1.step(), &req(2, 3, LONG, false)).await);
         let k1 = state(&p, n).await.0[0].key.clone();
         proxy.latency(Duration::from_millis(40 * (i % 4)));
         let s2 = slow.clone();
         let o1c = o1;
-        let racer = tokio::spawn(async move { s2.release(n, &o1c).await.unwrap() });
+        let racer = tokio::spawn(async move { s2.release(n, o1c.step()).await.unwrap() });
         sleep(Duration::from_millis(10 * (i % 3))).await;
-        let own = a.release(n, &o1).await.unwrap();
-        let t2 = a.try_acquire(n, &o2, &req(2, 3, LONG, false)).await;
+        let own = a.release(n, o1.step()).await.unwrap();
+        let t2 = a.try_acquire(n, o2.step(), &req(2, 3, LONG, false)).await;
         let theirs = racer.await.unwrap();
         proxy.latency(Duration::ZERO);
         assert!(own || theirs, "round {i}: nobody released o1");
@@ -235,10 +235,10 @@ async fn slow_release_by_token_racing_reuse_leaves_the_next_grant() {
         if h[0].key == k1 {
             reused += 1;
         }
-        assert!(a.extend(n, &o2, LONG).await.unwrap());
-        assert!(!slow.release(n, &o1).await.unwrap());
-        assert!(!a.release(n, &o1).await.unwrap());
-        assert!(a.release(n, &o2).await.unwrap());
+        assert!(a.extend(n, o2.step(), LONG).await.unwrap());
+        assert!(!slow.release(n, o1.step()).await.unwrap());
+        assert!(!a.release(n, o1.step()).await.unwrap());
+        assert!(a.release(n, o2.step()).await.unwrap());
     }
     assert!(reused > 0, "no round reused the key");
 }
@@ -254,15 +254,15 @@ async fn force_release_racing_reuse_stays_consistent() {
     let n = "f";
     for i in 0..30u64 {
         let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-        granted(a.try_acquire(n, &o1, &req(1, 2, LONG, false)).await);
+        granted(a.try_acquire(n, o1.step(), &req(1, 2, LONG, false)).await);
         let op2 = op.clone();
         let f = tokio::spawn(async move {
             sleep(Duration::from_millis(i % 5)).await;
             op2.force_release(n).await.unwrap()
         });
-        let _ = a.release(n, &o1).await.unwrap();
+        let _ = a.release(n, o1.step()).await.unwrap();
         let g = a
-            .try_acquire(n, &o2, &req(1, 2, LONG, false))
+            .try_acquire(n, o2.step(), &req(1, 2, LONG, false))
             .await
             .unwrap();
         f.await.unwrap();
@@ -274,11 +274,11 @@ async fn force_release_racing_reuse_stays_consistent() {
         if in_etcd {
             assert!(matches!(g, Attempt::Granted(_)));
         }
-        let ext = a.extend(n, &o2, LONG).await.unwrap();
+        let ext = a.extend(n, o2.step(), LONG).await.unwrap();
         assert_eq!(ext, in_etcd, "round {i}: extend {ext}, in etcd {in_etcd}");
         assert_eq!(state(&p, n).await.0.len(), h.len());
-        assert_eq!(a.release(n, &o2).await.unwrap(), in_etcd);
-        assert!(!a.release(n, &o1).await.unwrap());
+        assert_eq!(a.release(n, o2.step()).await.unwrap(), in_etcd);
+        assert!(!a.release(n, o1.step()).await.unwrap());
         let (h, w, s) = state(&p, n).await;
         assert!(
             h.is_empty() && w.is_empty() && s == 0,
@@ -297,29 +297,37 @@ async fn extend_moves_lease_then_reuse_leaves_stale_owner_out() {
     let (a, b) = (raw(&ca), raw(&cb));
     let n = "m";
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-    let t1 = granted(a.try_acquire(n, &o1, &req(1, 2, LONG, false)).await);
+    let t1 = granted(a.try_acquire(n, o1.step(), &req(1, 2, LONG, false)).await);
     let k0 = state(&p, n).await.0[0].clone();
-    assert!(a.extend(n, &o1, Duration::from_secs(45)).await.unwrap());
+    assert!(
+        a.extend(n, o1.step(), Duration::from_secs(45))
+            .await
+            .unwrap()
+    );
     let k1 = state(&p, n).await.0[0].clone();
     assert_eq!((k1.key.as_str(), k1.create), (k0.key.as_str(), k0.create));
     assert_ne!(k1.lease, k0.lease, "another TTL: moved to another lease");
-    assert!(a.extend(n, &o1, Duration::from_secs(20)).await.unwrap());
+    assert!(
+        a.extend(n, o1.step(), Duration::from_secs(20))
+            .await
+            .unwrap()
+    );
     assert_eq!(state(&p, n).await.0[0].create as u64, t1);
-    assert!(a.release(n, &o1).await.unwrap());
+    assert!(a.release(n, o1.step()).await.unwrap());
     let t2 = granted(
-        a.try_acquire(n, &o2, &req(1, 2, Duration::from_secs(20), false))
+        a.try_acquire(n, o2.step(), &req(1, 2, Duration::from_secs(20), false))
             .await,
     );
     assert!(t2 > t1);
     let before = state(&p, n).await;
     for s in [&a, &b] {
         for ttl in [Duration::from_secs(20), LONG] {
-            assert!(!s.extend(n, &o1, ttl).await.unwrap(), "stale extend");
+            assert!(!s.extend(n, o1.step(), ttl).await.unwrap(), "stale extend");
         }
-        assert!(!s.release(n, &o1).await.unwrap(), "stale release");
+        assert!(!s.release(n, o1.step()).await.unwrap(), "stale release");
     }
     assert_eq!(state(&p, n).await, before);
-    assert!(a.release(n, &o2).await.unwrap());
+    assert!(a.release(n, o2.step()).await.unwrap());
     let (h, w, s) = state(&p, n).await;
     assert!(h.is_empty() && w.is_empty() && s == 0);
 }
@@ -335,17 +343,17 @@ async fn inspect_names_owners_and_permits_after_reuse() {
     // Reuse: grant and release a few times on a's spare.
     for _ in 0..3 {
         let o = OwnerToken::random();
-        granted(a.try_acquire(n, &o, &req(2, 5, LONG, false)).await);
-        assert!(a.release(n, &o).await.unwrap());
+        granted(a.try_acquire(n, o.step(), &req(2, 5, LONG, false)).await);
+        assert!(a.release(n, o.step()).await.unwrap());
     }
     let (o1, o2, o3) = (
         OwnerToken::random(),
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(a.try_acquire(n, &o1, &req(2, 5, LONG, false)).await);
-    granted(a.try_acquire(n, &o2, &req(1, 5, LONG, false)).await);
-    granted(b.try_acquire(n, &o3, &req(2, 5, LONG, false)).await);
+    granted(a.try_acquire(n, o1.step(), &req(2, 5, LONG, false)).await);
+    granted(a.try_acquire(n, o2.step(), &req(1, 5, LONG, false)).await);
+    granted(b.try_acquire(n, o3.step(), &req(2, 5, LONG, false)).await);
     for s in [&a, &b] {
         let rec = s.inspect(n).await.unwrap();
         let mut got: Vec<(String, u32, u64)> = rec
@@ -368,6 +376,6 @@ async fn inspect_names_owners_and_permits_after_reuse() {
     let (h, _, _) = state(&p, n).await;
     assert_eq!(h.iter().map(|r| r.permits).sum::<u32>(), 5);
     for o in [&o1, &o2, &o3] {
-        assert!(a.release(n, o).await.unwrap() || b.release(n, o).await.unwrap());
+        assert!(a.release(n, o.step()).await.unwrap() || b.release(n, o.step()).await.unwrap());
     }
 }

@@ -42,10 +42,10 @@ async fn slow(prefix: &str, proxy: &FaultProxy) -> Arc<EtcdBackend> {
     let r = req(1, 2 * SEC, false);
     // The same owner's retry of an unanswered attempt is that attempt.
     granted(Ok(until_answered("the warm-up acquire", || {
-        b.try_acquire("warm", &o, &r)
+        b.try_acquire("warm", o.step(), &r)
     })
     .await));
-    assert!(until_answered("the warm-up release", || b.release("warm", &o)).await);
+    assert!(until_answered("the warm-up release", || b.release("warm", o.step())).await);
     b
 }
 
@@ -96,7 +96,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
     granted(
-        near.try_acquire("ghost", &holder, &req(1, 60 * SEC, false))
+        near.try_acquire("ghost", holder.step(), &req(1, 60 * SEC, false))
             .await,
     );
     proxy.deliver_late(writes_a_place("ghost"), DELAY, CUT_AFTER);
@@ -114,10 +114,14 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
         "the timed-out acquire's release left its place: {now:?}"
     );
     until_the_late_copy_landed(&proxy).await;
-    assert!(near.release("ghost", &holder).await.unwrap());
+    assert!(near.release("ghost", holder.step()).await.unwrap());
     let left = keys(&prefix, "ghost").await;
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), &req(1, 10 * SEC, false))
+        .try_acquire(
+            "ghost",
+            OwnerToken::random().step(),
+            &req(1, 10 * SEC, false),
+        )
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),
@@ -150,7 +154,7 @@ async fn a_late_attempt_after_a_release_takes_no_permit() {
     let a = near
         .try_acquire(
             "late-grant",
-            &OwnerToken::random(),
+            OwnerToken::random().step(),
             &req(1, 10 * SEC, false),
         )
         .await;
@@ -176,7 +180,7 @@ async fn a_late_place_after_a_granted_acquire_leaves_no_place() {
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
     granted(
-        near.try_acquire("ghost", &holder, &req(1, 60 * SEC, false))
+        near.try_acquire("ghost", holder.step(), &req(1, 60 * SEC, false))
             .await,
     );
     proxy.deliver_late(writes_a_place("ghost"), DELAY, CUT_AFTER);
@@ -185,14 +189,18 @@ async fn a_late_place_after_a_granted_acquire_leaves_no_place() {
         async move { sems.acquire("ghost", 1, 60 * SEC, 5 * SEC).await }
     });
     until("the queueing attempt held", 5 * SEC, || proxy.held() >= 1).await;
-    assert!(near.release("ghost", &holder).await.unwrap());
+    assert!(near.release("ghost", holder.step()).await.unwrap());
     let permit = acquire.await.unwrap().expect("the retry was not granted");
     permit.release().await.unwrap();
     assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
     until_the_late_copy_landed(&proxy).await;
     let left = keys(&prefix, "ghost").await;
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), &req(1, 10 * SEC, false))
+        .try_acquire(
+            "ghost",
+            OwnerToken::random().step(),
+            &req(1, 10 * SEC, false),
+        )
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),
@@ -230,7 +238,11 @@ async fn a_late_attempt_of_a_cancelled_acquire_takes_no_permit() {
     until_the_late_copy_landed(&proxy).await;
     let left = keys(&prefix, "cancelled").await;
     let a = near
-        .try_acquire("cancelled", &OwnerToken::random(), &req(1, 10 * SEC, false))
+        .try_acquire(
+            "cancelled",
+            OwnerToken::random().step(),
+            &req(1, 10 * SEC, false),
+        )
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),
@@ -251,7 +263,7 @@ async fn a_late_place_of_a_cancelled_acquire_leaves_no_place() {
     let near = direct(&prefix).await;
     let holder = OwnerToken::random();
     granted(
-        near.try_acquire("ghost", &holder, &req(1, 60 * SEC, false))
+        near.try_acquire("ghost", holder.step(), &req(1, 60 * SEC, false))
             .await,
     );
     proxy.deliver_late(writes_a_place("ghost"), DELAY, CUT_AFTER);
@@ -267,10 +279,14 @@ async fn a_late_place_of_a_cancelled_acquire_leaves_no_place() {
     sleep(CUT_AFTER + Duration::from_millis(300)).await;
     assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
     until_the_late_copy_landed(&proxy).await;
-    assert!(near.release("ghost", &holder).await.unwrap());
+    assert!(near.release("ghost", holder.step()).await.unwrap());
     let left = keys(&prefix, "ghost").await;
     let a = near
-        .try_acquire("ghost", &OwnerToken::random(), &req(1, 10 * SEC, false))
+        .try_acquire(
+            "ghost",
+            OwnerToken::random().step(),
+            &req(1, 10 * SEC, false),
+        )
         .await;
     assert!(
         matches!(a, Ok(Attempt::Granted(_))),

@@ -68,7 +68,7 @@ async fn a_lost_reply_of_a_shorter_extend_brings_remaining_down_to_the_server() 
     let remaining = permit.remaining();
     let kept = state(&p, n).await.0.iter().any(|r| r.owner == g.owner);
     let intruder = near
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
     let intruder_granted = matches!(intruder, Ok(Attempt::Granted(_)));
     if let Ok(Attempt::Granted(_)) = &intruder {
@@ -107,7 +107,7 @@ async fn a_retry_with_another_ttl_answers_the_token_of_the_grant_it_moved() {
     let b = raw(&b_c);
     let n = "t";
     let o = OwnerToken::random();
-    let t1 = granted(b.try_acquire(n, &o, &req(1, 2, LONG, false)).await);
+    let t1 = granted(b.try_acquire(n, o.step(), &req(1, 2, LONG, false)).await);
     let g = state(&p, n).await.0[0].clone();
     // Let the grant's lease lose a few seconds of its TTL, so A's
     // keepalive of it shows.
@@ -115,7 +115,7 @@ async fn a_retry_with_another_ttl_answers_the_token_of_the_grant_it_moved() {
     let before = lease_ttl(g.lease).await;
     assert!(before > 0 && before <= 27, "lease TTL {before}");
     // Warm A's connection, then slow it down.
-    let _ = a.extend("warm", &OwnerToken::random(), LONG).await;
+    let _ = a.extend("warm", OwnerToken::random().step(), LONG).await;
     proxy.latency(Duration::from_millis(400));
     let watcher = {
         let b = b.clone();
@@ -136,16 +136,19 @@ async fn a_retry_with_another_ttl_answers_the_token_of_the_grant_it_moved() {
                 );
                 sleep(Duration::from_millis(10)).await;
             }
-            assert!(b.release(n, &o).await.unwrap());
-            granted(b.try_acquire(n, &o, &req(1, 2, LONG, false)).await)
+            assert!(b.release(n, o.step()).await.unwrap());
+            granted(b.try_acquire(n, o.step(), &req(1, 2, LONG, false)).await)
         })
     };
-    let ta = granted(a.try_acquire(n, &o, &req(1, 2, LONG * 2, false)).await);
+    let ta = granted(
+        a.try_acquire(n, o.step(), &req(1, 2, LONG * 2, false))
+            .await,
+    );
     let t2 = watcher.await.unwrap();
     proxy.heal();
     let live = state(&p, n).await.0;
-    let _ = b.release(n, &o).await;
-    let _ = a.release(n, &o).await;
+    let _ = b.release(n, o.step()).await;
+    let _ = a.release(n, o.step()).await;
     assert!(t2 > t1, "the regrant's token {t2} after {t1}");
     assert_eq!(live.len(), 1, "{live:#?}");
     assert!(
@@ -170,12 +173,12 @@ async fn a_lost_reply_of_a_moving_extend_then_release_leaves_nothing() {
     let near = raw(&near_c);
     let n = "m";
     let o = OwnerToken::random();
-    let t = granted(far.try_acquire(n, &o, &req(2, 2, SHORT, false)).await);
+    let t = granted(far.try_acquire(n, o.step(), &req(2, 2, SHORT, false)).await);
     let g = state(&p, n).await.0[0].clone();
     let dropper = drop_reply_of_move(proxy.clone(), g.key.clone(), g.lease);
     sleep(Duration::from_millis(200)).await;
     proxy.latency(Duration::from_millis(250));
-    let r = far.extend(n, &o, LONG).await;
+    let r = far.extend(n, o.step(), LONG).await;
     let moved = timeout(Duration::from_secs(5), dropper)
         .await
         .map(|j| j.unwrap())
@@ -192,20 +195,20 @@ async fn a_lost_reply_of_a_moving_extend_then_release_leaves_nothing() {
     assert_eq!(h[0].create as u64, t, "the move kept the token");
     // A retry through the same client answers the same token.
     assert_eq!(
-        granted(far.try_acquire(n, &o, &req(2, 2, LONG, false)).await),
+        granted(far.try_acquire(n, o.step(), &req(2, 2, LONG, false)).await),
         t
     );
-    assert!(far.release(n, &o).await.unwrap());
+    assert!(far.release(n, o.step()).await.unwrap());
     let (h, w, s) = state(&p, n).await;
     assert!(
         h.is_empty() && w.is_empty() && s == 0,
         "left: {h:#?} {w:#?} {s}"
     );
-    assert!(!far.extend(n, &o, LONG).await.unwrap());
-    assert!(!far.release(n, &o).await.unwrap());
+    assert!(!far.extend(n, o.step(), LONG).await.unwrap());
+    assert!(!far.release(n, o.step()).await.unwrap());
     let q = OwnerToken::random();
-    granted(near.try_acquire(n, &q, &req(2, 2, LONG, false)).await);
-    assert!(near.release(n, &q).await.unwrap());
+    granted(near.try_acquire(n, q.step(), &req(2, 2, LONG, false)).await);
+    assert!(near.release(n, q.step()).await.unwrap());
 }
 
 /// A retry with another TTL (which moves the grant) dropped mid-call at
@@ -226,11 +229,11 @@ async fn a_cancelled_moving_retry_then_release_leaves_nothing() {
     ] {
         for through_b in [false, true] {
             let o = OwnerToken::random();
-            let t = granted(a.try_acquire(n, &o, &req(2, 2, SHORT, false)).await);
+            let t = granted(a.try_acquire(n, o.step(), &req(2, 2, SHORT, false)).await);
             let retrier = if through_b { &b } else { &a };
             let r = timeout(
                 Duration::from_micros(cut_us),
-                retrier.try_acquire(n, &o, &req(2, 2, LONG, false)),
+                retrier.try_acquire(n, o.step(), &req(2, 2, LONG, false)),
             )
             .await;
             if let Ok(r) = r {
@@ -242,11 +245,11 @@ async fn a_cancelled_moving_retry_then_release_leaves_nothing() {
             assert_eq!(h.len(), 1, "cut {cut_us}us b={through_b}: {h:#?}");
             assert_eq!(h[0].create as u64, t);
             assert!(
-                a.release(n, &o).await.unwrap(),
+                a.release(n, o.step()).await.unwrap(),
                 "cut {cut_us}us b={through_b}: release through the writer"
             );
-            assert!(!b.release(n, &o).await.unwrap());
-            assert!(!b.extend(n, &o, LONG).await.unwrap());
+            assert!(!b.release(n, o.step()).await.unwrap());
+            assert!(!b.extend(n, o.step(), LONG).await.unwrap());
             let (h, w, s) = state(&p, n).await;
             assert!(
                 h.is_empty() && w.is_empty() && s == 0,
@@ -255,8 +258,8 @@ async fn a_cancelled_moving_retry_then_release_leaves_nothing() {
         }
     }
     let q = OwnerToken::random();
-    granted(b.try_acquire(n, &q, &req(2, 2, LONG, false)).await);
-    assert!(b.release(n, &q).await.unwrap());
+    granted(b.try_acquire(n, q.step(), &req(2, 2, LONG, false)).await);
+    assert!(b.release(n, q.step()).await.unwrap());
     stop.store(true, Ordering::Relaxed);
     assert!(obs.await.unwrap() > 0);
 }
@@ -278,10 +281,16 @@ async fn concurrent_moving_extends_through_two_clients_keep_one_grant() {
     let obs = observer(p.clone(), n.into(), 3, stop.clone());
     let o = OwnerToken::random();
     let other = OwnerToken::random();
-    let t = granted(a.try_acquire(n, &o, &req(2, 3, LONG, false)).await);
-    granted(c.try_acquire(n, &other, &req(1, 3, LONG, false)).await);
+    let t = granted(a.try_acquire(n, o.step(), &req(2, 3, LONG, false)).await);
+    granted(
+        c.try_acquire(n, other.step(), &req(1, 3, LONG, false))
+            .await,
+    );
     assert_eq!(
-        granted(b.try_acquire(n, &o, &req(2, 3, LONG * 2, false)).await),
+        granted(
+            b.try_acquire(n, o.step(), &req(2, 3, LONG * 2, false))
+                .await
+        ),
         t
     );
     for round in 0..25u32 {
@@ -290,7 +299,7 @@ async fn concurrent_moving_extends_through_two_clients_keep_one_grant() {
         } else {
             (LONG * 2, LONG)
         };
-        let (ra, rb) = tokio::join!(a.extend(n, &o, ta), b.extend(n, &o, tb));
+        let (ra, rb) = tokio::join!(a.extend(n, o.step(), ta), b.extend(n, o.step(), tb));
         assert!(
             ra.as_ref().is_ok_and(|x| *x) && rb.as_ref().is_ok_and(|x| *x),
             "round {round}: {ra:?} {rb:?}"
@@ -301,16 +310,16 @@ async fn concurrent_moving_extends_through_two_clients_keep_one_grant() {
         assert_eq!(mine[0].create as u64, t, "round {round}");
         if round % 5 == 0 {
             let x = c
-                .try_acquire(n, &OwnerToken::random(), &req(1, 3, LONG, false))
+                .try_acquire(n, OwnerToken::random().step(), &req(1, 3, LONG, false))
                 .await;
             assert!(matches!(x, Ok(Attempt::Held { .. })), "{x:?}");
         }
     }
-    let (ra, rb) = tokio::join!(a.release(n, &o), b.release(n, &o));
+    let (ra, rb) = tokio::join!(a.release(n, o.step()), b.release(n, o.step()));
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     assert!(ra ^ rb, "exactly one release answers true: {ra} {rb}");
     assert!(!has_grant(&p, n, &o).await);
-    assert!(c.release(n, &other).await.unwrap());
+    assert!(c.release(n, other.step()).await.unwrap());
     sleep(Duration::from_millis(200)).await;
     let (h, w, s) = state(&p, n).await;
     assert!(

@@ -49,24 +49,24 @@ async fn head_of_queue_is_never_overtaken_over_reused_keys() {
             OwnerToken::random(),
             OwnerToken::random(),
         );
-        let th = granted(a.try_acquire(n, &h, &req(3, 4, LONG, false)).await);
+        let th = granted(a.try_acquire(n, h.step(), &req(3, 4, LONG, false)).await);
         assert!(th > last, "round {round}: token {th} after {last}");
         held(
-            b.try_acquire(n, &head, &req(3, 4, LONG, true)).await,
+            b.try_acquire(n, head.step(), &req(3, 4, LONG, true)).await,
             "head",
         );
         // Later and smaller, 1 free: must wait behind the head.
         held(
-            a.try_acquire(n, &a2, &req(1, 4, LONG, true)).await,
+            a.try_acquire(n, a2.step(), &req(1, 4, LONG, true)).await,
             "a2 overtook the head",
         );
         held(
-            c.try_acquire(n, &c1, &req(1, 4, LONG, true)).await,
+            c.try_acquire(n, c1.step(), &req(1, 4, LONG, true)).await,
             "c1 overtook the head",
         );
         let x = OwnerToken::random();
         held(
-            c.try_acquire(n, &x, &req(1, 4, LONG, false)).await,
+            c.try_acquire(n, x.step(), &req(1, 4, LONG, false)).await,
             "a single attempt overtook the head",
         );
         let (hs, ws, _) = state(&p, n).await;
@@ -77,23 +77,23 @@ async fn head_of_queue_is_never_overtaken_over_reused_keys() {
         }
         // Retries keep refusing while the holder holds.
         held(
-            a.try_acquire(n, &a2, &req(1, 4, LONG, true)).await,
+            a.try_acquire(n, a2.step(), &req(1, 4, LONG, true)).await,
             "a2 retry",
         );
         held(
-            c.try_acquire(n, &c1, &req(1, 4, LONG, true)).await,
+            c.try_acquire(n, c1.step(), &req(1, 4, LONG, true)).await,
             "c1 retry",
         );
-        assert!(a.release(n, &h).await.unwrap());
+        assert!(a.release(n, h.step()).await.unwrap());
         // 4 free: head (3) + a2 (1) fit together, c1 (the third) does not.
-        let ta2 = granted(a.try_acquire(n, &a2, &req(1, 4, LONG, true)).await);
+        let ta2 = granted(a.try_acquire(n, a2.step(), &req(1, 4, LONG, true)).await);
         held(
-            c.try_acquire(n, &c1, &req(1, 4, LONG, true)).await,
+            c.try_acquire(n, c1.step(), &req(1, 4, LONG, true)).await,
             "c1 overtook the head after release",
         );
-        let thd = granted(b.try_acquire(n, &head, &req(3, 4, LONG, true)).await);
+        let thd = granted(b.try_acquire(n, head.step(), &req(3, 4, LONG, true)).await);
         held(
-            c.try_acquire(n, &c1, &req(1, 4, LONG, true)).await,
+            c.try_acquire(n, c1.step(), &req(1, 4, LONG, true)).await,
             "c1 granted a fifth permit",
         );
         assert!(ta2 > th && thd > th);
@@ -105,11 +105,11 @@ async fn head_of_queue_is_never_overtaken_over_reused_keys() {
         );
         assert_eq!(s, 4);
         assert_eq!(ws.len(), 1, "only c1 queued: {ws:#?}");
-        assert!(b.release(n, &head).await.unwrap());
-        let tc = granted(c.try_acquire(n, &c1, &req(1, 4, LONG, true)).await);
+        assert!(b.release(n, head.step()).await.unwrap());
+        let tc = granted(c.try_acquire(n, c1.step(), &req(1, 4, LONG, true)).await);
         assert!(tc > thd && tc > ta2);
-        assert!(a.release(n, &a2).await.unwrap());
-        assert!(c.release(n, &c1).await.unwrap());
+        assert!(a.release(n, a2.step()).await.unwrap());
+        assert!(c.release(n, c1.step()).await.unwrap());
         last = tc;
         let (hs, ws, s) = state(&p, n).await;
         assert!(
@@ -403,11 +403,11 @@ async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
     let slot0 = format!("sem/{n}/s/0").into_bytes();
     proxy.deliver_late(move |b| find(b, &slot0).is_some(), DELAY, CUT_AFTER);
     let o1 = OwnerToken::random();
-    let first = far.try_acquire(n, &o1, &req(1, 1, LONG, false)).await;
+    let first = far.try_acquire(n, o1.step(), &req(1, 1, LONG, false)).await;
     assert!(first.is_err(), "the held attempt was answered: {first:?}");
     let start = Instant::now();
     let t1 = loop {
-        match far.try_acquire(n, &o1, &req(1, 1, LONG, false)).await {
+        match far.try_acquire(n, o1.step(), &req(1, 1, LONG, false)).await {
             Ok(Attempt::Granted(t)) => break t.get(),
             r => {
                 assert!(start.elapsed() < Duration::from_secs(5), "retry: {r:?}");
@@ -416,14 +416,14 @@ async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
         }
     };
     assert_eq!(proxy.held(), 1, "no attempt was held");
-    assert!(far.release(n, &o1).await.unwrap());
+    assert!(far.release(n, o1.step()).await.unwrap());
     let mut last = t1;
     for _ in 0..3 {
         let o = OwnerToken::random();
-        let t = granted(far.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+        let t = granted(far.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
         assert!(t > last);
         last = t;
-        assert!(far.release(n, &o).await.unwrap());
+        assert!(far.release(n, o.step()).await.unwrap());
     }
     assert_eq!(proxy.delivered(), 0, "the held attempt was not late");
     until_the_late_copy_landed(&proxy).await;
@@ -432,12 +432,12 @@ async fn late_copy_after_retry_release_and_reuse_takes_nothing() {
         h.is_empty() && w.is_empty() && s == 0,
         "late copy left {h:?} {w:?} {s}"
     );
-    assert!(!far.release(n, &o1).await.unwrap());
-    assert!(!near.release(n, &o1).await.unwrap());
+    assert!(!far.release(n, o1.step()).await.unwrap());
+    assert!(!near.release(n, o1.step()).await.unwrap());
     let o = OwnerToken::random();
-    let t = granted(near.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let t = granted(near.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
     assert!(t > last);
-    assert!(near.release(n, &o).await.unwrap());
+    assert!(near.release(n, o.step()).await.unwrap());
 }
 
 /// A waiter that times out leaves the queue; when that release is lost

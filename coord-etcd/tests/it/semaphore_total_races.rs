@@ -55,7 +55,7 @@ async fn attempt(
     total: u32,
 ) -> coord_core::Result<Attempt> {
     start.wait().await;
-    sem.try_acquire(&name, &owner, &req(1, total, LONG, false))
+    sem.try_acquire(&name, owner.step(), &req(1, total, LONG, false))
         .await
 }
 
@@ -81,8 +81,8 @@ async fn first_grants_with_different_totals_never_both_hold() {
         if x1 == Outcome::Granted && x2 == Outcome::Granted {
             // Leave the name idle for the check below, and go on counting.
             both.push(round);
-            assert!(one.release(&n, &o1).await.unwrap());
-            assert!(two.release(&n, &o2).await.unwrap());
+            assert!(one.release(&n, o1.step()).await.unwrap());
+            assert!(two.release(&n, o2.step()).await.unwrap());
             continue;
         }
         // Exactly one holds, the other was turned away without a trace.
@@ -99,7 +99,7 @@ async fn first_grants_with_different_totals_never_both_hold() {
         assert_eq!(slots, 1, "round {round}: slot keys");
         // While it holds, the other total stays refused.
         let again = other
-            .try_acquire(&n, o_owner, &req(1, o_total, LONG, false))
+            .try_acquire(&n, o_owner.step(), &req(1, o_total, LONG, false))
             .await;
         assert_eq!(
             outcome(&again),
@@ -107,13 +107,13 @@ async fn first_grants_with_different_totals_never_both_hold() {
             "round {round}: the other total while the name is held: {again:?}"
         );
         // Once the holder released, the other total is the name's.
-        assert!(holder.release(&n, h_owner).await.unwrap());
+        assert!(holder.release(&n, h_owner.step()).await.unwrap());
         granted(
             other
-                .try_acquire(&n, o_owner, &req(1, o_total, LONG, false))
+                .try_acquire(&n, o_owner.step(), &req(1, o_total, LONG, false))
                 .await,
         );
-        assert!(other.release(&n, o_owner).await.unwrap());
+        assert!(other.release(&n, o_owner.step()).await.unwrap());
         assert!(
             sem_keys(&p, &n).await.is_empty(),
             "round {round}: the idle name left keys"
@@ -146,22 +146,30 @@ async fn a_place_written_after_the_total_changed_never_joins_the_name() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(near.try_acquire(n, &holder, &req(2, 2, LONG, false)).await);
+    granted(
+        near.try_acquire(n, holder.step(), &req(2, 2, LONG, false))
+            .await,
+    );
     proxy.deliver_late(writes_an_owner_key(format!("sem/{n}/w/")), DELAY, CUT_AFTER);
-    let queued = far.try_acquire(n, &waiter, &req(1, 2, LONG, true)).await;
+    let queued = far
+        .try_acquire(n, waiter.step(), &req(1, 2, LONG, true))
+        .await;
     assert_eq!(
         proxy.held(),
         1,
         "the place's write was not held: {queued:?}"
     );
     assert_eq!(proxy.delivered(), 0, "the held place was not late");
-    assert!(near.release(n, &holder).await.unwrap());
-    granted(near.try_acquire(n, &next, &req(1, 1, LONG, false)).await);
+    assert!(near.release(n, holder.step()).await.unwrap());
+    granted(
+        near.try_acquire(n, next.step(), &req(1, 1, LONG, false))
+            .await,
+    );
     late_support::until_the_late_copy_landed(&proxy).await;
     let (grants, places, _) = state(&p, n).await;
     proxy.heal();
-    let _ = far.release(n, &waiter).await;
-    assert!(near.release(n, &next).await.unwrap());
+    let _ = far.release(n, waiter.step()).await;
+    assert!(near.release(n, next.step()).await.unwrap());
     assert!(
         grants.iter().chain(&places).all(|r| r.total == 1),
         "the name holds totals other than its grant's: grants {grants:#?}, places {places:#?}"

@@ -213,7 +213,10 @@ async fn dropping_the_client_ends_its_tasks() {
     // A lock held (raw, no guard) when the client goes.
     let o = OwnerToken::random();
     assert!(matches!(
-        backend.try_acquire("drop-held", &o, ttl).await.unwrap(),
+        backend
+            .try_acquire("drop-held", o.step(), ttl)
+            .await
+            .unwrap(),
         coord_core::Attempt::Granted(_)
     ));
     let leases = backend.claim_leases();
@@ -286,7 +289,7 @@ async fn lost_signal_fires_when_etcd_goes_away() {
         g.valid_until() - start
     );
     assert!(!g.is_valid());
-    let r = backend.extend("gone", &owner_check, ttl).await;
+    let r = backend.extend("gone", owner_check.step(), ttl).await;
     assert!(!matches!(r, Ok(true)));
 }
 
@@ -301,7 +304,7 @@ async fn revoked_lease_makes_extend_fail() {
     let ttl = backend.capabilities().min_ttl * 3;
     let o = OwnerToken::random();
     assert!(matches!(
-        backend.try_acquire("revoked", &o, ttl).await.unwrap(),
+        backend.try_acquire("revoked", o.step(), ttl).await.unwrap(),
         coord_core::Attempt::Granted(_)
     ));
     let mut raw = etcd_client::Client::connect([server.endpoint()], None)
@@ -310,14 +313,14 @@ async fn revoked_lease_makes_extend_fail() {
     for id in backend.claim_leases() {
         raw.lease_revoke(id).await.unwrap();
     }
-    assert!(!backend.extend("revoked", &o, ttl).await.unwrap());
-    assert!(!backend.release("revoked", &o).await.unwrap());
+    assert!(!backend.extend("revoked", o.step(), ttl).await.unwrap());
+    assert!(!backend.release("revoked", o.step()).await.unwrap());
     // A new lease is granted on demand.
     assert!(matches!(
-        backend.try_acquire("revoked", &o, ttl).await.unwrap(),
+        backend.try_acquire("revoked", o.step(), ttl).await.unwrap(),
         coord_core::Attempt::Granted(_)
     ));
-    assert!(backend.release("revoked", &o).await.unwrap());
+    assert!(backend.release("revoked", o.step()).await.unwrap());
 }
 
 /// See `conformance::crash::tokens_rise_across_a_crash`: etcd killed

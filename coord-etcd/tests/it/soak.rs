@@ -84,10 +84,10 @@ async fn soak(names: usize, few: usize) {
         let b = b.clone();
         async move {
             let (name, o) = (format!("soak-lock-{i}"), OwnerToken::random());
-            let a = b.try_acquire(&name, &o, ttl).await.unwrap();
+            let a = b.try_acquire(&name, o.step(), ttl).await.unwrap();
             assert!(matches!(a, Attempt::Granted(_)), "{a:?}");
             if i % 2 == 0 {
-                assert!(b.release(&name, &o).await.unwrap());
+                assert!(b.release(&name, o.step()).await.unwrap());
             }
         }
     })
@@ -96,9 +96,14 @@ async fn soak(names: usize, few: usize) {
     each(names, |i| {
         let b = b.clone();
         async move {
-            let a = Lease::grant(&*b, &format!("soak-lease-{i}"), &OwnerToken::random(), ttl)
-                .await
-                .unwrap();
+            let a = Lease::grant(
+                &*b,
+                &format!("soak-lease-{i}"),
+                OwnerToken::random().step(),
+                ttl,
+            )
+            .await
+            .unwrap();
             assert!(matches!(a, Attempt::Granted(_)), "{a:?}");
         }
     })
@@ -134,7 +139,12 @@ async fn soak(names: usize, few: usize) {
         let b = b.clone();
         async move {
             let a = b
-                .try_campaign(&format!("soak-elect-{i}"), "c", &OwnerToken::random(), ttl)
+                .try_campaign(
+                    &format!("soak-elect-{i}"),
+                    "c",
+                    OwnerToken::random().step(),
+                    ttl,
+                )
                 .await
                 .unwrap();
             assert!(matches!(a, Attempt::Granted(_)));

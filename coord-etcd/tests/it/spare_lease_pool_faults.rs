@@ -42,7 +42,7 @@ async fn no_key_outlives_its_ttl_while_the_pool_reuses_spares_after_lost_replies
                 i += 1;
                 let owner = OwnerToken::random();
                 touched.lock().unwrap().insert(name.clone(), Instant::now());
-                let r = a.try_acquire(&name, &owner, ttl).await;
+                let r = a.try_acquire(&name, owner.step(), ttl).await;
                 match &r {
                     Ok(Attempt::Granted(_)) => grants += 1,
                     Err(_) => errors += 1,
@@ -51,7 +51,7 @@ async fn no_key_outlives_its_ttl_while_the_pool_reuses_spares_after_lost_replies
                 match r {
                     Ok(Attempt::Granted(_)) | Err(_) => {
                         touched.lock().unwrap().insert(name.clone(), Instant::now());
-                        let _ = a.release(&name, &owner).await;
+                        let _ = a.release(&name, owner.step()).await;
                     }
                     Ok(_) => {}
                 }
@@ -97,8 +97,8 @@ async fn no_key_outlives_its_ttl_while_the_pool_reuses_spares_after_lost_replies
                 let name = format!("busy-{}", n % 4);
                 n += 1;
                 let owner = OwnerToken::random();
-                if let Ok(Attempt::Granted(_)) = a.try_acquire(&name, &owner, ttl).await {
-                    let _ = a.release(&name, &owner).await;
+                if let Ok(Attempt::Granted(_)) = a.try_acquire(&name, owner.step(), ttl).await {
+                    let _ = a.release(&name, owner.step()).await;
                 }
             }
             n
@@ -210,10 +210,10 @@ async fn a_grant_on_a_reused_spare_lives_its_full_ttl_on_the_server() {
     let ttl = Duration::from_secs(3);
     let o = OwnerToken::random();
     assert!(matches!(
-        a.try_acquire("spare-x", &o, ttl).await.unwrap(),
+        a.try_acquire("spare-x", o.step(), ttl).await.unwrap(),
         Attempt::Granted(_)
     ));
-    assert!(a.release("spare-x", &o).await.unwrap());
+    assert!(a.release("spare-x", o.step()).await.unwrap());
     let leases_before: Vec<i64> = raw
         .leases()
         .await
@@ -228,7 +228,7 @@ async fn a_grant_on_a_reused_spare_lives_its_full_ttl_on_the_server() {
     let start = Instant::now();
     let o2 = OwnerToken::random();
     assert!(matches!(
-        a.try_acquire("spare-y", &o2, ttl).await.unwrap(),
+        a.try_acquire("spare-y", o2.step(), ttl).await.unwrap(),
         Attempt::Granted(_)
     ));
     proxy.blackhole();
@@ -284,13 +284,13 @@ async fn a_lease_adopted_after_a_lost_reply_is_not_pooled_under_another_ttl() {
     let w = OwnerToken::random();
     let long = Duration::from_secs(30);
     assert!(matches!(
-        a.try_acquire("adopt-warmup", &w, long).await.unwrap(),
+        a.try_acquire("adopt-warmup", w.step(), long).await.unwrap(),
         Attempt::Granted(_)
     ));
-    assert!(a.release("adopt-warmup", &w).await.unwrap());
+    assert!(a.release("adopt-warmup", w.step()).await.unwrap());
     let o = OwnerToken::random();
     proxy.set(Mode::DropReplies);
-    assert!(a.try_acquire("adopt-x", &o, long).await.is_err());
+    assert!(a.try_acquire("adopt-x", o.step(), long).await.is_err());
     proxy.reset();
     proxy.heal();
     let landed = raw
@@ -304,17 +304,17 @@ async fn a_lease_adopted_after_a_lost_reply_is_not_pooled_under_another_ttl() {
     let short = Duration::from_secs(2);
     let mut granted = false;
     for _ in 0..20 {
-        if let Ok(Attempt::Granted(_)) = a.try_acquire("adopt-x", &o, short).await {
+        if let Ok(Attempt::Granted(_)) = a.try_acquire("adopt-x", o.step(), short).await {
             granted = true;
             break;
         }
         sleep(Duration::from_millis(100)).await;
     }
     assert!(granted, "the retry was not granted");
-    assert!(a.release("adopt-x", &o).await.unwrap());
+    assert!(a.release("adopt-x", o.step()).await.unwrap());
     let o2 = OwnerToken::random();
     assert!(matches!(
-        a.try_acquire("adopt-y", &o2, short).await.unwrap(),
+        a.try_acquire("adopt-y", o2.step(), short).await.unwrap(),
         Attempt::Granted(_)
     ));
     let kv = raw

@@ -66,8 +66,8 @@ async fn a_grant_without_keepalive_ends_where_the_last_keepalive_says() {
     assert!(slack(ttl) > Duration::from_millis(40));
     // A first claim, so that a spare exists.
     let o = OwnerToken::random();
-    granted(b.try_acquire("basis", &o, ttl).await.unwrap());
-    assert!(b.release("basis", &o).await.unwrap());
+    granted(b.try_acquire("basis", o.step(), ttl).await.unwrap());
+    assert!(b.release("basis", o.step()).await.unwrap());
     let mut checked = 0;
     // Until three rounds came within the slack, for at most 100 rounds: on
     // a loaded machine many do not (20 rounds once saw none).
@@ -76,23 +76,23 @@ async fn a_grant_without_keepalive_ends_where_the_last_keepalive_says() {
         sleep(slack(ttl) * 2).await;
         let o1 = OwnerToken::random();
         let k0 = keepalives(&server);
-        granted(b.try_acquire("basis", &o1, ttl).await.unwrap());
+        granted(b.try_acquire("basis", o1.step(), ttl).await.unwrap());
         let t_b = Instant::now();
         assert_eq!(
             keepalives(&server) - k0,
             1.0,
             "a reuse past the slack did not refresh the spare"
         );
-        assert!(b.release("basis", &o1).await.unwrap());
+        assert!(b.release("basis", o1.step()).await.unwrap());
         sleep(Duration::from_millis(20)).await;
         let o2 = OwnerToken::random();
         let k1 = keepalives(&server);
-        granted(b.try_acquire("basis", &o2, ttl).await.unwrap());
+        granted(b.try_acquire("basis", o2.step(), ttl).await.unwrap());
         let refreshed = keepalives(&server) - k1;
         let other = OwnerToken::random();
         let t_d0 = Instant::now();
-        let held = b.try_acquire("basis", &other, ttl).await.unwrap();
-        assert!(b.release("basis", &o2).await.unwrap());
+        let held = b.try_acquire("basis", other.step(), ttl).await.unwrap();
+        assert!(b.release("basis", o2.step()).await.unwrap());
         if refreshed > 0.0 {
             // This machine was too slow for the 20 ms to stay within the
             // slack: the reuse refreshed, nothing to check this round.
@@ -203,8 +203,8 @@ async fn a_revoked_spare_is_not_used() {
         .unwrap();
     let ttl = Duration::from_secs(10);
     let o = OwnerToken::random();
-    granted(b.try_acquire("revoked", &o, ttl).await.unwrap());
-    assert!(b.release("revoked", &o).await.unwrap());
+    granted(b.try_acquire("revoked", o.step(), ttl).await.unwrap());
+    assert!(b.release("revoked", o.step()).await.unwrap());
     let leases: Vec<i64> = raw
         .leases()
         .await
@@ -217,7 +217,7 @@ async fn a_revoked_spare_is_not_used() {
         let _ = raw.lease_revoke(*l).await;
     }
     let o2 = OwnerToken::random();
-    granted(b.try_acquire("revoked", &o2, ttl).await.unwrap());
+    granted(b.try_acquire("revoked", o2.step(), ttl).await.unwrap());
     let kv = raw
         .get("", Some(etcd_client::GetOptions::new().with_all_keys()))
         .await
@@ -233,5 +233,5 @@ async fn a_revoked_spare_is_not_used() {
         .unwrap()
         .ttl();
     assert!(left > 0, "the grant's lease is not alive");
-    assert!(b.release("revoked", &o2).await.unwrap());
+    assert!(b.release("revoked", o2.step()).await.unwrap());
 }

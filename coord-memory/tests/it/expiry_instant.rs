@@ -11,7 +11,7 @@ async fn a_leader_whose_term_ends_now_is_neither_leader_nor_listed() {
     let m = MemoryBackend::new();
     let ttl = Duration::from_millis(100);
     let won = m
-        .try_campaign("e", "me", &OwnerToken::random(), ttl)
+        .try_campaign("e", "me", OwnerToken::random().step(), ttl)
         .await
         .unwrap();
     assert!(matches!(won, Attempt::Granted(_)), "{won:?}");
@@ -39,12 +39,12 @@ async fn a_permit_whose_ttl_ends_now_is_neither_released_nor_forced() {
     };
     let o = OwnerToken::random();
     for name in ["released", "forced"] {
-        let g = m.try_acquire(name, &o, &request).await.unwrap();
+        let g = m.try_acquire(name, o.step(), &request).await.unwrap();
         assert!(matches!(g, Attempt::Granted(_)), "{g:?}");
     }
     tokio::time::advance(ttl).await;
     assert!(
-        !m.release("released", &o).await.unwrap(),
+        !m.release("released", o.step()).await.unwrap(),
         "released a grant whose TTL ended"
     );
     assert!(

@@ -12,6 +12,7 @@ use conformance::faults::{
     BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, LockWorkload,
     run_barrier_workload, run_election_workload, run_limiter_workload, run_lock_workload, schedule,
 };
+use coord_core::Step;
 use coord_core::{Algorithm, Attempt, Capabilities, Coord, OwnerToken, Quota, Result, async_trait};
 use coord_memory::MemoryBackend;
 
@@ -57,14 +58,14 @@ impl coord_core::Lock for GrantsEveryone {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Lock::capabilities(&*self.inner)
     }
-    async fn try_acquire(&self, _n: &str, _o: &OwnerToken, _t: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, _n: &str, _step: Step, _t: Duration) -> Result<Attempt> {
         let t = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         Ok(Attempt::Granted(coord_core::FencingToken(t)))
     }
-    async fn release(&self, _n: &str, _o: &OwnerToken) -> Result<bool> {
+    async fn release(&self, _n: &str, _step: Step) -> Result<bool> {
         Ok(true)
     }
-    async fn extend(&self, _n: &str, _o: &OwnerToken, _t: Duration) -> Result<bool> {
+    async fn extend(&self, _n: &str, _step: Step, _t: Duration) -> Result<bool> {
         Ok(true)
     }
     async fn force_release(&self, _n: &str) -> Result<bool> {
@@ -242,14 +243,14 @@ impl coord_core::Election for Broken {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Election::capabilities(&*self.inner)
     }
-    async fn try_campaign(&self, _: &str, _: &str, _: &OwnerToken, _: Duration) -> Result<Attempt> {
+    async fn try_campaign(&self, _: &str, _: &str, _step: Step, _: Duration) -> Result<Attempt> {
         let t = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         Ok(Attempt::Granted(coord_core::FencingToken(t)))
     }
-    async fn renew(&self, _: &str, _: &OwnerToken, _: Duration) -> Result<bool> {
+    async fn renew(&self, _: &str, _step: Step, _: Duration) -> Result<bool> {
         Ok(true)
     }
-    async fn resign(&self, _: &str, _: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, _: &str, _step: Step) -> Result<bool> {
         Ok(true)
     }
     async fn leader(&self, _: &str) -> Result<Option<coord_core::LeaderInfo>> {
@@ -369,18 +370,18 @@ impl coord_core::Semaphore for OneTooMany {
     async fn try_acquire(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &coord_core::PermitRequest,
     ) -> Result<Attempt> {
         let mut r = *request;
         r.total += 1;
-        coord_core::Semaphore::try_acquire(&*self.0, name, owner, &r).await
+        coord_core::Semaphore::try_acquire(&*self.0, name, step, &r).await
     }
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        coord_core::Semaphore::release(&*self.0, name, owner).await
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        coord_core::Semaphore::release(&*self.0, name, step).await
     }
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        coord_core::Semaphore::extend(&*self.0, name, owner, ttl).await
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        coord_core::Semaphore::extend(&*self.0, name, step, ttl).await
     }
     async fn force_release(&self, name: &str) -> Result<bool> {
         coord_core::Semaphore::force_release(&*self.0, name).await

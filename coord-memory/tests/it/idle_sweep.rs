@@ -29,26 +29,32 @@ async fn a_sweep_keeps_a_semaphore_whose_only_live_entry_is_a_queued_waiter() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let granted = m.try_acquire("s", &holder, &request(1, 50 * MS)).await;
+    let granted = m
+        .try_acquire("s", holder.step(), &request(1, 50 * MS))
+        .await;
     assert!(matches!(granted, Ok(Attempt::Granted(_))), "{granted:?}");
-    let queued = m.try_acquire("s", &waiter, &request(2, 60_000 * MS)).await;
+    let queued = m
+        .try_acquire("s", waiter.step(), &request(2, 60_000 * MS))
+        .await;
     assert!(matches!(queued, Ok(Attempt::Held { .. })), "{queued:?}");
     tokio::time::advance(100 * MS).await;
     // Enough new names, in every shard, for a sweep to run.
     for i in 0..64 * 1024 {
         let (name, o) = (format!("other-{i}"), OwnerToken::random());
-        m.try_acquire(&name, &o, &request(1, 60_000 * MS))
+        m.try_acquire(&name, o.step(), &request(1, 60_000 * MS))
             .await
             .unwrap();
     }
     let late = m
-        .try_acquire("s", &newcomer, &request(1, 60_000 * MS))
+        .try_acquire("s", newcomer.step(), &request(1, 60_000 * MS))
         .await;
     assert!(
         matches!(late, Ok(Attempt::Held { .. })),
         "a newcomer was granted ahead of the queued waiter: {late:?}"
     );
-    let w = m.try_acquire("s", &waiter, &request(2, 60_000 * MS)).await;
+    let w = m
+        .try_acquire("s", waiter.step(), &request(2, 60_000 * MS))
+        .await;
     assert!(matches!(w, Ok(Attempt::Granted(_))), "{w:?}");
 }
 

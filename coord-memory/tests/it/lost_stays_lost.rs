@@ -16,12 +16,12 @@ const S: Duration = Duration::from_secs(1);
 /// Whether another owner can take `name` on the store right now.
 async fn is_free(f: &Faulty, name: &str) -> bool {
     let o = OwnerToken::random();
-    match coord_core::Lock::try_acquire(&*f.inner, name, &o, S)
+    match coord_core::Lock::try_acquire(&*f.inner, name, o.step(), S)
         .await
         .unwrap()
     {
         coord_core::Attempt::Granted(_) => {
-            coord_core::Lock::release(&*f.inner, name, &o)
+            coord_core::Lock::release(&*f.inner, name, o.step())
                 .await
                 .unwrap();
             true

@@ -288,14 +288,17 @@ async fn semaphore_abandoned_place_in_line_lapses() {
         queue: false,
     };
     let holder = OwnerToken::random();
-    let got = backend.try_acquire("l", &holder, &hold).await.unwrap();
+    let got = backend
+        .try_acquire("l", holder.step(), &hold)
+        .await
+        .unwrap();
     assert!(matches!(got, coord_core::Attempt::Granted(_)));
     let ghost = PermitRequest {
         queue: true,
         ..hold
     };
     let held = backend
-        .try_acquire("l", &OwnerToken::random(), &ghost)
+        .try_acquire("l", OwnerToken::random().step(), &ghost)
         .await
         .unwrap();
     let coord_core::Attempt::Held { expires_in } = held else {
@@ -305,12 +308,12 @@ async fn semaphore_abandoned_place_in_line_lapses() {
     let one = PermitRequest { permits: 1, ..hold };
     let me = OwnerToken::random();
     assert!(matches!(
-        backend.try_acquire("l", &me, &one).await.unwrap(),
+        backend.try_acquire("l", me.step(), &one).await.unwrap(),
         coord_core::Attempt::Held { .. }
     ));
     tokio::time::advance(coord_memory::QUEUE_ENTRY_TTL + S).await;
     assert!(matches!(
-        backend.try_acquire("l", &me, &one).await.unwrap(),
+        backend.try_acquire("l", me.step(), &one).await.unwrap(),
         coord_core::Attempt::Granted(_)
     ));
 }

@@ -240,11 +240,11 @@ async fn idle_names_are_swept_and_live_ones_survive() {
         for i in 0..20_000 {
             let owner = OwnerToken::random();
             raw_lock
-                .try_acquire(&format!("order:{round}:{i}"), &owner, ms)
+                .try_acquire(&format!("order:{round}:{i}"), owner.step(), ms)
                 .await
                 .unwrap();
             raw_election
-                .try_campaign(&format!("shard:{round}:{i}"), "me", &owner, ms)
+                .try_campaign(&format!("shard:{round}:{i}"), "me", owner.step(), ms)
                 .await
                 .unwrap();
             limiter
@@ -289,7 +289,7 @@ async fn a_leadership_ends_exactly_at_its_ttl() {
     let backend = Arc::new(MemoryBackend::new());
     let raw: Arc<dyn coord_core::Election> = backend.clone();
     let (old, new) = (OwnerToken::random(), OwnerToken::random());
-    let first = raw.try_campaign("e", "old", &old, S).await.unwrap();
+    let first = raw.try_campaign("e", "old", old.step(), S).await.unwrap();
     tokio::time::advance(S).await;
     assert_eq!(
         raw.leader("e").await.unwrap(),
@@ -297,18 +297,18 @@ async fn a_leadership_ends_exactly_at_its_ttl() {
         "reported at its expiry"
     );
     assert!(
-        !raw.renew("e", &old, S).await.unwrap(),
+        !raw.renew("e", old.step(), S).await.unwrap(),
         "renewed at its expiry"
     );
     assert!(
-        !raw.resign("e", &old).await.unwrap(),
+        !raw.resign("e", old.step()).await.unwrap(),
         "resigned at its expiry"
     );
     // The old owner's retry at its expiry is a new term, not a renewal.
-    let again = raw.try_campaign("e", "old", &old, S).await.unwrap();
+    let again = raw.try_campaign("e", "old", old.step(), S).await.unwrap();
     assert_ne!(again, first, "an expired leadership was resumed");
     tokio::time::advance(S).await;
-    let won = raw.try_campaign("e", "new", &new, S).await.unwrap();
+    let won = raw.try_campaign("e", "new", new.step(), S).await.unwrap();
     assert!(matches!(won, coord_core::Attempt::Granted(_)), "{won:?}");
 }
 

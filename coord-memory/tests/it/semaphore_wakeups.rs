@@ -23,9 +23,9 @@ async fn a_release_wakes_the_waiter_it_made_grantable_and_no_other_names() {
     let m = MemoryBackend::new();
     let [ha, hb, wa, wb] = std::array::from_fn(|_| OwnerToken::random());
     for (name, holder, waiter) in [("a", &ha, &wa), ("b", &hb, &wb)] {
-        let g = m.try_acquire(name, holder, &one_of_one()).await;
+        let g = m.try_acquire(name, holder.step(), &one_of_one()).await;
         assert!(matches!(g, Ok(Attempt::Granted(_))), "{g:?}");
-        let w = m.try_acquire(name, waiter, &one_of_one()).await;
+        let w = m.try_acquire(name, waiter.step(), &one_of_one()).await;
         assert!(matches!(w, Ok(Attempt::Held { .. })), "{w:?}");
     }
     let (sub_a, sub_b) = (
@@ -35,7 +35,7 @@ async fn a_release_wakes_the_waiter_it_made_grantable_and_no_other_names() {
     let (mut on_a, mut on_b) = (pin!(sub_a.notified()), pin!(sub_b.notified()));
     on_a.as_mut().enable();
     on_b.as_mut().enable();
-    assert!(m.release("b", &hb).await.unwrap());
+    assert!(m.release("b", hb.step()).await.unwrap());
     tokio::time::timeout(SEC, on_b)
         .await
         .expect("the waiter made grantable was not woken");

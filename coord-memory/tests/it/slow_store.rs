@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use coord_core::Step;
 use coord_core::inspect::{ClaimRecord, LeaderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -117,16 +118,16 @@ impl coord_core::Lock for Slow {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Lock::capabilities(&*self.inner)
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        let f = coord_core::Lock::try_acquire(&*self.inner, n, o, ttl);
+    async fn try_acquire(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let f = coord_core::Lock::try_acquire(&*self.inner, n, step, ttl);
         self.call("lock.try_acquire", f).await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        let f = coord_core::Lock::release(&*self.inner, n, o);
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        let f = coord_core::Lock::release(&*self.inner, n, step);
         self.call("lock.release", f).await
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let f = coord_core::Lock::extend(&*self.inner, n, o, ttl);
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let f = coord_core::Lock::extend(&*self.inner, n, step, ttl);
         self.call("lock.extend", f).await
     }
     async fn force_release(&self, n: &str) -> Result<bool> {
@@ -144,22 +145,16 @@ impl coord_core::Election for Slow {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Election::capabilities(&*self.inner)
     }
-    async fn try_campaign(
-        &self,
-        n: &str,
-        c: &str,
-        o: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Attempt> {
-        let f = coord_core::Election::try_campaign(&*self.inner, n, c, o, ttl);
+    async fn try_campaign(&self, n: &str, c: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let f = coord_core::Election::try_campaign(&*self.inner, n, c, step, ttl);
         self.call("election.try_campaign", f).await
     }
-    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let f = coord_core::Election::renew(&*self.inner, n, o, ttl);
+    async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let f = coord_core::Election::renew(&*self.inner, n, step, ttl);
         self.call("election.renew", f).await
     }
-    async fn resign(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        let f = coord_core::Election::resign(&*self.inner, n, o);
+    async fn resign(&self, n: &str, step: Step) -> Result<bool> {
+        let f = coord_core::Election::resign(&*self.inner, n, step);
         self.call("election.resign", f).await
     }
     async fn leader(&self, n: &str) -> Result<Option<LeaderInfo>> {
@@ -207,20 +202,20 @@ impl coord_core::Semaphore for Slow {
     fn fifo(&self) -> bool {
         self.fifo
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, req: &PermitRequest) -> Result<Attempt> {
+    async fn try_acquire(&self, n: &str, step: Step, req: &PermitRequest) -> Result<Attempt> {
         let req = PermitRequest {
             queue: req.queue && self.fifo,
             ..*req
         };
-        let f = coord_core::Semaphore::try_acquire(&*self.inner, n, o, &req);
+        let f = coord_core::Semaphore::try_acquire(&*self.inner, n, step, &req);
         self.call("semaphore.try_acquire", f).await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        let f = coord_core::Semaphore::release(&*self.inner, n, o);
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        let f = coord_core::Semaphore::release(&*self.inner, n, step);
         self.call("semaphore.release", f).await
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let f = coord_core::Semaphore::extend(&*self.inner, n, o, ttl);
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let f = coord_core::Semaphore::extend(&*self.inner, n, step, ttl);
         self.call("semaphore.extend", f).await
     }
     async fn force_release(&self, n: &str) -> Result<bool> {

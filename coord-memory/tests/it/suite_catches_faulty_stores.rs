@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::Factory;
+use coord_core::Step;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Attempt, Capabilities, Coord, Lane, Lease, Lock, Message, MessageId, NewMessage, OwnerToken,
@@ -103,22 +104,22 @@ impl Lease for FullRemaining {
     fn capabilities(&self) -> &Capabilities {
         Lease::capabilities(&*self.inner)
     }
-    async fn grant(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        let r = self.inner.grant(n, o, ttl).await?;
+    async fn grant(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        let r = self.inner.grant(n, step, ttl).await?;
         if matches!(r, Attempt::Granted(_)) {
             self.ttls.lock().unwrap().insert(n.to_string(), ttl);
         }
         Ok(r)
     }
-    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        let r = Lease::renew(&*self.inner, n, o, ttl).await?;
+    async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        let r = Lease::renew(&*self.inner, n, step, ttl).await?;
         if r {
             self.ttls.lock().unwrap().insert(n.to_string(), ttl);
         }
         Ok(r)
     }
-    async fn revoke(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        self.inner.revoke(n, o).await
+    async fn revoke(&self, n: &str, step: Step) -> Result<bool> {
+        self.inner.revoke(n, step).await
     }
     async fn remaining(&self, n: &str) -> Result<Option<Duration>> {
         let live = self.inner.remaining(n).await?;
@@ -165,14 +166,14 @@ impl Lock for CutNames {
     fn capabilities(&self) -> &Capabilities {
         Lock::capabilities(&*self.0)
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        Lock::try_acquire(&*self.0, cut(n), o, ttl).await
+    async fn try_acquire(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        Lock::try_acquire(&*self.0, cut(n), step, ttl).await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        Lock::release(&*self.0, cut(n), o).await
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        Lock::release(&*self.0, cut(n), step).await
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        Lock::extend(&*self.0, cut(n), o, ttl).await
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        Lock::extend(&*self.0, cut(n), step, ttl).await
     }
     async fn force_release(&self, n: &str) -> Result<bool> {
         Lock::force_release(&*self.0, cut(n)).await
@@ -187,14 +188,14 @@ impl Lease for CutNames {
     fn capabilities(&self) -> &Capabilities {
         Lease::capabilities(&*self.0)
     }
-    async fn grant(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.0.grant(cut(n), o, ttl).await
+    async fn grant(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.0.grant(cut(n), step, ttl).await
     }
-    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        Lease::renew(&*self.0, cut(n), o, ttl).await
+    async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        Lease::renew(&*self.0, cut(n), step, ttl).await
     }
-    async fn revoke(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        self.0.revoke(cut(n), o).await
+    async fn revoke(&self, n: &str, step: Step) -> Result<bool> {
+        self.0.revoke(cut(n), step).await
     }
     async fn remaining(&self, n: &str) -> Result<Option<Duration>> {
         self.0.remaining(cut(n)).await
@@ -209,14 +210,14 @@ impl Semaphore for CutNames {
     fn fifo(&self) -> bool {
         Semaphore::fifo(&*self.0)
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, r: &PermitRequest) -> Result<Attempt> {
-        Semaphore::try_acquire(&*self.0, cut(n), o, r).await
+    async fn try_acquire(&self, n: &str, step: Step, r: &PermitRequest) -> Result<Attempt> {
+        Semaphore::try_acquire(&*self.0, cut(n), step, r).await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
-        Semaphore::release(&*self.0, cut(n), o).await
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        Semaphore::release(&*self.0, cut(n), step).await
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        Semaphore::extend(&*self.0, cut(n), o, ttl).await
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        Semaphore::extend(&*self.0, cut(n), step, ttl).await
     }
     async fn force_release(&self, n: &str) -> Result<bool> {
         Semaphore::force_release(&*self.0, cut(n)).await
@@ -408,13 +409,14 @@ impl Semaphore for FaultySemaphore {
     fn fifo(&self) -> bool {
         Semaphore::fifo(&*self.inner)
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, r: &PermitRequest) -> Result<Attempt> {
-        Semaphore::try_acquire(&*self.inner, n, o, r).await
+    async fn try_acquire(&self, n: &str, step: Step, r: &PermitRequest) -> Result<Attempt> {
+        Semaphore::try_acquire(&*self.inner, n, step, r).await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        let o = &step.owner;
         match self.fault {
             SemFault::WakesOne => {
-                let released = Semaphore::release(&*self.inner, n, o).await?;
+                let released = Semaphore::release(&*self.inner, n, step).await?;
                 self.wakeups.notify_one(n);
                 Ok(released)
             }
@@ -424,8 +426,8 @@ impl Semaphore for FaultySemaphore {
             }
         }
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
-        Semaphore::extend(&*self.inner, n, o, ttl).await
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        Semaphore::extend(&*self.inner, n, step, ttl).await
     }
     async fn force_release(&self, n: &str) -> Result<bool> {
         let removed = Semaphore::force_release(&*self.inner, n).await?;

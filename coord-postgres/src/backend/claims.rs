@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::{Step, stamp};
+use coord_core::late::Step;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingSource, FencingToken, Lease, Lock, OwnerToken, Result,
@@ -43,17 +43,16 @@ impl PostgresBackend {
         operation: &'static str,
         (kind, notify): (&'static str, bool),
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         candidate: Option<&str>,
         ttl: Duration,
         metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
         let key = Self::key(kind, name);
-        // Remembered until the reply arrives: an attempt given up on may
-        // still land, and its owner's release then marks it as left.
-        let at = stamp();
-        let pending = self.unanswered.attempt(&key, *owner);
-        let owner: &[u8] = owner.as_bytes();
+        // Stamped: a copy landing after its owner's marking release or
+        // extend takes nothing.
+        let at = step.stamp;
+        let owner: &[u8] = step.owner.as_bytes();
         let ttl = micros_ceil(ttl);
         // Lock waiters of this client (subscribed after a refused attempt)
         // mark the holder's row, so its release notifies.
@@ -85,7 +84,6 @@ impl PostgresBackend {
             let row = rows.first().ok_or_else(|| unexpected(operation))?;
             let f: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
             if let Some(f) = f {
-                pending.answered();
                 self.after_write();
                 return Ok(Attempt::Granted(token(f)));
             }
@@ -108,7 +106,6 @@ impl PostgresBackend {
                 ],
             )
             .await?;
-        pending.answered();
         let row = rows.first().ok_or_else(|| unexpected(operation))?;
         let granted: Option<i64> = row.try_get(0).map_err(|e| map_pg(operation, e))?;
         if let Some(f) = granted {
@@ -135,44 +132,40 @@ impl PostgresBackend {
 
     /// Compare-and-release (the row is freed in place; the sweep deletes
     /// it once idle past the grace). `notify`: send a NOTIFY
-    /// even when no waiter marked the row (elections). The release of an
-    /// owner with an attempt that went unanswered also marks the owner as
-    /// left for [`CLAIM_LEFT_TTL`], so that attempt takes nothing if it
-    /// lands later (`claim_leave`; one statement either way).
+    /// even when no waiter marked the row (elections). A release whose
+    /// step says to mark (a step of the owner went unanswered) also marks
+    /// the owner as left for [`CLAIM_LEFT_TTL`], so that step takes nothing
+    /// if it lands later (`claim_leave`; one statement either way).
     pub(super) async fn claim_release(
         &self,
         operation: &'static str,
         kind: &'static str,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         notify: bool,
     ) -> Result<bool> {
         let key = Self::key(kind, name);
-        let who = *owner;
-        let owner: &[u8] = owner.as_bytes();
+        let owner: &[u8] = step.owner.as_bytes();
         let kind = kind.to_string();
         let name = name.to_string();
         let left_ttl = micros_ceil(CLAIM_LEFT_TTL);
-        let send = |step: Step| async move {
-            let params: [(&(dyn ToSql + Sync), Type); 7] = [
-                (&kind, Type::TEXT),
-                (&name, Type::TEXT),
-                (&owner, Type::BYTEA),
-                (&self.channel, Type::TEXT),
-                (&notify, Type::BOOL),
-                (&step.stamp, Type::INT8),
-                (&left_ttl, Type::INT8),
-            ];
-            // `claim_leave` also marks the owner as left: the first five
-            // parameters are `claim_release`'s.
-            let (sql, n) = if step.mark {
-                (&self.sql.claim_leave, 7)
-            } else {
-                (&self.sql.claim_release, 5)
-            };
-            self.query(operation, sql, &params[..n]).await
+        let params: [(&(dyn ToSql + Sync), Type); 7] = [
+            (&kind, Type::TEXT),
+            (&name, Type::TEXT),
+            (&owner, Type::BYTEA),
+            (&self.channel, Type::TEXT),
+            (&notify, Type::BOOL),
+            (&step.stamp, Type::INT8),
+            (&left_ttl, Type::INT8),
+        ];
+        // `claim_leave` also marks the owner as left: the first five
+        // parameters are `claim_release`'s.
+        let (sql, n) = if step.mark {
+            (&self.sql.claim_leave, 7)
+        } else {
+            (&self.sql.claim_release, 5)
         };
-        let rows = self.unanswered.ending((&key, &who), stamp, send).await?;
+        let rows = self.query(operation, sql, &params[..n]).await?;
         let held = match rows.first() {
             Some(r) => r.try_get(0).map_err(|e| map_pg(operation, e))?,
             None => false,
@@ -228,38 +221,32 @@ impl PostgresBackend {
         operation: &'static str,
         kind: &'static str,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<bool> {
-        let key = Self::key(kind, name);
-        // A step of its owner (`coord_core::late::Unanswered::step`): with
-        // a step of the owner unanswered, the extend marks the owner as
-        // left at its stamp, so that step's late copy never sets the
-        // expiry back.
-        let o: &[u8] = owner.as_bytes();
+        // A step of its owner (`coord_core::late`): refused if stamped
+        // before the owner's mark; when the step says so, it marks the
+        // owner as left at its stamp, so an earlier step's late copy never
+        // sets the expiry back.
+        let o: &[u8] = step.owner.as_bytes();
         let ttl = micros_ceil(ttl);
         let (kind, name) = (kind.to_string(), name.to_string());
-        let send = |step: Step| async move {
-            let left_ttl = step.mark.then(|| micros_ceil(CLAIM_LEFT_TTL));
-            let rows = self
-                .query(
-                    operation,
-                    &self.sql.claim_extend,
-                    &[
-                        (&kind, Type::TEXT),
-                        (&name, Type::TEXT),
-                        (&o, Type::BYTEA),
-                        (&ttl, Type::INT8),
-                        (&step.stamp, Type::INT8),
-                        (&left_ttl, Type::INT8),
-                    ],
-                )
-                .await?;
-            extend_answer(operation, &rows)
-        };
-        self.unanswered
-            .step((&key, owner), (BACKEND, operation), stamp, send)
-            .await
+        let left_ttl = step.mark.then(|| micros_ceil(CLAIM_LEFT_TTL));
+        let rows = self
+            .query(
+                operation,
+                &self.sql.claim_extend,
+                &[
+                    (&kind, Type::TEXT),
+                    (&name, Type::TEXT),
+                    (&o, Type::BYTEA),
+                    (&ttl, Type::INT8),
+                    (&step.stamp, Type::INT8),
+                    (&left_ttl, Type::INT8),
+                ],
+            )
+            .await?;
+        extend_answer(operation, &rows)
     }
 }
 
@@ -269,12 +256,12 @@ impl Lock for PostgresBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         self.claim_acquire(
             "lock acquire",
             (KIND_LOCK, false),
             name,
-            owner,
+            step,
             None,
             ttl,
             None,
@@ -285,7 +272,7 @@ impl Lock for PostgresBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
@@ -293,7 +280,7 @@ impl Lock for PostgresBackend {
             "lock acquire",
             (KIND_LOCK, false),
             name,
-            owner,
+            step,
             None,
             ttl,
             Some(metadata),
@@ -305,14 +292,14 @@ impl Lock for PostgresBackend {
         self.claim_inspect("lock inspect", KIND_LOCK, name).await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
         // NOTIFY only when a waiter marked the row.
-        self.claim_release("lock release", KIND_LOCK, name, owner, false)
+        self.claim_release("lock release", KIND_LOCK, name, step, false)
             .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("lock extend", KIND_LOCK, name, owner, ttl)
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lock extend", KIND_LOCK, name, step, ttl)
             .await
     }
 
@@ -352,12 +339,12 @@ impl Lease for PostgresBackend {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         self.claim_acquire(
             "lease grant",
             (KIND_LEASE, false),
             name,
-            owner,
+            step,
             None,
             ttl,
             None,
@@ -368,7 +355,7 @@ impl Lease for PostgresBackend {
     async fn grant_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
@@ -376,7 +363,7 @@ impl Lease for PostgresBackend {
             "lease grant",
             (KIND_LEASE, false),
             name,
-            owner,
+            step,
             None,
             ttl,
             Some(metadata),
@@ -388,13 +375,13 @@ impl Lease for PostgresBackend {
         self.claim_inspect("lease inspect", KIND_LEASE, name).await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("lease renew", KIND_LEASE, name, owner, ttl)
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lease renew", KIND_LEASE, name, step, ttl)
             .await
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.claim_release("lease revoke", KIND_LEASE, name, owner, false)
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
+        self.claim_release("lease revoke", KIND_LEASE, name, step, false)
             .await
     }
 

@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use coord_core::inspect::{HolderRecord, LeaderRecord};
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Capabilities, Election, LeaderInfo, OwnerToken, Result, async_trait};
+use coord_core::{Attempt, Capabilities, Election, LeaderInfo, Result, async_trait};
 use tokio_postgres::types::Type;
 
 use super::claims::{KIND_ELECTION, owner_token};
 use super::errors::map_pg;
 use super::{PostgresBackend, from_micros, token};
+use coord_core::Step;
 
 #[async_trait]
 impl Election for PostgresBackend {
@@ -21,14 +22,14 @@ impl Election for PostgresBackend {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt> {
         self.claim_acquire(
             "election campaign",
             (KIND_ELECTION, true),
             name,
-            owner,
+            step,
             Some(candidate),
             ttl,
             None,
@@ -36,13 +37,13 @@ impl Election for PostgresBackend {
         .await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("election renew", KIND_ELECTION, name, owner, ttl)
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.claim_extend("election renew", KIND_ELECTION, name, step, ttl)
             .await
     }
 
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.claim_release("election resign", KIND_ELECTION, name, owner, true)
+    async fn resign(&self, name: &str, step: Step) -> Result<bool> {
+        self.claim_release("election resign", KIND_ELECTION, name, step, true)
             .await
     }
 

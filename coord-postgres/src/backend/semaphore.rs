@@ -8,22 +8,20 @@
 //! release that makes them grantable.
 //!
 //! Late attempts (`coord_core::late`): every attempt and release carries
-//! a [`stamp`] of this process. An attempt the client gave up on (call
-//! timeout, lost connection, cancelled mid-call) may still reach the
-//! server later, so its owner is remembered ([`Unanswered`]); that owner's
-//! release then marks it as left at its stamp for [`SEMAPHORE_LEFT_TTL`],
-//! and an attempt of the owner stamped before the release (that late copy)
-//! is refused on the server and changes nothing: no place in line nobody
-//! waits for (it would hold up every later waiter until it lapsed,
-//! [`SEMAPHORE_QUEUE_TTL`]), no permits nobody releases. Releases after
-//! answered attempts write no mark.
+//! its [`Step`]'s stamp. An attempt the client gave up on (call timeout,
+//! lost connection, cancelled mid-call) may still reach the server later;
+//! the caller's book knows it, so the owner's release is told to
+//! [`mark`](Step::mark), and marks the owner as left at its stamp for
+//! [`SEMAPHORE_LEFT_TTL`]. An attempt of the owner stamped before the
+//! release (that late copy) is refused on the server and changes nothing:
+//! no place in line nobody waits for (it would hold up every later waiter
+//! until it lapsed, [`SEMAPHORE_QUEUE_TTL`]), no permits nobody releases.
+//! Releases after answered attempts write no mark.
 
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-#[cfg(doc)]
-use coord_core::late::Unanswered;
-use coord_core::late::{Step, stamp};
+use coord_core::late::Step;
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
@@ -32,7 +30,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::claims::owner_token;
 use super::errors::{map_pg, unexpected};
-use super::{BACKEND, PostgresBackend, extend_answer, from_micros, micros_ceil, token};
+use super::{PostgresBackend, extend_answer, from_micros, micros_ceil, token};
 
 /// How long a waiter's place in a semaphore's queue lasts without a new
 /// attempt (as coord-memory's `QUEUE_ENTRY_TTL`). A waiting acquire
@@ -85,13 +83,13 @@ impl PostgresBackend {
     async fn semaphore_attempt(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         req: &PermitRequest,
         metadata: Option<&[u8]>,
     ) -> Result<Attempt> {
         const OP: &str = "semaphore acquire";
         let n = name.to_string();
-        let o: &[u8] = owner.as_bytes();
+        let o: &[u8] = step.owner.as_bytes();
         // Validated by the core: 1 <= permits <= total <= MAX_PERMITS.
         let permits = i32::try_from(req.permits)
             .map_err(|_| Error::invalid("permits", "too many permits"))?;
@@ -102,9 +100,8 @@ impl PostgresBackend {
         let queue_ttl = micros_ceil(SEMAPHORE_QUEUE_TTL);
         let refresh = micros_ceil(SEMAPHORE_QUEUE_REFRESH);
         let head_poll = micros_ceil(HEAD_POLL);
-        let at = stamp();
+        let at = step.stamp;
         let durable: &[(&(dyn ToSql + Sync), Type)] = &[(&n, Type::TEXT), (&o, Type::BYTEA)];
-        let pending = self.unanswered.attempt(name, *owner);
         let rows = self
             .query_then(
                 OP,
@@ -127,7 +124,6 @@ impl PostgresBackend {
                 Some((&self.sql.semaphore_durable, durable)),
             )
             .await?;
-        pending.answered();
         let (rows, after) = rows;
         let flushed = !after.is_empty();
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
@@ -186,23 +182,18 @@ impl Semaphore for PostgresBackend {
         true
     }
 
-    async fn try_acquire(
-        &self,
-        name: &str,
-        owner: &OwnerToken,
-        req: &PermitRequest,
-    ) -> Result<Attempt> {
-        self.semaphore_attempt(name, owner, req, None).await
+    async fn try_acquire(&self, name: &str, step: Step, req: &PermitRequest) -> Result<Attempt> {
+        self.semaphore_attempt(name, step, req, None).await
     }
 
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         req: &PermitRequest,
         metadata: &[u8],
     ) -> Result<Attempt> {
-        self.semaphore_attempt(name, owner, req, Some(metadata))
+        self.semaphore_attempt(name, step, req, Some(metadata))
             .await
     }
 
@@ -242,56 +233,48 @@ impl Semaphore for PostgresBackend {
         })
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
         const OP: &str = "semaphore release";
         let n = name.to_string();
-        let o: &[u8] = owner.as_bytes();
+        let o: &[u8] = step.owner.as_bytes();
         let left_ttl = micros_ceil(SEMAPHORE_LEFT_TTL);
-        let send = |step: Step| async move {
-            // A mark only after an unanswered attempt of this owner.
-            let left = step.mark.then_some(step.stamp);
-            let params: [(&(dyn ToSql + Sync), Type); 5] = [
-                (&n, Type::TEXT),
-                (&o, Type::BYTEA),
-                (&self.channel, Type::TEXT),
-                (&left, Type::INT8),
-                (&left_ttl, Type::INT8),
-            ];
-            self.query(OP, &self.sql.semaphore_release, &params).await
-        };
-        let rows = self.unanswered.ending((name, owner), stamp, send).await?;
+        // A mark only when the step says so (a step of this owner went
+        // unanswered).
+        let left = step.mark.then_some(step.stamp);
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
+            (&n, Type::TEXT),
+            (&o, Type::BYTEA),
+            (&self.channel, Type::TEXT),
+            (&left, Type::INT8),
+            (&left_ttl, Type::INT8),
+        ];
+        let rows = self.query(OP, &self.sql.semaphore_release, &params).await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
         row.try_get(0).map_err(|e| map_pg(OP, e))
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
         const OP: &str = "semaphore extend";
         let n = name.to_string();
-        let o: &[u8] = owner.as_bytes();
+        let o: &[u8] = step.owner.as_bytes();
         let ttl = micros_ceil(ttl);
-        // A step of its owner (`coord_core::late::Unanswered::step`; see
-        // `semaphore_extend`): refused if stamped before its mark, marking
-        // when a step of the owner went unanswered.
-        let send = |step: Step| async move {
-            let left_ttl = step.mark.then(|| micros_ceil(SEMAPHORE_LEFT_TTL));
-            let rows = self
-                .query(
-                    OP,
-                    &self.sql.semaphore_extend,
-                    &[
-                        (&n, Type::TEXT),
-                        (&o, Type::BYTEA),
-                        (&ttl, Type::INT8),
-                        (&step.stamp, Type::INT8),
-                        (&left_ttl, Type::INT8),
-                    ],
-                )
-                .await?;
-            extend_answer(OP, &rows)
-        };
-        self.unanswered
-            .step((name, owner), (BACKEND, OP), stamp, send)
-            .await
+        // A step of its owner (`coord_core::late`; see `semaphore_extend`):
+        // refused if stamped before its mark, marking when the step says so.
+        let left_ttl = step.mark.then(|| micros_ceil(SEMAPHORE_LEFT_TTL));
+        let rows = self
+            .query(
+                OP,
+                &self.sql.semaphore_extend,
+                &[
+                    (&n, Type::TEXT),
+                    (&o, Type::BYTEA),
+                    (&ttl, Type::INT8),
+                    (&step.stamp, Type::INT8),
+                    (&left_ttl, Type::INT8),
+                ],
+            )
+            .await?;
+        extend_answer(OP, &rows)
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {

@@ -32,7 +32,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
     let name = unique("refused");
     let holder = OwnerToken::random();
     let got = b
-        .try_acquire(&name, &holder, Duration::from_secs(60))
+        .try_acquire(&name, holder.step(), Duration::from_secs(60))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -40,7 +40,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
     for i in 0..200 {
         let other = OwnerToken::random();
         let got = b
-            .try_acquire(&name, &other, Duration::from_secs(60))
+            .try_acquire(&name, other.step(), Duration::from_secs(60))
             .await
             .unwrap();
         assert!(matches!(got, Attempt::Held { .. }), "attempt {i}: {got:?}");
@@ -50,7 +50,7 @@ async fn a_refused_attempt_takes_no_lock_and_writes_nothing() {
         used <= 5,
         "200 refused attempts used {used} transaction ids (each one took the row lock)"
     );
-    assert!(b.release(&name, &holder).await.unwrap());
+    assert!(b.release(&name, holder.step()).await.unwrap());
 }
 
 /// 32 waiters poll every 2 ms for a lock through ONE client with a pool
@@ -153,7 +153,7 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
     let owner = OwnerToken::random();
     // An expired row: the next attempt must lock it to take it over.
     let got = b
-        .try_acquire(&name, &owner, Duration::from_millis(50))
+        .try_acquire(&name, owner.step(), Duration::from_millis(50))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -177,7 +177,7 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
     for round in 0..3 {
         let t = Instant::now();
         let e = b
-            .try_acquire(&name, &OwnerToken::random(), Duration::from_secs(60))
+            .try_acquire(&name, OwnerToken::random().step(), Duration::from_secs(60))
             .await
             .expect_err("the row is locked by another session");
         let took = t.elapsed();
@@ -206,7 +206,7 @@ async fn a_blocked_statement_times_out_and_is_cancelled_on_the_server() {
     blocker.batch_execute("COMMIT").await.unwrap();
     // The client still works.
     let got = b
-        .try_acquire(&name, &owner, Duration::from_secs(60))
+        .try_acquire(&name, owner.step(), Duration::from_secs(60))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -229,7 +229,7 @@ async fn a_renewal_that_waited_past_expiry_resurrects_nothing() {
     let name = unique("late_renew");
     let owner = OwnerToken::random();
     let got = b
-        .grant(&name, &owner, Duration::from_millis(600))
+        .grant(&name, owner.step(), Duration::from_millis(600))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -250,7 +250,7 @@ async fn a_renewal_that_waited_past_expiry_resurrects_nothing() {
         .unwrap();
     let renew = {
         let (b, name, owner) = (b.clone(), name.clone(), owner);
-        tokio::spawn(async move { b.renew(&name, &owner, Duration::from_secs(30)).await })
+        tokio::spawn(async move { b.renew(&name, owner.step(), Duration::from_secs(30)).await })
     };
     // The lease runs out while the renewal waits; an observer sees it gone.
     let deadline = Instant::now() + Duration::from_secs(3);

@@ -55,10 +55,10 @@ async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
     let owner = OwnerToken::random();
     let mut tokens = Vec::new();
     for got in [
-        b.try_acquire(&lock, &owner, Duration::from_secs(600))
+        b.try_acquire(&lock, owner.step(), Duration::from_secs(600))
             .await
             .unwrap(),
-        b.grant(&lease, &owner, Duration::from_secs(600))
+        b.grant(&lease, owner.step(), Duration::from_secs(600))
             .await
             .unwrap(),
     ] {
@@ -86,7 +86,7 @@ async fn grants_survive_a_crash_when_the_role_commits_asynchronously() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let lock_now = loop {
         match b
-            .try_acquire(&lock, &OwnerToken::random(), Duration::from_secs(5))
+            .try_acquire(&lock, OwnerToken::random().step(), Duration::from_secs(5))
             .await
         {
             Ok(a) => break a,

@@ -166,7 +166,7 @@ async fn contended(b: &Arc<PostgresBackend>, client: &str, report: &mut Vec<(Str
                     queue: false,
                 };
                 let owner = OwnerToken::random();
-                let got = Semaphore::try_acquire(&*b, &name, &owner, &request).await?;
+                let got = Semaphore::try_acquire(&*b, &name, owner.step(), &request).await?;
                 Ok(matches!(got, Attempt::Granted(_)))
             }
         })
@@ -182,7 +182,7 @@ async fn contended(b: &Arc<PostgresBackend>, client: &str, report: &mut Vec<(Str
             let (b, name) = (b.clone(), name.clone());
             async move {
                 let owner = OwnerToken::random();
-                let got = Lock::try_acquire(&*b, &name, &owner, ttl).await?;
+                let got = Lock::try_acquire(&*b, &name, owner.step(), ttl).await?;
                 Ok(matches!(got, Attempt::Granted(_)))
             }
         })
@@ -199,7 +199,7 @@ async fn contended(b: &Arc<PostgresBackend>, client: &str, report: &mut Vec<(Str
             async move {
                 let candidate = format!("candidate-{i}");
                 let owner = OwnerToken::random();
-                let got = b.try_campaign(&name, &candidate, &owner, ttl).await?;
+                let got = b.try_campaign(&name, &candidate, owner.step(), ttl).await?;
                 Ok(matches!(got, Attempt::Granted(_)))
             }
         })
@@ -398,9 +398,13 @@ async fn a_session_default_changed_behind_coords_back_is_a_clear_error_not_a_wro
             queue: false,
         };
         let attempts = [
-            Lock::try_acquire(&*b, &name, &owner, ttl).await.map(|_| ()),
-            b.try_campaign(&name, "me", &owner, ttl).await.map(|_| ()),
-            Semaphore::try_acquire(&*b, &name, &owner, &request)
+            Lock::try_acquire(&*b, &name, owner.step(), ttl)
+                .await
+                .map(|_| ()),
+            b.try_campaign(&name, "me", owner.step(), ttl)
+                .await
+                .map(|_| ()),
+            Semaphore::try_acquire(&*b, &name, owner.step(), &request)
                 .await
                 .map(|_| ()),
             Barrier::arrive(&*b, &name, 2, "me", &owner)

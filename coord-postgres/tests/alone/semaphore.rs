@@ -136,7 +136,7 @@ async fn a_dead_waiters_place_lapses_and_is_swept() {
     let long = Duration::from_secs(120);
     let holder = OwnerToken::random();
     let got = b
-        .try_acquire(&name, &holder, &req(1, 2, long, false))
+        .try_acquire(&name, holder.step(), &req(1, 2, long, false))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -144,7 +144,7 @@ async fn a_dead_waiters_place_lapses_and_is_swept() {
     // never repeated.
     let dead = OwnerToken::random();
     let got = b
-        .try_acquire(&name, &dead, &req(2, 2, long, true))
+        .try_acquire(&name, dead.step(), &req(2, 2, long, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
@@ -152,7 +152,7 @@ async fn a_dead_waiters_place_lapses_and_is_swept() {
     assert_eq!(rows(&b).await, (1, 1));
     // Both permits free: the dead waiter could be granted, so the live
     // one behind it (1 permit) must still wait, in line.
-    assert!(b.release(&name, &holder).await.unwrap());
+    assert!(b.release(&name, holder.step()).await.unwrap());
     let sem = b
         .coord()
         .with_poll_interval(Duration::from_secs(60))
@@ -193,26 +193,26 @@ async fn polling_waiters_write_nothing() {
     let long = Duration::from_secs(60);
     let holder = OwnerToken::random();
     let got = b
-        .try_acquire(&name, &holder, &req(1, 1, long, false))
+        .try_acquire(&name, holder.step(), &req(1, 1, long, false))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
     let waiter = OwnerToken::random();
     let got = b
-        .try_acquire(&name, &waiter, &req(1, 1, long, true))
+        .try_acquire(&name, waiter.step(), &req(1, 1, long, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
     let xids = crate::XidCount::start().await;
     for i in 0..200 {
         let got = b
-            .try_acquire(&name, &waiter, &req(1, 1, long, true))
+            .try_acquire(&name, waiter.step(), &req(1, 1, long, true))
             .await
             .unwrap();
         assert!(matches!(got, Attempt::Held { .. }), "poll {i}: {got:?}");
         let other = OwnerToken::random();
         let got = b
-            .try_acquire(&name, &other, &req(1, 1, long, false))
+            .try_acquire(&name, other.step(), &req(1, 1, long, false))
             .await
             .unwrap();
         assert!(matches!(got, Attempt::Held { .. }), "single {i}: {got:?}");
@@ -223,13 +223,13 @@ async fn polling_waiters_write_nothing() {
         "400 refused attempts used {used} transaction ids (they wrote)"
     );
     assert_eq!(rows(&b).await, (1, 1), "single attempts left places");
-    assert!(b.release(&name, &holder).await.unwrap());
+    assert!(b.release(&name, holder.step()).await.unwrap());
     let got = b
-        .try_acquire(&name, &waiter, &req(1, 1, long, true))
+        .try_acquire(&name, waiter.step(), &req(1, 1, long, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-    assert!(b.release(&name, &waiter).await.unwrap());
+    assert!(b.release(&name, waiter.step()).await.unwrap());
     assert_eq!(rows(&b).await, (0, 0));
 }
 
@@ -282,11 +282,11 @@ async fn notifications_go_only_to_waiters_made_grantable() {
     for _ in 0..20 {
         let o = OwnerToken::random();
         let got = b
-            .try_acquire(&name, &o, &req(1, 2, long, false))
+            .try_acquire(&name, o.step(), &req(1, 2, long, false))
             .await
             .unwrap();
         assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-        assert!(b.release(&name, &o).await.unwrap());
+        assert!(b.release(&name, o.step()).await.unwrap());
     }
     marker("first").await;
     assert_eq!(
@@ -303,35 +303,35 @@ async fn notifications_go_only_to_waiters_made_grantable() {
     );
     for h in [&h1, &h2] {
         let got = b
-            .try_acquire(&name, h, &req(1, 2, long, false))
+            .try_acquire(&name, h.step(), &req(1, 2, long, false))
             .await
             .unwrap();
         assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
     }
     let got = b
-        .try_acquire(&name, &w, &req(2, 2, long, true))
+        .try_acquire(&name, w.step(), &req(2, 2, long, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
-    assert!(b.release(&name, &h1).await.unwrap());
+    assert!(b.release(&name, h1.step()).await.unwrap());
     marker("second").await;
     assert_eq!(
         next(&mut rx).await,
         "second",
         "a release that frees too little for the waiter notified"
     );
-    assert!(b.release(&name, &h2).await.unwrap());
+    assert!(b.release(&name, h2.step()).await.unwrap());
     assert_eq!(
         next(&mut rx).await,
         format!("semaphore:{}:{name}", w.to_hex()),
         "the release that lets the waiter in must notify it"
     );
     let got = b
-        .try_acquire(&name, &w, &req(2, 2, long, true))
+        .try_acquire(&name, w.step(), &req(2, 2, long, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-    assert!(b.release(&name, &w).await.unwrap());
+    assert!(b.release(&name, w.step()).await.unwrap());
     marker("third").await;
     assert_eq!(
         next(&mut rx).await,

@@ -56,7 +56,7 @@ async fn semaphore_grants_survive_a_crash() {
     let mut tokens = Vec::new();
     for (owner, permits) in [(OwnerToken::random(), 2), (OwnerToken::random(), 1)] {
         match b
-            .try_acquire(&name, &owner, &req(permits, 3))
+            .try_acquire(&name, owner.step(), &req(permits, 3))
             .await
             .unwrap()
         {
@@ -82,7 +82,7 @@ async fn semaphore_grants_survive_a_crash() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let now = loop {
         match b
-            .try_acquire(&name, &OwnerToken::random(), &req(1, 3))
+            .try_acquire(&name, OwnerToken::random().step(), &req(1, 3))
             .await
         {
             Ok(a) => break a,
@@ -97,7 +97,7 @@ async fn semaphore_grants_survive_a_crash() {
         "a permit granted before the crash was lost: {now:?}"
     );
     match b
-        .try_acquire(&name, &OwnerToken::random(), &req(1, 4))
+        .try_acquire(&name, OwnerToken::random().step(), &req(1, 4))
         .await
     {
         Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "permits_total"),

@@ -83,12 +83,14 @@ async fn idle_names_cost_nothing_in_the_store() {
             let owner = OwnerToken::random();
             let name = format!("order:{i}");
             let sent = std::time::Instant::now();
-            let got = Lock::try_acquire(&*b, &name, &owner, TTL).await.unwrap();
+            let got = Lock::try_acquire(&*b, &name, owner.step(), TTL)
+                .await
+                .unwrap();
             assert!(matches!(got, coord_core::Attempt::Granted(_)));
             if i % 2 == 0 {
                 // Released at once; on a slow machine the release can come
                 // after the TTL, when the lock is already free.
-                let released = Lock::release(&*b, &name, &owner).await.unwrap();
+                let released = Lock::release(&*b, &name, owner.step()).await.unwrap();
                 assert!(
                     released || sent.elapsed() >= TTL,
                     "order:{i}: the release found the lock not held {:?} after it was asked for",
@@ -104,7 +106,10 @@ async fn idle_names_cost_nothing_in_the_store() {
         let (b, touched) = (b.clone(), touched.clone());
         async move {
             let owner = OwnerToken::random();
-            let got = b.grant(&format!("worker:{i}"), &owner, TTL).await.unwrap();
+            let got = b
+                .grant(&format!("worker:{i}"), owner.step(), TTL)
+                .await
+                .unwrap();
             assert!(matches!(got, coord_core::Attempt::Granted(_)));
             touched.fetch_add(1, Ordering::Relaxed);
         }
@@ -160,12 +165,15 @@ async fn idle_names_cost_nothing_in_the_store() {
             let owner = OwnerToken::random();
             let name = format!("shard:{i}");
             let sent = std::time::Instant::now();
-            let got = b.try_campaign(&name, "me", &owner, TTL).await.unwrap();
+            let got = b
+                .try_campaign(&name, "me", owner.step(), TTL)
+                .await
+                .unwrap();
             assert!(matches!(got, coord_core::Attempt::Granted(_)));
             if i % 2 == 0 {
                 // A term resigns while it lasts (past its TTL, on a loaded
                 // machine, it may be over).
-                let resigned = b.resign(&name, &owner).await.unwrap();
+                let resigned = b.resign(&name, owner.step()).await.unwrap();
                 assert!(
                     resigned || sent.elapsed() >= TTL,
                     "a live term did not resign"
@@ -199,7 +207,7 @@ async fn idle_names_cost_nothing_in_the_store() {
     // A name used again after its row was deleted still gets a higher
     // fencing token than every earlier grant.
     let owner = OwnerToken::random();
-    let coord_core::Attempt::Granted(t) = Lock::try_acquire(&*b, "order:0", &owner, TTL)
+    let coord_core::Attempt::Granted(t) = Lock::try_acquire(&*b, "order:0", owner.step(), TTL)
         .await
         .unwrap()
     else {

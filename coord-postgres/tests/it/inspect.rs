@@ -59,7 +59,7 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
     // A new grant stores it; a retry of the live owner keeps the grant as
     // it is (other metadata, or none).
     let t = granted(
-        Lock::try_acquire_with_metadata(b, &name, &a, LONG, &m1)
+        Lock::try_acquire_with_metadata(b, &name, a.step(), LONG, &m1)
             .await
             .unwrap(),
     );
@@ -72,12 +72,12 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
         "{h:?}"
     );
     assert_eq!(r.waiters, None);
-    let again = Lock::try_acquire_with_metadata(b, &name, &a, LONG, br#""other""#)
+    let again = Lock::try_acquire_with_metadata(b, &name, a.step(), LONG, br#""other""#)
         .await
         .unwrap();
     assert_eq!(granted(again), t);
     assert_eq!(
-        Lock::try_acquire(b, &name, &a, LONG).await.unwrap(),
+        Lock::try_acquire(b, &name, a.step(), LONG).await.unwrap(),
         Attempt::Granted(coord_core::FencingToken(t))
     );
     assert_eq!(
@@ -86,7 +86,7 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
     );
     // Refused for another owner, which changes nothing.
     assert!(matches!(
-        Lock::try_acquire_with_metadata(b, &name, &c, LONG, br#"2"#)
+        Lock::try_acquire_with_metadata(b, &name, c.step(), LONG, br#"2"#)
             .await
             .unwrap(),
         Attempt::Held { .. }
@@ -97,9 +97,9 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
     );
 
     // Release: gone; the next plain grant shows none.
-    assert!(Lock::release(b, &name, &a).await.unwrap());
+    assert!(Lock::release(b, &name, a.step()).await.unwrap());
     assert!(Lock::inspect(b, &name).await.unwrap().holders.is_empty());
-    let t2 = granted(Lock::try_acquire(b, &name, &c, LONG).await.unwrap());
+    let t2 = granted(Lock::try_acquire(b, &name, c.step(), LONG).await.unwrap());
     assert_eq!(
         only(&Lock::inspect(b, &name).await.unwrap()),
         Some((c, t2, None))
@@ -113,20 +113,20 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
     // takeover of the expired row, by another owner without metadata or
     // by the same owner, is a new grant with its own metadata only.
     granted(
-        Lock::try_acquire_with_metadata(b, &name, &a, SHORT, &m1)
+        Lock::try_acquire_with_metadata(b, &name, a.step(), SHORT, &m1)
             .await
             .unwrap(),
     );
     tokio::time::sleep(SHORT * 2).await;
     assert!(Lock::inspect(b, &name).await.unwrap().holders.is_empty());
-    let t3 = granted(Lock::try_acquire(b, &name, &c, SHORT).await.unwrap());
+    let t3 = granted(Lock::try_acquire(b, &name, c.step(), SHORT).await.unwrap());
     assert_eq!(
         only(&Lock::inspect(b, &name).await.unwrap()),
         Some((c, t3, None))
     );
     tokio::time::sleep(SHORT * 2).await;
     let t4 = granted(
-        Lock::try_acquire_with_metadata(b, &name, &c, LONG, br#"{"n":4}"#)
+        Lock::try_acquire_with_metadata(b, &name, c.step(), LONG, br#"{"n":4}"#)
             .await
             .unwrap(),
     );
@@ -135,14 +135,14 @@ async fn lock_metadata_lifecycle(b: &PostgresBackend) {
         only(&Lock::inspect(b, &name).await.unwrap()),
         Some((c, t4, Some(br#"{"n":4}"#.to_vec())))
     );
-    assert!(Lock::release(b, &name, &c).await.unwrap());
+    assert!(Lock::release(b, &name, c.step()).await.unwrap());
 }
 
 async fn lease_metadata_lifecycle(b: &PostgresBackend) {
     let name = unique("meta-lease");
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
     let t = granted(
-        b.grant_with_metadata(&name, &a, SHORT, br#"{"worker":7}"#)
+        b.grant_with_metadata(&name, a.step(), SHORT, br#"{"worker":7}"#)
             .await
             .unwrap(),
     );
@@ -154,12 +154,12 @@ async fn lease_metadata_lifecycle(b: &PostgresBackend) {
     assert!(Lock::inspect(b, &name).await.unwrap().holders.is_empty());
     tokio::time::sleep(SHORT * 2).await;
     assert!(Lease::inspect(b, &name).await.unwrap().holders.is_empty());
-    let t2 = granted(b.grant(&name, &c, LONG).await.unwrap());
+    let t2 = granted(b.grant(&name, c.step(), LONG).await.unwrap());
     assert_eq!(
         only(&Lease::inspect(b, &name).await.unwrap()),
         Some((c, t2, None))
     );
-    assert!(b.revoke(&name, &c).await.unwrap());
+    assert!(b.revoke(&name, c.step()).await.unwrap());
     assert!(Lease::inspect(b, &name).await.unwrap().holders.is_empty());
 }
 
@@ -180,25 +180,25 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
     assert!(free.holders.is_empty(), "{free:?}");
     assert_eq!(free.waiters, Some(0));
     let ta = granted(
-        Semaphore::try_acquire_with_metadata(b, &name, &a, &req(2, true), br#"{"n":1}"#)
+        Semaphore::try_acquire_with_metadata(b, &name, a.step(), &req(2, true), br#"{"n":1}"#)
             .await
             .unwrap(),
     );
     let tc = granted(
-        Semaphore::try_acquire(b, &name, &c, &req(1, true))
+        Semaphore::try_acquire(b, &name, c.step(), &req(1, true))
             .await
             .unwrap(),
     );
     // A queued waiter (2 permits do not fit) is counted, not listed.
     assert!(matches!(
-        Semaphore::try_acquire_with_metadata(b, &name, &w, &req(2, true), br#""w""#)
+        Semaphore::try_acquire_with_metadata(b, &name, w.step(), &req(2, true), br#""w""#)
             .await
             .unwrap(),
         Attempt::Held { .. }
     ));
     // A single attempt leaves nothing behind.
     assert!(matches!(
-        Semaphore::try_acquire(b, &name, &OwnerToken::random(), &req(1, false))
+        Semaphore::try_acquire(b, &name, OwnerToken::random().step(), &req(1, false))
             .await
             .unwrap(),
         Attempt::Held { .. }
@@ -206,7 +206,7 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
     // A retry of a live grant keeps it as it is.
     assert_eq!(
         granted(
-            Semaphore::try_acquire_with_metadata(b, &name, &a, &req(2, true), br#"{"n":9}"#)
+            Semaphore::try_acquire_with_metadata(b, &name, a.step(), &req(2, true), br#"{"n":9}"#)
                 .await
                 .unwrap()
         ),
@@ -231,9 +231,9 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
 
     // Released: its grant (and metadata) gone; the waiter is granted with
     // its own metadata.
-    assert!(Semaphore::release(b, &name, &a).await.unwrap());
+    assert!(Semaphore::release(b, &name, a.step()).await.unwrap());
     let tw = granted(
-        Semaphore::try_acquire_with_metadata(b, &name, &w, &req(2, true), br#""w""#)
+        Semaphore::try_acquire_with_metadata(b, &name, w.step(), &req(2, true), br#""w""#)
             .await
             .unwrap(),
     );
@@ -265,7 +265,7 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
         ..req(1, false)
     };
     granted(
-        Semaphore::try_acquire_with_metadata(b, &name, &a, &short, br#"1"#)
+        Semaphore::try_acquire_with_metadata(b, &name, a.step(), &short, br#"1"#)
             .await
             .unwrap(),
     );
@@ -278,7 +278,7 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
             .is_empty()
     );
     let t = granted(
-        Semaphore::try_acquire(b, &name, &a, &req(1, false))
+        Semaphore::try_acquire(b, &name, a.step(), &req(1, false))
             .await
             .unwrap(),
     );
@@ -290,7 +290,7 @@ async fn semaphore_grants_and_waiters(b: &PostgresBackend) {
             .collect::<Vec<_>>(),
         [(a, t, None)]
     );
-    assert!(Semaphore::release(b, &name, &a).await.unwrap());
+    assert!(Semaphore::release(b, &name, a.step()).await.unwrap());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,7 +160,8 @@ async fn answered_after_a_slow_reconnect(url: &str, latency: Duration, timeout: 
         .expect("connect through the proxy");
     let o = OwnerToken::random();
     assert!(matches!(
-        b.try_acquire("warm", &o, Duration::from_secs(10)).await,
+        b.try_acquire("warm", o.step(), Duration::from_secs(10))
+            .await,
         Ok(coord_core::Attempt::Granted(_))
     ));
     proxy.latency(latency);
@@ -170,7 +171,7 @@ async fn answered_after_a_slow_reconnect(url: &str, latency: Duration, timeout: 
     loop {
         // (A release that timed out may have been applied: only whether
         // one is answered counts.)
-        match b.release("warm", &o).await {
+        match b.release("warm", o.step()).await {
             Ok(_) => break,
             Err(e) => errors.push(format!("{:?}: {e}", start.elapsed())),
         }

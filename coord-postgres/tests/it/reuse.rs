@@ -70,29 +70,34 @@ async fn release_frees_the_row_in_place_and_the_next_grant_takes_it() {
         for i in 0..30 {
             let owner = OwnerToken::random();
             let t = granted(
-                b.try_acquire_with_metadata("job", &owner, Duration::from_secs(30), b"{\"i\":1}")
-                    .await
-                    .unwrap(),
+                b.try_acquire_with_metadata(
+                    "job",
+                    owner.step(),
+                    Duration::from_secs(30),
+                    b"{\"i\":1}",
+                )
+                .await
+                .unwrap(),
             );
             assert!(t > last, "cycle {i}: token {t:?} after {last:?}");
             let lease = granted(
-                b.grant("worker", &owner, Duration::from_secs(30))
+                b.grant("worker", owner.step(), Duration::from_secs(30))
                     .await
                     .unwrap(),
             );
             assert!(lease > t);
             let term = granted(
-                b.try_campaign("leader", "me", &owner, Duration::from_secs(30))
+                b.try_campaign("leader", "me", owner.step(), Duration::from_secs(30))
                     .await
                     .unwrap(),
             );
             assert!(term > lease);
             last = term;
-            assert!(Lock::release(&*b, "job", &owner).await.unwrap());
-            assert!(b.revoke("worker", &owner).await.unwrap());
-            assert!(b.resign("leader", &owner).await.unwrap());
+            assert!(Lock::release(&*b, "job", owner.step()).await.unwrap());
+            assert!(b.revoke("worker", owner.step()).await.unwrap());
+            assert!(b.resign("leader", owner.step()).await.unwrap());
             assert!(
-                !Lock::release(&*b, "job", &owner).await.unwrap(),
+                !Lock::release(&*b, "job", owner.step()).await.unwrap(),
                 "a second release"
             );
             let left = psql(&format!(
@@ -110,12 +115,12 @@ async fn release_frees_the_row_in_place_and_the_next_grant_takes_it() {
         // Force release frees in place too.
         let owner = OwnerToken::random();
         granted(
-            b.try_acquire("job", &owner, Duration::from_secs(30))
+            b.try_acquire("job", owner.step(), Duration::from_secs(30))
                 .await
                 .unwrap(),
         );
         assert!(b.force_release("job").await.unwrap());
-        assert!(!Lock::release(&*b, "job", &owner).await.unwrap());
+        assert!(!Lock::release(&*b, "job", owner.step()).await.unwrap());
         assert_eq!(changes(&schema, "DELETE"), 0);
         assert!(Lock::inspect(&*b, "job").await.unwrap().holders.is_empty());
     }
@@ -131,9 +136,9 @@ async fn a_name_swept_away_gets_a_higher_token_next() {
         let b = backend(&schema, prepared).await;
         let ttl = Duration::from_millis(300);
         let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-        let t1 = granted(b.try_acquire("freed", &o1, ttl).await.unwrap());
-        let t2 = granted(b.try_acquire("expired", &o2, ttl).await.unwrap());
-        assert!(Lock::release(&*b, "freed", &o1).await.unwrap());
+        let t1 = granted(b.try_acquire("freed", o1.step(), ttl).await.unwrap());
+        let t2 = granted(b.try_acquire("expired", o2.step(), ttl).await.unwrap());
+        assert!(Lock::release(&*b, "freed", o1.step()).await.unwrap());
         assert_eq!(
             b.sweep().await.unwrap(),
             0,
@@ -145,8 +150,8 @@ async fn a_name_swept_away_gets_a_higher_token_next() {
             psql(&format!("SELECT count(*) FROM \"{schema}\".claims")),
             "0"
         );
-        let t3 = granted(b.try_acquire("freed", &o2, ttl).await.unwrap());
-        let t4 = granted(b.try_acquire("expired", &o1, ttl).await.unwrap());
+        let t3 = granted(b.try_acquire("freed", o2.step(), ttl).await.unwrap());
+        let t4 = granted(b.try_acquire("expired", o1.step(), ttl).await.unwrap());
         assert!(
             t3 > t2 && t4 > t3 && t2 > t1,
             "tokens {t1:?} {t2:?} then, after the sweep, {t3:?} {t4:?} (prepared {prepared})"
@@ -193,7 +198,8 @@ async fn tokens_rise_per_name_while_rows_are_reused_and_swept() {
                 let name = format!("n{}", (r >> 33) % 16);
                 let owner = OwnerToken::random();
                 let sent = Instant::now();
-                let Attempt::Granted(t) = b.try_acquire(&name, &owner, ttl).await.unwrap() else {
+                let Attempt::Granted(t) = b.try_acquire(&name, owner.step(), ttl).await.unwrap()
+                else {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     continue;
                 };
@@ -203,7 +209,7 @@ async fn tokens_rise_per_name_while_rows_are_reused_and_swept() {
                     log.entry(name.clone()).or_default().push((t.get(), valid));
                 }
                 if n % 2 == 0 {
-                    Lock::release(&*b, &name, &owner).await.unwrap();
+                    Lock::release(&*b, &name, owner.step()).await.unwrap();
                 }
                 tokio::time::sleep(Duration::from_millis((r >> 40) % 150)).await;
             }

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
 use conformance::testkit::proxy::FaultProxy;
+use coord_core::late::Stepped;
 use coord_core::{Attempt, OwnerToken, PermitRequest, Semaphore};
 use coord_postgres::PostgresBackend;
 use support::{HEAL_AFTER, LATENCY, LONG, direct, slow, unique, until_late_attempts_landed};
@@ -37,9 +38,9 @@ async fn warm(b: &PostgresBackend, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     for round in 0.. {
         let pair = async {
-            let got = b.try_acquire(&name, &o, &r).await?;
+            let got = b.try_acquire(&name, o.step(), &r).await?;
             assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-            b.release(&name, &o).await
+            b.release(&name, o.step()).await
         };
         match pair.await {
             Ok(held) => {
@@ -114,7 +115,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     // The one permit is held, so the slow acquire queues.
     let holder = OwnerToken::random();
     let got = here
-        .try_acquire(&name, &holder, &req(1, 1, LONG, false))
+        .try_acquire(&name, holder.step(), &req(1, 1, LONG, false))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
@@ -133,7 +134,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let after_late = rows(&here, &name).await;
 
     // The holder leaves: the permit is free, and nobody else waits.
-    assert!(here.release(&name, &holder).await.unwrap());
+    assert!(here.release(&name, holder.step()).await.unwrap());
     let sem = here.coord().semaphores().unwrap();
     let t = Instant::now();
     let next = sem.acquire(&name, 1, LONG, Duration::from_secs(5)).await;
@@ -229,7 +230,9 @@ async fn a_late_attempt_after_a_release_takes_no_permit() {
 async fn an_owner_used_again_after_its_release_is_served() {
     let _serial = SERIAL.lock().await;
     let schema = unique("late_reuse");
-    let here = direct(&schema).await;
+    let b = direct(&schema).await;
+    // The core's book of unanswered steps, as the handles keep it.
+    let here = Stepped::<dyn Semaphore>::new(b.clone());
     let name = unique("reuse");
     let (holder, o) = (OwnerToken::random(), OwnerToken::random());
     let got = here
@@ -243,14 +246,14 @@ async fn an_owner_used_again_after_its_release_is_served() {
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
     assert!(!here.release(&name, &o).await.unwrap());
-    assert_eq!(rows(&here, &name).await, (1, 0));
+    assert_eq!(rows(&b, &name).await, (1, 0));
     // Queued again, then granted once the holder leaves.
     let got = here
         .try_acquire(&name, &o, &req(1, 1, LONG, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
-    assert_eq!(rows(&here, &name).await, (1, 1));
+    assert_eq!(rows(&b, &name).await, (1, 1));
     assert!(here.release(&name, &holder).await.unwrap());
     let got = here
         .try_acquire(&name, &o, &req(1, 1, LONG, true))
@@ -264,8 +267,8 @@ async fn an_owner_used_again_after_its_release_is_served() {
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
     assert!(here.release(&name, &o).await.unwrap());
-    assert_eq!(rows(&here, &name).await, (0, 0));
-    assert_eq!(left(&here, &name).await, 0, "answered attempts left marks");
+    assert_eq!(rows(&b, &name).await, (0, 0));
+    assert_eq!(left(&b, &name).await, 0, "answered attempts left marks");
 
     // An attempt given up on mid-call (whether it reached the server or
     // not, and when): the release marks the owner; its later attempts are
@@ -295,16 +298,16 @@ async fn an_owner_used_again_after_its_release_is_served() {
             "every attempt was answered within its first poll"
         );
         assert!(!here.release(&name, &o).await.unwrap());
-        assert_eq!(left(&here, &name).await, 0, "an answered attempt marked");
+        assert_eq!(left(&b, &name).await, 0, "an answered attempt marked");
     };
     assert!(!here.release(&name, &o).await.unwrap());
-    assert_eq!(left(&here, &name).await, 1, "the release marked the owner");
+    assert_eq!(left(&b, &name).await, 1, "the release marked the owner");
     let got = here
         .try_acquire(&name, &o, &req(1, 1, LONG, true))
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Held { .. }), "{got:?}");
-    assert_eq!(rows(&here, &name).await, (1, 1), "queued again");
+    assert_eq!(rows(&b, &name).await, (1, 1), "queued again");
     assert!(here.release(&name, &holder).await.unwrap());
     let got = here
         .try_acquire(&name, &o, &req(1, 1, LONG, true))
@@ -312,10 +315,10 @@ async fn an_owner_used_again_after_its_release_is_served() {
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
     assert!(here.release(&name, &o).await.unwrap());
-    assert_eq!(rows(&here, &name).await, (0, 0));
+    assert_eq!(rows(&b, &name).await, (0, 0));
 
     // Lapsed: the next grant on the name prunes it.
-    let c = here.pool().get().await.unwrap();
+    let c = b.pool().get().await.unwrap();
     c.execute(
         &format!(
             "UPDATE \"{schema}\".semaphore_left SET expires_at = now() - interval '1 s' \
@@ -331,7 +334,7 @@ async fn an_owner_used_again_after_its_release_is_served() {
         .await
         .unwrap();
     assert!(matches!(got, Attempt::Granted(_)), "{got:?}");
-    assert_eq!(left(&here, &name).await, 0, "a lapsed mark was not pruned");
+    assert_eq!(left(&b, &name).await, 0, "a lapsed mark was not pruned");
     assert!(here.release(&name, &o).await.unwrap());
-    assert_eq!(rows(&here, &name).await, (0, 0));
+    assert_eq!(rows(&b, &name).await, (0, 0));
 }

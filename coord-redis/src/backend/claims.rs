@@ -2,23 +2,22 @@
 //! the holder metadata stored in a claim (see the crate docs).
 //!
 //! Late copies of attempts (`coord_core::late`, as for semaphores): every
-//! attempt carries a stamp of this process and is remembered until its
-//! reply arrives; the release of an owner one of whose attempts went
-//! unanswered (a call timeout, a broken connection, a cancelled acquire)
-//! leaves a mark `<claim>:left:<owner>` holding the release's stamp for
-//! [`LEFT_MARKER_TTL`] (or twice the call timeout), held or not. Every
-//! attempt looks its owner's mark up first (one key lookup, in the claim's
-//! slot) and, stamped before it, is refused and changes nothing: a copy
-//! delayed in the network cannot take a claim its owner gave up and left.
-//! Releases after answered attempts leave no mark.
+//! attempt carries its step's stamp; a release (or extend) whose step says
+//! to mark (one of the owner's steps went unanswered: a call timeout, a
+//! broken connection, a cancelled acquire) leaves a mark
+//! `<claim>:left:<owner>` holding its stamp for [`LEFT_MARKER_TTL`] (or
+//! twice the call timeout), held or not. Every attempt looks its owner's
+//! mark up first (one key lookup, in the claim's slot) and, stamped before
+//! it, is refused and changes nothing: a copy delayed in the network cannot
+//! take a claim its owner gave up and left. Releases after answered
+//! attempts leave no mark.
 
 use std::time::Duration;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::{Step, stamp};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, async_trait};
+use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, Step, async_trait};
 use redis::Value;
 
 use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected};
@@ -37,73 +36,57 @@ impl RedisBackend {
         ms(LEFT_MARKER_TTL.max(self.timeout * 2)).to_string()
     }
 
-    /// Run `script` on `keys` with `args`: a step of `owner` (a release,
-    /// an extend, a resign, a renewal) on the claim or election recorded at
-    /// `key`. If one of the owner's attempts went unanswered, the step also
-    /// names the owner's mark (`mark_key()`, after `keys`) with its stamp,
-    /// taken after every attempt of the owner was sent, and the mark's
-    /// lifetime in ms (after `args`; see `scripts::mark`), so that
-    /// attempt's late copy is refused; once answered, the owner is
-    /// forgotten unless another attempt of it went unanswered meanwhile.
+    /// Run `script` on `keys` with `args`: the release (or resign) `step`
+    /// on a claim or election. If the step says to mark (one of the owner's
+    /// steps went unanswered), it also names the owner's mark (`mark_key()`,
+    /// after `keys`) with its stamp and the mark's lifetime in ms (after
+    /// `args`; see `scripts::mark`), so that step's late copy is refused.
     pub(crate) async fn marking_eval(
         &self,
         operation: &'static str,
-        (key, owner): (&str, &OwnerToken),
+        step: Step,
         script: &redis::Script,
         keys: &[&str],
         mark_key: impl FnOnce() -> String,
         args: &[&[u8]],
     ) -> Result<redis::Value> {
-        let send = |step: Step| async move {
-            if !step.mark {
-                return self.eval(operation, script, keys, args).await;
-            }
-            let (mark, at, ttl) = (mark_key(), step.stamp.to_string(), self.left_marker_ms());
-            let mut keys = keys.to_vec();
-            keys.push(&mark);
-            let mut args = args.to_vec();
-            args.extend([at.as_bytes(), ttl.as_bytes()]);
-            self.eval(operation, script, &keys, &args).await
-        };
-        self.claims_unanswered
-            .ending((key, owner), stamp, send)
-            .await
+        if !step.mark {
+            return self.eval(operation, script, keys, args).await;
+        }
+        let (mark, at, ttl) = (mark_key(), step.stamp.to_string(), self.left_marker_ms());
+        let mut keys = keys.to_vec();
+        keys.push(&mark);
+        let mut args = args.to_vec();
+        args.extend([at.as_bytes(), ttl.as_bytes()]);
+        self.eval(operation, script, &keys, &args).await
     }
 
-    /// Run `script` on `keys` with `args`: an extend or renewal of `owner`
-    /// on the claim or election recorded at `key`, which always names the
-    /// owner's mark (`mark_key`, after `keys`) and sends its stamp (after
-    /// `args`; see `scripts::step`). The store refuses it, changing
-    /// nothing, if a later step of the owner marked first
-    /// ([`coord_core::late::superseded`]); if a step of the owner went
-    /// unanswered, it marks itself (the mark's lifetime after the stamp).
-    /// Unanswered, it is remembered as an attempt is, so the owner's next
-    /// step marks against its late copy.
+    /// Run `script` on `keys` with `args`: the extend or renewal `step` on
+    /// a claim or election, which always names the owner's mark
+    /// (`mark_key`, after `keys`) and sends its stamp (after `args`; see
+    /// `scripts::step`). The store refuses it, changing nothing, if a
+    /// later step of the owner marked first
+    /// ([`coord_core::late::superseded`]); if the step says to mark, it
+    /// marks itself (the mark's lifetime after the stamp).
     pub(crate) async fn stepping_eval(
         &self,
         operation: &'static str,
-        (key, owner): (&str, &OwnerToken),
+        step: Step,
         script: &redis::Script,
         keys: &[&str],
         mark_key: &str,
         args: &[&[u8]],
     ) -> Result<bool> {
-        let ttl = self.left_marker_ms();
-        let send = |step: Step| async move {
-            let at = step.stamp.to_string();
-            let mut keys = keys.to_vec();
-            keys.push(mark_key);
-            let mut args = args.to_vec();
-            args.push(at.as_bytes());
-            if step.mark {
-                args.push(ttl.as_bytes());
-            }
-            let v = self.eval(operation, script, &keys, &args).await?;
-            step_answer(operation, step, &v)
-        };
-        self.claims_unanswered
-            .step((key, owner), ("redis", operation), stamp, send)
-            .await
+        let (at, ttl) = (step.stamp.to_string(), self.left_marker_ms());
+        let mut keys = keys.to_vec();
+        keys.push(mark_key);
+        let mut args = args.to_vec();
+        args.push(at.as_bytes());
+        if step.mark {
+            args.push(ttl.as_bytes());
+        }
+        let v = self.eval(operation, script, &keys, &args).await?;
+        step_answer(operation, &v)
     }
 
     /// The script of `scripts` for the layout of `keys` (default, PHP) and
@@ -140,14 +123,13 @@ impl RedisBackend {
         operation: &'static str,
         keys: &ClaimKeys,
         wake: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
-        let pending = self.claims_unanswered.attempt(keys.claim(), *owner);
-        let owner = owner.to_hex();
+        let owner = step.owner.to_hex();
         let left = keys.left(&owner);
-        let at = stamp().to_string();
+        let at = step.stamp.to_string();
         let ttl = ms(ttl).to_string();
         let v = match keys {
             ClaimKeys::One(claim) => {
@@ -191,7 +173,6 @@ impl RedisBackend {
                 }
             }
         };
-        pending.answered();
         attempt(operation, &v)
     }
 
@@ -223,16 +204,16 @@ impl RedisBackend {
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
-        owner: &OwnerToken,
+        step: Step,
         (channel, payload): (String, String),
     ) -> Result<bool> {
-        let hex = owner.to_hex();
+        let hex = step.owner.to_hex();
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
         let scripts = (&self.scripts.release, &self.scripts.php_release);
         let (script, ks) = Self::claim_script(keys, scripts);
         let mark = || keys.left(&hex);
         let v = self
-            .marking_eval(operation, (keys.claim(), owner), script, &ks, mark, &args)
+            .marking_eval(operation, step, script, &ks, mark, &args)
             .await?;
         flag(operation, &v)
     }
@@ -244,16 +225,16 @@ impl RedisBackend {
         &self,
         operation: &'static str,
         keys: &ClaimKeys,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<bool> {
-        let hex = owner.to_hex();
+        let hex = step.owner.to_hex();
         let ttl = ms(ttl).to_string();
         let args = [hex.as_bytes(), ttl.as_bytes()];
         let scripts = (&self.scripts.extend, &self.scripts.php_extend);
         let (script, ks) = Self::claim_script(keys, scripts);
         let mark = keys.left(&hex);
-        self.stepping_eval(operation, (keys.claim(), owner), script, &ks, &mark, &args)
+        self.stepping_eval(operation, step, script, &ks, &mark, &args)
             .await
     }
 }
@@ -264,21 +245,21 @@ impl coord_core::Lock for RedisBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lock, name);
         let keys = self.keys.lock(name)?;
-        self.claim_acquire("lock acquire", &keys, &wake, owner, ttl, None)
+        self.claim_acquire("lock acquire", &keys, &wake, step, ttl, None)
             .await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
         let wake = self.wake_args(Kind::Lock, name);
-        self.claim_release("lock release", &self.keys.lock(name)?, owner, wake)
+        self.claim_release("lock release", &self.keys.lock(name)?, step, wake)
             .await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("lock extend", &self.keys.lock(name)?, owner, ttl)
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lock extend", &self.keys.lock(name)?, step, ttl)
             .await
     }
 
@@ -300,14 +281,14 @@ impl coord_core::Lock for RedisBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lock, name);
         let keys = self.keys.lock(name)?;
         let op = "lock acquire";
-        self.claim_acquire(op, &keys, &wake, owner, ttl, Some(metadata))
+        self.claim_acquire(op, &keys, &wake, step, ttl, Some(metadata))
             .await
     }
 
@@ -323,24 +304,24 @@ impl coord_core::Lease for RedisBackend {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lease, name);
         let keys = self.keys.lease(name);
-        self.claim_acquire("lease grant", &keys, &wake, owner, ttl, None)
+        self.claim_acquire("lease grant", &keys, &wake, step, ttl, None)
             .await
     }
 
     async fn grant_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
         let wake = Keys::wake(Kind::Lease, name);
         let keys = self.keys.lease(name);
         let op = "lease grant";
-        self.claim_acquire(op, &keys, &wake, owner, ttl, Some(metadata))
+        self.claim_acquire(op, &keys, &wake, step, ttl, Some(metadata))
             .await
     }
 
@@ -349,14 +330,14 @@ impl coord_core::Lease for RedisBackend {
             .await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.claim_extend("lease renew", &self.keys.lease(name), owner, ttl)
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.claim_extend("lease renew", &self.keys.lease(name), step, ttl)
             .await
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
         let wake = self.wake_args(Kind::Lease, name);
-        self.claim_release("lease revoke", &self.keys.lease(name), owner, wake)
+        self.claim_release("lease revoke", &self.keys.lease(name), step, wake)
             .await
     }
 

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use coord_core::inspect::{HolderRecord, LeaderRecord};
-use coord_core::late::stamp;
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
@@ -18,6 +17,7 @@ use redis::Value;
 
 use super::{RedisBackend, attempt, flag, int, ms, unexpected};
 use crate::keys::{Keys, left_key};
+use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Election for RedisBackend {
@@ -29,14 +29,13 @@ impl coord_core::Election for RedisBackend {
         &self,
         name: &str,
         candidate: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<Attempt> {
         let [key] = self.keys.election(name);
-        let pending = self.claims_unanswered.attempt(&key, *owner);
-        let owner = owner.to_hex();
+        let owner = step.owner.to_hex();
         let left = left_key(&key, &owner);
-        let (ttl, at) = (ms(ttl).to_string(), stamp().to_string());
+        let (ttl, at) = (ms(ttl).to_string(), step.stamp.to_string());
         let (channel, payload) = self.wake_args(Kind::Election, name);
         let v = self
             .eval(
@@ -53,34 +52,33 @@ impl coord_core::Election for RedisBackend {
                 ],
             )
             .await?;
-        pending.answered();
         attempt("election campaign", &v)
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
         let [key] = self.keys.election(name);
-        let hex = owner.to_hex();
+        let hex = step.owner.to_hex();
         let ttl = ms(ttl).to_string();
         let (op, script) = ("election renew", &self.scripts.election_renew);
         let args = [hex.as_bytes(), ttl.as_bytes()];
         // A step of its owner: a late copy of an earlier campaign attempt
         // or renewal never sets the term's expiry back.
         let mark = left_key(&key, &hex);
-        self.stepping_eval(op, (&key, owner), script, &[&key], &mark, &args)
+        self.stepping_eval(op, step, script, &[&key], &mark, &args)
             .await
     }
 
-    async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, name: &str, step: Step) -> Result<bool> {
         let [key] = self.keys.election(name);
-        let hex = owner.to_hex();
+        let hex = step.owner.to_hex();
         let (channel, payload) = self.wake_args(Kind::Election, name);
         let op = "election resign";
         let args = [hex.as_bytes(), channel.as_bytes(), payload.as_bytes()];
         let script = &self.scripts.resign;
-        // A campaign attempt of this owner that went unanswered is marked.
+        // Marked when a step of this owner went unanswered.
         let mark = || left_key(&key, &hex);
         let v = self
-            .marking_eval(op, (&key, owner), script, &[&key], mark, &args)
+            .marking_eval(op, step, script, &[&key], mark, &args)
             .await?;
         flag(op, &v)
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use coord_core::inspect::ClaimRecord;
 use coord_core::util::Kind;
-use coord_core::{Attempt, FencingToken, OwnerToken, Result};
+use coord_core::{Attempt, FencingToken, OwnerToken, Result, Step};
 
 use super::{RedisBackend, flag};
 use crate::keys::{ClaimKeys, Keys};
@@ -36,10 +36,10 @@ impl ClaimKind {
     }
 
     /// Operation names for errors and spans.
-    pub(crate) fn op(self, step: Step) -> &'static str {
+    pub(crate) fn op(self, op: Op) -> &'static str {
         use ClaimKind::*;
-        use Step::*;
-        match (self, step) {
+        use Op::*;
+        match (self, op) {
             (Lock, Acquire) => "lock acquire",
             (Lock, Release) => "lock release",
             (Lock, Extend) => "lock extend",
@@ -62,9 +62,9 @@ impl ClaimKind {
     }
 }
 
-/// A step of a claim, for [`ClaimKind::op`].
+/// An operation on a claim, for [`ClaimKind::op`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Step {
+pub(crate) enum Op {
     Acquire,
     Release,
     Extend,
@@ -82,45 +82,54 @@ impl RedisBackend {
         })
     }
 
-    /// One attempt on `kind`'s claim of `name` on this master.
+    /// One attempt, `step`, on `kind`'s claim of `name` on this master;
+    /// unanswered here, it is in this master's book (see
+    /// `RedisBackend::master_book`).
     pub(crate) async fn master_acquire(
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
         let wake = Keys::wake(kind.kind(), name);
         let keys = self.master_keys(kind, name)?;
-        let op = kind.op(Step::Acquire);
-        self.claim_acquire(op, &keys, &wake, owner, ttl, meta).await
+        let op = kind.op(Op::Acquire);
+        let send = |s| self.claim_acquire(op, &keys, &wake, s, ttl, meta);
+        self.master_book
+            .attempt_with(keys.claim(), step, send)
+            .await
     }
 
-    /// Compare-and-release, publishing a wake-up if somebody waits.
+    /// Compare-and-release, publishing a wake-up if somebody waits;
+    /// marking if the step says so or a step of its owner went unanswered
+    /// on this master.
     pub(crate) async fn master_release(
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
     ) -> Result<bool> {
         let wake = self.wake_args(kind.kind(), name);
         let keys = self.master_keys(kind, name)?;
-        self.claim_release(kind.op(Step::Release), &keys, owner, wake)
-            .await
+        let op = kind.op(Op::Release);
+        let send = |s| self.claim_release(op, &keys, s, wake);
+        self.master_book.ending(keys.claim(), step, send).await
     }
 
-    /// Compare-and-expire.
+    /// Compare-and-expire, marking as [`Self::master_release`] does.
     pub(crate) async fn master_extend(
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<bool> {
         let keys = self.master_keys(kind, name)?;
-        self.claim_extend(kind.op(Step::Extend), &keys, owner, ttl)
-            .await
+        let op = kind.op(Op::Extend);
+        let send = |s| self.claim_extend(op, &keys, s, ttl);
+        self.master_book.step(keys.claim(), step, send).await
     }
 
     /// Set the token of `owner`'s claim to the quorum's `token`, keeping
@@ -132,7 +141,7 @@ impl RedisBackend {
         owner: &OwnerToken,
         token: FencingToken,
     ) -> Result<bool> {
-        let op = kind.op(Step::Raise);
+        let op = kind.op(Op::Raise);
         let keys = self.master_keys(kind, name)?;
         let owner = owner.to_hex();
         let token = token.0.to_string();
@@ -150,7 +159,7 @@ impl RedisBackend {
     /// The live holder of `kind`'s claim of `name` on this master.
     pub(crate) async fn master_inspect(&self, kind: ClaimKind, name: &str) -> Result<ClaimRecord> {
         let keys = self.master_keys(kind, name)?;
-        self.claim_inspect(kind.op(Step::Inspect), &keys).await
+        self.claim_inspect(kind.op(Op::Inspect), &keys).await
     }
 
     /// This server's `run_id` (from `INFO server`) and its role (the first
@@ -185,7 +194,7 @@ impl RedisBackend {
     pub(crate) async fn master_force_release(&self, kind: ClaimKind, name: &str) -> Result<bool> {
         let (channel, payload) = self.wake_args(kind.kind(), name);
         let args = [channel.as_bytes(), payload.as_bytes()];
-        let op = kind.op(Step::Force);
+        let op = kind.op(Op::Force);
         let scripts = (&self.scripts.force_release, &self.scripts.php_force_release);
         let keys = self.master_keys(kind, name)?;
         let v = self.claim_eval(op, &keys, scripts, &args).await?;

@@ -45,12 +45,12 @@ pub struct RedisBackend {
     idle_grace_ms: String,
     caps: Capabilities,
     wakeups: Wakeups,
-    /// Semaphore owners with an attempt that went unanswered
-    /// (`coord_core::late`).
-    unanswered: coord_core::late::Unanswered,
-    /// Lock, lease and election owners with an attempt that went
-    /// unanswered, by claim key (so kinds never mix).
-    claims_unanswered: coord_core::late::Unanswered,
+    /// As a Redlock master only: the owners with a step that went
+    /// unanswered by this master, by claim key (`coord_core::late`). The
+    /// caller's book knows the quorum call, which may be answered while
+    /// this master's part of it is not: its release and extends here
+    /// must mark all the same.
+    master_book: coord_core::late::Unanswered,
     scripts: Scripts,
     password: Option<Secret>,
     endpoint: String,
@@ -340,8 +340,7 @@ impl RedisBackend {
                 capabilities()
             },
             wakeups,
-            unanswered: Default::default(),
-            claims_unanswered: Default::default(),
+            master_book: Default::default(),
             scripts,
             password,
             endpoint,
@@ -478,7 +477,7 @@ pub(crate) mod listener;
 mod master;
 
 pub(crate) use errors::map_err;
-pub(crate) use master::{ClaimKind, Step};
+pub(crate) use master::{ClaimKind, Op};
 pub(crate) use reply::{
     array, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected, us,
 };

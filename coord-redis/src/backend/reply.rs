@@ -84,19 +84,12 @@ pub(crate) fn attempt(operation: &'static str, v: &Value) -> Result<Attempt> {
 }
 
 /// A step script's answer (`scripts::step`): -1 refused as stamped before
-/// the owner's mark, else whether it applied; a step asked to mark always
-/// left its mark.
-pub(crate) fn step_answer(
-    operation: &'static str,
-    step: coord_core::late::Step,
-    v: &Value,
-) -> Result<coord_core::late::Answer<bool>> {
+/// the owner's mark ([`coord_core::late::superseded`]), else whether it
+/// applied.
+pub(crate) fn step_answer(operation: &'static str, v: &Value) -> Result<bool> {
     match int(v) {
-        Some(-1) => Ok(coord_core::late::Answer::Superseded),
-        Some(i) => Ok(coord_core::late::Answer::Done {
-            value: i != 0,
-            marked: step.mark,
-        }),
+        Some(-1) => Err(coord_core::late::superseded("redis", operation)),
+        Some(i) => Ok(i != 0),
         None => Err(unexpected(operation, v)),
     }
 }

@@ -16,10 +16,10 @@
 //! walks the places ahead.
 //!
 //! Late copies of attempts (`coord_core::late`): attempts and releases
-//! carry a stamp of this process, and the backend remembers owners with an
-//! attempt that went unanswered (the call timed out or was cancelled, so a
-//! copy may still be on its way, delayed in the network). Such an owner's
-//! release leaves a marker for `LEFT_MARKER_TTL` (30 s, in `claims.rs`; or twice the call
+//! carry their step's stamp, and the caller's book knows the owners with
+//! an attempt that went unanswered (the call timed out or was cancelled,
+//! so a copy may still be on its way, delayed in the network). Such an
+//! owner's release is told to mark, and leaves a marker for `LEFT_MARKER_TTL` (30 s, in `claims.rs`; or twice the call
 //! timeout); an attempt of that owner stamped before it is then refused and
 //! changes nothing, so it cannot bring back the place its owner left (which
 //! would block the name until the place lapsed, [`QUEUE_ENTRY_TTL`]) nor
@@ -32,8 +32,8 @@
 
 use std::time::Duration;
 
+use coord_core::Step;
 use coord_core::inspect::{ClaimRecord, HolderRecord};
-use coord_core::late::{Step, stamp};
 use coord_core::wake::Waiter;
 use coord_core::{
     Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
@@ -65,12 +65,11 @@ impl RedisBackend {
     async fn semaphore_attempt(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
-        let pending = self.unanswered.attempt(name, *owner);
-        let (owner, at) = (owner.to_hex(), stamp().to_string());
+        let (owner, at) = (step.owner.to_hex(), step.stamp.to_string());
         let (permits, total) = (request.permits.to_string(), request.total.to_string());
         let ttl = ms(request.ttl).to_string();
         let queue: &[u8] = if request.queue { b"1" } else { b"0" };
@@ -95,7 +94,6 @@ impl RedisBackend {
         let v = self
             .semaphore_eval("semaphore acquire", script, name, args)
             .await?;
-        pending.answered();
         permit_attempt(&v, request)
     }
 }
@@ -150,53 +148,49 @@ impl coord_core::Semaphore for RedisBackend {
     async fn try_acquire(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
     ) -> Result<Attempt> {
-        self.semaphore_attempt(name, owner, request, None).await
+        self.semaphore_attempt(name, step, request, None).await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        let hex = owner.to_hex();
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        let hex = step.owner.to_hex();
         let op = "semaphore release";
-        let send = |step: Step| async move {
-            let at = step.stamp.to_string();
-            let marker = if step.mark {
-                self.left_marker_ms()
-            } else {
-                "0".to_string()
-            };
-            let script = &self.scripts.semaphore_release;
-            let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
-            self.semaphore_eval(op, script, name, &args).await
+        let at = step.stamp.to_string();
+        // Marked when a step of this owner went unanswered.
+        let marker = if step.mark {
+            self.left_marker_ms()
+        } else {
+            "0".to_string()
         };
-        let v = self.unanswered.ending((name, owner), stamp, send).await?;
+        let script = &self.scripts.semaphore_release;
+        let args = [hex.as_bytes(), at.as_bytes(), marker.as_bytes()];
+        let v = self.semaphore_eval(op, script, name, &args).await?;
         flag(op, &v)
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        // A step of its owner (`coord_core::late::Unanswered::step`; see
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        // A step of its owner (`coord_core::late`; see
         // `semaphore_extend.lua`): refused if stamped before the owner's
-        // mark, marking as a release does after an unanswered step.
+        // mark, marking as a release does when the step says so.
         let op = "semaphore extend";
-        let (hex, ttl) = (owner.to_hex(), ms(ttl).to_string());
-        let marker = self.left_marker_ms();
-        let send = |step: Step| async move {
-            let at = step.stamp.to_string();
-            let marker = if step.mark { marker.as_str() } else { "0" };
-            let script = &self.scripts.semaphore_extend;
-            let args = [
-                hex.as_bytes(),
-                ttl.as_bytes(),
-                at.as_bytes(),
-                marker.as_bytes(),
-            ];
-            let v = self.semaphore_eval(op, script, name, &args).await?;
-            step_answer(op, step, &v)
+        let (hex, ttl) = (step.owner.to_hex(), ms(ttl).to_string());
+        let at = step.stamp.to_string();
+        let marker = if step.mark {
+            self.left_marker_ms()
+        } else {
+            "0".to_string()
         };
-        self.unanswered
-            .step((name, owner), ("redis", op), stamp, send)
-            .await
+        let script = &self.scripts.semaphore_extend;
+        let args = [
+            hex.as_bytes(),
+            ttl.as_bytes(),
+            at.as_bytes(),
+            marker.as_bytes(),
+        ];
+        let v = self.semaphore_eval(op, script, name, &args).await?;
+        step_answer(op, &v)
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
@@ -213,11 +207,11 @@ impl coord_core::Semaphore for RedisBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         request: &PermitRequest,
         metadata: &[u8],
     ) -> Result<Attempt> {
-        self.semaphore_attempt(name, owner, request, Some(metadata))
+        self.semaphore_attempt(name, step, request, Some(metadata))
             .await
     }
 

@@ -10,12 +10,12 @@ use tokio::sync::RwLock;
 
 use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result};
+use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result, Step};
 use rand::Rng;
 
 use super::tally::{answered, count, errors, quorum_token, settled};
 use super::{Answers, RedlockBackend};
-use crate::backend::{BACKEND, ClaimKind, Step};
+use crate::backend::{BACKEND, ClaimKind, Op};
 use crate::keys::Keys;
 
 /// The pause before a failed release is sent again.
@@ -50,13 +50,14 @@ impl RedlockBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
+        let owner = &step.owner;
         let start = Instant::now();
         let (n, q) = (self.masters.len(), self.quorum);
-        let op = kind.op(Step::Acquire);
+        let op = kind.op(Op::Acquire);
         let (nm, ow, me) = (name.to_string(), *owner, meta.map(<[u8]>::to_vec));
         // This owner's earlier attempt may still have a master out (a late
         // answer, then its undo): wait for it, so that undo cannot land
@@ -88,7 +89,7 @@ impl RedlockBackend {
                     let released = released.clone();
                     let guard = guards.lock().unwrap_or_else(|e| e.into_inner())[i].take();
                     Box::pin(async move {
-                        let r = b.master_acquire(kind, &nm, &ow, ttl, me.as_deref()).await;
+                        let r = b.master_acquire(kind, &nm, step, ttl, me.as_deref()).await;
                         if matches!(&r, Err(e) if e.is_retryable()) {
                             // Timed out or cut off: the attempt may have
                             // been granted there, or may be still. Unless
@@ -103,7 +104,7 @@ impl RedlockBackend {
                                     Err(_) => None,
                                 };
                                 if !matches!(d, Some(Decision::Granted(..))) {
-                                    let _ = b.master_release(kind, &nm, &ow).await;
+                                    let _ = b.master_release(kind, &nm, ow.step()).await;
                                 }
                             });
                             return r;
@@ -120,7 +121,7 @@ impl RedlockBackend {
                             .unwrap_or_else(|e| e.into_inner())
                             .contains_key(&(kind, nm.clone(), ow));
                         if gone {
-                            let _ = b.master_release(kind, &nm, &ow).await;
+                            let _ = b.master_release(kind, &nm, ow.step()).await;
                             return Ok(Attempt::Held { expires_in: None });
                         }
                         tokio::spawn(async move {
@@ -141,7 +142,7 @@ impl RedlockBackend {
                                 // Not granted (or given up): this late
                                 // grant is undone here, in order after it.
                                 _ => {
-                                    let _ = b.master_release(kind, &nm, &ow).await;
+                                    let _ = b.master_release(kind, &nm, ow.step()).await;
                                 }
                             }
                         });
@@ -172,7 +173,7 @@ impl RedlockBackend {
             let (nm, ow) = (name.to_string(), *owner);
             let raised = self
                 .fan(
-                    kind.op(Step::Raise),
+                    kind.op(Op::Raise),
                     Some(&granted_on),
                     false,
                     move |_, b| {
@@ -196,7 +197,7 @@ impl RedlockBackend {
         // its call's task, after the grant), and this owner's next attempt
         // waits for that.
         if !tokens.is_empty() {
-            self.release_on(kind, name, owner, Some(&granted_on)).await;
+            self.release_on(kind, name, step, Some(&granted_on)).await;
         }
         let _ = decided.send(Some(Decision::Refused(granted_on.clone())));
         let holders: Vec<Option<Duration>> = answers
@@ -237,10 +238,10 @@ impl RedlockBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         only: Option<&[bool]>,
     ) -> Answers<bool> {
-        let (nm, ow) = (name.to_string(), *owner);
+        let nm = name.to_string();
         let (undo, q) = (only.is_some(), self.quorum);
         // Every master is asked, one skipped as slow too (the claim may be
         // there, and where this owner has an attempt unanswered the release
@@ -251,13 +252,13 @@ impl RedlockBackend {
         // another client then found it and reported true (CI, the
         // conformance case lock_same_owner_through_another_client_gets_no_other_token).
         self.fan_if(
-            kind.op(Step::Release),
+            kind.op(Op::Release),
             only,
             true,
             true,
             move |_, b| {
                 let nm = nm.clone();
-                Box::pin(async move { b.master_release(kind, &nm, &ow).await })
+                Box::pin(async move { b.master_release(kind, &nm, step).await })
             },
             move |a| !undo && count(a, |x| *x) >= q,
         )
@@ -275,8 +276,18 @@ impl RedlockBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
     ) -> Result<bool> {
+        let owner = &step.owner;
+        // Each master's part of this owner's calls runs to its end in a
+        // task of its own, whatever becomes of the caller, so each master's
+        // book (`master_book`) knows exactly which went unanswered there;
+        // the caller's book, which only saw the quorum call, would mark
+        // every master after any dropped call.
+        let step = Step {
+            mark: false,
+            ..step
+        };
         let q = self.quorum;
         let already;
         {
@@ -290,7 +301,7 @@ impl RedlockBackend {
             entry.0 = now + self.timeout * 2;
             already = entry.1;
         }
-        let mut answers = self.release_on(kind, name, owner, None).await;
+        let mut answers = self.release_on(kind, name, step, None).await;
         // A master whose release failed (a connection that broke, and is
         // being made again) may still hold the claim: ask it again, a few
         // times within the call timeout, before saying so.
@@ -298,7 +309,7 @@ impl RedlockBackend {
         while count(&answers, |x| *x) < q && errors(&answers) > 0 && Instant::now() < deadline {
             let again: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Err(_)))).collect();
             tokio::time::sleep(RELEASE_RETRY).await;
-            let more = self.release_on(kind, name, owner, Some(&again)).await;
+            let more = self.release_on(kind, name, step, Some(&again)).await;
             for (a, m) in answers.iter_mut().zip(more) {
                 if m.is_some() {
                     *a = m;
@@ -327,7 +338,7 @@ impl RedlockBackend {
         if not_held > self.masters.len() - q {
             return Ok(false);
         }
-        let op = kind.op(Step::Release);
+        let op = kind.op(Op::Release);
         if released > 0 {
             return Err(Error::Unavailable {
                 backend: BACKEND,
@@ -348,19 +359,24 @@ impl RedlockBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
     ) -> Result<bool> {
         let (n, q) = (self.masters.len(), self.quorum);
-        let (nm, ow) = (name.to_string(), *owner);
+        let nm = name.to_string();
+        // Marked by each master's own book (see `quorum_release`).
+        let step = Step {
+            mark: false,
+            ..step
+        };
         let answers = self
             .fan(
-                kind.op(Step::Extend),
+                kind.op(Op::Extend),
                 None,
                 false,
                 move |_, b| {
                     let nm = nm.clone();
-                    Box::pin(async move { b.master_extend(kind, &nm, &ow, ttl).await })
+                    Box::pin(async move { b.master_extend(kind, &nm, step, ttl).await })
                 },
                 |a| count(a, |x| *x) >= q || count(a, |x| !*x) + errors(a) > n - q,
             )
@@ -371,7 +387,7 @@ impl RedlockBackend {
         if answered(&answers) >= q {
             return Ok(false);
         }
-        Err(self.no_quorum(kind.op(Step::Extend), &answers))
+        Err(self.no_quorum(kind.op(Op::Extend), &answers))
     }
 
     /// The holder a quorum of masters agrees on (every master asked).
@@ -380,7 +396,7 @@ impl RedlockBackend {
         let (n, q) = (self.masters.len(), self.quorum);
         let answers = self
             .fan(
-                kind.op(Step::Inspect),
+                kind.op(Op::Inspect),
                 None,
                 false,
                 move |_, b| {
@@ -391,7 +407,7 @@ impl RedlockBackend {
             )
             .await;
         if answered(&answers) < self.quorum {
-            return Err(self.no_quorum(kind.op(Step::Inspect), &answers));
+            return Err(self.no_quorum(kind.op(Op::Inspect), &answers));
         }
         let mut by_owner: HashMap<OwnerToken, Vec<HolderRecord>> = HashMap::new();
         for record in answers.into_iter().flatten().flatten() {
@@ -432,7 +448,7 @@ impl RedlockBackend {
         let nm = name.to_string();
         let answers = self
             .fan(
-                kind.op(Step::Force),
+                kind.op(Op::Force),
                 None,
                 false,
                 move |_, b| {
@@ -448,7 +464,7 @@ impl RedlockBackend {
         if answered(&answers) >= self.quorum {
             return Ok(false);
         }
-        Err(self.no_quorum(kind.op(Step::Force), &answers))
+        Err(self.no_quorum(kind.op(Op::Force), &answers))
     }
 
     pub(super) fn subscribe_kind(&self, kind: ClaimKind, name: &str) -> Waiter {

@@ -8,7 +8,8 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, Error, FencingToken, OwnerToken, Result, async_trait};
 
 use super::RedlockBackend;
-use crate::backend::{BACKEND, ClaimKind, Step};
+use crate::backend::{BACKEND, ClaimKind, Op};
+use coord_core::Step;
 
 /// How long a fencing source's issuing claim lives (it is released at
 /// once; the TTL only matters when its issuer dies between the two).
@@ -20,17 +21,17 @@ impl coord_core::Lock for RedlockBackend {
         &self.caps
     }
 
-    async fn try_acquire(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, None)
+    async fn try_acquire(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lock, name, step, ttl, None)
             .await
     }
 
-    async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.quorum_release(ClaimKind::Lock, name, owner).await
+    async fn release(&self, name: &str, step: Step) -> Result<bool> {
+        self.quorum_release(ClaimKind::Lock, name, step).await
     }
 
-    async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.quorum_extend(ClaimKind::Lock, name, owner, ttl).await
+    async fn extend(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.quorum_extend(ClaimKind::Lock, name, step, ttl).await
     }
 
     async fn force_release(&self, name: &str) -> Result<bool> {
@@ -44,11 +45,11 @@ impl coord_core::Lock for RedlockBackend {
     async fn try_acquire_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lock, name, owner, ttl, Some(metadata))
+        self.quorum_acquire(ClaimKind::Lock, name, step, ttl, Some(metadata))
             .await
     }
 
@@ -63,17 +64,17 @@ impl coord_core::Lease for RedlockBackend {
         &self.caps
     }
 
-    async fn grant(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, None)
+    async fn grant(&self, name: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.quorum_acquire(ClaimKind::Lease, name, step, ttl, None)
             .await
     }
 
-    async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
-        self.quorum_extend(ClaimKind::Lease, name, owner, ttl).await
+    async fn renew(&self, name: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.quorum_extend(ClaimKind::Lease, name, step, ttl).await
     }
 
-    async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
-        self.quorum_release(ClaimKind::Lease, name, owner).await
+    async fn revoke(&self, name: &str, step: Step) -> Result<bool> {
+        self.quorum_release(ClaimKind::Lease, name, step).await
     }
 
     async fn remaining(&self, name: &str) -> Result<Option<Duration>> {
@@ -84,11 +85,11 @@ impl coord_core::Lease for RedlockBackend {
     async fn grant_with_metadata(
         &self,
         name: &str,
-        owner: &OwnerToken,
+        step: Step,
         ttl: Duration,
         metadata: &[u8],
     ) -> Result<Attempt> {
-        self.quorum_acquire(ClaimKind::Lease, name, owner, ttl, Some(metadata))
+        self.quorum_acquire(ClaimKind::Lease, name, step, ttl, Some(metadata))
             .await
     }
 
@@ -108,7 +109,7 @@ impl coord_core::FencingSource for RedlockBackend {
     /// are issued one at a time (see the module docs for what that rests
     /// on). Waits for the claim within twice the call timeout.
     async fn next(&self, resource: &str) -> Result<FencingToken> {
-        let op = ClaimKind::Fence.op(Step::Acquire);
+        let op = ClaimKind::Fence.op(Op::Acquire);
         let deadline = Instant::now() + self.timeout * 2;
         let owner = OwnerToken::random();
         let waiter = self.subscribe_kind(ClaimKind::Fence, resource);
@@ -118,12 +119,12 @@ impl coord_core::FencingSource for RedlockBackend {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let sleep = match self
-                .quorum_acquire(ClaimKind::Fence, resource, &owner, FENCE_TTL, None)
+                .quorum_acquire(ClaimKind::Fence, resource, owner.step(), FENCE_TTL, None)
                 .await
             {
                 Ok(Attempt::Granted(token)) => {
                     if let Err(e) = self
-                        .quorum_release(ClaimKind::Fence, resource, &owner)
+                        .quorum_release(ClaimKind::Fence, resource, owner.step())
                         .await
                     {
                         tracing::debug!(error = %e, "fencing next: the issuing claim ends with its TTL");

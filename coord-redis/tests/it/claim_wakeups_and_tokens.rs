@@ -92,7 +92,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
                 };
                 let asked = std::time::Instant::now();
                 if let Attempt::Granted(t) =
-                    common::eventually("acquire", || b.try_acquire(&name, &owner, ttl)).await
+                    common::eventually("acquire", || b.try_acquire(&name, owner.step(), ttl)).await
                 {
                     assert!(
                         t.get() > last,
@@ -107,7 +107,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
                         // runs out under load) a new grant, with a higher
                         // token.
                         if let Attempt::Granted(t2) =
-                            b.try_acquire(&name, &owner, ttl).await.unwrap()
+                            b.try_acquire(&name, owner.step(), ttl).await.unwrap()
                         {
                             assert!(
                                 t2.get() == last || (t2.get() > last && asked.elapsed() >= ttl),
@@ -123,7 +123,7 @@ async fn tokens_rise_through_releases_force_releases_expiries_and_restarts() {
             }
             3 => {
                 if let Some((hc, owner, _)) = held.take() {
-                    let _ = clients[hc].release(&name, &owner).await;
+                    let _ = clients[hc].release(&name, owner.step()).await;
                 }
             }
             4 => {
@@ -167,12 +167,12 @@ async fn a_late_attempt_after_a_timed_out_acquire_takes_no_lock() {
     let raw = via.raw_lock().unwrap();
     let warm = OwnerToken::random();
     let (a, _) = common::until_answered("the warm-up attempt", || {
-        raw.try_acquire("warm", &warm, 10 * SEC)
+        raw.try_acquire("warm", warm.step(), 10 * SEC)
     })
     .await;
     granted(a);
     let (released, tries) =
-        common::until_answered("the warm-up release", || raw.release("warm", &warm)).await;
+        common::until_answered("the warm-up release", || raw.release("warm", warm.step())).await;
     assert!(
         released || tries > 1,
         "the warm-up lock was not held at its release"

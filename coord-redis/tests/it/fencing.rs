@@ -24,13 +24,13 @@ async fn issue(b: &RedisBackend, issuer: Issuer, name: &str) -> coord_core::Resu
     let me = OwnerToken::random();
     Ok(match issuer {
         Issuer::Lock => {
-            let t = granted(b.try_acquire(name, &me, 10 * SEC).await?);
-            assert!(b.release(name, &me).await?);
+            let t = granted(b.try_acquire(name, me.step(), 10 * SEC).await?);
+            assert!(b.release(name, me.step()).await?);
             t
         }
         Issuer::Term => {
-            let t = granted(b.try_campaign(name, "c", &me, 10 * SEC).await?);
-            assert!(b.resign(name, &me).await?);
+            let t = granted(b.try_campaign(name, "c", me.step(), 10 * SEC).await?);
+            assert!(b.resign(name, me.step()).await?);
             t
         }
         Issuer::Fence => b.next(name).await?.get(),
@@ -126,16 +126,16 @@ async fn fencing_tokens_keep_rising_after_flushall() {
     let b = backend(&server.url()).await;
     let name = unique("flushall");
     let me = OwnerToken::random();
-    let lock_before = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let lock_before = granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     let fence_before = b.next(&name).await.unwrap().get();
     let q = unique("term");
-    let term_before = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
+    let term_before = granted(b.try_campaign(&q, "a", me.step(), 10 * SEC).await.unwrap());
 
     assert_eq!(server.command(&["FLUSHALL"]), Resp::Simple("OK".into()));
 
-    let lock_after = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let lock_after = granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     let fence_after = b.next(&name).await.unwrap().get();
-    let term_after = granted(b.try_campaign(&q, "a", &me, 10 * SEC).await.unwrap());
+    let term_after = granted(b.try_campaign(&q, "a", me.step(), 10 * SEC).await.unwrap());
     assert!(lock_after > lock_before, "{lock_after} > {lock_before}");
     assert!(fence_after > fence_before, "{fence_after} > {fence_before}");
     assert!(term_after > term_before, "{term_after} > {term_before}");

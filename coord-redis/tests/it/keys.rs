@@ -65,10 +65,14 @@ async fn every_key_of_one_instance_shares_a_slot_whatever_the_name() {
             .unwrap();
         let me = OwnerToken::random();
         // Hold each primitive so all of its keys exist at once.
-        granted(b.try_acquire(name, &me, 30 * SEC).await.unwrap());
-        granted(b.grant(name, &me, 30 * SEC).await.unwrap());
+        granted(b.try_acquire(name, me.step(), 30 * SEC).await.unwrap());
+        granted(b.grant(name, me.step(), 30 * SEC).await.unwrap());
         b.next(name).await.unwrap();
-        granted(b.try_campaign(name, "c", &me, 30 * SEC).await.unwrap());
+        granted(
+            b.try_campaign(name, "c", me.step(), 30 * SEC)
+                .await
+                .unwrap(),
+        );
         let a = b
             .arrive(name, 2, "p", &coord_core::OwnerToken::random())
             .await
@@ -124,7 +128,7 @@ async fn names_with_braces_never_share_keys() {
     for name in all {
         let before = keys(server, &prefix);
         let me = OwnerToken::random();
-        granted(b.try_acquire(name, &me, 30 * SEC).await.unwrap());
+        granted(b.try_acquire(name, me.step(), 30 * SEC).await.unwrap());
         let after = keys(server, &prefix);
         let new: Vec<_> = after.iter().filter(|k| !before.contains(k)).collect();
         assert_eq!(new.len(), 1, "lock `{name}` writes one key: {new:?}");
@@ -157,20 +161,20 @@ async fn php_layout_refuses_a_lock_named_like_another_locks_counter() {
     let x = unique("seedx");
     let me = OwnerToken::random();
     let counter_name = format!("fencing_token_{x}");
-    let r = b.try_acquire(&counter_name, &me, 10 * SEC).await;
+    let r = b.try_acquire(&counter_name, me.step(), 10 * SEC).await;
     assert!(
         is_invalid(&r),
         "a lock named like lock `{x}`'s counter must be refused, got {r:?}"
     );
     assert_eq!(server.command(&["EXISTS", &counter_name]).as_int(), Some(0));
     // Lock `x` works, and its counter is its own.
-    let t = granted(b.try_acquire(&x, &me, 10 * SEC).await.unwrap());
-    assert!(b.release(&x, &me).await.unwrap());
-    assert!(granted(b.try_acquire(&x, &me, 10 * SEC).await.unwrap()) > t);
-    assert!(b.release(&x, &me).await.unwrap());
+    let t = granted(b.try_acquire(&x, me.step(), 10 * SEC).await.unwrap());
+    assert!(b.release(&x, me.step()).await.unwrap());
+    assert!(granted(b.try_acquire(&x, me.step(), 10 * SEC).await.unwrap()) > t);
+    assert!(b.release(&x, me.step()).await.unwrap());
     // Names that spell another kind's key under the prefix are refused too.
     let r = b
-        .try_acquire(&format!("coord:lock:{{{x}}}:grant"), &me, 10 * SEC)
+        .try_acquire(&format!("coord:lock:{{{x}}}:grant"), me.step(), 10 * SEC)
         .await;
     assert!(is_invalid(&r), "{r:?}");
     let q = Quota::per(5, 10 * SEC);
@@ -187,7 +191,7 @@ async fn php_layout_lock_and_sliding_log_of_one_name_refuse_each_other() {
 
     // The lock first: the limiter is refused, the lock is untouched.
     let x = unique("seedboth");
-    granted(b.try_acquire(&x, &me, 10 * SEC).await.unwrap());
+    granted(b.try_acquire(&x, me.step(), 10 * SEC).await.unwrap());
     let r = b.check(&x, &q, 1).await;
     assert!(
         is_invalid(&r),
@@ -197,23 +201,23 @@ async fn php_layout_lock_and_sliding_log_of_one_name_refuse_each_other() {
         server.command(&["GET", &x]).as_str(),
         Some(me.to_hex().as_str())
     );
-    assert!(b.release(&x, &me).await.unwrap());
+    assert!(b.release(&x, me.step()).await.unwrap());
 
     // The limiter first: the lock is refused (not `Held` forever).
     let y = unique("seedboth");
     assert!(b.check(&y, &q, 1).await.unwrap().allowed);
-    let r = b.try_acquire(&y, &me, 10 * SEC).await;
+    let r = b.try_acquire(&y, me.step(), 10 * SEC).await;
     assert!(
         is_invalid(&r),
         "a lock on a sliding-log limiter's key must be a typed refusal, got {r:?}"
     );
-    let r = b.release(&y, &me).await;
+    let r = b.release(&y, me.step()).await;
     assert!(is_invalid(&r), "{r:?}");
     assert!(b.check(&y, &q, 1).await.unwrap().allowed);
     // Once the limiter's entries are gone, the name is a lock again.
     server.command(&["DEL", &y]);
     tokio::time::sleep(Duration::from_millis(1)).await;
-    granted(b.try_acquire(&y, &me, 10 * SEC).await.unwrap());
+    granted(b.try_acquire(&y, me.step(), 10 * SEC).await.unwrap());
 }
 
 /// Options in the URL take effect: the prefix of every key, and the

@@ -13,7 +13,7 @@ use conformance::facade_claim::{FacadeClaim, Held};
 use conformance::testkit::proxy::FaultProxy;
 use conformance::testkit::redis::{RedisServer, Resp};
 use conformance::testkit::wait::until;
-use coord_core::{Coord, Election, Lease, Lock, OwnerToken};
+use coord_core::{Coord, Election, Lease, Lock, OwnerToken, Step};
 use coord_redis::{Layout, RedisBackend, RedisOptions};
 
 #[derive(Clone, Copy, Debug)]
@@ -49,18 +49,18 @@ async fn warm(b: &RedisBackend, case: Case) {
     let ttl = 10 * SEC;
     let (a, _) = common::until_answered("the warm-up claim", || async {
         match case {
-            Case::PhpLayoutLock => Lock::try_acquire(b, "warm", &o, ttl).await,
-            Case::Lease => Lease::grant(b, "warm", &o, ttl).await,
-            Case::Election => Election::try_campaign(b, "warm", "late", &o, ttl).await,
+            Case::PhpLayoutLock => Lock::try_acquire(b, "warm", o.step(), ttl).await,
+            Case::Lease => Lease::grant(b, "warm", o.step(), ttl).await,
+            Case::Election => Election::try_campaign(b, "warm", "late", o.step(), ttl).await,
         }
     })
     .await;
     granted(a);
     let (released, tries) = common::until_answered("the warm-up release", || async {
         match case {
-            Case::PhpLayoutLock => Lock::release(b, "warm", &o).await,
-            Case::Lease => Lease::revoke(b, "warm", &o).await,
-            Case::Election => Election::resign(b, "warm", &o).await,
+            Case::PhpLayoutLock => Lock::release(b, "warm", o.step()).await,
+            Case::Lease => Lease::revoke(b, "warm", o.step()).await,
+            Case::Election => Election::resign(b, "warm", o.step()).await,
         }
     })
     .await;
@@ -195,16 +195,26 @@ async fn an_attempt_stamped_after_the_mark_is_granted_and_answered_ones_leave_no
     // Answered cycles leave no mark.
     let warm = OwnerToken::random();
     for _ in 0..3 {
-        granted(Lock::try_acquire(&via, &name, &warm, SEC).await.unwrap());
-        assert!(Lock::release(&via, &name, &warm).await.unwrap());
+        granted(
+            Lock::try_acquire(&via, &name, warm.step(), SEC)
+                .await
+                .unwrap(),
+        );
+        assert!(Lock::release(&via, &name, warm.step()).await.unwrap());
     }
     assert_eq!(keys(&server, "*:left:*"), Vec::<String>::new());
 
     proxy.latency(Duration::from_millis(1500));
-    let r = Lock::try_acquire(&via, &name, &owner, 60 * SEC).await;
+    let r = Lock::try_acquire(&via, &name, owner.step(), 60 * SEC).await;
     proxy.latency(Duration::ZERO);
     assert!(r.is_err(), "the attempt should time out: {r:?}");
-    assert!(!Lock::release(&via, &name, &owner).await.unwrap());
+    // The caller's book knows the attempt went unanswered: its release
+    // marks.
+    let marking = Step {
+        mark: true,
+        ..owner.step()
+    };
+    assert!(!Lock::release(&via, &name, marking).await.unwrap());
     let mark = format!("coord:lock:{{{name}}}:left:{}", owner.to_hex());
     assert_eq!(keys(&server, "*:left:*"), vec![mark.clone()]);
     match server.command(&["PTTL", &mark]) {
@@ -219,15 +229,15 @@ async fn an_attempt_stamped_after_the_mark_is_granted_and_answered_ones_leave_no
     // The owner again (a raw caller may reuse it after its release): stamped
     // after the mark, granted.
     granted(
-        Lock::try_acquire(&via, &name, &owner, 10 * SEC)
+        Lock::try_acquire(&via, &name, owner.step(), 10 * SEC)
             .await
             .unwrap(),
     );
-    assert!(Lock::release(&via, &name, &owner).await.unwrap());
+    assert!(Lock::release(&via, &name, owner.step()).await.unwrap());
     for _ in 0..3 {
         let o = OwnerToken::random();
-        granted(Lock::try_acquire(&via, &name, &o, SEC).await.unwrap());
-        assert!(Lock::release(&via, &name, &o).await.unwrap());
+        granted(Lock::try_acquire(&via, &name, o.step(), SEC).await.unwrap());
+        assert!(Lock::release(&via, &name, o.step()).await.unwrap());
     }
     assert_eq!(keys(&server, "*:left:*"), vec![mark]);
 }

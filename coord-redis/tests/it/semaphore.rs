@@ -69,12 +69,12 @@ async fn an_idle_semaphore_leaves_nothing_in_redis() {
 
     // Released by hand: nothing left at once.
     granted(
-        b.try_acquire("idle", &x, &req(1, 2, 10 * SEC, false))
+        b.try_acquire("idle", x.step(), &req(1, 2, 10 * SEC, false))
             .await
             .unwrap(),
     );
     assert!(live_keys(&server) > base);
-    assert!(b.release("idle", &x).await.unwrap());
+    assert!(b.release("idle", x.step()).await.unwrap());
     assert_eq!(
         live_keys(&server),
         base,
@@ -84,24 +84,27 @@ async fn an_idle_semaphore_leaves_nothing_in_redis() {
     // A refused single attempt leaves no queue place; a waiting one does,
     // and its release (the core's cleanup after a timeout) removes it.
     granted(
-        b.try_acquire("idle", &x, &req(2, 2, short, false))
+        b.try_acquire("idle", x.step(), &req(2, 2, short, false))
             .await
             .unwrap(),
     );
     held(
-        b.try_acquire("idle", &y, &req(1, 2, short, false))
+        b.try_acquire("idle", y.step(), &req(1, 2, short, false))
             .await
             .unwrap(),
     );
     let queue = "coord:semaphore:{idle}:queue";
     assert_eq!(server.command(&["ZCARD", queue]).as_int(), Some(0));
     held(
-        b.try_acquire("idle", &z, &req(1, 2, short, true))
+        b.try_acquire("idle", z.step(), &req(1, 2, short, true))
             .await
             .unwrap(),
     );
     assert_eq!(server.command(&["ZCARD", queue]).as_int(), Some(1));
-    assert!(!b.release("idle", &z).await.unwrap(), "z held no grant");
+    assert!(
+        !b.release("idle", z.step()).await.unwrap(),
+        "z held no grant"
+    );
     assert_eq!(server.command(&["ZCARD", queue]).as_int(), Some(0));
 
     // Left to expire: every key goes with the grant's TTL.
@@ -112,39 +115,39 @@ async fn an_idle_semaphore_leaves_nothing_in_redis() {
         "an expired grant left keys behind"
     );
     assert!(
-        !b.extend("idle", &x, 10 * SEC).await.unwrap(),
+        !b.extend("idle", x.step(), 10 * SEC).await.unwrap(),
         "resurrected"
     );
 
     // A token ahead of the server clock outlives the grant on the rest of
     // its lead only, and the next grant still rises above it.
     let t = granted(
-        b.try_acquire("idle", &x, &req(1, 2, short, false))
+        b.try_acquire("idle", x.step(), &req(1, 2, short, false))
             .await
             .unwrap(),
     );
     let ahead = t + 400_000;
     server.command(&["HSET", "coord:semaphore:{idle}", "last", &ahead.to_string()]);
     let t2 = granted(
-        b.try_acquire("idle", &y, &req(1, 2, short, false))
+        b.try_acquire("idle", y.step(), &req(1, 2, short, false))
             .await
             .unwrap(),
     );
     assert_eq!(t2, ahead + 1);
-    assert!(b.release("idle", &x).await.unwrap());
-    assert!(b.release("idle", &y).await.unwrap());
+    assert!(b.release("idle", x.step()).await.unwrap());
+    assert!(b.release("idle", y.step()).await.unwrap());
     assert_eq!(
         live_keys(&server),
         base + 1,
         "the last token is kept while ahead"
     );
     let t3 = granted(
-        b.try_acquire("idle", &x, &req(1, 2, short, false))
+        b.try_acquire("idle", x.step(), &req(1, 2, short, false))
             .await
             .unwrap(),
     );
     assert_eq!(t3, t2 + 1);
-    assert!(b.release("idle", &x).await.unwrap());
+    assert!(b.release("idle", x.step()).await.unwrap());
     sleep(500 * MS).await;
     assert_eq!(live_keys(&server), base, "the kept token outlived its lead");
 }
@@ -160,14 +163,14 @@ async fn a_killed_waiters_place_lapses_after_the_queue_ttl() {
     let sems = coord.semaphores().unwrap();
     let (holder, killed) = (OwnerToken::random(), OwnerToken::random());
     granted(
-        b.try_acquire("lapse", &holder, &req(1, 2, 120 * SEC, false))
+        b.try_acquire("lapse", holder.step(), &req(1, 2, 120 * SEC, false))
             .await
             .unwrap(),
     );
     // The killed waiter asked for 2, so the 1 free permit does not serve it.
     let queued_at = Instant::now();
     let hint = held(
-        b.try_acquire("lapse", &killed, &req(2, 2, 120 * SEC, true))
+        b.try_acquire("lapse", killed.step(), &req(2, 2, 120 * SEC, true))
             .await
             .unwrap(),
     );
@@ -193,7 +196,7 @@ async fn a_killed_waiters_place_lapses_after_the_queue_ttl() {
         "granted only {waited:?} after the place was taken"
     );
     p.release().await.unwrap();
-    assert!(b.release("lapse", &holder).await.unwrap());
+    assert!(b.release("lapse", holder.step()).await.unwrap());
     assert_eq!(live_keys(&server), 0, "keys left after the last release");
 }
 
@@ -231,7 +234,7 @@ async fn wake_ups_go_only_to_waiters_that_can_be_granted() {
     );
 
     granted(
-        b.try_acquire(&name, &holder, &req(3, 3, 10 * SEC, false))
+        b.try_acquire(&name, holder.step(), &req(3, 3, 10 * SEC, false))
             .await
             .unwrap(),
     );
@@ -244,18 +247,18 @@ async fn wake_ups_go_only_to_waiters_that_can_be_granted() {
     nf.as_mut().enable();
     ns.as_mut().enable();
     held(
-        w.try_acquire(&name, &first, &req(2, 3, 10 * SEC, true))
+        w.try_acquire(&name, first.step(), &req(2, 3, 10 * SEC, true))
             .await
             .unwrap(),
     );
     held(
-        w.try_acquire(&name, &second, &req(2, 3, 10 * SEC, true))
+        w.try_acquire(&name, second.step(), &req(2, 3, 10 * SEC, true))
             .await
             .unwrap(),
     );
     assert_eq!(calls(&server, "publish"), pubs);
 
-    assert!(b.release(&name, &holder).await.unwrap());
+    assert!(b.release(&name, holder.step()).await.unwrap());
     timeout(SEC, &mut nf).await.expect("the head is woken");
     assert!(
         timeout(300 * MS, &mut ns).await.is_err(),
@@ -264,27 +267,27 @@ async fn wake_ups_go_only_to_waiters_that_can_be_granted() {
     assert_eq!(calls(&server, "publish"), pubs + 1);
     // The one behind refreshes its place: the head is not woken again.
     held(
-        w.try_acquire(&name, &second, &req(2, 3, 10 * SEC, true))
+        w.try_acquire(&name, second.step(), &req(2, 3, 10 * SEC, true))
             .await
             .unwrap(),
     );
     assert_eq!(calls(&server, "publish"), pubs + 1, "woke the head twice");
     granted(
-        w.try_acquire(&name, &first, &req(2, 3, 10 * SEC, true))
+        w.try_acquire(&name, first.step(), &req(2, 3, 10 * SEC, true))
             .await
             .unwrap(),
     );
-    assert!(w.release(&name, &first).await.unwrap());
+    assert!(w.release(&name, first.step()).await.unwrap());
     timeout(SEC, &mut ns)
         .await
         .expect("the next in line is woken");
     assert_eq!(calls(&server, "publish"), pubs + 2);
     granted(
-        w.try_acquire(&name, &second, &req(2, 3, 10 * SEC, true))
+        w.try_acquire(&name, second.step(), &req(2, 3, 10 * SEC, true))
             .await
             .unwrap(),
     );
-    assert!(w.release(&name, &second).await.unwrap());
+    assert!(w.release(&name, second.step()).await.unwrap());
     assert_eq!(live_keys(&server), 0);
 }
 

@@ -16,17 +16,17 @@ pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
     let name = unique("idempotent");
     let t = ttl(&c, Duration::from_secs(10));
     let (me, other) = (OwnerToken::random(), OwnerToken::random());
-    let first = raw.try_acquire(&name, &me, t).await.unwrap();
+    let first = raw.try_acquire(&name, me.step(), t).await.unwrap();
     let Attempt::Granted(token) = first else {
         panic!("a free lock was refused: {first:?}");
     };
-    let again = raw.try_acquire(&name, &me, t).await.unwrap();
+    let again = raw.try_acquire(&name, me.step(), t).await.unwrap();
     assert_eq!(
         again,
         Attempt::Granted(token),
         "a retried attempt by the same owner got another token"
     );
-    let theirs = raw.try_acquire(&name, &other, t).await.unwrap();
+    let theirs = raw.try_acquire(&name, other.step(), t).await.unwrap();
     assert!(
         matches!(theirs, Attempt::Held { .. }),
         "another owner got a held lock: {theirs:?}"
@@ -40,28 +40,28 @@ pub async fn lock_attempts_are_idempotent_per_owner(f: &Factory) {
             "the holder's remaining time {e:?} exceeds its TTL {t:?}"
         );
     }
-    assert!(!raw.extend(&name, &other, t).await.unwrap());
-    assert!(!raw.release(&name, &other).await.unwrap());
+    assert!(!raw.extend(&name, other.step(), t).await.unwrap());
+    assert!(!raw.release(&name, other.step()).await.unwrap());
     // Retried with another TTL (a caller's retry with a changed setting):
     // still the same grant and token, never freed in between.
-    let longer = raw.try_acquire(&name, &me, t * 2).await.unwrap();
+    let longer = raw.try_acquire(&name, me.step(), t * 2).await.unwrap();
     assert_eq!(
         longer,
         Attempt::Granted(token),
         "a retried attempt by the same owner with another TTL got another token"
     );
-    assert!(raw.extend(&name, &me, t).await.unwrap());
-    assert!(raw.release(&name, &me).await.unwrap());
+    assert!(raw.extend(&name, me.step(), t).await.unwrap());
+    assert!(raw.release(&name, me.step()).await.unwrap());
     assert!(
-        !raw.release(&name, &me).await.unwrap(),
+        !raw.release(&name, me.step()).await.unwrap(),
         "a second release reported success"
     );
     // Free again: a new grant has a higher token.
-    match raw.try_acquire(&name, &other, t).await.unwrap() {
+    match raw.try_acquire(&name, other.step(), t).await.unwrap() {
         Attempt::Granted(t2) => assert!(t2 > token),
         a => panic!("released lock still held: {a:?}"),
     }
-    assert!(raw.release(&name, &other).await.unwrap());
+    assert!(raw.release(&name, other.step()).await.unwrap());
 }
 
 /// The same owner token retried through a second client (a raw-trait
@@ -84,7 +84,7 @@ pub async fn lock_same_owner_through_another_client_gets_no_other_token(f: &Fact
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let Attempt::Granted(token) = raw1.try_acquire(&name, &me, t).await.unwrap() else {
+    let Attempt::Granted(token) = raw1.try_acquire(&name, me.step(), t).await.unwrap() else {
         panic!("a free lock was refused");
     };
     // Redlock (best-effort fencing) may answer a higher token when fewer
@@ -96,7 +96,7 @@ pub async fn lock_same_owner_through_another_client_gets_no_other_token(f: &Fact
     let best_effort = raw1.capabilities().fencing == FencingDurability::BestEffort;
     let mut highest = token;
     for _ in 0..2 {
-        match raw2.try_acquire(&name, &me, t).await.unwrap() {
+        match raw2.try_acquire(&name, me.step(), t).await.unwrap() {
             Attempt::Granted(again) if best_effort => {
                 assert!(again >= highest, "token {again:?} after {highest:?}");
                 highest = again;
@@ -109,30 +109,30 @@ pub async fn lock_same_owner_through_another_client_gets_no_other_token(f: &Fact
         }
     }
     for raw in [&raw1, &raw2] {
-        let a = raw.try_acquire(&name, &other, t).await.unwrap();
+        let a = raw.try_acquire(&name, other.step(), t).await.unwrap();
         assert!(
             matches!(a, Attempt::Held { .. }),
             "another owner got the lock after the same owner's attempt through a second client: {a:?}"
         );
     }
     assert!(
-        raw2.release(&name, &me).await.unwrap(),
+        raw2.release(&name, me.step()).await.unwrap(),
         "a release by owner through a second client did not find the live lock"
     );
-    let Attempt::Granted(next) = raw1.try_acquire(&name, &other, t).await.unwrap() else {
+    let Attempt::Granted(next) = raw1.try_acquire(&name, other.step(), t).await.unwrap() else {
         panic!("the lock released through the second client is still held");
     };
     assert!(next > highest, "token {next:?} after {highest:?}");
     assert!(
-        !raw1.release(&name, &me).await.unwrap(),
+        !raw1.release(&name, me.step()).await.unwrap(),
         "the first client's stale release reported success"
     );
-    let a = raw2.try_acquire(&name, &third, t).await.unwrap();
+    let a = raw2.try_acquire(&name, third.step(), t).await.unwrap();
     assert!(
         matches!(a, Attempt::Held { .. }),
         "a stale release freed the next owner's lock: {a:?}"
     );
-    assert!(raw1.release(&name, &other).await.unwrap());
+    assert!(raw1.release(&name, other.step()).await.unwrap());
 }
 
 /// Campaign attempts are idempotent per owner (same term again), another
@@ -155,11 +155,12 @@ pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Fac
         let (me, other) = (OwnerToken::random(), OwnerToken::random());
         // When the last grant or renewal of `me` was sent.
         let mut kept = Instant::now();
-        let Attempt::Granted(term) = raw.try_campaign(&name, "me", &me, t).await.unwrap() else {
+        let Attempt::Granted(term) = raw.try_campaign(&name, "me", me.step(), t).await.unwrap()
+        else {
             panic!("the sole candidate was refused");
         };
         let late = |kept: Instant| kept.elapsed() >= t;
-        let again = raw.try_campaign(&name, "me", &me, t).await.unwrap();
+        let again = raw.try_campaign(&name, "me", me.step(), t).await.unwrap();
         let mut lapsed = again != Attempt::Granted(term) && late(kept);
         if !lapsed {
             assert_eq!(
@@ -167,11 +168,14 @@ pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Fac
                 Attempt::Granted(term),
                 "a retried campaign got another term"
             );
-            let theirs = raw.try_campaign(&name, "other", &other, t).await.unwrap();
+            let theirs = raw
+                .try_campaign(&name, "other", other.step(), t)
+                .await
+                .unwrap();
             lapsed = !matches!(theirs, Attempt::Held { .. }) && late(kept);
             if !lapsed {
                 assert!(matches!(theirs, Attempt::Held { .. }), "{theirs:?}");
-                assert!(!raw.renew(&name, &other, t).await.unwrap());
+                assert!(!raw.renew(&name, other.step(), t).await.unwrap());
             }
         }
         // Renew well before the TTL ends, four times: still leader after
@@ -182,7 +186,7 @@ pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Fac
             }
             sleep(t / 2).await;
             let sent = Instant::now();
-            let renewed = raw.renew(&name, &me, t).await.unwrap();
+            let renewed = raw.renew(&name, me.step(), t).await.unwrap();
             lapsed = !renewed && late(kept);
             if !lapsed {
                 assert!(renewed, "a live leader could not renew");
@@ -198,8 +202,8 @@ pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Fac
         };
         if lapsed {
             eprintln!("a check came too late to judge: again on a fresh name");
-            let _ = raw.resign(&name, &other).await;
-            let _ = raw.resign(&name, &me).await;
+            let _ = raw.resign(&name, other.step()).await;
+            let _ = raw.resign(&name, me.step()).await;
             continue;
         }
         let info = info.expect("a renewed leader is gone");
@@ -213,7 +217,7 @@ pub async fn election_attempts_are_idempotent_and_renewals_keep_the_term(f: &Fac
         (info.candidate.as_str(), info.term.get()),
         ("me", term.get())
     );
-    assert!(!raw.resign(&name, &other).await.unwrap());
-    assert!(raw.resign(&name, &me).await.unwrap());
+    assert!(!raw.resign(&name, other.step()).await.unwrap());
+    assert!(raw.resign(&name, me.step()).await.unwrap());
     assert_eq!(c.elections().unwrap().leader(&name).await.unwrap(), None);
 }

@@ -19,25 +19,25 @@ async fn fifo_queue_wakes_exactly_the_next_waiter() {
     let name = "fifo";
     let t = ttl(&holder) * 5;
     let o0 = OwnerToken::random();
-    let first = granted(holder.try_acquire(name, &o0, t).await.unwrap());
+    let first = granted(holder.try_acquire(name, o0.step(), t).await.unwrap());
     let mut waiters = Vec::new();
     for _ in 0..3 {
         let b = backend().await;
         let o = OwnerToken::random();
         // As coord-core's wait loop: attempt, subscribe, attempt (queued).
         assert!(matches!(
-            b.try_acquire(name, &o, t).await.unwrap(),
+            b.try_acquire(name, o.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
         let w = Lock::subscribe(&*b, name, &o).await.unwrap();
         assert!(matches!(
-            b.try_acquire(name, &o, t).await.unwrap(),
+            b.try_acquire(name, o.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
         waiters.push((b, o, w));
     }
     let mut last = first;
-    assert!(holder.release(name, &o0).await.unwrap());
+    assert!(holder.release(name, o0.step()).await.unwrap());
     for i in 0..waiters.len() {
         // Only waiter i is woken.
         for (j, (_, _, w)) in waiters.iter().enumerate().skip(i) {
@@ -50,10 +50,10 @@ async fn fifo_queue_wakes_exactly_the_next_waiter() {
             assert_eq!(woke, j == i, "waiter {j} woken={woke} after release {i}");
         }
         let (b, o, _) = &waiters[i];
-        let tok = granted(b.try_acquire(name, o, t).await.unwrap());
+        let tok = granted(b.try_acquire(name, o.step(), t).await.unwrap());
         assert!(tok > last);
         last = tok;
-        assert!(b.release(name, o).await.unwrap());
+        assert!(b.release(name, o.step()).await.unwrap());
     }
 }
 
@@ -70,15 +70,15 @@ async fn one_shot_attempt_leaves_no_key() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(a.try_acquire(name, &o1, t).await.unwrap());
+    granted(a.try_acquire(name, o1.step(), t).await.unwrap());
     assert!(matches!(
-        b.try_acquire(name, &o2, t).await.unwrap(),
+        b.try_acquire(name, o2.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(a.release(name, &o1).await.unwrap());
+    assert!(a.release(name, o1.step()).await.unwrap());
     // Had b's attempt queued a key, c could not get the lock now.
-    granted(c.try_acquire(name, &o3, t).await.unwrap());
-    assert!(c.release(name, &o3).await.unwrap());
+    granted(c.try_acquire(name, o3.step(), t).await.unwrap());
+    assert!(c.release(name, o3.step()).await.unwrap());
 }
 
 /// A queued waiter whose key vanished (its lease expired or was revoked)
@@ -91,10 +91,10 @@ async fn queued_waiter_whose_key_vanished_queues_again() {
     let name = "waiter-lost";
     let t = ttl(&a) * 3;
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-    granted(a.try_acquire(name, &o1, t).await.unwrap());
+    granted(a.try_acquire(name, o1.step(), t).await.unwrap());
     for _ in 0..2 {
         assert!(matches!(
-            b.try_acquire(name, &o2, t).await.unwrap(),
+            b.try_acquire(name, o2.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
     }
@@ -107,16 +107,16 @@ async fn queued_waiter_whose_key_vanished_queues_again() {
     raw.lease_revoke(leases[0]).await.unwrap();
     // Still held by a: b queues again (a fresh key, a fresh lease).
     assert!(matches!(
-        b.try_acquire(name, &o2, t).await.unwrap(),
+        b.try_acquire(name, o2.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     let again = b.claim_leases();
     assert_eq!(again.len(), 1);
     assert_ne!(again[0], leases[0]);
-    assert!(a.release(name, &o1).await.unwrap());
+    assert!(a.release(name, o1.step()).await.unwrap());
     let start = Instant::now();
     loop {
-        if let Attempt::Granted(_) = b.try_acquire(name, &o2, t).await.unwrap() {
+        if let Attempt::Granted(_) = b.try_acquire(name, o2.step(), t).await.unwrap() {
             break;
         }
         assert!(
@@ -125,7 +125,7 @@ async fn queued_waiter_whose_key_vanished_queues_again() {
         );
         sleep(Duration::from_millis(20)).await;
     }
-    assert!(b.release(name, &o2).await.unwrap());
+    assert!(b.release(name, o2.step()).await.unwrap());
 }
 
 /// Attempts cancelled mid-flight (the future dropped at any point, as when
@@ -142,9 +142,9 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
         let a = a.clone();
         let attempt = async move {
             // As coord-core's wait loop: the second attempt queues.
-            let _ = a.try_acquire(name, &o, t).await;
+            let _ = a.try_acquire(name, o.step(), t).await;
             let _w = Lock::subscribe(&*a, name, &o).await.unwrap();
-            let _ = a.try_acquire(name, &o, t).await;
+            let _ = a.try_acquire(name, o.step(), t).await;
             sleep(Duration::from_secs(3600)).await;
         };
         let _ = timeout(Duration::from_micros(100 + i * 150), attempt).await;
@@ -152,7 +152,7 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
     let o = OwnerToken::random();
     let start = Instant::now();
     loop {
-        match b.try_acquire(name, &o, t).await.unwrap() {
+        match b.try_acquire(name, o.step(), t).await.unwrap() {
             Attempt::Granted(_) => break,
             Attempt::Held { .. } => {
                 assert!(
@@ -163,7 +163,7 @@ async fn cancelled_attempts_leave_nothing_held_past_the_ttl() {
             }
         }
     }
-    assert!(b.release(name, &o).await.unwrap());
+    assert!(b.release(name, o.step()).await.unwrap());
 }
 
 /// Two waiters of one name in one client, one of them abandoned after it
@@ -188,22 +188,22 @@ async fn an_abandoned_local_waiter_does_not_block_the_live_one() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(holder.try_acquire(name, &oh, t).await.unwrap());
+    granted(holder.try_acquire(name, oh.step(), t).await.unwrap());
     let w = Lock::subscribe(&*a, name, &o2).await.unwrap();
     // o1 queues first, then is abandoned (never attempts again).
     for o in [&o1, &o1, &o2, &o2] {
         assert!(matches!(
-            a.try_acquire(name, o, t).await.unwrap(),
+            a.try_acquire(name, o.step(), t).await.unwrap(),
             Attempt::Held { .. }
         ));
     }
     let start = Instant::now();
-    assert!(holder.release(name, &oh).await.unwrap());
+    assert!(holder.release(name, oh.step()).await.unwrap());
     let mut attempts = 0;
     loop {
         let _ = timeout(Duration::from_secs(5), w.notified()).await;
         attempts += 1;
-        if let Attempt::Granted(_) = a.try_acquire(name, &o2, t).await.unwrap() {
+        if let Attempt::Granted(_) = a.try_acquire(name, o2.step(), t).await.unwrap() {
             break;
         }
         assert!(
@@ -212,6 +212,6 @@ async fn an_abandoned_local_waiter_does_not_block_the_live_one() {
         );
     }
     assert!(attempts <= 4, "{attempts} attempts: the waiter spun");
-    assert!(a.release(name, &o2).await.unwrap());
-    assert!(!a.release(name, &o1).await.unwrap());
+    assert!(a.release(name, o2.step()).await.unwrap());
+    assert!(!a.release(name, o1.step()).await.unwrap());
 }

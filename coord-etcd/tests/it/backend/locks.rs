@@ -15,28 +15,28 @@ async fn lock_grant_is_idempotent_exclusive_and_releasable() {
     let b = backend().await;
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
     let name = "basic/with slash";
-    let t1 = granted(a.try_acquire(name, &o1, ttl(&a)).await.unwrap());
+    let t1 = granted(a.try_acquire(name, o1.step(), ttl(&a)).await.unwrap());
     assert_eq!(
-        granted(a.try_acquire(name, &o1, ttl(&a)).await.unwrap()),
+        granted(a.try_acquire(name, o1.step(), ttl(&a)).await.unwrap()),
         t1
     );
     assert!(matches!(
-        b.try_acquire(name, &o2, ttl(&b)).await.unwrap(),
+        b.try_acquire(name, o2.step(), ttl(&b)).await.unwrap(),
         Attempt::Held { .. }
     ));
     // A lock named like the queue's parent never collides.
-    granted(b.try_acquire("basic", &o2, ttl(&b)).await.unwrap());
-    assert!(!b.release(name, &o2).await.unwrap());
-    assert!(a.extend(name, &o1, ttl(&a)).await.unwrap());
-    assert!(a.release(name, &o1).await.unwrap());
-    assert!(!a.release(name, &o1).await.unwrap());
-    assert!(!a.extend(name, &o1, ttl(&a)).await.unwrap());
-    let t2 = granted(b.try_acquire(name, &o2, ttl(&b)).await.unwrap());
+    granted(b.try_acquire("basic", o2.step(), ttl(&b)).await.unwrap());
+    assert!(!b.release(name, o2.step()).await.unwrap());
+    assert!(a.extend(name, o1.step(), ttl(&a)).await.unwrap());
+    assert!(a.release(name, o1.step()).await.unwrap());
+    assert!(!a.release(name, o1.step()).await.unwrap());
+    assert!(!a.extend(name, o1.step(), ttl(&a)).await.unwrap());
+    let t2 = granted(b.try_acquire(name, o2.step(), ttl(&b)).await.unwrap());
     assert!(t2 > t1);
     assert!(b.force_release(name).await.unwrap());
-    assert!(!b.extend(name, &o2, ttl(&b)).await.unwrap());
+    assert!(!b.extend(name, o2.step(), ttl(&b)).await.unwrap());
     assert!(!b.force_release(name).await.unwrap());
-    assert!(b.release("basic", &o2).await.unwrap());
+    assert!(b.release("basic", o2.step()).await.unwrap());
 }
 
 #[tokio::test]
@@ -47,18 +47,18 @@ async fn lock_expires_at_its_ttl_without_extend_and_is_not_resurrected() {
     let name = "expiry";
     let t = ttl(&a);
     let start = Instant::now();
-    granted(a.try_acquire(name, &o1, t).await.unwrap());
+    granted(a.try_acquire(name, o1.step(), t).await.unwrap());
     // Still held just before the TTL ...
     sleep(t.saturating_sub(Duration::from_millis(300))).await;
     assert!(matches!(
-        b.try_acquire(name, &o2, t).await.unwrap(),
+        b.try_acquire(name, o2.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     // ... free soon after it: the server expires the claim's own lease
     // (etcd looks for expired leases every 500 ms).
     sleep((start + t).saturating_duration_since(Instant::now())).await;
     loop {
-        if let Attempt::Granted(_) = b.try_acquire(name, &o2, t).await.unwrap() {
+        if let Attempt::Granted(_) = b.try_acquire(name, o2.step(), t).await.unwrap() {
             break;
         }
         assert!(
@@ -69,9 +69,9 @@ async fn lock_expires_at_its_ttl_without_extend_and_is_not_resurrected() {
         sleep(Duration::from_millis(50)).await;
     }
     eprintln!("free {:?} after a grant with TTL {t:?}", start.elapsed());
-    assert!(!a.extend(name, &o1, t).await.unwrap());
-    assert!(!a.release(name, &o1).await.unwrap());
-    assert!(b.release(name, &o2).await.unwrap());
+    assert!(!a.extend(name, o1.step(), t).await.unwrap());
+    assert!(!a.release(name, o1.step()).await.unwrap());
+    assert!(b.release(name, o2.step()).await.unwrap());
 }
 
 #[tokio::test]
@@ -80,11 +80,14 @@ async fn extend_keeps_the_token_and_can_change_the_ttl() {
     let o = OwnerToken::random();
     let name = "extend";
     let t = ttl(&a);
-    let tok = granted(a.try_acquire(name, &o, t).await.unwrap());
-    assert!(a.extend(name, &o, t * 3).await.unwrap());
+    let tok = granted(a.try_acquire(name, o.step(), t).await.unwrap());
+    assert!(a.extend(name, o.step(), t * 3).await.unwrap());
     sleep(t + Duration::from_millis(300)).await;
     // Extended to 3x: still ours, same token.
-    assert_eq!(granted(a.try_acquire(name, &o, t * 3).await.unwrap()), tok);
-    assert!(a.extend(name, &o, t).await.unwrap());
-    assert!(a.release(name, &o).await.unwrap());
+    assert_eq!(
+        granted(a.try_acquire(name, o.step(), t * 3).await.unwrap()),
+        tok
+    );
+    assert!(a.extend(name, o.step(), t).await.unwrap());
+    assert!(a.release(name, o.step()).await.unwrap());
 }

@@ -34,31 +34,31 @@ async fn election_campaign_leader_resign_and_wakeups() {
     let t = ttl(&a) * 2;
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
     assert_eq!(a.leader(name).await.unwrap(), None);
-    let term1 = granted(a.try_campaign(name, "alice", &o1, t).await.unwrap());
+    let term1 = granted(a.try_campaign(name, "alice", o1.step(), t).await.unwrap());
     assert_eq!(
-        granted(a.try_campaign(name, "alice", &o1, t).await.unwrap()),
+        granted(a.try_campaign(name, "alice", o1.step(), t).await.unwrap()),
         term1
     );
     let w = Election::subscribe(&*b, name).await.unwrap();
     assert!(matches!(
-        b.try_campaign(name, "bob", &o2, t).await.unwrap(),
+        b.try_campaign(name, "bob", o2.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     let l = a.leader(name).await.unwrap().unwrap();
     assert_eq!((l.candidate.as_str(), l.term.get()), ("alice", term1));
-    assert!(Election::renew(&*a, name, &o1, t).await.unwrap());
+    assert!(Election::renew(&*a, name, o1.step(), t).await.unwrap());
     let notified = w.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    assert!(a.resign(name, &o1).await.unwrap());
+    assert!(a.resign(name, o1.step()).await.unwrap());
     timeout(Duration::from_secs(3), notified)
         .await
         .expect("the watch wakes the other candidate");
-    let term2 = granted(b.try_campaign(name, "bob", &o2, t).await.unwrap());
+    let term2 = granted(b.try_campaign(name, "bob", o2.step(), t).await.unwrap());
     assert!(term2 > term1);
     assert_eq!(b.leader(name).await.unwrap().unwrap().candidate, "bob");
-    assert!(!Election::renew(&*a, name, &o1, t).await.unwrap());
-    assert!(b.resign(name, &o2).await.unwrap());
+    assert!(!Election::renew(&*a, name, o1.step(), t).await.unwrap());
+    assert!(b.resign(name, o2.step()).await.unwrap());
     assert_eq!(b.leader(name).await.unwrap(), None);
 }
 
@@ -141,27 +141,27 @@ async fn named_leases_grant_renew_remaining_revoke_and_expire() {
     let name = "worker-7";
     let t = ttl(&a) * 2;
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-    let tok = granted(a.grant(name, &o1, t).await.unwrap());
-    assert_eq!(granted(a.grant(name, &o1, t).await.unwrap()), tok);
+    let tok = granted(a.grant(name, o1.step(), t).await.unwrap());
+    assert_eq!(granted(a.grant(name, o1.step(), t).await.unwrap()), tok);
     assert!(matches!(
-        b.grant(name, &o2, t).await.unwrap(),
+        b.grant(name, o2.step(), t).await.unwrap(),
         Attempt::Held { .. }
     ));
     let left = b.remaining(name).await.unwrap().expect("live");
     assert!(left <= t, "{left:?}");
     let mine = a.remaining(name).await.unwrap().expect("live");
     assert!(mine <= t && mine > t / 2, "{mine:?}");
-    assert!(Lease::renew(&*a, name, &o1, t * 2).await.unwrap());
-    assert!(!Lease::renew(&*b, name, &o2, t).await.unwrap());
-    assert!(!b.revoke(name, &o2).await.unwrap());
-    assert!(a.revoke(name, &o1).await.unwrap());
+    assert!(Lease::renew(&*a, name, o1.step(), t * 2).await.unwrap());
+    assert!(!Lease::renew(&*b, name, o2.step(), t).await.unwrap());
+    assert!(!b.revoke(name, o2.step()).await.unwrap());
+    assert!(a.revoke(name, o1.step()).await.unwrap());
     assert_eq!(b.remaining(name).await.unwrap(), None);
     // Expiry without renew; renewing afterwards resurrects nothing.
     let t1 = ttl(&a);
-    granted(b.grant(name, &o2, t1).await.unwrap());
+    granted(b.grant(name, o2.step(), t1).await.unwrap());
     sleep(t1 + Duration::from_millis(300)).await;
-    assert!(!Lease::renew(&*b, name, &o2, t1).await.unwrap());
+    assert!(!Lease::renew(&*b, name, o2.step(), t1).await.unwrap());
     assert_eq!(a.remaining(name).await.unwrap(), None);
-    granted(a.grant(name, &o1, t1).await.unwrap());
-    assert!(a.revoke(name, &o1).await.unwrap());
+    granted(a.grant(name, o1.step(), t1).await.unwrap());
+    assert!(a.revoke(name, o1.step()).await.unwrap());
 }

@@ -108,66 +108,66 @@ async fn extend_with_another_ttl_then_reuse_of_the_moved_lease() {
     let other = client(&p).await;
     let short = Duration::from_secs(20);
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire("m", &o1, LONG).await);
+    let t1 = granted(b.try_acquire("m", o1.step(), LONG).await);
     let k = lock_keys(&p, "m").await;
     let (key1, lease1) = (k[0].key().to_vec(), k[0].lease());
-    assert!(b.extend("m", &o1, short).await.unwrap());
+    assert!(b.extend("m", o1.step(), short).await.unwrap());
     let k = lock_keys(&p, "m").await;
     assert_eq!((k[0].key(), k[0].create_revision() as u64), (&key1[..], t1));
     let moved = k[0].lease();
     assert_ne!(moved, lease1, "another TTL moves the key to another lease");
     assert_eq!(owner_of(&k[0]), hex(&o1));
     assert_eq!(keys_on_lease(moved).await, vec![key1.clone()]);
-    assert!(b.release("m", &o1).await.unwrap());
+    assert!(b.release("m", o1.step()).await.unwrap());
 
     let o2 = OwnerToken::random();
-    let t2 = granted(b.try_acquire("m", &o2, short).await);
+    let t2 = granted(b.try_acquire("m", o2.step(), short).await);
     assert!(t2 > t1);
     let k = lock_keys(&p, "m").await;
     assert_eq!(k.len(), 1);
     assert_eq!(keys_on_lease(k[0].lease()).await, vec![k[0].key().to_vec()]);
     let before = snap(&k[0]);
-    assert!(!b.release("m", &o1).await.unwrap());
-    assert!(!b.extend("m", &o1, short).await.unwrap());
-    assert!(!b.extend("m", &o1, LONG).await.unwrap());
-    assert!(!other.release("m", &o1).await.unwrap());
+    assert!(!b.release("m", o1.step()).await.unwrap());
+    assert!(!b.extend("m", o1.step(), short).await.unwrap());
+    assert!(!b.extend("m", o1.step(), LONG).await.unwrap());
+    assert!(!other.release("m", o1.step()).await.unwrap());
     assert_eq!(snap(&lock_keys(&p, "m").await[0]), before);
     // And back to the first TTL, then a claim of that TTL on another name.
-    assert!(b.extend("m", &o2, LONG).await.unwrap());
+    assert!(b.extend("m", o2.step(), LONG).await.unwrap());
     let k = lock_keys(&p, "m").await;
     assert_eq!(k[0].create_revision() as u64, t2);
     assert_eq!(keys_on_lease(k[0].lease()).await, vec![k[0].key().to_vec()]);
     let o3 = OwnerToken::random();
-    let t3 = granted(b.try_acquire("m2", &o3, LONG).await);
+    let t3 = granted(b.try_acquire("m2", o3.step(), LONG).await);
     assert!(t3 > t2);
     let k3 = lock_keys(&p, "m2").await;
     assert_eq!(
         keys_on_lease(k3[0].lease()).await,
         vec![k3[0].key().to_vec()]
     );
-    assert!(b.release("m", &o2).await.unwrap());
-    assert!(b.release("m2", &o3).await.unwrap());
+    assert!(b.release("m", o2.step()).await.unwrap());
+    assert!(b.release("m2", o3.step()).await.unwrap());
 
     // Elections: a renewal with another TTL keeps the candidate.
     let e1 = OwnerToken::random();
-    let term1 = granted(b.try_campaign("em", "node a 1", &e1, LONG).await);
-    assert!(Election::renew(&*b, "em", &e1, short).await.unwrap());
+    let term1 = granted(b.try_campaign("em", "node a 1", e1.step(), LONG).await);
+    assert!(Election::renew(&*b, "em", e1.step(), short).await.unwrap());
     let leader = other.leader("em").await.unwrap().expect("a leader");
     assert_eq!(
         (leader.candidate.as_str(), leader.term.get()),
         ("node a 1", term1)
     );
-    assert!(b.resign("em", &e1).await.unwrap());
+    assert!(b.resign("em", e1.step()).await.unwrap());
     let e2 = OwnerToken::random();
-    let term2 = granted(b.try_campaign("em", "node b", &e2, short).await);
+    let term2 = granted(b.try_campaign("em", "node b", e2.step(), short).await);
     assert!(term2 > term1);
-    assert!(!Election::renew(&*b, "em", &e1, short).await.unwrap());
-    assert!(!b.resign("em", &e1).await.unwrap());
+    assert!(!Election::renew(&*b, "em", e1.step(), short).await.unwrap());
+    assert!(!b.resign("em", e1.step()).await.unwrap());
     let leader = other.leader("em").await.unwrap().expect("a leader");
     assert_eq!(
         (leader.candidate.as_str(), leader.term.get()),
         ("node b", term2)
     );
-    assert!(b.resign("em", &e2).await.unwrap());
+    assert!(b.resign("em", e2.step()).await.unwrap());
     assert!(all_keys(&p).await.is_empty());
 }

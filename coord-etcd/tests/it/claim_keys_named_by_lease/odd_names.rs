@@ -47,7 +47,7 @@ async fn odd_names_keep_their_own_keys_across_lease_reuse() {
         let mut owners = Vec::new();
         for n in &names {
             let o = OwnerToken::random();
-            let t = granted(b.try_acquire(n, &o, LONG).await);
+            let t = granted(b.try_acquire(n, o.step(), LONG).await);
             assert!(t > *last.get(n).unwrap_or(&0), "{n:?}: token");
             last.insert(n, t);
             owners.push((*n, o, t));
@@ -60,8 +60,8 @@ async fn odd_names_keep_their_own_keys_across_lease_reuse() {
                 (hex(o), *t)
             );
             let ro = OwnerToken::random();
-            refused(other.try_acquire(n, &ro, LONG).await);
-            assert!(!other.release(n, &ro).await.unwrap());
+            refused(other.try_acquire(n, ro.step(), LONG).await);
+            assert!(!other.release(n, ro.step()).await.unwrap());
             let r = Lock::inspect(&*other, n).await.unwrap();
             assert_eq!((r.holders[0].owner, r.holders[0].token.get()), (*o, *t));
         }
@@ -70,7 +70,7 @@ async fn odd_names_keep_their_own_keys_across_lease_reuse() {
         order.rotate_left(round * 5 % owners.len());
         for (j, &i) in order.iter().enumerate() {
             let (n, o, _) = &owners[i];
-            assert!(b.release(n, o).await.unwrap(), "{n:?}: release");
+            assert!(b.release(n, o.step()).await.unwrap(), "{n:?}: release");
             for &i2 in &order[j + 1..] {
                 let (n2, o2, t2) = &owners[i2];
                 let k = lock_keys(&p, n2).await;
@@ -152,19 +152,24 @@ async fn election_terms_and_candidates_survive_key_reuse() {
                 if round == 1 && cand == " " {
                     // Through the raw trait: another client's resign of a
                     // token that does not lead changes nothing.
-                    assert!(!other.resign(name, &OwnerToken::random()).await.unwrap());
+                    assert!(
+                        !other
+                            .resign(name, OwnerToken::random().step())
+                            .await
+                            .unwrap()
+                    );
                 }
                 l.resign().await.unwrap();
             }
         }
         // Raw trait: the empty candidate.
         let o = OwnerToken::random();
-        let term = granted(a.try_campaign(name, "", &o, LONG).await);
+        let term = granted(a.try_campaign(name, "", o.step(), LONG).await);
         assert!(term > last);
         terms.insert(term, String::new());
         let info = other.leader(name).await.unwrap().expect("a leader");
         assert_eq!((info.candidate.as_str(), info.term.get()), ("", term));
-        assert!(a.resign(name, &o).await.unwrap());
+        assert!(a.resign(name, o.step()).await.unwrap());
 
         until(
             &format!("{name:?}: observer sees vacancy"),

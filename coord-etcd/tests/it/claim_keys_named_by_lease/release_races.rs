@@ -27,14 +27,14 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
     // Spares first, so the waiter's key is a reused one.
     for _ in 0..3 {
         let o = OwnerToken::random();
-        granted(b.try_acquire("h", &o, LONG).await);
-        assert!(b.release("h", &o).await.unwrap());
+        granted(b.try_acquire("h", o.step(), LONG).await);
+        assert!(b.release("h", o.step()).await.unwrap());
     }
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
-    let t1 = granted(b.try_acquire("h", &o1, LONG).await);
-    refused(b.try_acquire("h", &o2, LONG).await);
+    let t1 = granted(b.try_acquire("h", o1.step(), LONG).await);
+    refused(b.try_acquire("h", o2.step(), LONG).await);
     let waiter = Lock::subscribe(&*b, "h", &o2).await.unwrap();
-    refused(b.try_acquire("h", &o2, LONG).await);
+    refused(b.try_acquire("h", o2.step(), LONG).await);
     let k = lock_keys(&p, "h").await;
     assert_eq!(
         k.iter().map(owner_of).collect::<Vec<_>>(),
@@ -42,13 +42,13 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
         "holder then waiter"
     );
     assert!(
-        other.release("h", &o1).await.unwrap(),
+        other.release("h", o1.step()).await.unwrap(),
         "the holder's release said not held"
     );
     timeout(Duration::from_secs(5), waiter.notified())
         .await
         .expect("the waiter is woken");
-    let t2 = granted(b.try_acquire("h", &o2, LONG).await);
+    let t2 = granted(b.try_acquire("h", o2.step(), LONG).await);
     assert!(t2 > t1);
     // A claim granted after queueing marks its key as the head (a put in
     // the background, see claim/handoff.rs): let it land before the snapshot.
@@ -57,19 +57,25 @@ async fn release_through_a_second_client_hands_over_to_the_local_waiter() {
     })
     .await;
     let before = snap(&lock_keys(&p, "h").await[0]);
-    assert!(!b.extend("h", &o1, LONG).await.unwrap(), "stale extend");
-    assert!(!b.release("h", &o1).await.unwrap(), "stale release");
-    assert!(!other.release("h", &o1).await.unwrap(), "second release");
-    refused(b.try_acquire("h", &o1, LONG).await);
-    assert!(!b.release("h", &o1).await.unwrap());
+    assert!(
+        !b.extend("h", o1.step(), LONG).await.unwrap(),
+        "stale extend"
+    );
+    assert!(!b.release("h", o1.step()).await.unwrap(), "stale release");
+    assert!(
+        !other.release("h", o1.step()).await.unwrap(),
+        "second release"
+    );
+    refused(b.try_acquire("h", o1.step(), LONG).await);
+    assert!(!b.release("h", o1.step()).await.unwrap());
     let k = lock_keys(&p, "h").await;
     assert_eq!(k.len(), 1);
     assert_eq!(snap(&k[0]), before);
-    assert!(b.extend("h", &o2, LONG).await.unwrap());
-    assert!(b.release("h", &o2).await.unwrap());
+    assert!(b.extend("h", o2.step(), LONG).await.unwrap());
+    assert!(b.release("h", o2.step()).await.unwrap());
     let o3 = OwnerToken::random();
-    assert!(granted(b.try_acquire("h", &o3, LONG).await) > t2);
-    assert!(b.release("h", &o3).await.unwrap());
+    assert!(granted(b.try_acquire("h", o3.step(), LONG).await) > t2);
+    assert!(b.release("h", o3.step()).await.unwrap());
     assert!(all_keys(&p).await.is_empty());
 }
 

@@ -34,7 +34,7 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
     let other = client(&p).await;
 
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire("n1", &o1, LONG).await);
+    let t1 = granted(b.try_acquire("n1", o1.step(), LONG).await);
     let k = lock_keys(&p, "n1").await;
     assert_eq!(k.len(), 1);
     let (key1, lease1) = (k[0].key().to_vec(), k[0].lease());
@@ -43,11 +43,11 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
         "the key is not named by its lease: {:?}",
         String::from_utf8_lossy(&key1)
     );
-    assert!(b.release("n1", &o1).await.unwrap());
+    assert!(b.release("n1", o1.step()).await.unwrap());
 
     // Same name, same client: the spare lease writes the same key.
     let o2 = OwnerToken::random();
-    let t2 = granted(b.try_acquire("n1", &o2, LONG).await);
+    let t2 = granted(b.try_acquire("n1", o2.step(), LONG).await);
     assert!(t2 > t1, "token {t2} after {t1}");
     let k = lock_keys(&p, "n1").await;
     assert_eq!(k.len(), 1);
@@ -56,19 +56,19 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
     let before = snap(&k[0]);
 
     assert!(
-        !b.release("n1", &o1).await.unwrap(),
+        !b.release("n1", o1.step()).await.unwrap(),
         "stale release said held"
     );
     assert!(
-        !b.extend("n1", &o1, LONG).await.unwrap(),
+        !b.extend("n1", o1.step(), LONG).await.unwrap(),
         "stale extend said held"
     );
-    assert!(!other.release("n1", &o1).await.unwrap());
-    assert!(!other.extend("n1", &o1, LONG).await.unwrap());
+    assert!(!other.release("n1", o1.step()).await.unwrap());
+    assert!(!other.extend("n1", o1.step(), LONG).await.unwrap());
     // The stale owner trying again is refused (o2 holds) ...
-    refused(b.try_acquire("n1", &o1, LONG).await);
+    refused(b.try_acquire("n1", o1.step(), LONG).await);
     // ... and leaves nothing behind once it gives up.
-    assert!(!b.release("n1", &o1).await.unwrap());
+    assert!(!b.release("n1", o1.step()).await.unwrap());
     let k = lock_keys(&p, "n1").await;
     assert_eq!(k.len(), 1);
     assert_eq!(
@@ -76,25 +76,28 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
         before,
         "a stale owner changed the holder's key"
     );
-    assert!(b.extend("n1", &o2, LONG).await.unwrap());
-    assert!(b.release("n1", &o2).await.unwrap());
+    assert!(b.extend("n1", o2.step(), LONG).await.unwrap());
+    assert!(b.release("n1", o2.step()).await.unwrap());
 
     // Another name, same client: the lease (the key's suffix) is reused.
     let o3 = OwnerToken::random();
-    let t3 = granted(b.try_acquire("n2", &o3, LONG).await);
+    let t3 = granted(b.try_acquire("n2", o3.step(), LONG).await);
     assert!(t3 > t2);
     let k2 = lock_keys(&p, "n2").await;
     assert_eq!(k2.len(), 1);
     assert_eq!(k2[0].lease(), lease1, "the scenario needs the lease reused");
     let before2 = snap(&k2[0]);
     for (name, o) in [("n1", &o1), ("n1", &o2), ("n2", &o1), ("n2", &o2)] {
-        assert!(!b.release(name, o).await.unwrap(), "{name}: stale release");
         assert!(
-            !b.extend(name, o, LONG).await.unwrap(),
+            !b.release(name, o.step()).await.unwrap(),
+            "{name}: stale release"
+        );
+        assert!(
+            !b.extend(name, o.step(), LONG).await.unwrap(),
             "{name}: stale extend"
         );
         assert!(
-            !other.release(name, o).await.unwrap(),
+            !other.release(name, o.step()).await.unwrap(),
             "{name}: other release"
         );
     }
@@ -104,8 +107,8 @@ async fn stale_owner_after_its_key_and_lease_were_reused() {
     assert_eq!(snap(&k2[0]), before2, "a stale owner changed n2's key");
     let r = Lock::inspect(&*other, "n2").await.unwrap();
     assert_eq!((r.holders[0].owner, r.holders[0].token.get()), (o3, t3));
-    assert!(b.extend("n2", &o3, LONG).await.unwrap());
-    assert!(b.release("n2", &o3).await.unwrap());
+    assert!(b.extend("n2", o3.step(), LONG).await.unwrap());
+    assert!(b.release("n2", o3.step()).await.unwrap());
     assert!(all_keys(&p).await.is_empty());
 }
 
@@ -122,19 +125,19 @@ async fn stale_owner_after_its_lease_ended_on_the_server() {
 
     // (a) the TTL runs out; nobody renews.
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire("x", &o1, short).await);
+    let t1 = granted(b.try_acquire("x", o1.step(), short).await);
     until_keys(&p, "x", 0, Duration::from_secs(10)).await;
     let o2 = OwnerToken::random();
-    let t2 = granted(b.try_acquire("x", &o2, short).await);
+    let t2 = granted(b.try_acquire("x", o2.step(), short).await);
     assert!(t2 > t1);
     let before = snap(&lock_keys(&p, "x").await[0]);
-    assert!(!b.extend("x", &o1, short).await.unwrap());
-    assert!(!b.release("x", &o1).await.unwrap());
-    assert!(!other.release("x", &o1).await.unwrap());
+    assert!(!b.extend("x", o1.step(), short).await.unwrap());
+    assert!(!b.release("x", o1.step()).await.unwrap());
+    assert!(!other.release("x", o1.step()).await.unwrap());
     let k = lock_keys(&p, "x").await;
     assert_eq!(k.len(), 1);
     assert_eq!(snap(&k[0]), before);
-    assert!(b.release("x", &o2).await.unwrap());
+    assert!(b.release("x", o2.step()).await.unwrap());
 
     // (b) the lease ends on the server while the guard is still valid
     // (as after a pause past the TTL): the same client takes the name
@@ -186,7 +189,12 @@ async fn a_slow_release_by_owner_token_never_removes_the_reused_key() {
     let b = client(&p).await;
     let proxy = FaultProxy::start(etcd::shared().client_port());
     let slow = client_at(proxy.port(), &p, 15_000).await;
-    assert!(!slow.release("warm", &OwnerToken::random()).await.unwrap());
+    assert!(
+        !slow
+            .release("warm", OwnerToken::random().step())
+            .await
+            .unwrap()
+    );
     const ROUNDS: usize = 5;
     let mut proved = false;
     for round in 0..ROUNDS {
@@ -226,13 +234,13 @@ async fn slow_release_round(
     name: &str,
 ) -> bool {
     let o1 = OwnerToken::random();
-    let t1 = granted(b.try_acquire(name, &o1, LONG).await);
+    let t1 = granted(b.try_acquire(name, o1.step(), LONG).await);
     let key = lock_keys(p, name).await[0].key().to_vec();
     proxy.latency(SLOW_LINK);
     let (s, n) = (slow.clone(), name.to_string());
-    let late = tokio::spawn(async move { s.release(&n, &o1).await });
+    let late = tokio::spawn(async move { s.release(&n, o1.step()).await });
     sleep(SLOW_LINK + SLOW_LINK / 2).await;
-    if !b.release(name, &o1).await.unwrap() {
+    if !b.release(name, o1.step()).await.unwrap() {
         let released = late.await.unwrap().unwrap();
         proxy.latency(Duration::ZERO);
         assert!(released, "{name}: neither release found the owner holding");
@@ -240,7 +248,7 @@ async fn slow_release_round(
         return false;
     }
     let o2 = OwnerToken::random();
-    let t2 = granted(b.try_acquire(name, &o2, LONG).await);
+    let t2 = granted(b.try_acquire(name, o2.step(), LONG).await);
     assert!(t2 > t1);
     let released = late.await.unwrap().unwrap();
     proxy.latency(Duration::ZERO);
@@ -255,8 +263,8 @@ async fn slow_release_round(
         (owner_of(&k[0]), k[0].create_revision() as u64),
         (hex(&o2), t2)
     );
-    assert!(b.extend(name, &o2, LONG).await.unwrap());
-    assert!(b.release(name, &o2).await.unwrap());
+    assert!(b.extend(name, o2.step(), LONG).await.unwrap());
+    assert!(b.release(name, o2.step()).await.unwrap());
     true
 }
 
@@ -270,13 +278,13 @@ async fn slow_resign_round(
     name: &str,
 ) -> bool {
     let e1 = OwnerToken::random();
-    let term1 = granted(b.try_campaign(name, "cand one", &e1, LONG).await);
+    let term1 = granted(b.try_campaign(name, "cand one", e1.step(), LONG).await);
     let ekey = claim_keys(p, "election", name).await[0].key().to_vec();
     proxy.latency(SLOW_LINK);
     let (s, n) = (slow.clone(), name.to_string());
-    let late = tokio::spawn(async move { s.resign(&n, &e1).await });
+    let late = tokio::spawn(async move { s.resign(&n, e1.step()).await });
     sleep(SLOW_LINK + SLOW_LINK / 2).await;
-    if !b.resign(name, &e1).await.unwrap() {
+    if !b.resign(name, e1.step()).await.unwrap() {
         let resigned = late.await.unwrap().unwrap();
         proxy.latency(Duration::ZERO);
         assert!(resigned, "{name}: neither resignation found the leader");
@@ -287,7 +295,7 @@ async fn slow_resign_round(
         return false;
     }
     let e2 = OwnerToken::random();
-    let term2 = granted(b.try_campaign(name, "cand two", &e2, LONG).await);
+    let term2 = granted(b.try_campaign(name, "cand two", e2.step(), LONG).await);
     assert!(term2 > term1);
     let resigned = late.await.unwrap().unwrap();
     proxy.latency(Duration::ZERO);
@@ -300,7 +308,7 @@ async fn slow_resign_round(
         (leader.candidate.as_str(), leader.term.get()),
         ("cand two", term2)
     );
-    assert!(Election::renew(&**b, name, &e2, LONG).await.unwrap());
-    assert!(b.resign(name, &e2).await.unwrap());
+    assert!(Election::renew(&**b, name, e2.step(), LONG).await.unwrap());
+    assert!(b.resign(name, e2.step()).await.unwrap());
     true
 }

@@ -73,7 +73,7 @@ async fn a_retried_grant_is_on_a_live_lease() {
     let name = "retried";
     let o = OwnerToken::random();
     assert!(matches!(
-        b.try_acquire(name, &o, ttl).await.unwrap(),
+        b.try_acquire(name, o.step(), ttl).await.unwrap(),
         Attempt::Granted(_)
     ));
     let stop = Arc::new(AtomicBool::new(false));
@@ -94,7 +94,7 @@ async fn a_retried_grant_is_on_a_live_lease() {
             let hex = o.to_hex().into_bytes();
             while !stop.load(Ordering::SeqCst) {
                 let began = Instant::now();
-                if let Ok(Attempt::Granted(_)) = b.try_acquire(name, &o, ttl).await {
+                if let Ok(Attempt::Granted(_)) = b.try_acquire(name, o.step(), ttl).await {
                     counts[0].fetch_add(1, Ordering::SeqCst);
                     let deadline = began + ttl;
                     let kv = raw
@@ -160,7 +160,7 @@ async fn a_retried_grant_is_on_a_live_lease() {
     eprintln!(
         "{g} grants, {i} checks inconclusive (answered after the deadline), {c} conclusive after the resume"
     );
-    let _ = b.release(name, &o).await;
+    let _ = b.release(name, o.step()).await;
 }
 
 /// After a pause longer than any lease the limiter uses, checks recover

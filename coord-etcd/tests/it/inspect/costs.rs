@@ -28,11 +28,11 @@ async fn metadata_costs_no_call_and_inspect_is_one_range() {
         let b = b.clone();
         async move {
             granted(
-                Lock::try_acquire_with_metadata(&*b, "cycle", &owner, ttl, who)
+                Lock::try_acquire_with_metadata(&*b, "cycle", owner.step(), ttl, who)
                     .await
                     .unwrap(),
             );
-            assert!(Lock::release(&*b, "cycle", &owner).await.unwrap());
+            assert!(Lock::release(&*b, "cycle", owner.step()).await.unwrap());
         }
     };
     cycle(OwnerToken::random()).await;
@@ -84,7 +84,7 @@ async fn metadata_costs_no_call_and_inspect_is_one_range() {
     );
     let owner = OwnerToken::random();
     granted(
-        Lock::try_acquire_with_metadata(&*b, "cycle", &owner, ttl, who)
+        Lock::try_acquire_with_metadata(&*b, "cycle", owner.step(), ttl, who)
             .await
             .unwrap(),
     );
@@ -96,5 +96,5 @@ async fn metadata_costs_no_call_and_inspect_is_one_range() {
         vec![0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0],
         "calls of one inspect: {methods:?}"
     );
-    assert!(Lock::release(&*b, "cycle", &owner).await.unwrap());
+    assert!(Lock::release(&*b, "cycle", owner.step()).await.unwrap());
 }

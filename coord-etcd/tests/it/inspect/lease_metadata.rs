@@ -37,7 +37,7 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
             .is_empty()
     );
     let t = granted(
-        Lease::grant_with_metadata(&*b, "n", &a, LONG, m)
+        Lease::grant_with_metadata(&*b, "n", a.step(), LONG, m)
             .await
             .unwrap(),
     );
@@ -57,12 +57,12 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
     assert_eq!(r.waiters, None);
     // Another owner is refused; the holder's own retry keeps its grant.
     assert!(matches!(
-        Lease::grant(&*other, "n", &c, LONG).await.unwrap(),
+        Lease::grant(&*other, "n", c.step(), LONG).await.unwrap(),
         Attempt::Held { .. }
     ));
     assert_eq!(
         granted(
-            Lease::grant_with_metadata(&*b, "n", &a, LONG, b"2")
+            Lease::grant_with_metadata(&*b, "n", a.step(), LONG, b"2")
                 .await
                 .unwrap()
         ),
@@ -75,7 +75,7 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
         Some(&m[..])
     );
     // A renewal of another TTL moves the key, keeping its value.
-    assert!(Lease::renew(&*b, "n", &a, LONG * 2).await.unwrap());
+    assert!(Lease::renew(&*b, "n", a.step(), LONG * 2).await.unwrap());
     assert_eq!(
         one(&Lease::inspect(&*other, "n").await.unwrap())
             .metadata
@@ -84,7 +84,7 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
     );
     // remaining() and an owner-checked revoke still read the value.
     assert!(Lease::remaining(&*other, "n").await.unwrap().is_some());
-    assert!(Lease::revoke(&*other, "n", &a).await.unwrap());
+    assert!(Lease::revoke(&*other, "n", a.step()).await.unwrap());
     assert!(
         Lease::inspect(&*other, "n")
             .await
@@ -94,7 +94,7 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
     );
 
     // Without metadata: the hex alone, none shown.
-    granted(Lease::grant(&*b, "n", &c, LONG).await.unwrap());
+    granted(Lease::grant(&*b, "n", c.step(), LONG).await.unwrap());
     assert_eq!(
         raw_value(&format!("{p}lease/n")).await,
         Some(c.to_hex().into_bytes())
@@ -103,12 +103,12 @@ async fn lease_metadata_follows_the_owner_hex_and_goes_with_revoke_and_expiry() 
         one(&Lease::inspect(&*other, "n").await.unwrap()).metadata,
         None
     );
-    assert!(Lease::revoke(&*b, "n", &c).await.unwrap());
+    assert!(Lease::revoke(&*b, "n", c.step()).await.unwrap());
 
     // Expired: gone.
     let short = b.capabilities().min_ttl;
     granted(
-        Lease::grant_with_metadata(&*b, "e", &a, short, m)
+        Lease::grant_with_metadata(&*b, "e", a.step(), short, m)
             .await
             .unwrap(),
     );

@@ -44,7 +44,7 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
     // Held with metadata: the key's value is the owner's hex, then the
     // metadata.
     let t = granted(
-        Lock::try_acquire_with_metadata(&*b, "l", &a, LONG, m1)
+        Lock::try_acquire_with_metadata(&*b, "l", a.step(), LONG, m1)
             .await
             .unwrap(),
     );
@@ -63,7 +63,7 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
     assert_eq!(r.waiters, Some(0));
 
     // A retry by the same owner (other metadata) keeps the grant as it is.
-    let again = Lock::try_acquire_with_metadata(&*b, "l", &a, LONG, br#"{"host":"other"}"#)
+    let again = Lock::try_acquire_with_metadata(&*b, "l", a.step(), LONG, br#"{"host":"other"}"#)
         .await
         .unwrap();
     assert_eq!(granted(again), t);
@@ -71,7 +71,7 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
     assert_eq!(one(&r).metadata.as_deref(), Some(&m1[..]));
 
     // Released: gone, and a later grant without metadata shows none.
-    assert!(Lock::release(&*b, "l", &a).await.unwrap());
+    assert!(Lock::release(&*b, "l", a.step()).await.unwrap());
     assert!(
         Lock::inspect(&*other, "l")
             .await
@@ -79,7 +79,7 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
             .holders
             .is_empty()
     );
-    let t2 = granted(Lock::try_acquire(&*b, "l", &c, LONG).await.unwrap());
+    let t2 = granted(Lock::try_acquire(&*b, "l", c.step(), LONG).await.unwrap());
     let r = Lock::inspect(&*other, "l").await.unwrap();
     assert_eq!((one(&r).owner, one(&r).token), (c, t2));
     assert_eq!(
@@ -97,12 +97,12 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
             .holders
             .is_empty()
     );
-    let _ = Lock::release(&*b, "l", &c).await;
+    let _ = Lock::release(&*b, "l", c.step()).await;
 
     // Expired: gone with its lease.
     let short = b.capabilities().min_ttl;
     granted(
-        Lock::try_acquire_with_metadata(&*b, "x", &a, short, m1)
+        Lock::try_acquire_with_metadata(&*b, "x", a.step(), short, m1)
             .await
             .unwrap(),
     );
@@ -110,7 +110,7 @@ async fn lock_metadata_lives_in_the_key_and_goes_with_release_expiry_and_force_r
     sleep(short + Duration::from_millis(1500)).await;
     let r = Lock::inspect(&*other, "x").await.unwrap();
     assert!(r.holders.is_empty(), "expired, still shown: {r:?}");
-    let _ = Lock::release(&*b, "x", &a).await;
+    let _ = Lock::release(&*b, "x", a.step()).await;
 }
 
 #[tokio::test]
@@ -122,13 +122,14 @@ async fn lock_waiters_are_counted_and_a_waiter_keeps_its_metadata_once_granted()
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    granted(Lock::try_acquire(&*b, "l", &a, LONG).await.unwrap());
+    granted(Lock::try_acquire(&*b, "l", a.step(), LONG).await.unwrap());
     // A waiter's first attempt writes nothing; its next one queues a key.
     for w in [&w1, &w2] {
         for _ in 0..2 {
-            let r = Lock::try_acquire_with_metadata(&*b, "l", w, LONG, br#"{"waiter":true}"#)
-                .await
-                .unwrap();
+            let r =
+                Lock::try_acquire_with_metadata(&*b, "l", w.step(), LONG, br#"{"waiter":true}"#)
+                    .await
+                    .unwrap();
             assert!(matches!(r, Attempt::Held { .. }), "{r:?}");
         }
     }
@@ -139,9 +140,9 @@ async fn lock_waiters_are_counted_and_a_waiter_keeps_its_metadata_once_granted()
 
     // The holder goes: the first waiter holds, with the metadata it queued
     // with (its later attempts keep its key as it is).
-    assert!(Lock::release(&*b, "l", &a).await.unwrap());
+    assert!(Lock::release(&*b, "l", a.step()).await.unwrap());
     let t = granted(
-        Lock::try_acquire_with_metadata(&*b, "l", &w1, LONG, br#"{"later":1}"#)
+        Lock::try_acquire_with_metadata(&*b, "l", w1.step(), LONG, br#"{"later":1}"#)
             .await
             .unwrap(),
     );
@@ -153,7 +154,7 @@ async fn lock_waiters_are_counted_and_a_waiter_keeps_its_metadata_once_granted()
     );
     assert_eq!(r.waiters, Some(1));
     for o in [&w1, &w2] {
-        let _ = Lock::release(&*b, "l", o).await;
+        let _ = Lock::release(&*b, "l", o.step()).await;
     }
     let r = Lock::inspect(&*b, "l").await.unwrap();
     assert!(r.holders.is_empty() && r.waiters == Some(0), "{r:?}");

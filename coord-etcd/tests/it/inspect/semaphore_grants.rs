@@ -45,7 +45,7 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
     assert!(r.holders.is_empty() && r.waiters == Some(0), "{r:?}");
     let m = br#"{"job": "a b c"}"#;
     let ta = granted(
-        Semaphore::try_acquire_with_metadata(&*b, "s", &a, &req(2, false), m)
+        Semaphore::try_acquire_with_metadata(&*b, "s", a.step(), &req(2, false), m)
             .await
             .unwrap(),
     );
@@ -59,21 +59,21 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
         "{v}"
     );
     let tc = granted(
-        Semaphore::try_acquire(&*b, "s", &c, &req(1, false))
+        Semaphore::try_acquire(&*b, "s", c.step(), &req(1, false))
             .await
             .unwrap(),
     );
     // A retry by the same owner keeps the grant as it is.
     assert_eq!(
         granted(
-            Semaphore::try_acquire_with_metadata(&*b, "s", &a, &req(2, false), b"1")
+            Semaphore::try_acquire_with_metadata(&*b, "s", a.step(), &req(2, false), b"1")
                 .await
                 .unwrap()
         ),
         ta
     );
     // A waiter that does not fit queues.
-    let r = Semaphore::try_acquire_with_metadata(&*b, "s", &w, &req(1, true), b"3")
+    let r = Semaphore::try_acquire_with_metadata(&*b, "s", w.step(), &req(1, true), b"3")
         .await
         .unwrap();
     assert!(matches!(r, Attempt::Held { .. }), "{r:?}");
@@ -98,9 +98,9 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
 
     // Released: that grant goes; the waiter, once granted, has the
     // metadata of its granting attempt.
-    assert!(Semaphore::release(&*b, "s", &a).await.unwrap());
+    assert!(Semaphore::release(&*b, "s", a.step()).await.unwrap());
     let tw = granted(
-        Semaphore::try_acquire_with_metadata(&*b, "s", &w, &req(1, true), b"4")
+        Semaphore::try_acquire_with_metadata(&*b, "s", w.step(), &req(1, true), b"4")
             .await
             .unwrap(),
     );
@@ -115,7 +115,11 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
         vec![(c, tc, None), (w, tw, Some(b"4".to_vec()))]
     );
     // A renewal of another TTL moves the grant, keeping its value.
-    assert!(Semaphore::extend(&*b, "s", &w, LONG * 2).await.unwrap());
+    assert!(
+        Semaphore::extend(&*b, "s", w.step(), LONG * 2)
+            .await
+            .unwrap()
+    );
     let r = Semaphore::inspect(&*other, "s").await.unwrap();
     let hw = r.holders.iter().find(|h| h.owner == w).unwrap();
     assert_eq!((hw.token, hw.metadata.as_deref()), (tw, Some(&b"4"[..])));
@@ -130,6 +134,6 @@ async fn semaphore_grants_are_listed_with_permits_and_waiters_counted() {
             .is_empty()
     );
     for o in [&c, &w] {
-        let _ = Semaphore::release(&*b, "s", o).await;
+        let _ = Semaphore::release(&*b, "s", o.step()).await;
     }
 }

@@ -69,12 +69,15 @@ pub async fn warm_semaphore(b: &dyn Semaphore) {
         ttl: 30 * SEC,
         queue: false,
     };
-    let a = until_answered("the warm-up attempt", || b.try_acquire("warm", &o, &r)).await;
+    let a = until_answered("the warm-up attempt", || {
+        b.try_acquire("warm", o.step(), &r)
+    })
+    .await;
     assert!(matches!(a, Attempt::Granted(_)), "the warm-up: {a:?}");
     let mut tries = 0;
     let released = until_answered("the warm-up release", || {
         tries += 1;
-        b.release("warm", &o)
+        b.release("warm", o.step())
     })
     .await;
     // A retried release may find its first, unanswered copy done.

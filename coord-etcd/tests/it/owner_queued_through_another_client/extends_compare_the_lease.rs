@@ -31,8 +31,8 @@ async fn adopted_and_moved_claims_keep_renewing() {
     let c3 = client(&prefix).await;
     // A spare of this TTL, so the next attempt is one txn.
     let warm = OwnerToken::random();
-    granted(Lock::try_acquire(&*c1, "warm", &warm, TTL).await);
-    assert!(Lock::release(&*c1, "warm", &warm).await.unwrap());
+    granted(Lock::try_acquire(&*c1, "warm", warm.step(), TTL).await);
+    assert!(Lock::release(&*c1, "warm", warm.step()).await.unwrap());
     let owner = OwnerToken::random();
     let dir = format!("{prefix}lock/x/").into_bytes();
     proxy.deliver_late(
@@ -40,7 +40,7 @@ async fn adopted_and_moved_claims_keep_renewing() {
         Duration::from_millis(50),
         Duration::from_millis(400),
     );
-    let (r, ()) = tokio::join!(Lock::try_acquire(&*c1, "x", &owner, TTL), async {
+    let (r, ()) = tokio::join!(Lock::try_acquire(&*c1, "x", owner.step(), TTL), async {
         let end = Instant::now() + Duration::from_secs(3);
         while proxy.held() == 0 && Instant::now() < end {
             sleep(Duration::from_millis(2)).await;
@@ -52,7 +52,7 @@ async fn adopted_and_moved_claims_keep_renewing() {
     proxy.heal();
     let keys = claim_keys(&prefix, "lock", "x").await;
     assert_eq!(keys.len(), 1, "the lost attempt's write did not land");
-    let t = granted(Lock::try_acquire(&*c1, "x", &owner, TTL).await);
+    let t = granted(Lock::try_acquire(&*c1, "x", owner.step(), TTL).await);
     assert_eq!(t, keys[0].create_revision() as u64, "not adopted");
     for ttl in [
         TTL,
@@ -62,7 +62,7 @@ async fn adopted_and_moved_claims_keep_renewing() {
         TTL,
     ] {
         assert!(
-            Lock::extend(&*c1, "x", &owner, ttl).await.unwrap(),
+            Lock::extend(&*c1, "x", owner.step(), ttl).await.unwrap(),
             "the holder's extend ({ttl:?}) failed"
         );
         let now = claim_keys(&prefix, "lock", "x").await;
@@ -73,21 +73,21 @@ async fn adopted_and_moved_claims_keep_renewing() {
             "the key's lease ended"
         );
         refused(
-            Lock::try_acquire(&*c3, "x", &OwnerToken::random(), TTL).await,
+            Lock::try_acquire(&*c3, "x", OwnerToken::random().step(), TTL).await,
             "another owner",
         );
     }
-    assert!(Lock::release(&*c1, "x", &owner).await.unwrap());
+    assert!(Lock::release(&*c1, "x", owner.step()).await.unwrap());
     // An election: renew, renew with another TTL, renew again.
     let cand = OwnerToken::random();
-    let term = granted(Election::try_campaign(&*c1, "e", "me", &cand, TTL).await);
+    let term = granted(Election::try_campaign(&*c1, "e", "me", cand.step(), TTL).await);
     for ttl in [TTL, Duration::from_secs(20), Duration::from_secs(20), TTL] {
-        assert!(Election::renew(&*c1, "e", &cand, ttl).await.unwrap());
+        assert!(Election::renew(&*c1, "e", cand.step(), ttl).await.unwrap());
         let keys = claim_keys(&prefix, "election", "e").await;
         assert_eq!(keys.len(), 1);
         assert_eq!(keys[0].create_revision() as u64, term);
     }
-    assert!(Election::resign(&*c1, "e", &cand).await.unwrap());
+    assert!(Election::resign(&*c1, "e", cand.step()).await.unwrap());
     assert!(all_keys(&prefix).await.is_empty());
 }
 
@@ -134,11 +134,11 @@ async fn watchdog_guards_extended_to_other_ttls_stay_held() {
             "step {i}"
         );
         refused(
-            Lock::try_acquire(&*c3, "x", &OwnerToken::random(), short).await,
+            Lock::try_acquire(&*c3, "x", OwnerToken::random().step(), short).await,
             "another lock owner",
         );
         refused(
-            Lease::grant(&*c3, "job", &OwnerToken::random(), short).await,
+            Lease::grant(&*c3, "job", OwnerToken::random().step(), short).await,
             "another lease owner",
         );
     }
@@ -164,12 +164,12 @@ async fn concurrent_extends_never_answer_true_for_a_removed_lock() {
     for round in 0..40u64 {
         let name = format!("x{round}");
         let owner = OwnerToken::random();
-        granted(Lock::try_acquire(&*c1, &name, &owner, TTL).await);
+        granted(Lock::try_acquire(&*c1, &name, owner.step(), TTL).await);
         let other = Duration::from_secs(20 + round % 3);
         let delay = Duration::from_micros(round * 100);
-        let (a, b) = tokio::join!(Lock::extend(&*c1, &name, &owner, other), async {
+        let (a, b) = tokio::join!(Lock::extend(&*c1, &name, owner.step(), other), async {
             sleep(delay).await;
-            Lock::extend(&*c1, &name, &owner, TTL).await
+            Lock::extend(&*c1, &name, owner.step(), TTL).await
         });
         let (a, b) = (a.unwrap(), b.unwrap());
         sleep(Duration::from_millis(300)).await;
@@ -178,11 +178,11 @@ async fn concurrent_extends_never_answer_true_for_a_removed_lock() {
         if (a || b) && !held {
             // The name is free to others while the owner was just told it
             // holds it for 20 s or more.
-            let other = Lock::try_acquire(&*c3, &name, &OwnerToken::random(), TTL).await;
+            let other = Lock::try_acquire(&*c3, &name, OwnerToken::random().step(), TTL).await;
             bad.push((round, a, b, matches!(other, Ok(Attempt::Granted(_)))));
             let _ = Lock::force_release(&*c3, &name).await;
         }
-        let _ = Lock::release(&*c1, &name, &owner).await;
+        let _ = Lock::release(&*c1, &name, owner.step()).await;
     }
     assert!(
         bad.is_empty(),

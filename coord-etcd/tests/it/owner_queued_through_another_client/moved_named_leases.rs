@@ -34,10 +34,11 @@ async fn a_move_keeps_token_and_metadata_and_leaks_nothing() {
         client(&prefix).await,
     );
     let owner = OwnerToken::random();
-    let t = granted(Lease::grant_with_metadata(&*c1, "job", &owner, TTL, b"{\"m\":1}").await);
+    let t = granted(Lease::grant_with_metadata(&*c1, "job", owner.step(), TTL, b"{\"m\":1}").await);
     let before = lease_kv(&prefix, "job").await.expect("the key");
     let l1 = before.lease();
-    let t2 = granted(Lease::grant_with_metadata(&*c2, "job", &owner, TTL, b"{\"m\":2}").await);
+    let t2 =
+        granted(Lease::grant_with_metadata(&*c2, "job", owner.step(), TTL, b"{\"m\":2}").await);
     assert_eq!(
         t2, t,
         "the same owner through a second client got another token"
@@ -62,11 +63,11 @@ async fn a_move_keeps_token_and_metadata_and_leaks_nothing() {
     assert_eq!(rec.holders[0].owner, owner);
     assert_eq!(rec.holders[0].metadata.as_deref(), Some(&b"{\"m\":1}"[..]));
     refused(
-        Lease::grant(&*c3, "job", &OwnerToken::random(), TTL).await,
+        Lease::grant(&*c3, "job", OwnerToken::random().step(), TTL).await,
         "another owner while the moved lease lives",
     );
     // Client 1: lost at its renewal; its lease ends (it was its own).
-    assert!(!Lease::renew(&*c1, "job", &owner, TTL).await.unwrap());
+    assert!(!Lease::renew(&*c1, "job", owner.step(), TTL).await.unwrap());
     assert!(
         eventually(Duration::from_secs(3), || async {
             lease_state(l1).await.0 < 0
@@ -79,24 +80,24 @@ async fn a_move_keeps_token_and_metadata_and_leaks_nothing() {
         Some(l2)
     );
     // Client 2 renews (same TTL, then another TTL, then back).
-    assert!(Lease::renew(&*c2, "job", &owner, TTL).await.unwrap());
+    assert!(Lease::renew(&*c2, "job", owner.step(), TTL).await.unwrap());
     assert!(
-        Lease::renew(&*c2, "job", &owner, Duration::from_secs(20))
+        Lease::renew(&*c2, "job", owner.step(), Duration::from_secs(20))
             .await
             .unwrap()
     );
-    assert!(Lease::renew(&*c2, "job", &owner, TTL).await.unwrap());
+    assert!(Lease::renew(&*c2, "job", owner.step(), TTL).await.unwrap());
     let kv = lease_kv(&prefix, "job").await.unwrap();
     assert_eq!(kv.create_revision() as u64, t);
     assert_eq!(kv.value(), before.value());
-    assert!(Lease::revoke(&*c2, "job", &owner).await.unwrap());
-    assert!(!Lease::revoke(&*c1, "job", &owner).await.unwrap());
+    assert!(Lease::revoke(&*c2, "job", owner.step()).await.unwrap());
+    assert!(!Lease::revoke(&*c1, "job", owner.step()).await.unwrap());
     assert!(lease_kv(&prefix, "job").await.is_none());
     for id in [l1, l2, kv.lease()] {
         let (_, keys) = lease_state(id).await;
         assert!(keys.is_empty(), "lease {id:x} still carries {keys:?}");
     }
-    let next = granted(Lease::grant(&*c1, "job", &OwnerToken::random(), TTL).await);
+    let next = granted(Lease::grant(&*c1, "job", OwnerToken::random().step(), TTL).await);
     assert!(next > t, "token {next} after {t}");
     assert_eq!(all_keys(&prefix).await.len(), 1);
 }
@@ -114,8 +115,11 @@ async fn remaining_on_the_first_client_never_exceeds_the_moved_keys_lease() {
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
     let owner = OwnerToken::random();
     let short = Duration::from_secs(2);
-    let t = granted(Lease::grant(&*c1, "job", &owner, TTL).await);
-    assert_eq!(granted(Lease::grant(&*c2, "job", &owner, short).await), t);
+    let t = granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
+    assert_eq!(
+        granted(Lease::grant(&*c2, "job", owner.step(), short).await),
+        t
+    );
     let kv = lease_kv(&prefix, "job").await.unwrap();
     let (server_ttl, _) = lease_state(kv.lease()).await;
     assert!(
@@ -133,7 +137,7 @@ async fn remaining_on_the_first_client_never_exceeds_the_moved_keys_lease() {
     sleep(Duration::from_secs(4)).await;
     assert!(lease_kv(&prefix, "job").await.is_none());
     assert_eq!(Lease::remaining(&*c1, "job").await.unwrap(), None);
-    assert!(!Lease::renew(&*c1, "job", &owner, TTL).await.unwrap());
+    assert!(!Lease::renew(&*c1, "job", owner.step(), TTL).await.unwrap());
 }
 
 /// Does the move txn's request carry `key` followed by a put on a lease
@@ -176,7 +180,7 @@ async fn a_lost_reply_of_a_move_never_ends_the_owners_live_lease() {
     let proxy = FaultProxy::start(etcd::shared().client_port());
     let c2 = client_at(proxy.port(), &prefix, 1500).await;
     let owner = OwnerToken::random();
-    let t = granted(Lease::grant(&*c1, "job", &owner, TTL).await);
+    let t = granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
     let key = format!("{prefix}lease/job").into_bytes();
     let k = key.clone();
     proxy.deliver_late(
@@ -186,7 +190,7 @@ async fn a_lost_reply_of_a_move_never_ends_the_owners_live_lease() {
     );
     // Once the move is held, nothing else of client 2's passes: its retries
     // on a new connection fail too, and the grant answers an error.
-    let (r, ()) = tokio::join!(Lease::grant(&*c2, "job", &owner, TTL), async {
+    let (r, ()) = tokio::join!(Lease::grant(&*c2, "job", owner.step(), TTL), async {
         let end = Instant::now() + Duration::from_secs(3);
         while proxy.held() == 0 && Instant::now() < end {
             sleep(Duration::from_millis(2)).await;
@@ -204,8 +208,11 @@ async fn a_lost_reply_of_a_move_never_ends_the_owners_live_lease() {
         "the owner's live lease (token {t}) ended by a failed grant through client 2: {kv:?}"
     );
     // The owner's retry through client 2 gets the same token.
-    assert_eq!(granted(Lease::grant(&*c2, "job", &owner, TTL).await), t);
-    assert!(Lease::revoke(&*c2, "job", &owner).await.unwrap());
+    assert_eq!(
+        granted(Lease::grant(&*c2, "job", owner.step(), TTL).await),
+        t
+    );
+    assert!(Lease::revoke(&*c2, "job", owner.step()).await.unwrap());
 }
 
 /// The same owner granted concurrently through two clients, many rounds:
@@ -225,11 +232,11 @@ async fn concurrent_grants_of_one_owner_through_two_clients() {
         let owner = OwnerToken::random();
         if round % 2 == 1 {
             // Half the rounds with the key already there (both move).
-            granted(Lease::grant(&*c3, &name, &owner, TTL).await);
+            granted(Lease::grant(&*c3, &name, owner.step(), TTL).await);
         }
         let (a, b) = tokio::join!(
-            Lease::grant(&*c1, &name, &owner, TTL),
-            Lease::grant(&*c2, &name, &owner, TTL)
+            Lease::grant(&*c1, &name, owner.step(), TTL),
+            Lease::grant(&*c2, &name, owner.step(), TTL)
         );
         let (a, b) = (granted(a), granted(b));
         assert_eq!(a, b, "round {round}: two tokens for one owner");
@@ -238,11 +245,11 @@ async fn concurrent_grants_of_one_owner_through_two_clients() {
         let kv = lease_kv(&prefix, &name).await.unwrap();
         assert_eq!(kv.create_revision() as u64, a);
         refused(
-            Lease::grant(&*c3, &name, &OwnerToken::random(), TTL).await,
+            Lease::grant(&*c3, &name, OwnerToken::random().step(), TTL).await,
             "another owner",
         );
-        let r1 = Lease::renew(&*c1, &name, &owner, TTL).await.unwrap();
-        let r2 = Lease::renew(&*c2, &name, &owner, TTL).await.unwrap();
+        let r1 = Lease::renew(&*c1, &name, owner.step(), TTL).await.unwrap();
+        let r2 = Lease::renew(&*c2, &name, owner.step(), TTL).await.unwrap();
         assert!(
             r1 ^ r2,
             "round {round}: renewals through client 1 {r1}, client 2 {r2}"
@@ -251,9 +258,9 @@ async fn concurrent_grants_of_one_owner_through_two_clients() {
         assert_eq!(after.lease(), kv.lease(), "round {round}: the key moved");
         assert!(lease_state(kv.lease()).await.0 > 0);
         let (holder, other) = if r1 { (&c1, &c2) } else { (&c2, &c1) };
-        assert!(Lease::revoke(&**holder, &name, &owner).await.unwrap());
-        assert!(!Lease::revoke(&**other, &name, &owner).await.unwrap());
-        assert!(!Lease::revoke(&*c3, &name, &owner).await.unwrap());
+        assert!(Lease::revoke(&**holder, &name, owner.step()).await.unwrap());
+        assert!(!Lease::revoke(&**other, &name, owner.step()).await.unwrap());
+        assert!(!Lease::revoke(&*c3, &name, owner.step()).await.unwrap());
         assert!(lease_kv(&prefix, &name).await.is_none());
     }
     assert!(all_keys(&prefix).await.is_empty());
@@ -276,19 +283,26 @@ async fn stale_calls_of_either_client_never_end_the_others_next_claim() {
         let job = format!("job-{mirror}");
         let x = format!("x-{mirror}");
         let owner = OwnerToken::random();
-        let t = granted(Lease::grant(&*c1, &job, &owner, TTL).await);
-        assert_eq!(granted(Lease::grant(&*c2, &job, &owner, TTL).await), t);
+        let t = granted(Lease::grant(&*c1, &job, owner.step(), TTL).await);
+        assert_eq!(
+            granted(Lease::grant(&*c2, &job, owner.step(), TTL).await),
+            t
+        );
         let (first, stale) = if mirror { (&c1, &c2) } else { (&c2, &c1) };
-        assert!(Lease::revoke(&**first, &job, &owner).await.unwrap());
+        assert!(Lease::revoke(&**first, &job, owner.step()).await.unwrap());
         let holder = OwnerToken::random();
-        granted(Lock::try_acquire(&**first, &x, &holder, TTL).await);
+        granted(Lock::try_acquire(&**first, &x, holder.step(), TTL).await);
         let lock_lease = claim_keys(&prefix, "lock", &x).await[0].lease();
-        assert!(!Lease::renew(&**stale, &job, &owner, TTL).await.unwrap());
-        assert!(!Lease::revoke(&**stale, &job, &owner).await.unwrap());
+        assert!(
+            !Lease::renew(&**stale, &job, owner.step(), TTL)
+                .await
+                .unwrap()
+        );
+        assert!(!Lease::revoke(&**stale, &job, owner.step()).await.unwrap());
         // A grant of the owner anew through the stale client: a new token.
-        let again = granted(Lease::grant(&**stale, &job, &owner, TTL).await);
+        let again = granted(Lease::grant(&**stale, &job, owner.step(), TTL).await);
         assert!(again > t);
-        assert!(Lease::revoke(&**stale, &job, &owner).await.unwrap());
+        assert!(Lease::revoke(&**stale, &job, owner.step()).await.unwrap());
         sleep(Duration::from_millis(700)).await;
         let keys = claim_keys(&prefix, "lock", &x).await;
         assert_eq!(
@@ -297,10 +311,10 @@ async fn stale_calls_of_either_client_never_end_the_others_next_claim() {
             "mirror {mirror}: the lock on the other client's spare is gone"
         );
         refused(
-            Lock::try_acquire(&*c3, &x, &OwnerToken::random(), TTL).await,
+            Lock::try_acquire(&*c3, &x, OwnerToken::random().step(), TTL).await,
             "a third client while the lock lives",
         );
-        assert!(Lock::release(&**first, &x, &holder).await.unwrap());
+        assert!(Lock::release(&**first, &x, holder.step()).await.unwrap());
     }
     assert!(all_keys(&prefix).await.is_empty());
 }
@@ -313,21 +327,32 @@ async fn a_lease_bouncing_between_two_clients_leaks_no_lease() {
     let prefix = unique("bounce");
     let (c1, c2) = (client(&prefix).await, client(&prefix).await);
     let owner = OwnerToken::random();
-    let t = granted(Lease::grant(&*c1, "job", &owner, TTL).await);
+    let t = granted(Lease::grant(&*c1, "job", owner.step(), TTL).await);
     let mut seen = vec![lease_kv(&prefix, "job").await.unwrap().lease()];
     for i in 0..6 {
         let (now, then) = if i % 2 == 0 { (&c2, &c1) } else { (&c1, &c2) };
         // A renewal-then-grant through `now` (its own entry, if any, is
         // stale: renew says lost, the grant moves the key).
-        assert_eq!(granted(Lease::grant(&**now, "job", &owner, TTL).await), t);
+        assert_eq!(
+            granted(Lease::grant(&**now, "job", owner.step(), TTL).await),
+            t
+        );
         let kv = lease_kv(&prefix, "job").await.unwrap();
         assert!(
             !seen.contains(&kv.lease()),
             "the key went back to an old lease"
         );
         seen.push(kv.lease());
-        assert!(!Lease::renew(&**then, "job", &owner, TTL).await.unwrap());
-        assert!(Lease::renew(&**now, "job", &owner, TTL).await.unwrap());
+        assert!(
+            !Lease::renew(&**then, "job", owner.step(), TTL)
+                .await
+                .unwrap()
+        );
+        assert!(
+            Lease::renew(&**now, "job", owner.step(), TTL)
+                .await
+                .unwrap()
+        );
     }
     let carrier = *seen.last().unwrap();
     assert!(
@@ -346,6 +371,6 @@ async fn a_lease_bouncing_between_two_clients_leaks_no_lease() {
         "an old lease of the bounced key still lives"
     );
     assert!(lease_state(carrier).await.0 > 0);
-    assert!(Lease::revoke(&*c1, "job", &owner).await.unwrap());
+    assert!(Lease::revoke(&*c1, "job", owner.step()).await.unwrap());
     assert!(lease_kv(&prefix, "job").await.is_none());
 }

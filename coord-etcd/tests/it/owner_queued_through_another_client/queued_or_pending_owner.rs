@@ -120,22 +120,34 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
         client(&prefix).await,
     );
     let x = OwnerToken::random();
-    let tx = granted(Lock::try_acquire(&*c3, "x", &x, TTL).await);
+    let tx = granted(Lock::try_acquire(&*c3, "x", x.step(), TTL).await);
     let (o, y) = (OwnerToken::random(), OwnerToken::random());
-    refused(Lock::try_acquire(&*c2, "x", &o, TTL).await, "o first");
-    refused(Lock::try_acquire(&*c2, "x", &o, TTL).await, "o queued");
+    refused(Lock::try_acquire(&*c2, "x", o.step(), TTL).await, "o first");
+    refused(
+        Lock::try_acquire(&*c2, "x", o.step(), TTL).await,
+        "o queued",
+    );
     if c1_queued {
-        refused(Lock::try_acquire(&*c1, "x", &o, TTL).await, "o first (1)");
-        refused(Lock::try_acquire(&*c1, "x", &o, TTL).await, "o queued (1)");
+        refused(
+            Lock::try_acquire(&*c1, "x", o.step(), TTL).await,
+            "o first (1)",
+        );
+        refused(
+            Lock::try_acquire(&*c1, "x", o.step(), TTL).await,
+            "o queued (1)",
+        );
     }
-    refused(Lock::try_acquire(&*c3, "x", &y, TTL).await, "y first");
-    refused(Lock::try_acquire(&*c3, "x", &y, TTL).await, "y queued");
+    refused(Lock::try_acquire(&*c3, "x", y.step(), TTL).await, "y first");
+    refused(
+        Lock::try_acquire(&*c3, "x", y.step(), TTL).await,
+        "y queued",
+    );
     let n = if c1_queued { 4 } else { 3 };
     assert_eq!(claim_keys(&prefix, "lock", "x").await.len(), n);
     // o held nowhere: false. Client 1's own place (if any) is gone;
     // client 2's place is its waiting acquire's and stays (a release by
     // owner through another client frees a held claim only).
-    assert!(!Lock::release(&*c1, "x", &o).await.unwrap());
+    assert!(!Lock::release(&*c1, "x", o.step()).await.unwrap());
     let owners: Vec<_> = claim_keys(&prefix, "lock", "x")
         .await
         .iter()
@@ -150,11 +162,11 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
         ],
         "after the release of o through client 1"
     );
-    assert!(Lock::release(&*c3, "x", &x).await.unwrap());
+    assert!(Lock::release(&*c3, "x", x.step()).await.unwrap());
     // Client 2's watch of its predecessor sees x deleted.
     sleep(Duration::from_millis(300)).await;
-    let a_o = Lock::try_acquire(&*c2, "x", &o, TTL).await.unwrap();
-    let a_y = Lock::try_acquire(&*c3, "x", &y, TTL).await.unwrap();
+    let a_o = Lock::try_acquire(&*c2, "x", o.step(), TTL).await.unwrap();
+    let a_y = Lock::try_acquire(&*c3, "x", y.step(), TTL).await.unwrap();
     let keys = claim_keys(&prefix, "lock", "x").await;
     assert!(
         !(matches!(a_o, Attempt::Granted(_)) && matches!(a_y, Attempt::Granted(_))),
@@ -171,13 +183,13 @@ async fn owner_queued_through_two_clients(c1_queued: bool) {
     };
     assert!(to.get() > tx);
     assert!(matches!(a_y, Attempt::Held { .. }), "{a_y:?}");
-    assert!(Lock::release(&*c2, "x", &o).await.unwrap());
+    assert!(Lock::release(&*c2, "x", o.step()).await.unwrap());
     sleep(Duration::from_millis(300)).await;
-    let Attempt::Granted(ty) = Lock::try_acquire(&*c3, "x", &y, TTL).await.unwrap() else {
+    let Attempt::Granted(ty) = Lock::try_acquire(&*c3, "x", y.step(), TTL).await.unwrap() else {
         panic!("y, first in line after o, was refused")
     };
     assert!(ty > to);
-    assert!(Lock::release(&*c3, "x", &y).await.unwrap());
+    assert!(Lock::release(&*c3, "x", y.step()).await.unwrap());
     assert!(all_keys(&prefix).await.is_empty());
 }
 
@@ -204,9 +216,9 @@ async fn a_held_owner_retried_through_another_client_never_queues_behind_itself(
         client(&prefix).await,
     );
     let o = OwnerToken::random();
-    let t = granted(Lock::try_acquire(&*c1, "x", &o, TTL).await);
+    let t = granted(Lock::try_acquire(&*c1, "x", o.step(), TTL).await);
     for i in 0..4 {
-        match Lock::try_acquire(&*c2, "x", &o, TTL).await.unwrap() {
+        match Lock::try_acquire(&*c2, "x", o.step(), TTL).await.unwrap() {
             Attempt::Granted(again) => assert_eq!(again.get(), t, "try {i}"),
             Attempt::Held { .. } => {}
         }
@@ -218,21 +230,21 @@ async fn a_held_owner_retried_through_another_client_never_queues_behind_itself(
     }
     // The same through client 2 with a waiting acquire's pattern: its
     // extend (it holds nothing there) is false and changes nothing.
-    assert!(!Lock::extend(&*c2, "x", &o, TTL).await.unwrap());
-    assert!(Lock::extend(&*c1, "x", &o, TTL).await.unwrap());
-    assert!(Lock::release(&*c2, "x", &o).await.unwrap());
+    assert!(!Lock::extend(&*c2, "x", o.step(), TTL).await.unwrap());
+    assert!(Lock::extend(&*c1, "x", o.step(), TTL).await.unwrap());
+    assert!(Lock::release(&*c2, "x", o.step()).await.unwrap());
     assert!(claim_keys(&prefix, "lock", "x").await.is_empty());
     let n = OwnerToken::random();
-    let tn = granted(Lock::try_acquire(&*c3, "x", &n, TTL).await);
+    let tn = granted(Lock::try_acquire(&*c3, "x", n.step(), TTL).await);
     assert!(tn > t);
-    assert!(!Lock::extend(&*c1, "x", &o, TTL).await.unwrap());
-    assert!(!Lock::release(&*c1, "x", &o).await.unwrap());
+    assert!(!Lock::extend(&*c1, "x", o.step(), TTL).await.unwrap());
+    assert!(!Lock::release(&*c1, "x", o.step()).await.unwrap());
     sleep(Duration::from_millis(500)).await;
     refused(
-        Lock::try_acquire(&*c2, "x", &OwnerToken::random(), TTL).await,
+        Lock::try_acquire(&*c2, "x", OwnerToken::random().step(), TTL).await,
         "a stale client 1 call freed the next holder",
     );
-    assert!(Lock::release(&*c3, "x", &n).await.unwrap());
+    assert!(Lock::release(&*c3, "x", n.step()).await.unwrap());
     assert!(all_keys(&prefix).await.is_empty());
 }
 
@@ -248,9 +260,9 @@ async fn an_election_leader_through_two_clients() {
         client(&prefix).await,
     );
     let o = OwnerToken::random();
-    let term = granted(Election::try_campaign(&*c1, "e", "a", &o, TTL).await);
+    let term = granted(Election::try_campaign(&*c1, "e", "a", o.step(), TTL).await);
     for _ in 0..3 {
-        match Election::try_campaign(&*c2, "e", "a", &o, TTL)
+        match Election::try_campaign(&*c2, "e", "a", o.step(), TTL)
             .await
             .unwrap()
         {
@@ -259,15 +271,15 @@ async fn an_election_leader_through_two_clients() {
         }
     }
     assert_eq!(claim_keys(&prefix, "election", "e").await.len(), 1);
-    assert!(Election::resign(&*c2, "e", &o).await.unwrap());
+    assert!(Election::resign(&*c2, "e", o.step()).await.unwrap());
     assert!(Election::leader(&*c3, "e").await.unwrap().is_none());
     let n = OwnerToken::random();
-    let t2 = granted(Election::try_campaign(&*c3, "e", "b", &n, TTL).await);
+    let t2 = granted(Election::try_campaign(&*c3, "e", "b", n.step(), TTL).await);
     assert!(t2 > term);
-    assert!(!Election::renew(&*c1, "e", &o, TTL).await.unwrap());
-    assert!(!Election::resign(&*c1, "e", &o).await.unwrap());
+    assert!(!Election::renew(&*c1, "e", o.step(), TTL).await.unwrap());
+    assert!(!Election::resign(&*c1, "e", o.step()).await.unwrap());
     let leader = Election::leader(&*c2, "e").await.unwrap().unwrap();
     assert_eq!(leader.term.get(), t2);
-    assert!(Election::resign(&*c3, "e", &n).await.unwrap());
+    assert!(Election::resign(&*c3, "e", n.step()).await.unwrap());
     assert!(all_keys(&prefix).await.is_empty());
 }

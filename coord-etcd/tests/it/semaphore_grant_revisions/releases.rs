@@ -34,11 +34,11 @@ async fn release_of_queued_owners_under_churn_never_unavailable() {
             while !stop.load(Ordering::Relaxed) {
                 let o = OwnerToken::random();
                 if let Ok(Attempt::Granted(_)) =
-                    s.try_acquire(n, &o, &req(1, total, LONG, true)).await
+                    s.try_acquire(n, o.step(), &req(1, total, LONG, true)).await
                 {
                     sleep(Duration::from_millis(rng.below(5))).await;
                 }
-                s.release(n, &o).await.unwrap();
+                s.release(n, o.step()).await.unwrap();
             }
         }));
     }
@@ -46,19 +46,21 @@ async fn release_of_queued_owners_under_churn_never_unavailable() {
     for i in 0..150u64 {
         let s = if i % 2 == 0 { &a } else { &b };
         let o = OwnerToken::random();
-        let got = s.try_acquire(n, &o, &req(2, total, LONG, true)).await;
+        let got = s.try_acquire(n, o.step(), &req(2, total, LONG, true)).await;
         // Sometimes a retry through the other client adopts the place.
         if i % 3 == 0 {
             let other = if i % 2 == 0 { &b } else { &a };
-            let _ = other.try_acquire(n, &o, &req(2, total, LONG, true)).await;
+            let _ = other
+                .try_acquire(n, o.step(), &req(2, total, LONG, true))
+                .await;
         }
-        match s.release(n, &o).await {
+        match s.release(n, o.step()).await {
             Ok(r) => assert!(r || !matches!(got, Ok(Attempt::Granted(_))), "{i}: {got:?}"),
             Err(e) => failures.push(format!("{i}: {e}")),
         }
         // The other client's record (adopted place) released too.
         let other = if i % 2 == 0 { &b } else { &a };
-        if let Err(e) = other.release(n, &o).await {
+        if let Err(e) = other.release(n, o.step()).await {
             failures.push(format!("{i} (other): {e}"));
         }
         let left = state(&p, n)
@@ -94,20 +96,20 @@ async fn stale_record_in_one_client_still_answers_for_the_live_grant() {
     let (a, b) = (raw(&ca), raw(&cb));
     // Release through the stale client.
     let (n, o) = ("s", OwnerToken::random());
-    let t1 = granted(a.try_acquire(n, &o, &req(1, 2, LONG, false)).await);
-    assert!(b.release(n, &o).await.unwrap());
-    let t2 = granted(b.try_acquire(n, &o, &req(1, 2, LONG, false)).await);
+    let t1 = granted(a.try_acquire(n, o.step(), &req(1, 2, LONG, false)).await);
+    assert!(b.release(n, o.step()).await.unwrap());
+    let t2 = granted(b.try_acquire(n, o.step(), &req(1, 2, LONG, false)).await);
     assert!(t2 > t1);
-    let rel = a.release(n, &o).await.unwrap();
+    let rel = a.release(n, o.step()).await.unwrap();
     let left = has_grant(&p, n, &o).await;
     // Extend through the stale client (another name, the same steps).
     let (m, q) = ("s2", OwnerToken::random());
-    granted(a.try_acquire(m, &q, &req(1, 2, LONG, false)).await);
-    assert!(b.release(m, &q).await.unwrap());
-    granted(b.try_acquire(m, &q, &req(1, 2, LONG, false)).await);
-    let ext = a.extend(m, &q, LONG).await.unwrap();
-    let _ = b.release(n, &o).await;
-    let _ = b.release(m, &q).await;
+    granted(a.try_acquire(m, q.step(), &req(1, 2, LONG, false)).await);
+    assert!(b.release(m, q.step()).await.unwrap());
+    granted(b.try_acquire(m, q.step(), &req(1, 2, LONG, false)).await);
+    let ext = a.extend(m, q.step(), LONG).await.unwrap();
+    let _ = b.release(n, o.step()).await;
+    let _ = b.release(m, q.step()).await;
     assert!(
         ext && rel && !left,
         "A's extend of the live grant: {ext}; A's release: {rel}; grant still in etcd after \

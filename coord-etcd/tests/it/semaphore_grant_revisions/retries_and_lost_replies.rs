@@ -26,13 +26,13 @@ async fn retry_through_other_client_with_longer_ttl_keeps_the_grant_that_long() 
     let (a, b) = (raw(&ca), raw(&cb));
     let n = "t";
     let o = OwnerToken::random();
-    let t1 = granted(a.try_acquire(n, &o, &req(1, 1, SHORT, false)).await);
-    let t2 = granted(b.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let t1 = granted(a.try_acquire(n, o.step(), &req(1, 1, SHORT, false)).await);
+    let t2 = granted(b.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
     assert_eq!(t1, t2);
     sleep(PAST_SHORT).await;
     let kept = has_grant(&p, n, &o).await;
     let intruder = b
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
     assert!(
         kept,
@@ -40,7 +40,7 @@ async fn retry_through_other_client_with_longer_ttl_keeps_the_grant_that_long() 
          (the first client's {SHORT:?} lease); a new owner then got {intruder:?}"
     );
     assert!(matches!(intruder, Ok(Attempt::Held { .. })), "{intruder:?}");
-    assert!(b.release(n, &o).await.unwrap());
+    assert!(b.release(n, o.step()).await.unwrap());
 }
 
 /// The same through one client: a retry of an own grant with a longer TTL
@@ -52,13 +52,13 @@ async fn retry_through_same_client_with_longer_ttl_keeps_the_grant_that_long() {
     let a = raw(&ca);
     let n = "t";
     let o = OwnerToken::random();
-    let t1 = granted(a.try_acquire(n, &o, &req(1, 1, SHORT, false)).await);
-    let t2 = granted(a.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    let t1 = granted(a.try_acquire(n, o.step(), &req(1, 1, SHORT, false)).await);
+    let t2 = granted(a.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
     assert_eq!(t1, t2);
     sleep(PAST_SHORT).await;
     let kept = has_grant(&p, n, &o).await;
     let intruder = a
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
     assert!(
         kept,
@@ -66,7 +66,7 @@ async fn retry_through_same_client_with_longer_ttl_keeps_the_grant_that_long() {
          (the first attempt's {SHORT:?} lease); a new owner then got {intruder:?}"
     );
     assert!(matches!(intruder, Ok(Attempt::Held { .. })), "{intruder:?}");
-    assert!(a.release(n, &o).await.unwrap());
+    assert!(a.release(n, o.step()).await.unwrap());
 }
 
 /// An extend that moves the grant (another TTL) whose reply is lost: the
@@ -86,13 +86,13 @@ async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
     let near = raw(&near_c);
     let n = "m";
     let o = OwnerToken::random();
-    granted(far.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    granted(far.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
     let g = state(&p, n).await.0[0].clone();
     // Another TTL: a move. Its request reaches etcd, its reply does not.
     let dropper = drop_reply_of_move(proxy.clone(), g.key.clone(), g.lease);
     sleep(Duration::from_millis(200)).await;
     proxy.latency(Duration::from_millis(250));
-    let r = far.extend(n, &o, Duration::from_secs(20)).await;
+    let r = far.extend(n, o.step(), Duration::from_secs(20)).await;
     let moved = tokio::time::timeout(Duration::from_secs(5), dropper)
         .await
         .map(|j| j.unwrap())
@@ -105,9 +105,9 @@ async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
     // The revocation (if any) runs in the background.
     sleep(Duration::from_millis(1500)).await;
     let kept = has_grant(&p, n, &o).await;
-    let ext = far.extend(n, &o, LONG).await;
+    let ext = far.extend(n, o.step(), LONG).await;
     let intruder = near
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
     assert!(
         kept && matches!(ext, Ok(true)),
@@ -115,7 +115,7 @@ async fn lost_reply_of_a_moving_extend_keeps_the_grant() {
          {LONG:?}): {ext:?}; a second owner then got {intruder:?}"
     );
     assert!(matches!(intruder, Ok(Attempt::Held { .. })), "{intruder:?}");
-    let _ = far.release(n, &o).await;
+    let _ = far.release(n, o.step()).await;
 }
 
 /// Same, for an adopted grant. A retry of the owner through another
@@ -132,12 +132,12 @@ async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
     let near = raw(&near_c);
     let n = "m";
     let o = OwnerToken::random();
-    granted(near.try_acquire(n, &o, &req(1, 1, LONG, false)).await);
+    granted(near.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await);
     let g = state(&p, n).await.0[0].clone();
     let dropper = drop_reply_of_move(proxy.clone(), g.key.clone(), g.lease);
     sleep(Duration::from_millis(200)).await;
     proxy.latency(Duration::from_millis(250));
-    let r = far.try_acquire(n, &o, &req(1, 1, LONG, false)).await;
+    let r = far.try_acquire(n, o.step(), &req(1, 1, LONG, false)).await;
     let moved = tokio::time::timeout(Duration::from_secs(5), dropper)
         .await
         .map(|j| j.unwrap())
@@ -150,7 +150,7 @@ async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
     sleep(Duration::from_millis(1500)).await;
     let kept = has_grant(&p, n, &o).await;
     let intruder = near
-        .try_acquire(n, &OwnerToken::random(), &req(1, 1, LONG, false))
+        .try_acquire(n, OwnerToken::random().step(), &req(1, 1, LONG, false))
         .await;
     assert!(
         kept,
@@ -158,5 +158,5 @@ async fn lost_reply_of_an_adopters_first_extend_keeps_the_grant() {
          {LONG:?}); a second owner then got {intruder:?}"
     );
     assert!(matches!(intruder, Ok(Attempt::Held { .. })), "{intruder:?}");
-    let _ = near.release(n, &o).await;
+    let _ = near.release(n, o.step()).await;
 }

@@ -60,7 +60,9 @@ async fn one_owner_through_three_clients_answers_add_up() {
                 match (mine, rng.below(5)) {
                     (None, 0..=2) | (Some(_), 0) => {
                         let queue = rng.below(2) == 0;
-                        let a = c.try_acquire(n, &o, &req(permits, total, ttl, queue)).await;
+                        let a = c
+                            .try_acquire(n, o.step(), &req(permits, total, ttl, queue))
+                            .await;
                         hist.push(format!("acq c{ci} {ttl:?} q={queue}: {a:?}"));
                         let mut b = beliefs.lock().await;
                         match a {
@@ -89,7 +91,7 @@ async fn one_owner_through_three_clients_answers_add_up() {
                         }
                     }
                     (Some(_), 1 | 2) => {
-                        let r = c.extend(n, &o, ttl).await.unwrap();
+                        let r = c.extend(n, o.step(), ttl).await.unwrap();
                         hist.push(format!("ext c{ci} {ttl:?}: {r}"));
                         // A false answer here would come from a stale
                         // record deciding alone (see
@@ -107,7 +109,7 @@ async fn one_owner_through_three_clients_answers_add_up() {
                         // stale record deciding alone) leaves the grant
                         // in etcd, and the belief comes back.
                         beliefs.lock().await.held -= permits;
-                        let r = c.release(n, &o).await.unwrap();
+                        let r = c.release(n, o.step()).await.unwrap();
                         hist.push(format!("rel c{ci}: {r}"));
                         if r {
                             mine = None;
@@ -122,12 +124,12 @@ async fn one_owner_through_three_clients_answers_add_up() {
                         }
                     }
                     (None, _) => {
-                        let r = c.release(n, &o).await.unwrap();
+                        let r = c.release(n, o.step()).await.unwrap();
                         hist.push(format!("rel(non-holder) c{ci}: {r}"));
                         assert!(!r, "a release of a non-holder answered true: {hist:#?}");
                         queued = false;
                         if rng.below(2) == 0 {
-                            let e = c.extend(n, &o, ttl).await.unwrap();
+                            let e = c.extend(n, o.step(), ttl).await.unwrap();
                             assert!(!e, "an extend of a non-holder answered true");
                         }
                     }
@@ -141,7 +143,7 @@ async fn one_owner_through_three_clients_answers_add_up() {
             }
             let mut gone = false;
             for c in &clients {
-                gone |= c.release(n, &o).await.unwrap();
+                gone |= c.release(n, o.step()).await.unwrap();
             }
             assert_eq!(gone, mine.is_some(), "{hist:#?}");
         }));
@@ -175,14 +177,17 @@ async fn one_owner_two_clients_every_pair_at_once() {
     let ops = ["acq", "acq2", "ext", "ext2", "rel", "force"];
     async fn run(s: &Arc<dyn Semaphore>, n: &str, o: &OwnerToken, op: &str) -> String {
         let r = match op {
-            "acq" => format!("{:?}", s.try_acquire(n, o, &req(2, 3, LONG, false)).await),
+            "acq" => format!(
+                "{:?}",
+                s.try_acquire(n, o.step(), &req(2, 3, LONG, false)).await
+            ),
             "acq2" => format!(
                 "{:?}",
-                s.try_acquire(n, o, &req(2, 3, LONG * 2, true)).await
+                s.try_acquire(n, o.step(), &req(2, 3, LONG * 2, true)).await
             ),
-            "ext" => format!("{:?}", s.extend(n, o, LONG).await),
-            "ext2" => format!("{:?}", s.extend(n, o, LONG * 2).await),
-            "rel" => format!("{:?}", s.release(n, o).await),
+            "ext" => format!("{:?}", s.extend(n, o.step(), LONG).await),
+            "ext2" => format!("{:?}", s.extend(n, o.step(), LONG * 2).await),
+            "rel" => format!("{:?}", s.release(n, o.step()).await),
             _ => format!("{:?}", s.force_release(n).await),
         };
         assert!(!r.starts_with("Err"), "{op}: {r}");
@@ -195,18 +200,25 @@ async fn one_owner_two_clients_every_pair_at_once() {
                 let other = OwnerToken::random();
                 // The owner holds 2 (through a or b), another owner 1.
                 let first = if lead == 1 { &b } else { &a };
-                granted(first.try_acquire(n, &o, &req(2, 3, LONG, false)).await);
-                granted(c.try_acquire(n, &other, &req(1, 3, LONG, false)).await);
+                granted(
+                    first
+                        .try_acquire(n, o.step(), &req(2, 3, LONG, false))
+                        .await,
+                );
+                granted(
+                    c.try_acquire(n, other.step(), &req(1, 3, LONG, false))
+                        .await,
+                );
                 if lead == 2 {
                     // b adopts before the pair.
-                    granted(b.try_acquire(n, &o, &req(2, 3, LONG, false)).await);
+                    granted(b.try_acquire(n, o.step(), &req(2, 3, LONG, false)).await);
                 }
                 let (rx, ry) = tokio::join!(run(&a, n, &o, x), run(&b, n, &o, y));
                 // Clean up: every client's release, then the owner is gone.
                 for s in [&a, &b, &c] {
-                    s.release(n, &o).await.unwrap();
+                    s.release(n, o.step()).await.unwrap();
                 }
-                c.release(n, &other).await.unwrap();
+                c.release(n, other.step()).await.unwrap();
                 let (h, w, s) = state(&p, n).await;
                 assert!(
                     h.is_empty() && w.is_empty() && s == 0,
@@ -216,22 +228,22 @@ async fn one_owner_two_clients_every_pair_at_once() {
                 let fresh: Vec<OwnerToken> = (0..3).map(|_| OwnerToken::random()).collect();
                 for (k, f) in fresh.iter().enumerate() {
                     let s = [&a, &b, &c][k];
-                    granted(s.try_acquire(n, f, &req(1, 3, LONG, false)).await);
+                    granted(s.try_acquire(n, f.step(), &req(1, 3, LONG, false)).await);
                 }
                 held(
-                    a.try_acquire(n, &OwnerToken::random(), &req(1, 3, LONG, false))
+                    a.try_acquire(n, OwnerToken::random().step(), &req(1, 3, LONG, false))
                         .await,
                     "a 4th permit of 3",
                 );
                 // A stale release or extend of `o` leaves them alone.
                 for s in [&a, &b, &c] {
-                    assert!(!s.extend(n, &o, LONG).await.unwrap(), "{x}/{y}");
-                    assert!(!s.release(n, &o).await.unwrap(), "{x}/{y}");
+                    assert!(!s.extend(n, o.step(), LONG).await.unwrap(), "{x}/{y}");
+                    assert!(!s.release(n, o.step()).await.unwrap(), "{x}/{y}");
                 }
                 assert_eq!(state(&p, n).await.0.len(), 3, "{x}/{y} lead {lead}");
                 for (k, f) in fresh.iter().enumerate() {
                     let s = [&a, &b, &c][k];
-                    assert!(s.release(n, f).await.unwrap(), "{x}/{y} lead {lead}");
+                    assert!(s.release(n, f.step()).await.unwrap(), "{x}/{y} lead {lead}");
                 }
             }
         }

@@ -46,10 +46,10 @@ async fn an_extend_racing_a_release_leaves_nothing_and_the_next_grant_holds() {
         let n = leak(format!("e{i}"));
         let o = OwnerToken::random();
         let ettl = if i % 2 == 0 { TTL } else { TTL2 };
-        let t0 = token(&c.try_acquire(n, &o, &one).await).expect("the first grant");
+        let t0 = token(&c.try_acquire(n, o.step(), &one).await).expect("the first grant");
         let ext = {
             let c = c.clone();
-            tokio::spawn(async move { c.extend(n, &o, ettl).await })
+            tokio::spawn(async move { c.extend(n, o.step(), ettl).await })
         };
         tokio::task::yield_now().await;
         spin(if i % 2 == 0 {
@@ -57,7 +57,7 @@ async fn an_extend_racing_a_release_leaves_nothing_and_the_next_grant_holds() {
         } else {
             wide(i / 2)
         });
-        let r = c.release(n, &o).await;
+        let r = c.release(n, o.step()).await;
         let e = ext.await.unwrap();
         ext_true[(i % 2) as usize] += usize::from(matches!(e, Ok(true)));
         let what = format!(
@@ -73,7 +73,7 @@ async fn an_extend_racing_a_release_leaves_nothing_and_the_next_grant_holds() {
             );
         }
         check_nothing(&mut f, &p, n, &o, &what).await;
-        let a = c.try_acquire(n, &o, &one).await;
+        let a = c.try_acquire(n, o.step(), &one).await;
         match token(&a) {
             Some(t) => next.push((n, o, t, what)),
             None => f.add(
@@ -121,15 +121,15 @@ async fn two_extends_of_other_ttls_keep_the_grant() {
     for i in 0..rounds {
         let n = leak(format!("x{i}"));
         let o = OwnerToken::random();
-        let t = token(&c.try_acquire(n, &o, &one).await).expect("the first grant");
+        let t = token(&c.try_acquire(n, o.step(), &one).await).expect("the first grant");
         let second = if i % 2 == 0 { TTL3 } else { TTL };
         let e1 = {
             let c = c.clone();
-            tokio::spawn(async move { c.extend(n, &o, TTL2).await })
+            tokio::spawn(async move { c.extend(n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         spin(wide(i / 2));
-        let e2 = c.extend(n, &o, second).await;
+        let e2 = c.extend(n, o.step(), second).await;
         let e1 = e1.await.unwrap();
         let what = format!(
             "token {t}, extend {}s {}, extend {}s {}",
@@ -178,15 +178,15 @@ async fn a_holder_attempt_racing_a_moving_extend_keeps_the_moved_grant() {
     for i in 0..rounds {
         let n = leak(format!("h{i}"));
         let o = OwnerToken::random();
-        let t = token(&c.try_acquire(n, &o, &one).await).expect("the first grant");
+        let t = token(&c.try_acquire(n, o.step(), &one).await).expect("the first grant");
         let attl = if i % 2 == 0 { TTL } else { TTL2 };
         let e = {
             let c = c.clone();
-            tokio::spawn(async move { c.extend(n, &o, TTL2).await })
+            tokio::spawn(async move { c.extend(n, o.step(), TTL2).await })
         };
         tokio::task::yield_now().await;
         spin(wide(i / 2));
-        let a = c.try_acquire(n, &o, &req(1, 1, attl, false)).await;
+        let a = c.try_acquire(n, o.step(), &req(1, 1, attl, false)).await;
         let e = e.await.unwrap();
         let what = format!(
             "token {t}, extend {}s {}, attempt {}s {}",

@@ -307,9 +307,9 @@ async fn check_follow_up(
     ttl: Duration,
     what: &str,
 ) {
-    let e = c.extend(n, o, ttl).await;
+    let e = c.extend(n, o.step(), ttl).await;
     let live = !grants_of(p, n, o).await.is_empty();
-    let r = c.release(n, o).await;
+    let r = c.release(n, o.step()).await;
     if !matches!(e, Ok(true)) || !matches!(r, Ok(true)) {
         f.add(
             "the holder's extend and release afterwards did not both answer true",

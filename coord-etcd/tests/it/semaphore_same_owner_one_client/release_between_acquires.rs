@@ -42,17 +42,17 @@ async fn acquire_release_acquire_answer_two_tokens_only_around_a_release() {
         let o = OwnerToken::random();
         let a1 = {
             let c = c.clone();
-            tokio::spawn(async move { c.try_acquire(n, &o, &r1).await })
+            tokio::spawn(async move { c.try_acquire(n, o.step(), &r1).await })
         };
         tokio::task::yield_now().await;
         spin(wide(i));
         let rel = {
             let c = c.clone();
-            tokio::spawn(async move { c.release(n, &o).await })
+            tokio::spawn(async move { c.release(n, o.step()).await })
         };
         tokio::task::yield_now().await;
         spin(sweep(i / 60));
-        let a2 = c.try_acquire(n, &o, &r1).await;
+        let a2 = c.try_acquire(n, o.step(), &r1).await;
         let (a1, rel) = (a1.await.unwrap(), rel.await.unwrap());
         let at_once = grants_of(&p, n, &o).await.len();
         let what = format!(

@@ -34,11 +34,11 @@ async fn two_acquires(
 ) {
     let first = {
         let c = c.clone();
-        tokio::spawn(async move { c.try_acquire(n, &o, &a).await })
+        tokio::spawn(async move { c.try_acquire(n, o.step(), &a).await })
     };
     tokio::task::yield_now().await;
     spin(delay);
-    let second = c.try_acquire(n, &o, &b).await;
+    let second = c.try_acquire(n, o.step(), &b).await;
     let first = first.await.unwrap();
     let at_once = grants_of(p, n, &o).await.len();
     (first, second, at_once)

@@ -24,12 +24,12 @@ const S: Duration = Duration::from_secs(1);
 /// Whether `name` can be taken right now by another owner.
 async fn is_free(f: &Faulty, name: &str) -> bool {
     let o = coord_core::OwnerToken::random();
-    match coord_core::Lock::try_acquire(&*f.inner, name, &o, S)
+    match coord_core::Lock::try_acquire(&*f.inner, name, o.step(), S)
         .await
         .unwrap()
     {
         coord_core::Attempt::Granted(_) => {
-            coord_core::Lock::release(&*f.inner, name, &o)
+            coord_core::Lock::release(&*f.inner, name, o.step())
                 .await
                 .unwrap();
             true

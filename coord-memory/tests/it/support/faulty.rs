@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use coord_core::Step;
 use coord_core::wake::Waiter;
 use coord_core::{
     Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingToken, LeaderInfo, OwnerToken,
@@ -162,24 +163,24 @@ impl coord_core::Lock for Faulty {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Lock::capabilities(&*self.inner)
     }
-    async fn try_acquire(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn try_acquire(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         self.call(
             "lock.try_acquire",
-            coord_core::Lock::try_acquire(&*self.inner, n, o, ttl),
+            coord_core::Lock::try_acquire(&*self.inner, n, step, ttl),
         )
         .await
     }
-    async fn release(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+    async fn release(&self, n: &str, step: Step) -> Result<bool> {
         self.call(
             "lock.release",
-            coord_core::Lock::release(&*self.inner, n, o),
+            coord_core::Lock::release(&*self.inner, n, step),
         )
         .await
     }
-    async fn extend(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
         self.call(
             "lock.extend",
-            coord_core::Lock::extend(&*self.inner, n, o, ttl),
+            coord_core::Lock::extend(&*self.inner, n, step, ttl),
         )
         .await
     }
@@ -204,24 +205,24 @@ impl coord_core::Lease for Faulty {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Lease::capabilities(&*self.inner)
     }
-    async fn grant(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<Attempt> {
+    async fn grant(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         self.call(
             "lease.grant",
-            coord_core::Lease::grant(&*self.inner, n, o, ttl),
+            coord_core::Lease::grant(&*self.inner, n, step, ttl),
         )
         .await
     }
-    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
         self.call(
             "lease.renew",
-            coord_core::Lease::renew(&*self.inner, n, o, ttl),
+            coord_core::Lease::renew(&*self.inner, n, step, ttl),
         )
         .await
     }
-    async fn revoke(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+    async fn revoke(&self, n: &str, step: Step) -> Result<bool> {
         self.call(
             "lease.revoke",
-            coord_core::Lease::revoke(&*self.inner, n, o),
+            coord_core::Lease::revoke(&*self.inner, n, step),
         )
         .await
     }
@@ -253,30 +254,24 @@ impl coord_core::Election for Faulty {
     fn capabilities(&self) -> &Capabilities {
         coord_core::Election::capabilities(&*self.inner)
     }
-    async fn try_campaign(
-        &self,
-        n: &str,
-        c: &str,
-        o: &OwnerToken,
-        ttl: Duration,
-    ) -> Result<Attempt> {
+    async fn try_campaign(&self, n: &str, c: &str, step: Step, ttl: Duration) -> Result<Attempt> {
         self.call(
             "election.try_campaign",
-            coord_core::Election::try_campaign(&*self.inner, n, c, o, ttl),
+            coord_core::Election::try_campaign(&*self.inner, n, c, step, ttl),
         )
         .await
     }
-    async fn renew(&self, n: &str, o: &OwnerToken, ttl: Duration) -> Result<bool> {
+    async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
         self.call(
             "election.renew",
-            coord_core::Election::renew(&*self.inner, n, o, ttl),
+            coord_core::Election::renew(&*self.inner, n, step, ttl),
         )
         .await
     }
-    async fn resign(&self, n: &str, o: &OwnerToken) -> Result<bool> {
+    async fn resign(&self, n: &str, step: Step) -> Result<bool> {
         self.call(
             "election.resign",
-            coord_core::Election::resign(&*self.inner, n, o),
+            coord_core::Election::resign(&*self.inner, n, step),
         )
         .await
     }

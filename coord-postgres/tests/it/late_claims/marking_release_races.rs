@@ -43,7 +43,7 @@ async fn a_late_attempt_waiting_for_the_marking_release_takes_nothing() {
         );
         let late = tokio::spawn({
             let (b, name) = (b.clone(), name.clone());
-            async move { Lock::try_acquire(&*b, &name, &owner, LONG).await }
+            async move { Lock::try_acquire(&*b, &name, owner.step(), LONG).await }
         });
         wait_blocked(&schema, 1).await;
         tx.batch_execute("COMMIT").await.unwrap();

@@ -5,6 +5,7 @@ use crate::support;
 use std::time::Duration;
 
 use conformance::testkit::postgres::cluster;
+use coord_core::late::Stepped;
 use coord_core::{Attempt, Lock, OwnerToken};
 use support::{LONG, direct, raw, unique};
 
@@ -69,10 +70,12 @@ async fn marks_refuse_only_earlier_attempts_of_their_owner_and_lapse() {
     }
     // Through the backend, the owner is served again (its stamps are later).
     assert!(matches!(
-        Lock::try_acquire(&*b, &name, &gone, LONG).await.unwrap(),
+        Lock::try_acquire(&*b, &name, gone.step(), LONG)
+            .await
+            .unwrap(),
         Attempt::Granted(_)
     ));
-    assert!(Lock::release(&*b, &name, &gone).await.unwrap());
+    assert!(Lock::release(&*b, &name, gone.step()).await.unwrap());
 
     // The sweep keeps the row while the mark holds (its grant long over)...
     c.execute(
@@ -139,18 +142,20 @@ async fn only_a_release_after_an_unanswered_attempt_marks() {
     let _serial = SERIAL.lock().await;
     let schema = unique("late_cleanup");
     let b = direct(&schema).await;
+    // The core's book of unanswered steps, as the handles keep it.
+    let lock = Stepped::<dyn Lock>::new(b.clone());
     let name = unique("cleanup");
     let holder = OwnerToken::random();
     assert!(matches!(
-        Lock::try_acquire(&*b, &name, &holder, LONG).await.unwrap(),
+        lock.try_acquire(&name, &holder, LONG).await.unwrap(),
         Attempt::Granted(_)
     ));
     let o = OwnerToken::random();
     assert!(matches!(
-        Lock::try_acquire(&*b, &name, &o, LONG).await.unwrap(),
+        lock.try_acquire(&name, &o, LONG).await.unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(!Lock::release(&*b, &name, &o).await.unwrap());
+    assert!(!lock.release(&name, &o).await.unwrap());
     assert_eq!(
         row(&b, "lock", &name).await,
         Some((true, 0)),
@@ -165,7 +170,7 @@ async fn only_a_release_after_an_unanswered_attempt_marks() {
     let o = loop {
         tries += 1;
         let o = OwnerToken::random();
-        let mut gave_up = Box::pin(Lock::try_acquire(&*b, &name, &o, LONG));
+        let mut gave_up = Box::pin(lock.try_acquire(&name, &o, LONG));
         let first = futures::poll!(gave_up.as_mut());
         drop(gave_up);
         if first.is_pending() {
@@ -177,14 +182,14 @@ async fn only_a_release_after_an_unanswered_attempt_marks() {
         );
         // Answered: nothing of this owner is unanswered, so its release
         // marks nothing.
-        assert!(!Lock::release(&*b, &name, &o).await.unwrap());
+        assert!(!lock.release(&name, &o).await.unwrap());
     };
     assert_eq!(
         row(&b, "lock", &name).await,
         Some((true, 0)),
         "an answered attempt marked"
     );
-    assert!(!Lock::release(&*b, &name, &o).await.unwrap());
+    assert!(!lock.release(&name, &o).await.unwrap());
     assert_eq!(
         row(&b, "lock", &name).await,
         Some((true, 1)),
@@ -192,10 +197,10 @@ async fn only_a_release_after_an_unanswered_attempt_marks() {
     );
     // Forgotten once marked: a later release of the owner marks no more
     // (the mark stays, one per owner).
-    assert!(!Lock::release(&*b, &name, &o).await.unwrap());
-    assert!(Lock::release(&*b, &name, &holder).await.unwrap());
+    assert!(!lock.release(&name, &o).await.unwrap());
+    assert!(lock.release(&name, &holder).await.unwrap());
     assert_eq!(row(&b, "lock", &name).await, Some((false, 1)));
-    let t = Lock::try_acquire(&*b, &name, &o, LONG).await.unwrap();
+    let t = lock.try_acquire(&name, &o, LONG).await.unwrap();
     assert!(
         matches!(t, Attempt::Granted(_)),
         "the owner's own later attempt: {t:?}"

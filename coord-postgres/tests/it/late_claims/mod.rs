@@ -114,8 +114,8 @@ async fn attempt(
 async fn cycle(b: &PostgresBackend, name: &str) {
     let o = OwnerToken::random();
     assert!(matches!(
-        Lock::try_acquire(b, name, &o, LONG).await.unwrap(),
+        Lock::try_acquire(b, name, o.step(), LONG).await.unwrap(),
         Attempt::Granted(_)
     ));
-    assert!(Lock::release(b, name, &o).await.unwrap());
+    assert!(Lock::release(b, name, o.step()).await.unwrap());
 }

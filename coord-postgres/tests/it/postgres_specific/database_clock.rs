@@ -21,7 +21,7 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
     let name = unique("held");
     let (o1, o2) = (OwnerToken::random(), OwnerToken::random());
     let Attempt::Granted(t1) = backend
-        .try_acquire(&name, &o1, Duration::from_secs(10))
+        .try_acquire(&name, o1.step(), Duration::from_secs(10))
         .await
         .unwrap()
     else {
@@ -29,14 +29,14 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
     };
     assert_eq!(
         backend
-            .try_acquire(&name, &o1, Duration::from_secs(10))
+            .try_acquire(&name, o1.step(), Duration::from_secs(10))
             .await
             .unwrap(),
         Attempt::Granted(t1),
         "a retry after a lost reply gets the same token"
     );
     match backend
-        .try_acquire(&name, &o2, Duration::from_secs(10))
+        .try_acquire(&name, o2.step(), Duration::from_secs(10))
         .await
         .unwrap()
     {
@@ -48,16 +48,16 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
         ),
         other => panic!("{other:?}"),
     }
-    assert!(!backend.release(&name, &o2).await.unwrap());
+    assert!(!backend.release(&name, o2.step()).await.unwrap());
     assert!(
         !backend
-            .extend(&name, &o2, Duration::from_secs(10))
+            .extend(&name, o2.step(), Duration::from_secs(10))
             .await
             .unwrap()
     );
-    assert!(backend.release(&name, &o1).await.unwrap());
+    assert!(backend.release(&name, o1.step()).await.unwrap());
     let Attempt::Granted(t2) = backend
-        .try_acquire(&name, &o2, Duration::from_secs(10))
+        .try_acquire(&name, o2.step(), Duration::from_secs(10))
         .await
         .unwrap()
     else {
@@ -66,7 +66,7 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
     assert!(t2 > t1);
     // Release frees the row in place (the sweep deletes it once idle);
     // the next grant takes it with a higher token (tests/it/reuse.rs).
-    assert!(backend.release(&name, &o2).await.unwrap());
+    assert!(backend.release(&name, o2.step()).await.unwrap());
     let left = cluster().psql(
         "postgres",
         &format!(
@@ -77,14 +77,14 @@ async fn held_reports_remaining_time_and_repeats_are_idempotent() {
     assert_eq!(left.trim(), "0");
     let o3 = OwnerToken::random();
     let Attempt::Granted(t3) = backend
-        .try_acquire(&name, &o3, Duration::from_secs(10))
+        .try_acquire(&name, o3.step(), Duration::from_secs(10))
         .await
         .unwrap()
     else {
         panic!("released lock");
     };
     assert!(t3 > t2 && FencingToken(t2.get()) > t1);
-    assert!(backend.release(&name, &o3).await.unwrap());
+    assert!(backend.release(&name, o3.step()).await.unwrap());
 }
 
 /// GCRA refills one request per window/limit while a burst runs: across 8

@@ -200,7 +200,7 @@ async fn a_schema_of_another_layout_is_refused_and_left_as_it_is() {
         .expect("create the schema");
     let o = OwnerToken::random();
     assert!(matches!(
-        Lock::try_acquire(&*first, "held", &o, Duration::from_secs(60))
+        Lock::try_acquire(&*first, "held", o.step(), Duration::from_secs(60))
             .await
             .unwrap(),
         Attempt::Granted(_)
@@ -245,7 +245,7 @@ async fn a_schema_of_another_layout_is_refused_and_left_as_it_is() {
     );
     let o2 = OwnerToken::random();
     assert!(matches!(
-        Lock::try_acquire(&*first, "held", &o2, Duration::from_secs(60))
+        Lock::try_acquire(&*first, "held", o2.step(), Duration::from_secs(60))
             .await
             .unwrap(),
         Attempt::Held { .. }

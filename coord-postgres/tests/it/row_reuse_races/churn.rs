@@ -85,10 +85,10 @@ async fn churn(names: u64, pause_ms: u64) {
                         let (lease, sname) = split(&key);
                         let rel = next() % 2 == 0;
                         let ok = match (lease, rel) {
-                            (false, true) => Lock::release(&*b, sname, &sowner).await.unwrap(),
-                            (false, false) => Lock::extend(&*b, sname, &sowner, ttl).await.unwrap(),
-                            (true, true) => b.revoke(sname, &sowner).await.unwrap(),
-                            (true, false) => Lease::renew(&*b, sname, &sowner, ttl).await.unwrap(),
+                            (false, true) => Lock::release(&*b, sname, sowner.step()).await.unwrap(),
+                            (false, false) => Lock::extend(&*b, sname, sowner.step(), ttl).await.unwrap(),
+                            (true, true) => b.revoke(sname, sowner.step()).await.unwrap(),
+                            (true, false) => Lease::renew(&*b, sname, sowner.step(), ttl).await.unwrap(),
                         };
                         assert!(
                             !ok,
@@ -103,10 +103,10 @@ async fn churn(names: u64, pause_ms: u64) {
                 let owner = OwnerToken::random();
                 let sent = Instant::now();
                 let attempt = match (lease, next() % 2) {
-                    (true, _) => b.grant(&name, &owner, ttl).await.unwrap(),
-                    (false, 0) => b.try_acquire(&name, &owner, ttl).await.unwrap(),
+                    (true, _) => b.grant(&name, owner.step(), ttl).await.unwrap(),
+                    (false, 0) => b.try_acquire(&name, owner.step(), ttl).await.unwrap(),
                     (false, _) => b
-                        .try_acquire_with_metadata(&name, &owner, ttl, b"m")
+                        .try_acquire_with_metadata(&name, owner.step(), ttl, b"m")
                         .await
                         .unwrap(),
                 };
@@ -138,9 +138,9 @@ async fn churn(names: u64, pause_ms: u64) {
                 }
                 let release = |b: Arc<PostgresBackend>, name: String, owner: OwnerToken| async move {
                     if lease {
-                        b.revoke(&name, &owner).await.unwrap()
+                        b.revoke(&name, owner.step()).await.unwrap()
                     } else {
-                        Lock::release(&*b, &name, &owner).await.unwrap()
+                        Lock::release(&*b, &name, owner.step()).await.unwrap()
                     }
                 };
                 match next() % 4 {
@@ -148,9 +148,9 @@ async fn churn(names: u64, pause_ms: u64) {
                         // Extend once, then release.
                         let sent = Instant::now();
                         let ok = if lease {
-                            Lease::renew(&*b, &name, &owner, ttl).await.unwrap()
+                            Lease::renew(&*b, &name, owner.step(), ttl).await.unwrap()
                         } else {
-                            Lock::extend(&*b, &name, &owner, ttl).await.unwrap()
+                            Lock::extend(&*b, &name, owner.step(), ttl).await.unwrap()
                         };
                         if ok {
                             let mut h = holders.lock().unwrap();

@@ -68,37 +68,45 @@ async fn election_terms_rise_over_reused_rows_and_observers_hear_them() {
         OwnerToken::random(),
         OwnerToken::random(),
     );
-    let t1 = granted(b.try_campaign("office", "a", &a, long).await.unwrap());
+    let t1 = granted(b.try_campaign("office", "a", a.step(), long).await.unwrap());
     wait_seen(t1.get()).await;
-    assert!(b.resign("office", &a).await.unwrap());
+    assert!(b.resign("office", a.step()).await.unwrap());
     assert!(b.leader("office").await.unwrap().is_none());
     let t2 = granted(
-        b.try_campaign("office", "b", &bb, Duration::from_millis(300))
+        b.try_campaign("office", "b", bb.step(), Duration::from_millis(300))
             .await
             .unwrap(),
     );
     assert!(t2 > t1);
     wait_seen(t2.get()).await;
     // a is stale: its renew and resign change nothing.
-    assert!(!Election::renew(&*b, "office", &a, long).await.unwrap());
-    assert!(!b.resign("office", &a).await.unwrap());
+    assert!(
+        !Election::renew(&*b, "office", a.step(), long)
+            .await
+            .unwrap()
+    );
+    assert!(!b.resign("office", a.step()).await.unwrap());
     assert_eq!(b.leader("office").await.unwrap().unwrap().term, t2);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let t3 = granted(b.try_campaign("office", "c", &c, long).await.unwrap());
+    let t3 = granted(b.try_campaign("office", "c", c.step(), long).await.unwrap());
     assert!(t3 > t2);
     wait_seen(t3.get()).await;
     // b expired and was replaced: stale.
-    assert!(!Election::renew(&*b, "office", &bb, long).await.unwrap());
-    assert!(!b.resign("office", &bb).await.unwrap());
+    assert!(
+        !Election::renew(&*b, "office", bb.step(), long)
+            .await
+            .unwrap()
+    );
+    assert!(!b.resign("office", bb.step()).await.unwrap());
     let l = b.leader("office").await.unwrap().unwrap();
     assert_eq!((l.candidate.as_str(), l.term), ("c", t3));
     // A repeat by the live leader keeps its term.
     assert_eq!(
-        granted(b.try_campaign("office", "c", &c, long).await.unwrap()),
+        granted(b.try_campaign("office", "c", c.step(), long).await.unwrap()),
         t3
     );
-    assert!(b.resign("office", &c).await.unwrap());
-    let t4 = granted(b.try_campaign("office", "c", &c, long).await.unwrap());
+    assert!(b.resign("office", c.step()).await.unwrap());
+    let t4 = granted(b.try_campaign("office", "c", c.step(), long).await.unwrap());
     assert!(t4 > t3, "a new term after resigning: {t4:?} after {t3:?}");
     wait_seen(t4.get()).await;
     collector.abort();
@@ -118,33 +126,33 @@ async fn force_release_and_revoke_leave_no_handle_on_the_reused_row() {
     let b = backend(&schema).await;
     let long = Duration::from_secs(30);
     let (a, n) = (OwnerToken::random(), OwnerToken::random());
-    let t1 = granted(b.try_acquire("f", &a, long).await.unwrap());
+    let t1 = granted(b.try_acquire("f", a.step(), long).await.unwrap());
     assert!(b.force_release("f").await.unwrap());
     assert!(
         !b.force_release("f").await.unwrap(),
         "a free row force-released"
     );
-    let t2 = granted(b.try_acquire("f", &n, long).await.unwrap());
+    let t2 = granted(b.try_acquire("f", n.step(), long).await.unwrap());
     assert!(t2 > t1);
     let settled = row(&schema, "f");
-    assert!(!Lock::extend(&*b, "f", &a, long).await.unwrap());
-    assert!(!Lock::release(&*b, "f", &a).await.unwrap());
+    assert!(!Lock::extend(&*b, "f", a.step(), long).await.unwrap());
+    assert!(!Lock::release(&*b, "f", a.step()).await.unwrap());
     assert!(matches!(
-        b.try_acquire("f", &a, long).await.unwrap(),
+        b.try_acquire("f", a.step(), long).await.unwrap(),
         Attempt::Held { .. }
     ));
     assert_eq!(row(&schema, "f"), settled);
-    let l1 = granted(b.grant("l", &a, long).await.unwrap());
-    assert!(b.revoke("l", &a).await.unwrap());
+    let l1 = granted(b.grant("l", a.step(), long).await.unwrap());
+    assert!(b.revoke("l", a.step()).await.unwrap());
     assert!(
-        !Lease::renew(&*b, "l", &a, long).await.unwrap(),
+        !Lease::renew(&*b, "l", a.step(), long).await.unwrap(),
         "renewed a revoked lease"
     );
     assert!(b.remaining("l").await.unwrap().is_none());
-    let l2 = granted(b.grant("l", &n, long).await.unwrap());
+    let l2 = granted(b.grant("l", n.step(), long).await.unwrap());
     assert!(l2 > l1);
-    assert!(!Lease::renew(&*b, "l", &a, long).await.unwrap());
-    assert!(!b.revoke("l", &a).await.unwrap());
+    assert!(!Lease::renew(&*b, "l", a.step(), long).await.unwrap());
+    assert!(!b.revoke("l", a.step()).await.unwrap());
     assert!(b.remaining("l").await.unwrap().unwrap() > Duration::from_secs(20));
 }
 
@@ -161,12 +169,12 @@ async fn no_metadata_survives_a_reused_row() {
         let name = format!("md_{path}");
         let a = OwnerToken::random();
         granted(
-            b.try_acquire_with_metadata(&name, &a, short, b"secret")
+            b.try_acquire_with_metadata(&name, a.step(), short, b"secret")
                 .await
                 .unwrap(),
         );
         if path == "freed" {
-            assert!(Lock::release(&*b, &name, &a).await.unwrap());
+            assert!(Lock::release(&*b, &name, a.step()).await.unwrap());
         } else {
             tokio::time::sleep(short + Duration::from_millis(100)).await;
         }
@@ -187,7 +195,7 @@ async fn no_metadata_survives_a_reused_row() {
             assert!(r.get::<_, Option<i64>>(0).is_some());
         } else {
             granted(
-                b.try_acquire(&name, &n, Duration::from_secs(30))
+                b.try_acquire(&name, n.step(), Duration::from_secs(30))
                     .await
                     .unwrap(),
             );

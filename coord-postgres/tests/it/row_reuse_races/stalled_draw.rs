@@ -40,8 +40,8 @@ async fn a_take_stalled_after_its_draw_draws_again_on_the_newest_version() {
     // Rows first (free), then the wrapper.
     for name in ["freed", "held", "by_acquire"] {
         let x = OwnerToken::random();
-        granted(b.try_acquire(name, &x, ttl).await.unwrap());
-        assert!(Lock::release(&*b, name, &x).await.unwrap());
+        granted(b.try_acquire(name, x.step(), ttl).await.unwrap());
+        assert!(Lock::release(&*b, name, x.step()).await.unwrap());
     }
     stall_draws(&schema, 800);
     for name in ["freed", "held", "by_acquire"] {
@@ -92,9 +92,9 @@ async fn a_take_stalled_after_its_draw_draws_again_on_the_newest_version() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let fast = OwnerToken::random();
-        let tf = granted(b.try_acquire(name, &fast, ttl).await.unwrap());
+        let tf = granted(b.try_acquire(name, fast.step(), ttl).await.unwrap());
         if name != "held" {
-            assert!(Lock::release(&*b, name, &fast).await.unwrap());
+            assert!(Lock::release(&*b, name, fast.step()).await.unwrap());
         }
         let got = stalled.await.unwrap();
         let early: i64 = psql(&format!("SELECT min(v) FROM \"{schema}\".draws"))

@@ -40,8 +40,8 @@ async fn a_take_waiting_behind_another_take_wins_only_if_that_one_rolls_back() {
         let mut before = FencingToken(0);
         if !fresh {
             let x = OwnerToken::random();
-            before = granted(b.try_acquire(&name, &x, ttl).await.unwrap());
-            assert!(Lock::release(&*b, &name, &x).await.unwrap());
+            before = granted(b.try_acquire(&name, x.step(), ttl).await.unwrap());
+            assert!(Lock::release(&*b, &name, x.step()).await.unwrap());
         }
         let c1 = raw().await;
         c1.batch_execute("BEGIN").await.unwrap();
@@ -53,7 +53,7 @@ async fn a_take_waiting_behind_another_take_wins_only_if_that_one_rolls_back() {
         let bo = OwnerToken::random();
         let waiting = tokio::spawn({
             let (b, name, bo) = (b.clone(), name.clone(), bo);
-            async move { b.try_acquire(&name, &bo, ttl).await.unwrap() }
+            async move { b.try_acquire(&name, bo.step(), ttl).await.unwrap() }
         });
         wait_blocked(&schema, 1).await;
         assert!(!waiting.is_finished());
@@ -94,7 +94,7 @@ async fn a_take_of_an_expired_version_waiting_behind_its_extend_is_refused() {
     let b = backend(&schema).await;
     let x = OwnerToken::random();
     let tx = granted(
-        b.try_acquire("e", &x, Duration::from_millis(400))
+        b.try_acquire("e", x.step(), Duration::from_millis(400))
             .await
             .unwrap(),
     );
@@ -111,7 +111,7 @@ async fn a_take_of_an_expired_version_waiting_behind_its_extend_is_refused() {
     let waiting = tokio::spawn({
         let b = b.clone();
         async move {
-            b.try_acquire("e", &bo, Duration::from_secs(30))
+            b.try_acquire("e", bo.step(), Duration::from_secs(30))
                 .await
                 .unwrap()
         }
@@ -143,7 +143,7 @@ async fn a_stale_release_and_extend_behind_a_takeover_change_nothing() {
         let name = format!("s_{commit}");
         let a = OwnerToken::random();
         let t0 = granted(
-            b.try_acquire(&name, &a, Duration::from_millis(300))
+            b.try_acquire(&name, a.step(), Duration::from_millis(300))
                 .await
                 .unwrap(),
         );
@@ -157,12 +157,12 @@ async fn a_stale_release_and_extend_behind_a_takeover_change_nothing() {
         assert!(tb as u64 > t0.get());
         let rel = tokio::spawn({
             let (b, name) = (b.clone(), name.clone());
-            async move { Lock::release(&*b, &name, &a).await.unwrap() }
+            async move { Lock::release(&*b, &name, a.step()).await.unwrap() }
         });
         let ext = tokio::spawn({
             let (b, name) = (b.clone(), name.clone());
             async move {
-                Lock::extend(&*b, &name, &a, Duration::from_secs(60))
+                Lock::extend(&*b, &name, a.step(), Duration::from_secs(60))
                     .await
                     .unwrap()
             }
@@ -184,7 +184,7 @@ async fn a_stale_release_and_extend_behind_a_takeover_change_nothing() {
         } else {
             assert!(Lock::inspect(&*b, &name).await.unwrap().holders.is_empty());
             let next = granted(
-                b.try_acquire(&name, &OwnerToken::random(), Duration::from_secs(30))
+                b.try_acquire(&name, OwnerToken::random().step(), Duration::from_secs(30))
                     .await
                     .unwrap(),
             );
@@ -192,9 +192,9 @@ async fn a_stale_release_and_extend_behind_a_takeover_change_nothing() {
         }
         // A second stale round, on the settled row: nothing changes.
         let settled = row(&schema, &name);
-        assert!(!Lock::release(&*b, &name, &a).await.unwrap());
+        assert!(!Lock::release(&*b, &name, a.step()).await.unwrap());
         assert!(
-            !Lock::extend(&*b, &name, &a, Duration::from_secs(60))
+            !Lock::extend(&*b, &name, a.step(), Duration::from_secs(60))
                 .await
                 .unwrap()
         );
@@ -216,9 +216,9 @@ async fn takes_waiting_behind_the_sweeps_delete_get_a_new_row_with_a_higher_toke
         // Long enough for the release right after the grant to find it
         // held on a loaded machine.
         let ttl = Duration::from_secs(1);
-        let tx = granted(b.try_acquire(&name, &x, ttl).await.unwrap());
+        let tx = granted(b.try_acquire(&name, x.step(), ttl).await.unwrap());
         if release {
-            assert!(Lock::release(&*b, &name, &x).await.unwrap());
+            assert!(Lock::release(&*b, &name, x.step()).await.unwrap());
         }
         tokio::time::sleep(ttl + GRACE + Duration::from_millis(150)).await;
         let c1 = raw().await;
@@ -246,7 +246,7 @@ async fn takes_waiting_behind_the_sweeps_delete_get_a_new_row_with_a_higher_toke
         let waiting = tokio::spawn({
             let (b, name) = (b.clone(), name.clone());
             async move {
-                b.try_acquire(&name, &bo, Duration::from_secs(30))
+                b.try_acquire(&name, bo.step(), Duration::from_secs(30))
                     .await
                     .unwrap()
             }

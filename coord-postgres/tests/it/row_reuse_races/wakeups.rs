@@ -123,7 +123,7 @@ async fn a_waiter_woken_onto_a_row_retaken_in_the_same_commit_is_woken_again() {
         .with_poll_interval(Duration::from_secs(60));
     let (hold, third) = (OwnerToken::random(), OwnerToken::random());
     granted(
-        b.try_acquire("busy", &hold, Duration::from_secs(30))
+        b.try_acquire("busy", hold.step(), Duration::from_secs(30))
             .await
             .unwrap(),
     );
@@ -177,7 +177,7 @@ async fn a_waiter_woken_onto_a_row_retaken_in_the_same_commit_is_woken_again() {
         "the woken waiter marked the third owner's grant again"
     );
     let released = Instant::now();
-    assert!(Lock::release(&*b, "busy", &third).await.unwrap());
+    assert!(Lock::release(&*b, "busy", third.step()).await.unwrap());
     let (g, at) = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the waiter was not woken by the third owner's release")

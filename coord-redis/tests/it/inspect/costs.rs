@@ -48,36 +48,39 @@ async fn request_counts_with_and_without_metadata() {
     let name = unique("inspect-requests");
     let me = OwnerToken::random();
     // Warm up (first use of the connection).
-    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    assert!(b.release(&name, &me).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
     let count = |f: u64| proxy.commands() - f;
     for meta in [None, Some(&b"{\"a\":1}"[..])] {
         let before = proxy.commands();
         let a = match meta {
-            None => b.try_acquire(&name, &me, 10 * SEC).await,
-            Some(m) => b.try_acquire_with_metadata(&name, &me, 10 * SEC, m).await,
+            None => b.try_acquire(&name, me.step(), 10 * SEC).await,
+            Some(m) => {
+                b.try_acquire_with_metadata(&name, me.step(), 10 * SEC, m)
+                    .await
+            }
         };
         granted(a.unwrap());
-        assert!(b.release(&name, &me).await.unwrap());
+        assert!(b.release(&name, me.step()).await.unwrap());
         assert_eq!(count(before), 2, "lock cycle, metadata {meta:?}");
 
         let before = proxy.commands();
         let a = match meta {
-            None => b.grant(&name, &me, 10 * SEC).await,
-            Some(m) => b.grant_with_metadata(&name, &me, 10 * SEC, m).await,
+            None => b.grant(&name, me.step(), 10 * SEC).await,
+            Some(m) => b.grant_with_metadata(&name, me.step(), 10 * SEC, m).await,
         };
         granted(a.unwrap());
-        assert!(b.revoke(&name, &me).await.unwrap());
+        assert!(b.revoke(&name, me.step()).await.unwrap());
         assert_eq!(count(before), 2, "lease cycle, metadata {meta:?}");
 
         let before = proxy.commands();
         let r = req(1, 3, 10 * SEC, false);
         let a = match meta {
-            None => sem::Sem::try_acquire(&b, &name, &me, &r).await,
-            Some(m) => sem::Sem::try_acquire_with_metadata(&b, &name, &me, &r, m).await,
+            None => sem::Sem::try_acquire(&b, &name, me.step(), &r).await,
+            Some(m) => sem::Sem::try_acquire_with_metadata(&b, &name, me.step(), &r, m).await,
         };
         granted(a.unwrap());
-        assert!(sem::Sem::release(&b, &name, &me).await.unwrap());
+        assert!(sem::Sem::release(&b, &name, me.step()).await.unwrap());
         assert_eq!(count(before), 2, "semaphore cycle, metadata {meta:?}");
     }
     for f in [
@@ -120,13 +123,17 @@ async fn holder_metadata_costs_the_server_no_command() {
     let php = backend_on(&server.url(), Layout::Php).await;
     let me = OwnerToken::random();
     let meta = br#"{"host":"web-3","pid":4242}"#;
-    granted(b.try_acquire("warm", &me, 10 * SEC).await.unwrap());
-    assert!(b.release("warm", &me).await.unwrap());
-    granted(php.try_acquire("warm", &me, 10 * SEC).await.unwrap());
-    assert!(php.release("warm", &me).await.unwrap());
+    granted(b.try_acquire("warm", me.step(), 10 * SEC).await.unwrap());
+    assert!(b.release("warm", me.step()).await.unwrap());
+    granted(php.try_acquire("warm", me.step(), 10 * SEC).await.unwrap());
+    assert!(php.release("warm", me.step()).await.unwrap());
     let r = req(1, 3, 10 * SEC, false);
-    granted(sem::Sem::try_acquire(&b, "warm", &me, &r).await.unwrap());
-    assert!(sem::Sem::release(&b, "warm", &me).await.unwrap());
+    granted(
+        sem::Sem::try_acquire(&b, "warm", me.step(), &r)
+            .await
+            .unwrap(),
+    );
+    assert!(sem::Sem::release(&b, "warm", me.step()).await.unwrap());
 
     let cycle = counts(&[
         ("del", 10),
@@ -178,13 +185,16 @@ async fn holder_metadata_costs_the_server_no_command() {
         for i in 0..10 {
             let name = format!("cycle-{i}-{}", m.is_some());
             let a = match m {
-                None => b.try_acquire(&name, &me, 10 * SEC).await,
-                Some(m) => b.try_acquire_with_metadata(&name, &me, 10 * SEC, m).await,
+                None => b.try_acquire(&name, me.step(), 10 * SEC).await,
+                Some(m) => {
+                    b.try_acquire_with_metadata(&name, me.step(), 10 * SEC, m)
+                        .await
+                }
             };
             granted(a.unwrap());
             // Past the token's µs, so the release deletes the key.
             sleep(2 * MS).await;
-            assert!(b.release(&name, &me).await.unwrap());
+            assert!(b.release(&name, me.step()).await.unwrap());
         }
         assert_eq!(diff(&command_calls(&server), &before), cycle, "lock, {m:?}");
 
@@ -192,12 +202,12 @@ async fn holder_metadata_costs_the_server_no_command() {
         for i in 0..10 {
             let name = format!("lease-{i}-{}", m.is_some());
             let a = match m {
-                None => b.grant(&name, &me, 10 * SEC).await,
-                Some(m) => b.grant_with_metadata(&name, &me, 10 * SEC, m).await,
+                None => b.grant(&name, me.step(), 10 * SEC).await,
+                Some(m) => b.grant_with_metadata(&name, me.step(), 10 * SEC, m).await,
             };
             granted(a.unwrap());
             sleep(2 * MS).await;
-            assert!(b.revoke(&name, &me).await.unwrap());
+            assert!(b.revoke(&name, me.step()).await.unwrap());
         }
         assert_eq!(
             diff(&command_calls(&server), &before),
@@ -207,34 +217,34 @@ async fn holder_metadata_costs_the_server_no_command() {
 
         let name = format!("held-{}", m.is_some());
         let t = granted(match m {
-            None => b.try_acquire(&name, &me, 10 * SEC).await.unwrap(),
+            None => b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap(),
             Some(m) => b
-                .try_acquire_with_metadata(&name, &me, 10 * SEC, m)
+                .try_acquire_with_metadata(&name, me.step(), 10 * SEC, m)
                 .await
                 .unwrap(),
         });
         let before = command_calls(&server);
         for _ in 0..10 {
-            assert!(b.extend(&name, &me, 10 * SEC).await.unwrap());
+            assert!(b.extend(&name, me.step(), 10 * SEC).await.unwrap());
             assert_eq!(
-                granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap()),
+                granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap()),
                 t
             );
         }
         assert_eq!(diff(&command_calls(&server), &before), held, "held, {m:?}");
-        assert!(b.release(&name, &me).await.unwrap());
+        assert!(b.release(&name, me.step()).await.unwrap());
 
         let before = command_calls(&server);
         for _ in 0..10 {
             let a = match m {
-                None => php.try_acquire("warm", &me, 10 * SEC).await,
+                None => php.try_acquire("warm", me.step(), 10 * SEC).await,
                 Some(m) => {
-                    php.try_acquire_with_metadata("warm", &me, 10 * SEC, m)
+                    php.try_acquire_with_metadata("warm", me.step(), 10 * SEC, m)
                         .await
                 }
             };
             granted(a.unwrap());
-            assert!(php.release("warm", &me).await.unwrap());
+            assert!(php.release("warm", me.step()).await.unwrap());
         }
         assert_eq!(
             diff(&command_calls(&server), &before),
@@ -245,11 +255,11 @@ async fn holder_metadata_costs_the_server_no_command() {
         let before = command_calls(&server);
         for _ in 0..10 {
             let a = match m {
-                None => sem::Sem::try_acquire(&b, "sem", &me, &r).await,
-                Some(m) => sem::Sem::try_acquire_with_metadata(&b, "sem", &me, &r, m).await,
+                None => sem::Sem::try_acquire(&b, "sem", me.step(), &r).await,
+                Some(m) => sem::Sem::try_acquire_with_metadata(&b, "sem", me.step(), &r, m).await,
             };
             granted(a.unwrap());
-            assert!(sem::Sem::release(&b, "sem", &me).await.unwrap());
+            assert!(sem::Sem::release(&b, "sem", me.step()).await.unwrap());
         }
         assert_eq!(
             diff(&command_calls(&server), &before),

@@ -29,7 +29,7 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
     assert!(Lock::inspect(&b, "m").await.unwrap().holders.is_empty());
 
     // Without metadata: one key, `<owner>:<token>` as before.
-    let t = granted(b.try_acquire("m", &me, 10 * SEC).await.unwrap());
+    let t = granted(b.try_acquire("m", me.step(), 10 * SEC).await.unwrap());
     assert_eq!(dbsize(&server), base + 1);
     assert_eq!(get(&server, key).unwrap(), format!("{}:{t}", me.to_hex()));
     let h = one_holder(&Lock::inspect(&b, "m").await.unwrap()).clone();
@@ -39,11 +39,11 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
     );
     let left = h.remaining.expect("a PTTL");
     assert!(left <= 10 * SEC && left > 9 * SEC, "{left:?}");
-    assert!(b.release("m", &me).await.unwrap());
+    assert!(b.release("m", me.step()).await.unwrap());
 
     // With metadata: still one key, and inspect shows it.
     let t = granted(
-        b.try_acquire_with_metadata("m", &me, 10 * SEC, meta)
+        b.try_acquire_with_metadata("m", me.step(), 10 * SEC, meta)
             .await
             .unwrap(),
     );
@@ -53,14 +53,14 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
     assert_eq!(h.metadata.as_deref(), Some(&meta[..]));
     // Another owner is refused with the holder's PTTL, and changes nothing.
     match b
-        .try_acquire_with_metadata("m", &other, 10 * SEC, b"{}")
+        .try_acquire_with_metadata("m", other.step(), 10 * SEC, b"{}")
         .await
         .unwrap()
     {
         Attempt::Held { expires_in } => assert!(expires_in.unwrap() > 9 * SEC),
         a => panic!("{a:?}"),
     }
-    assert!(!b.release("m", &other).await.unwrap());
+    assert!(!b.release("m", other.step()).await.unwrap());
     assert_eq!(
         one_holder(&Lock::inspect(&b, "m").await.unwrap())
             .metadata
@@ -68,22 +68,22 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
         Some(&meta[..])
     );
     // Released: gone (the key, or a `=<token>` marker without it).
-    assert!(b.release("m", &me).await.unwrap());
+    assert!(b.release("m", me.step()).await.unwrap());
     assert!(Lock::inspect(&b, "m").await.unwrap().holders.is_empty());
     if let Some(v) = get(&server, key) {
         assert!(v.starts_with('=') && !v.contains('~'), "{v}");
     }
     // A later grant without metadata shows none.
-    granted(b.try_acquire("m", &other, 10 * SEC).await.unwrap());
+    granted(b.try_acquire("m", other.step(), 10 * SEC).await.unwrap());
     assert_eq!(
         one_holder(&Lock::inspect(&b, "m").await.unwrap()).metadata,
         None
     );
-    assert!(b.release("m", &other).await.unwrap());
+    assert!(b.release("m", other.step()).await.unwrap());
 
     // Force release.
     granted(
-        b.try_acquire_with_metadata("m", &me, 10 * SEC, meta)
+        b.try_acquire_with_metadata("m", me.step(), 10 * SEC, meta)
             .await
             .unwrap(),
     );
@@ -93,7 +93,7 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
 
     // Expiry: the key count comes back.
     granted(
-        b.try_acquire_with_metadata("m", &me, 200 * MS, meta)
+        b.try_acquire_with_metadata("m", me.step(), 200 * MS, meta)
             .await
             .unwrap(),
     );
@@ -105,8 +105,8 @@ async fn lock_metadata_ends_with_its_grant_and_writes_no_key() {
         "metadata outlived its grant"
     );
     // Its holder cannot extend or release it any more.
-    assert!(!b.extend("m", &me, 10 * SEC).await.unwrap());
-    assert!(!b.release("m", &me).await.unwrap());
+    assert!(!b.extend("m", me.step(), 10 * SEC).await.unwrap());
+    assert!(!b.release("m", me.step()).await.unwrap());
     sleep(Duration::from_millis(50)).await;
     assert_eq!(dbsize(&server), base, "keys left behind");
 }
@@ -123,15 +123,19 @@ async fn extend_keeps_metadata_exactly_as_long_as_the_claim() {
     let base = dbsize(&server);
     let ttl = 800 * MS;
     let t = granted(
-        b.try_acquire_with_metadata("x", &me, ttl, meta)
+        b.try_acquire_with_metadata("x", me.step(), ttl, meta)
             .await
             .unwrap(),
     );
-    let tl = granted(b.grant_with_metadata("x", &me, ttl, meta).await.unwrap());
+    let tl = granted(
+        b.grant_with_metadata("x", me.step(), ttl, meta)
+            .await
+            .unwrap(),
+    );
     for _ in 0..4 {
         sleep(Duration::from_millis(300)).await;
-        assert!(b.extend("x", &me, ttl).await.unwrap());
-        assert!(b.renew("x", &me, ttl).await.unwrap());
+        assert!(b.extend("x", me.step(), ttl).await.unwrap());
+        assert!(b.renew("x", me.step(), ttl).await.unwrap());
     }
     // 1.2 s after the grant of 800 ms, alive with its metadata and token.
     for (r, tok) in [
@@ -147,12 +151,12 @@ async fn extend_keeps_metadata_exactly_as_long_as_the_claim() {
     let (lk, ls) = ("coord:lock:{x}", "coord:lease:{x}");
     assert!(pttl(&server, lk) > 400 && pttl(&server, ls) > 400);
     // A longer extension moves both together (one key).
-    assert!(b.extend("x", &me, 10 * SEC).await.unwrap());
+    assert!(b.extend("x", me.step(), 10 * SEC).await.unwrap());
     let h = one_holder(&Lock::inspect(&b, "x").await.unwrap()).clone();
     assert!(h.remaining.unwrap() > 9 * SEC);
     assert_eq!(h.metadata.as_deref(), Some(&meta[..]));
-    assert!(b.extend("x", &me, 200 * MS).await.unwrap());
-    assert!(b.renew("x", &me, 200 * MS).await.unwrap());
+    assert!(b.extend("x", me.step(), 200 * MS).await.unwrap());
+    assert!(b.renew("x", me.step(), 200 * MS).await.unwrap());
     sleep(Duration::from_millis(300)).await;
     assert!(Lock::inspect(&b, "x").await.unwrap().holders.is_empty());
     assert!(Lease::inspect(&b, "x").await.unwrap().holders.is_empty());
@@ -174,16 +178,19 @@ async fn a_retry_by_the_holder_keeps_its_metadata() {
     let key = "coord:lock:{r}";
     let first = br#"{"n":1}"#;
     let t = granted(
-        b.try_acquire_with_metadata("r", &me, 5 * SEC, first)
+        b.try_acquire_with_metadata("r", me.step(), 5 * SEC, first)
             .await
             .unwrap(),
     );
     let again = b
-        .try_acquire_with_metadata("r", &me, 10 * SEC, br#"{"n":2}"#)
+        .try_acquire_with_metadata("r", me.step(), 10 * SEC, br#"{"n":2}"#)
         .await
         .unwrap();
     assert_eq!(granted(again), t);
-    assert_eq!(granted(b.try_acquire("r", &me, 10 * SEC).await.unwrap()), t);
+    assert_eq!(
+        granted(b.try_acquire("r", me.step(), 10 * SEC).await.unwrap()),
+        t
+    );
     let h = one_holder(&Lock::inspect(&b, "r").await.unwrap()).clone();
     assert_eq!(
         h.metadata.as_deref(),
@@ -200,33 +207,39 @@ async fn a_retry_by_the_holder_keeps_its_metadata() {
     // still read it.
     let v = get(&server, key).unwrap();
     server.command(&["SET", key, &format!("{v}*"), "KEEPTTL"]);
-    assert_eq!(granted(b.try_acquire("r", &me, 10 * SEC).await.unwrap()), t);
+    assert_eq!(
+        granted(b.try_acquire("r", me.step(), 10 * SEC).await.unwrap()),
+        t
+    );
     let again = b
-        .try_acquire_with_metadata("r", &me, 10 * SEC, b"{}")
+        .try_acquire_with_metadata("r", me.step(), 10 * SEC, b"{}")
         .await
         .unwrap();
     assert_eq!(granted(again), t);
-    assert!(b.extend("r", &me, 10 * SEC).await.unwrap());
+    assert!(b.extend("r", me.step(), 10 * SEC).await.unwrap());
     let h = one_holder(&Lock::inspect(&b, "r").await.unwrap()).clone();
     assert_eq!(
         (h.token.get(), h.metadata.as_deref()),
         (t, Some(&first[..]))
     );
-    assert!(b.release("r", &me).await.unwrap());
+    assert!(b.release("r", me.step()).await.unwrap());
     assert!(Lock::inspect(&b, "r").await.unwrap().holders.is_empty());
 
     // Metadata of any bytes (the core sends JSON; the store keeps bytes),
     // including the value's own separators and an empty one.
     for m in [&b"~*:=~"[..], b"", b"\x00\xff~", b"*"] {
         let t = granted(
-            b.try_acquire_with_metadata("r", &me, 5 * SEC, m)
+            b.try_acquire_with_metadata("r", me.step(), 5 * SEC, m)
                 .await
                 .unwrap(),
         );
         let h = one_holder(&Lock::inspect(&b, "r").await.unwrap()).clone();
         assert_eq!((h.token.get(), h.metadata.as_deref()), (t, Some(m)));
-        assert_eq!(granted(b.try_acquire("r", &me, 5 * SEC).await.unwrap()), t);
-        assert!(b.release("r", &me).await.unwrap());
+        assert_eq!(
+            granted(b.try_acquire("r", me.step(), 5 * SEC).await.unwrap()),
+            t
+        );
+        assert!(b.release("r", me.step()).await.unwrap());
     }
 }
 

@@ -32,15 +32,15 @@ async fn php_layout_keeps_metadata_in_the_grant_key() {
     let name = "order_process_7";
     let grant = "coord:lock:{order_process_7}:grant";
     let meta = br#"{"host":"web-3"}"#;
-    let t = granted(b.try_acquire(name, &me, 10 * SEC).await.unwrap());
+    let t = granted(b.try_acquire(name, me.step(), 10 * SEC).await.unwrap());
     let plain_keys = dbsize(&server);
     assert_eq!(get(&server, grant).unwrap(), t.to_string());
     let h = one_holder(&Lock::inspect(&b, name).await.unwrap()).clone();
     assert_eq!((h.owner, h.token.get(), h.metadata), (me, t, None));
-    assert!(b.release(name, &me).await.unwrap());
+    assert!(b.release(name, me.step()).await.unwrap());
 
     let t = granted(
-        b.try_acquire_with_metadata(name, &me, 800 * MS, meta)
+        b.try_acquire_with_metadata(name, me.step(), 800 * MS, meta)
             .await
             .unwrap(),
     );
@@ -59,17 +59,17 @@ async fn php_layout_keeps_metadata_in_the_grant_key() {
     assert_eq!(h.metadata.as_deref(), Some(&meta[..]));
     // A retry keeps it; extend keeps it as long as the claim.
     let again = b
-        .try_acquire_with_metadata(name, &me, 800 * MS, b"{}")
+        .try_acquire_with_metadata(name, me.step(), 800 * MS, b"{}")
         .await
         .unwrap();
     assert_eq!(granted(again), t);
     assert_eq!(
-        granted(b.try_acquire(name, &me, 800 * MS).await.unwrap()),
+        granted(b.try_acquire(name, me.step(), 800 * MS).await.unwrap()),
         t
     );
     for _ in 0..3 {
         sleep(Duration::from_millis(300)).await;
-        assert!(b.extend(name, &me, 800 * MS).await.unwrap());
+        assert!(b.extend(name, me.step(), 800 * MS).await.unwrap());
         let (a, g) = (pexpiretime(&server, name), pexpiretime(&server, grant));
         assert!(
             (a - g).abs() <= 2,
@@ -79,21 +79,21 @@ async fn php_layout_keeps_metadata_in_the_grant_key() {
     }
     let h = one_holder(&Lock::inspect(&b, name).await.unwrap()).clone();
     assert_eq!(h.metadata.as_deref(), Some(&meta[..]));
-    assert!(b.extend(name, &me, 200 * MS).await.unwrap());
+    assert!(b.extend(name, me.step(), 200 * MS).await.unwrap());
     sleep(Duration::from_millis(300)).await;
     assert!(Lock::inspect(&b, name).await.unwrap().holders.is_empty());
     assert!(get(&server, grant).is_none(), "metadata outlived the claim");
 
     // Release and force release.
     granted(
-        b.try_acquire_with_metadata(name, &me, 10 * SEC, meta)
+        b.try_acquire_with_metadata(name, me.step(), 10 * SEC, meta)
             .await
             .unwrap(),
     );
-    assert!(b.release(name, &me).await.unwrap());
+    assert!(b.release(name, me.step()).await.unwrap());
     assert!(get(&server, grant).is_none() && get(&server, name).is_none());
     granted(
-        b.try_acquire_with_metadata(name, &me, 10 * SEC, meta)
+        b.try_acquire_with_metadata(name, me.step(), 10 * SEC, meta)
             .await
             .unwrap(),
     );
@@ -111,7 +111,7 @@ async fn php_layout_keeps_metadata_in_the_grant_key() {
     // A coord grant deleted under it (by hand), then PHP takes the name:
     // the grant key left behind is not shown for PHP's holder.
     granted(
-        b.try_acquire_with_metadata(name, &me, 10 * SEC, meta)
+        b.try_acquire_with_metadata(name, me.step(), 10 * SEC, meta)
             .await
             .unwrap(),
     );

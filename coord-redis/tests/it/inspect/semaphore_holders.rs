@@ -30,7 +30,7 @@ async fn semaphore_holders_are_listed_with_permits_and_metadata() {
         sem::Sem::try_acquire_with_metadata(
             &b,
             name,
-            &x,
+            x.step(),
             &req(2, 5, 10 * SEC, true),
             br#"{"x":1}"#,
         )
@@ -39,26 +39,32 @@ async fn semaphore_holders_are_listed_with_permits_and_metadata() {
     );
     let keys_with_one = dbsize(&server);
     let ty = granted(
-        sem::Sem::try_acquire(&b, name, &y, &req(1, 5, SEC, true))
+        sem::Sem::try_acquire(&b, name, y.step(), &req(1, 5, SEC, true))
             .await
             .unwrap(),
     );
     let tz = granted(
-        sem::Sem::try_acquire_with_metadata(&b, name, &z, &req(2, 5, 10 * SEC, true), b"\"z\"")
-            .await
-            .unwrap(),
+        sem::Sem::try_acquire_with_metadata(
+            &b,
+            name,
+            z.step(),
+            &req(2, 5, 10 * SEC, true),
+            b"\"z\"",
+        )
+        .await
+        .unwrap(),
     );
     assert_eq!(dbsize(&server), keys_with_one, "metadata wrote a key");
     // A waiter that does not fit queues.
     assert!(matches!(
-        sem::Sem::try_acquire_with_metadata(&b, name, &w, &req(3, 5, 10 * SEC, true), b"{}")
+        sem::Sem::try_acquire_with_metadata(&b, name, w.step(), &req(3, 5, 10 * SEC, true), b"{}")
             .await
             .unwrap(),
         Attempt::Held { .. }
     ));
     // The holder's retry, with other metadata, keeps its grant.
     let retry =
-        sem::Sem::try_acquire_with_metadata(&b, name, &x, &req(2, 5, 10 * SEC, true), b"{}")
+        sem::Sem::try_acquire_with_metadata(&b, name, x.step(), &req(2, 5, 10 * SEC, true), b"{}")
             .await
             .unwrap();
     assert_eq!(granted(retry), tx);
@@ -91,14 +97,14 @@ async fn semaphore_holders_are_listed_with_permits_and_metadata() {
         [x, z]
     );
     // A release.
-    assert!(sem::Sem::release(&b, name, &x).await.unwrap());
+    assert!(sem::Sem::release(&b, name, x.step()).await.unwrap());
     let info = sem::Sem::inspect(&b, name).await.unwrap();
     assert_eq!(
         info.holders.iter().map(|h| h.owner).collect::<Vec<_>>(),
         [z]
     );
     // The waiter leaves; a force release takes the rest.
-    assert!(!sem::Sem::release(&b, name, &w).await.unwrap());
+    assert!(!sem::Sem::release(&b, name, w.step()).await.unwrap());
     assert!(sem::Sem::force_release(&b, name).await.unwrap());
     let info = sem::Sem::inspect(&b, name).await.unwrap();
     assert_eq!((info.holders.len(), info.waiters), (0, Some(0)));
@@ -106,7 +112,7 @@ async fn semaphore_holders_are_listed_with_permits_and_metadata() {
 
     // Metadata never outlives a grant that expires unreleased.
     granted(
-        sem::Sem::try_acquire_with_metadata(&b, name, &x, &req(1, 2, 200 * MS, false), b"{}")
+        sem::Sem::try_acquire_with_metadata(&b, name, x.step(), &req(1, 2, 200 * MS, false), b"{}")
             .await
             .unwrap(),
     );
@@ -125,13 +131,13 @@ async fn semaphore_holders_are_listed_with_permits_and_metadata() {
     );
     // A later grant without metadata shows none.
     granted(
-        sem::Sem::try_acquire(&b, name, &x, &req(1, 2, 10 * SEC, false))
+        sem::Sem::try_acquire(&b, name, x.step(), &req(1, 2, 10 * SEC, false))
             .await
             .unwrap(),
     );
     let info = sem::Sem::inspect(&b, name).await.unwrap();
     assert_eq!(one_holder(&info).metadata, None);
-    assert!(sem::Sem::release(&b, name, &x).await.unwrap());
+    assert!(sem::Sem::release(&b, name, x.step()).await.unwrap());
 }
 
 /// A lost holders entry (evicted, deleted by hand) makes its grant
@@ -143,12 +149,12 @@ async fn a_semaphore_with_lost_or_foreign_entries_is_inspected_without_them() {
     let b = backend_on(&server.url(), Layout::Coord).await;
     let (x, y) = (OwnerToken::random(), OwnerToken::random());
     granted(
-        sem::Sem::try_acquire_with_metadata(&b, "s", &x, &req(1, 3, 10 * SEC, false), b"{}")
+        sem::Sem::try_acquire_with_metadata(&b, "s", x.step(), &req(1, 3, 10 * SEC, false), b"{}")
             .await
             .unwrap(),
     );
     let ty = granted(
-        sem::Sem::try_acquire(&b, "s", &y, &req(1, 3, 10 * SEC, false))
+        sem::Sem::try_acquire(&b, "s", y.step(), &req(1, 3, 10 * SEC, false))
             .await
             .unwrap(),
     );

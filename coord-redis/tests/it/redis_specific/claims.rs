@@ -20,7 +20,7 @@ async fn php_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     assert_eq!(reply, Resp::Simple("OK".into()));
 
     let me = OwnerToken::random();
-    match b.try_acquire(&name, &me, 10 * SEC).await.unwrap() {
+    match b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap() {
         Attempt::Held { expires_in } => {
             let left = expires_in.expect("the PTTL of the PHP lock");
             assert!(left > 25 * SEC && left <= 30 * SEC, "{left:?}");
@@ -28,8 +28,8 @@ async fn php_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
         other => panic!("a PHP-held lock must block coord, got {other:?}"),
     }
     // coord's release and extend never touch a lock holding another token.
-    assert!(!b.release(&name, &me).await.unwrap());
-    assert!(!b.extend(&name, &me, 60 * SEC).await.unwrap());
+    assert!(!b.release(&name, me.step()).await.unwrap());
+    assert!(!b.extend(&name, me.step(), 60 * SEC).await.unwrap());
     assert_eq!(server.command(&["GET", &name]).as_str(), Some(php_token));
 
     // The PHP release (its compare-and-delete) frees it; then coord gets it.
@@ -37,7 +37,7 @@ async fn php_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
                        return redis.call('del', KEYS[1]) else return 0 end";
     let r = server.command(&["EVAL", php_release, "1", &name, php_token]);
     assert_eq!(r, Resp::Int(1));
-    let token = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let token = granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
 
     // The key holds coord's owner token as 32 hex digits, as PHP's would,
     // with the TTL set; the fencing counter is the PHP class's key.
@@ -59,7 +59,7 @@ async fn php_php_set_nx_blocks_a_coord_lock_and_coord_never_deletes_it() {
     // And PHP's release with its own token does not delete coord's lock.
     let r = server.command(&["EVAL", php_release, "1", &name, php_token]);
     assert_eq!(r, Resp::Int(0));
-    assert!(b.release(&name, &me).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
     assert!(server.command(&["GET", &name]).is_nil());
 
     // PHP's `INCR fencing_token_<resource>` and coord's fencing source
@@ -78,25 +78,25 @@ async fn release_never_deletes_a_lock_holding_another_token() {
     let b = backend(&kit::url()).await;
     let name = unique("foreign");
     let (a, c) = (OwnerToken::random(), OwnerToken::random());
-    let t = granted(b.try_acquire(&name, &a, 10 * SEC).await.unwrap());
+    let t = granted(b.try_acquire(&name, a.step(), 10 * SEC).await.unwrap());
     assert!(matches!(
-        b.try_acquire(&name, &c, 10 * SEC).await.unwrap(),
+        b.try_acquire(&name, c.step(), 10 * SEC).await.unwrap(),
         Attempt::Held {
             expires_in: Some(_)
         }
     ));
-    assert!(!b.release(&name, &c).await.unwrap());
-    assert!(!b.extend(&name, &c, 20 * SEC).await.unwrap());
+    assert!(!b.release(&name, c.step()).await.unwrap());
+    assert!(!b.extend(&name, c.step(), 20 * SEC).await.unwrap());
     // Idempotent retry by the holder: the same token.
     assert_eq!(
-        granted(b.try_acquire(&name, &a, 10 * SEC).await.unwrap()),
+        granted(b.try_acquire(&name, a.step(), 10 * SEC).await.unwrap()),
         t
     );
-    assert!(b.release(&name, &a).await.unwrap());
-    assert!(!b.release(&name, &a).await.unwrap());
+    assert!(b.release(&name, a.step()).await.unwrap());
+    assert!(!b.release(&name, a.step()).await.unwrap());
     // Extend never resurrects.
-    assert!(!b.extend(&name, &a, 10 * SEC).await.unwrap());
-    let t2 = granted(b.try_acquire(&name, &c, 10 * SEC).await.unwrap());
+    assert!(!b.extend(&name, a.step(), 10 * SEC).await.unwrap());
+    let t2 = granted(b.try_acquire(&name, c.step(), 10 * SEC).await.unwrap());
     assert!(t2 > t);
     assert!(b.force_release(&name).await.unwrap());
     assert!(!b.force_release(&name).await.unwrap());
@@ -108,32 +108,36 @@ async fn lease_election_barrier_basics() {
     let (x, y) = (OwnerToken::random(), OwnerToken::random());
 
     let lease = unique("lease");
-    let t = granted(b.grant(&lease, &x, 5 * SEC).await.unwrap());
+    let t = granted(b.grant(&lease, x.step(), 5 * SEC).await.unwrap());
     assert!(matches!(
-        b.grant(&lease, &y, 5 * SEC).await.unwrap(),
+        b.grant(&lease, y.step(), 5 * SEC).await.unwrap(),
         Attempt::Held { .. }
     ));
     let left = b.remaining(&lease).await.unwrap().unwrap();
     assert!(left <= 5 * SEC && left > 4 * SEC);
-    assert!(Lease::renew(&b, &lease, &x, 8 * SEC).await.unwrap());
-    assert!(!Lease::renew(&b, &lease, &y, 8 * SEC).await.unwrap());
-    assert!(b.revoke(&lease, &x).await.unwrap());
+    assert!(Lease::renew(&b, &lease, x.step(), 8 * SEC).await.unwrap());
+    assert!(!Lease::renew(&b, &lease, y.step(), 8 * SEC).await.unwrap());
+    assert!(b.revoke(&lease, x.step()).await.unwrap());
     assert_eq!(b.remaining(&lease).await.unwrap(), None);
-    assert!(granted(b.grant(&lease, &y, 5 * SEC).await.unwrap()) > t);
+    assert!(granted(b.grant(&lease, y.step(), 5 * SEC).await.unwrap()) > t);
 
     let el = unique("election");
     assert_eq!(b.leader(&el).await.unwrap(), None);
-    let t1 = granted(b.try_campaign(&el, "alice", &x, 5 * SEC).await.unwrap());
+    let t1 = granted(
+        b.try_campaign(&el, "alice", x.step(), 5 * SEC)
+            .await
+            .unwrap(),
+    );
     assert!(matches!(
-        b.try_campaign(&el, "bob", &y, 5 * SEC).await.unwrap(),
+        b.try_campaign(&el, "bob", y.step(), 5 * SEC).await.unwrap(),
         Attempt::Held { .. }
     ));
     let l = b.leader(&el).await.unwrap().unwrap();
     assert_eq!((l.candidate.as_str(), l.term.get()), ("alice", t1));
-    assert!(Election::renew(&b, &el, &x, 5 * SEC).await.unwrap());
-    assert!(!b.resign(&el, &y).await.unwrap());
-    assert!(b.resign(&el, &x).await.unwrap());
-    let t2 = granted(b.try_campaign(&el, "bob", &y, 5 * SEC).await.unwrap());
+    assert!(Election::renew(&b, &el, x.step(), 5 * SEC).await.unwrap());
+    assert!(!b.resign(&el, y.step()).await.unwrap());
+    assert!(b.resign(&el, x.step()).await.unwrap());
+    let t2 = granted(b.try_campaign(&el, "bob", y.step(), 5 * SEC).await.unwrap());
     assert!(t2 > t1);
     assert_eq!(b.leader(&el).await.unwrap().unwrap().candidate, "bob");
 

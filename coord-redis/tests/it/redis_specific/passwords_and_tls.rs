@@ -21,8 +21,8 @@ async fn password_server_right_password_works_wrong_one_is_a_clear_auth_error() 
     let b = backend(&server.url()).await;
     let me = OwnerToken::random();
     let name = unique("auth");
-    granted(b.try_acquire(&name, &me, SEC).await.unwrap());
-    assert!(b.release(&name, &me).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), SEC).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
     let shown = format!("{b:?}");
     assert!(!shown.contains(password), "{shown}");
 
@@ -91,8 +91,8 @@ async fn password_server_right_password_works_wrong_one_is_a_clear_auth_error() 
         shown.contains("alice@") && !shown.contains("alice-Pa55"),
         "{shown}"
     );
-    granted(alice.try_acquire(&name, &me, SEC).await.unwrap());
-    assert!(alice.release(&name, &me).await.unwrap());
+    granted(alice.try_acquire(&name, me.step(), SEC).await.unwrap());
+    assert!(alice.release(&name, me.step()).await.unwrap());
     let err = RedisBackend::connect(RedisOptions::new(&format!(
         "redis://alice:nope-Pa55@127.0.0.1:{}",
         server.port()
@@ -149,7 +149,7 @@ async fn rediss_tls_with_a_trusted_certificate() {
     assert!(format!("{a:?}").contains("rediss://127.0.0.1"));
     let name = unique("tls");
     let me = OwnerToken::random();
-    granted(a.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(a.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     // Wake-ups travel over TLS too.
     let waiter = Lock::subscribe(&w, &name, &OwnerToken::random())
         .await
@@ -158,12 +158,12 @@ async fn rediss_tls_with_a_trusted_certificate() {
     tokio::pin!(notified);
     notified.as_mut().enable();
     assert!(matches!(
-        w.try_acquire(&name, &OwnerToken::random(), 10 * SEC)
+        w.try_acquire(&name, OwnerToken::random().step(), 10 * SEC)
             .await
             .unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(a.release(&name, &me).await.unwrap());
+    assert!(a.release(&name, me.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await
         .expect("wake-up over TLS");
@@ -205,8 +205,8 @@ async fn rediss_tls_with_certificate_files_named_in_the_url() {
         .expect("TLS connect trusting the CA file");
     let name = unique("tls-file");
     let me = OwnerToken::random();
-    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    assert!(b.release(&name, &me).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
     // Through the facade, as COORD_URL would be given.
     let c = coord_redis::connect(&url).await.expect("coord over TLS");
     assert!(c.fencing().unwrap().next("tls-file").await.is_ok());

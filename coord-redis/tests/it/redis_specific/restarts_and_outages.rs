@@ -19,12 +19,12 @@ async fn scripts_survive_script_flush() {
     let b = backend(&server.url()).await;
     let name = unique("flush");
     let me = OwnerToken::random();
-    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     assert_eq!(
         server.command(&["SCRIPT", "FLUSH"]),
         Resp::Simple("OK".into())
     );
-    assert!(b.release(&name, &me).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
     server.command(&["SCRIPT", "FLUSH"]);
     let q = Quota::new(5, 10 * SEC, Algorithm::Gcra);
     assert!(b.check(&name, &q, 1).await.unwrap().allowed);
@@ -38,7 +38,7 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     let b = backend(&server.url()).await;
     let name = unique("restart");
     let me = OwnerToken::random();
-    let before = granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    let before = granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     let fence_before = b.next(&name).await.unwrap().get();
 
     server.restart();
@@ -47,7 +47,7 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     // and the script is loaded again; the counters are re-seeded from the
     // server clock, above every token issued before.
     let after = eventually("acquire after restart", || {
-        b.try_acquire(&name, &me, 10 * SEC)
+        b.try_acquire(&name, me.step(), 10 * SEC)
     })
     .await;
     let after = granted(after);
@@ -55,7 +55,7 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     assert!(after > fence_before);
     let fence_after = eventually("fencing after restart", || b.next(&name)).await;
     assert!(fence_after.get() > fence_before);
-    assert!(b.release(&name, &me).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
 
     // Wake-ups work again after the subscriber reconnected.
     let other = backend(&server.url()).await;
@@ -72,12 +72,12 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     // the claim, so `b` tries once while `other` holds it.)
     let them = OwnerToken::random();
     loop {
-        granted(other.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+        granted(other.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
         assert!(matches!(
-            b.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+            b.try_acquire(&name, them.step(), 10 * SEC).await.unwrap(),
             Attempt::Held { .. }
         ));
-        other.release(&name, &me).await.unwrap();
+        other.release(&name, me.step()).await.unwrap();
         if tokio::time::timeout(Duration::from_millis(200), &mut notified)
             .await
             .is_ok()
@@ -90,12 +90,12 @@ async fn restart_loses_data_but_scripts_reload_and_tokens_keep_rising() {
     let notified = waiter.notified();
     tokio::pin!(notified);
     notified.as_mut().enable();
-    granted(other.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(other.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     assert!(matches!(
-        b.try_acquire(&name, &them, 10 * SEC).await.unwrap(),
+        b.try_acquire(&name, them.step(), 10 * SEC).await.unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(other.release(&name, &me).await.unwrap());
+    assert!(other.release(&name, me.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await
         .expect("a release after the restart wakes the waiter");
@@ -124,11 +124,11 @@ async fn an_outage_gives_bounded_unavailable_errors_then_recovers() {
         .unwrap();
     let name = unique("outage");
     let me = OwnerToken::random();
-    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
     server.stop();
     for _ in 0..3 {
         let started = Instant::now();
-        let err = b.try_acquire(&name, &me, 10 * SEC).await.unwrap_err();
+        let err = b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap_err();
         assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
         assert!(err.is_retryable());
         assert!(
@@ -140,11 +140,11 @@ async fn an_outage_gives_bounded_unavailable_errors_then_recovers() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     server.start_again();
     let t = eventually("acquire after the outage", || {
-        b.try_acquire(&name, &me, 10 * SEC)
+        b.try_acquire(&name, me.step(), 10 * SEC)
     })
     .await;
     granted(t);
-    assert!(b.release(&name, &me).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
 }
 
 /// A wake-up connection that dies without closing (half-open TCP: replies

@@ -18,14 +18,14 @@ async fn uncontended_acquire_and_release_cost_exactly_two_round_trips() {
     let name = unique("roundtrips");
     let me = OwnerToken::random();
     // Warm up (first use of the connection).
-    granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-    assert!(b.release(&name, &me).await.unwrap());
+    granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+    assert!(b.release(&name, me.step()).await.unwrap());
 
     for _ in 0..3 {
         let before = proxy.commands();
         let names_before = proxy.command_names().len();
-        granted(b.try_acquire(&name, &me, 10 * SEC).await.unwrap());
-        assert!(b.release(&name, &me).await.unwrap());
+        granted(b.try_acquire(&name, me.step(), 10 * SEC).await.unwrap());
+        assert!(b.release(&name, me.step()).await.unwrap());
         let sent = proxy.commands() - before;
         let names = proxy.command_names()[names_before..].to_vec();
         assert_eq!(sent, 2, "acquire + release sent {names:?}");
@@ -39,7 +39,7 @@ async fn release_wakes_a_waiter_of_another_client_by_pubsub() {
     let (a, w) = (backend(&url).await, backend(&url).await);
     let name = unique("wake");
     let me = OwnerToken::random();
-    granted(a.try_acquire(&name, &me, 30 * SEC).await.unwrap());
+    granted(a.try_acquire(&name, me.step(), 30 * SEC).await.unwrap());
     let waiter = Lock::subscribe(&w, &name, &OwnerToken::random())
         .await
         .unwrap();
@@ -47,12 +47,12 @@ async fn release_wakes_a_waiter_of_another_client_by_pubsub() {
     tokio::pin!(notified);
     notified.as_mut().enable();
     assert!(matches!(
-        w.try_acquire(&name, &OwnerToken::random(), 30 * SEC)
+        w.try_acquire(&name, OwnerToken::random().step(), 30 * SEC)
             .await
             .unwrap(),
         Attempt::Held { .. }
     ));
-    assert!(a.release(&name, &me).await.unwrap());
+    assert!(a.release(&name, me.step()).await.unwrap());
     tokio::time::timeout(Duration::from_secs(2), notified)
         .await
         .expect("the release's PUBLISH wakes the waiter");

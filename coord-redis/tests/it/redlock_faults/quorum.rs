@@ -221,7 +221,7 @@ async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
     let ttl = Duration::from_secs(20);
     let first = {
         let _frozen = Frozen::pause(&set.masters()[2]);
-        let first = raw.try_acquire("missed", &me, ttl).await.unwrap();
+        let first = raw.try_acquire("missed", me.step(), ttl).await.unwrap();
         // The call to master 2 runs into its timeout meanwhile.
         sleep(Duration::from_millis(600)).await;
         first
@@ -241,7 +241,7 @@ async fn a_retry_after_a_master_missed_the_grant_gets_its_token_again() {
     .await;
     tokio::time::sleep_until(resumed + Duration::from_millis(1500)).await;
     let late = live_claims(&set.masters()[2], "missed");
-    let again = raw.try_acquire("missed", &me, ttl).await.unwrap();
+    let again = raw.try_acquire("missed", me.step(), ttl).await.unwrap();
     assert_eq!(
         again,
         coord_core::Attempt::Granted(token),
@@ -301,22 +301,22 @@ async fn a_stale_release_finding_the_owner_on_a_minority_reports_false() {
         coord_core::OwnerToken::random(),
     );
     let ttl = Duration::from_secs(20);
-    let first = ra.try_acquire("stale", &me, ttl).await.unwrap();
+    let first = ra.try_acquire("stale", me.step(), ttl).await.unwrap();
     assert!(
         matches!(first, coord_core::Attempt::Granted(_)),
         "{first:?}"
     );
     sleep(Duration::from_millis(100)).await;
     set.proxy(2).latency(Duration::from_millis(200));
-    assert!(ra.release("stale", &me).await.unwrap());
-    let next = rb.try_acquire("stale", &other, ttl).await.unwrap();
+    assert!(ra.release("stale", me.step()).await.unwrap());
+    let next = rb.try_acquire("stale", other.step(), ttl).await.unwrap();
     assert!(matches!(next, coord_core::Attempt::Granted(_)), "{next:?}");
     let on_2 = live_claims(&set.masters()[2], "stale");
-    let stale = rb.release("stale", &me).await.unwrap();
+    let stale = rb.release("stale", me.step()).await.unwrap();
     set.proxy(2).heal();
     assert!(
         !stale,
         "a stale release of an owner found on master 2 alone ({on_2:?}) reported success"
     );
-    assert!(rb.release("stale", &other).await.unwrap());
+    assert!(rb.release("stale", other.step()).await.unwrap());
 }

@@ -156,7 +156,7 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
         let name = format!("race{round}");
         let x = OwnerToken::random();
         let t1 = granted(
-            a.try_acquire(&name, &x, &req(1, 1, 20 * MS, false))
+            a.try_acquire(&name, x.step(), &req(1, 1, 20 * MS, false))
                 .await
                 .unwrap(),
         );
@@ -168,16 +168,18 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
         loop {
             let long = req(1, 1, 30 * SEC, false);
             let (ext, att) = if started.elapsed() < extend_for {
-                let (e, a2) =
-                    tokio::join!(a.extend(&name, &x, 3 * MS), b.try_acquire(&name, &y, &long));
+                let (e, a2) = tokio::join!(
+                    a.extend(&name, x.step(), 3 * MS),
+                    b.try_acquire(&name, y.step(), &long)
+                );
                 (Some(e.unwrap()), a2.unwrap())
             } else {
-                (None, b.try_acquire(&name, &y, &long).await.unwrap())
+                (None, b.try_acquire(&name, y.step(), &long).await.unwrap())
             };
             if let Attempt::Granted(t2) = att {
                 assert!(t2.get() > t1, "token did not rise");
                 // x must be gone now.
-                if a.extend(&name, &x, 30 * SEC).await.unwrap() {
+                if a.extend(&name, x.step(), 30 * SEC).await.unwrap() {
                     double.push(round);
                 }
                 break;
@@ -185,11 +187,14 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
             if ext == Some(false) {
                 // x's grant ended; y must get it at once.
                 granted(
-                    b.try_acquire(&name, &y, &req(1, 1, 30 * SEC, false))
+                    b.try_acquire(&name, y.step(), &req(1, 1, 30 * SEC, false))
                         .await
                         .unwrap(),
                 );
-                assert!(!a.extend(&name, &x, 30 * SEC).await.unwrap(), "resurrected");
+                assert!(
+                    !a.extend(&name, x.step(), 30 * SEC).await.unwrap(),
+                    "resurrected"
+                );
                 break;
             }
             assert!(
@@ -197,8 +202,8 @@ async fn grant_expiry_racing_other_attempts_never_double_grants() {
                 "y never got the expired permit"
             );
         }
-        assert!(b.release(&name, &y).await.unwrap());
-        assert!(!a.release(&name, &x).await.unwrap());
+        assert!(b.release(&name, y.step()).await.unwrap());
+        assert!(!a.release(&name, x.step()).await.unwrap());
     }
     assert!(
         double.is_empty(),
@@ -220,7 +225,7 @@ async fn names_with_braces_are_distinct_and_woken() {
     for n in names {
         let o = OwnerToken::random();
         granted(
-            b.try_acquire(n, &o, &req(1, 1, 30 * SEC, false))
+            b.try_acquire(n, o.step(), &req(1, 1, 30 * SEC, false))
                 .await
                 .unwrap(),
         );
@@ -229,7 +234,7 @@ async fn names_with_braces_are_distinct_and_woken() {
     // Each is full now, independently of the others.
     for n in names {
         assert!(is_held(
-            &b.try_acquire(n, &OwnerToken::random(), &req(1, 1, 30 * SEC, false))
+            &b.try_acquire(n, OwnerToken::random().step(), &req(1, 1, 30 * SEC, false))
                 .await
                 .unwrap()
         ));
@@ -279,7 +284,7 @@ async fn names_with_braces_are_distinct_and_woken() {
         });
         sleep(300 * MS).await;
         let released = Instant::now();
-        assert!(b.release(n, o).await.unwrap());
+        assert!(b.release(n, o.step()).await.unwrap());
         let took = w.await.unwrap();
         assert!(
             released.elapsed() < 2 * SEC && took < 3 * SEC,

@@ -35,7 +35,7 @@ async fn lost_grant_reply_then_retry_same_token_counted_once() {
     );
     proxy.set(Mode::DropReplies);
     let lost = via
-        .try_acquire("lost", &o, &req(2, 3, 30 * SEC, true))
+        .try_acquire("lost", o.step(), &req(2, 3, 30 * SEC, true))
         .await;
     assert!(lost.is_err(), "the reply should be lost: {lost:?}");
     proxy.heal();
@@ -57,26 +57,35 @@ async fn lost_grant_reply_then_retry_same_token_counted_once() {
     );
     granted(
         direct
-            .try_acquire("lost", &other, &req(1, 3, 30 * SEC, false))
+            .try_acquire("lost", other.step(), &req(1, 3, 30 * SEC, false))
             .await
             .unwrap(),
     );
     assert!(is_held(
         &direct
-            .try_acquire("lost", &third, &req(1, 3, 30 * SEC, false))
+            .try_acquire("lost", third.step(), &req(1, 3, 30 * SEC, false))
             .await
             .unwrap()
     ));
     // A lost release reply: the retry says "not held", the permits came
     // back exactly once.
+    // `o` had unanswered calls, so the caller's book has its releases
+    // mark (`coord_core::late`).
+    let marking = || coord_core::Step {
+        mark: true,
+        ..o.step()
+    };
     proxy.set(Mode::DropReplies);
-    assert!(via.release("lost", &o).await.is_err());
+    assert!(via.release("lost", marking()).await.is_err());
     proxy.heal();
     assert_eq!(hget(&server, state, "held").as_deref(), Some("1"));
-    let again = eventually("release retry", || async { via.release("lost", &o).await }).await;
+    let again = eventually("release retry", || async {
+        via.release("lost", marking()).await
+    })
+    .await;
     assert!(!again, "released twice");
     assert_eq!(hget(&server, state, "held").as_deref(), Some("1"));
-    assert!(direct.release("lost", &other).await.unwrap());
+    assert!(direct.release("lost", other.step()).await.unwrap());
     // `o` had unanswered calls, so its release left a marker against late
     // copies of them (`coord_core::late`): only the marker and the state
     // hash remain, and only while the marker lives (30 s).
@@ -124,20 +133,20 @@ async fn lost_reply_of_a_queued_attempt_keeps_one_place() {
     );
     granted(
         direct
-            .try_acquire("lostq", &h, &req(2, 3, 30 * SEC, false))
+            .try_acquire("lostq", h.step(), &req(2, 3, 30 * SEC, false))
             .await
             .unwrap(),
     );
     proxy.set(Mode::DropReplies);
     assert!(
-        via.try_acquire("lostq", &w, &req(2, 3, 30 * SEC, true))
+        via.try_acquire("lostq", w.step(), &req(2, 3, 30 * SEC, true))
             .await
             .is_err()
     );
     proxy.heal();
     assert!(is_held(
         &direct
-            .try_acquire("lostq", &behind, &req(1, 3, 30 * SEC, true))
+            .try_acquire("lostq", behind.step(), &req(1, 3, 30 * SEC, true))
             .await
             .unwrap()
     ));
@@ -153,17 +162,17 @@ async fn lost_reply_of_a_queued_attempt_keeps_one_place() {
     );
     // FIFO survives: after the holder leaves, w (first) is granted, and
     // `behind` (1 permit) fits beside it.
-    assert!(direct.release("lostq", &h).await.unwrap());
+    assert!(direct.release("lostq", h.step()).await.unwrap());
     assert!(is_held(
         &direct
-            .try_acquire("lostq", &OwnerToken::random(), &req(2, 3, SEC, false))
+            .try_acquire("lostq", OwnerToken::random().step(), &req(2, 3, SEC, false))
             .await
             .unwrap()
     ));
     granted(eventually("w", || att(&via, "lostq", w, req(2, 3, 30 * SEC, true))).await);
     granted(
         direct
-            .try_acquire("lostq", &behind, &req(1, 3, 30 * SEC, true))
+            .try_acquire("lostq", behind.step(), &req(1, 3, 30 * SEC, true))
             .await
             .unwrap(),
     );
@@ -196,7 +205,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     let holder = OwnerToken::random();
     granted(
         direct
-            .try_acquire("ghost", &holder, &req(1, 1, 60 * SEC, false))
+            .try_acquire("ghost", holder.step(), &req(1, 1, 60 * SEC, false))
             .await
             .unwrap(),
     );
@@ -221,7 +230,7 @@ async fn a_late_attempt_after_a_timed_out_acquire_leaves_no_place() {
     );
     // Let the delayed attempt land.
     sleep(1500 * MS).await;
-    assert!(direct.release("ghost", &holder).await.unwrap());
+    assert!(direct.release("ghost", holder.step()).await.unwrap());
     let zcard = server.command(&["ZCARD", queue]).as_int();
     let p = sems.try_acquire("ghost", 1, 10 * SEC).await.unwrap();
     assert!(
@@ -257,11 +266,13 @@ async fn a_late_attempt_after_a_release_takes_no_permit() {
     // owner: its retry of an unanswered warm-up attempt is that attempt.
     let warm = OwnerToken::random();
     let r = req(1, 1, 10 * SEC, false);
-    let (a, _) =
-        common::until_answered("the warm-up attempt", || via.try_acquire("warm", &warm, &r)).await;
+    let (a, _) = common::until_answered("the warm-up attempt", || {
+        via.try_acquire("warm", warm.step(), &r)
+    })
+    .await;
     granted(a);
     let (released, tries) =
-        common::until_answered("the warm-up release", || via.release("warm", &warm)).await;
+        common::until_answered("the warm-up release", || via.release("warm", warm.step())).await;
     assert!(
         released || tries > 1,
         "the warm-up grant was not held at its release"

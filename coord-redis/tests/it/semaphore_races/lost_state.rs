@@ -28,9 +28,13 @@ async fn tokens_rise_across_restart_snapshot_and_debug_sleep() {
     let mut last = 0u64;
     for _ in 0..50 {
         let t = granted(
-            b.try_acquire("tok", &OwnerToken::random(), &req(1, 1000, 30 * SEC, false))
-                .await
-                .unwrap(),
+            b.try_acquire(
+                "tok",
+                OwnerToken::random().step(),
+                &req(1, 1000, 30 * SEC, false),
+            )
+            .await
+            .unwrap(),
         );
         assert!(t > last);
         last = t;
@@ -38,9 +42,13 @@ async fn tokens_rise_across_restart_snapshot_and_debug_sleep() {
     server.command(&["SAVE"]);
     for _ in 0..50 {
         let t = granted(
-            b.try_acquire("tok", &OwnerToken::random(), &req(1, 1000, 30 * SEC, false))
-                .await
-                .unwrap(),
+            b.try_acquire(
+                "tok",
+                OwnerToken::random().step(),
+                &req(1, 1000, 30 * SEC, false),
+            )
+            .await
+            .unwrap(),
         );
         assert!(t > last);
         last = t;
@@ -77,7 +85,7 @@ async fn tokens_rise_across_restart_snapshot_and_debug_sleep() {
     granted(
         b.try_acquire(
             "tok",
-            &OwnerToken::random(),
+            OwnerToken::random().step(),
             &req(999, 1000, 100 * MS, false),
         )
         .await
@@ -111,13 +119,17 @@ async fn a_state_hash_rebuilt_by_a_refused_extend_expires_with_the_name() {
     let b = backend(&server.url()).await;
     let h = OwnerToken::random();
     granted(
-        b.try_acquire("rebuilt", &h, &req(1, 2, 10 * SEC, false))
+        b.try_acquire("rebuilt", h.step(), &req(1, 2, 10 * SEC, false))
             .await
             .unwrap(),
     );
     server.command(&["DEL", "coord:semaphore:{rebuilt}"]);
     let stranger = OwnerToken::random();
-    assert!(!b.extend("rebuilt", &stranger, 10 * SEC).await.unwrap());
+    assert!(
+        !b.extend("rebuilt", stranger.step(), 10 * SEC)
+            .await
+            .unwrap()
+    );
     let pttl = server
         .command(&["PTTL", "coord:semaphore:{rebuilt}"])
         .as_int()
@@ -225,7 +237,7 @@ async fn losing_one_key_does_not_wedge_the_semaphore() {
         let base = format!("coord:semaphore:{{{name}}}");
         let h = OwnerToken::random();
         granted(
-            b.try_acquire(&name, &h, &req(2, 2, 500 * MS, false))
+            b.try_acquire(&name, h.step(), &req(2, 2, 500 * MS, false))
                 .await
                 .unwrap(),
         );
@@ -246,7 +258,7 @@ async fn losing_one_key_does_not_wedge_the_semaphore() {
         );
         let other = OwnerToken::random();
         let again = b
-            .try_acquire(&name, &other, &req(2, 2, 10 * SEC, false))
+            .try_acquire(&name, other.step(), &req(2, 2, 10 * SEC, false))
             .await
             .unwrap();
         assert!(

@@ -42,7 +42,7 @@ async fn att(
     o: OwnerToken,
     r: PermitRequest,
 ) -> coord_core::Result<Attempt> {
-    b.try_acquire(name, &o, &r).await
+    b.try_acquire(name, o.step(), &r).await
 }
 
 async fn backend(url: &str) -> RedisBackend {

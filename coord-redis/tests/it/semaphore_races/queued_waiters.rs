@@ -68,12 +68,12 @@ async fn total_binds_while_only_waiters_are_queued() {
         OwnerToken::random(),
     );
     granted(
-        b.try_acquire("onlyq", &h, &req(2, 2, 200 * MS, false))
+        b.try_acquire("onlyq", h.step(), &req(2, 2, 200 * MS, false))
             .await
             .unwrap(),
     );
     assert!(is_held(
-        &b.try_acquire("onlyq", &w, &req(2, 2, 30 * SEC, true))
+        &b.try_acquire("onlyq", w.step(), &req(2, 2, 30 * SEC, true))
             .await
             .unwrap()
     ));
@@ -82,7 +82,7 @@ async fn total_binds_while_only_waiters_are_queued() {
     let before = server.command(&["HGETALL", state]);
     for queue in [false, true] {
         match b
-            .try_acquire("onlyq", &x, &req(1, 5, 30 * SEC, queue))
+            .try_acquire("onlyq", x.step(), &req(1, 5, 30 * SEC, queue))
             .await
         {
             Err(Error::InvalidArgument { field, .. }) => assert_eq!(field, "permits_total"),
@@ -104,17 +104,17 @@ async fn total_binds_while_only_waiters_are_queued() {
     // The queued one is granted with its own total; then idle again, a new
     // total is accepted.
     granted(
-        b.try_acquire("onlyq", &w, &req(2, 2, 30 * SEC, true))
+        b.try_acquire("onlyq", w.step(), &req(2, 2, 30 * SEC, true))
             .await
             .unwrap(),
     );
-    assert!(b.release("onlyq", &w).await.unwrap());
+    assert!(b.release("onlyq", w.step()).await.unwrap());
     granted(
-        b.try_acquire("onlyq", &x, &req(1, 5, 30 * SEC, false))
+        b.try_acquire("onlyq", x.step(), &req(1, 5, 30 * SEC, false))
             .await
             .unwrap(),
     );
-    assert!(b.release("onlyq", &x).await.unwrap());
+    assert!(b.release("onlyq", x.step()).await.unwrap());
 }
 
 /// A writer asking for all MAX_PERMITS permits while 1-permit readers
@@ -216,14 +216,14 @@ async fn queue_costs(
     const TOTAL: u32 = coord_core::validate::MAX_PERMITS;
     let big = OwnerToken::random();
     granted(
-        b.try_acquire(name, &big, &req(TOTAL, TOTAL, 600 * SEC, false))
+        b.try_acquire(name, big.step(), &req(TOTAL, TOTAL, 600 * SEC, false))
             .await
             .unwrap(),
     );
     let owners: Vec<OwnerToken> = (0..n).map(|_| OwnerToken::random()).collect();
     for o in &owners {
         assert!(is_held(
-            &b.try_acquire(name, o, &req(1, TOTAL, 600 * SEC, true))
+            &b.try_acquire(name, o.step(), &req(1, TOTAL, 600 * SEC, true))
                 .await
                 .unwrap()
         ));
@@ -231,19 +231,19 @@ async fn queue_costs(
     let w0 = walk_calls(server);
     let last = owners.last().unwrap();
     assert!(is_held(
-        &b.try_acquire(name, last, &req(1, TOTAL, 600 * SEC, true))
+        &b.try_acquire(name, last.step(), &req(1, TOTAL, 600 * SEC, true))
             .await
             .unwrap()
     ));
     let w1 = walk_calls(server);
     let started = Instant::now();
-    assert!(b.release(name, &big).await.unwrap());
+    assert!(b.release(name, big.step()).await.unwrap());
     let release_took = started.elapsed();
     let w2 = walk_calls(server);
     let started = Instant::now();
     for o in &owners {
         granted(
-            b.try_acquire(name, o, &req(1, TOTAL, 600 * SEC, true))
+            b.try_acquire(name, o.step(), &req(1, TOTAL, 600 * SEC, true))
                 .await
                 .unwrap(),
         );
@@ -251,7 +251,7 @@ async fn queue_costs(
     let drain_took = started.elapsed();
     let w3 = walk_calls(server);
     for o in &owners {
-        assert!(b.release(name, o).await.unwrap());
+        assert!(b.release(name, o.step()).await.unwrap());
     }
     let per_grant = (w3 - w2) as f64 / n as f64;
     eprintln!(

@@ -90,7 +90,7 @@ async fn random_steps_agree_with_a_reference_model() {
                 let queue = rng.below(3) != 0;
                 let (want, tok) = model.attempt(o, p, total, queue);
                 let got = b
-                    .try_acquire("model", who, &req(p, total, 600 * SEC, queue))
+                    .try_acquire("model", who.step(), &req(p, total, 600 * SEC, queue))
                     .await;
                 let got_kind = match &got {
                     Ok(Attempt::Granted(_)) => Outcome::Granted,
@@ -121,7 +121,7 @@ async fn random_steps_agree_with_a_reference_model() {
             12..=16 => {
                 let want = model.release(o);
                 assert_eq!(
-                    b.release("model", who).await.unwrap(),
+                    b.release("model", who.step()).await.unwrap(),
                     want,
                     "step {step}: release"
                 );
@@ -129,7 +129,7 @@ async fn random_steps_agree_with_a_reference_model() {
             17..=18 => {
                 let want = model.holders.iter().any(|h| h.0 == o);
                 assert_eq!(
-                    b.extend("model", who, 600 * SEC).await.unwrap(),
+                    b.extend("model", who.step(), 600 * SEC).await.unwrap(),
                     want,
                     "step {step}: extend"
                 );
