@@ -14,6 +14,7 @@ use support::faulty::Faulty;
 mod abandoned_attempts;
 mod barriers;
 mod guards;
+mod late_steps;
 mod observing_an_election;
 mod rate_limiter_wait;
 mod wait_loop;

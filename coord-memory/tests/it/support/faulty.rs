@@ -42,6 +42,7 @@ pub struct Faulty {
     script: Mutex<HashMap<&'static str, VecDeque<Fault>>>,
     always: Mutex<HashMap<&'static str, Fault>>,
     calls: Mutex<HashMap<&'static str, Vec<Instant>>>,
+    steps: Mutex<HashMap<&'static str, Vec<Step>>>,
     leader_answers: Mutex<VecDeque<Option<LeaderInfo>>>,
 }
 
@@ -94,6 +95,21 @@ impl Faulty {
     /// How many times `op` was called.
     pub fn calls(&self, op: &'static str) -> usize {
         self.times(op).len()
+    }
+
+    /// The steps the calls of `op` carried, in order (attempts, extends
+    /// and releases of the claim traits).
+    pub fn steps(&self, op: &'static str) -> Vec<Step> {
+        self.steps
+            .lock()
+            .unwrap()
+            .get(op)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn record(&self, op: &'static str, step: Step) {
+        self.steps.lock().unwrap().entry(op).or_default().push(step);
     }
 
     /// When `op` was called, in order (tokio's clock).
@@ -164,6 +180,7 @@ impl coord_core::Lock for Faulty {
         coord_core::Lock::capabilities(&*self.inner)
     }
     async fn try_acquire(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.record("lock.try_acquire", step);
         self.call(
             "lock.try_acquire",
             coord_core::Lock::try_acquire(&*self.inner, n, step, ttl),
@@ -171,6 +188,7 @@ impl coord_core::Lock for Faulty {
         .await
     }
     async fn release(&self, n: &str, step: Step) -> Result<bool> {
+        self.record("lock.release", step);
         self.call(
             "lock.release",
             coord_core::Lock::release(&*self.inner, n, step),
@@ -178,6 +196,7 @@ impl coord_core::Lock for Faulty {
         .await
     }
     async fn extend(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.record("lock.extend", step);
         self.call(
             "lock.extend",
             coord_core::Lock::extend(&*self.inner, n, step, ttl),
@@ -206,6 +225,7 @@ impl coord_core::Lease for Faulty {
         coord_core::Lease::capabilities(&*self.inner)
     }
     async fn grant(&self, n: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.record("lease.grant", step);
         self.call(
             "lease.grant",
             coord_core::Lease::grant(&*self.inner, n, step, ttl),
@@ -213,6 +233,7 @@ impl coord_core::Lease for Faulty {
         .await
     }
     async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.record("lease.renew", step);
         self.call(
             "lease.renew",
             coord_core::Lease::renew(&*self.inner, n, step, ttl),
@@ -220,6 +241,7 @@ impl coord_core::Lease for Faulty {
         .await
     }
     async fn revoke(&self, n: &str, step: Step) -> Result<bool> {
+        self.record("lease.revoke", step);
         self.call(
             "lease.revoke",
             coord_core::Lease::revoke(&*self.inner, n, step),
@@ -255,6 +277,7 @@ impl coord_core::Election for Faulty {
         coord_core::Election::capabilities(&*self.inner)
     }
     async fn try_campaign(&self, n: &str, c: &str, step: Step, ttl: Duration) -> Result<Attempt> {
+        self.record("election.try_campaign", step);
         self.call(
             "election.try_campaign",
             coord_core::Election::try_campaign(&*self.inner, n, c, step, ttl),
@@ -262,6 +285,7 @@ impl coord_core::Election for Faulty {
         .await
     }
     async fn renew(&self, n: &str, step: Step, ttl: Duration) -> Result<bool> {
+        self.record("election.renew", step);
         self.call(
             "election.renew",
             coord_core::Election::renew(&*self.inner, n, step, ttl),
@@ -269,6 +293,7 @@ impl coord_core::Election for Faulty {
         .await
     }
     async fn resign(&self, n: &str, step: Step) -> Result<bool> {
+        self.record("election.resign", step);
         self.call(
             "election.resign",
             coord_core::Election::resign(&*self.inner, n, step),
