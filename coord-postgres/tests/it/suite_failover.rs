@@ -232,7 +232,21 @@ async fn a_primary_fenced_read_only_is_left_for_the_promoted_standby() {
     };
     let c = client(&url).await;
     let locks = c.locks().unwrap();
-    let g = locks.try_acquire("fenced", TTL).await.unwrap().unwrap();
+    // Warm the pool before the fence. On a loaded machine a fresh
+    // connection's first call can outlast the 500 ms call timeout: try
+    // again while the error is retryable (the test has not begun); a
+    // timed-out attempt that landed holds the lock until the core's
+    // cleanup releases it.
+    let warm_until = Instant::now() + Duration::from_secs(20);
+    let g = loop {
+        let r = locks.try_acquire("fenced", TTL).await;
+        match r {
+            Ok(Some(g)) => break g,
+            Err(ref e) if !e.is_retryable() => panic!("the warm-up acquire failed: {e}"),
+            _ if Instant::now() < warm_until => sleep(Duration::from_millis(50)).await,
+            other => panic!("the warm-up acquire never got the lock: {other:?}"),
+        }
+    };
     g.release().await.unwrap();
     let p = pair.clone();
     blocking(move || {
