@@ -14,11 +14,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::Step;
 use coord_core::late::superseded;
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, Error, Lock, OwnerToken, PermitRequest, Result, Semaphore, async_trait,
+    Attempt, Capabilities, Error, Lock, OwnerToken, PermitRequest, Result, Semaphore, Step,
+    async_trait,
 };
 use coord_memory::MemoryBackend;
 use futures::future::BoxFuture;

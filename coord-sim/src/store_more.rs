@@ -10,12 +10,11 @@ use std::time::Duration;
 use coord_core::wake::Waiter;
 use coord_core::{
     Arrival, Attempt, Barrier, Capabilities, Decision, Election, LeaderInfo, Lease, Limiter,
-    OwnerToken, Quota, Result, async_trait,
+    OwnerToken, Quota, Result, Step, async_trait,
 };
 
 use crate::store::SimStore;
 use crate::world::short;
-use coord_core::Step;
 
 #[async_trait]
 impl Lease for SimStore {

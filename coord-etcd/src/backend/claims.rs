@@ -6,7 +6,7 @@ use coord_core::inspect::{ClaimRecord, LeaderRecord};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, FencingToken, LeaderInfo, OwnerToken, Result, async_trait,
+    Attempt, Capabilities, FencingToken, LeaderInfo, OwnerToken, Result, Step, async_trait,
 };
 
 use crate::EtcdBackend;
@@ -14,7 +14,6 @@ use crate::claim::attempt::ClaimSpec;
 use crate::client::keys::{self, prefix_end};
 use crate::client::wake_key;
 use crate::client::watch::WatchKind;
-use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Lock for EtcdBackend {

@@ -4,11 +4,10 @@ use std::time::Duration;
 
 use coord_core::inspect::ClaimRecord;
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, OwnerToken, PermitRequest, Result, async_trait};
+use coord_core::{Attempt, OwnerToken, PermitRequest, Result, Step, async_trait};
 
 use crate::EtcdBackend;
 use crate::semaphore::sem_key;
-use coord_core::Step;
 
 /// FIFO semaphores on etcd (see docs/etcd.md): grants in arrival order
 /// of the queued waiters, woken by a watch on the name.

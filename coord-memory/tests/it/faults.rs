@@ -12,8 +12,9 @@ use conformance::faults::{
     BarrierWorkload, ElectionWorkload, FaultLog, LimiterWorkload, LockWorkload,
     run_barrier_workload, run_election_workload, run_limiter_workload, run_lock_workload, schedule,
 };
-use coord_core::Step;
-use coord_core::{Algorithm, Attempt, Capabilities, Coord, OwnerToken, Quota, Result, async_trait};
+use coord_core::{
+    Algorithm, Attempt, Capabilities, Coord, OwnerToken, Quota, Result, Step, async_trait,
+};
 use coord_memory::MemoryBackend;
 
 fn clients(backend: &Arc<MemoryBackend>, n: usize) -> Vec<Coord> {

@@ -10,12 +10,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::Step;
 use coord_core::inspect::{ClaimRecord, LeaderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{
     Arrival, Attempt, Capabilities, Coord, LeaderInfo, OwnerToken, PermitRequest, Result, Settings,
-    async_trait,
+    Step, async_trait,
 };
 use coord_memory::MemoryBackend;
 

@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::Factory;
-use coord_core::Step;
 use coord_core::wake::{Waiter, Wakeups};
 use coord_core::{
     Attempt, Capabilities, Coord, Lane, Lease, Lock, Message, MessageId, NewMessage, OwnerToken,
-    PermitRequest, PopAttempt, Pushed, Queue, QueueConfig, QueueStats, Result, Semaphore,
+    PermitRequest, PopAttempt, Pushed, Queue, QueueConfig, QueueStats, Result, Semaphore, Step,
     async_trait,
 };
 use coord_memory::MemoryBackend;

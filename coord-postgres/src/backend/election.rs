@@ -4,13 +4,12 @@ use std::time::Duration;
 
 use coord_core::inspect::{HolderRecord, LeaderRecord};
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Capabilities, Election, LeaderInfo, Result, async_trait};
+use coord_core::{Attempt, Capabilities, Election, LeaderInfo, Result, Step, async_trait};
 use tokio_postgres::types::Type;
 
 use super::claims::{KIND_ELECTION, owner_token};
 use super::errors::map_pg;
 use super::{PostgresBackend, from_micros, token};
-use coord_core::Step;
 
 #[async_trait]
 impl Election for PostgresBackend {

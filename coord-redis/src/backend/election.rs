@@ -11,13 +11,12 @@ use coord_core::inspect::{HolderRecord, LeaderRecord};
 use coord_core::util::Kind;
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, FencingToken, LeaderInfo, OwnerToken, Result, async_trait,
+    Attempt, Capabilities, FencingToken, LeaderInfo, OwnerToken, Result, Step, async_trait,
 };
 use redis::Value;
 
 use super::{RedisBackend, attempt, flag, int, ms, unexpected};
 use crate::keys::{Keys, left_key};
-use coord_core::Step;
 
 #[async_trait]
 impl coord_core::Election for RedisBackend {

@@ -32,11 +32,11 @@
 
 use std::time::Duration;
 
-use coord_core::Step;
 use coord_core::inspect::{ClaimRecord, HolderRecord};
 use coord_core::wake::Waiter;
 use coord_core::{
-    Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, async_trait,
+    Attempt, Capabilities, Error, FencingToken, OwnerToken, PermitRequest, Result, Step,
+    async_trait,
 };
 use redis::Value;
 

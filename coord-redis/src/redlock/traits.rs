@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 
 use coord_core::inspect::ClaimRecord;
 use coord_core::wake::Waiter;
-use coord_core::{Attempt, Capabilities, Error, FencingToken, OwnerToken, Result, async_trait};
+use coord_core::{
+    Attempt, Capabilities, Error, FencingToken, OwnerToken, Result, Step, async_trait,
+};
 
 use super::RedlockBackend;
 use crate::backend::{BACKEND, ClaimKind, Op};
-use coord_core::Step;
 
 /// How long a fencing source's issuing claim lives (it is released at
 /// once; the TTL only matters when its issuer dies between the two).

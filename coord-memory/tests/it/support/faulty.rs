@@ -8,11 +8,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_core::Step;
 use coord_core::wake::Waiter;
 use coord_core::{
     Arrival, Attempt, Capabilities, Coord, Decision, Error, FencingToken, LeaderInfo, OwnerToken,
-    Quota, Result, Settings, async_trait,
+    Quota, Result, Settings, Step, async_trait,
 };
 use coord_memory::MemoryBackend;
 use tokio::time::Instant;
