@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use conformance::testkit::redis::RedlockMasters;
 use conformance::testkit::wait::{holds_within, until};
-use coord_core::LockOptions;
+use coord_core::{Listed, LockOptions};
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{Frozen, client, live_claims, ready};
@@ -319,4 +319,35 @@ async fn a_stale_release_finding_the_owner_on_a_minority_reports_false() {
         "a stale release of an owner found on master 2 alone ({on_2:?}) reported success"
     );
     assert!(rb.release("stale", other.step()).await.unwrap());
+}
+
+/// A listing names what a quorum holds: a lock released on two masters of
+/// three (its release returned once a quorum released; the third master's
+/// release still on its way) is not listed, and one held on all three is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_held_on_fewer_masters_than_a_quorum_is_not_listed() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=2s&connect_timeout=5s", set.url());
+    let c = client(&url).await;
+    ready(&set, &[&c]).await;
+    let locks = c.locks().unwrap();
+    let (gone, held) = ("listed-gone", "listed-held");
+    let _g1 = locks
+        .acquire(gone, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    let _g2 = locks
+        .acquire(held, Duration::from_secs(30), Duration::ZERO)
+        .await
+        .unwrap();
+    // Masters 0 and 1 no longer hold `gone`, as after a release that
+    // returned once a quorum released.
+    for m in &set.masters()[..2] {
+        let claims = live_claims(m, gone);
+        assert_eq!(claims.len(), 1, "{claims:?}");
+        m.command(&["DEL", &claims[0].0]);
+    }
+    assert_eq!(live_claims(&set.masters()[2], gone).len(), 1);
+    let names = c.list(Listed::Lock, "listed-", 100).await.unwrap();
+    assert_eq!(names, [held], "only the name a quorum holds");
 }
