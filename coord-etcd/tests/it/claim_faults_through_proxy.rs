@@ -120,7 +120,10 @@ async fn limiter_recovers_after_a_partition_longer_than_its_lease() {
         "cut at {cut:?}, healed at {healed:?}; {failed_before} checks failed before {judged_from:?} \
          (the last one issued at {last_before:?}), {failed_after} of {judged} failed after"
     );
-    assert!(judged > 1000, "only {judged} checks after the cut");
+    // Enough checks to judge recovery by, on any machine: one issued every
+    // 2 ms makes about 2,500 in the judged 5 s when idle, but a loaded
+    // machine stretches those sleeps (974 were seen at 16 tests at once).
+    assert!(judged >= 100, "only {judged} checks after the cut");
     assert!(
         failed_after == 0,
         "{failed_after} of {judged} checks issued from 3 s after the partition ended failed; \
