@@ -193,37 +193,48 @@ impl Unanswered {
 
     /// Send `step`, an extend or renewal of its owner on `name`, with
     /// `send`: told to mark if a step of the owner went unanswered (or if
-    /// it already says so); unanswered itself (an error, a timeout, a
-    /// drop), it is remembered like an attempt. The owner stays remembered
-    /// until its release ([`ending`](Self::ending)), so every step until
-    /// then marks. A store refuses a step stamped before the owner's mark
-    /// with [`superseded`] (retryable: the retry is stamped after the
-    /// mark).
+    /// it already says so), and stamped anew once the book was read, so
+    /// its mark comes after every step it marks against; unanswered itself
+    /// (an error, a timeout, a drop), it is remembered like an attempt.
+    /// The owner stays remembered until its release
+    /// ([`ending`](Self::ending)), so every step until then marks. A store
+    /// refuses a step stamped before the owner's mark with [`superseded`]
+    /// (retryable: the retry is stamped after the mark).
     pub async fn step<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
     where
         F: FnOnce(Step) -> Fut,
         Fut: std::future::Future<Output = crate::Result<T>>,
     {
         let mark = step.mark || self.contains(name, &step.owner);
+        let step = Step {
+            mark,
+            stamp: crate::stamp::stamp(),
+            ..step
+        };
         let pending = self.attempt(name, step.owner);
-        let value = send(Step { mark, ..step }).await?;
+        let value = send(step).await?;
         pending.answered();
         Ok(value)
     }
 
     /// Send `step`, the release (or resign, or revoke) of its owner on
     /// `name`, with `send`: told to mark if a step of the owner went
-    /// unanswered (or if it already says so) and, once answered, the owner
-    /// is forgotten unless another step of it went unanswered meanwhile.
-    /// `step` must be made after every earlier step of the owner was sent.
+    /// unanswered (or if it already says so), and stamped anew once the
+    /// book was read, so its mark comes after every step it marks against;
+    /// once answered, the owner is forgotten unless another step of it
+    /// went unanswered meanwhile.
     pub async fn ending<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
     where
         F: FnOnce(Step) -> Fut,
         Fut: std::future::Future<Output = crate::Result<T>>,
     {
         let seen = self.seen(name, &step.owner);
-        let mark = step.mark || seen.is_some();
-        let value = send(Step { mark, ..step }).await?;
+        let step = Step {
+            mark: step.mark || seen.is_some(),
+            stamp: crate::stamp::stamp(),
+            ..step
+        };
+        let value = send(step).await?;
         if let Some(seen) = seen {
             self.forget(name, &step.owner, seen);
         }
@@ -368,6 +379,33 @@ mod tests {
         let r = now(u.attempt_with("n", o.step(), |_| ready(Err::<(), _>(superseded("t", "a")))));
         assert!(r.is_err());
         assert!(u.contains("n", &o));
+    }
+
+    /// A release and an extend are stamped after the book was read: a
+    /// step of the owner that went unanswered before they read it was
+    /// stamped before their mark, so the mark refuses its late copy.
+    #[test]
+    fn releases_and_extends_are_stamped_after_the_steps_they_mark_against() {
+        use std::future::{Future, ready};
+        use std::pin::pin;
+        use std::task::{Context, Poll, Waker};
+        fn now<F: Future>(f: F) -> F::Output {
+            match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(v) => v,
+                Poll::Pending => panic!("pending"),
+            }
+        }
+        let u = Unanswered::default();
+        let o = OwnerToken::random();
+        // A caller's step made first; then a step of the same owner,
+        // stamped after it, goes unanswered.
+        let early = o.step();
+        let unanswered = o.step();
+        drop(u.attempt("n", o));
+        let sent = now(u.step("n", early, |s: Step| ready(Ok(s)))).unwrap();
+        assert!(sent.mark && sent.stamp > unanswered.stamp, "{sent:?}");
+        let sent = now(u.ending("n", early, |s: Step| ready(Ok(s)))).unwrap();
+        assert!(sent.mark && sent.stamp > unanswered.stamp, "{sent:?}");
     }
 
     /// Past [`PRUNE_AT`] owners, recording one more drops those recorded
