@@ -282,6 +282,17 @@ impl Drop for Pending<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::{Future, ready};
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    /// `f`'s output, polled once (the futures here never wait).
+    fn now<F: Future>(f: F) -> F::Output {
+        match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("pending"),
+        }
+    }
 
     #[test]
     fn stamps_rise_strictly_across_threads() {
@@ -316,15 +327,6 @@ mod tests {
     /// which marks and forgets it; an attempt never marks.
     #[test]
     fn a_step_marks_after_an_unanswered_one_until_the_release() {
-        use std::future::{Future, ready};
-        use std::pin::pin;
-        use std::task::{Context, Poll, Waker};
-        fn now<F: Future>(f: F) -> F::Output {
-            match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(v) => v,
-                Poll::Pending => panic!("pending"),
-            }
-        }
         let u = Unanswered::default();
         let o = OwnerToken::random();
         // Answered: nothing remembered, nothing to mark.
@@ -386,15 +388,6 @@ mod tests {
     /// stamped before their mark, so the mark refuses its late copy.
     #[test]
     fn releases_and_extends_are_stamped_after_the_steps_they_mark_against() {
-        use std::future::{Future, ready};
-        use std::pin::pin;
-        use std::task::{Context, Poll, Waker};
-        fn now<F: Future>(f: F) -> F::Output {
-            match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(v) => v,
-                Poll::Pending => panic!("pending"),
-            }
-        }
         let u = Unanswered::default();
         let o = OwnerToken::random();
         // A caller's step made first; then a step of the same owner,

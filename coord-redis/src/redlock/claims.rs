@@ -197,7 +197,8 @@ impl RedlockBackend {
         // its call's task, after the grant), and this owner's next attempt
         // waits for that.
         if !tokens.is_empty() {
-            self.release_on(kind, name, step, Some(&granted_on)).await;
+            self.release_on(kind, name, owner.step(), Some(&granted_on))
+                .await;
         }
         let _ = decided.send(Some(Decision::Refused(granted_on.clone())));
         let holders: Vec<Option<Duration>> = answers
