@@ -340,6 +340,18 @@ async fn a_name_held_on_fewer_masters_than_a_quorum_is_not_listed() {
         .acquire(held, Duration::from_secs(30), Duration::ZERO)
         .await
         .unwrap();
+    // An acquire returns once a quorum granted: wait until every master
+    // holds both.
+    until(
+        "every master holds both locks",
+        Duration::from_secs(10),
+        || async {
+            set.masters()
+                .iter()
+                .all(|m| live_claims(m, gone).len() == 1 && live_claims(m, held).len() == 1)
+        },
+    )
+    .await;
     // Masters 0 and 1 no longer hold `gone`, as after a release that
     // returned once a quorum released.
     for m in &set.masters()[..2] {
