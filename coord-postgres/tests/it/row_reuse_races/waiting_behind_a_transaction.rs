@@ -93,13 +93,15 @@ async fn a_take_of_an_expired_version_waiting_behind_its_extend_is_refused() {
     let schema = unique("rv_te");
     let b = backend(&schema).await;
     let x = OwnerToken::random();
+    // The extend's connection and transaction first: under load a connect
+    // can outlast the 400 ms TTL, and the extend must run while it lives.
+    let c1 = raw().await;
+    c1.batch_execute("BEGIN").await.unwrap();
     let tx = granted(
         b.try_acquire("e", x.step(), Duration::from_millis(400))
             .await
             .unwrap(),
     );
-    let c1 = raw().await;
-    c1.batch_execute("BEGIN").await.unwrap();
     let xb: &[u8] = x.as_bytes();
     let n = c1
         .query(&extend_sql(&schema), &[&"lock", &"e", &xb, &30_000_000i64])
