@@ -20,7 +20,9 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Capabilities, FencingToken, OwnerToken, Result, Step, async_trait};
 use redis::Value;
 
-use super::{RedisBackend, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected};
+use super::{
+    RedisBackend, attempt_again, bytes, flag, int, malformed, ms, step_answer, unexpected,
+};
 use crate::keys::{ClaimKeys, Keys, Layout};
 
 /// How long the release of an owner with an unanswered attempt keeps that
@@ -127,6 +129,23 @@ impl RedisBackend {
         ttl: Duration,
         meta: Option<&[u8]>,
     ) -> Result<Attempt> {
+        let (attempt, _) = self
+            .claim_attempt(operation, keys, wake, step, ttl, meta)
+            .await?;
+        Ok(attempt)
+    }
+
+    /// [`Self::claim_acquire`], also telling whether the grant was one its
+    /// owner held already (a retry).
+    pub(crate) async fn claim_attempt(
+        &self,
+        operation: &'static str,
+        keys: &ClaimKeys,
+        wake: &str,
+        step: Step,
+        ttl: Duration,
+        meta: Option<&[u8]>,
+    ) -> Result<(Attempt, bool)> {
         let owner = step.owner.to_hex();
         let left = keys.left(&owner);
         let at = step.stamp.to_string();
@@ -173,7 +192,7 @@ impl RedisBackend {
                 }
             }
         };
-        attempt(operation, &v)
+        attempt_again(operation, &v)
     }
 
     /// The live holder of a claim (one read-only script).

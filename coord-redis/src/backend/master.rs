@@ -82,7 +82,8 @@ impl RedisBackend {
         })
     }
 
-    /// One attempt, `step`, on `kind`'s claim of `name` on this master;
+    /// One attempt, `step`, on `kind`'s claim of `name` on this master,
+    /// and whether the grant was one its owner held here already;
     /// unanswered here, it is in this master's book (see
     /// `RedisBackend::master_book`).
     pub(crate) async fn master_acquire(
@@ -92,11 +93,11 @@ impl RedisBackend {
         step: Step,
         ttl: Duration,
         meta: Option<&[u8]>,
-    ) -> Result<Attempt> {
+    ) -> Result<(Attempt, bool)> {
         let wake = Keys::wake(kind.kind(), name);
         let keys = self.master_keys(kind, name)?;
         let op = kind.op(Op::Acquire);
-        let send = |s| self.claim_acquire(op, &keys, &wake, s, ttl, meta);
+        let send = |s| self.claim_attempt(op, &keys, &wake, s, ttl, meta);
         self.master_book
             .attempt_with(keys.claim(), step, send)
             .await

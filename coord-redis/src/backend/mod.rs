@@ -479,7 +479,7 @@ mod master;
 pub(crate) use errors::map_err;
 pub(crate) use master::{ClaimKind, Op};
 pub(crate) use reply::{
-    array, attempt, bytes, flag, int, malformed, ms, step_answer, unexpected, us,
+    array, attempt, attempt_again, bytes, flag, int, malformed, ms, step_answer, unexpected, us,
 };
 use settings::{certificates, connection_info, empty_hash_tag, endpoint, single_client};
 mod queue;

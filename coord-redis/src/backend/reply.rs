@@ -83,6 +83,13 @@ pub(crate) fn attempt(operation: &'static str, v: &Value) -> Result<Attempt> {
     }
 }
 
+/// An acquire script's answer, and whether it granted a claim its owner
+/// held already (a third item, 1).
+pub(crate) fn attempt_again(operation: &'static str, v: &Value) -> Result<(Attempt, bool)> {
+    let again = matches!(v, Value::Array(items) if items.get(2).and_then(int) == Some(1));
+    Ok((attempt(operation, v)?, again))
+}
+
 /// A step script's answer (`scripts::step`): -1 refused as stamped before
 /// the owner's mark ([`coord_core::late::superseded`]), else whether it
 /// applied.

@@ -1,5 +1,6 @@
 -- The rest of a PHP-layout acquire: a new grant writes `tail` after its
--- token; a retry by the holder keeps its grant (and metadata) as it is.
+-- token; a retry by the holder keeps its grant (and metadata) as it is,
+-- and its answer says so (a third item, 1).
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local tok = issue(KEYS[3])
   redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
@@ -15,6 +16,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('SET', KEYS[2], tok .. tail, 'PX', ARGV[2])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tok}
+  return {1, tok, 1}
 end
 return {0, redis.call('PTTL', KEYS[1])}

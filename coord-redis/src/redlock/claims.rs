@@ -13,7 +13,7 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result, Step};
 use rand::Rng;
 
-use super::tally::{answered, count, errors, quorum_token, settled};
+use super::tally::{answered, attempt_decided, count, errors, quorum_token, settled};
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Op};
 use crate::keys::Keys;
@@ -76,6 +76,9 @@ impl RedlockBackend {
             guards.push(Some(gate.clone().read_owned().await));
         }
         let guards = Arc::new(Mutex::new(guards));
+        // Which masters answered with a grant this owner held there already.
+        let again = Arc::new(Mutex::new(vec![false; n]));
+        let seen = again.clone();
         // The decision, for masters that answer after it.
         let released = self.released.clone();
         let (decided, decision) = tokio::sync::watch::channel(None::<Decision>);
@@ -86,10 +89,14 @@ impl RedlockBackend {
                 true,
                 move |i, b| {
                     let (nm, me, mut decision) = (nm.clone(), me.clone(), decision.clone());
-                    let released = released.clone();
+                    let (released, again) = (released.clone(), again.clone());
                     let guard = guards.lock().unwrap_or_else(|e| e.into_inner())[i].take();
                     Box::pin(async move {
                         let r = b.master_acquire(kind, &nm, step, ttl, me.as_deref()).await;
+                        let r = r.map(|(a, held)| {
+                            again.lock().unwrap_or_else(|e| e.into_inner())[i] = held;
+                            a
+                        });
                         if matches!(&r, Err(e) if e.is_retryable()) {
                             // Timed out or cut off: the attempt may have
                             // been granted there, or may be still. Unless
@@ -150,9 +157,8 @@ impl RedlockBackend {
                     })
                 },
                 |a| {
-                    let granted = count(a, |x| matches!(x, Attempt::Granted(_)));
-                    let refused = count(a, |x| matches!(x, Attempt::Held { .. }));
-                    granted >= q || refused + errors(a) > n - q
+                    let again = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    attempt_decided(a, &again, n, q)
                 },
             )
             .await;

@@ -54,7 +54,11 @@
 //!   whose granting masters include a quorum holding one token answers
 //!   that token, and sets the others to it (a master that missed the
 //!   first attempt, down, skipped as slow or not yet connected, grants
-//!   the retry with a later token of its own). Only when fewer than a
+//!   the retry with a later token of its own). A master's answer says
+//!   whether it held the owner's grant already; when such answers in the
+//!   first quorum disagree on the token, the retry waits for the rest of
+//!   the masters (each bounded by the call timeout) before it decides. A
+//!   new grant is decided on its first quorum. Only when fewer than a
 //!   quorum of the masters counted hold the grant's token (one of them
 //!   lost the claim, or was too slow for this decision too) does the
 //!   retry get the highest token it saw (and every master is set to it),

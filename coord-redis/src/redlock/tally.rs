@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use coord_core::inspect::ClaimRecord;
-use coord_core::{FencingToken, OwnerToken};
+use coord_core::{Attempt, FencingToken, OwnerToken};
 
 use super::Answers;
 
@@ -56,6 +56,39 @@ pub(super) fn quorum_token(tokens: &[FencingToken], q: usize) -> FencingToken {
     agreed.unwrap_or_else(|| tokens.iter().copied().max().unwrap_or(FencingToken(0)))
 }
 
+/// Whether the answers so far decide an attempt: enough masters refused
+/// or failed that it cannot reach a quorum, or a quorum granted it.
+/// `again[i]`: master `i` answered with a grant this owner held there
+/// already. When such a retry's grants so far disagree on the token (a
+/// master that ran a late copy of an earlier attempt holds one of its
+/// own), the rest are waited for, so that the token the owner was granted
+/// on a quorum wins over the highest. A new grant is decided on the first
+/// quorum, as its masters' tokens always differ.
+pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q: usize) -> bool {
+    let refused = count(a, |x| matches!(x, Attempt::Held { .. }));
+    if refused + errors(a) > n - q {
+        return true;
+    }
+    let tokens: Vec<FencingToken> = a
+        .iter()
+        .filter_map(|x| match x {
+            Some(Ok(Attempt::Granted(t))) => Some(*t),
+            _ => None,
+        })
+        .collect();
+    if tokens.len() < q {
+        return false;
+    }
+    let retried = a
+        .iter()
+        .zip(again)
+        .any(|(x, again)| *again && matches!(x, Some(Ok(Attempt::Granted(_)))));
+    let agreed = tokens
+        .iter()
+        .any(|t| tokens.iter().filter(|x| *x == t).count() >= q);
+    agreed || !retried
+}
+
 /// How many masters answered (with a value).
 pub(super) fn answered<T>(a: &Answers<T>) -> usize {
     a.iter().filter(|x| matches!(x, Some(Ok(_)))).count()
@@ -72,6 +105,26 @@ mod tests {
         assert_eq!(quorum_token(&t(&[5, 9, 5]), 2), FencingToken(5));
         // A new grant: no token held by a quorum, the highest wins.
         assert_eq!(quorum_token(&t(&[5, 6, 7]), 2), FencingToken(7));
+    }
+
+    #[test]
+    fn a_retry_whose_first_grants_disagree_waits_for_the_rest() {
+        let g = |t: u64| Some(Ok(Attempt::Granted(FencingToken(t))));
+        // Masters 0 and 2 answered first: master 2 holds a token of its
+        // own from a late copy; master 1, still out, holds the grant's 5.
+        let a: Answers<Attempt> = vec![g(5), None, g(9)];
+        assert!(!attempt_decided(&a, &[true, false, true], 3, 2));
+        let a: Answers<Attempt> = vec![g(5), g(5), g(9)];
+        assert!(attempt_decided(&a, &[true, true, true], 3, 2));
+        // Agreeing, or new: decided on the first quorum.
+        let a: Answers<Attempt> = vec![g(5), g(5), None];
+        assert!(attempt_decided(&a, &[true, true, false], 3, 2));
+        let a: Answers<Attempt> = vec![g(6), None, g(7)];
+        assert!(attempt_decided(&a, &[false, false, false], 3, 2));
+        // Refused by enough masters: decided.
+        let held = || Some(Ok(Attempt::Held { expires_in: None }));
+        let a: Answers<Attempt> = vec![held(), None, held()];
+        assert!(attempt_decided(&a, &[false; 3], 3, 2));
     }
 
     #[test]

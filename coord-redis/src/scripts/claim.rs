@@ -20,8 +20,9 @@
 /// [`late`](super::late), checked first). ARGV: owner, ttl ms, '1' if this client has a
 /// waiter on the name, '2' if it has several (then a grant is marked too:
 /// one of them may be the one granted, the others still wait), the
-/// client's stamp of the attempt. Returns `{1, token}` when granted (or
-/// already held by this owner: the same token, TTL refreshed), `{0, pttl}`
+/// client's stamp of the attempt. Returns `{1, token}` when granted,
+/// `{1, token, 1}` when already held by this owner (the same token, TTL
+/// refreshed), `{0, pttl}`
 /// when held by another (or refused as a late copy). A free name costs the
 /// mark's `GET` (a miss) + `TIME` + `SET NX PX`, the raw lock's own
 /// command; this is that fast path.
@@ -65,7 +66,7 @@ if v then
         redis.call('PEXPIRE', KEYS[1], ARGV[2])
       end
       if string.byte(tok, -1) == 126 then tok = string.match(tok, '^%d+') end
-      return {1, tok}
+      return {1, tok, 1}
     end
     if ARGV[3] ~= '0' and string.byte(v, -1) ~= 42 then
       redis.call('SET', KEYS[1], v .. '*', 'KEEPTTL')
