@@ -56,7 +56,7 @@ impl ClaimKind {
         name: &str,
         owner: &OwnerToken,
     ) -> Result<bool> {
-        BOOK.ending(name, owner.step(), |step| async move {
+        BOOK.ending(name, *owner, |step| async move {
             match self {
                 ClaimKind::Lock => Lock::release(b, name, step).await,
                 ClaimKind::Semaphore => Semaphore::release(b, name, step).await,
@@ -73,7 +73,7 @@ impl ClaimKind {
         owner: &OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
-        BOOK.step(name, owner.step(), |step| async move {
+        BOOK.step(name, *owner, |step| async move {
             match self {
                 ClaimKind::Lock => Lock::extend(b, name, step, ttl).await,
                 ClaimKind::Semaphore => Semaphore::extend(b, name, step, ttl).await,

@@ -191,25 +191,24 @@ impl Unanswered {
         Ok(value)
     }
 
-    /// Send `step`, an extend or renewal of its owner on `name`, with
-    /// `send`: told to mark if a step of the owner went unanswered (or if
-    /// it already says so), and stamped anew once the book was read, so
-    /// its mark comes after every step it marks against; unanswered itself
+    /// Send an extend or renewal of `owner` on `name` with `send`: its step
+    /// says to mark if a step of the owner went unanswered, and is stamped
+    /// once the book was read, so its mark comes after every step it
+    /// marks against; unanswered itself
     /// (an error, a timeout, a drop), it is remembered like an attempt.
     /// The owner stays remembered until its release
     /// ([`ending`](Self::ending)), so every step until then marks. A store
     /// refuses a step stamped before the owner's mark with [`superseded`]
     /// (retryable: the retry is stamped after the mark).
-    pub async fn step<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
+    pub async fn step<T, F, Fut>(&self, name: &str, owner: OwnerToken, send: F) -> crate::Result<T>
     where
         F: FnOnce(Step) -> Fut,
         Fut: std::future::Future<Output = crate::Result<T>>,
     {
-        let mark = step.mark || self.contains(name, &step.owner);
         let step = Step {
-            mark,
+            mark: self.contains(name, &owner),
             stamp: crate::stamp::stamp(),
-            ..step
+            owner,
         };
         let pending = self.attempt(name, step.owner);
         let value = send(step).await?;
@@ -217,22 +216,27 @@ impl Unanswered {
         Ok(value)
     }
 
-    /// Send `step`, the release (or resign, or revoke) of its owner on
-    /// `name`, with `send`: told to mark if a step of the owner went
-    /// unanswered (or if it already says so), and stamped anew once the
-    /// book was read, so its mark comes after every step it marks against;
+    /// Send the release (or resign, or revoke) of `owner` on `name` with
+    /// `send`: its step says to mark if a step of the owner went
+    /// unanswered, and is stamped once the book was read, so its mark
+    /// comes after every step it marks against;
     /// once answered, the owner is forgotten unless another step of it
     /// went unanswered meanwhile.
-    pub async fn ending<T, F, Fut>(&self, name: &str, step: Step, send: F) -> crate::Result<T>
+    pub async fn ending<T, F, Fut>(
+        &self,
+        name: &str,
+        owner: OwnerToken,
+        send: F,
+    ) -> crate::Result<T>
     where
         F: FnOnce(Step) -> Fut,
         Fut: std::future::Future<Output = crate::Result<T>>,
     {
-        let seen = self.seen(name, &step.owner);
+        let seen = self.seen(name, &owner);
         let step = Step {
-            mark: step.mark || seen.is_some(),
+            mark: seen.is_some(),
             stamp: crate::stamp::stamp(),
-            ..step
+            owner,
         };
         let value = send(step).await?;
         if let Some(seen) = seen {
@@ -330,7 +334,7 @@ mod tests {
         let u = Unanswered::default();
         let o = OwnerToken::random();
         // Answered: nothing remembered, nothing to mark.
-        let r = now(u.step("n", o.step(), |s: Step| {
+        let r = now(u.step("n", o, |s: Step| {
             assert!(!s.mark && s.owner == o);
             ready(Ok(true))
         }));
@@ -339,7 +343,7 @@ mod tests {
         // Dropped before its answer: remembered.
         {
             let never = std::future::pending::<crate::Result<bool>>();
-            let mut f = Box::pin(u.step("n", o.step(), |_| never));
+            let mut f = Box::pin(u.step("n", o, |_| never));
             assert!(
                 pin!(&mut f)
                     .poll(&mut Context::from_waker(Waker::noop()))
@@ -351,7 +355,7 @@ mod tests {
         // remembered; an attempt does not mark.
         let mut last = 0;
         for _ in 0..2 {
-            let r = now(u.step("n", o.step(), |s: Step| {
+            let r = now(u.step("n", o, |s: Step| {
                 assert!(s.mark && s.stamp > last);
                 last = s.stamp;
                 ready(Ok(()))
@@ -365,13 +369,13 @@ mod tests {
         }))
         .unwrap();
         // Failed (refused as superseded, or unanswered): still remembered.
-        let r = now(u.step("n", o.step(), |_| {
+        let r = now(u.step("n", o, |_| {
             ready(Err::<bool, _>(superseded("test", "extend")))
         }));
         assert!(matches!(r, Err(crate::Error::Unavailable { .. })), "{r:?}");
         assert!(u.contains("n", &o));
         // The release marks, and forgets.
-        now(u.ending("n", o.step(), |s: Step| {
+        now(u.ending("n", o, |s: Step| {
             assert!(s.mark);
             ready(Ok(true))
         }))
@@ -390,14 +394,12 @@ mod tests {
     fn releases_and_extends_are_stamped_after_the_steps_they_mark_against() {
         let u = Unanswered::default();
         let o = OwnerToken::random();
-        // A caller's step made first; then a step of the same owner,
-        // stamped after it, goes unanswered.
-        let early = o.step();
+        // A step of the owner goes unanswered.
         let unanswered = o.step();
         drop(u.attempt("n", o));
-        let sent = now(u.step("n", early, |s: Step| ready(Ok(s)))).unwrap();
+        let sent = now(u.step("n", o, |s: Step| ready(Ok(s)))).unwrap();
         assert!(sent.mark && sent.stamp > unanswered.stamp, "{sent:?}");
-        let sent = now(u.ending("n", early, |s: Step| ready(Ok(s)))).unwrap();
+        let sent = now(u.ending("n", o, |s: Step| ready(Ok(s)))).unwrap();
         assert!(sent.mark && sent.stamp > unanswered.stamp, "{sent:?}");
     }
 

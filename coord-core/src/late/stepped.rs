@@ -103,16 +103,14 @@ impl Stepped<dyn Lock> {
     /// [`Lock::release`] as the release of `owner`.
     pub async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let b = &self.backend;
-        self.book
-            .ending(name, owner.step(), |s| b.release(name, s))
-            .await
+        self.book.ending(name, *owner, |s| b.release(name, s)).await
     }
 
     /// [`Lock::extend`] as a step of `owner`.
     pub async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let b = &self.backend;
         self.book
-            .step(name, owner.step(), |s| b.extend(name, s, ttl))
+            .step(name, *owner, |s| b.extend(name, s, ttl))
             .await
     }
 }
@@ -143,16 +141,14 @@ impl Stepped<dyn Lease> {
     pub async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let b = &self.backend;
         self.book
-            .step(name, owner.step(), |s| b.renew(name, s, ttl))
+            .step(name, *owner, |s| b.renew(name, s, ttl))
             .await
     }
 
     /// [`Lease::revoke`] as the release of `owner`.
     pub async fn revoke(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let b = &self.backend;
-        self.book
-            .ending(name, owner.step(), |s| b.revoke(name, s))
-            .await
+        self.book.ending(name, *owner, |s| b.revoke(name, s)).await
     }
 }
 
@@ -174,16 +170,14 @@ impl Stepped<dyn Election> {
     pub async fn renew(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let b = &self.backend;
         self.book
-            .step(name, owner.step(), |s| b.renew(name, s, ttl))
+            .step(name, *owner, |s| b.renew(name, s, ttl))
             .await
     }
 
     /// [`Election::resign`] as the release of `owner`.
     pub async fn resign(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let b = &self.backend;
-        self.book
-            .ending(name, owner.step(), |s| b.resign(name, s))
-            .await
+        self.book.ending(name, *owner, |s| b.resign(name, s)).await
     }
 }
 
@@ -216,16 +210,14 @@ impl Stepped<dyn Semaphore> {
     /// [`Semaphore::release`] as the release of `owner`.
     pub async fn release(&self, name: &str, owner: &OwnerToken) -> Result<bool> {
         let b = &self.backend;
-        self.book
-            .ending(name, owner.step(), |s| b.release(name, s))
-            .await
+        self.book.ending(name, *owner, |s| b.release(name, s)).await
     }
 
     /// [`Semaphore::extend`] as a step of `owner`.
     pub async fn extend(&self, name: &str, owner: &OwnerToken, ttl: Duration) -> Result<bool> {
         let b = &self.backend;
         self.book
-            .step(name, owner.step(), |s| b.extend(name, s, ttl))
+            .step(name, *owner, |s| b.extend(name, s, ttl))
             .await
     }
 }

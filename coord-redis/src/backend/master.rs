@@ -110,13 +110,13 @@ impl RedisBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        step: Step,
+        owner: OwnerToken,
     ) -> Result<bool> {
         let wake = self.wake_args(kind.kind(), name);
         let keys = self.master_keys(kind, name)?;
         let op = kind.op(Op::Release);
         let send = |s| self.claim_release(op, &keys, s, wake);
-        self.master_book.ending(keys.claim(), step, send).await
+        self.master_book.ending(keys.claim(), owner, send).await
     }
 
     /// Compare-and-expire, marking as [`Self::master_release`] does.
@@ -124,13 +124,13 @@ impl RedisBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        step: Step,
+        owner: OwnerToken,
         ttl: Duration,
     ) -> Result<bool> {
         let keys = self.master_keys(kind, name)?;
         let op = kind.op(Op::Extend);
         let send = |s| self.claim_extend(op, &keys, s, ttl);
-        self.master_book.step(keys.claim(), step, send).await
+        self.master_book.step(keys.claim(), owner, send).await
     }
 
     /// Set the token of `owner`'s claim to the quorum's `token`, keeping

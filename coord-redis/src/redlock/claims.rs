@@ -111,7 +111,7 @@ impl RedlockBackend {
                                     Err(_) => None,
                                 };
                                 if !matches!(d, Some(Decision::Granted(..))) {
-                                    let _ = b.master_release(kind, &nm, ow.step()).await;
+                                    let _ = b.master_release(kind, &nm, ow).await;
                                 }
                             });
                             return r;
@@ -128,7 +128,7 @@ impl RedlockBackend {
                             .unwrap_or_else(|e| e.into_inner())
                             .contains_key(&(kind, nm.clone(), ow));
                         if gone {
-                            let _ = b.master_release(kind, &nm, ow.step()).await;
+                            let _ = b.master_release(kind, &nm, ow).await;
                             return Ok(Attempt::Held { expires_in: None });
                         }
                         tokio::spawn(async move {
@@ -149,7 +149,7 @@ impl RedlockBackend {
                                 // Not granted (or given up): this late
                                 // grant is undone here, in order after it.
                                 _ => {
-                                    let _ = b.master_release(kind, &nm, ow.step()).await;
+                                    let _ = b.master_release(kind, &nm, ow).await;
                                 }
                             }
                         });
@@ -203,8 +203,7 @@ impl RedlockBackend {
         // its call's task, after the grant), and this owner's next attempt
         // waits for that.
         if !tokens.is_empty() {
-            self.release_on(kind, name, owner.step(), Some(&granted_on))
-                .await;
+            self.release_on(kind, name, *owner, Some(&granted_on)).await;
         }
         let _ = decided.send(Some(Decision::Refused(granted_on.clone())));
         let holders: Vec<Option<Duration>> = answers
@@ -245,7 +244,7 @@ impl RedlockBackend {
         &self,
         kind: ClaimKind,
         name: &str,
-        step: Step,
+        owner: OwnerToken,
         only: Option<&[bool]>,
     ) -> Answers<bool> {
         let nm = name.to_string();
@@ -265,7 +264,7 @@ impl RedlockBackend {
             true,
             move |_, b| {
                 let nm = nm.clone();
-                Box::pin(async move { b.master_release(kind, &nm, step).await })
+                Box::pin(async move { b.master_release(kind, &nm, owner).await })
             },
             move |a| !undo && count(a, |x| *x) >= q,
         )
@@ -288,13 +287,9 @@ impl RedlockBackend {
         let owner = &step.owner;
         // Each master's part of this owner's calls runs to its end in a
         // task of its own, whatever becomes of the caller, so each master's
-        // book (`master_book`) knows exactly which went unanswered there;
-        // the caller's book, which only saw the quorum call, would mark
-        // every master after any dropped call.
-        let step = Step {
-            mark: false,
-            ..step
-        };
+        // book (`master_book`) knows exactly which went unanswered there
+        // and marks there: the caller's book (`step.mark`), which only saw
+        // the quorum call, would mark every master after any dropped call.
         let q = self.quorum;
         let already;
         {
@@ -308,7 +303,7 @@ impl RedlockBackend {
             entry.0 = now + self.timeout * 2;
             already = entry.1;
         }
-        let mut answers = self.release_on(kind, name, step, None).await;
+        let mut answers = self.release_on(kind, name, *owner, None).await;
         // A master whose release failed (a connection that broke, and is
         // being made again) may still hold the claim: ask it again, a few
         // times within the call timeout, before saying so.
@@ -316,7 +311,7 @@ impl RedlockBackend {
         while count(&answers, |x| *x) < q && errors(&answers) > 0 && Instant::now() < deadline {
             let again: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Err(_)))).collect();
             tokio::time::sleep(RELEASE_RETRY).await;
-            let more = self.release_on(kind, name, step, Some(&again)).await;
+            let more = self.release_on(kind, name, *owner, Some(&again)).await;
             for (a, m) in answers.iter_mut().zip(more) {
                 if m.is_some() {
                     *a = m;
@@ -372,10 +367,7 @@ impl RedlockBackend {
         let (n, q) = (self.masters.len(), self.quorum);
         let nm = name.to_string();
         // Marked by each master's own book (see `quorum_release`).
-        let step = Step {
-            mark: false,
-            ..step
-        };
+        let owner = step.owner;
         let answers = self
             .fan(
                 kind.op(Op::Extend),
@@ -383,7 +375,7 @@ impl RedlockBackend {
                 false,
                 move |_, b| {
                     let nm = nm.clone();
-                    Box::pin(async move { b.master_extend(kind, &nm, step, ttl).await })
+                    Box::pin(async move { b.master_extend(kind, &nm, owner, ttl).await })
                 },
                 |a| count(a, |x| *x) >= q || count(a, |x| !*x) + errors(a) > n - q,
             )
