@@ -13,7 +13,9 @@ use coord_core::wake::Waiter;
 use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result, Step};
 use rand::Rng;
 
-use super::tally::{answered, attempt_decided, count, errors, quorum_token, settled};
+use super::tally::{
+    answered, attempt_decided, count, errors, extend_decided, quorum_token, settled,
+};
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Op};
 use crate::keys::Keys;
@@ -306,9 +308,16 @@ impl RedlockBackend {
         let mut answers = self.release_on(kind, name, *owner, None).await;
         // A master whose release failed (a connection that broke, and is
         // being made again) may still hold the claim: ask it again, a few
-        // times within the call timeout, before saying so.
+        // times within the call timeout, before saying so; unless enough
+        // masters said they do not hold it that this owner held no quorum
+        // (a down master's straggler, if any, ends with its TTL).
         let deadline = Instant::now() + self.timeout;
-        while count(&answers, |x| *x) < q && errors(&answers) > 0 && Instant::now() < deadline {
+        let n = self.masters.len();
+        while count(&answers, |x| *x) < q
+            && count(&answers, |x| !*x) <= n - q
+            && errors(&answers) > 0
+            && Instant::now() < deadline
+        {
             let again: Vec<bool> = answers.iter().map(|a| matches!(a, Some(Err(_)))).collect();
             tokio::time::sleep(RELEASE_RETRY).await;
             let more = self.release_on(kind, name, *owner, Some(&again)).await;
@@ -377,7 +386,7 @@ impl RedlockBackend {
                     let nm = nm.clone();
                     Box::pin(async move { b.master_extend(kind, &nm, owner, ttl).await })
                 },
-                |a| count(a, |x| *x) >= q || count(a, |x| !*x) + errors(a) > n - q,
+                |a| extend_decided(a, n, q),
             )
             .await;
         if count(&answers, |x| *x) >= q {

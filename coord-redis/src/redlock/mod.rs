@@ -468,19 +468,25 @@ impl RedlockBackend {
     /// The error of a step that fewer than a quorum of masters answered.
     pub(crate) fn no_quorum<T>(&self, operation: &'static str, answers: &Answers<T>) -> Error {
         let ok = answers.iter().filter(|a| matches!(a, Some(Ok(_)))).count();
-        let last = answers.iter().rev().find_map(|a| match a {
-            Some(Err(e)) => Some(e.to_string()),
-            _ => None,
-        });
+        // What each master that did not answer said, so that one outage
+        // is told apart from several.
+        let failed: Vec<String> = answers
+            .iter()
+            .zip(&self.masters)
+            .filter_map(|(a, m)| match a {
+                Some(Err(e)) => Some(format!("{}: {e}", m.endpoint)),
+                None => Some(format!("{}: no answer yet", m.endpoint)),
+                Some(Ok(_)) => None,
+            })
+            .collect();
         Error::Unavailable {
             backend: BACKEND,
             operation,
             message: format!(
-                "only {ok} of {} Redlock masters answered; a quorum of {} is needed{}",
+                "only {ok} of {} Redlock masters answered; a quorum of {} is needed ({})",
                 self.masters.len(),
                 self.quorum,
-                last.map(|e| format!(" (last error: {e})"))
-                    .unwrap_or_default()
+                failed.join("; ")
             ),
             source: None,
         }

@@ -56,8 +56,11 @@ pub(super) fn quorum_token(tokens: &[FencingToken], q: usize) -> FencingToken {
     agreed.unwrap_or_else(|| tokens.iter().copied().max().unwrap_or(FencingToken(0)))
 }
 
-/// Whether the answers so far decide an attempt: enough masters refused
-/// or failed that it cannot reach a quorum, or a quorum granted it.
+/// Whether the answers so far decide an attempt: a quorum granted it, or
+/// enough masters refused or failed that it cannot be granted and a
+/// quorum answered (a refusal) or failed (no quorum: unavailable). Until
+/// then the masters still out are waited for, so that one master down
+/// and one refusal do not make a refusal look like an outage.
 /// `again[i]`: master `i` answered with a grant this owner held there
 /// already. When such a retry's grants so far disagree on the token (a
 /// master that ran a late copy of an earlier attempt holds one of its
@@ -67,7 +70,10 @@ pub(super) fn quorum_token(tokens: &[FencingToken], q: usize) -> FencingToken {
 pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q: usize) -> bool {
     let refused = count(a, |x| matches!(x, Attempt::Held { .. }));
     if refused + errors(a) > n - q {
-        return true;
+        // Not granted. A refusal needs a quorum of answers; with fewer,
+        // wait for the masters still out, unless too many failed for a
+        // quorum to answer at all.
+        return answered(a) >= q || errors(a) > n - q;
     }
     let tokens: Vec<FencingToken> = a
         .iter()
@@ -87,6 +93,14 @@ pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q:
         .iter()
         .any(|t| tokens.iter().filter(|x| *x == t).count() >= q);
     agreed || !retried
+}
+
+/// Whether the answers so far decide an extend (see [`attempt_decided`]).
+pub(super) fn extend_decided(a: &Answers<bool>, n: usize, q: usize) -> bool {
+    if count(a, |x| *x) >= q {
+        return true;
+    }
+    count(a, |x| !*x) + errors(a) > n - q && (answered(a) >= q || errors(a) > n - q)
 }
 
 /// How many masters answered (with a value).
@@ -125,6 +139,34 @@ mod tests {
         let held = || Some(Ok(Attempt::Held { expires_in: None }));
         let a: Answers<Attempt> = vec![held(), None, held()];
         assert!(attempt_decided(&a, &[false; 3], 3, 2));
+    }
+
+    #[test]
+    fn a_refusal_or_a_failed_extend_waits_for_a_quorum_of_answers() {
+        let held = || Some(Ok(Attempt::Held { expires_in: None }));
+        fn down<T>() -> Option<coord_core::Result<T>> {
+            Some(Err(coord_core::Error::Config("down".into())))
+        }
+        // One master refused, one is down, one is still out: whether the
+        // claim is held (a refusal) or unknown (unavailable) is not
+        // settled until the last one answers.
+        let a: Answers<Attempt> = vec![held(), down(), None];
+        assert!(!attempt_decided(&a, &[false; 3], 3, 2));
+        let a: Answers<Attempt> = vec![held(), down(), held()];
+        assert!(attempt_decided(&a, &[false; 3], 3, 2));
+        // Two masters down: no quorum can answer.
+        let a: Answers<Attempt> = vec![down(), down(), None];
+        assert!(attempt_decided(&a, &[false; 3], 3, 2));
+        // The same for an extend.
+        let e = |v: Option<bool>| v.map(Ok);
+        let a: Answers<bool> = vec![e(Some(false)), down(), None];
+        assert!(!extend_decided(&a, 3, 2));
+        let a: Answers<bool> = vec![e(Some(false)), down(), e(Some(false))];
+        assert!(extend_decided(&a, 3, 2));
+        let a: Answers<bool> = vec![e(Some(true)), e(Some(true)), None];
+        assert!(extend_decided(&a, 3, 2));
+        let a: Answers<bool> = vec![down(), down(), None];
+        assert!(extend_decided(&a, 3, 2));
     }
 
     #[test]

@@ -363,3 +363,54 @@ async fn a_name_held_on_fewer_masters_than_a_quorum_is_not_listed() {
     let names = c.list(Listed::Lock, "listed-", 100).await.unwrap();
     assert_eq!(names, [held], "only the name a quorum holds");
 }
+
+/// With one master of three down, a lock held on the other two is still
+/// a lock: another owner's attempt is refused and its extend and release
+/// answer false, every time, not "unavailable". The down master's error
+/// comes back at once; the step must wait for the second running master
+/// instead of deciding on that error and the first answer. And a release
+/// that two masters answered "not held" does not wait out the call
+/// timeout asking the down one again (the 20 rounds would outlast the
+/// TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_master_down_another_owner_is_refused_not_told_unavailable() {
+    let set = RedlockMasters::start(3);
+    let url = format!("{}?timeout=2s&connect_timeout=5s", set.url());
+    set.masters()[2].stop();
+    let c = client(&url).await;
+    let raw = c.raw_lock().unwrap();
+    let (me, other) = (
+        coord_core::OwnerToken::random(),
+        coord_core::OwnerToken::random(),
+    );
+    let ttl = Duration::from_secs(20);
+    let first = raw.try_acquire("down-one", me.step(), ttl).await.unwrap();
+    assert!(
+        matches!(first, coord_core::Attempt::Granted(_)),
+        "{first:?}"
+    );
+    for round in 0..20 {
+        let started = Instant::now();
+        let theirs = raw.try_acquire("down-one", other.step(), ttl).await;
+        assert!(
+            matches!(theirs, Ok(coord_core::Attempt::Held { .. })),
+            "round {round}: another owner's attempt got {theirs:?}"
+        );
+        let extended = raw.extend("down-one", other.step(), ttl).await;
+        assert!(
+            matches!(extended, Ok(false)),
+            "round {round}: another owner's extend got {extended:?}"
+        );
+        let released = raw.release("down-one", other.step()).await;
+        assert!(
+            matches!(released, Ok(false)),
+            "round {round}: another owner's release got {released:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "round {round} took {:?}, the call timeout: a step waited for the down master",
+            started.elapsed()
+        );
+    }
+    assert!(raw.release("down-one", me.step()).await.unwrap());
+}
