@@ -157,6 +157,21 @@ async fn sample_waits(url: &str, stop: &AtomicBool) -> BTreeMap<String, u64> {
 }
 
 async fn print_stats(c: &Client, cycles: u64) {
+    // Every statement run, nested ones included (`track = all`), but the
+    // probe's own.
+    let r = c
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+              WHERE query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_wal_lsn_diff%'",
+            &[],
+        )
+        .await
+        .expect("statement count");
+    let calls: i64 = r.get(0);
+    println!(
+        "  {:.1} statements per cycle, nested ones included",
+        calls as f64 / cycles as f64
+    );
     println!("  statements by own time (µs per cycle, calls per cycle, mean µs):");
     let rows = c
         .query(
