@@ -38,11 +38,18 @@ use super::{BACKEND, PostgresBackend};
 ///   default; `off` and `local` are raised to `on`, stronger settings
 ///   (`remote_write`, `remote_apply`) are kept. The limiter function lowers
 ///   it again, for its own transaction only.
+/// - `enable_seqscan = off`: every statement of coord has an index that
+///   fits it, and a plan is kept for the connection's life (see
+///   [`session_text`]): one made while a table was empty (a queue that had
+///   drained, then vacuumed) would otherwise read the whole table on every
+///   call once it holds a backlog or dead rows. Where no index fits, the
+///   sequential scan is still used.
 pub(super) fn begin_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {ms}; \
-         SET LOCAL lock_timeout = 0; SELECT set_config('synchronous_commit', \
+         SET LOCAL lock_timeout = 0; SET LOCAL enable_seqscan = off; \
+         SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, true)"
     )
@@ -55,13 +62,13 @@ pub(super) fn begin_text(call_timeout: Duration) -> String {
 /// `plan_cache_mode = force_generic_plan`: every statement is a primary-key
 /// lookup whatever its parameters, so it is planned once per connection,
 /// not on every call (the planner would otherwise keep re-planning the
-/// CTEs as custom plans).
+/// CTEs as custom plans); so `enable_seqscan = off` matters most here.
 pub(super) fn session_text(call_timeout: Duration) -> String {
     let ms = call_timeout.as_millis().clamp(1, i32::MAX as u128);
     format!(
         "SET default_transaction_isolation = 'read committed'; \
          SET statement_timeout = {ms}; SET lock_timeout = 0; \
-         SET plan_cache_mode = force_generic_plan; \
+         SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
          SELECT set_config('synchronous_commit', \
            CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
                 ELSE current_setting('synchronous_commit') END, false)"
