@@ -285,7 +285,11 @@ impl PostgresBackend {
     /// rely on session state if you run behind PgBouncer, and must not
     /// change `default_transaction_isolation` (coord's steps refuse to run
     /// at another level than read committed; see docs/postgres.md,
-    /// "Transaction isolation").
+    /// "Transaction isolation"). Its connections carry coord's session
+    /// settings (docs/postgres.md), among them `enable_seqscan = off` and
+    /// `plan_cache_mode = force_generic_plan`: a query of yours that should
+    /// read a whole table can `SET LOCAL enable_seqscan = on` in its
+    /// transaction.
     pub fn pool(&self) -> &Pool {
         &self.pool
     }

@@ -14,7 +14,7 @@ use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result, Step};
 use rand::Rng;
 
 use super::tally::{
-    answered, attempt_decided, count, errors, extend_decided, quorum_token, settled,
+    answered, attempt_decided, count, errors, extend_decided, extend_outcome, quorum_token, settled,
 };
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Op};
@@ -95,6 +95,9 @@ impl RedlockBackend {
                     let guard = guards.lock().unwrap_or_else(|e| e.into_inner())[i].take();
                     Box::pin(async move {
                         let r = b.master_acquire(kind, &nm, step, ttl, me.as_deref()).await;
+                        // This owner held the claim here before this
+                        // attempt: not this attempt's grant to undo.
+                        let held = matches!(&r, Ok((_, true)));
                         let r = r.map(|(a, held)| {
                             again.lock().unwrap_or_else(|e| e.into_inner())[i] = held;
                             a
@@ -148,6 +151,11 @@ impl RedlockBackend {
                                     }
                                 }
                                 Some(Decision::Refused(undone)) if undone[i] => {}
+                                // Not granted, but held here before: the
+                                // claim stays its owner's (a guard of it
+                                // elsewhere still counts on it; after a
+                                // lost reply the core releases it).
+                                _ if held => {}
                                 // Not granted (or given up): this late
                                 // grant is undone here, in order after it.
                                 _ => {
@@ -200,14 +208,23 @@ impl RedlockBackend {
                 return Ok(Attempt::Granted(token));
             }
         }
-        // Not granted: undo it on every master that granted it, before
-        // returning. A master that answers later undoes its own grant (in
-        // its call's task, after the grant), and this owner's next attempt
-        // waits for that.
-        if !tokens.is_empty() {
-            self.release_on(kind, name, *owner, Some(&granted_on)).await;
+        // Not granted: undo it on every master that granted it anew (one
+        // that answered that this owner held it already keeps it: see the
+        // call's task), before returning. A master that answers later
+        // undoes its own grant (in its call's task, after the grant), and
+        // this owner's next attempt waits for that.
+        let undo: Vec<bool> = {
+            let again = seen.lock().unwrap_or_else(|e| e.into_inner());
+            granted_on
+                .iter()
+                .zip(again.iter())
+                .map(|(g, a)| *g && !*a)
+                .collect()
+        };
+        if undo.iter().any(|u| *u) {
+            self.release_on(kind, name, *owner, Some(&undo)).await;
         }
-        let _ = decided.send(Some(Decision::Refused(granted_on.clone())));
+        let _ = decided.send(Some(Decision::Refused(undo)));
         let holders: Vec<Option<Duration>> = answers
             .iter()
             .filter_map(|a| match a {
@@ -389,13 +406,27 @@ impl RedlockBackend {
                 |a| extend_decided(a, n, q),
             )
             .await;
-        if count(&answers, |x| *x) >= q {
-            return Ok(true);
+        if let Some(held) = extend_outcome(&answers, n, q) {
+            return Ok(held);
         }
-        if answered(&answers) >= q {
-            return Ok(false);
+        if answered(&answers) < q {
+            return Err(self.no_quorum(kind.op(Op::Extend), &answers));
         }
-        Err(self.no_quorum(kind.op(Op::Extend), &answers))
+        // A quorum answered, but neither way: the masters that failed
+        // decide whether a quorum extended it.
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation: kind.op(Op::Extend),
+            message: format!(
+                "extended on {} of {} Redlock masters, not held on {}, and {} did not answer: \
+                 whether a quorum of {q} holds it is not known",
+                count(&answers, |x| *x),
+                n,
+                count(&answers, |x| !*x),
+                n - answered(&answers)
+            ),
+            source: None,
+        })
     }
 
     /// The holder a quorum of masters agrees on (every master asked).

@@ -89,18 +89,36 @@ pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q:
         .iter()
         .zip(again)
         .any(|(x, again)| *again && matches!(x, Some(Ok(Attempt::Granted(_)))));
-    let agreed = tokens
+    let most = tokens
         .iter()
-        .any(|t| tokens.iter().filter(|x| *x == t).count() >= q);
-    agreed || !retried
+        .map(|t| tokens.iter().filter(|x| *x == t).count())
+        .max()
+        .unwrap_or(0);
+    // The masters still out could still give a token a quorum.
+    let out = n - answered(a) - errors(a);
+    most >= q || !retried || most + out < q
 }
 
-/// Whether the answers so far decide an extend (see [`attempt_decided`]).
+/// Whether the answers so far decide an extend: a quorum extended it
+/// (held), more than n−q said it is not held (lost: no quorum can hold
+/// it), or more than n−q failed (no quorum can answer). Anything between
+/// is unknown until the masters still out answer; what is still unknown
+/// then is unavailable ([`extend_outcome`]), not lost.
 pub(super) fn extend_decided(a: &Answers<bool>, n: usize, q: usize) -> bool {
+    count(a, |x| *x) >= q || count(a, |x| !*x) > n - q || errors(a) > n - q
+}
+
+/// An extend's outcome from its answers: `Some(true)` held on a quorum,
+/// `Some(false)` not held by enough masters that no quorum can hold it,
+/// `None` unknown (some masters failed).
+pub(super) fn extend_outcome(a: &Answers<bool>, n: usize, q: usize) -> Option<bool> {
     if count(a, |x| *x) >= q {
-        return true;
+        Some(true)
+    } else if count(a, |x| !*x) > n - q {
+        Some(false)
+    } else {
+        None
     }
-    count(a, |x| !*x) + errors(a) > n - q && (answered(a) >= q || errors(a) > n - q)
 }
 
 /// How many masters answered (with a value).
@@ -130,6 +148,22 @@ mod tests {
         assert!(!attempt_decided(&a, &[true, false, true], 3, 2));
         let a: Answers<Attempt> = vec![g(5), g(5), g(9)];
         assert!(attempt_decided(&a, &[true, true, true], 3, 2));
+        // Disagreeing, and the masters still out can give no token a
+        // quorum: decided; while they can: not yet.
+        let a: Answers<Attempt> = vec![g(5), g(9), g(7), g(8), None];
+        assert!(attempt_decided(
+            &a,
+            &[true, true, false, false, false],
+            5,
+            3
+        ));
+        let a: Answers<Attempt> = vec![g(5), g(9), g(5), None, None];
+        assert!(!attempt_decided(
+            &a,
+            &[true, true, true, false, false],
+            5,
+            3
+        ));
         // Agreeing, or new: decided on the first quorum.
         let a: Answers<Attempt> = vec![g(5), g(5), None];
         assert!(attempt_decided(&a, &[true, true, false], 3, 2));
@@ -163,6 +197,10 @@ mod tests {
         assert!(!extend_decided(&a, 3, 2));
         let a: Answers<bool> = vec![e(Some(false)), down(), e(Some(false))];
         assert!(extend_decided(&a, 3, 2));
+        assert_eq!(extend_outcome(&a, 3, 2), Some(false));
+        // The failed master may have extended it: unknown, not lost.
+        let a: Answers<bool> = vec![e(Some(false)), down(), e(Some(true))];
+        assert_eq!(extend_outcome(&a, 3, 2), None);
         let a: Answers<bool> = vec![e(Some(true)), e(Some(true)), None];
         assert!(extend_decided(&a, 3, 2));
         let a: Answers<bool> = vec![down(), down(), None];

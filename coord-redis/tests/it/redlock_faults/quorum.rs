@@ -414,3 +414,65 @@ async fn with_a_master_down_another_owner_is_refused_not_told_unavailable() {
     }
     assert!(raw.release("down-one", me.step()).await.unwrap());
 }
+
+/// A retry by the owner whose first answers disagree on the token waits
+/// for the master still out before it chooses. The owner holds token T
+/// on every master; master 2 is then made to hold a later token of its
+/// own for the same owner (as a late copy of an attempt leaves it), and
+/// master 1, which holds T, answers 300 ms late. The first two answers
+/// (masters 0 and 2: "held already", T and the later one) have no token
+/// on a quorum; deciding on them would answer the later token. The retry
+/// must wait for master 1 and answer T, and set master 2 back to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_whose_first_answers_disagree_waits_for_the_late_master() {
+    let set = RedlockMasters::start_behind_proxies(3);
+    let url = format!("{}?timeout=5s", set.url());
+    let c = client(&url).await;
+    ready(&set, &[&c]).await;
+    let raw = c.raw_lock().unwrap();
+    let me = coord_core::OwnerToken::random();
+    let ttl = Duration::from_secs(20);
+    let first = raw.try_acquire("disagree", me.step(), ttl).await.unwrap();
+    let coord_core::Attempt::Granted(token) = first else {
+        panic!("a free lock was refused: {first:?}");
+    };
+    until(
+        "every master holds the grant's token",
+        Duration::from_secs(5),
+        || async {
+            set.masters().iter().all(|m| {
+                live_claims(m, "disagree")
+                    .iter()
+                    .any(|c| stored_token(&c.1) == token.get())
+            })
+        },
+    )
+    .await;
+    // Master 2: the same owner, a later token of its own.
+    let (key, value, _) = live_claims(&set.masters()[2], "disagree")
+        .into_iter()
+        .next()
+        .expect("master 2 holds the claim");
+    let later = token.get() + 1_000_000;
+    let forged = value.replacen(&token.get().to_string(), &later.to_string(), 1);
+    set.masters()[2].command(&["SET", &key, &forged, "KEEPTTL"]);
+    set.proxy(1).latency(Duration::from_millis(300));
+    let again = raw.try_acquire("disagree", me.step(), ttl).await.unwrap();
+    set.proxy(1).heal();
+    assert_eq!(
+        again,
+        coord_core::Attempt::Granted(token),
+        "the retry chose before the master holding the grant's token answered"
+    );
+    until(
+        "master 2 set back to the grant's token",
+        Duration::from_secs(5),
+        || async {
+            live_claims(&set.masters()[2], "disagree")
+                .iter()
+                .all(|c| stored_token(&c.1) == token.get())
+        },
+    )
+    .await;
+    assert!(raw.release("disagree", me.step()).await.unwrap());
+}
