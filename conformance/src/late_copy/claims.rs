@@ -18,6 +18,12 @@ const SHORT: Duration = Duration::from_secs(1);
 const LONG: Duration = Duration::from_secs(30);
 /// The TTL of the extend whose copy lands late: longer than [`DELAY`].
 const SHORT_EXTEND: Duration = Duration::from_secs(5);
+/// The TTL of the extend held in the network in
+/// [`late_extend_after_a_later_one`]. Once it goes unanswered, the guard
+/// counts at most this long, so the holder's next extend must be answered
+/// within it, after the client reconnected ([`CUT_AFTER`]): 2 s leaves it
+/// 1.6 s, where 1 s left 650 ms, too little on a loaded machine.
+const HELD_EXTEND: Duration = Duration::from_secs(2);
 
 /// The owner's first attempt on `name` (TTL 1 s) is held in the network
 /// past its call (`via`, through `proxy`, is dropped after 10 ms); its
@@ -197,10 +203,10 @@ pub async fn late_copy_of_an_extend_after_a_later_one<B: Lock + Semaphore>(
     assert!(kind.release(direct, name, &o).await.unwrap());
 }
 
-/// A holder's extend to 1 s is held in the network past its call (its
-/// caller gave up on it after 10 ms); the holder extends again, to 30 s,
-/// and is answered; then the 1 s extend's copy lands and sets the store's
-/// expiry to 1 s from then. The guard must not count its validity from the
+/// A holder's extend to 2 s ([`HELD_EXTEND`]) is held in the network past
+/// its call (its caller gave up on it after 10 ms); the holder extends
+/// again, to 30 s, and is answered; then the 2 s extend's copy lands and
+/// sets the store's expiry to 2 s from then. The guard must not count its validity from the
 /// 30 s it was answered with: by the time another owner (through `direct`)
 /// is granted the name, the guard says it is no longer valid (a guard may
 /// count from the short TTL while such a copy may still land, whatever the
@@ -216,7 +222,7 @@ pub async fn late_extend_after_a_later_one(
     let guard = locks.acquire(name, LONG, Duration::ZERO).await.unwrap();
     hold_next_naming(proxy, name);
     let held_at = Instant::now();
-    let short = tokio::time::timeout(Duration::from_millis(10), guard.extend(SHORT)).await;
+    let short = tokio::time::timeout(Duration::from_millis(10), guard.extend(HELD_EXTEND)).await;
     assert!(short.is_err(), "the short extend was answered: {short:?}");
     until_reconnected(held_at).await;
     // Extended again (tried until answered, as a caller would) before the
@@ -240,7 +246,7 @@ pub async fn late_extend_after_a_later_one(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The copy set the expiry to 1 s from when it landed: another owner is
+    // The copy set the expiry to 2 s from when it landed: another owner is
     // granted within a few seconds; the guard must not be valid by then.
     let other = direct
         .locks()
@@ -258,7 +264,7 @@ pub async fn late_extend_after_a_later_one(
         }
         Err(coord_core::Error::Timeout { .. }) => {
             // The store kept the 30 s extend (the copy changed nothing);
-            // the guard may count from 1 s all the same, which is safe.
+            // the guard may count from 2 s all the same, which is safe.
             let _ = guard.release().await;
         }
         Err(e) => panic!("the other owner's acquire: {e}"),
