@@ -203,7 +203,7 @@ pub async fn late_copy_of_an_extend_after_a_later_one<B: Lock + Semaphore>(
     assert!(kind.release(direct, name, &o).await.unwrap());
 }
 
-/// A holder's extend to 2 s ([`HELD_EXTEND`]) is held in the network past
+/// A holder's extend to 2 s (`HELD_EXTEND`) is held in the network past
 /// its call (its caller gave up on it after 10 ms); the holder extends
 /// again, to 30 s, and is answered; then the 2 s extend's copy lands and
 /// sets the store's expiry to 2 s from then. The guard must not count its validity from the
