@@ -14,7 +14,8 @@ use coord_core::{Attempt, Error, FencingToken, OwnerToken, Result, Step};
 use rand::Rng;
 
 use super::tally::{
-    answered, attempt_decided, count, errors, extend_decided, extend_outcome, quorum_token, settled,
+    answered, attempt_decided, count, errors, extend_decided, extend_outcome, granted_tokens,
+    quorum_token, settled,
 };
 use super::{Answers, RedlockBackend};
 use crate::backend::{BACKEND, ClaimKind, Op};
@@ -176,13 +177,7 @@ impl RedlockBackend {
             .iter()
             .map(|a| matches!(a, Some(Ok(Attempt::Granted(_)))))
             .collect();
-        let tokens: Vec<FencingToken> = answers
-            .iter()
-            .filter_map(|a| match a {
-                Some(Ok(Attempt::Granted(t))) => Some(*t),
-                _ => None,
-            })
-            .collect();
+        let tokens = granted_tokens(&answers);
         if tokens.len() >= q {
             let token = quorum_token(&tokens, q);
             let asked = tokens.len();

@@ -75,13 +75,7 @@ pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q:
         // quorum to answer at all.
         return answered(a) >= q || errors(a) > n - q;
     }
-    let tokens: Vec<FencingToken> = a
-        .iter()
-        .filter_map(|x| match x {
-            Some(Ok(Attempt::Granted(t))) => Some(*t),
-            _ => None,
-        })
-        .collect();
+    let tokens = granted_tokens(a);
     if tokens.len() < q {
         return false;
     }
@@ -97,6 +91,16 @@ pub(super) fn attempt_decided(a: &Answers<Attempt>, again: &[bool], n: usize, q:
     // The masters still out could still give a token a quorum.
     let out = n - answered(a) - errors(a);
     most >= q || !retried || most + out < q
+}
+
+/// The tokens of the masters that granted an attempt, in master order.
+pub(super) fn granted_tokens(a: &Answers<Attempt>) -> Vec<FencingToken> {
+    a.iter()
+        .filter_map(|x| match x {
+            Some(Ok(Attempt::Granted(t))) => Some(*t),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Whether the answers so far decide an extend: a quorum extended it
