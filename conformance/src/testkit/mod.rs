@@ -169,52 +169,122 @@ pub fn parent_of(pid: u32) -> Option<u32> {
 /// for 2 s more (a wrapper may end after `stop` returns). Panics if no
 /// process could take the pid (the kit's tests run as root).
 pub fn pid_taker_survives(pid: u32, stop: impl FnOnce()) -> bool {
-    let free = std::path::PathBuf::from(format!("/proc/{pid}"));
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while free.exists() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    let mut other = spawn_as_pid(pid, "sleep", &["60"])
-        .unwrap_or_else(|| panic!("no process could take pid {pid} (is the test root?)"));
+    let mut other = PidTaker::start(pid, "sleep", &["60"])
+        .unwrap_or_else(|e| panic!("no process could take pid {pid}: {e}"));
     stop();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
-    let mut survived = true;
     while std::time::Instant::now() < until {
-        if other
-            .try_wait()
-            .expect("poll the process with the pid")
-            .is_some()
-        {
-            survived = false;
-            break;
+        if other.ended() {
+            return false;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let _ = other.kill();
-    let _ = other.wait();
-    survived
+    true
 }
 
-/// Run `program` with `args` as a process whose pid is `pid` (free now),
-/// through `/proc/sys/kernel/ns_last_pid` (root only). Retries while
-/// other processes take the pid first; `None` if it could not (not root,
-/// or the pid stayed taken for 5 s).
-fn spawn_as_pid(pid: u32, program: &str, args: &[&str]) -> Option<std::process::Child> {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while std::time::Instant::now() < until {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
-        let mut child = std::process::Command::new(program)
-            .args(args)
-            .spawn()
-            .ok()?;
-        if child.id() == pid {
-            return Some(child);
+/// A process started with a pid of the caller's choice, killed and reaped
+/// when dropped.
+struct PidTaker {
+    pid: libc::pid_t,
+    reaped: bool,
+}
+
+impl PidTaker {
+    /// Run `program` (found on `PATH`) with `args` as process `pid`,
+    /// waiting up to 5 s for the pid to be free. The pid is asked of the
+    /// kernel with `clone3`'s `set_tid` (Linux 5.5, root): it gives that
+    /// pid or none, so no other process or thread can take it first, as
+    /// one could between a write of `ns_last_pid` and the next fork (a
+    /// thread of a test running beside this one did, and kept the pid).
+    fn start(pid: u32, program: &str, args: &[&str]) -> Result<Self, String> {
+        use std::ffi::CString;
+        let path = std::env::var_os("PATH")
+            .and_then(|dirs| {
+                std::env::split_paths(&dirs)
+                    .map(|d| d.join(program))
+                    .find(|p| p.is_file())
+            })
+            .ok_or_else(|| format!("`{program}` is not on PATH"))?;
+        let path =
+            CString::new(path.into_os_string().into_encoded_bytes()).map_err(|e| e.to_string())?;
+        let argv: Vec<CString> = std::iter::once(program)
+            .chain(args.iter().copied())
+            .map(|a| CString::new(a).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let mut argv_ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let pid = libc::pid_t::try_from(pid).map_err(|e| e.to_string())?;
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let mut tid = pid;
+            // SAFETY: an all-zero `clone_args` is valid (no flags, no
+            // stack: a fork); the fields set below point at `tid`, alive
+            // across the call.
+            let mut ca: libc::clone_args = unsafe { std::mem::zeroed() };
+            ca.exit_signal = libc::SIGCHLD as u64;
+            ca.set_tid = std::ptr::addr_of_mut!(tid) as u64;
+            ca.set_tid_size = 1;
+            // SAFETY: clone3 as a fork. The child runs only
+            // async-signal-safe calls (sigprocmask, execv, _exit) on memory
+            // prepared before the fork, as a child of a threaded process
+            // must.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_clone3,
+                    std::ptr::addr_of_mut!(ca),
+                    std::mem::size_of::<libc::clone_args>(),
+                )
+            };
+            if r == 0 {
+                // SAFETY: see above; the child never returns from here.
+                unsafe {
+                    let mut none: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&mut none);
+                    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                    libc::execv(path.as_ptr(), argv_ptrs.as_ptr());
+                    libc::_exit(127);
+                }
+            }
+            if r > 0 {
+                return Ok(Self {
+                    pid: r as libc::pid_t,
+                    reaped: false,
+                });
+            }
+            let e = std::io::Error::last_os_error();
+            // EEXIST: the pid is still taken (its process not reaped yet).
+            if e.raw_os_error() != Some(libc::EEXIST) || std::time::Instant::now() >= until {
+                return Err(format!(
+                    "clone3 with set_tid {pid} failed: {e} (the kit's tests run as root on Linux 5.5 or later)"
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let _ = child.kill();
-        let _ = child.wait();
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    None
+
+    /// Whether the process has ended (reaping it if so).
+    fn ended(&mut self) -> bool {
+        if !self.reaped {
+            let mut status = 0;
+            // SAFETY: waitpid on our own child, with a valid status pointer.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            self.reaped = r == self.pid;
+        }
+        self.reaped
+    }
+}
+
+impl Drop for PidTaker {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // SAFETY: signal and reap our own unreaped child: its pid is
+            // still ours, no other process can have it.
+            unsafe {
+                libc::kill(self.pid, libc::SIGKILL);
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
 }
 
 /// Send `sig` (a name such as `STOP`, `CONT`, `KILL`) to process `pid`
