@@ -1,5 +1,6 @@
 //! Race scenarios for any store's raw `coord_core::Queue`: concurrent
-//! calls on ONE delivery (or of one consumer) through ONE client. Used by
+//! calls on ONE delivery (or of one consumer, or a push with a pop of its
+//! group) through ONE client. Used by
 //! `tests/it/queue_same_delivery_races.rs` in coord-etcd, coord-redis and
 //! coord-postgres.
 //!
@@ -44,9 +45,11 @@ use tokio::time::sleep;
 
 mod ends;
 mod pops;
+mod pushes;
 
 pub use ends::{ack_racing_extend, ack_racing_nack, nack_racing_extend, two_acks};
 pub use pops::{ack_racing_next_pop_ordered, pops_of_one_consumer};
+pub use pushes::push_racing_pop_of_its_group;
 
 /// A client's raw queue.
 pub type Q = Arc<dyn Queue>;

@@ -43,7 +43,12 @@
 //!   (and the dedup key) in one transaction; **the message id is its
 //!   revision**. Then the insert: record, payload, the group's lists and
 //!   (when its candidate changes) its index entries, comparing the group
-//!   record unchanged (or absent, then the lane clock). A push whose id is
+//!   record unchanged (or absent, then the lane clock). A push behind an
+//!   older ready message of its group (the common case on a busy queue)
+//!   changes nothing the record holds, so it compares only that the group
+//!   is the same and that an older ready message of it is still there:
+//!   deliveries of the group change the record, and a push comparing it
+//!   lost to every one of them. A push whose id is
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.

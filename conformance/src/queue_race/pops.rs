@@ -284,5 +284,11 @@ macro_rules! queue_race_tests {
         async fn ack_racing_the_owners_next_pop_in_an_ordered_group() {
             $crate::queue_race::ack_racing_next_pop_ordered(&$env("rwq_ack_pop").await).await;
         }
+
+        /// (g) See [`conformance::queue_race::push_racing_pop_of_its_group`].
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn push_racing_a_pop_of_its_groups_last_ready_message() {
+            $crate::queue_race::push_racing_pop_of_its_group(&$env("rwq_push_pop").await).await;
+        }
     };
 }

@@ -265,13 +265,6 @@ pub(crate) fn insert(
     match (v.group, v.head) {
         (Some(gkv), Some(hkv)) => {
             let old = group_of(gkv, hkv, op)?;
-            p.same(gkv);
-            if id < old.head {
-                p.same(hkv);
-            } else {
-                // Behind the head, whoever it is by then.
-                p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
-            }
             let lowest = match (old.ready, ready) {
                 (0, r) | (r, 0) => r,
                 (a, b) => a.min(b),
@@ -281,6 +274,30 @@ pub(crate) fn insert(
                 head: old.head.min(id),
                 ready: lowest,
             };
+            if id < old.head {
+                p.same(gkv);
+                p.same(hkv);
+            } else {
+                // Behind the head, whoever it is by then.
+                p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
+                if new.ready == old.ready {
+                    // The message changes nothing the group's record holds
+                    // (its turn, its lowest ready id) and so none of its
+                    // index entries: it needs the same group still there
+                    // and, when it is ready, an older ready message of the
+                    // group still there (else it becomes the group's
+                    // candidate). Not the record unchanged: every delivery
+                    // of the group changes that, and a push that compared
+                    // it lost to every pop of a busy group.
+                    p.exists_as(gkv);
+                    if ready != 0 {
+                        let readies = k.readies(l, g);
+                        p.some_in(&readies, &with_id(&readies, id));
+                    }
+                    return Ok(());
+                }
+                p.same(gkv);
+            }
             set_group(p, k, l, g, Some(old), Some(new));
         }
         (None, None) => {

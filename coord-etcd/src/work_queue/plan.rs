@@ -174,6 +174,13 @@ impl Plan {
         }
     }
 
+    /// Some key exists in `[start, end)` (etcd compares a range without
+    /// keys as one key that does not exist: create revision 0).
+    pub(crate) fn some_in(&mut self, start: &[u8], end: &[u8]) {
+        self.cmp
+            .push(Compare::create_revision(start, CompareOp::Greater, 0).with_range(end));
+    }
+
     /// No key in `[start, end)` was written after revision `rev`.
     fn unchanged_since(&mut self, start: &[u8], end: &[u8], rev: i64) {
         if start < end {
