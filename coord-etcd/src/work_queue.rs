@@ -46,9 +46,10 @@
 //!   record unchanged (or absent, then the lane clock). A push behind an
 //!   older ready message of its group (the common case on a busy queue)
 //!   changes nothing the record holds, so it compares only that the group
-//!   is the same and that an older ready message of it is still there:
-//!   deliveries of the group change the record, and a push comparing it
-//!   lost to every one of them. A push whose id is
+//!   is the same and that one of the group's first ready messages it read
+//!   (up to 16, older than it) is still there: deliveries of the group
+//!   change the record, and a push comparing it lost to every one of
+//!   them. A push whose id is
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.
@@ -152,7 +153,7 @@ use crate::client::corrupt;
 use crate::client::keys::prefix_end;
 use crate::client::watch::WatchKind;
 use crate::client::{Etcd, is_lease_not_found, lock, secs};
-use crate::work_queue::group::{Landing, insert, landing_ops};
+use crate::work_queue::group::{LANDING, Landing, insert, landing_ops};
 use crate::work_queue::keys::{Meta, QKeys, State};
 use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms};
 
@@ -318,7 +319,7 @@ impl WorkQueues {
                 .filter(|r| *r > 0)
                 .ok_or_else(|| corrupt(op, "revision"))?;
             let now = now_ms();
-            let dedup = msg.dedup_id.and_then(|_| s.one(4));
+            let dedup = msg.dedup_id.and_then(|_| s.one(1 + LANDING));
             if let Some(kv) = dedup {
                 let v = std::str::from_utf8(kv.value()).ok();
                 let parsed = v

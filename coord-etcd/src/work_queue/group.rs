@@ -211,18 +211,40 @@ pub(crate) fn remove(
     Ok(true)
 }
 
+/// How many of a group's first ready messages [`landing_ops`] reads.
+const OLDER_READ: i64 = 16;
+
 /// What putting a message into group `g` of lane `l` needs: the group's
-/// record and head and the lane's clock. Three reads, for
-/// [`Landing::of`].
+/// record and head, the lane's clock, and the group's first
+/// [`OLDER_READ`] ready messages. [`LANDING`] reads, for [`Landing::of`].
 pub(crate) fn landing_ops(k: &QKeys, l: Lane, g: &str) -> Vec<TxnOp> {
-    vec![get(k.group(l, g)), get(k.head(l, g)), get(k.clock(l))]
+    let r = k.readies(l, g);
+    let end = prefix_end(&r);
+    vec![
+        get(k.group(l, g)),
+        get(k.head(l, g)),
+        get(k.clock(l)),
+        TxnOp::get(
+            r,
+            Some(
+                GetOptions::new()
+                    .with_range(end)
+                    .with_limit(OLDER_READ)
+                    .with_keys_only(),
+            ),
+        ),
+    ]
 }
+
+/// How many reads [`landing_ops`] makes.
+pub(crate) const LANDING: usize = 4;
 
 /// The answers of [`landing_ops`] from operation `at` on.
 pub(crate) struct Landing<'a> {
     pub(crate) group: Option<&'a KeyValue>,
     pub(crate) head: Option<&'a KeyValue>,
     clock: Option<&'a KeyValue>,
+    readies: &'a [KeyValue],
 }
 
 impl<'a> Landing<'a> {
@@ -231,6 +253,7 @@ impl<'a> Landing<'a> {
             group: s.one(at),
             head: s.one(at + 1),
             clock: s.one(at + 2),
+            readies: s.list(at + 3),
         }
     }
 }
@@ -280,19 +303,29 @@ pub(crate) fn insert(
             } else {
                 // Behind the head, whoever it is by then.
                 p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
-                if new.ready == old.ready {
+                // The group's first ready messages read that are older
+                // than this one, if the record agrees with them.
+                let older: Vec<&KeyValue> = v
+                    .readies
+                    .iter()
+                    .take_while(|kv| id_of(kv.key()).is_some_and(|r| r < id))
+                    .collect();
+                let agrees = older.first().and_then(|kv| id_of(kv.key())) == Some(old.ready);
+                if new.ready == old.ready && (ready == 0 || agrees) {
                     // The message changes nothing the group's record holds
                     // (its turn, its lowest ready id) and so none of its
                     // index entries: it needs the same group still there
-                    // and, when it is ready, an older ready message of the
-                    // group still there (else it becomes the group's
-                    // candidate). Not the record unchanged: every delivery
-                    // of the group changes that, and a push that compared
-                    // it lost to every pop of a busy group.
+                    // and, when it is ready, one of the older ready
+                    // messages read still there (else it may become the
+                    // group's candidate). Not the record unchanged: every
+                    // delivery of the group changes that, and a push that
+                    // compared it lost to every pop of a busy group. The
+                    // range compared is what was read (etcd reads all of
+                    // a compared range: not the group's whole backlog).
                     p.exists_as(gkv);
-                    if ready != 0 {
-                        let readies = k.readies(l, g);
-                        p.some_in(&readies, &with_id(&readies, id));
+                    if let (Some(first), Some(last)) = (older.first(), older.last()) {
+                        let mine = with_id(&k.readies(l, g), id);
+                        p.some_in(first.key(), &after(last.key()).min(mine));
                     }
                     return Ok(());
                 }
