@@ -124,7 +124,11 @@ async fn main() {
         .unwrap_or(16);
     let server = conformance::testkit::redis::server();
     let url = server.url();
-    let b = Arc::new(RedisBackend::connect(RedisOptions::new(&url)).await.unwrap());
+    let b = Arc::new(
+        RedisBackend::connect(RedisOptions::new(&url))
+            .await
+            .unwrap(),
+    );
     let cfg = QueueConfig::default();
     let q = "probe-queue";
     println!("{tasks} tasks, {PER_TASK} messages each, one queue");
@@ -139,7 +143,7 @@ async fn main() {
     .await;
     let owners: Vec<OwnerToken> = (0..tasks).map(|_| OwnerToken::random()).collect();
     let popped = phase(server, "pop", tasks, |i| {
-        let (b, o, cfg) = (b.clone(), owners[i], cfg.clone());
+        let (b, o) = (b.clone(), owners[i]);
         async move {
             let mut ids = Vec::new();
             for _ in 0..PER_TASK {
@@ -164,11 +168,11 @@ async fn main() {
     .await;
     let (rate, cpu) = cycles(server, tasks, {
         let b = b.clone();
-        move |i| {
-            let (b, cfg) = (b.clone(), cfg.clone());
+        move |_| {
+            let b = b.clone();
             async move {
                 let o = OwnerToken::random();
-                let name = format!("{q}-{}", i % 1);
+                let name = format!("{q}-cycle");
                 b.push(&name, &new_message(b"m")).await.unwrap();
                 let PopAttempt::Delivered { message, .. } =
                     b.try_pop(&name, Lane::Main, &o, VIS, &cfg).await.unwrap()
