@@ -46,10 +46,11 @@
 //!   record unchanged (or absent, then the lane clock). A push behind an
 //!   older ready message of its group (the common case on a busy queue)
 //!   changes nothing the record holds, so it compares only that the group
-//!   is the same and that one of the group's first ready messages it read
-//!   (up to 16, older than it) is still there: deliveries of the group
-//!   change the record, and a push comparing it lost to every one of
-//!   them. A push whose id is
+//!   is the same (the record's create revision) and that the highest of
+//!   the older ready messages it read (of the group's first 16) is
+//!   unchanged, so still ready and none above it delivered: deliveries
+//!   of the group change the record, and a push comparing it lost to
+//!   every one of them. A push whose id is
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.

@@ -304,29 +304,30 @@ pub(crate) fn insert(
                 // Behind the head, whoever it is by then.
                 p.value_cmp(k.head(l, g), CompareOp::Less, Group::head_value(id));
                 // The group's first ready messages read that are older
-                // than this one, if the record agrees with them.
+                // than this one (the record's lowest ready id must be the
+                // first of them).
                 let older: Vec<&KeyValue> = v
                     .readies
                     .iter()
                     .take_while(|kv| id_of(kv.key()).is_some_and(|r| r < id))
                     .collect();
                 let agrees = older.first().and_then(|kv| id_of(kv.key())) == Some(old.ready);
-                if new.ready == old.ready && (ready == 0 || agrees) {
-                    // The message changes nothing the group's record holds
-                    // (its turn, its lowest ready id) and so none of its
-                    // index entries: it needs the same group still there
-                    // and, when it is ready, one of the older ready
-                    // messages read still there (else it may become the
-                    // group's candidate). Not the record unchanged: every
-                    // delivery of the group changes that, and a push that
-                    // compared it lost to every pop of a busy group. The
-                    // range compared is what was read (etcd reads all of
-                    // a compared range: not the group's whole backlog).
+                if let (true, true, Some(last)) = (ready != 0, agrees, older.last()) {
+                    // A ready message behind older ready ones changes
+                    // nothing the group's record holds (its turn, its
+                    // lowest ready id) and so none of its index entries.
+                    // It needs the same group still there, and the
+                    // highest of the older ready messages read unchanged:
+                    // that one ready all along, the group kept a candidate
+                    // older than this message, and none of its messages
+                    // above that one was delivered meanwhile (a delivery
+                    // takes the lowest ready id first), so this one lands
+                    // in its place in the group's order. Not the record
+                    // unchanged: every delivery of the group changes that,
+                    // and a push that compared it lost to every pop of a
+                    // busy group.
                     p.exists_as(gkv);
-                    if let (Some(first), Some(last)) = (older.first(), older.last()) {
-                        let mine = with_id(&k.readies(l, g), id);
-                        p.some_in(first.key(), &after(last.key()).min(mine));
-                    }
+                    p.same(last);
                     return Ok(());
                 }
                 p.same(gkv);

@@ -4,7 +4,10 @@
 //! read depends on another), then sends ONE transaction: its compares hold
 //! every read it relied on still true (each key seen has the same mod
 //! revision, nothing was written into a range it read since its revision,
-//! a key it found missing is still missing), its writes are coalesced (a
+//! a key it found missing is still missing; or, where a step relies on
+//! less of what it read, exactly that: a push behind older ready messages
+//! of its group compares the group record's create revision, not its mod
+//! revision, see `group.rs`), its writes are coalesced (a
 //! key is written at most once). A transaction whose compares fail changed
 //! nothing: the step is tried again on fresh reads ([`Retry`]).
 
@@ -172,13 +175,6 @@ impl Plan {
             self.cmp
                 .push(Compare::create_revision(start, CompareOp::Less, 1).with_range(end));
         }
-    }
-
-    /// Some key exists in `[start, end)` (etcd compares a range without
-    /// keys as one key that does not exist: create revision 0).
-    pub(crate) fn some_in(&mut self, start: &[u8], end: &[u8]) {
-        self.cmp
-            .push(Compare::create_revision(start, CompareOp::Greater, 0).with_range(end));
     }
 
     /// No key in `[start, end)` was written after revision `rev`.

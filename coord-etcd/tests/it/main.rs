@@ -28,6 +28,7 @@ mod metrics_recorded;
 mod owner_queued_through_another_client;
 mod queue;
 mod queue_dedup_window;
+mod queue_push_order;
 mod queue_same_delivery_races;
 mod release_in_an_outage;
 mod same_owner_one_client;
