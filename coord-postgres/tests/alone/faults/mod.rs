@@ -174,7 +174,11 @@ async fn client_cut_off_by_the_proxy() {
     let (url, pg) = database("cut-off").await;
     let proxies: Vec<FaultProxy> = (0..5).map(|_| FaultProxy::start(pg.port())).collect();
     let urls: Vec<String> = proxies.iter().map(|p| via(pg, &url, p.port())).collect();
-    let victim = client(&urls[4]).await;
+    // Its release after the heal must be answered to report the loss: a
+    // call timeout of twice the workload's, which a fresh CI machine
+    // running both test lanes outlasted once (the guard's validity and
+    // its lost signal run on its own clock, not on calls).
+    let victim = client_with(&urls[4], |b| b.call_timeout(Duration::from_millis(800))).await;
     let (report, log, cut) = cut_off_victim(
         "cut-off",
         &victim,
