@@ -50,7 +50,8 @@
 //!   the older ready messages it read (of the group's first 16) is
 //!   unchanged, so still ready and none above it delivered: deliveries
 //!   of the group change the record, and a push comparing it lost to
-//!   every one of them. A push whose id is
+//!   every one of them. A delayed push, or one with no older ready
+//!   message read, compares the record unchanged. A push whose id is
 //!   below its group's head (a later push of the group landed first) takes
 //!   a new id, so a message never overtakes its group's in-flight head.
 //!   Ids rise in push order across the whole store, purges included.
