@@ -178,6 +178,40 @@ where
     (h.await.unwrap(), b)
 }
 
+/// [`race`] of `a` and `b` with `b` started first when `b_first`: their
+/// answers, in the order (a, b) either way.
+async fn race_in_order<A, B>(a: A, b: B, b_first: bool, d: Duration) -> (A::Output, B::Output)
+where
+    A: Future + Send + 'static,
+    A::Output: Send + 'static,
+    B: Future + Send + 'static,
+    B::Output: Send + 'static,
+{
+    if b_first {
+        let (rb, ra) = race(b, d, a).await;
+        (ra, rb)
+    } else {
+        race(a, d, b).await
+    }
+}
+
+/// The id a pop delivered (`None`: empty); a failed pop is recorded in
+/// `bad` for round `i`.
+fn delivered_id(
+    got: coord_core::Result<Option<Message>>,
+    i: u64,
+    bad: &mut Vec<(u64, String)>,
+) -> Option<u64> {
+    match got {
+        Ok(Some(m)) => Some(m.id.get()),
+        Ok(None) => None,
+        Err(e) => {
+            bad.push((i, format!("the pop failed: {e}")));
+            None
+        }
+    }
+}
+
 /// One call of an owner on its delivery.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Call {
@@ -216,12 +250,7 @@ async fn pair(
     d: Duration,
 ) -> (String, String) {
     let (ca, cb) = (call(c.clone(), q, id, o, a), call(c.clone(), q, id, o, b));
-    if b_first {
-        let (rb, ra) = race(cb, d, ca).await;
-        (ra, rb)
-    } else {
-        race(ca, d, cb).await
-    }
+    race_in_order(ca, cb, b_first, d).await
 }
 
 /// A delivery of one round: queue `q`, message `id` in flight to `o` (for

@@ -175,20 +175,8 @@ pub async fn ack_racing_next_pop_ordered(env: &Env) {
         let (q, o) = (d.q, d.o);
         let c = env.c.clone();
         let next_pop = async move { pop(&c, q, &o, VIS, &cfg).await };
-        let (ack, got) = if b_first {
-            let (g, a) = race(next_pop, delay, ack).await;
-            (a, g)
-        } else {
-            race(ack, delay, next_pop).await
-        };
-        let got = match got {
-            Ok(Some(m)) => Some(m.id.get()),
-            Ok(None) => None,
-            Err(e) => {
-                bad.push((i, format!("the pop failed: {e}")));
-                None
-            }
-        };
+        let (ack, got) = race_in_order(ack, next_pop, b_first, delay).await;
+        let got = delivered_id(got, i, &mut bad);
         *counts
             .entry(format!(
                 "ack {ack}, pop {}",

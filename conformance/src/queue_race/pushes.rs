@@ -29,20 +29,8 @@ pub async fn push_racing_pop_of_its_group(env: &Env) {
         let popped = async move { pop(&c, q, &o, VIS, &cfg).await };
         let c = env.c.clone();
         let pushed = async move { push(&c, q, Duration::ZERO, group).await };
-        let (got, second) = if push_first {
-            let (s, g) = race(pushed, delay, popped).await;
-            (g, s)
-        } else {
-            race(popped, delay, pushed).await
-        };
-        let got = match got {
-            Ok(Some(m)) => Some(m.id.get()),
-            Ok(None) => None,
-            Err(e) => {
-                bad.push((i, format!("the pop failed: {e}")));
-                None
-            }
-        };
+        let (got, second) = race_in_order(popped, pushed, push_first, delay).await;
+        let got = delivered_id(got, i, &mut bad);
         *counts
             .entry(format!(
                 "push {}, pop {}",
