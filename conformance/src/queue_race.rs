@@ -140,13 +140,7 @@ fn order_and_delay(i: u64) -> (bool, Duration) {
 }
 
 async fn push(c: &Q, q: &str, delay: Duration, group: Option<&str>) -> u64 {
-    let m = NewMessage {
-        payload: b"x",
-        delay,
-        group,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    };
+    let m = NewMessage::new(b"x").in_group(group).delayed(delay);
     c.push(q, &m).await.unwrap().id.get()
 }
 

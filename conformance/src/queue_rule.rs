@@ -33,13 +33,7 @@ impl Steps {
 }
 
 fn message(group: &str) -> NewMessage<'_> {
-    NewMessage {
-        payload: b"m",
-        delay: Duration::ZERO,
-        group: (!group.is_empty()).then_some(group),
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(b"m").in_group((!group.is_empty()).then_some(group))
 }
 
 /// Run `steps` random steps for each of four step seeds on `queue`

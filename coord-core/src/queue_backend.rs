@@ -145,6 +145,49 @@ pub struct NewMessage<'a> {
     pub dedup_window: Duration,
 }
 
+impl<'a> NewMessage<'a> {
+    /// `payload`, deliverable at once, in the group `""`, without a dedup
+    /// id; the methods below change one field each.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let m = coord_core::NewMessage::new(b"job")
+    ///     .in_group(Some("tenant-a"))
+    ///     .delayed(Duration::from_secs(5))
+    ///     .dedup("job-17", Duration::from_secs(60));
+    /// assert_eq!(m.group, Some("tenant-a"));
+    /// assert_eq!(m.dedup_id, Some("job-17"));
+    /// ```
+    pub fn new(payload: &'a [u8]) -> Self {
+        NewMessage {
+            payload,
+            delay: Duration::ZERO,
+            group: None,
+            dedup_id: None,
+            dedup_window: Duration::ZERO,
+        }
+    }
+
+    /// The message in `group` (`None`: the group `""`).
+    pub fn in_group(self, group: Option<&'a str>) -> Self {
+        NewMessage { group, ..self }
+    }
+
+    /// The message deliverable only after `delay`.
+    pub fn delayed(self, delay: Duration) -> Self {
+        NewMessage { delay, ..self }
+    }
+
+    /// The message with dedup id `id`, remembered for `window`.
+    pub fn dedup(self, id: &'a str, window: Duration) -> Self {
+        NewMessage {
+            dedup_id: Some(id),
+            dedup_window: window,
+            ..self
+        }
+    }
+}
+
 /// What a push did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pushed {
@@ -269,8 +312,7 @@ pub struct QueueStats {
 /// use std::time::Duration;
 /// use coord_core::{Lane, NewMessage, OwnerToken, PopAttempt, QueueConfig};
 /// let raw = coord.raw_queue()?;
-/// let msg = NewMessage { payload: b"job", delay: Duration::ZERO, group: None,
-///     dedup_id: None, dedup_window: Duration::ZERO };
+/// let msg = NewMessage::new(b"job");
 /// let pushed = raw.push("jobs", &msg).await?;
 /// let me = OwnerToken::random();
 /// if let PopAttempt::Delivered { message, .. } = raw

@@ -145,8 +145,7 @@ pub enum Ack {
 ///
 /// let mut q = QueueState::default();
 /// let (mut counter, now) = (0u64, Instant::now());
-/// let msg = NewMessage { payload: b"job", delay: Duration::ZERO, group: None,
-///     dedup_id: None, dedup_window: Duration::ZERO };
+/// let msg = NewMessage::new(b"job");
 /// let pushed = q.push(now, &msg, SystemTime::now(), || { counter += 1; counter });
 /// let me = OwnerToken::random();
 /// let vis = Duration::from_secs(30);

@@ -40,13 +40,7 @@ fn cmdstat(server: &RedisServer, cmd: &str) -> (f64, f64) {
 }
 
 fn new_message(payload: &[u8]) -> NewMessage<'_> {
-    NewMessage {
-        payload,
-        delay: Duration::ZERO,
-        group: None,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(payload)
 }
 
 /// Run `f(task)` on every task at once; prints the phase's numbers.

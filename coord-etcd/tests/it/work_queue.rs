@@ -54,13 +54,7 @@ async fn names(prefix: &str) -> Vec<String> {
 }
 
 fn message(payload: &[u8]) -> NewMessage<'_> {
-    NewMessage {
-        payload,
-        delay: Duration::ZERO,
-        group: None,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(payload)
 }
 
 fn id20(n: u64) -> String {

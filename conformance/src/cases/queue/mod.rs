@@ -56,13 +56,7 @@ fn field_of<T: std::fmt::Debug>(r: coord_core::Result<T>, what: &str) -> &'stati
 
 /// A message for the raw trait: no delay, group or dedup id.
 fn raw_message(payload: &[u8]) -> NewMessage<'_> {
-    NewMessage {
-        payload,
-        delay: Duration::ZERO,
-        group: None,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(payload)
 }
 
 /// The delivery of a raw `try_pop`, or a panic saying `what` expected one.

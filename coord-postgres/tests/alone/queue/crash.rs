@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
-use coord_core::{Lane, MessageId, NewMessage, OwnerToken, PopAttempt, Queue, QueueConfig};
+use coord_core::{Lane, MessageId, OwnerToken, PopAttempt, Queue, QueueConfig};
 
 use super::{LONG, msg, unique};
 
@@ -39,11 +39,7 @@ async fn messages_and_tokens_survive_a_crash() {
     let cfg = QueueConfig::default();
     let acked = b.push(&name, &msg(b"acked", None)).await.unwrap().id;
     let held = b.push(&name, &msg(b"held", None)).await.unwrap().id;
-    let dedup = NewMessage {
-        dedup_id: Some("once"),
-        dedup_window: LONG,
-        ..msg(b"kept", None)
-    };
+    let dedup = msg(b"kept", None).dedup("once", LONG);
     let kept = b.push(&name, &dedup).await.unwrap().id;
     let mut tokens = Vec::new();
     for want in [acked, held] {

@@ -63,11 +63,5 @@ async fn rows(b: &PostgresBackend) -> [i64; 3] {
 }
 
 fn msg<'a>(payload: &'a [u8], group: Option<&'a str>) -> NewMessage<'a> {
-    NewMessage {
-        payload,
-        delay: Duration::ZERO,
-        group,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(payload).in_group(group)
 }

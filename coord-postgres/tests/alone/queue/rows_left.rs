@@ -4,9 +4,7 @@
 use std::time::{Duration, Instant};
 
 use conformance::testkit::postgres::cluster;
-use coord_core::{
-    Lane, MessageId, NewMessage, OwnerToken, PopAttempt, PushOptions, Queue, QueueConfig,
-};
+use coord_core::{Lane, MessageId, OwnerToken, PopAttempt, PushOptions, Queue, QueueConfig};
 use coord_postgres::PostgresBackend;
 
 use super::{LONG, backend, msg, rows, unique};
@@ -103,10 +101,7 @@ async fn an_empty_pop_writes_nothing() {
     let plain = QueueConfig::default();
     b.push(&name, &msg(b"a1", Some("a"))).await.unwrap();
     b.push(&name, &msg(b"a2", Some("a"))).await.unwrap();
-    let delayed = NewMessage {
-        delay: LONG,
-        ..msg(b"later", None)
-    };
+    let delayed = msg(b"later", None).delayed(LONG);
     b.push(&name, &delayed).await.unwrap();
     assert!(matches!(
         pop(&b, &name, Lane::Main, &ordered).await,

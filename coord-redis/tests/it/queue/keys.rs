@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{SEC, unique};
 use conformance::testkit::redis::{self as kit, RedisServer};
-use coord_core::{Lane, NewMessage, OwnerToken, PopAttempt, Queue, QueueConfig};
+use coord_core::{Lane, OwnerToken, PopAttempt, Queue, QueueConfig};
 use tokio::time::sleep;
 
 use super::{LONG, MS, backend, delivered, msg};
@@ -53,10 +53,8 @@ async fn an_acked_or_purged_queue_leaves_no_keys() {
     for i in 0..20u8 {
         let group = ["a", "b", "c"][i as usize % 3];
         let body = [i];
-        let m = NewMessage {
-            delay: if i % 4 == 0 { 10 * SEC } else { Duration::ZERO },
-            ..msg(&body, Some(group))
-        };
+        let delay = if i % 4 == 0 { 10 * SEC } else { Duration::ZERO };
+        let m = msg(&body, Some(group)).delayed(delay);
         b.push(&name, &m).await.unwrap();
     }
     for _ in 0..6 {
@@ -81,11 +79,7 @@ async fn an_acked_or_purged_queue_leaves_no_keys() {
     assert_eq!(b.stats(&name).await.unwrap(), Default::default());
 
     // A dedup id outlives its message for its window, on a TTL, and only it.
-    let d = NewMessage {
-        dedup_id: Some("once"),
-        dedup_window: 700 * MS,
-        ..msg(b"d", None)
-    };
+    let d = msg(b"d", None).dedup("once", 700 * MS);
     let id = b.push(&name, &d).await.unwrap().id;
     let (m, _) = delivered(b.try_pop(&name, Lane::Main, &me, LONG, &cfg).await.unwrap());
     assert!(b.ack(&name, Lane::Main, m.id, &me).await.unwrap());
@@ -150,17 +144,6 @@ async fn names_with_braces_work_and_keep_one_hash_slot() {
         assert_eq!(b.purge(name).await.unwrap(), 1);
     }
     assert_eq!(dbsize(&server), 0);
-}
-
-trait Delayed {
-    fn delayed(self, d: Duration) -> Self;
-}
-
-impl Delayed for NewMessage<'_> {
-    fn delayed(mut self, d: Duration) -> Self {
-        self.delay = d;
-        self
-    }
 }
 
 #[tokio::test]

@@ -29,13 +29,7 @@ async fn backend(url: &str) -> RedisBackend {
 }
 
 fn msg<'a>(payload: &'a [u8], group: Option<&'a str>) -> NewMessage<'a> {
-    NewMessage {
-        payload,
-        delay: Duration::ZERO,
-        group,
-        dedup_id: None,
-        dedup_window: Duration::ZERO,
-    }
+    NewMessage::new(payload).in_group(group)
 }
 
 /// The id and token of a delivery; panics on an empty attempt.
