@@ -18,7 +18,11 @@
 //! clock check that keeps a released token until the server clock has
 //! passed it (`no-clock`), and without both. The variants are cut from the
 //! scripts' sources (the module is compiled in here too), so they cannot
-//! drift from what the backend runs; they are for measuring only.
+//! drift from what the backend runs; they are for measuring only. A last
+//! variant, `lean`, runs without both and sends no more than a script
+//! needs for an owner-checked cycle: the claim's key and the owner, plus
+//! the TTL and the waiters' flag on acquire (no mark key, no stamp, the
+//! release's wake-up channel and payload written into the script).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -174,6 +178,9 @@ struct Variants {
     release: String,
     acquire_no_mark: String,
     release_no_clock: String,
+    /// [`Self::release_no_clock`] publishing without its channel and
+    /// payload arguments.
+    release_lean: String,
 }
 
 fn variants() -> Variants {
@@ -190,20 +197,30 @@ fn variants() -> Variants {
     let free = "free(KEYS[1], tok)";
     assert_eq!(release.matches(free).count(), 1, "the release frees once");
     let release_no_clock = release.replace(free, "redis.call('DEL', KEYS[1])");
+    let publish = "ARGV[2], ARGV[3]";
+    assert_eq!(
+        release.matches(publish).count(),
+        1,
+        "the release publishes once"
+    );
+    let release_lean = release_no_clock.replace(publish, "'coord:wake', KEYS[1]");
     Variants {
         acquire,
         release,
         acquire_no_mark,
         release_no_clock,
+        release_lean,
     }
 }
 
 /// One 1 s slice of `acquire` + `release` scripts on the raw connection,
 /// with the keys and arguments the backend sends for a default-layout
-/// lock nobody else waits for.
+/// lock nobody else waits for; `lean`: only those the `lean` variant
+/// reads (see the file's docs).
 async fn scripts_slice(
     con: redis::aio::MultiplexedConnection,
     (acquire, release): (Arc<redis::Script>, Arc<redis::Script>),
+    lean: bool,
 ) -> f64 {
     slice(move |i| {
         let (mut con, acquire, release) = (con.clone(), acquire.clone(), release.clone());
@@ -212,25 +229,24 @@ async fn scripts_slice(
             let owner = OwnerToken::random().to_hex();
             let left = format!("{claim}:left:{owner}");
             let stamp = coord_core::late::stamp().to_string();
-            let (granted, _): (i64, redis::Value) = acquire
-                .key(&claim)
-                .key(&left)
-                .arg(&owner)
-                .arg(TTL.as_millis() as u64)
-                .arg("0")
-                .arg(&stamp)
-                .invoke_async(&mut con)
-                .await
-                .unwrap();
+            let mut acquire = acquire.key(&claim);
+            if !lean {
+                acquire.key(&left);
+            }
+            acquire.arg(&owner).arg(TTL.as_millis() as u64).arg("0");
+            if !lean {
+                acquire.arg(&stamp);
+            }
+            let (granted, _): (i64, redis::Value) = acquire.invoke_async(&mut con).await.unwrap();
             assert_eq!(granted, 1, "{claim} is free");
-            let released: i64 = release
-                .key(&claim)
-                .arg(&owner)
-                .arg("coord:wake")
-                .arg(format!("lock:probe-cost-{i}"))
-                .invoke_async(&mut con)
-                .await
-                .unwrap();
+            let mut release = release.key(&claim);
+            release.arg(&owner);
+            if !lean {
+                release
+                    .arg("coord:wake")
+                    .arg(format!("lock:probe-cost-{i}"));
+            }
+            let released: i64 = release.invoke_async(&mut con).await.unwrap();
             assert_eq!(released, 1, "the owner releases {claim}");
         }
     })
@@ -250,6 +266,7 @@ async fn guarantees(
         ("no-mark", s(&v.acquire_no_mark), s(&v.release)),
         ("no-clock", s(&v.acquire), s(&v.release_no_clock)),
         ("neither", s(&v.acquire_no_mark), s(&v.release_no_clock)),
+        ("lean", s(&v.acquire_no_mark), s(&v.release_lean)),
     ];
     // Per round, each row's throughput and server CPU per cycle; the last
     // row is the fenced floor's. Rows are compared within a round (the
@@ -260,7 +277,10 @@ async fn guarantees(
         for (j, runs) in per.iter_mut().enumerate() {
             let s0 = server_cpu(server);
             let rate = match rows.get(j) {
-                Some((_, a, r)) => scripts_slice(con.clone(), (a.clone(), r.clone())).await,
+                Some((name, a, r)) => {
+                    let lean = *name == "lean";
+                    scripts_slice(con.clone(), (a.clone(), r.clone()), lean).await
+                }
                 None => unlocked_slice(con.clone(), "fenced-min", Some(fenced_min())).await,
             };
             // The first round warms up.
