@@ -157,6 +157,16 @@ impl Unanswered {
         }
     }
 
+    /// How many (name, owner) pairs the book holds.
+    pub fn len(&self) -> usize {
+        self.map().len()
+    }
+
+    /// Whether the book holds nobody.
+    pub fn is_empty(&self) -> bool {
+        self.map().is_empty()
+    }
+
     /// Whether an attempt of `owner` on `name` went unanswered (and the
     /// owner was not [`forget`](Self::forget)-ten since).
     pub fn contains(&self, name: &str, owner: &OwnerToken) -> bool {
@@ -310,6 +320,17 @@ mod tests {
         sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), all.len(), "a stamp repeated");
+    }
+
+    #[test]
+    fn a_stepped_backend_shows_its_books_size_and_no_owner() {
+        let stepped = Stepped::new(std::sync::Arc::new(()));
+        let owner = OwnerToken::random();
+        drop(stepped.book().attempt("n", owner));
+        assert_eq!(stepped.book().len(), 1);
+        let shown = format!("{stepped:?}");
+        assert_eq!(shown, "Stepped { unanswered: 1, .. }");
+        assert!(!shown.contains(&owner.to_hex()));
     }
 
     #[test]

@@ -37,6 +37,15 @@ pub struct Stepped<B: ?Sized> {
     book: Arc<Unanswered>,
 }
 
+impl<B: ?Sized> std::fmt::Debug for Stepped<B> {
+    /// The book's size; the backend is not shown (it need not be `Debug`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stepped")
+            .field("unanswered", &self.book.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: ?Sized> Clone for Stepped<B> {
     fn clone(&self) -> Self {
         Stepped {
