@@ -25,8 +25,7 @@
 //! release's wake-up channel and payload written into the script).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use coord_core::{Lock, OwnerToken};
 use coord_redis::{RedisBackend, RedisOptions};
@@ -37,35 +36,19 @@ use coord_redis::{RedisBackend, RedisOptions};
 #[path = "../src/scripts/mod.rs"]
 mod scripts;
 
+mod support;
+
 const TASKS: usize = 32;
 const TTL: Duration = Duration::from_secs(30);
 
+/// One 1 s slice of `f` on [`TASKS`] tasks: cycles per second.
 async fn slice<F, Fut>(f: F) -> f64
 where
     F: Fn(usize) -> Fut + Send + Sync + 'static + Clone,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let n = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|i| {
-            let (stop, n, f) = (stop.clone(), n.clone(), f.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    f(i).await;
-                    n.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    let el = start.elapsed();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    n.load(Ordering::Relaxed) as f64 / el.as_secs_f64()
+    let (calls, secs) = support::run(TASKS, Duration::from_secs(1), f).await;
+    calls / secs
 }
 
 /// One 1 s slice of the backend's scripts through the `Lock` trait.
@@ -101,10 +84,8 @@ async fn coord_slice(coord: Arc<coord_core::Coord>) -> f64 {
 
 /// redis-server's CPU seconds so far (`INFO cpu`).
 fn server_cpu(server: &conformance::testkit::redis::RedisServer) -> f64 {
-    ["used_cpu_user", "used_cpu_sys"]
-        .iter()
-        .map(|f| server.info("cpu", f).trim().parse::<f64>().unwrap())
-        .sum()
+    let (user, system) = support::server_cpu(server);
+    user + system
 }
 
 /// This process's CPU seconds so far.

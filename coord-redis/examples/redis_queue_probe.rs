@@ -10,7 +10,6 @@
 //! (`PROBE_TASKS=1` for one task).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use conformance::testkit::redis::RedisServer;
@@ -21,11 +20,8 @@ use coord_redis::{RedisBackend, RedisOptions};
 const PER_TASK: usize = 500;
 const VIS: Duration = Duration::from_secs(60);
 
-/// redis-server's CPU seconds so far (`INFO cpu`), user and system.
-fn server_cpu(server: &RedisServer) -> (f64, f64) {
-    let f = |name: &str| server.info("cpu", name).trim().parse::<f64>().unwrap();
-    (f("used_cpu_user"), f("used_cpu_sys"))
-}
+mod support;
+use support::server_cpu;
 
 /// (calls, µs) of a command so far (`INFO commandstats`).
 fn cmdstat(server: &RedisServer, cmd: &str) -> (f64, f64) {
@@ -37,10 +33,6 @@ fn cmdstat(server: &RedisServer, cmd: &str) -> (f64, f64) {
             .unwrap_or(0.0)
     };
     (field("calls"), field("usec"))
-}
-
-fn new_message(payload: &[u8]) -> NewMessage<'_> {
-    NewMessage::new(payload)
 }
 
 /// Run `f(task)` on every task at once; prints the phase's numbers.
@@ -81,31 +73,11 @@ where
     F: Fn(usize) -> Fut + Send + Sync + Clone + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let stop = Arc::new(AtomicBool::new(false));
-    let n = Arc::new(AtomicU64::new(0));
     let cpu0 = server_cpu(server);
-    let start = Instant::now();
-    let hs: Vec<_> = (0..tasks)
-        .map(|i| {
-            let (stop, n, f) = (stop.clone(), n.clone(), f.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    f(i).await;
-                    n.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
-    for h in hs {
-        h.await.unwrap();
-    }
-    let el = start.elapsed().as_secs_f64();
-    let c = n.load(Ordering::Relaxed) as f64;
+    let (c, secs) = support::run(tasks, Duration::from_secs(2), f).await;
     let cpu1 = server_cpu(server);
     (
-        c / el,
+        c / secs,
         ((cpu1.0 - cpu0.0) / c * 1e6, (cpu1.1 - cpu0.1) / c * 1e6),
     )
 }
@@ -130,7 +102,7 @@ async fn main() {
         let b = b.clone();
         async move {
             for _ in 0..PER_TASK {
-                b.push(q, &new_message(b"m")).await.unwrap();
+                b.push(q, &NewMessage::new(b"m")).await.unwrap();
             }
         }
     })
@@ -167,7 +139,7 @@ async fn main() {
             async move {
                 let o = OwnerToken::random();
                 let name = format!("{q}-cycle");
-                b.push(&name, &new_message(b"m")).await.unwrap();
+                b.push(&name, &NewMessage::new(b"m")).await.unwrap();
                 let PopAttempt::Delivered { message, .. } =
                     b.try_pop(&name, Lane::Main, &o, VIS, &cfg).await.unwrap()
                 else {
