@@ -366,8 +366,13 @@ impl Etcd {
     /// of an attempt wrote on the lease lasts until the revoke lands, so a
     /// revoke that fails on a slow or loaded store is not given up after a
     /// few tries. If it never lands, the server expires the lease at its
-    /// TTL (nobody renews it).
+    /// TTL (nobody renews it). Until etcd answers the revocation, the
+    /// lease is never a spare (`Pool::revoking`): whoever
+    /// offers it to the pool meanwhile (say, a release that deleted a key a
+    /// dropped call's write left on it), a claim written on it would die
+    /// when the revocation lands.
     pub(crate) fn revoke_later(self: &Arc<Self>, id: i64) {
+        self.revoke_sent(id);
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -378,8 +383,11 @@ impl Etcd {
                 _ = shutdown.changed() => return,
                 r = send_until_answered(|| shared.revoke(id, "revoke lease")) => r,
             };
-            if let Err(e) = revoked {
-                tracing::warn!(lease = id, error = %e, "revoking a lease failed; it expires at its TTL");
+            match revoked {
+                Ok(_) => shared.revoke_answered(id),
+                Err(e) => {
+                    tracing::warn!(lease = id, error = %e, "revoking a lease failed; it expires at its TTL");
+                }
             }
         });
     }

@@ -2,7 +2,10 @@
 //! by an answered, owner-checked transaction, every write on it answered)
 //! carries no keys, so it can serve the next claim of the same TTL
 //! instead of a grant now and a revocation later. Still one lease per
-//! claim: a spare serves one claim at a time.
+//! claim: a spare serves one claim at a time. A lease this client sent a
+//! revocation for is never a spare until etcd answered it (whoever offers
+//! it: a key a dropped call wrote on it may have been deleted since, but
+//! the revocation still lands).
 //!
 //! A spare whose last answered keepalive (or grant) was sent within the
 //! [`reuse_slack`] of the attempt's start serves it as it is: the claim's
@@ -16,7 +19,7 @@
 //! one idle for [`IDLE_GRACE`] is revoked, so an idle client holds no
 //! leases beyond that grace.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +77,11 @@ pub(crate) struct Spare {
 pub(crate) struct Pool {
     spares: HashMap<u64, Vec<Spare>>,
     sweeping: bool,
+    /// Leases whose revocation this client sent and etcd has not
+    /// answered yet ([`Etcd::revoke_later`]): never a spare, whoever
+    /// offers one, or the revocation landing later would take the next
+    /// claim's keys with it.
+    revoking: HashSet<i64>,
 }
 
 impl Pool {
@@ -115,6 +123,10 @@ impl Etcd {
         }
         let (evicted, start_sweeper) = {
             let mut pool = lock(&self.pool);
+            if pool.revoking.contains(&id) {
+                // Being revoked: it dies with its revocation.
+                return;
+            }
             let list = pool.spares.entry(ttl).or_default();
             list.push(Spare {
                 id,
@@ -133,6 +145,22 @@ impl Etcd {
         if start_sweeper {
             self.spawn_sweeper();
         }
+    }
+
+    /// Mark lease `id` as being revoked: out of the pool, and kept out
+    /// until [`Self::revoke_answered`].
+    pub(crate) fn revoke_sent(&self, id: i64) {
+        let mut pool = lock(&self.pool);
+        pool.revoking.insert(id);
+        for list in pool.spares.values_mut() {
+            list.retain(|s| s.id != id);
+        }
+    }
+
+    /// Etcd answered the revocation of lease `id`: the lease is gone, and
+    /// nothing can write on it any more.
+    pub(crate) fn revoke_answered(&self, id: i64) {
+        lock(&self.pool).revoking.remove(&id);
     }
 
     /// Revoke spares idle for [`IDLE_GRACE`]; ends when none are left.

@@ -35,6 +35,7 @@ mod same_owner_one_client;
 mod sem_key_history;
 mod semaphore;
 mod semaphore_adopted_grants;
+mod semaphore_dropped_place_spare;
 mod semaphore_extend_racing_release;
 mod semaphore_grant_revisions;
 mod semaphore_keys_by_lease;
