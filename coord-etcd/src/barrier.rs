@@ -69,16 +69,24 @@ impl Barriers {
                 Ok::<_, Error>((r.take_kvs().into_iter().next(), rev))
             };
             let (mut current, mut rev) = read().await?;
-            // A lease granted for this key and not used yet.
+            // A lease granted for this key (an absent one), once: revoked
+            // when the call ends only if the key is known to be on
+            // another lease (`drop_fresh`). A write on it whose answer
+            // never came may have landed, and the state it wrote, other
+            // parties' arrivals added since, is the barrier's.
             let mut fresh: Option<i64> = None;
+            let drop_fresh = |fresh: Option<i64>, on: Option<i64>| {
+                if let Some(l) = fresh.filter(|l| Some(*l) != on) {
+                    self.etcd.revoke_later(l);
+                }
+            };
             let mut attempt = 0u32;
             loop {
                 let (new, r) = f(current.as_ref().map(|kv| kv.value()), rev.max(0) as u64)?;
                 let existing = current.as_ref().map(|kv| kv.lease()).filter(|l| *l != 0);
                 let Some(new) = new else {
-                    if let Some(l) = fresh {
-                        self.etcd.revoke_later(l);
-                    }
+                    // Nothing to write: the key as read is answered state.
+                    drop_fresh(fresh, existing);
                     return Ok(r);
                 };
                 let lease = match (existing, fresh) {
@@ -108,9 +116,7 @@ impl Barriers {
                 match resp {
                     Ok(resp) if resp.succeeded() => {
                         if alive? {
-                            if let Some(l) = fresh.filter(|_| existing.is_some()) {
-                                self.etcd.revoke_later(l);
-                            }
+                            drop_fresh(fresh, Some(lease));
                             return Ok(r);
                         }
                         // The lease ran out just as the write landed: the
@@ -128,9 +134,10 @@ impl Barriers {
                         (current, rev) = read().await?;
                     }
                     Err(e) => {
-                        if let Some(l) = fresh {
-                            self.etcd.revoke_later(l);
-                        }
+                        // Unanswered: the write may have landed on
+                        // `lease`, which then carries the key; a fresh
+                        // lease it did not use carries nothing.
+                        drop_fresh(fresh, Some(lease));
                         return Err(e);
                     }
                 }

@@ -10,6 +10,7 @@ mod semaphore_support;
 
 mod backend;
 mod barrier_lost_state;
+mod barrier_unanswered_create;
 mod claim_faults_through_proxy;
 mod claim_keys_named_by_lease;
 mod cluster;
