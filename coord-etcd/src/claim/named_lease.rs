@@ -88,12 +88,16 @@ impl Claims {
             // create: another client's lease becomes a spare carrying its
             // next claim once released there (tests/it/cross_client_owner.rs).
             // The other client's renewals then find the key off their lease.
+            // The move compares the lease it read the key on too, as an
+            // extend's move does: one whose answer never came, landing
+            // after a later grant of the owner moved the key again, fails
+            // instead of putting it back on this older lease, which
+            // nobody keeps alive and which would end that later grant early.
             let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.clone(),
-                    CompareOp::Equal,
-                    kv.create_revision(),
-                )])
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
+                    Compare::lease(key.clone(), CompareOp::Equal, kv.lease()),
+                ])
                 .and_then([TxnOp::put(
                     key.clone(),
                     Vec::new(),

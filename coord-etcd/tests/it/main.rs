@@ -24,6 +24,7 @@ mod key_history;
 mod lagging_member;
 mod large_ranges;
 mod late_lock;
+mod lease_grant_late_move;
 mod lock_waiters;
 mod metrics_recorded;
 mod owner_queued_through_another_client;
