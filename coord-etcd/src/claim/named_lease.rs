@@ -16,6 +16,10 @@ use crate::claim::entries::{Entry, EntryState, entry_key};
 use crate::client::keys::{lease_value, split_lease_value};
 use crate::client::{header_rev, kvs, lock, secs};
 
+/// How many times a grant moves its owner's key onto its new lease while
+/// other grants of that owner keep moving it.
+const MOVE_TRIES: usize = 3;
+
 impl Claims {
     /// A grant of a named lease: a live one of the owner's is renewed and
     /// kept as it is (metadata too); a new one stores `metadata`.
@@ -93,25 +97,43 @@ impl Claims {
             // after a later grant of the owner moved the key again, fails
             // instead of putting it back on this older lease, which
             // nobody keeps alive and which would end that later grant early.
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
-                    Compare::lease(key.clone(), CompareOp::Equal, kv.lease()),
-                ])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    Vec::new(),
-                    Some(PutOptions::new().with_lease(id).with_ignore_value()),
-                )]);
-            // On an error the move may have landed: the lease just granted
-            // may carry the owner's live key now, so it is not revoked (it
-            // ends at its TTL, nobody keeping it alive, like the claim).
-            let moved = shared.etcd.txn(op, txn).await?;
-            if moved.succeeded() {
-                let mut entries = lock(&shared.entries);
-                entries.insert(ek, entry(kv.create_revision(), id));
-                shared.prune(&mut entries);
-                return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
+            // A move refused because another grant of the owner moved the
+            // key meanwhile (the same key: its create revision) is made
+            // again from where the key is now.
+            let mut on = kv.lease();
+            for _ in 0..MOVE_TRIES {
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(
+                            key.clone(),
+                            CompareOp::Equal,
+                            kv.create_revision(),
+                        ),
+                        Compare::lease(key.clone(), CompareOp::Equal, on),
+                    ])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        Vec::new(),
+                        Some(PutOptions::new().with_lease(id).with_ignore_value()),
+                    )])
+                    .or_else([TxnOp::get(key.clone(), None)]);
+                // On an error the move may have landed: the lease just
+                // granted may carry the owner's live key now, so it is not
+                // revoked (it ends at its TTL, nobody keeping it alive,
+                // like the claim).
+                let moved = shared.etcd.txn(op, txn).await?;
+                if moved.succeeded() {
+                    let mut entries = lock(&shared.entries);
+                    entries.insert(ek, entry(kv.create_revision(), id));
+                    shared.prune(&mut entries);
+                    return Ok(Attempt::Granted(FencingToken(kv.create_revision() as u64)));
+                }
+                match kvs(&moved, 0).into_iter().next() {
+                    Some(now) if now.create_revision() == kv.create_revision() => {
+                        on = now.lease();
+                    }
+                    _ => break,
+                }
             }
             shared.etcd.revoke_later(id);
             return Ok(Attempt::Held { expires_in: None });
