@@ -27,6 +27,32 @@ use crate::client::keys::{BACKEND, claim_key, claim_value, prefix_end, split_lea
 use crate::client::pool::fresh_enough;
 use crate::client::{header_rev, is_lease_not_found, kvs, lock, secs};
 
+/// The lease of an earlier attempt of the owner whose write went
+/// unanswered (it may still land), replaced in the owner's record by this
+/// attempt's lease. It is revoked when this goes, unless [`Replaced::keep`]
+/// (the record holds it again, or the write landed and is adopted): an
+/// attempt that ends without an answer (an error, a cancellation) never
+/// leaves a lease that a late write may land on recorded nowhere, where no
+/// release would revoke it.
+struct Replaced<'a> {
+    etcd: &'a Arc<crate::client::Etcd>,
+    lease: Option<i64>,
+}
+
+impl Replaced<'_> {
+    fn keep(&mut self) {
+        self.lease = None;
+    }
+}
+
+impl Drop for Replaced<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.lease.take() {
+            self.etcd.revoke_later(l);
+        }
+    }
+}
+
 /// The retryable error of an attempt whose lease was gone before its write
 /// took effect: nothing of it is left.
 fn lease_gone(op: &'static str) -> Error {
@@ -211,8 +237,12 @@ impl Claims {
                         },
                     );
                     // A lost reply's lease: kept until we know whether its
-                    // write landed.
-                    let old_lease = old.as_ref().map(|o| o.lease);
+                    // write landed, and revoked if this attempt ends
+                    // without knowing (see `Replaced`).
+                    let mut replaced = Replaced {
+                        etcd: &self.etcd,
+                        lease: old.as_ref().map(|o| o.lease),
+                    };
                     let put = TxnOp::put(
                         key.clone(),
                         value.clone(),
@@ -251,7 +281,11 @@ impl Claims {
                             // nothing was written. Again, on a new lease.
                             let mut entries = lock(&self.entries);
                             match old {
-                                Some(o) => entries.insert(ek.clone(), o),
+                                Some(o) => {
+                                    // Recorded again: the record keeps it.
+                                    replaced.keep();
+                                    entries.insert(ek.clone(), o)
+                                }
                                 None => entries.remove(&ek),
                             };
                             drop(entries);
@@ -280,11 +314,16 @@ impl Claims {
                         .into_iter()
                         .next()
                         .filter(|_| !resp.succeeded());
-                    if let Some(o) =
-                        old_lease.filter(|o| mine.as_ref().is_none_or(|m| m.lease() != *o))
+                    // The lost reply's write landed on its lease: adopted
+                    // below. Otherwise that lease carries nothing (this
+                    // answered transaction read the key): revoked now.
+                    if mine
+                        .as_ref()
+                        .is_some_and(|m| Some(m.lease()) == replaced.lease)
                     {
-                        self.etcd.revoke_later(o);
+                        replaced.keep();
                     }
+                    drop(replaced);
                     if resp.succeeded() {
                         let rev = header_rev(&resp);
                         let head = kvs(&resp, 1).into_iter().next();

@@ -25,6 +25,7 @@ mod lagging_member;
 mod large_ranges;
 mod late_lock;
 mod lease_grant_late_move;
+mod lock_retry_unanswered;
 mod lock_waiters;
 mod metrics_recorded;
 mod owner_queued_through_another_client;
