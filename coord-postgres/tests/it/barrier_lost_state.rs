@@ -9,11 +9,14 @@ use coord_core::{Barrier, Error, OwnerToken};
 
 /// p1 waits alone at a barrier of 2 longer than `barrier_abandon_after`;
 /// the sweep deletes the row; p2 makes it again at a higher generation.
+/// On a schema of its own: that sweep would delete the rows of every
+/// barrier waited on longer than 200 ms in the schema, other tests' too.
 /// p1's check of its generation says its arrival was lost, and its
 /// withdraw (when it times out) says withdrawn, never passed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_generation_swept_as_abandoned_neither_passes_nor_completes() {
     let b = coord_postgres::builder(&cluster().url())
+        .schema(crate::support::unique("barrier_swept"))
         .pool_size(2)
         .listen(false)
         .sweep_every(None)
