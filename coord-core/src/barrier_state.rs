@@ -47,7 +47,11 @@ pub struct BarrierState {
     pub withdrawn: Vec<String>,
     /// The generation that completed last and its arrival ids.
     pub last: Option<(u64, Vec<String>)>,
-    /// Each participant's newest arrival stamp among those that passed.
+    /// Each participant's newest arrival stamp among those that passed or
+    /// were withdrawn: an arrival of the participant stamped no later is a
+    /// late copy of a wait that has ended, and counts nowhere (a
+    /// withdrawn arrival's tombstone goes when its generation completes;
+    /// this outlives it, to [`LATE_COPY_HORIZON`](crate::late::LATE_COPY_HORIZON)).
     pub latest: Vec<(String, u64)>,
 }
 
@@ -162,8 +166,9 @@ impl BarrierState {
     }
 
     /// Remember `stamp` as `participant`'s newest arrival, and forget
-    /// stamps past the horizon.
-    fn note_latest(&mut self, participant: &str, stamp: u64) {
+    /// stamps past the horizon; whether that changed anything.
+    fn note_latest(&mut self, participant: &str, stamp: u64) -> bool {
+        let before = self.latest.clone();
         match self.latest.iter_mut().find(|(p, _)| p == participant) {
             Some((_, s)) => *s = (*s).max(stamp),
             None => self.latest.push((participant.to_string(), stamp)),
@@ -172,6 +177,7 @@ impl BarrierState {
         let horizon = crate::late::LATE_COPY_HORIZON.as_micros() as u64;
         self.latest
             .retain(|(_, s)| s.saturating_add(horizon) >= newest);
+        self.latest != before
     }
 
     /// Whether `generation` has completed; [`Error::ArrivalLost`] if it
@@ -209,6 +215,9 @@ impl BarrierState {
             self.withdrawn.push(id);
             changed = true;
         }
+        // Outlives the tombstone: a late copy landing after the open
+        // generation completed is refused by its stamp.
+        changed |= self.note_latest(participant, arrival.stamp());
         (true, changed)
     }
 

@@ -10,7 +10,7 @@ use ddl::ddl;
 pub(crate) use ddl::{SCHEMA_CURRENT, SCHEMA_OTHER};
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 21;
+pub(crate) const SCHEMA_VERSION: i32 = 22;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]

@@ -60,6 +60,64 @@ pub async fn late_copy_of_a_timed_out_barrier_arrival(
     b.abort();
 }
 
+/// 2 parties. `a-late`'s arrival (through `via`, whose call timeout must
+/// be well under a second) is held in the network 4 s; its wait gives up
+/// and withdraws it. Then b and c pass that generation (which ends the
+/// arrival's tombstone with it). Then the held copy lands. b, waiting
+/// again alone, must not pass: the copy is of a wait that ended without
+/// passing, and counts in no later generation. A round whose copy landed
+/// before b and c passed (a loaded machine) proves nothing and fails as
+/// such. `name` must not contain `a-late`.
+pub async fn late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    const SEC: Duration = Duration::from_secs(1);
+    let (far, here) = (via.barriers().unwrap(), direct.barriers().unwrap());
+    // Warm the slow client's connection, so the held arrival is one request.
+    far.wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    proxy.deliver_late(
+        |chunk| chunk.windows(6).any(|w| w == b"a-late"),
+        4 * SEC,
+        Duration::from_millis(300),
+    );
+    let a = far.wait(name, 2, "a-late", SEC).await;
+    assert!(a.is_err(), "a passed alone: {a:?}");
+    assert_eq!(proxy.held(), 1, "the arrival was held");
+    // Let the withdraw land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b and c pass the generation a-late was withdrawn from.
+    let (b, c) = tokio::join!(
+        here.wait(name, 2, "b", 2 * SEC),
+        here.wait(name, 2, "c", 2 * SEC)
+    );
+    let (gb, gc) = (b.unwrap(), c.unwrap());
+    assert_eq!(gb, gc);
+    assert!(
+        proxy.delivered() == 0,
+        "the copy landed before the generation passed ({:?}): proves nothing",
+        started.elapsed()
+    );
+    let deadline = Instant::now() + 10 * SEC;
+    while proxy.delivered() < 1 {
+        assert!(Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = here.wait(name, 2, "b", SEC).await;
+    assert!(
+        matches!(again, Err(coord_core::Error::Timeout { .. })),
+        "b passed a barrier of 2 alone: the late copy of a-late's withdrawn arrival, \
+         landing after its generation {gb} completed, counted in the next: {again:?}"
+    );
+}
+
 /// 2 parties: q waits (through `direct`); p's arrival (through `via`) is
 /// held in the network 3 s and its connection cut, so the wait sends it
 /// again (the same arrival) on a new connection, and p and q pass that

@@ -11,7 +11,11 @@ use std::time::{Duration, Instant};
 
 use crate::testkit::proxy::FaultProxy;
 
-pub use barrier::{late_copy_of_a_timed_out_barrier_arrival, late_copy_of_an_arrival_that_passed};
+pub use barrier::{
+    late_copy_of_a_timed_out_barrier_arrival,
+    late_copy_of_a_withdrawn_arrival_after_its_generation_completed,
+    late_copy_of_an_arrival_that_passed,
+};
 pub use claims::{
     late_copy_after_extend, late_copy_of_an_extend_after_a_later_one, late_extend_after_a_later_one,
 };

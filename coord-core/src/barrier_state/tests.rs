@@ -81,7 +81,7 @@ fn a_retried_completing_arrival_does_not_join_the_next_generation() {
 }
 
 #[test]
-fn a_late_copy_of_a_withdrawn_arrival_is_refused_until_the_generation_completes() {
+fn a_late_copy_of_a_withdrawn_arrival_is_refused_before_and_after_its_generation_completes() {
     let (a, b, c) = (
         OwnerToken::random(),
         OwnerToken::random(),
@@ -108,6 +108,10 @@ fn a_late_copy_of_a_withdrawn_arrival_is_refused_until_the_generation_completes(
         s.withdrawn.is_empty(),
         "tombstones outlived their generation"
     );
+    // The tombstone went with its generation; the withdrawn arrival's
+    // stamp did not: a copy landing now counts nowhere either.
+    let later = s.arrive("x", 3, "a", &a, |g| g + 1).unwrap_err();
+    assert!(matches!(later, Error::ArrivalLost { .. }), "{later:?}");
 }
 
 #[test]
@@ -216,7 +220,8 @@ mod properties {
         live: Vec<(usize, usize)>,
         withdrawn: BTreeSet<usize>,
         last: Option<(u64, BTreeSet<usize>)>,
-        /// Each participant's newest stamp among arrivals that passed.
+        /// Each participant's newest stamp among arrivals that passed or
+        /// were withdrawn.
         latest: std::collections::BTreeMap<usize, usize>,
     }
 
@@ -235,8 +240,8 @@ mod properties {
         /// `parties` distinct participants with live arrivals are in
         /// it (a repeated arrival id counts once, a second id of a
         /// participant adds no member, a withdrawn arrival is not
-        /// counted and its id is refused until the generation
-        /// completes); a retried completing arrival returns its
+        /// counted, and its id, or any of its participant's no newer, is
+        /// refused before and after the generation completes); a retried completing arrival returns its
         /// generation as complete; another party count while busy is
         /// refused; every call that says it changed nothing left the
         /// state as it was; the text form round-trips.
@@ -389,7 +394,12 @@ mod properties {
                             let n = m.live.len();
                             m.live.retain(|a| *a != (who, id));
                             let tombstoned = m.withdrawn.insert(id);
-                            prop_assert_eq!(r, (true, m.live.len() != n || tombstoned));
+                            // The withdrawn arrival's stamp joins its
+                            // participant's newest.
+                            let newest = m.latest.entry(who).or_default();
+                            let raised = *newest < id + 1;
+                            *newest = (*newest).max(id + 1);
+                            prop_assert_eq!(r, (true, m.live.len() != n || tombstoned || raised));
                         }
                         prop_assert_eq!(r.1, s != before, "withdraw's changed flag");
                     }

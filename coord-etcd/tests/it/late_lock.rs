@@ -240,6 +240,23 @@ async fn a_late_copy_of_a_timed_out_barrier_arrival_does_not_count() {
     .await;
 }
 
+/// See `conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_withdrawn_barrier_arrival_after_its_generation_completed_counts_nowhere()
+{
+    let prefix = unique("late-barrier-done");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("barrier-done").trim_end_matches('/'),
+    )
+    .await;
+}
+
 /// See `conformance::late_copy::late_pop_with_one_delivery_allowed`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {

@@ -113,7 +113,9 @@ $fn$;
 -- newest version, after any completing arrival that held the lock has
 -- committed). Only that arrival goes: the participant stays while another
 -- of its arrivals (a next wait) is in. The id is kept as a tombstone until
--- the open generation completes, so a late copy of it is refused. A
+-- the open generation completes, so a late copy of it is refused; its
+-- stamp joins the participant's newest (`latest_stamps`, as a passed
+-- arrival's does), so a copy landing after that is refused too. A
 -- generation below `born` belongs to a row the sweep deleted (its
 -- arrivals went with it): nothing to withdraw, never "passed". A missing
 -- row is made again to hold the tombstone. True: the arrival no longer
@@ -124,6 +126,7 @@ RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
     b @s@.barriers%ROWTYPE;
+    v_stamp bigint := ('x' || substr(p_arrival, 1, 16))::bit(64)::bigint;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -150,6 +153,16 @@ BEGIN
                           WHERE NOT (m = p_participant AND a = p_arrival)),
            withdrawn_ids = CASE WHEN p_arrival = ANY (b.withdrawn_ids) THEN b.withdrawn_ids
                                 ELSE array_append(b.withdrawn_ids, p_arrival) END,
+           latest_participants = CASE WHEN p_participant = ANY (b.latest_participants)
+                                      THEN b.latest_participants
+                                      ELSE array_append(b.latest_participants, p_participant) END,
+           latest_stamps = CASE WHEN p_participant = ANY (b.latest_participants)
+                                THEN (SELECT array_agg(CASE WHEN l.p = p_participant
+                                                            THEN greatest(l.s, v_stamp) ELSE l.s END
+                                                       ORDER BY l.i)
+                                        FROM unnest(b.latest_participants, b.latest_stamps)
+                                             WITH ORDINALITY AS l(p, s, i))
+                                ELSE array_append(b.latest_stamps, v_stamp) END,
            updated_at = clock_timestamp()
      WHERE x.name = p_name;
     RETURN true;

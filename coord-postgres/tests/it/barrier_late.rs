@@ -36,3 +36,20 @@ async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_withdrawn_arrival_landing_after_its_generation_completed_counts_nowhere()
+{
+    let schema = unique("barrier_late_done");
+    let proxy = FaultProxy::start(conformance::testkit::postgres::cluster().port());
+    let here = direct(&schema).await.coord();
+    let far = slow(&schema, &proxy).await.coord();
+    conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
+        &far,
+        &here,
+        &proxy,
+        &unique("barrier-late-done"),
+    )
+    .await;
+}

@@ -6,7 +6,8 @@
 -- An arrival id of the last completed generation (a retry whose reply was
 -- lost) returns that generation as complete and changes nothing. A
 -- withdrawn arrival id (a late copy of an arrival whose wait gave up), or
--- one stamped no later than an arrival of its participant that passed,
+-- one stamped no later than an arrival of its participant that passed or
+-- was withdrawn,
 -- changes nothing and returns `{-2, 0}`.
 -- Arriving again in the open generation counts once (a second arrival id
 -- of a member is recorded, so each is withdrawn on its own); after the
@@ -29,8 +30,8 @@ local who = redis.call('HGET', KEYS[3], ARGV[5])
 if who == '' then
   return {-2, 0}
 end
--- Each participant's newest arrival stamp among those that passed
--- (`a:<participant>` in the state hash; an arrival id's first 16 hex
+-- Each participant's newest arrival stamp among those that passed or were
+-- withdrawn (`a:<participant>` in the state hash; an arrival id's first 16 hex
 -- digits are its stamp, µs, exact in a Lua number): an arrival of the
 -- participant stamped no later is a late copy of a wait that has ended,
 -- whose generation may have completed long ago, and counts nowhere.

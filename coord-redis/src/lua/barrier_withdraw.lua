@@ -4,7 +4,9 @@
 -- the arrival no longer counts. Only that arrival id goes (the
 -- participant stays while another of its arrivals, a next wait, is in),
 -- and it is kept as a tombstone until the open generation completes, so a
--- late copy of it is refused. A generation older than the state (`base`:
+-- late copy of it is refused; its stamp joins the participant's newest
+-- (`a:<participant>`, as a passed arrival's does), so a copy landing after
+-- that is refused too. A generation older than the state (`base`:
 -- the state expired or was lost since) has nothing to withdraw; the
 -- tombstone still goes into the state there is, made anew if gone.
 local st = redis.call('HMGET', KEYS[1], 'gen', 'base')
@@ -27,6 +29,10 @@ if who and who ~= '' then
     if p == who then still = true end
   end
   if not still then redis.call('SREM', KEYS[2], who) end
+end
+local f, t = 'a:' .. ARGV[2], tonumber(string.sub(ARGV[3], 1, 16), 16)
+if t > tonumber(redis.call('HGET', KEYS[1], f) or '0') then
+  redis.call('HSET', KEYS[1], f, string.format('%.0f', t))
 end
 for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
 return 1

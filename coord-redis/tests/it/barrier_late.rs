@@ -32,3 +32,18 @@ async fn a_late_copy_of_an_arrival_that_passed_counts_nowhere() {
     )
     .await;
 }
+
+/// See `conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_withdrawn_arrival_landing_after_its_generation_completed_counts_nowhere()
+{
+    let server = RedisServer::start();
+    let (proxy, via, direct) = common::through_proxy(&server).await;
+    conformance::late_copy::late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
+        &via,
+        &direct,
+        &proxy,
+        &unique("barrier-late-done"),
+    )
+    .await;
+}
