@@ -86,7 +86,11 @@ impl Barriers {
     /// names the wait's arrival id: it undoes that arrival only (a next
     /// wait of the same participant stays), and a late copy of it landing
     /// afterwards is refused and counts for nothing. One participant may
-    /// wait twice at the same time: it counts once while either waits.
+    /// wait twice at the same time: it counts once while either waits. The
+    /// store tells a late copy by its stamp (no newer than an arrival of
+    /// the participant that passed or was withdrawn), so once the later
+    /// of two such waits has ended, the earlier one's arrival, if it had
+    /// not landed yet, fails with [`Error::ArrivalLost`].
     ///
     /// [`Error::ArrivalLost`] when the barrier's state was lost (swept as
     /// abandoned, or expired while this waiter was cut off from the store)
