@@ -26,13 +26,17 @@ fn forward(listener: TcpListener, accepted: Arc<AtomicU64>) {
     });
 }
 
-/// Sessions that have run LISTEN on coord's channel, seen by the server.
-fn listening_sessions() -> u64 {
+/// Sessions that have run LISTEN on the wake-up channel of `schema`, seen
+/// by the server (other tests' clients, on other schemas, may still be
+/// closing their listening sessions).
+fn listening_sessions(schema: &str) -> u64 {
     cluster()
         .psql(
             "postgres",
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' \
-             AND pid <> pg_backend_pid()",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"{schema}_wake\"' \
+                 AND pid <> pg_backend_pid()"
+            ),
         )
         .trim()
         .parse()
@@ -48,14 +52,16 @@ async fn a_listener_that_cannot_connect_at_start_recovers() {
     let _alone = crate::ALONE.lock().await;
     let port = free_port();
     let listen_url = format!("postgres://postgres@127.0.0.1:{port}/postgres?sslmode=disable");
+    let schema = format!("listen_recovers_{}", std::process::id());
     let coord = coord_postgres::builder(&cluster().url())
+        .schema(schema.clone())
         .listen_url(&listen_url)
         .connect_timeout(Duration::from_secs(1))
         .connect()
         .await
         .expect("the statements' server is up")
         .with_poll_interval(Duration::from_secs(60));
-    assert_eq!(listening_sessions(), 0);
+    assert_eq!(listening_sessions(&schema), 0);
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     let accepted = Arc::new(AtomicU64::new(0));
@@ -64,7 +70,7 @@ async fn a_listener_that_cannot_connect_at_start_recovers() {
         .expect("bind the listen port");
     forward(listener, accepted.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
-    while listening_sessions() == 0 {
+    while listening_sessions(&schema) == 0 {
         assert!(
             Instant::now() < deadline,
             "the listener did not connect within 10 s of its port coming up \
