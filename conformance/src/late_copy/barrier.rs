@@ -2,8 +2,29 @@
 
 use std::time::{Duration, Instant};
 
+use super::hold_next_naming_for;
 use crate::ROUNDS;
 use crate::testkit::proxy::FaultProxy;
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// Warm `far`'s connection (a barrier of one beside `name`), so that the
+/// arrival held next is one request.
+async fn warm(far: &coord_core::Barriers, name: &str) {
+    far.wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
+        .await
+        .unwrap();
+}
+
+/// Wait until `proxy` delivered a held request more than `before`
+/// (failing at `deadline`), then `settle` while the store applies it.
+async fn until_delivered(proxy: &FaultProxy, before: u64, deadline: Instant, settle: Duration) {
+    while proxy.delivered() <= before {
+        assert!(Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(settle).await;
+}
 
 /// 3 parties: b waits (through `direct`); a's arrival (through `via`,
 /// whose call timeout must be well under a second) is held in the network
@@ -17,13 +38,7 @@ pub async fn late_copy_of_a_timed_out_barrier_arrival(
     proxy: &FaultProxy,
     name: &str,
 ) {
-    const SEC: Duration = Duration::from_secs(1);
-    // Warm the slow client's connection, so the held arrival is one request.
-    via.barriers()
-        .unwrap()
-        .wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
-        .await
-        .unwrap();
+    warm(&via.barriers().unwrap(), name).await;
     let b = tokio::spawn({
         let (direct, name) = (direct.clone(), name.to_string());
         async move {
@@ -32,21 +47,12 @@ pub async fn late_copy_of_a_timed_out_barrier_arrival(
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.deliver_late(
-        |chunk| chunk.windows(6).any(|w| w == b"a-late"),
-        Duration::from_millis(2500),
-        Duration::from_millis(300),
-    );
+    hold_next_naming_for(proxy, "a-late", Duration::from_millis(2500));
     let a = via.barriers().unwrap().wait(name, 3, "a-late", SEC).await;
     assert!(a.is_err(), "a passed alone with b: {a:?}");
     assert_eq!(proxy.held(), 1, "the arrival was held");
-    let deadline = Instant::now() + 5 * SEC;
-    while proxy.delivered() < 1 {
-        assert!(Instant::now() < deadline, "never delivered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Let the store apply it.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let settle = Duration::from_millis(300);
+    until_delivered(proxy, 0, Instant::now() + 5 * SEC, settle).await;
     let c = direct.barriers().unwrap().wait(name, 3, "c", SEC).await;
     assert!(
         matches!(c, Err(coord_core::Error::Timeout { .. })),
@@ -74,18 +80,10 @@ pub async fn late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
     proxy: &FaultProxy,
     name: &str,
 ) {
-    const SEC: Duration = Duration::from_secs(1);
     let (far, here) = (via.barriers().unwrap(), direct.barriers().unwrap());
-    // Warm the slow client's connection, so the held arrival is one request.
-    far.wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
-        .await
-        .unwrap();
+    warm(&far, name).await;
     let started = Instant::now();
-    proxy.deliver_late(
-        |chunk| chunk.windows(6).any(|w| w == b"a-late"),
-        4 * SEC,
-        Duration::from_millis(300),
-    );
+    hold_next_naming_for(proxy, "a-late", 4 * SEC);
     let a = far.wait(name, 2, "a-late", SEC).await;
     assert!(a.is_err(), "a passed alone: {a:?}");
     assert_eq!(proxy.held(), 1, "the arrival was held");
@@ -103,13 +101,8 @@ pub async fn late_copy_of_a_withdrawn_arrival_after_its_generation_completed(
         "the copy landed before the generation passed ({:?}): proves nothing",
         started.elapsed()
     );
-    let deadline = Instant::now() + 10 * SEC;
-    while proxy.delivered() < 1 {
-        assert!(Instant::now() < deadline, "never delivered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Let the store apply it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settle = Duration::from_millis(500);
+    until_delivered(proxy, 0, Instant::now() + 10 * SEC, settle).await;
     let again = here.wait(name, 2, "b", SEC).await;
     assert!(
         matches!(again, Err(coord_core::Error::Timeout { .. })),
@@ -133,7 +126,6 @@ pub async fn late_copy_of_an_arrival_that_passed(
     proxy: &FaultProxy,
     name: &str,
 ) {
-    const SEC: Duration = Duration::from_secs(1);
     let (far, here) = (via.barriers().unwrap(), direct.barriers().unwrap());
     let round = |here: coord_core::Barriers, name: String| {
         tokio::spawn(async move { here.wait(&name, 2, "q", 10 * SEC).await })
@@ -144,18 +136,10 @@ pub async fn late_copy_of_an_arrival_that_passed(
             n => format!("{name}-again-{n}"),
         };
         let (held_before, delivered_before) = (proxy.held(), proxy.delivered());
-        // Warm the slow client's connection, so the held arrival is one
-        // request.
-        far.wait(&format!("{name}-warm"), 1, "w", 5 * SEC)
-            .await
-            .unwrap();
+        warm(&far, &name).await;
         let q = round(here.clone(), name.clone());
         tokio::time::sleep(Duration::from_millis(200)).await;
-        proxy.deliver_late(
-            |chunk| chunk.windows(5).any(|w| w == b"p-old"),
-            3 * SEC,
-            Duration::from_millis(300),
-        );
+        hold_next_naming_for(proxy, "p-old", 3 * SEC);
         let held_at = Instant::now();
         let first = far.wait(&name, 2, "p-old", 10 * SEC).await.unwrap();
         assert_eq!(q.await.unwrap().unwrap(), first);
@@ -172,12 +156,8 @@ pub async fn late_copy_of_an_arrival_that_passed(
             );
             continue;
         }
-        while proxy.delivered() == delivered_before {
-            assert!(held_at.elapsed() < 6 * SEC, "never delivered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Let the store apply it.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let settle = Duration::from_millis(300);
+        until_delivered(proxy, delivered_before, held_at + 6 * SEC, settle).await;
         let alone = here.wait(&name, 2, "q", SEC).await;
         assert!(
             matches!(alone, Err(coord_core::Error::Timeout { .. })),

@@ -46,10 +46,15 @@ pub(super) fn before_the_copy(held_at: Instant) -> Instant {
 /// `proxy` holds the next request naming `name` for [`DELAY`] and cuts
 /// its connection after [`CUT_AFTER`].
 pub(super) fn hold_next_naming(proxy: &FaultProxy, name: &str) {
+    hold_next_naming_for(proxy, name, DELAY);
+}
+
+/// [`hold_next_naming`], the request held for `delay`.
+pub(super) fn hold_next_naming_for(proxy: &FaultProxy, name: &str, delay: Duration) {
     let n = name.to_string();
     proxy.deliver_late(
         move |b: &[u8]| b.windows(n.len()).any(|w| w == n.as_bytes()),
-        DELAY,
+        delay,
         CUT_AFTER,
     );
 }
