@@ -73,7 +73,14 @@
 //!   it (an ack also compares that the message is not its group's head,
 //!   and then deletes only its own keys); otherwise, or if that fails, the
 //!   record (owner and deadline checked on this client's clock) and the
-//!   group's keys, then one transaction comparing what it relies on.
+//!   group's keys, then one transaction comparing what it relies on. The
+//!   ack of a group's head offers one nested level per message read
+//!   behind it (`remove` in `work_queue/group.rs`): those are the messages
+//!   the group's other consumers ack next, and a single guess of the next
+//!   head kept losing to them. A nack puts the message back on the
+//!   timeline, due after its delay (without delay: due at once, made
+//!   ready by the next pop like a lapsed delivery), so it touches none of
+//!   its group's keys, which the group's deliveries keep changing.
 //! - **peek** reads records then payloads; **redrive** moves one dead
 //!   letter per transaction; **stats** is one read (counts of the ready
 //!   lists and dead records, the timeline); **purge** one transaction.
@@ -117,9 +124,9 @@
 //!
 //! One shared watch per queue, lane and client on `i/L/` wakes the
 //! client's waiters when a key is put into a candidate index (a push, a
-//! nack, a redrive, an ack letting an ordered group go on, a lapsed or
-//! delayed message made ready) and when a delayed message joins the
-//! timeline (a delayed push or nack: the waiters learn when it is due).
+//! redrive, an ack letting an ordered group go on, a lapsed, nacked or
+//! delayed message made ready) and when a message joins the timeline
+//! as delayed (a delayed push, a nack: the waiters learn when it is due).
 //! A lapsing delivery wakes nobody: an empty pop reports when the next
 //! timeline entry is due (`next_in`).
 //!
@@ -417,7 +424,7 @@ impl WorkQueues {
                 });
             }
             s = Snap::of(&resp);
-            retry.again().await?;
+            retry.at_once()?;
         }
     }
 }

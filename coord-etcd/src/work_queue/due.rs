@@ -12,7 +12,7 @@ use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, insert, landing_ops, remove, set_group,
 };
 use crate::work_queue::keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
-use crate::work_queue::plan::{Plan, Snap, get, read};
+use crate::work_queue::plan::{Plan, Snap, get, landed, nest, read};
 
 /// A timeline entry that is due.
 pub(crate) struct Due {
@@ -125,12 +125,17 @@ pub(crate) async fn dead_letter(
     };
     let mut p = Plan::new();
     p.same(rkv);
-    if !remove(&mut p, k, Lane::Main, id, meta, &Around::of(&s, 0), op)? {
+    let Some(mut levels) = remove(p, k, Lane::Main, id, meta, &Around::of(&s, 0), op)? else {
         return Ok(false);
-    }
+    };
     let mut dead = meta.clone();
     dead.state = State::Ready;
     let v = Landing::of(&s, AROUND + 1);
-    insert(&mut p, k, Lane::Dead, id, &dead, payload.value(), &v, op)?;
-    Ok(sh.txn(op, p.into_txn(vec![], vec![])).await?.succeeded())
+    for p in &mut levels {
+        insert(p, k, Lane::Dead, id, &dead, payload.value(), &v, op)?;
+    }
+    let Some((txn, n)) = nest(levels, vec![], vec![]) else {
+        return Ok(false);
+    };
+    Ok(landed(sh.txn(op, txn).await?, n).0.is_some())
 }

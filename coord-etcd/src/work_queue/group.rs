@@ -65,8 +65,13 @@ pub(crate) fn id_in(kv: &KeyValue, op: &'static str) -> Result<u64> {
     id_of(kv.key()).ok_or_else(|| corrupt(op, "work queue key"))
 }
 
+/// How many of a group's messages from the one taken out [`around_ops`]
+/// reads: that one and those right behind it, each a possible next head.
+const MEMBERS_READ: i64 = 17;
+
 /// What taking message `id` out of its group needs: the group's record
-/// and head, its messages and its ready messages from `id` (two each), and
+/// and head, its messages from `id` ([`MEMBERS_READ`]) and its ready
+/// messages from `id` (two), and
 /// the lane's first two groups (keys only). Five reads, for
 /// [`Around::of`].
 pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
@@ -76,7 +81,7 @@ pub(crate) fn around_ops(k: &QKeys, l: Lane, g: &str, id: u64) -> Vec<TxnOp> {
     vec![
         get(k.group(l, g)),
         get(k.head(l, g)),
-        range(with_id(&members, id), prefix_end(&members), 2),
+        range(with_id(&members, id), prefix_end(&members), MEMBERS_READ),
         range(with_id(&readies, id), prefix_end(&readies), 2),
         TxnOp::get(
             groups.clone(),
@@ -116,26 +121,38 @@ impl<'a> Around<'a> {
     }
 }
 
-/// Take message `id` (record `meta`, compared by the caller) out of lane
-/// `l`: its keys, its place in its group (the next message becomes the
-/// group's head or lowest ready one), the group when it was its last
-/// message, and the lane's clock when that was the lane's last group. A
-/// message that is neither its group's head nor ready (an ack's, mostly)
-/// changes nothing shared and compares only that it is not the head.
-/// `Ok(false)`: the reads do not agree with each other (a concurrent
+/// Take message `id` (record `meta`, compared by the caller in `base`)
+/// out of lane `l`: its keys, its place in its group (the next message
+/// becomes the group's head or lowest ready one), the group when it was
+/// its last message, and the lane's clock when that was the lane's last
+/// group. A message that is neither its group's head nor ready (an ack's,
+/// mostly) changes nothing shared and compares only that it is not the
+/// head.
+///
+/// The head's removal names the group's next message as its head, so it
+/// relies on that message still being there. The messages right behind
+/// the head are the ones the group's other consumers are about to ack, so
+/// one such guess loses to them again and again: the removal offers one
+/// level per message read behind the head (the first of them still there,
+/// nothing landed before it) with that message not ready, one more before
+/// it for the one read as the group's lowest ready message, and, when the
+/// read saw the group's end, one where none is left. See [`nest`](crate::work_queue::plan::nest).
+///
+/// `Ok(None)`: the reads do not agree with each other (a concurrent
 /// change); try again.
 pub(crate) fn remove(
-    p: &mut Plan,
+    base: Plan,
     k: &QKeys,
     l: Lane,
     id: u64,
     meta: &Meta,
     a: &Around<'_>,
     op: &'static str,
-) -> Result<bool> {
+) -> Result<Option<Vec<Plan>>> {
+    let mut p = base;
     let g = meta.group.as_str();
     let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
-        return Ok(false);
+        return Ok(None);
     };
     let old = group_of(gkv, hkv, op)?;
     p.del(k.meta(l, id));
@@ -148,13 +165,16 @@ pub(crate) fn remove(
     }
     let readies = k.readies(l, g);
     let mut new = old;
-    if meta.ready() {
+    // Whether the group's record is compared unchanged (then `new.ready`
+    // is exactly what follows).
+    let pinned = meta.ready();
+    if pinned {
         let rk = with_id(&readies, id);
         p.del(rk.clone());
         p.same(gkv);
         if old.ready == id {
             if a.readies.first().map(|kv| kv.key()) != Some(&rk[..]) {
-                return Ok(false);
+                return Ok(None);
             }
             p.still(&rk, &prefix_end(&readies), 2, a.readies, a.rev);
             new.ready = match a.readies.get(1) {
@@ -167,34 +187,65 @@ pub(crate) fn remove(
         // The group keeps its head (older than this message), so its
         // ordered entry stays as it is.
         p.value_cmp(k.head(l, g), CompareOp::NotEqual, Group::head_value(id));
-        set_group(p, k, l, g, Some(old), Some(new));
-        return Ok(true);
+        set_group(&mut p, k, l, g, Some(old), Some(new));
+        return Ok(Some(vec![p]));
     }
     p.same(hkv);
-    if a.members.first().map(|kv| kv.key()) != Some(&mine[..]) {
-        return Ok(false);
+    match a.members.first() {
+        Some(kv) if kv.key() == &mine[..] => p.same(kv),
+        _ => return Ok(None),
     }
-    p.still(&mine, &prefix_end(&members), 2, a.members, a.rev);
-    new.head = match a.members.get(1) {
-        Some(kv) => id_in(kv, op)?,
-        None => 0,
-    };
-    if new.head != 0 {
-        // The next message is the head now: its ordered entry appears if
-        // it is ready (it is then the lowest ready one).
-        if new.ready == new.head {
-            p.same(gkv);
-        } else {
-            p.absent(with_id(&readies, new.head));
+    let from = after(&mine);
+    let mut levels = Vec::new();
+    for n in &a.members[1..] {
+        let next = id_in(n, op)?;
+        let mut q = p.clone();
+        // The first message behind this one still there: whatever was
+        // between them is gone, and nothing landed there since.
+        q.none_in(&from, n.key());
+        q.exists_as(n);
+        if pinned {
+            if new.ready != next {
+                q.absent(with_id(&readies, next));
+            }
+            let head = Group { head: next, ..new };
+            set_group(&mut q, k, l, g, Some(old), Some(head));
+            levels.push(q);
+            continue;
         }
-        set_group(p, k, l, g, Some(old), Some(new));
-        return Ok(true);
+        if old.ready == next {
+            // The group's lowest ready message, as read: its ordered entry
+            // appears.
+            let mut ready = q.clone();
+            let r = Group::record(old.turn, next);
+            ready.value_cmp(k.group(l, g), CompareOp::Equal, r);
+            let was = Group { ready: next, ..old };
+            let now = Group { head: next, ..was };
+            set_group(&mut ready, k, l, g, Some(was), Some(now));
+            levels.push(ready);
+        }
+        // Not ready (a delivery may have taken it since the read): the
+        // group's record stays as it is, whatever it says by then, and no
+        // ordered entry appears.
+        q.absent(with_id(&readies, next));
+        let was = Group { ready: 0, ..old };
+        set_group(
+            &mut q,
+            k,
+            l,
+            g,
+            Some(was),
+            Some(Group { head: next, ..was }),
+        );
+        levels.push(q);
     }
-    if new.ready != 0 {
-        return Ok(false);
+    if a.members.len() >= MEMBERS_READ as usize || new.ready != 0 {
+        return Ok(Some(levels).filter(|l| !l.is_empty()));
     }
+    // The group's end was read: none of the messages behind is left.
+    p.none_in(&from, &prefix_end(&members));
     p.same(gkv);
-    set_group(p, k, l, g, Some(old), None);
+    set_group(&mut p, k, l, g, Some(old), None);
     let gk = k.group(l, g);
     match a.groups.iter().find(|kv| kv.key() != gk) {
         // Another group keeps the lane (and its clock) alive.
@@ -208,7 +259,8 @@ pub(crate) fn remove(
             p.del(k.clock(l));
         }
     }
-    Ok(true)
+    levels.push(p);
+    Ok(Some(levels))
 }
 
 /// How many of a group's first ready messages [`landing_ops`] reads.

@@ -16,7 +16,7 @@ use crate::work_queue::group::{
 };
 use crate::work_queue::keys::{Meta, QKeys, State, after, pair_of, parse_time_value};
 use crate::work_queue::message_of;
-use crate::work_queue::plan::{Plan, Retry, get, now_ms, read};
+use crate::work_queue::plan::{Plan, Retry, get, landed, nest, now_ms, read};
 
 /// At most this many payload bytes per read of a peek.
 const PEEK_BYTES: u64 = 2 * 1024 * 1024;
@@ -143,21 +143,21 @@ impl WorkQueues {
             if let Some(payload) = s.one(AROUND) {
                 let mut p = Plan::new();
                 p.same(&kv);
-                if remove(&mut p, k, Lane::Dead, id, &meta, &Around::of(&s, 0), op)? {
+                let a = Around::of(&s, 0);
+                if let Some(mut levels) = remove(p, k, Lane::Dead, id, &meta, &a, op)? {
                     let back = Meta {
                         attempts: 0,
                         state: State::Ready,
                         ..meta.clone()
                     };
                     let v = Landing::of(&s, AROUND + 1);
-                    insert(&mut p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
-                    if self
-                        .etcd
-                        .txn(op, p.into_txn(vec![], vec![]))
-                        .await?
-                        .succeeded()
-                    {
-                        return Ok(true);
+                    for p in &mut levels {
+                        insert(p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
+                    }
+                    if let Some((txn, n)) = nest(levels, vec![], vec![]) {
+                        if landed(self.etcd.txn(op, txn).await?, n).0.is_some() {
+                            return Ok(true);
+                        }
                     }
                 }
             }

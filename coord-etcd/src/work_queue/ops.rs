@@ -11,9 +11,11 @@ use crate::client::keys::prefix_end;
 use crate::client::{corrupt, secs};
 use crate::work_queue::Mine;
 use crate::work_queue::WorkQueues;
-use crate::work_queue::group::{Around, around_ops, group_of, remove, set_group};
+use crate::work_queue::group::{Around, around_ops, remove};
 use crate::work_queue::keys::{Group, Meta, QKeys, State, after, id_of, parse_time_value, with_id};
-use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read};
+use crate::work_queue::plan::{
+    Plan, Retry, Snap, deadline_ms, get, landed, nest, now_ms, range, read,
+};
 
 pub(super) fn meta_of(kv: &KeyValue, op: &'static str) -> Result<Meta> {
     Meta::decode(kv.value()).ok_or_else(|| corrupt(op, "work queue message"))
@@ -145,23 +147,25 @@ impl WorkQueues {
             };
             let mut p = Plan::new();
             p.same(&h.kv);
-            if remove(&mut p, &k, lane, id, &h.meta, &Around::of(s, *at), op)?
-                && self
-                    .etcd
-                    .txn(op, p.into_txn(vec![], vec![]))
-                    .await?
-                    .succeeded()
-            {
-                self.local.set_mine(queue, lane, id, None);
-                return Ok(true);
+            if let Some(levels) = remove(p, &k, lane, id, &h.meta, &Around::of(s, *at), op)? {
+                if let Some((txn, n)) = nest(levels, vec![], vec![]) {
+                    let resp = self.etcd.txn(op, txn).await?;
+                    if landed(resp, n).0.is_some() {
+                        self.local.set_mine(queue, lane, id, None);
+                        return Ok(true);
+                    }
+                }
             }
             retry.again().await?;
         }
     }
 
-    /// Give message `id` back iff held by `consumer`: ready at once (zero
-    /// `delay`) or delayed (then in one transaction, for a delivery this
-    /// client made).
+    /// Give message `id` back iff held by `consumer`, due again after
+    /// `delay` (one transaction for a delivery this client made). A message
+    /// given back without delay is due at once: on the lane's timeline,
+    /// made ready by the next pop before it delivers (as a lapsed delivery
+    /// is), so that giving it back touches none of its group's keys, which
+    /// the group's other deliveries keep changing.
     pub(crate) async fn queue_give_back(
         &self,
         queue: &str,
@@ -185,77 +189,25 @@ impl WorkQueues {
         delay: Duration,
         uncount: bool,
     ) -> Result<bool> {
-        let op = "queue nack";
-        let k = self.qkeys(queue);
-        let now = delay.is_zero();
-        if !now {
-            if let Some((rev, mut m, deadline)) = self.mine_held(queue, lane, id, consumer) {
-                let mut p = Plan::new();
-                p.rev_is(k.meta(lane, id), rev);
-                p.del(k.time_entry(lane, deadline, id));
-                let at = deadline_ms(delay);
-                m.state = State::Delayed(at);
-                p.put(k.time_entry(lane, at, id), m.time_value());
-                p.put(k.meta(lane, id), m.encode());
-                if self
-                    .etcd
-                    .txn(op, p.into_txn(vec![], vec![]))
-                    .await?
-                    .succeeded()
-                {
-                    self.local.set_mine(queue, lane, id, None);
-                    return Ok(true);
-                }
-            }
-        }
-        let mut retry = Retry::new(&self.etcd, op);
-        loop {
-            let Some(h) = self.held(&k, queue, lane, id, consumer, now, op).await? else {
-                return Ok(false);
-            };
-            let mut p = Plan::new();
-            p.same(&h.kv);
-            p.del(k.time_entry(lane, h.deadline, id));
-            let mut m = h.meta;
+        let at = |m: &mut Meta| {
             if uncount {
                 m.attempts = m.attempts.saturating_sub(1);
             }
-            if let Some((s, at)) = &h.around {
-                // Ready at once: the group's lowest ready id (and so its
-                // entries) may change.
-                let a = Around::of(s, *at);
-                let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
-                    retry.again().await?;
-                    continue;
-                };
-                let old = group_of(gkv, hkv, op)?;
-                p.same(gkv);
-                p.same(hkv);
-                m.state = State::Ready;
-                p.put(with_id(&k.readies(lane, &m.group), id), m.encode());
-                let ready = match old.ready {
-                    0 => id,
-                    r => r.min(id),
-                };
-                let new = Group { ready, ..old };
-                set_group(&mut p, &k, lane, &m.group, Some(old), Some(new));
-            } else {
-                let at = deadline_ms(delay);
-                m.state = State::Delayed(at);
-                p.put(k.time_entry(lane, at, id), m.time_value());
-            }
-            p.put(k.meta(lane, id), m.encode());
-            if self
-                .etcd
-                .txn(op, p.into_txn(vec![], vec![]))
-                .await?
-                .succeeded()
-            {
-                self.local.set_mine(queue, lane, id, None);
-                return Ok(true);
-            }
-            retry.again().await?;
+            // Without delay: due now, never a millisecond later.
+            let at = match delay.is_zero() {
+                true => now_ms(),
+                false => deadline_ms(delay),
+            };
+            m.state = State::Delayed(at);
+            at
+        };
+        let moved = self
+            .retime(queue, lane, id, consumer, "queue nack", at)
+            .await?;
+        if moved.is_some() {
+            self.local.set_mine(queue, lane, id, None);
         }
+        Ok(moved.is_some())
     }
 
     /// Abandon the pop attempts of `consumer` (see
@@ -327,7 +279,37 @@ impl WorkQueues {
         consumer: &OwnerToken,
         visibility: Duration,
     ) -> Result<bool> {
-        let op = "queue extend";
+        let at = |m: &mut Meta| {
+            let at = deadline_ms(visibility);
+            m.state = State::InFlight(at, *consumer);
+            at
+        };
+        let moved = self
+            .retime(queue, lane, id, consumer, "queue extend", at)
+            .await?;
+        let Some((rev, meta)) = moved else {
+            return Ok(false);
+        };
+        self.local
+            .set_mine(queue, lane, id, Some(Mine { rev, meta }));
+        Ok(true)
+    }
+
+    /// Move message `id`, iff held by `consumer`, to the place on the
+    /// lane's timeline that `to` gives it (`to` sets its record's state and
+    /// returns the time): one transaction for a delivery this client made,
+    /// comparing only the record, so that the group's other steps cannot
+    /// make it lose. `None`: not held. Else the transaction's revision and
+    /// the record written.
+    async fn retime(
+        &self,
+        queue: &str,
+        lane: Lane,
+        id: u64,
+        consumer: &OwnerToken,
+        op: &'static str,
+        to: impl Fn(&mut Meta) -> u64,
+    ) -> Result<Option<(i64, Meta)>> {
         let k = self.qkeys(queue);
         let mut known = self.mine_held(queue, lane, id, consumer);
         let mut retry = Retry::new(&self.etcd, op);
@@ -336,7 +318,7 @@ impl WorkQueues {
                 Some(k) => k,
                 None => {
                     let Some(h) = self.held(&k, queue, lane, id, consumer, false, op).await? else {
-                        return Ok(false);
+                        return Ok(None);
                     };
                     (h.kv.mod_revision(), h.meta, h.deadline)
                 }
@@ -344,16 +326,12 @@ impl WorkQueues {
             let mut p = Plan::new();
             p.rev_is(k.meta(lane, id), rev);
             p.del(k.time_entry(lane, deadline, id));
-            let at = deadline_ms(visibility);
-            m.state = State::InFlight(at, *consumer);
+            let at = to(&mut m);
             p.put(k.time_entry(lane, at, id), m.time_value());
             p.put(k.meta(lane, id), m.encode());
             let resp = self.etcd.txn(op, p.into_txn(vec![], vec![])).await?;
             if resp.succeeded() {
-                let rev = header_rev(&resp);
-                self.local
-                    .set_mine(queue, lane, id, Some(Mine { rev, meta: m }));
-                return Ok(true);
+                return Ok(Some((header_rev(&resp), m)));
             }
             retry.again().await?;
         }

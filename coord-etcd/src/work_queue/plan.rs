@@ -16,7 +16,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use coord_core::{Error, Result};
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use tokio::time::{Instant, sleep};
 
 use crate::client::keys::BACKEND;
@@ -105,7 +107,7 @@ pub(crate) fn until_ms(at: u64) -> Duration {
 }
 
 /// The compares and coalesced writes of one transaction.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Plan {
     cmp: Vec<Compare>,
     /// Key -> (value, lease) to put, or `None` to delete.
@@ -223,6 +225,67 @@ impl Plan {
     }
 }
 
+/// How many operations etcd takes in one transaction by default
+/// (`--max-txn-ops`). A nested transaction counts against what is left of
+/// it after the levels around it (each takes the most of its compares,
+/// its success operations and its failure operations).
+const TXN_OPS: usize = 128;
+
+/// One transaction of alternative `levels`, each tried when the one
+/// before it fails: the first whose compares hold runs `first` and its
+/// writes; if none does, `failure`. Levels past what etcd takes in one
+/// transaction are left out. `None` when there are no levels; else the
+/// transaction and how many levels it holds.
+pub(crate) fn nest(
+    levels: Vec<Plan>,
+    first: Vec<TxnOp>,
+    failure: Vec<TxnOp>,
+) -> Option<(Txn, usize)> {
+    let mut left = TXN_OPS;
+    let mut kept = 0;
+    for level in &levels {
+        let width = level
+            .cmp
+            .len()
+            .max(first.len() + level.writes.len())
+            .max(failure.len().max(1));
+        if width > left {
+            break;
+        }
+        left -= width;
+        kept += 1;
+    }
+    let mut txn: Option<Txn> = None;
+    for level in levels.into_iter().take(kept).rev() {
+        let otherwise = match txn.take() {
+            Some(t) => vec![TxnOp::txn(t)],
+            None => failure.clone(),
+        };
+        txn = Some(level.into_txn(first.clone(), otherwise));
+    }
+    txn.map(|t| (t, kept))
+}
+
+/// Which level of a transaction of `levels` nested levels ([`nest`]) was
+/// applied, and that level's response (or, when none was, the response of
+/// the last one's `failure`).
+pub(crate) fn landed(resp: TxnResponse, levels: usize) -> (Option<usize>, TxnResponse) {
+    let mut cur = resp;
+    let mut level = 0;
+    loop {
+        if cur.succeeded() {
+            return (Some(level), cur);
+        }
+        match cur.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(inner)) if level + 1 < levels => {
+                cur = inner;
+                level += 1;
+            }
+            _ => return (None, cur),
+        }
+    }
+}
+
 /// Bounded retries of a step whose transaction lost a race: a random
 /// backoff growing to 40 ms, for at most the call timeout.
 pub(crate) struct Retry {
@@ -259,21 +322,38 @@ impl Retry {
         })
     }
 
+    /// Try again at once, on reads the lost transaction made itself (its
+    /// failure branch): they are as fresh as reads get, and waiting first
+    /// would only let the queue move on from them. `Error::Unavailable`
+    /// once the time is up.
+    pub(crate) fn at_once(&mut self) -> Result<()> {
+        self.round += 1;
+        match self.started.elapsed() >= self.limit {
+            true => Err(self.gave_up()),
+            false => Ok(()),
+        }
+    }
+
+    /// What a step that kept losing races reports.
+    fn gave_up(&self) -> Error {
+        Error::Unavailable {
+            backend: BACKEND,
+            operation: self.op,
+            message: format!(
+                "gave up after {} attempts in {:?}, each losing a race with another \
+                 client's change of the queue",
+                self.round,
+                self.started.elapsed()
+            ),
+            source: None,
+        }
+    }
+
     /// Wait before the next try; `Error::Unavailable` once the time is up.
     pub(crate) async fn again(&mut self) -> Result<()> {
         self.round += 1;
         if self.started.elapsed() >= self.limit {
-            return Err(Error::Unavailable {
-                backend: BACKEND,
-                operation: self.op,
-                message: format!(
-                    "gave up after {} attempts in {:?}, each losing a race with another \
-                     client's change of the queue",
-                    self.round,
-                    self.started.elapsed()
-                ),
-                source: None,
-            });
+            return Err(self.gave_up());
         }
         let cap = (1u64 << self.round.min(6)).min(40);
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use coord_core::queue_state::{dead_letters, serve_turn};
 use coord_core::{FencingToken, Lane, OwnerToken, PopAttempt, QueueConfig, Result};
-use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 use crate::client::corrupt;
 use crate::client::header_rev;
@@ -30,7 +30,9 @@ use crate::work_queue::WorkQueues;
 use crate::work_queue::due::{advance, dead_letter, due_of};
 use crate::work_queue::group::id_in;
 use crate::work_queue::keys::{Group, Meta, QKeys, State, id_of, pair_of, with_id};
-use crate::work_queue::plan::{Plan, Retry, Snap, deadline_ms, get, now_ms, range, read, until_ms};
+use crate::work_queue::plan::{
+    Plan, Retry, Snap, deadline_ms, get, landed, now_ms, range, read, until_ms,
+};
 use crate::work_queue::{Mine, message_of};
 
 /// How many timeline entries a pop reads (and makes ready at most, when
@@ -394,14 +396,14 @@ impl WorkQueues {
             };
             let resp = self.etcd.txn(op, txn).await?;
             let rev = header_rev(&resp);
-            let (level, inner) = took(resp, steps.len());
+            let (level, inner) = landed(resp, steps.len());
             let Some(level) = level else {
                 let fresh = Snap::at(&inner, rev);
                 if fresh.one(mark_at).is_some() {
                     return Ok(PopAttempt::Empty { next_in: None });
                 }
                 carried = Some((fresh, groups));
-                retry.again().await?;
+                retry.at_once()?;
                 continue;
             };
             let st = &steps[level];
@@ -428,26 +430,6 @@ impl WorkQueues {
                 message: message_of(st.id, &meta, payload),
                 token: FencingToken(token),
             });
-        }
-    }
-}
-
-/// Which level of a pop transaction of `levels` levels delivered, and the
-/// response of that level (or of the last one's else branch: the fresh
-/// reads).
-fn took(resp: TxnResponse, levels: usize) -> (Option<usize>, TxnResponse) {
-    let mut cur = resp;
-    let mut level = 0;
-    loop {
-        if cur.succeeded() {
-            return (Some(level), cur);
-        }
-        match cur.op_responses().into_iter().next() {
-            Some(TxnOpResponse::Txn(inner)) if level + 1 < levels => {
-                cur = inner;
-                level += 1;
-            }
-            _ => return (None, cur),
         }
     }
 }

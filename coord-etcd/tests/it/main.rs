@@ -30,6 +30,7 @@ mod lock_waiters;
 mod metrics_recorded;
 mod owner_queued_through_another_client;
 mod queue;
+mod queue_busy_group;
 mod queue_dedup_window;
 mod queue_push_order;
 mod queue_same_delivery_races;

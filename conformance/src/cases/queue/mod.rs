@@ -5,6 +5,7 @@
 //! A store without queues (yet) skips every case here with the reason
 //! [`QUEUE_GATE`] on stderr, never a silent pass.
 
+mod contention;
 mod dead_letters;
 mod dedup;
 mod delays;
@@ -13,6 +14,7 @@ mod input;
 mod visibility;
 mod wakeups;
 
+pub use contention::*;
 pub use dead_letters::*;
 pub use dedup::*;
 pub use delays::*;
