@@ -69,17 +69,18 @@ pub(crate) async fn subscribe_any(
     Err(last.unwrap_or_else(|| coord_core::Error::Config("no Redis server to subscribe on".into())))
 }
 
+/// Wake the local waiters a wake-up names. Every payload reaches its
+/// waiters: those of a kind not named here are all woken, so a kind that
+/// publishes wake-ups can never be dropped for want of a line here.
 fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
     let Ok(payload) = std::str::from_utf8(payload) else {
         return;
     };
     match payload.split_once(':') {
-        // A semaphore wake-up names one waiting owner: `semaphore:<owner>:<name>`.
+        // A lock is granted to one waiter at a time; a semaphore wake-up
+        // names one waiting owner: `semaphore:<owner>:<name>`.
         Some(("lock" | "semaphore", _)) => {
             wakeups.notify_one(payload);
-        }
-        Some(("election" | "barrier" | "lease", _)) => {
-            wakeups.notify_all(payload);
         }
         // A work queue's lane: `queue:<lane>:<name>` wakes one local waiter
         // (one message came), `queue-all:<lane>:<name>` every one (a
@@ -90,7 +91,10 @@ fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
         Some(("queue-all", rest)) => {
             wakeups.notify_all(&format!("queue:{rest}"));
         }
-        _ => {}
+        // Elections, barriers, leases, fencing sources' issuing claims.
+        _ => {
+            wakeups.notify_all(payload);
+        }
     }
 }
 
@@ -226,5 +230,31 @@ mod tests {
             .expect("woken");
         dispatch(&w, b"nonsense");
         dispatch(&w, &[0xff]);
+    }
+
+    /// The wake-up of every kind that has waiters reaches them (a fencing
+    /// source's issuing claim on Redlock once did not: its waiters polled).
+    #[tokio::test]
+    async fn every_kinds_wake_up_reaches_its_waiters() {
+        use coord_core::util::Kind;
+        let w = Wakeups::new();
+        for kind in [
+            Kind::Lock,
+            Kind::Lease,
+            Kind::Fence,
+            Kind::Election,
+            Kind::Barrier,
+            Kind::Limiter,
+        ] {
+            let key = crate::keys::Keys::wake(kind, "a:b");
+            let waiter = w.subscribe(&key);
+            let f = waiter.notified();
+            tokio::pin!(f);
+            f.as_mut().enable();
+            dispatch(&w, key.as_bytes());
+            tokio::time::timeout(Duration::from_millis(100), f)
+                .await
+                .unwrap_or_else(|_| panic!("the wake-up {key} woke nobody"));
+        }
     }
 }

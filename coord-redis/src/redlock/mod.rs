@@ -47,7 +47,12 @@
 //!   restarted without persistence, a clock stepped back) can repeat a
 //!   token. [`FencingSource::next`](coord_core::FencingSource::next) is
 //!   the token of a short claim on the resource (three round trips), so
-//!   tokens for one resource are issued one at a time.
+//!   tokens for one resource are issued one at a time. Clients waiting for
+//!   that claim are woken by its release and spread their next attempts
+//!   over about one attempt's time (or they would split the masters'
+//!   votes); a client that just released it while others asked waits a
+//!   random share of that time before it asks again, so that it does not
+//!   take its run of tokens before them.
 //!   For fencing a resource can rely on whatever happens, use etcd or
 //!   PostgreSQL.
 //! - **Retries by the same owner** get the grant's token again: a retry
@@ -196,6 +201,10 @@ pub struct RedlockBackend {
     /// Each owner's attempts on a claim, one at a time with their late
     /// answers (see `quorum_acquire`).
     gates: Mutex<HashMap<Released, std::sync::Weak<tokio::sync::RwLock<()>>>>,
+    /// Fencing sources this client issued a token of lately: when it
+    /// released the issuing claim, and how long issuing took (see
+    /// `FencingSource::next`).
+    issued: Mutex<HashMap<String, (Instant, Duration)>>,
 }
 
 /// A released claim: its kind, name and owner.
@@ -342,6 +351,7 @@ impl RedlockBackend {
             timeout: opts.timeout,
             released: Default::default(),
             gates: Default::default(),
+            issued: Default::default(),
         })
     }
 

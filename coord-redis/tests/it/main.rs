@@ -26,6 +26,7 @@ mod queue_same_delivery_races;
 mod redis_specific;
 mod redlock;
 mod redlock_faults;
+mod redlock_fencing;
 mod release_in_an_outage;
 mod same_owner_one_client;
 mod semaphore;
