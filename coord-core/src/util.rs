@@ -30,6 +30,20 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// Every kind.
+    ///
+    /// ```
+    /// assert!(coord_core::util::Kind::ALL.contains(&coord_core::util::Kind::Fence));
+    /// ```
+    pub const ALL: [Kind; 6] = [
+        Kind::Lock,
+        Kind::Lease,
+        Kind::Fence,
+        Kind::Election,
+        Kind::Barrier,
+        Kind::Limiter,
+    ];
+
     /// The segment as written into keys: `lock`, `lease`, `fence`,
     /// `election`, `barrier`, `limiter`.
     pub fn as_str(self) -> &'static str {

@@ -3,16 +3,6 @@
 use coord_core::util::Kind;
 use coord_core::{Error, Result};
 
-/// Every kind, for the PHP layout's collision rule.
-const KINDS: [Kind; 6] = [
-    Kind::Lock,
-    Kind::Lease,
-    Kind::Fence,
-    Kind::Election,
-    Kind::Barrier,
-    Kind::Limiter,
-];
-
 /// The key segment of a semaphore (coord-core has no [`Kind`] for it).
 pub(crate) const SEMAPHORE: &str = "semaphore";
 
@@ -205,7 +195,7 @@ impl Keys {
             ));
         }
         if let Some(rest) = name.strip_prefix(self.prefix.as_str()) {
-            if let Some(kind) = KINDS
+            if let Some(kind) = Kind::ALL
                 .iter()
                 .map(|k| k.as_str())
                 .chain([SEMAPHORE, QUEUE])

@@ -238,14 +238,7 @@ mod tests {
     async fn every_kinds_wake_up_reaches_its_waiters() {
         use coord_core::util::Kind;
         let w = Wakeups::new();
-        for kind in [
-            Kind::Lock,
-            Kind::Lease,
-            Kind::Fence,
-            Kind::Election,
-            Kind::Barrier,
-            Kind::Limiter,
-        ] {
+        for kind in Kind::ALL {
             let key = crate::keys::Keys::wake(kind, "a:b");
             let waiter = w.subscribe(&key);
             let f = waiter.notified();
