@@ -39,22 +39,23 @@ pub(crate) struct Listener {
 
 /// Dispatch one payload. Locks wake one local waiter per release;
 /// semaphores address one waiting acquire (`semaphore:<owner hex>:<name>`,
-/// its key as it is); elections and barriers wake every local waiter.
-/// Queues wake one local waiter of the lane (`queue:<lane>:<name>`: a
-/// push, a nack, an ack), or every one (`queue-all:<lane>:<name>`, a
-/// redrive; the key is `queue:<lane>:<name>`).
+/// its key as it is). Queues wake one local waiter of the lane
+/// (`queue:<lane>:<name>`: a push, a nack, an ack), or every one
+/// (`queue-all:<lane>:<name>`, a redrive; the key is
+/// `queue:<lane>:<name>`). Every other payload (elections, barriers)
+/// wakes every local waiter of its key: none is dropped for want of a
+/// line here.
 pub(crate) fn dispatch(wakeups: &Wakeups, payload: &str) {
     match payload.split_once(':') {
         Some(("lock" | "semaphore" | "queue", _)) => {
             wakeups.notify_one(payload);
         }
-        Some(("election" | "barrier", _)) => {
-            wakeups.notify_all(payload);
-        }
         Some(("queue-all", rest)) => {
             wakeups.notify_all(&format!("queue:{rest}"));
         }
-        _ => {}
+        _ => {
+            wakeups.notify_all(payload);
+        }
     }
 }
 
@@ -256,6 +257,29 @@ impl Listener {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wake-up of every kind reaches its local waiters, whichever kind
+    /// publishes one.
+    #[tokio::test]
+    async fn every_kinds_wake_up_reaches_its_waiters() {
+        let w = Wakeups::new();
+        for kind in coord_core::util::Kind::ALL {
+            let key = format!("{}:a:b", kind.as_str());
+            let waiter = w.subscribe(&key);
+            let f = waiter.notified();
+            tokio::pin!(f);
+            f.as_mut().enable();
+            dispatch(&w, &key);
+            tokio::time::timeout(Duration::from_millis(100), f)
+                .await
+                .unwrap_or_else(|_| panic!("the wake-up {key} woke nobody"));
         }
     }
 }
