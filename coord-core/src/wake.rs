@@ -109,6 +109,36 @@ impl Wakeups {
         }
     }
 
+    /// Wake the local waiters a store's wake-up payload names (a Redis
+    /// `PUBLISH`, a PostgreSQL `NOTIFY`): `<kind>:<name>` is the key
+    /// waited on. A lock is granted to one waiter at a time, and a
+    /// semaphore payload names one waiting owner
+    /// (`semaphore:<owner>:<name>`): one waiter. A work queue's lane,
+    /// `queue:<lane>:<name>`, wakes one (one message came) and
+    /// `queue-all:<lane>:<name>` every one, of the key
+    /// `queue:<lane>:<name>` (a redrive may bring many). Every other
+    /// payload wakes every waiter of its key: none is dropped for want of
+    /// a line here.
+    ///
+    /// ```
+    /// let w = coord_core::wake::Wakeups::new();
+    /// let _waiter = w.subscribe("queue:main:jobs");
+    /// w.dispatch("queue-all:main:jobs");
+    /// ```
+    pub fn dispatch(&self, payload: &str) {
+        match payload.split_once(':') {
+            Some(("lock" | "semaphore" | "queue", _)) => {
+                self.notify_one(payload);
+            }
+            Some(("queue-all", rest)) => {
+                self.notify_all(&format!("queue:{rest}"));
+            }
+            _ => {
+                self.notify_all(payload);
+            }
+        }
+    }
+
     /// Wake one waiter of every key: after a reconnect, when notifications
     /// may have been missed.
     pub fn notify_every(&self) {
@@ -199,6 +229,36 @@ impl Drop for Waiter {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Wait for `waiter` to be woken by `dispatch(payload)`.
+    async fn woken_by(w: &Wakeups, waiter: &Waiter, payload: &str) {
+        let f = waiter.notified();
+        tokio::pin!(f);
+        f.as_mut().enable();
+        w.dispatch(payload);
+        tokio::time::timeout(Duration::from_millis(100), f)
+            .await
+            .unwrap_or_else(|_| panic!("the wake-up {payload} woke nobody"));
+    }
+
+    #[tokio::test]
+    async fn dispatch_routes_by_kind() {
+        let w = Wakeups::new();
+        woken_by(&w, &w.subscribe("lock:a:b"), "lock:a:b").await;
+        woken_by(&w, &w.subscribe("queue:main:a:b"), "queue-all:main:a:b").await;
+        w.dispatch("nonsense");
+    }
+
+    /// The wake-up of every kind reaches its waiters (a fencing source's
+    /// issuing claim on Redlock once did not: its waiters polled).
+    #[tokio::test]
+    async fn every_kinds_wake_up_reaches_its_waiters() {
+        let w = Wakeups::new();
+        for kind in crate::util::Kind::ALL {
+            let key = format!("{}:a:b", kind.as_str());
+            woken_by(&w, &w.subscribe(&key), &key).await;
+        }
+    }
 
     #[tokio::test]
     async fn notify_one_wakes_one_and_entries_are_cleaned_up() {

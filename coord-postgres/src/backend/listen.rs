@@ -37,28 +37,6 @@ pub(crate) struct Listener {
     pub(crate) check_now: Arc<Notify>,
 }
 
-/// Dispatch one payload. Locks wake one local waiter per release;
-/// semaphores address one waiting acquire (`semaphore:<owner hex>:<name>`,
-/// its key as it is). Queues wake one local waiter of the lane
-/// (`queue:<lane>:<name>`: a push, a nack, an ack), or every one
-/// (`queue-all:<lane>:<name>`, a redrive; the key is
-/// `queue:<lane>:<name>`). Every other payload (elections, barriers)
-/// wakes every local waiter of its key: none is dropped for want of a
-/// line here.
-pub(crate) fn dispatch(wakeups: &Wakeups, payload: &str) {
-    match payload.split_once(':') {
-        Some(("lock" | "semaphore" | "queue", _)) => {
-            wakeups.notify_one(payload);
-        }
-        Some(("queue-all", rest)) => {
-            wakeups.notify_all(&format!("queue:{rest}"));
-        }
-        _ => {
-            wakeups.notify_all(payload);
-        }
-    }
-}
-
 /// One live LISTEN session.
 struct Session {
     client: tokio_postgres::Client,
@@ -139,7 +117,7 @@ impl Listener {
         loop {
             match tokio::time::timeout_at(deadline, session.notes.recv()).await {
                 Ok(Some(n)) if n.payload() == payload => return Ok(true),
-                Ok(Some(n)) => dispatch(&self.wakeups, n.payload()),
+                Ok(Some(n)) => self.wakeups.dispatch(n.payload()),
                 Ok(None) | Err(_) => return Ok(false),
             }
         }
@@ -242,7 +220,7 @@ impl Listener {
             tokio::select! {
                 _ = self.cancel.cancelled() => return false,
                 n = session.notes.recv() => match n {
-                    Some(n) => dispatch(&self.wakeups, n.payload()),
+                    Some(n) => self.wakeups.dispatch(n.payload()),
                     None => return true,
                 },
                 _ = self.check_now.notified() => {
@@ -257,29 +235,6 @@ impl Listener {
                     }
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The wake-up of every kind reaches its local waiters, whichever kind
-    /// publishes one.
-    #[tokio::test]
-    async fn every_kinds_wake_up_reaches_its_waiters() {
-        let w = Wakeups::new();
-        for kind in coord_core::util::Kind::ALL {
-            let key = format!("{}:a:b", kind.as_str());
-            let waiter = w.subscribe(&key);
-            let f = waiter.notified();
-            tokio::pin!(f);
-            f.as_mut().enable();
-            dispatch(&w, &key);
-            tokio::time::timeout(Duration::from_millis(100), f)
-                .await
-                .unwrap_or_else(|_| panic!("the wake-up {key} woke nobody"));
         }
     }
 }

@@ -69,35 +69,6 @@ pub(crate) async fn subscribe_any(
     Err(last.unwrap_or_else(|| coord_core::Error::Config("no Redis server to subscribe on".into())))
 }
 
-/// Wake the local waiters a wake-up names. Every payload reaches its
-/// waiters: those of a kind not named here are all woken, so a kind that
-/// publishes wake-ups can never be dropped for want of a line here.
-fn dispatch(wakeups: &Wakeups, payload: &[u8]) {
-    let Ok(payload) = std::str::from_utf8(payload) else {
-        return;
-    };
-    match payload.split_once(':') {
-        // A lock is granted to one waiter at a time; a semaphore wake-up
-        // names one waiting owner: `semaphore:<owner>:<name>`.
-        Some(("lock" | "semaphore", _)) => {
-            wakeups.notify_one(payload);
-        }
-        // A work queue's lane: `queue:<lane>:<name>` wakes one local waiter
-        // (one message came), `queue-all:<lane>:<name>` every one (a
-        // redrive may bring many).
-        Some(("queue", _)) => {
-            wakeups.notify_one(payload);
-        }
-        Some(("queue-all", rest)) => {
-            wakeups.notify_all(&format!("queue:{rest}"));
-        }
-        // Elections, barriers, leases, fencing sources' issuing claims.
-        _ => {
-            wakeups.notify_all(payload);
-        }
-    }
-}
-
 /// How often the subscriber connection is checked with a PING: a
 /// connection that died without closing (a half-open TCP connection) would
 /// otherwise leave waiters on the polling fallback until the OS noticed.
@@ -143,7 +114,9 @@ pub(crate) async fn run(
                     _ = cancel.cancelled() => return,
                     msg = messages.next() => match msg {
                         Some(msg) => {
-                            dispatch(&wakeups, msg.get_payload_bytes());
+                            if let Ok(payload) = std::str::from_utf8(msg.get_payload_bytes()) {
+                                wakeups.dispatch(payload);
+                            }
                             continue;
                         }
                         None => break,
@@ -202,52 +175,5 @@ pub(crate) async fn run(
         tracing::info!(store = BACKEND, "wake-up subscription restored");
         coord_core::metrics::reconnect(BACKEND, "subscriber");
         wakeups.notify_every();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn dispatch_routes_by_kind() {
-        let w = Wakeups::new();
-        let lock = w.subscribe("lock:a:b");
-        let f = lock.notified();
-        tokio::pin!(f);
-        f.as_mut().enable();
-        dispatch(&w, b"lock:a:b");
-        tokio::time::timeout(Duration::from_millis(100), f)
-            .await
-            .expect("woken");
-        let queue = w.subscribe("queue:main:a:b");
-        let f = queue.notified();
-        tokio::pin!(f);
-        f.as_mut().enable();
-        dispatch(&w, b"queue-all:main:a:b");
-        tokio::time::timeout(Duration::from_millis(100), f)
-            .await
-            .expect("woken");
-        dispatch(&w, b"nonsense");
-        dispatch(&w, &[0xff]);
-    }
-
-    /// The wake-up of every kind that has waiters reaches them (a fencing
-    /// source's issuing claim on Redlock once did not: its waiters polled).
-    #[tokio::test]
-    async fn every_kinds_wake_up_reaches_its_waiters() {
-        use coord_core::util::Kind;
-        let w = Wakeups::new();
-        for kind in Kind::ALL {
-            let key = crate::keys::Keys::wake(kind, "a:b");
-            let waiter = w.subscribe(&key);
-            let f = waiter.notified();
-            tokio::pin!(f);
-            f.as_mut().enable();
-            dispatch(&w, key.as_bytes());
-            tokio::time::timeout(Duration::from_millis(100), f)
-                .await
-                .unwrap_or_else(|_| panic!("the wake-up {key} woke nobody"));
-        }
     }
 }
