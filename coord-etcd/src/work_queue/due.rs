@@ -12,7 +12,7 @@ use crate::work_queue::group::{
     AROUND, Around, Landing, around_ops, group_of, insert, landing_ops, remove, set_group,
 };
 use crate::work_queue::keys::{Group, Meta, QKeys, State, pair_of, parse_time_value, with_id};
-use crate::work_queue::plan::{Plan, Snap, get, landed, nest, read};
+use crate::work_queue::plan::{Plan, Snap, apply_first, get, read};
 
 /// A timeline entry that is due.
 pub(crate) struct Due {
@@ -134,8 +134,5 @@ pub(crate) async fn dead_letter(
     for p in &mut levels {
         insert(p, k, Lane::Dead, id, &dead, payload.value(), &v, op)?;
     }
-    let Some((txn, n)) = nest(levels, vec![], vec![]) else {
-        return Ok(false);
-    };
-    Ok(landed(sh.txn(op, txn).await?, n).0.is_some())
+    apply_first(sh, op, levels).await
 }

@@ -121,7 +121,7 @@ impl<'a> Around<'a> {
     }
 }
 
-/// Take message `id` (record `meta`, compared by the caller in `base`)
+/// Take message `id` (record `meta`, compared by the caller in `p`)
 /// out of lane `l`: its keys, its place in its group (the next message
 /// becomes the group's head or lowest ready one), the group when it was
 /// its last message, and the lane's clock when that was the lane's last
@@ -141,7 +141,7 @@ impl<'a> Around<'a> {
 /// `Ok(None)`: the reads do not agree with each other (a concurrent
 /// change); try again.
 pub(crate) fn remove(
-    base: Plan,
+    mut p: Plan,
     k: &QKeys,
     l: Lane,
     id: u64,
@@ -149,7 +149,6 @@ pub(crate) fn remove(
     a: &Around<'_>,
     op: &'static str,
 ) -> Result<Option<Vec<Plan>>> {
-    let mut p = base;
     let g = meta.group.as_str();
     let (Some(gkv), Some(hkv)) = (a.group, a.head) else {
         return Ok(None);

@@ -16,7 +16,7 @@ use crate::work_queue::group::{
 };
 use crate::work_queue::keys::{Meta, QKeys, State, after, pair_of, parse_time_value};
 use crate::work_queue::message_of;
-use crate::work_queue::plan::{Plan, Retry, get, landed, nest, now_ms, read};
+use crate::work_queue::plan::{Plan, Retry, apply_first, get, now_ms, read};
 
 /// At most this many payload bytes per read of a peek.
 const PEEK_BYTES: u64 = 2 * 1024 * 1024;
@@ -154,10 +154,8 @@ impl WorkQueues {
                     for p in &mut levels {
                         insert(p, k, Lane::Main, id, &back, payload.value(), &v, op)?;
                     }
-                    if let Some((txn, n)) = nest(levels, vec![], vec![]) {
-                        if landed(self.etcd.txn(op, txn).await?, n).0.is_some() {
-                            return Ok(true);
-                        }
+                    if apply_first(&self.etcd, op, levels).await? {
+                        return Ok(true);
                     }
                 }
             }

@@ -14,7 +14,7 @@ use crate::work_queue::WorkQueues;
 use crate::work_queue::group::{Around, around_ops, remove};
 use crate::work_queue::keys::{Group, Meta, QKeys, State, after, id_of, parse_time_value, with_id};
 use crate::work_queue::plan::{
-    Plan, Retry, Snap, deadline_ms, get, landed, nest, now_ms, range, read,
+    Plan, Retry, Snap, apply_first, deadline_ms, get, now_ms, range, read,
 };
 
 pub(super) fn meta_of(kv: &KeyValue, op: &'static str) -> Result<Meta> {
@@ -148,12 +148,9 @@ impl WorkQueues {
             let mut p = Plan::new();
             p.same(&h.kv);
             if let Some(levels) = remove(p, &k, lane, id, &h.meta, &Around::of(s, *at), op)? {
-                if let Some((txn, n)) = nest(levels, vec![], vec![]) {
-                    let resp = self.etcd.txn(op, txn).await?;
-                    if landed(resp, n).0.is_some() {
-                        self.local.set_mine(queue, lane, id, None);
-                        return Ok(true);
-                    }
+                if apply_first(&self.etcd, op, levels).await? {
+                    self.local.set_mine(queue, lane, id, None);
+                    return Ok(true);
                 }
             }
             retry.again().await?;

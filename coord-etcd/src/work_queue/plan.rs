@@ -266,6 +266,15 @@ pub(crate) fn nest(
     txn.map(|t| (t, kept))
 }
 
+/// Send `levels` as one transaction ([`nest`], nothing read, nothing on
+/// failure): whether one of them was applied.
+pub(crate) async fn apply_first(sh: &Etcd, op: &'static str, levels: Vec<Plan>) -> Result<bool> {
+    let Some((txn, n)) = nest(levels, vec![], vec![]) else {
+        return Ok(false);
+    };
+    Ok(landed(sh.txn(op, txn).await?, n).0.is_some())
+}
+
 /// Which level of a transaction of `levels` nested levels ([`nest`]) was
 /// applied, and that level's response (or, when none was, the response of
 /// the last one's `failure`).

@@ -13,12 +13,12 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::{Delivery, MessageId, PushOptions, QueueConfig, Queues};
-use late_support::{SEC, connect, direct, unique};
+use late_support::{SEC, connect, direct, unique, until_seen};
 
 use crate::late_support;
 
@@ -84,15 +84,7 @@ async fn the_heads_ack_lands_although_the_messages_behind_it_were_acked_meanwhil
     let ack = tokio::spawn(async move { head.ack().await });
     // The first is the one-transaction ack of a delivery this client made,
     // which a head's ack cannot take; the second follows the read.
-    let since = Instant::now();
-    while proxy.seen() < 2 {
-        assert!(
-            since.elapsed() < 10 * SEC,
-            "the head's ack sent {} transactions",
-            proxy.seen()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_seen(&proxy, 2, "the head's ack").await;
     for d in held {
         d.ack().await.unwrap();
     }
@@ -142,11 +134,7 @@ async fn a_nack_lands_although_its_group_delivered_meanwhile() {
     proxy.watch(needle.as_bytes());
     proxy.slow_requests(needle.as_bytes(), Duration::from_millis(1500));
     let nack = tokio::spawn(async move { first.nack(Duration::ZERO).await });
-    let since = Instant::now();
-    while proxy.seen() < 1 {
-        assert!(since.elapsed() < 10 * SEC, "the nack sent nothing");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_seen(&proxy, 1, "the nack").await;
     let second = near.pop("q", VIS, SEC).await.unwrap().expect("the second");
     assert_eq!(second.id(), ids[1]);
     nack.await.unwrap().expect("the nack");

@@ -5,12 +5,12 @@
 //! the group delivered), the write must not land with the id taken
 //! before: the message would come after that later one.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use conformance::testkit::etcd;
 use conformance::testkit::proxy::FaultProxy;
 use coord_core::PushOptions;
-use late_support::{SEC, connect, direct, unique};
+use late_support::{SEC, connect, direct, unique, until_seen};
 
 use crate::late_support;
 
@@ -37,14 +37,7 @@ async fn a_slow_push_lands_behind_the_messages_of_its_group_delivered_meanwhile(
         let g = g.clone();
         tokio::spawn(async move { slow.push_with("q", b"slow-push-payload", &g).await })
     };
-    let since = Instant::now();
-    while proxy.seen() == 0 {
-        assert!(
-            since.elapsed() < 10 * SEC,
-            "the slow push's write never reached the proxy"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_seen(&proxy, 1, "the slow push's write").await;
     let d1 = near
         .pop("q", VIS, SEC)
         .await

@@ -92,6 +92,20 @@ pub async fn direct(prefix: &str) -> Arc<EtcdBackend> {
     connect(etcd::shared().client_port(), prefix, 5 * SEC).await
 }
 
+/// Wait until `proxy` has seen `n` requests carrying its watched needle;
+/// panics after 10 s, saying `what` (and how many it saw).
+pub async fn until_seen(proxy: &FaultProxy, n: u64, what: &str) {
+    let since = Instant::now();
+    while proxy.seen() < n {
+        assert!(
+            since.elapsed() < 10 * SEC,
+            "{what}: {} of {n} requests reached the proxy",
+            proxy.seen()
+        );
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
