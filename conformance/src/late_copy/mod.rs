@@ -21,7 +21,7 @@ pub use claims::{
 };
 pub use queue::{
     dropped_pop_with_one_delivery_allowed, late_copy_of_a_delivery_extend_after_a_later_one,
-    late_pop_with_one_delivery_allowed,
+    late_pop_with_one_delivery_allowed, late_push_lands_once,
 };
 
 /// When the held request reaches the store, from its send: time enough

@@ -1,5 +1,5 @@
-//! Late and dropped pops of a queue that delivers a message once, and late
-//! copies of a delivery's extends.
+//! Late and dropped pops of a queue that delivers a message once, a late
+//! push, and late copies of a delivery's extends.
 
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,56 @@ pub async fn late_pop_with_one_delivery_allowed(
         here.peek(&queue, Lane::Dead, 10).await.unwrap().is_empty(),
         "dead-lettered"
     );
+}
+
+/// A push through `via` (call timeout under 2 s) is held in the
+/// network 2.5 s and its connection cut after 300 ms, so its caller sees
+/// no answer; then the held copy lands. The queue must hold at most one
+/// message (one if the push was answered): the push was sent once, and a client that sent it again on a new
+/// connection (a cluster client following a dropped connection, say)
+/// would have a second copy land beside the held one. Counted through
+/// `direct`. `name` must not contain `push-late`.
+pub async fn late_push_lands_once(
+    via: &coord_core::Coord,
+    direct: &coord_core::Coord,
+    proxy: &FaultProxy,
+    name: &str,
+) {
+    use coord_core::Lane;
+    const SEC: Duration = Duration::from_secs(1);
+    let far = via.queues().unwrap();
+    let here = direct.queues().unwrap();
+    let queue = format!("{name}-push-late");
+    let warm = format!("{name}-warm");
+    until_answered(Instant::now() + 10 * SEC, "the warm-up read", || {
+        far.stats(&warm)
+    })
+    .await;
+    proxy.deliver_late(
+        |chunk| chunk.windows(9).any(|w| w == b"push-late"),
+        Duration::from_millis(2500),
+        Duration::from_millis(300),
+    );
+    let held_at = Instant::now();
+    let first = tokio::time::timeout(2 * SEC, far.push(&queue, b"once")).await;
+    assert_eq!(proxy.held(), 1, "the push was held");
+    while proxy.delivered() < 1 {
+        assert!(held_at.elapsed() < 5 * SEC, "never delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the store apply the copy.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let messages = here.peek(&queue, Lane::Main, 10).await.unwrap();
+    assert!(
+        messages.len() <= 1,
+        "one push, sent once, left {} messages (its call: {first:?}): the client sent the \
+         push again after its connection dropped, and both copies landed",
+        messages.len()
+    );
+    if matches!(first, Ok(Ok(_))) {
+        assert_eq!(messages.len(), 1, "an answered push left no message");
+    }
+    here.purge(&queue).await.unwrap();
 }
 
 /// A queue whose messages may be delivered once (`max_deliveries(1)`): a

@@ -273,6 +273,22 @@ async fn a_late_copy_of_a_timed_out_pop_delivers_nothing() {
     .await;
 }
 
+/// See `conformance::late_copy::late_push_lands_once`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_held_in_the_network_lands_once() {
+    let prefix = unique("late-push");
+    let proxy = FaultProxy::start(etcd::shared().client_port());
+    let far = connect(proxy.port(), &prefix, CALL_TIMEOUT).await;
+    let near = direct(&prefix).await;
+    conformance::late_copy::late_push_lands_once(
+        &far.coord(),
+        &near.coord(),
+        &proxy,
+        unique("q").trim_end_matches('/'),
+    )
+    .await;
+}
+
 /// See `conformance::late_copy::late_copy_of_a_delivery_extend_after_a_later_one`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_copy_of_an_earlier_delivery_extend_changes_nothing() {

@@ -1,9 +1,9 @@
 //! The command connection: to one server (a multiplexed, self-reconnecting
 //! `ConnectionManager`), to the master Redis Sentinel names (the same, to
 //! the address the sentinels give, asked again after a failure), or to a
-//! Redis Cluster (`redis`'s async cluster client, which follows
-//! `MOVED`/`ASK` redirections and failovers by itself), replaced by a fresh
-//! one after a call times out.
+//! Redis Cluster (`redis`'s async cluster client, built to send nothing
+//! again: [`Conn::send`] follows `MOVED`/`ASK` and sends again only what a
+//! node refused), replaced by a fresh one after a call times out.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +17,7 @@ use redis::aio::{
 };
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use super::{BACKEND, map_err};
@@ -53,6 +54,103 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// How many times one call is sent again after a cluster node refused it
+/// without running it (see [`Conn::send`]).
+const REFUSALS: u32 = 4;
+
+/// Where a cluster node told a refused request to go instead.
+enum Redirect {
+    /// `MOVED`: the slot lives there now.
+    Moved(String, u16),
+    /// `ASK`: the slot is moving there; send `ASKING` first.
+    Ask(String, u16),
+}
+
+/// Whether `e` is a cluster node's refusal of a request it did not run
+/// (or a request the client never sent): `Some` with where to send it
+/// again (`None`: to where the slot map says, after a pause), `None` when
+/// the request may have run.
+fn refused(e: &redis::RedisError) -> Option<Option<Redirect>> {
+    use redis::{ErrorKind, ServerErrorKind};
+    let node = || {
+        let (addr, _slot) = e.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        Some((host.to_string(), port.parse().ok()?))
+    };
+    match e.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => {
+            Some(node().map(|(h, p)| Redirect::Moved(h, p)))
+        }
+        ErrorKind::Server(ServerErrorKind::Ask) => Some(node().map(|(h, p)| Redirect::Ask(h, p))),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Some(None),
+        _ if e.is_connection_refusal() => Some(None),
+        _ => None,
+    }
+}
+
+impl Conn {
+    /// Send `cmd` and return its answer. On a cluster, the client library
+    /// sends nothing again by itself (it is built with no retries): a
+    /// request whose connection dropped or whose answer did not come may
+    /// have run, or may still be on its way, and a second copy would run
+    /// it twice (a push landing twice). Sent again here, at most
+    /// [`REFUSALS`] times, is only a request a node refused without
+    /// running it: `MOVED` and `ASK` (to the node they name), `TRYAGAIN`,
+    /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (after a
+    /// pause, to where the refreshed slot map says), and one never sent
+    /// (no connection to its node).
+    pub(crate) async fn send(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        let Conn::Cluster(c) = self else {
+            return cmd.query_async(self).await;
+        };
+        let mut to: Option<Redirect> = None;
+        let mut tries = 0;
+        loop {
+            let r = match &to {
+                None => cmd.query_async(&mut *c).await,
+                Some(Redirect::Moved(host, port)) => {
+                    let node = SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    };
+                    c.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
+                        .await
+                }
+                Some(Redirect::Ask(host, port)) => {
+                    let node = SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    };
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("ASKING").add_command(cmd.clone());
+                    c.route_pipeline(pipe, 1, 1, node)
+                        .await
+                        .map(|mut v| v.pop().unwrap_or(Value::Nil))
+                }
+            };
+            let e = match r {
+                Err(e) if tries < REFUSALS => e,
+                r => return r,
+            };
+            let Some(next) = refused(&e) else {
+                return Err(e);
+            };
+            tries += 1;
+            if next.is_none() {
+                tokio::time::sleep(Duration::from_millis(25 << tries)).await;
+            }
+            to = next;
         }
     }
 }

@@ -244,8 +244,9 @@ impl RedisBackend {
             let mut builder = redis::cluster::ClusterClientBuilder::new(infos.clone())
                 .connection_timeout(per_node)
                 .response_timeout(opts.timeout)
-                .retries(2)
-                .max_retry_wait(500);
+                // Nothing sent again by the client library: a request
+                // whose connection dropped may have run (`Conn::send`).
+                .retries(0);
             if custom_tls {
                 builder = builder.certs(certificates(&opts));
             }
@@ -403,13 +404,13 @@ impl RedisBackend {
         let evalsha = call("EVALSHA", hash);
         let (generation, mut conn) = self.conn.get();
         self.bounded(operation, generation, async move {
-            match evalsha.query_async::<Value>(&mut conn).await {
+            match conn.send(&evalsha).await {
                 Err(e)
                     if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
                 {
                     // Built only now: the source is kilobytes.
                     match self.scripts.source_of(hash) {
-                        Some(source) => call("EVAL", source).query_async::<Value>(&mut conn).await,
+                        Some(source) => conn.send(&call("EVAL", source)).await,
                         None => Err(e),
                     }
                 }
@@ -422,10 +423,8 @@ impl RedisBackend {
     /// Run one plain command, bounded by the call timeout.
     pub(crate) async fn cmd(&self, operation: &'static str, cmd: redis::Cmd) -> Result<Value> {
         let (generation, mut conn) = self.conn.get();
-        self.bounded(operation, generation, async move {
-            cmd.query_async::<Value>(&mut conn).await
-        })
-        .await
+        self.bounded(operation, generation, async move { conn.send(&cmd).await })
+            .await
     }
 
     /// Run a call on the connection of `generation` within the call

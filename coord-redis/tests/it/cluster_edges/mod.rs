@@ -19,8 +19,10 @@ use tokio::time::{Instant, sleep};
 
 mod connecting;
 mod failover;
+mod late_copies;
 mod names_and_prefixes;
 mod passwords;
+mod redirects;
 mod scripts;
 mod tls;
 
