@@ -10,7 +10,7 @@ use ddl::ddl;
 pub(crate) use ddl::{SCHEMA_CURRENT, SCHEMA_OTHER};
 
 /// The layout version written to `meta`; bump when the DDL changes.
-pub(crate) const SCHEMA_VERSION: i32 = 22;
+pub(crate) const SCHEMA_VERSION: i32 = 23;
 
 /// The prepared texts for one schema.
 #[derive(Debug)]
@@ -43,6 +43,7 @@ pub(crate) struct Sql {
     pub(crate) queue_pop: String,
     pub(crate) queue_pop_durable: String,
     pub(crate) queue_durable: String,
+    pub(crate) queue_durable_wake: String,
     pub(crate) queue_ack: String,
     pub(crate) queue_nack: String,
     pub(crate) queue_abandon: String,
@@ -300,20 +301,22 @@ impl Sql {
                   ORDER BY h.fencing"
             ),
             // $1 queue, $2 payload, $3 delay µs, $4 group, $5 dedup id,
-            // $6 dedup window µs, $7 channel. See src/sql/queue.sql; run
-            // with `queue_durable` after it in the same round trip.
+            // $6 dedup window µs. See src/sql/queue.sql; run with
+            // `queue_durable` or `queue_durable_wake` after it in the same
+            // round trip.
             queue_push: format!(
                 "SELECT o_id, o_duplicate FROM {s}.queue_push($1::text, $2::bytea, $3::int8, \
-                 $4::text, $5::text, $6::int8, $7::text)"
+                 $4::text, $5::text, $6::int8)"
             ),
             // $1 queue, $2 lane, $3 owner, $4 visibility µs,
             // $5 max deliveries (NULL: never), $6 ordered groups, $7 the
             // most messages made ready, $8 moved to the dead lane, in one
-            // step.
+            // step, $9 how long an empty pop marks the lane as waited on
+            // (µs; 0: not waited on by this client).
             queue_pop: format!(
-                "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us \
-                 FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, $6::bool, \
-                 $7::int4, $8::int4)"
+                "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us, \
+                 o_marked FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, \
+                 $6::bool, $7::int4, $8::int4, $9::int8)"
             ),
             // $1 owner. Run after `queue_pop` in the same round trip, in a
             // transaction of its own that commits durably: setval writes
@@ -326,24 +329,39 @@ impl Sql {
                 "SELECT setval('{s}.queue_flush', 1) FROM {s}.queue_messages m \
                   WHERE m.owner = $1::bytea"
             ),
-            // The same, unconditional: after a push, ack, nack, redrive
-            // or purge (their steps commit asynchronously).
+            // The same, unconditional: after a delayed push or a purge
+            // (their steps commit asynchronously).
             queue_durable: format!("SELECT setval('{s}.queue_flush', 1)"),
-            // $1 queue, $2 lane, $3 id, $4 owner, $5 channel.
-            queue_ack: format!(
-                "SELECT {s}.queue_ack($1::text, $2::int2, $3::int8, $4::bytea, $5::text)"
+            // The same, and then the wake-up of a step that may have made
+            // a message deliverable: $1 queue, $2 lane, $3 channel, $4
+            // payload, $5 only if the lane has a ready message. Sent only
+            // while the lane's waiting mark is live (see the header of
+            // src/sql/queue.sql); its look at the mark comes after the
+            // step's commit. One statement, no function call: every push
+            // and ack runs it.
+            queue_durable_wake: format!(
+                "SELECT setval('{s}.queue_flush', 1), \
+                        (SELECT pg_notify($3::text, $4::text) FROM {s}.queue_waiting w \
+                          WHERE w.queue = $1::text AND w.lane = $2::int2 \
+                            AND w.until > clock_timestamp() \
+                            AND (NOT $5::bool OR EXISTS ( \
+                                 SELECT 1 FROM {s}.queue_messages m \
+                                  WHERE m.queue = $1::text AND m.lane = $2::int2 \
+                                    AND m.due_at IS NULL)))"
             ),
-            // $1 queue, $2 lane, $3 id, $4 owner, $5 delay µs, $6 channel.
+            // $1 queue, $2 lane, $3 id, $4 owner.
+            queue_ack: format!("SELECT {s}.queue_ack($1::text, $2::int2, $3::int8, $4::bytea)"),
+            // $1 queue, $2 lane, $3 id, $4 owner, $5 delay µs.
             queue_nack: format!(
-                "SELECT {s}.queue_nack($1::text, $2::int2, $3::int8, $4::bytea, $5::int8, $6::text)"
+                "SELECT {s}.queue_nack($1::text, $2::int2, $3::int8, $4::bytea, $5::int8)"
             ),
             // $1 queue, $2 lane, $3 id, $4 owner, $5 visibility µs.
             // Compare-and-expire under the message's row lock, durable
             // (see src/sql/queue.sql).
             // $1 queue, $2 lane, $3 owner, $4 how long it is remembered
-            // (µs), $5 the wake-up channel.
+            // (µs).
             queue_abandon: format!(
-                "SELECT {s}.queue_abandon($1::text, $2::int2, $3::bytea, $4::int8, $5::text)"
+                "SELECT {s}.queue_abandon($1::text, $2::int2, $3::bytea, $4::int8)"
             ),
             queue_extend: format!(
                 "SELECT {s}.queue_extend($1::text, $2::int2, $3::int8, $4::bytea, $5::int8, $6::int8)"
@@ -355,8 +373,8 @@ impl Sql {
                    FROM {s}.queue_messages m WHERE m.queue = $1::text AND m.lane = $2::int2 \
                   ORDER BY m.id LIMIT $3::int8"
             ),
-            // $1 queue, $2 limit, $3 channel.
-            queue_redrive: format!("SELECT {s}.queue_redrive($1::text, $2::int4, $3::text)"),
+            // $1 queue, $2 limit.
+            queue_redrive: format!("SELECT {s}.queue_redrive($1::text, $2::int4)"),
             // $1 queue. Ready counts lapsed deliveries and due delays.
             // Listing (`coord ls`): $1 kind, $2 prefix, $3 limit; live
             // grants only.

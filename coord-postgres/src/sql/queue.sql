@@ -46,7 +46,8 @@
 --
 -- A pop first decides on a plain read, without a lock: when nothing in
 -- the lane is due or ready, it is empty and takes no lock, no transaction
--- id and writes nothing (polling waiters).
+-- id and writes nothing (polling waiters), but the lane's waiting mark
+-- when its client has a waiter there and the mark is due for renewal.
 --
 -- Durability: the steps commit asynchronously, so no row lock is held
 -- across a WAL flush (a busy queue would otherwise take one step per
@@ -58,12 +59,25 @@
 -- token drawn. For a pop, that transaction finds the delivery by its
 -- owner and does nothing for an empty pop. Extend commits durably itself.
 --
--- Wake-ups (NOTIFY on the schema's channel): `queue:<lane>:<queue>` (one
--- waiter per client) on a push without delay, a nack (with a delay too:
--- the waiter learns when the message comes due), and an ack whose group
--- still has messages in the lane (an ordered group may deliver its next
--- one); `queue-all:main:<queue>` (every waiter) on a redrive that moved
--- messages.
+-- Wake-ups (NOTIFY on the schema's channel), sent only while somebody
+-- waits on the lane: a pop from a client with a waiter there that finds
+-- nothing leaves a mark in queue_waiting (queue_mark), and the steps that
+-- can make a message deliverable notify (the statement `queue_durable_wake`
+-- in src/sql.rs, run after the step) only while the lane's mark is live: `queue:<lane>:<queue>` (one waiter per
+-- client) after a push without delay, an ack, an abandon (each while the
+-- lane has a ready message), and a push or nack with a delay (the waiter
+-- learns when the message comes due) or without; `queue-all:main:<queue>`
+-- (every waiter) after a redrive. A NOTIFY takes a lock of the whole database
+-- at commit, which every notifying step of every queue then waits for:
+-- a queue nobody waits on sends none.
+--
+-- No wake-up is lost between a step and a waiter's mark: the wake-up's
+-- look at the mark runs after the step committed (in the durable transaction that follows it
+-- in the same round trip), and a pop that wrote a mark the lane did not
+-- have looks again once that mark is committed. So for a message
+-- committed after the waiter's look, either the wake-up sees the mark
+-- (its read comes after the message's commit) or the look after the
+-- mark sees the message.
 
 -- V of lane p_lane (see the header).
 CREATE OR REPLACE FUNCTION @s@.queue_v(p_queue text, p_lane smallint)
@@ -214,13 +228,37 @@ LANGUAGE sql AS $fn$
      ORDER BY m.due_at LIMIT 1;
 $fn$;
 
+-- Mark lane p_lane of p_queue as waited on until p_wait_us from now
+-- (renewed once less than half of that is left). Returns whether the
+-- lane had no live mark (the caller looks again, see the header).
+-- Committed asynchronously: a mark lost in a crash is written again by
+-- the next empty pop.
+CREATE OR REPLACE FUNCTION @s@.queue_mark(p_queue text, p_lane smallint, p_wait_us bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t timestamptz := clock_timestamp();
+    v_until timestamptz;
+BEGIN
+    SELECT w.until INTO v_until FROM @s@.queue_waiting w
+     WHERE w.queue = p_queue AND w.lane = p_lane;
+    IF v_until > t + (p_wait_us / 2) * interval '1 microsecond' THEN
+        RETURN false;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    INSERT INTO @s@.queue_waiting AS w (queue, lane, until)
+    VALUES (p_queue, p_lane, t + p_wait_us * interval '1 microsecond')
+    ON CONFLICT (queue, lane) DO UPDATE SET until = greatest(w.until, EXCLUDED.until);
+    RETURN v_until IS NULL OR v_until <= t;
+END
+$fn$;
+
 -- Push a message to the main lane. A live dedup id (pushed within its
 -- window) makes it a no-op returning the first message's id; two pushes
 -- of one dedup id at once meet on its row, and the second is the no-op.
 CREATE OR REPLACE FUNCTION @s@.queue_push(
     p_queue text, p_payload bytea, p_delay_us bigint, p_grp text, p_dedup text,
-    p_window_us bigint, p_channel text,
-    OUT o_id bigint, OUT o_duplicate boolean)
+    p_window_us bigint, OUT o_id bigint, OUT o_duplicate boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     t timestamptz;
@@ -263,14 +301,14 @@ BEGIN
     VALUES (p_queue, 0, o_id, p_grp, 0, t,
             CASE WHEN p_delay_us > 0 THEN t + p_delay_us * interval '1 microsecond' END,
             NULL, v_turn, p_payload);
-    IF p_delay_us <= 0 THEN
-        PERFORM pg_notify(p_channel, 'queue:main:' || p_queue);
-    END IF;
 END
 $fn$;
 
 -- One attempt to deliver the next message of lane p_lane to p_owner for
--- p_vis_us (the rule in the header). Delivered: o_id and the rest, and
+-- p_vis_us (the rule in the header). p_wait_us above 0: the caller's
+-- client has a waiter on the lane, so an empty pop marks the lane
+-- (queue_mark) for that long; o_marked: it wrote a mark the lane did not
+-- have, and the caller must look again (see the header). Delivered: o_id and the rest, and
 -- o_token. Empty: o_id NULL, o_next_us the time until the lane's next
 -- due time, if any. p_max: dead-letter (main lane only) a candidate
 -- delivered that many times; NULL: never. p_advance: the most messages
@@ -280,9 +318,10 @@ $fn$;
 -- most dead letters moved in one step, the same way.
 CREATE OR REPLACE FUNCTION @s@.queue_pop(
     p_queue text, p_lane smallint, p_owner bytea, p_vis_us bigint, p_max bigint,
-    p_ordered boolean, p_advance integer, p_dead integer,
+    p_ordered boolean, p_advance integer, p_dead integer, p_wait_us bigint,
     OUT o_id bigint, OUT o_payload bytea, OUT o_grp text, OUT o_attempts integer,
-    OUT o_enqueued_ms bigint, OUT o_token bigint, OUT o_next_us bigint)
+    OUT o_enqueued_ms bigint, OUT o_token bigint, OUT o_next_us bigint,
+    OUT o_marked boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     t timestamptz;
@@ -307,7 +346,14 @@ BEGIN
                     SELECT 1 FROM @s@.queue_messages o
                      WHERE o.queue = p_queue AND o.grp = m.grp AND o.lane = p_lane
                        AND o.id < m.id))) THEN
-        o_next_us := greatest(0, ceil(extract(epoch FROM (v_due - t)) * 1000000))::int8;
+        -- NULL when nothing waits for a time (greatest() skips a NULL:
+        -- 0 would send a waiter back at once, for as long as it is empty).
+        o_next_us := CASE WHEN v_due IS NOT NULL
+                          THEN greatest(0, ceil(extract(epoch FROM (v_due - t)) * 1000000))::int8
+                     END;
+        IF p_wait_us > 0 THEN
+            o_marked := @s@.queue_mark(p_queue, p_lane, p_wait_us);
+        END IF;
         RETURN;
     END IF;
     PERFORM set_config('synchronous_commit', 'off', true);
@@ -344,6 +390,9 @@ BEGIN
         END IF;
         IF NOT FOUND THEN
             o_next_us := @s@.queue_next_us(p_queue, p_lane, t);
+            IF p_wait_us > 0 THEN
+                o_marked := @s@.queue_mark(p_queue, p_lane, p_wait_us);
+            END IF;
             RETURN;
         END IF;
         IF p_lane = 0 AND p_max IS NOT NULL AND v_attempts >= p_max THEN
@@ -418,7 +467,7 @@ $fn$;
 -- Delete message p_id iff it is in flight to p_owner and not lapsed (on
 -- the row as locked, on the clock read then).
 CREATE OR REPLACE FUNCTION @s@.queue_ack(
-    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_channel text)
+    p_queue text, p_lane smallint, p_id bigint, p_owner bytea)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -435,10 +484,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
-    IF @s@.queue_leave(p_queue, p_lane, v_grp) THEN
-        PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
-                                     || ':' || p_queue);
-    END IF;
+    PERFORM @s@.queue_leave(p_queue, p_lane, v_grp);
     RETURN true;
 END
 $fn$;
@@ -447,7 +493,7 @@ $fn$;
 -- ready again after p_delay_us (at once: 0, at max(turn, V)), attempts
 -- kept.
 CREATE OR REPLACE FUNCTION @s@.queue_nack(
-    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_delay_us bigint, p_channel text)
+    p_queue text, p_lane smallint, p_id bigint, p_owner bytea, p_delay_us bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -478,9 +524,6 @@ BEGIN
     IF v_turn IS NOT NULL THEN
         PERFORM @s@.queue_returned(p_queue, p_lane, v_grp, v_turn);
     END IF;
-    -- With a delay too: a waiter learns when the message comes due.
-    PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
-                                 || ':' || p_queue);
     RETURN true;
 END
 $fn$;
@@ -490,7 +533,7 @@ $fn$;
 -- meanwhile delivers nothing), and give back at once a message in flight
 -- to it, its attempt count as before (nobody saw that delivery).
 CREATE OR REPLACE FUNCTION @s@.queue_abandon(
-    p_queue text, p_lane smallint, p_owner bytea, p_keep_us bigint, p_channel text)
+    p_queue text, p_lane smallint, p_owner bytea, p_keep_us bigint)
 RETURNS void
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -520,15 +563,13 @@ BEGIN
         RETURN;
     END IF;
     PERFORM @s@.queue_returned(p_queue, p_lane, v_grp, v_turn);
-    PERFORM pg_notify(p_channel, 'queue:' || CASE WHEN p_lane = 0 THEN 'main' ELSE 'dead' END
-                                 || ':' || p_queue);
 END
 $fn$;
 
 -- Move up to p_limit dead letters not in flight, lowest id first, to the
 -- main lane: ready at once as new messages of their groups (in id order,
 -- V taken once), attempts reset, ids kept. Returns how many.
-CREATE OR REPLACE FUNCTION @s@.queue_redrive(p_queue text, p_limit integer, p_channel text)
+CREATE OR REPLACE FUNCTION @s@.queue_redrive(p_queue text, p_limit integer)
 RETURNS bigint
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $fn$
 DECLARE
@@ -560,9 +601,6 @@ BEGIN
         PERFORM @s@.queue_leave(p_queue, 1::smallint, r.grp);
         v_n := v_n + cardinality(r.ids);
     END LOOP;
-    IF v_n > 0 THEN
-        PERFORM pg_notify(p_channel, 'queue-all:main:' || p_queue);
-    END IF;
     RETURN v_n;
 END
 $fn$;

@@ -223,6 +223,16 @@ CREATE TABLE IF NOT EXISTS @s@.queue_abandoned (
     PRIMARY KEY (queue, owner)
 );
 CREATE INDEX IF NOT EXISTS queue_abandoned_until ON @s@.queue_abandoned (until);
+-- queue_waiting: until when somebody waits on a queue's lane (a pop from
+-- a client with a waiter there leaves it): the steps that can make a
+-- message deliverable notify only while it is live.
+CREATE TABLE IF NOT EXISTS @s@.queue_waiting (
+    queue text NOT NULL,
+    lane smallint NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (queue, lane)
+);
+CREATE INDEX IF NOT EXISTS queue_waiting_until ON @s@.queue_waiting (until);
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_ids AS bigint;
 CREATE SEQUENCE IF NOT EXISTS @s@.queue_flush AS bigint;
 -- Fencing tokens across a failover. Every token, term and

@@ -21,8 +21,8 @@
 -- * semaphore_holders, semaphore_queue, semaphore_left: grants, queue
 --   places and marks of owners that left, expired more than the grace ago
 --   (a name has no other state).
--- * queue_dedup, queue_abandoned: dedup ids and abandoned consumers
---   expired more than the grace ago (a queue's other rows go with its
+-- * queue_dedup, queue_abandoned, queue_waiting: dedup ids, abandoned
+--   consumers and waiting marks expired more than the grace ago (a queue's other rows go with its
 --   last message); queue_groups: a group's row with no message left in
 --   its lane.
 -- The deletions are committed without waiting for the WAL flush: a crash
@@ -119,6 +119,13 @@ BEGIN
     DELETE FROM @s@.queue_abandoned WHERE ctid = ANY (ARRAY(
         SELECT a.ctid FROM @s@.queue_abandoned a
          WHERE a.until < now_ts - grace
+         LIMIT p_limit FOR UPDATE SKIP LOCKED));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    total := total + n;
+
+    DELETE FROM @s@.queue_waiting WHERE ctid = ANY (ARRAY(
+        SELECT w.ctid FROM @s@.queue_waiting w
+         WHERE w.until < now_ts - grace
          LIMIT p_limit FOR UPDATE SKIP LOCKED));
     GET DIAGNOSTICS n = ROW_COUNT;
     total := total + n;

@@ -1,5 +1,6 @@
 //! Wake-ups are published only when someone waits, and no waiter is ever
-//! left to its poll interval: a release nobody waits for sends no NOTIFY
+//! left to its poll interval: a release or a queue step nobody waits for
+//! sends no NOTIFY
 //! (each one takes a database-wide lock at commit, which serializes every
 //! notifying commit and its WAL flush), and chains of waiters in one and
 //! in several clients are each woken by NOTIFY.
@@ -20,20 +21,19 @@ fn unique(tag: &str) -> String {
     )
 }
 
-/// 20 uncontended lock cycles send no notification: a marker sent after
-/// them is the first payload a LISTEN session on the channel receives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_nobody_waits_for_sends_no_notification() {
-    let schema = unique("wk");
-    let url = format!("{}&coord_schema={schema}", cluster().url());
-    let coord = coord_postgres::connect(&url).await.unwrap();
-    assert!(coord.capabilities().notifications);
-    let locks = coord.locks().unwrap();
-
+/// A LISTEN session on the wake-up channel of `schema`: its client, the
+/// channel, and the payloads it receives.
+async fn listen(
+    schema: &str,
+) -> (
+    tokio_postgres::Client,
+    String,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
     let (client, mut conn) = tokio_postgres::connect(&cluster().url(), NoTls)
         .await
         .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| conn.poll_message(cx));
         while let Some(Ok(m)) = messages.next().await {
@@ -47,6 +47,45 @@ async fn a_release_nobody_waits_for_sends_no_notification() {
         .batch_execute(&format!("LISTEN \"{channel}\""))
         .await
         .unwrap();
+    (client, channel, rx)
+}
+
+/// Send a marker on `channel` and return the payloads `rx` gets before
+/// it, but the clients' listeners' probes of their own connections.
+async fn payloads_before_a_marker(
+    client: &tokio_postgres::Client,
+    channel: &str,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+) -> Vec<String> {
+    client
+        .query("SELECT pg_notify($1, 'marker')", &[&channel])
+        .await
+        .unwrap();
+    let mut before = Vec::new();
+    loop {
+        let p = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the marker arrives")
+            .expect("a payload");
+        if p == "marker" {
+            return before;
+        }
+        if !p.starts_with("probe:") {
+            before.push(p);
+        }
+    }
+}
+
+/// 20 uncontended lock cycles send no notification: a marker sent after
+/// them is the first payload a LISTEN session on the channel receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_nobody_waits_for_sends_no_notification() {
+    let schema = unique("wk");
+    let url = format!("{}&coord_schema={schema}", cluster().url());
+    let coord = coord_postgres::connect(&url).await.unwrap();
+    assert!(coord.capabilities().notifications);
+    let locks = coord.locks().unwrap();
+    let (client, channel, mut rx) = listen(&schema).await;
 
     for i in 0..20 {
         let g = locks
@@ -56,15 +95,84 @@ async fn a_release_nobody_waits_for_sends_no_notification() {
             .expect("free");
         g.release().await.unwrap();
     }
-    client
-        .query("SELECT pg_notify($1, 'marker')", &[&channel])
+    let sent = payloads_before_a_marker(&client, &channel, &mut rx).await;
+    assert!(
+        sent.is_empty(),
+        "a release nobody waited for notified: {sent:?}"
+    );
+}
+
+/// Work queue steps on a queue nobody waits on send no notification (20
+/// pushes, pops and acks, a nack, a redrive); once a consumer of another
+/// client waits on the queue, a push wakes it by NOTIFY (its poll
+/// interval is a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_steps_notify_only_while_somebody_waits() {
+    let schema = unique("wq");
+    let url = format!("{}&coord_schema={schema}", cluster().url());
+    let coord = coord_postgres::connect(&url).await.unwrap();
+    let queues = coord.queues().unwrap();
+    let (client, channel, mut rx) = listen(&schema).await;
+    let vis = Duration::from_secs(30);
+    for i in 0..20 {
+        queues.push("jobs", format!("m{i}")).await.unwrap();
+        let d = queues.pop("jobs", vis, Duration::ZERO).await.unwrap();
+        d.expect("a message").ack().await.unwrap();
+    }
+    queues.push("jobs", "again").await.unwrap();
+    let d = queues.pop("jobs", vis, Duration::ZERO).await.unwrap();
+    d.expect("a message").nack(Duration::ZERO).await.unwrap();
+    queues.redrive("jobs", 10).await.unwrap();
+    let sent = payloads_before_a_marker(&client, &channel, &mut rx).await;
+    assert!(
+        sent.is_empty(),
+        "a step nobody waited for notified: {sent:?}"
+    );
+    queues.purge("jobs").await.unwrap();
+
+    let waiter = coord_postgres::connect(&url)
         .await
-        .unwrap();
-    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-        .await
-        .expect("the marker arrives")
-        .expect("a payload");
-    assert_eq!(first, "marker", "a release nobody waited for notified");
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(60));
+    let waiting = tokio::spawn(async move {
+        let q = waiter.queues().unwrap();
+        let started = tokio::time::Instant::now();
+        let d = q.pop("jobs", vis, Duration::from_secs(30)).await.unwrap();
+        let took = started.elapsed();
+        let Some(d) = d else { return (None, took) };
+        let payload = d.payload().to_vec();
+        // Nothing left ready: the ack wakes nobody.
+        d.ack().await.unwrap();
+        (Some(payload), took)
+    });
+    // Until the waiter's empty pop has marked the lane.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let marked = client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM \"{schema}\".queue_waiting \
+                     WHERE queue = 'jobs' AND until > clock_timestamp()"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        if marked.get::<_, i64>(0) > 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never marked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    queues.push("jobs", "woken").await.unwrap();
+    let (got, took) = waiting.await.unwrap();
+    assert_eq!(got.as_deref(), Some(&b"woken"[..]));
+    assert!(
+        took < Duration::from_secs(20),
+        "the waiter polled: {took:?}"
+    );
+    let sent = payloads_before_a_marker(&client, &channel, &mut rx).await;
+    assert_eq!(sent, ["queue:main:jobs"], "the push to a waited-on queue");
 }
 
 /// One holder and 12 waiters on one lock, 8 of them in the holder's client
@@ -173,4 +281,99 @@ async fn a_release_wakes_a_waiter_of_its_own_client_without_the_notify() {
         "the waiter got in {took:?} after the release"
     );
     g.release().await.unwrap();
+}
+
+/// A push that lands while a waiter's empty pop is marking the queue (the
+/// pop looked before the push committed; the push's look at the mark came
+/// before the mark committed, so it notifies nobody) is not missed: the
+/// pop that wrote the mark looks again once it is committed. The mark's
+/// row is held locked here to stop the pop between its look and its
+/// commit. The waiter's poll interval is a minute; it must get the
+/// message within 10 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
+    let schema = unique("wr");
+    let url = format!("{}&coord_schema={schema}", cluster().url());
+    let producer = coord_postgres::connect(&url).await.unwrap();
+    let waiter = coord_postgres::connect(&url)
+        .await
+        .unwrap()
+        .with_poll_interval(Duration::from_secs(60));
+    let vis = Duration::from_secs(30);
+    // A mark row for the queue (left by another client: the waiter's own
+    // first attempt below must find no waiter of its client, so that it
+    // is its second one, after it subscribed, that marks), expired.
+    let first = producer
+        .queues()
+        .unwrap()
+        .pop("jobs", vis, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(first.is_none());
+    let (mut admin, conn) = tokio_postgres::connect(&cluster().url(), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let table = format!("\"{schema}\".queue_waiting");
+    let expired = admin
+        .execute(
+            &format!("UPDATE {table} SET until = now() - interval '1 hour' WHERE queue = 'jobs'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(expired, 1, "the waiting pop marked the queue");
+    let hold = admin.transaction().await.unwrap();
+    hold.execute(
+        &format!("SELECT 1 FROM {table} WHERE queue = 'jobs' FOR UPDATE"),
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let waiting = tokio::spawn(async move {
+        let q = waiter.queues().unwrap();
+        let started = tokio::time::Instant::now();
+        let d = q.pop("jobs", vis, Duration::from_secs(30)).await.unwrap();
+        (d.map(|d| d.payload().to_vec()), started.elapsed())
+    });
+    // Until the pop waits for the mark's row.
+    let (watcher, conn) = tokio_postgres::connect(&cluster().url(), NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let blocked = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%queue_pop%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        if blocked.get::<_, i64>(0) > 0 {
+            eprintln!("BLOCKED");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pop never reached the mark"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    producer
+        .queues()
+        .unwrap()
+        .push("jobs", "landed")
+        .await
+        .unwrap();
+    eprintln!("PUSHED");
+    hold.rollback().await.unwrap();
+    eprintln!("ROLLED BACK");
+    let (got, took) = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter missed the push: it waits for its poll")
+        .unwrap();
+    assert_eq!(got.as_deref(), Some(&b"landed"[..]), "after {took:?}");
 }

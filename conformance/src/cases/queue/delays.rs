@@ -1,12 +1,12 @@
 //! Delays: a message nacked with a delay, or pushed with one, is not
-//! delivered before it.
+//! delivered before it; an empty pop says when something comes due.
 
 use std::time::Duration;
 
-use coord_core::PushOptions;
+use coord_core::{Lane, NewMessage, OwnerToken, PopAttempt, PushOptions, QueueConfig};
 use tokio::time::Instant;
 
-use super::{LONG, queues};
+use super::{CLOCK_SLACK, LONG, queues};
 use crate::{Factory, unique};
 
 /// `nack(delay)` gives the message back: not deliverable before the delay,
@@ -132,4 +132,70 @@ pub async fn queue_delayed_push_is_not_visible_early(f: &Factory) {
         "only after {since_pushed:?}"
     );
     d.ack().await.unwrap();
+}
+
+/// An empty pop tells its consumer when to look again (raw trait): on a
+/// queue with nothing in it, `next_in` is `None` (nothing comes due: a
+/// waiter sleeps until it is woken or polls), never zero, which would
+/// send a waiter back at once, round trip after round trip, for as long
+/// as the queue stays empty. With only a message delayed 5 s, or only one
+/// in flight for 5 s, `next_in` is about that long (within the clock
+/// slack, and never after it).
+pub async fn queue_an_empty_pop_says_when_to_look_again(f: &Factory) {
+    let c = f.client().await;
+    if queues(&c).is_none() {
+        return;
+    }
+    let raw = c.raw_queue().unwrap();
+    let cfg = QueueConfig::default();
+    let main = Lane::Main;
+    let five = Duration::from_secs(5);
+    let empty = |what: &str, a: PopAttempt| match a {
+        PopAttempt::Empty { next_in } => next_in,
+        other => panic!("{what}: expected an empty pop, got {other:?}"),
+    };
+    let name = unique("q-next-none");
+    let next = empty(
+        "an empty queue",
+        raw.try_pop(&name, main, &OwnerToken::random(), LONG, &cfg)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(next, None, "an empty queue said to look again in {next:?}");
+
+    let near = |what: &str, next: Option<Duration>| {
+        let next = next.unwrap_or_else(|| panic!("{what}: no time to look again"));
+        assert!(
+            next <= five && next + CLOCK_SLACK >= five,
+            "{what}: look again in {next:?}, for something 5 s away"
+        );
+    };
+    let name = unique("q-next-delayed");
+    raw.push(&name, &NewMessage::new(b"later").delayed(five))
+        .await
+        .unwrap();
+    let next = empty(
+        "a queue with a delayed message",
+        raw.try_pop(&name, main, &OwnerToken::random(), LONG, &cfg)
+            .await
+            .unwrap(),
+    );
+    near("a queue with a message delayed 5 s", next);
+    raw.purge(&name).await.unwrap();
+
+    let name = unique("q-next-flight");
+    raw.push(&name, &NewMessage::new(b"held")).await.unwrap();
+    let held = raw
+        .try_pop(&name, main, &OwnerToken::random(), five, &cfg)
+        .await
+        .unwrap();
+    assert!(matches!(held, PopAttempt::Delivered { .. }), "{held:?}");
+    let next = empty(
+        "a queue with a message in flight",
+        raw.try_pop(&name, main, &OwnerToken::random(), LONG, &cfg)
+            .await
+            .unwrap(),
+    );
+    near("a queue with a message in flight for 5 s", next);
+    raw.purge(&name).await.unwrap();
 }

@@ -74,10 +74,10 @@ async fn concurrent_first_use_on_an_empty_database() {
         );
         assert_eq!(
             tables.trim(),
-            "12",
+            "13",
             "meta, claims, barriers, limiter_state, limiter_log, semaphore_holders, \
              semaphore_queue, semaphore_left, queue_messages, queue_groups, queue_dedup, \
-             queue_abandoned"
+             queue_abandoned, queue_waiting"
         );
     }
 }

@@ -71,7 +71,7 @@ async fn queue_steps_planned_on_an_empty_table_use_the_indexes_on_a_backlog() {
     // A backlog, pushed by another session.
     c.batch_execute(&format!(
         "SELECT count(*) FROM generate_series(1, 2000) g,
-                LATERAL {s}.queue_push('q', '\\x00'::bytea, 0, '', NULL, 0, 'c')"
+                LATERAL {s}.queue_push('q', '\\x00'::bytea, 0, '', NULL, 0)"
     ))
     .await
     .expect("push a backlog");

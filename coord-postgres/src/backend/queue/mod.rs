@@ -7,122 +7,44 @@
 //! call their function (committed asynchronously, so no row lock is
 //! held across a WAL flush), pipelined with a second transaction
 //! that commits durably and so flushes the step before it is reported
-//! (for a pop, only when it delivered); extend is one function call
+//! (for a pop, only when it delivered), and that sends the step's
+//! wake-up if somebody waits on the lane; extend is one function call
 //! under the message's row lock, committed durably; peek and stats one
 //! `SELECT`. No session state, so it works
 //! through PgBouncer in transaction mode, where waiters poll (an empty pop
 //! tells them when the lane's next delay or deadline runs out).
+//!
+//! Wake-ups are sent only while somebody waits on the lane: a pop from a
+//! client with a waiter there that finds nothing marks the lane for
+//! [`WAIT_MARK`], and a pop that wrote a mark the lane did not have looks
+//! again at once, so no message committed meanwhile goes unnoticed (the
+//! argument is in `src/sql/queue.sql`). A `NOTIFY` locks the whole
+//! database at commit: a busy queue that nobody waits on sends none.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod steps;
+
+use std::time::Duration;
 
 use coord_core::wake::Waiter;
 use coord_core::{
-    Capabilities, Error, Lane, Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed,
-    Queue, QueueConfig, QueueStats, Result, async_trait,
+    Capabilities, Lane, Message, MessageId, NewMessage, OwnerToken, PopAttempt, Pushed, Queue,
+    QueueConfig, QueueStats, Result, async_trait,
 };
-use tokio_postgres::Row;
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 
-use super::errors::{map_pg, unexpected};
-use super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
-
-/// The most messages one step makes ready (delayed messages and lapsed
-/// deliveries whose time came): when more came due, a pop makes this many
-/// ready and tells the consumer to come back at once, so no step runs
-/// into the call timeout (which would roll it back, for ever).
-const ADVANCE_BATCH: i32 = 5000;
-
-/// The most messages one pop moves to the dead lane, the same way.
-const DEAD_BATCH: i32 = 200;
+use super::errors::unexpected;
+use super::{BACKEND, PostgresBackend, micros_ceil};
+use steps::{Wake, get, lane_code, limit_of, message, unsigned};
 
 /// The most rows one purge step deletes (it repeats until done).
 const PURGE_BATCH: i32 = 5000;
-
-/// The lane as stored: 0 main, 1 dead.
-fn lane_code(lane: Lane) -> i16 {
-    match lane {
-        Lane::Main => 0,
-        Lane::Dead => 1,
-    }
-}
-
-/// A stored count or id as `u64` (never negative in the store).
-fn unsigned(v: i64) -> u64 {
-    u64::try_from(v).unwrap_or(0)
-}
-
-fn epoch_ms(ms: i64) -> SystemTime {
-    UNIX_EPOCH
-        .checked_add(Duration::from_millis(unsigned(ms)))
-        .unwrap_or(UNIX_EPOCH)
-}
-
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-    op: &'static str,
-    row: &'a Row,
-    i: usize,
-) -> Result<T> {
-    row.try_get(i).map_err(|e| map_pg(op, e))
-}
-
-/// A message from columns id, payload, grp, attempts, enqueued ms.
-fn message(op: &'static str, row: &Row) -> Result<Message> {
-    let id: i64 = get(op, row, 0)?;
-    let payload: Vec<u8> = get(op, row, 1)?;
-    let group: String = get(op, row, 2)?;
-    let attempts: i32 = get(op, row, 3)?;
-    let enqueued: i64 = get(op, row, 4)?;
-    Ok(Message {
-        id: MessageId(unsigned(id)),
-        payload,
-        group: (!group.is_empty()).then_some(group),
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        enqueued_at: epoch_ms(enqueued),
-    })
-}
-
-fn limit_of(op: &'static str, limit: usize) -> Result<i32> {
-    i32::try_from(limit).map_err(|_| Error::Store {
-        backend: BACKEND,
-        operation: op,
-        message: format!("limit {limit} out of range"),
-        source: None,
-    })
-}
-
-impl PostgresBackend {
-    /// Run a step's function, then make it durable in the same round trip.
-    async fn queue_step(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<Row> {
-        let (rows, _) = self
-            .query_then(op, sql, params, Some((&self.sql.queue_durable, &[])))
-            .await?;
-        rows.into_iter().next().ok_or_else(|| unexpected(op))
-    }
-
-    /// A one-boolean step (ack, nack).
-    async fn queue_flag(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[(&(dyn ToSql + Sync), Type)],
-    ) -> Result<bool> {
-        let row = self.queue_step(op, sql, params).await?;
-        let done: Option<bool> = get(op, &row, 0)?;
-        Ok(done.unwrap_or(false))
-    }
-}
 
 /// Work queues on PostgreSQL: turns kept per message (exact order across
 /// groups for one consumer at a time, bounded under concurrency; distinct
 /// messages for concurrent consumers, which do not wait for each other),
 /// fencing tokens from the schema's sequence,
 /// messages and tokens durable before they are reported, NOTIFY on push,
-/// nack, redrive and ack.
+/// nack, redrive, ack and give-back while somebody waits on the lane.
 #[async_trait]
 impl Queue for PostgresBackend {
     fn capabilities(&self) -> &Capabilities {
@@ -141,6 +63,13 @@ impl Queue for PostgresBackend {
         let group = message.group.unwrap_or("").to_string();
         let dedup: Option<String> = message.dedup_id.map(str::to_string);
         let window = micros_ceil(message.dedup_window);
+        // A delayed message too: a waiter learns when it comes due.
+        let wake = Some(Wake {
+            queue,
+            lane: 0,
+            kind: "queue",
+            ready_only: delay <= 0,
+        });
         let row = self
             .queue_step(
                 OP,
@@ -152,8 +81,8 @@ impl Queue for PostgresBackend {
                     (&group, Type::TEXT),
                     (&dedup, Type::TEXT),
                     (&window, Type::INT8),
-                    (&self.channel, Type::TEXT),
                 ],
+                wake,
             )
             .await?;
         let id: Option<i64> = get(OP, &row, 0)?;
@@ -174,52 +103,19 @@ impl Queue for PostgresBackend {
         visibility: Duration,
         config: &QueueConfig,
     ) -> Result<PopAttempt> {
-        const OP: &str = "queue pop";
-        let q = queue.to_string();
-        let l = lane_code(lane);
-        let o: &[u8] = consumer.as_bytes();
-        let vis = micros_ceil(visibility);
-        let max: Option<i64> = config.max_deliveries.map(i64::from);
-        let durable: &[(&(dyn ToSql + Sync), Type)] = &[(&o, Type::BYTEA)];
-        let (rows, flushed) = self
-            .query_then(
-                OP,
-                &self.sql.queue_pop,
-                &[
-                    (&q, Type::TEXT),
-                    (&l, Type::INT2),
-                    (&o, Type::BYTEA),
-                    (&vis, Type::INT8),
-                    (&max, Type::INT8),
-                    (&config.ordered_groups, Type::BOOL),
-                    (&ADVANCE_BATCH, Type::INT4),
-                    (&DEAD_BATCH, Type::INT4),
-                ],
-                Some((&self.sql.queue_pop_durable, durable)),
-            )
-            .await?;
-        let row = rows.first().ok_or_else(|| unexpected(OP))?;
-        let id: Option<i64> = get(OP, row, 0)?;
-        if id.is_none() {
-            let next: Option<i64> = get(OP, row, 6)?;
-            return Ok(PopAttempt::Empty {
-                next_in: next.map(from_micros),
-            });
+        // A pop that marked the lane looks again, once: with the mark
+        // committed, a message committed after its first look is either
+        // seen now or woken for.
+        if let Some(done) = self
+            .pop_once(queue, lane, consumer, visibility, config)
+            .await?
+        {
+            return Ok(done);
         }
-        if flushed.is_empty() {
-            // The durable statement ran before the delivery was visible
-            // to it (another server connection behind a pooler): flush
-            // now, before anybody relies on the token.
-            self.query(OP, &self.sql.queue_durable, &[]).await?;
-        }
-        let message = message(OP, row)?;
-        let tok: Option<i64> = get(OP, row, 5)?;
-        let tok = tok.ok_or_else(|| unexpected(OP))?;
-        self.after_write();
-        Ok(PopAttempt::Delivered {
-            message,
-            token: token(tok),
-        })
+        Ok(self
+            .pop_once(queue, lane, consumer, visibility, config)
+            .await?
+            .unwrap_or(PopAttempt::Empty { next_in: None }))
     }
 
     async fn ack(
@@ -236,6 +132,13 @@ impl Queue for PostgresBackend {
             return Ok(false);
         };
         let o: &[u8] = consumer.as_bytes();
+        // An ordered group's next message may be deliverable now.
+        let wake = Wake {
+            queue,
+            lane: l,
+            kind: "queue",
+            ready_only: true,
+        };
         self.queue_flag(
             OP,
             &self.sql.queue_ack,
@@ -244,8 +147,8 @@ impl Queue for PostgresBackend {
                 (&l, Type::INT2),
                 (&i, Type::INT8),
                 (&o, Type::BYTEA),
-                (&self.channel, Type::TEXT),
             ],
+            wake,
         )
         .await
     }
@@ -266,6 +169,13 @@ impl Queue for PostgresBackend {
         };
         let o: &[u8] = consumer.as_bytes();
         let d = micros_ceil(delay);
+        // With a delay too: a waiter learns when the message comes due.
+        let wake = Wake {
+            queue,
+            lane: l,
+            kind: "queue",
+            ready_only: false,
+        };
         self.queue_flag(
             OP,
             &self.sql.queue_nack,
@@ -275,8 +185,8 @@ impl Queue for PostgresBackend {
                 (&i, Type::INT8),
                 (&o, Type::BYTEA),
                 (&d, Type::INT8),
-                (&self.channel, Type::TEXT),
             ],
+            wake,
         )
         .await
     }
@@ -287,6 +197,13 @@ impl Queue for PostgresBackend {
         let l = lane_code(lane);
         let o: &[u8] = consumer.as_bytes();
         let keep = micros_ceil(coord_core::ABANDONED_POP_MEMORY.max(self.call_timeout * 2));
+        // A delivery given back is ready again.
+        let wake = Wake {
+            queue,
+            lane: l,
+            kind: "queue",
+            ready_only: true,
+        };
         self.queue_step(
             OP,
             &self.sql.queue_abandon,
@@ -295,8 +212,8 @@ impl Queue for PostgresBackend {
                 (&l, Type::INT2),
                 (&o, Type::BYTEA),
                 (&keep, Type::INT8),
-                (&self.channel, Type::TEXT),
             ],
+            Some(wake),
         )
         .await?;
         Ok(())
@@ -363,11 +280,13 @@ impl Queue for PostgresBackend {
             .queue_step(
                 OP,
                 &self.sql.queue_redrive,
-                &[
-                    (&q, Type::TEXT),
-                    (&n, Type::INT4),
-                    (&self.channel, Type::TEXT),
-                ],
+                &[(&q, Type::TEXT), (&n, Type::INT4)],
+                Some(Wake {
+                    queue,
+                    lane: 0,
+                    kind: "queue-all",
+                    ready_only: true,
+                }),
             )
             .await?;
         let moved: Option<i64> = get(OP, &row, 0)?;
@@ -404,6 +323,7 @@ impl Queue for PostgresBackend {
                     OP,
                     &self.sql.queue_purge,
                     &[(&q, Type::TEXT), (&PURGE_BATCH, Type::INT4)],
+                    None,
                 )
                 .await?;
             let n: Option<i64> = get(OP, &row, 0)?;
