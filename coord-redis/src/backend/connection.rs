@@ -70,10 +70,17 @@ enum Redirect {
     Ask(String, u16),
 }
 
-/// Whether `e` is a cluster node's refusal of a request it did not run
-/// (or a request the client never sent): `Some` with where to send it
-/// again (`None`: to where the slot map says, after a pause), `None` when
-/// the request may have run.
+/// Whether `e` is a cluster node's refusal of a request it did not run:
+/// `Some` with where to send it again (`None`: to where the slot map
+/// says, after a pause), `None` when the request may have run.
+///
+/// Only replies that a node gives to a key's command, never to the
+/// client library's own `CLUSTER SLOTS`, count: while it rebuilds its
+/// slot map, the library answers every request in flight (written or
+/// not, run or not) with the rebuild's error, which may be a connection
+/// refusal, `ClusterConnectionNotFound`, or a node's `LOADING`,
+/// `MASTERDOWN` or `CLUSTERDOWN`. Those are the caller's, as a
+/// connection that dropped is.
 fn refused(e: &redis::RedisError) -> Option<Option<Redirect>> {
     use redis::{ErrorKind, ServerErrorKind};
     let node = || {
@@ -86,15 +93,9 @@ fn refused(e: &redis::RedisError) -> Option<Option<Redirect>> {
             Some(node().map(|(h, p)| Redirect::Moved(h, p)))
         }
         ErrorKind::Server(ServerErrorKind::Ask) => Some(node().map(|(h, p)| Redirect::Ask(h, p))),
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly,
-        )
-        | ErrorKind::ClusterConnectionNotFound => Some(None),
-        _ if e.is_connection_refusal() => Some(None),
+        // A multi-key command while its slot moves; a write that reached
+        // a master demoted to replica.
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ReadOnly) => Some(None),
         _ => None,
     }
 }
@@ -106,10 +107,10 @@ impl Conn {
     /// have run, or may still be on its way, and a second copy would run
     /// it twice (a push landing twice). Sent again here, at most
     /// [`REFUSALS`] times, is only a request a node refused without
-    /// running it: `MOVED` and `ASK` (to the node they name), `TRYAGAIN`,
-    /// `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and `READONLY` (after a
-    /// pause, to where the refreshed slot map says), and one never sent
-    /// (no connection to its node).
+    /// running it (see [`refused`]): `MOVED` and `ASK` (to the node they
+    /// name), `TRYAGAIN` and `READONLY` (after a pause, to where the
+    /// refreshed slot map says). A reply of a routed request is an error
+    /// when the node answered one, as for a request sent by slot.
     pub(crate) async fn send(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
         let Conn::Cluster(c) = self else {
             return cmd.query_async(self).await;
@@ -126,6 +127,7 @@ impl Conn {
                     };
                     c.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
                         .await
+                        .and_then(Value::extract_error)
                 }
                 Some(Redirect::Ask(host, port)) => {
                     let node = SingleNodeRoutingInfo::ByAddress {
@@ -136,7 +138,7 @@ impl Conn {
                     pipe.cmd("ASKING").add_command(cmd.clone());
                     c.route_pipeline(pipe, 1, 1, node)
                         .await
-                        .map(|mut v| v.pop().unwrap_or(Value::Nil))
+                        .and_then(|mut v| v.pop().unwrap_or(Value::Nil).extract_error())
                 }
             };
             let e = match r {

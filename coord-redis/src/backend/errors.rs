@@ -75,9 +75,11 @@ fn classify(operation: &'static str, e: &RedisError, message: String) -> Error {
         || e.is_connection_dropped()
         || e.kind() == redis::ErrorKind::Io
         // A slot moving or failing over (`MOVED`, `ASK`, `TRYAGAIN`,
-        // `CLUSTERDOWN`) after the cluster client's own redirects: the next
-        // call goes where its refreshed slot map says.
+        // `CLUSTERDOWN`) once the refusals sent again are used up, or no
+        // connection to the slot's node while the cluster client rebuilds
+        // its slot map: the next call goes where the rebuilt map says.
         || e.is_cluster_error()
+        || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
         || matches!(
             code,
             "LOADING" | "BUSY" | "MASTERDOWN" | "TRYAGAIN" | "CLUSTERDOWN" | "READONLY"
@@ -105,7 +107,8 @@ mod tests {
     use super::map_err;
 
     /// What a cluster answers while a slot moves (or fails over), once the
-    /// client library's own redirects are used up: the next call, after
+    /// refusals sent again are used up, and what the cluster client says
+    /// while it has no connection to a slot's node: the next call, after
     /// the client refreshed its slot map, goes to the right master. So a
     /// waiting acquire retries; it must not give up as on a broken store.
     #[test]
@@ -124,5 +127,8 @@ mod tests {
             let mapped = map_err("lock acquire", &e, None);
             assert!(mapped.is_retryable(), "{kind:?}: {mapped}");
         }
+        let e = RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found"));
+        let mapped = map_err("lock acquire", &e, None);
+        assert!(mapped.is_retryable(), "{mapped}");
     }
 }

@@ -106,11 +106,11 @@ impl RedisBackend {
             host: host.clone(),
             port: *port,
         });
-        self.bounded(
-            op,
-            generation,
-            async move { c.route_command(cmd, to).await },
-        )
+        self.bounded(op, generation, async move {
+            c.route_command(cmd, to)
+                .await
+                .and_then(Value::extract_error)
+        })
         .await
     }
 
