@@ -442,6 +442,12 @@ impl QueueState {
         ids.len() as u64
     }
 
+    /// How many messages the dead lane holds (a pop that raised it moved
+    /// some there: its waiters are to be woken).
+    pub fn dead_len(&self) -> usize {
+        self.dead.msgs.len()
+    }
+
     /// The counts of the queue's messages at `now`.
     pub fn stats(&self, now: Instant) -> QueueStats {
         let mut s = QueueStats {

@@ -54,13 +54,22 @@ impl coord_core::Queue for MemoryBackend {
         config: &QueueConfig,
     ) -> Result<PopAttempt> {
         let now = Instant::now();
-        let mut shard = self.queues.shard(queue);
-        let Some(q) = shard.map.get_mut(queue) else {
-            return Ok(PopAttempt::Empty { next_in: None });
+        let (attempt, dead_lettered) = {
+            let mut shard = self.queues.shard(queue);
+            let Some(q) = shard.map.get_mut(queue) else {
+                return Ok(PopAttempt::Empty { next_in: None });
+            };
+            let dead = q.dead_len();
+            let attempt = q.pop(now, lane, consumer, visibility, config, || {
+                self.next_token()
+            });
+            (attempt, q.dead_len() > dead)
         };
-        Ok(q.pop(now, lane, consumer, visibility, config, || {
-            self.next_token()
-        }))
+        if dead_lettered {
+            // The dead lane's waiters may take what this pop moved there.
+            self.queue_wakeups.notify_one(&wake_key(queue, Lane::Dead));
+        }
+        Ok(attempt)
     }
 
     async fn ack(

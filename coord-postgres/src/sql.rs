@@ -315,7 +315,7 @@ impl Sql {
             // (µs; 0: not waited on by this client).
             queue_pop: format!(
                 "SELECT o_id, o_payload, o_grp, o_attempts, o_enqueued_ms, o_token, o_next_us, \
-                 o_marked FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, \
+                 o_marked, o_dead FROM {s}.queue_pop($1::text, $2::int2, $3::bytea, $4::int8, $5::int8, \
                  $6::bool, $7::int4, $8::int4, $9::int8)"
             ),
             // $1 owner. Run after `queue_pop` in the same round trip, in a

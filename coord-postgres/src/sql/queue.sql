@@ -66,18 +66,22 @@
 -- in src/sql.rs, run after the step) only while the lane's mark is live: `queue:<lane>:<queue>` (one waiter per
 -- client) after a push without delay, an ack, an abandon (each while the
 -- lane has a ready message), and a push or nack with a delay (the waiter
--- learns when the message comes due) or without; `queue-all:main:<queue>`
+-- learns when the message comes due) or without; `queue:dead:<queue>`
+-- after a pop that moved messages to the dead lane; `queue-all:main:<queue>`
 -- (every waiter) after a redrive. A NOTIFY takes a lock of the whole database
 -- at commit, which every notifying step of every queue then waits for:
 -- a queue nobody waits on sends none.
 --
 -- No wake-up is lost between a step and a waiter's mark: the wake-up's
--- look at the mark runs after the step committed (in the durable transaction that follows it
--- in the same round trip), and a pop that wrote a mark the lane did not
--- have looks again once that mark is committed. So for a message
--- committed after the waiter's look, either the wake-up sees the mark
--- (its read comes after the message's commit) or the look after the
--- mark sees the message.
+-- look at the mark runs after the step committed (in the durable
+-- transaction that follows it in the same round trip), and a pop that
+-- wrote the mark (a new one, or a renewal: the mark it renews may run
+-- out before the renewal commits) looks again once it is committed. So
+-- for a message committed after the waiter's look, either the wake-up
+-- sees the mark (its read comes after the message's commit) or the look
+-- after the mark sees the message. A waiter that sleeps longer than the
+-- mark lasts (a poll interval above it) is not covered: it finds the
+-- message at its poll.
 
 -- V of lane p_lane (see the header).
 CREATE OR REPLACE FUNCTION @s@.queue_v(p_queue text, p_lane smallint)
@@ -229,8 +233,9 @@ LANGUAGE sql AS $fn$
 $fn$;
 
 -- Mark lane p_lane of p_queue as waited on until p_wait_us from now
--- (renewed once less than half of that is left). Returns whether the
--- lane had no live mark (the caller looks again, see the header).
+-- (renewed once less than half of that is left). Returns whether it
+-- wrote the mark, new or renewed: the caller then looks again (see the
+-- header).
 -- Committed asynchronously: a mark lost in a crash is written again by
 -- the next empty pop.
 CREATE OR REPLACE FUNCTION @s@.queue_mark(p_queue text, p_lane smallint, p_wait_us bigint)
@@ -249,7 +254,7 @@ BEGIN
     INSERT INTO @s@.queue_waiting AS w (queue, lane, until)
     VALUES (p_queue, p_lane, t + p_wait_us * interval '1 microsecond')
     ON CONFLICT (queue, lane) DO UPDATE SET until = greatest(w.until, EXCLUDED.until);
-    RETURN v_until IS NULL OR v_until <= t;
+    RETURN true;
 END
 $fn$;
 
@@ -307,8 +312,10 @@ $fn$;
 -- One attempt to deliver the next message of lane p_lane to p_owner for
 -- p_vis_us (the rule in the header). p_wait_us above 0: the caller's
 -- client has a waiter on the lane, so an empty pop marks the lane
--- (queue_mark) for that long; o_marked: it wrote a mark the lane did not
--- have, and the caller must look again (see the header). Delivered: o_id and the rest, and
+-- (queue_mark) for that long; o_marked: it wrote the mark, and the
+-- caller must look again (see the header). o_dead: how many messages it
+-- moved to the dead lane (the caller wakes that lane's waiters, as a
+-- step does, after the commit). Delivered: o_id and the rest, and
 -- o_token. Empty: o_id NULL, o_next_us the time until the lane's next
 -- due time, if any. p_max: dead-letter (main lane only) a candidate
 -- delivered that many times; NULL: never. p_advance: the most messages
@@ -321,7 +328,7 @@ CREATE OR REPLACE FUNCTION @s@.queue_pop(
     p_ordered boolean, p_advance integer, p_dead integer, p_wait_us bigint,
     OUT o_id bigint, OUT o_payload bytea, OUT o_grp text, OUT o_attempts integer,
     OUT o_enqueued_ms bigint, OUT o_token bigint, OUT o_next_us bigint,
-    OUT o_marked boolean)
+    OUT o_marked boolean, OUT o_dead integer)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     t timestamptz;
@@ -329,7 +336,6 @@ DECLARE
     v_grp text;
     v_id bigint;
     v_attempts integer;
-    v_moved integer := 0;
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM @s@.not_read_committed();
@@ -407,8 +413,8 @@ BEGIN
                                           @s@.queue_v(p_queue, 1::smallint), 1)
              WHERE m.queue = p_queue AND m.lane = 0 AND m.id = v_id;
             PERFORM @s@.queue_leave(p_queue, 0::smallint, v_grp);
-            v_moved := v_moved + 1;
-            IF v_moved >= p_dead THEN
+            o_dead := coalesce(o_dead, 0) + 1;
+            IF o_dead >= p_dead THEN
                 o_next_us := 0;
                 RETURN;
             END IF;

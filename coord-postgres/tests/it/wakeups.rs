@@ -292,6 +292,26 @@ async fn a_release_wakes_a_waiter_of_its_own_client_without_the_notify() {
 /// message within 10 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
+    a_push_landing_while_a_waiter_writes_its_mark("now() - interval '1 hour'", Duration::ZERO)
+        .await;
+}
+
+/// The same with a mark still live but due for renewal, that runs out
+/// while the renewal waits: the push's look finds it run out, so the
+/// renewal must look again too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_landing_while_a_waiter_renews_a_mark_that_ran_out_is_not_missed() {
+    a_push_landing_while_a_waiter_writes_its_mark(
+        "now() + interval '1 second'",
+        Duration::from_millis(1200),
+    )
+    .await;
+}
+
+/// The mark of the queue `jobs` set to `until` (an SQL expression), its
+/// row held locked while a waiter's empty pop writes it; the push comes
+/// `push_after` once the pop waits for the row.
+async fn a_push_landing_while_a_waiter_writes_its_mark(until: &str, push_after: Duration) {
     let schema = unique("wr");
     let url = format!("{}&coord_schema={schema}", cluster().url());
     let producer = coord_postgres::connect(&url).await.unwrap();
@@ -302,7 +322,7 @@ async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
     let vis = Duration::from_secs(30);
     // A mark row for the queue (left by another client: the waiter's own
     // first attempt below must find no waiter of its client, so that it
-    // is its second one, after it subscribed, that marks), expired.
+    // is its second one, after it subscribed, that writes the mark).
     let first = producer
         .queues()
         .unwrap()
@@ -315,14 +335,14 @@ async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
         .unwrap();
     tokio::spawn(conn);
     let table = format!("\"{schema}\".queue_waiting");
-    let expired = admin
+    let set = admin
         .execute(
-            &format!("UPDATE {table} SET until = now() - interval '1 hour' WHERE queue = 'jobs'"),
+            &format!("UPDATE {table} SET until = {until} WHERE queue = 'jobs'"),
             &[],
         )
         .await
         .unwrap();
-    assert_eq!(expired, 1, "the waiting pop marked the queue");
+    assert_eq!(set, 1, "the waiting pop marked the queue");
     let hold = admin.transaction().await.unwrap();
     hold.execute(
         &format!("SELECT 1 FROM {table} WHERE queue = 'jobs' FOR UPDATE"),
@@ -353,7 +373,6 @@ async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
             .await
             .unwrap();
         if blocked.get::<_, i64>(0) > 0 {
-            eprintln!("BLOCKED");
             break;
         }
         assert!(
@@ -362,15 +381,14 @@ async fn a_push_landing_while_a_waiter_marks_the_queue_is_not_missed() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    tokio::time::sleep(push_after).await;
     producer
         .queues()
         .unwrap()
         .push("jobs", "landed")
         .await
         .unwrap();
-    eprintln!("PUSHED");
     hold.rollback().await.unwrap();
-    eprintln!("ROLLED BACK");
     let (got, took) = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
         .expect("the waiter missed the push: it waits for its poll")

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use coord_core::{Delivery, PushOptions, QueueConfig, Queues};
+use coord_core::{Delivery, Lane, PopOptions, PushOptions, QueueConfig, Queues};
 use tokio::time::{Instant, sleep, timeout};
 
 use super::{LONG, queues};
@@ -53,9 +53,24 @@ async fn woken_by<Fut: Future<Output = ()>>(
     due: Duration,
     act: Fut,
 ) -> Delivery {
+    woken_on(waiter, name, Lane::Main, what, due, act).await
+}
+
+/// [`woken_by`], the pop on `lane`.
+async fn woken_on<Fut: Future<Output = ()>>(
+    waiter: &Queues,
+    name: &str,
+    lane: Lane,
+    what: &str,
+    due: Duration,
+    act: Fut,
+) -> Delivery {
     let (qw, n) = (waiter.clone(), name.to_string());
+    let opts = PopOptions::new(LONG)
+        .lane(lane)
+        .wait(Duration::from_secs(8));
     let task = tokio::spawn(async move {
-        let d = qw.pop(&n, LONG, Duration::from_secs(8)).await;
+        let d = qw.pop_with(&n, opts).await;
         (Instant::now(), d)
     });
     sleep(Duration::from_millis(500)).await;
@@ -180,5 +195,38 @@ pub async fn queue_blocked_pop_is_woken_by_nack_drop_ack_and_redrive(f: &Factory
     })
     .await;
     assert_eq!(d.payload(), b"later");
+    d.ack().await.unwrap();
+}
+
+/// A pop blocked on the dead lane of a queue (polling at [`wake_poll`])
+/// is woken within [`WOKEN`] when a consumer's pop moves a message there
+/// (delivered as often as the queue allows) and finds nothing else.
+pub async fn queue_blocked_pop_of_the_dead_lane_is_woken_by_a_dead_lettering(f: &Factory) {
+    let a = f.client().await;
+    let b = f.client().await;
+    let b = b.clone().with_poll_interval(wake_poll(&b));
+    let (Some(qa), Some(qb)) = (queues(&a), b.queues().ok()) else {
+        return;
+    };
+    let once = QueueConfig::default().max_deliveries(1);
+    let qa = qa.with_config(once);
+    let name = unique("q-wake-dead");
+    let id = qa.push(&name, b"poison").await.unwrap();
+    let d = qa.pop(&name, LONG, Duration::ZERO).await.unwrap().unwrap();
+    d.nack(Duration::ZERO).await.unwrap();
+    let (qa2, n2) = (qa.clone(), name.clone());
+    let d = woken_on(
+        &qb,
+        &name,
+        Lane::Dead,
+        "a dead-lettering",
+        Duration::ZERO,
+        async move {
+            let none = qa2.pop(&n2, LONG, Duration::ZERO).await.unwrap();
+            assert!(none.is_none(), "delivered past its max deliveries");
+        },
+    )
+    .await;
+    assert_eq!((d.id(), d.lane()), (id, Lane::Dead));
     d.ack().await.unwrap();
 }

@@ -16,7 +16,7 @@
 //!
 //! Wake-ups are sent only while somebody waits on the lane: a pop from a
 //! client with a waiter there that finds nothing marks the lane for
-//! [`WAIT_MARK`], and a pop that wrote a mark the lane did not have looks
+//! [`WAIT_MARK`], and a pop that wrote the mark (new or renewed) looks
 //! again at once, so no message committed meanwhile goes unnoticed (the
 //! argument is in `src/sql/queue.sql`). A `NOTIFY` locks the whole
 //! database at commit: a busy queue that nobody waits on sends none.

@@ -137,8 +137,36 @@ impl PostgresBackend {
         Ok(done.unwrap_or(false))
     }
 
+    /// After a pop moved messages to the dead lane (committed): wake that
+    /// lane's waiters as a step does (durably, and only while somebody
+    /// waits there). A failure leaves them to their polling, and is not
+    /// the pop's.
+    async fn wake_dead_lane(&self, queue: &str) {
+        const OP: &str = "queue pop";
+        let q = queue.to_string();
+        let lane: i16 = 1;
+        let payload = format!("queue:dead:{queue}");
+        let ready_only = true;
+        let woken = self
+            .query(
+                OP,
+                &self.sql.queue_durable_wake,
+                &[
+                    (&q, Type::TEXT),
+                    (&lane, Type::INT2),
+                    (&self.channel, Type::TEXT),
+                    (&payload, Type::TEXT),
+                    (&ready_only, Type::BOOL),
+                ],
+            )
+            .await;
+        if let Err(e) = woken {
+            tracing::debug!(error = %e, "could not wake the dead lane's waiters");
+        }
+    }
+
     /// One pop attempt (see [`Queue::try_pop`]); `Ok(None)`: empty, after
-    /// marking the lane as waited on where it had no mark, so the caller
+    /// writing the lane's waiting mark (new or renewed), so the caller
     /// looks again.
     pub(super) async fn pop_once(
         &self,
@@ -180,6 +208,10 @@ impl PostgresBackend {
             )
             .await?;
         let row = rows.first().ok_or_else(|| unexpected(OP))?;
+        let dead: Option<i32> = get(OP, row, 8)?;
+        if dead.unwrap_or(0) > 0 {
+            self.wake_dead_lane(queue).await;
+        }
         let id: Option<i64> = get(OP, row, 0)?;
         if id.is_none() {
             let marked: Option<bool> = get(OP, row, 7)?;
