@@ -63,11 +63,12 @@ impl ConnectionLike for Conn {
 const REFUSALS: u32 = 4;
 
 /// Where a cluster node told a refused request to go instead.
-enum Redirect {
-    /// `MOVED`: the slot lives there now.
-    Moved(String, u16),
-    /// `ASK`: the slot is moving there; send `ASKING` first.
-    Ask(String, u16),
+struct Redirect {
+    /// The node it named.
+    node: SingleNodeRoutingInfo,
+    /// `ASK` (the slot is moving there: send `ASKING` first), else
+    /// `MOVED` (the slot lives there now).
+    ask: bool,
 }
 
 /// Whether `e` is a cluster node's refusal of a request it did not run:
@@ -83,16 +84,18 @@ enum Redirect {
 /// connection that dropped is.
 fn refused(e: &redis::RedisError) -> Option<Option<Redirect>> {
     use redis::{ErrorKind, ServerErrorKind};
-    let node = || {
+    let to = |ask| {
         let (addr, _slot) = e.redirect_node()?;
         let (host, port) = addr.rsplit_once(':')?;
-        Some((host.to_string(), port.parse().ok()?))
+        let node = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_string(),
+            port: port.parse().ok()?,
+        };
+        Some(Redirect { node, ask })
     };
     match e.kind() {
-        ErrorKind::Server(ServerErrorKind::Moved) => {
-            Some(node().map(|(h, p)| Redirect::Moved(h, p)))
-        }
-        ErrorKind::Server(ServerErrorKind::Ask) => Some(node().map(|(h, p)| Redirect::Ask(h, p))),
+        ErrorKind::Server(ServerErrorKind::Moved) => Some(to(false)),
+        ErrorKind::Server(ServerErrorKind::Ask) => Some(to(true)),
         // A multi-key command while its slot moves; a write that reached
         // a master demoted to replica.
         ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ReadOnly) => Some(None),
@@ -120,23 +123,14 @@ impl Conn {
         loop {
             let r = match &to {
                 None => cmd.query_async(&mut *c).await,
-                Some(Redirect::Moved(host, port)) => {
-                    let node = SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port: *port,
-                    };
-                    c.route_command(cmd.clone(), RoutingInfo::SingleNode(node))
-                        .await
-                        .and_then(Value::extract_error)
-                }
-                Some(Redirect::Ask(host, port)) => {
-                    let node = SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port: *port,
-                    };
+                Some(Redirect { node, ask: false }) => c
+                    .route_command(cmd.clone(), RoutingInfo::SingleNode(node.clone()))
+                    .await
+                    .and_then(Value::extract_error),
+                Some(Redirect { node, ask: true }) => {
                     let mut pipe = redis::pipe();
                     pipe.cmd("ASKING").add_command(cmd.clone());
-                    c.route_pipeline(pipe, 1, 1, node)
+                    c.route_pipeline(pipe, 1, 1, node.clone())
                         .await
                         .and_then(|mut v| v.pop().unwrap_or(Value::Nil).extract_error())
                 }
