@@ -302,8 +302,7 @@ impl Sql {
             ),
             // $1 queue, $2 payload, $3 delay µs, $4 group, $5 dedup id,
             // $6 dedup window µs. See src/sql/queue.sql; run with
-            // `queue_durable` or `queue_durable_wake` after it in the same
-            // round trip.
+            // `queue_durable_wake` after it in the same round trip.
             queue_push: format!(
                 "SELECT o_id, o_duplicate FROM {s}.queue_push($1::text, $2::bytea, $3::int8, \
                  $4::text, $5::text, $6::int8)"
@@ -329,8 +328,9 @@ impl Sql {
                 "SELECT setval('{s}.queue_flush', 1) FROM {s}.queue_messages m \
                   WHERE m.owner = $1::bytea"
             ),
-            // The same, unconditional: after a delayed push or a purge
-            // (their steps commit asynchronously).
+            // The same, unconditional: after a purge (its steps commit
+            // asynchronously), and after a delivery the statement above
+            // did not find.
             queue_durable: format!("SELECT setval('{s}.queue_flush', 1)"),
             // The same, and then the wake-up of a step that may have made
             // a message deliverable: $1 queue, $2 lane, $3 channel, $4

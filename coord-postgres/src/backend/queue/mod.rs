@@ -66,7 +66,7 @@ impl Queue for PostgresBackend {
         // A delayed message too: a waiter learns when it comes due.
         let wake = Some(Wake {
             queue,
-            lane: 0,
+            lane: Lane::Main,
             kind: "queue",
             ready_only: delay <= 0,
         });
@@ -135,7 +135,7 @@ impl Queue for PostgresBackend {
         // An ordered group's next message may be deliverable now.
         let wake = Wake {
             queue,
-            lane: l,
+            lane,
             kind: "queue",
             ready_only: true,
         };
@@ -172,7 +172,7 @@ impl Queue for PostgresBackend {
         // With a delay too: a waiter learns when the message comes due.
         let wake = Wake {
             queue,
-            lane: l,
+            lane,
             kind: "queue",
             ready_only: false,
         };
@@ -200,7 +200,7 @@ impl Queue for PostgresBackend {
         // A delivery given back is ready again.
         let wake = Wake {
             queue,
-            lane: l,
+            lane,
             kind: "queue",
             ready_only: true,
         };
@@ -283,7 +283,7 @@ impl Queue for PostgresBackend {
                 &[(&q, Type::TEXT), (&n, Type::INT4)],
                 Some(Wake {
                     queue,
-                    lane: 0,
+                    lane: Lane::Main,
                     kind: "queue-all",
                     ready_only: true,
                 }),

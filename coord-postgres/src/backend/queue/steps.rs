@@ -8,6 +8,7 @@ use coord_core::{Error, Lane, Message, MessageId, OwnerToken, PopAttempt, QueueC
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
+use super::super::call::Params;
 use super::super::errors::{map_pg, unexpected};
 use super::super::{BACKEND, PostgresBackend, from_micros, micros_ceil, token};
 
@@ -30,11 +31,41 @@ const WAIT_MARK: Duration = Duration::from_secs(60);
 /// `queue_durable_wake` in `src/sql.rs`).
 pub(super) struct Wake<'a> {
     pub(super) queue: &'a str,
-    pub(super) lane: i16,
+    pub(super) lane: Lane,
     /// `queue` (one waiter per client) or `queue-all` (every waiter).
     pub(super) kind: &'static str,
     /// Only if the lane has a ready message.
     pub(super) ready_only: bool,
+}
+
+impl Wake<'_> {
+    /// Run `queue_durable_wake` for this wake-up: after `first` (a step,
+    /// in the same round trip) when given, else alone. Returns the rows
+    /// of `first`, or of the wake-up.
+    async fn run(
+        &self,
+        b: &PostgresBackend,
+        op: &'static str,
+        first: Option<(&str, Params<'_>)>,
+    ) -> Result<Vec<Row>> {
+        let q = self.queue.to_string();
+        let lane = lane_code(self.lane);
+        let payload = format!("{}:{}:{}", self.kind, self.lane.as_str(), self.queue);
+        let wake: &[(&(dyn ToSql + Sync), Type)] = &[
+            (&q, Type::TEXT),
+            (&lane, Type::INT2),
+            (&b.channel, Type::TEXT),
+            (&payload, Type::TEXT),
+            (&self.ready_only, Type::BOOL),
+        ];
+        match first {
+            Some((sql, params)) => Ok(b
+                .query_then(op, sql, params, Some((&b.sql.queue_durable_wake, wake)))
+                .await?
+                .0),
+            None => b.query(op, &b.sql.queue_durable_wake, wake).await,
+        }
+    }
 }
 
 /// The lane as stored: 0 main, 1 dead.
@@ -105,21 +136,7 @@ impl PostgresBackend {
                     .await?
                     .0
             }
-            Some(w) => {
-                let q = w.queue.to_string();
-                let lane = if w.lane == 0 { "main" } else { "dead" };
-                let payload = format!("{}:{lane}:{}", w.kind, w.queue);
-                let then: &[(&(dyn ToSql + Sync), Type)] = &[
-                    (&q, Type::TEXT),
-                    (&w.lane, Type::INT2),
-                    (&self.channel, Type::TEXT),
-                    (&payload, Type::TEXT),
-                    (&w.ready_only, Type::BOOL),
-                ];
-                self.query_then(op, sql, params, Some((&self.sql.queue_durable_wake, then)))
-                    .await?
-                    .0
-            }
+            Some(w) => w.run(self, op, Some((sql, params))).await?,
         };
         rows.into_iter().next().ok_or_else(|| unexpected(op))
     }
@@ -142,25 +159,13 @@ impl PostgresBackend {
     /// waits there). A failure leaves them to their polling, and is not
     /// the pop's.
     async fn wake_dead_lane(&self, queue: &str) {
-        const OP: &str = "queue pop";
-        let q = queue.to_string();
-        let lane: i16 = 1;
-        let payload = format!("queue:dead:{queue}");
-        let ready_only = true;
-        let woken = self
-            .query(
-                OP,
-                &self.sql.queue_durable_wake,
-                &[
-                    (&q, Type::TEXT),
-                    (&lane, Type::INT2),
-                    (&self.channel, Type::TEXT),
-                    (&payload, Type::TEXT),
-                    (&ready_only, Type::BOOL),
-                ],
-            )
-            .await;
-        if let Err(e) = woken {
+        let wake = Wake {
+            queue,
+            lane: Lane::Dead,
+            kind: "queue",
+            ready_only: true,
+        };
+        if let Err(e) = wake.run(self, "queue pop", None).await {
             tracing::debug!(error = %e, "could not wake the dead lane's waiters");
         }
     }
@@ -182,8 +187,11 @@ impl PostgresBackend {
         let o: &[u8] = consumer.as_bytes();
         let vis = micros_ceil(visibility);
         let max: Option<i64> = config.max_deliveries.map(i64::from);
-        let key = Self::key("queue", &format!("{}:{queue}", lane.as_str()));
-        let wait: i64 = if self.caps.notifications && self.wakeups.has_waiters(&key) {
+        let waited_on = || {
+            let key = Self::key("queue", &format!("{}:{queue}", lane.as_str()));
+            self.wakeups.has_waiters(&key)
+        };
+        let wait: i64 = if self.caps.notifications && waited_on() {
             micros_ceil(WAIT_MARK)
         } else {
             0
